@@ -1,0 +1,168 @@
+//! `Device`: a driver plus a device ordinal, the handle every resource holds.
+//!
+//! Choosing the backend: [`Device::cuda`] loads the CUDA driver and fails with
+//! [`Error::NoDriver`] when there is none; [`Device::sim`] makes a simulated
+//! device; [`Device::auto`] takes CUDA when a GPU is there and the simulated
+//! device otherwise; [`Device::from_env`] follows `GPUMEM_DEVICE`
+//! (`sim`, `cuda` or `auto`), which is how the test suite runs the same
+//! assertions on both backends.
+
+use std::sync::Arc;
+
+use crate::driver::cuda::CudaDriver;
+use crate::driver::sim::{SimConfig, SimDriver};
+use crate::driver::{Backend, DeviceInfo, Driver, MemInfo};
+use crate::stream::Stream;
+use crate::{Error, Result};
+
+/// Environment variable that selects the backend: `sim`, `cuda` or `auto`.
+pub const DEVICE_ENV: &str = "GPUMEM_DEVICE";
+/// Environment variable that selects the CUDA device ordinal (default 0).
+pub const ORDINAL_ENV: &str = "GPUMEM_CUDA_DEVICE";
+
+/// A device of a driver backend. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    driver: Arc<dyn Driver>,
+    ordinal: u32,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("backend", &self.driver.backend())
+            .field("ordinal", &self.ordinal)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Device `ordinal` of `driver`; fails if the ordinal does not exist.
+    pub fn new(driver: Arc<dyn Driver>, ordinal: u32) -> Result<Self> {
+        let count = driver.device_count()?;
+        if ordinal >= count {
+            return Err(Error::NoSuchDevice {
+                device: ordinal,
+                count,
+            });
+        }
+        Ok(Self { driver, ordinal })
+    }
+
+    /// CUDA device `ordinal`; [`Error::NoDriver`] when no driver or GPU is present.
+    pub fn cuda(ordinal: u32) -> Result<Self> {
+        let driver: Arc<dyn Driver> = CudaDriver::get()?;
+        Self::new(driver, ordinal)
+    }
+
+    /// Device 0 of a new simulated device with the given configuration.
+    pub fn sim(config: SimConfig) -> Self {
+        Self::sim_with_driver(config).0
+    }
+
+    /// Like [`Device::sim`], also returning the simulated driver for test control
+    /// (pausing streams, fault injection, accounting).
+    pub fn sim_with_driver(config: SimConfig) -> (Self, Arc<SimDriver>) {
+        let sim = Arc::new(SimDriver::new(config));
+        let driver: Arc<dyn Driver> = sim.clone();
+        (
+            Self {
+                driver,
+                ordinal: 0,
+            },
+            sim,
+        )
+    }
+
+    /// CUDA device 0 when a GPU is present, else a default simulated device.
+    pub fn auto() -> Self {
+        Self::cuda(0).unwrap_or_else(|_| Self::sim(SimConfig::default()))
+    }
+
+    /// The backend `GPUMEM_DEVICE` asks for: `cuda` (device `GPUMEM_CUDA_DEVICE`,
+    /// default 0), `auto`, or `sim` (the default), in which case `sim` configures
+    /// the simulated device. Returns the simulated driver too when it is one.
+    pub fn from_env(sim: SimConfig) -> Result<(Self, Option<Arc<SimDriver>>)> {
+        let want = std::env::var(DEVICE_ENV).unwrap_or_default();
+        let ordinal = match std::env::var(ORDINAL_ENV) {
+            Ok(s) => s.trim().parse::<u32>().map_err(|_| {
+                Error::InvalidArgument(format!("{ORDINAL_ENV}={s:?} is not a device ordinal"))
+            })?,
+            Err(_) => 0,
+        };
+        match want.trim() {
+            "" | "sim" => {
+                let (d, s) = Self::sim_with_driver(sim);
+                Ok((d, Some(s)))
+            }
+            "cuda" => Ok((Self::cuda(ordinal)?, None)),
+            "auto" => match Self::cuda(ordinal) {
+                Ok(d) => Ok((d, None)),
+                Err(_) => {
+                    let (d, s) = Self::sim_with_driver(sim);
+                    Ok((d, Some(s)))
+                }
+            },
+            other => Err(Error::InvalidArgument(format!(
+                "{DEVICE_ENV}={other:?}: expected sim, cuda or auto"
+            ))),
+        }
+    }
+
+    /// The driver behind this device.
+    #[inline]
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// The device ordinal.
+    #[inline]
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Which backend this device runs on.
+    pub fn backend(&self) -> Backend {
+        self.driver.backend()
+    }
+
+    /// The same driver's device `ordinal`.
+    pub fn sibling(&self, ordinal: u32) -> Result<Device> {
+        Self::new(self.driver.clone(), ordinal)
+    }
+
+    /// Name, memory and feature support.
+    pub fn info(&self) -> Result<DeviceInfo> {
+        self.driver.device_info(self.ordinal)
+    }
+
+    /// Free and total memory now.
+    pub fn mem_info(&self) -> Result<MemInfo> {
+        self.driver.mem_info(self.ordinal)
+    }
+
+    /// The legacy default stream of this device (not owned; never destroyed).
+    pub fn default_stream(&self) -> Stream {
+        Stream::legacy(self.clone())
+    }
+
+    /// The per-thread default stream of this device (not owned).
+    pub fn per_thread_stream(&self) -> Stream {
+        Stream::per_thread(self.clone())
+    }
+
+    /// Creates a new non-blocking stream, destroyed when the last clone drops.
+    pub fn create_stream(&self) -> Result<Stream> {
+        Stream::create(self.clone())
+    }
+
+    /// Blocks until all work on the device is complete.
+    pub fn synchronize(&self) -> Result<()> {
+        self.driver.device_synchronize(self.ordinal)
+    }
+
+    /// True when both handles name the same device of the same driver instance.
+    pub fn same_as(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.driver, &other.driver) && self.ordinal == other.ordinal
+    }
+}

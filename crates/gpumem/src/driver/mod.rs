@@ -1,0 +1,223 @@
+//! The driver layer: the only place gpumem talks to CUDA.
+//!
+//! [`Driver`] is the interface; [`cuda::CudaDriver`] implements it over the CUDA
+//! driver API through `cudarc` (loaded at run time, so the crate builds and runs
+//! without a CUDA toolkit), and [`sim::SimDriver`] implements it over a simulated
+//! device for tests and CPU-only machines. Everything above this layer is written
+//! against the trait and runs the same on both.
+//!
+//! Conventions every backend follows:
+//! - Calls return `Err`, never panic, for anything the driver can report.
+//!   Out-of-memory from an allocation call is [`Error::OutOfMemory`] carrying the
+//!   requested bytes and the device; other failures are [`Error::Driver`] with the
+//!   call name and the `CUresult` code and name.
+//! - Methods that take a device ordinal make that device's primary context current
+//!   on the calling thread first; methods that take only a stream or event work
+//!   on whatever context owns that handle.
+//! - Handles are raw integers; callers own what they create and must destroy it
+//!   once. Destroying a handle twice is an error value, not undefined behaviour,
+//!   on the simulated device (the CUDA driver may not detect it).
+//! - The copy functions that take raw host pointers are `unsafe`: the caller
+//!   guarantees the host range stays valid until the copy has run.
+//!
+//! [`Error::OutOfMemory`]: crate::Error::OutOfMemory
+//! [`Error::Driver`]: crate::Error::Driver
+
+pub mod cuda;
+pub mod sim;
+mod types;
+
+pub use types::*;
+
+use crate::Result;
+
+/// A CUDA driver: the real one or the simulated device.
+///
+/// All methods are thread-safe. See the module documentation for the
+/// conventions on errors, contexts and handle ownership.
+pub trait Driver: Send + Sync + 'static {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    // ----- devices -----
+
+    /// Number of devices.
+    fn device_count(&self) -> Result<u32>;
+    /// The device whose primary context is current on this thread (0 if none is).
+    fn current_device(&self) -> Result<u32>;
+    /// Makes `device`'s primary context current on this thread.
+    fn set_current_device(&self, device: u32) -> Result<()>;
+    /// Name, memory and feature support of a device.
+    fn device_info(&self, device: u32) -> Result<DeviceInfo>;
+    /// Free and total memory of a device.
+    fn mem_info(&self, device: u32) -> Result<MemInfo>;
+    /// VMM allocation granularity of a device: the minimum if `recommended` is
+    /// false, else the recommended one.
+    fn vmm_granularity(&self, device: u32, recommended: bool) -> Result<usize>;
+    /// Whether `device` can access memory on `peer` directly.
+    fn can_access_peer(&self, device: u32, peer: u32) -> Result<bool>;
+
+    // ----- streams and events -----
+
+    /// Creates a stream on `device`. A non-blocking stream does not synchronize
+    /// with the legacy default stream.
+    fn stream_create(&self, device: u32, non_blocking: bool) -> Result<RawStream>;
+    /// Destroys a stream created by [`Driver::stream_create`]. Work already
+    /// enqueued still runs to completion.
+    fn stream_destroy(&self, stream: RawStream) -> Result<()>;
+    /// Blocks until all work enqueued on `stream` is complete.
+    fn stream_synchronize(&self, stream: RawStream) -> Result<()>;
+    /// True when all work enqueued on `stream` is complete.
+    fn stream_query(&self, stream: RawStream) -> Result<bool>;
+    /// Creates an event (timing disabled) on `device`.
+    fn event_create(&self, device: u32) -> Result<RawEvent>;
+    /// Destroys an event.
+    fn event_destroy(&self, event: RawEvent) -> Result<()>;
+    /// Records `event` at the current end of `stream`.
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()>;
+    /// True when the work before the event's last record is complete (or it was
+    /// never recorded).
+    fn event_query(&self, event: RawEvent) -> Result<bool>;
+    /// Blocks until the event's last record is complete.
+    fn event_synchronize(&self, event: RawEvent) -> Result<()>;
+    /// Makes future work on `stream` wait for the event's last record.
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()>;
+    /// Blocks until all work on `device` is complete.
+    fn device_synchronize(&self, device: u32) -> Result<()>;
+
+    // ----- plain allocation -----
+
+    /// `cuMemAlloc`: device memory, 256-byte aligned at least.
+    fn mem_alloc(&self, device: u32, bytes: usize) -> Result<DevicePtr>;
+    /// `cuMemFree`.
+    fn mem_free(&self, device: u32, ptr: DevicePtr) -> Result<()>;
+    /// `cuMemAllocManaged` with `CU_MEM_ATTACH_GLOBAL`.
+    fn mem_alloc_managed(&self, device: u32, bytes: usize) -> Result<DevicePtr>;
+    /// `cuMemHostAlloc`: pinned host memory. Freed with [`Driver::mem_free_host`].
+    fn mem_alloc_host(&self, device: u32, bytes: usize, flags: HostAllocFlags)
+        -> Result<DevicePtr>;
+    /// `cuMemFreeHost`.
+    fn mem_free_host(&self, ptr: DevicePtr) -> Result<()>;
+    /// `cuMemPrefetchAsync` of managed memory to `device` on `stream`.
+    fn mem_prefetch(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        device: u32,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    // ----- data movement -----
+
+    /// `cuMemsetD8Async`.
+    fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// `cuMemcpyDtoDAsync` (any two device-accessible addresses).
+    fn memcpy_dtod_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// `cuMemcpyHtoDAsync`.
+    ///
+    /// # Safety
+    /// `src..src+bytes` must be readable host memory and stay valid and unchanged
+    /// until the copy has run on `stream`.
+    unsafe fn memcpy_htod_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// `cuMemcpyDtoHAsync`.
+    ///
+    /// # Safety
+    /// `dst..dst+bytes` must be writable host memory that nothing else touches
+    /// until the copy has run on `stream`.
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    // ----- stream-ordered memory pools -----
+
+    /// The device's default memory pool (`cuDeviceGetDefaultMemPool`).
+    fn mempool_default(&self, device: u32) -> Result<RawPool>;
+    /// The device's current pool for `cuMemAllocAsync` (`cuDeviceGetMemPool`).
+    fn mempool_current(&self, device: u32) -> Result<RawPool>;
+    /// Creates a pool (`cuMemPoolCreate`).
+    fn mempool_create(&self, props: &PoolProps) -> Result<RawPool>;
+    /// Destroys a pool created by [`Driver::mempool_create`] or imported.
+    fn mempool_destroy(&self, pool: RawPool) -> Result<()>;
+    /// Sets a pool attribute.
+    fn mempool_set_attr(&self, pool: RawPool, attr: PoolAttr, value: u64) -> Result<()>;
+    /// Reads a pool attribute.
+    fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64>;
+    /// Releases cached memory until the pool holds at most `keep` unused bytes.
+    fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()>;
+    /// Grants `device` the given access to the pool's memory.
+    fn mempool_set_access(&self, pool: RawPool, device: u32, access: AccessFlags) -> Result<()>;
+    /// The access `device` has to the pool's memory.
+    fn mempool_get_access(&self, pool: RawPool, device: u32) -> Result<AccessFlags>;
+    /// `cuMemAllocFromPoolAsync`.
+    fn mem_alloc_from_pool_async(
+        &self,
+        bytes: usize,
+        pool: RawPool,
+        stream: RawStream,
+    ) -> Result<DevicePtr>;
+    /// `cuMemAllocAsync` from the current pool of the stream's device.
+    fn mem_alloc_async(&self, bytes: usize, stream: RawStream) -> Result<DevicePtr>;
+    /// `cuMemFreeAsync`.
+    fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()>;
+    /// Exports a pool created with [`HandleType::PosixFd`] as a file descriptor
+    /// the caller owns.
+    fn mempool_export_fd(&self, pool: RawPool) -> Result<i32>;
+    /// Imports a pool from a file descriptor exported by another process.
+    fn mempool_import_fd(&self, fd: i32) -> Result<RawPool>;
+    /// Export data for one allocation of an exportable pool.
+    fn mempool_export_pointer(&self, ptr: DevicePtr) -> Result<PoolPtrExport>;
+    /// Imports an allocation of an imported pool.
+    fn mempool_import_pointer(&self, pool: RawPool, data: &PoolPtrExport) -> Result<DevicePtr>;
+
+    // ----- virtual memory management -----
+
+    /// Reserves a virtual address range (`cuMemAddressReserve`).
+    fn vmm_reserve(&self, bytes: usize, alignment: usize) -> Result<DevicePtr>;
+    /// Frees a virtual address range (`cuMemAddressFree`); nothing may be mapped in it.
+    fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
+    /// Creates physical memory on `device` (`cuMemCreate`); `bytes` must be a
+    /// multiple of the granularity.
+    fn vmm_create(&self, device: u32, bytes: usize, handle_type: HandleType) -> Result<RawPhys>;
+    /// Releases physical memory (`cuMemRelease`); it is freed once unmapped everywhere.
+    fn vmm_release(&self, handle: RawPhys) -> Result<()>;
+    /// Maps `bytes` of `handle` starting at `offset` at `ptr` (`cuMemMap`).
+    fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys)
+        -> Result<()>;
+    /// Unmaps a range (`cuMemUnmap`).
+    fn vmm_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
+    /// Sets access to a mapped range for `device` (`cuMemSetAccess`).
+    fn vmm_set_access(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        device: u32,
+        access: AccessFlags,
+    ) -> Result<()>;
+    /// Exports physical memory created with [`HandleType::PosixFd`] as a file
+    /// descriptor the caller owns.
+    fn vmm_export_fd(&self, handle: RawPhys) -> Result<i32>;
+    /// Imports physical memory from a file descriptor.
+    fn vmm_import_fd(&self, fd: i32) -> Result<RawPhys>;
+}

@@ -1,0 +1,12 @@
+#![doc = include_str!("../../../README.md")]
+#![warn(missing_docs)]
+
+pub mod device;
+pub mod driver;
+mod error;
+pub mod stream;
+
+pub use device::Device;
+pub use driver::{Backend, DevicePtr};
+pub use error::{check_alignment, Error, FreeError, OomInfo, Result};
+pub use stream::{Event, Stream, StreamId};

@@ -1,0 +1,205 @@
+//! Streams and events: safe owners over the driver's raw handles.
+//!
+//! Every [`Stream`] has a [`StreamId`], the key pools use for stream-ordered
+//! reuse. Ids are unique for the life of the process and never reused, so a
+//! block freed on a stream that has since been destroyed can never be mistaken
+//! for a block of a newer stream that happens to get the same raw handle. The
+//! two legacy default handles (0 and `CU_STREAM_LEGACY`) share one id; the
+//! per-thread default stream resolves to a different id on each thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::driver::{RawEvent, RawStream, STREAM_LEGACY, STREAM_PER_THREAD};
+use crate::Result;
+
+/// Process-unique identity of a stream, used as the stream-ordering key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The legacy default stream of any device.
+    pub const LEGACY: StreamId = StreamId(1);
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(16);
+
+fn fresh_id() -> StreamId {
+    StreamId(NEXT_ID.fetch_add(1, Ordering::Relaxed))
+}
+
+thread_local! {
+    static PER_THREAD_ID: StreamId = fresh_id();
+}
+
+struct StreamInner {
+    device: Device,
+    raw: RawStream,
+    id: StreamId,
+    owned: bool,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        if self.owned {
+            // Work already enqueued still completes; a failure here (driver shut
+            // down at exit) leaves nothing to recover.
+            let _ = self.device.driver().stream_destroy(self.raw);
+        }
+    }
+}
+
+/// A CUDA stream of one device. Clones share the stream; a stream made by
+/// [`Stream::create`] is destroyed when the last clone drops.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("raw", &format_args!("{:#x}", self.inner.raw))
+            .field("id", &self.id().0)
+            .field("device", &self.inner.device.ordinal())
+            .finish()
+    }
+}
+
+impl Stream {
+    fn make(device: Device, raw: RawStream, id: StreamId, owned: bool) -> Self {
+        Self {
+            inner: Arc::new(StreamInner {
+                device,
+                raw,
+                id,
+                owned,
+            }),
+        }
+    }
+
+    /// The legacy default stream of `device`.
+    pub fn legacy(device: Device) -> Self {
+        Self::make(device, 0, StreamId::LEGACY, false)
+    }
+
+    /// The per-thread default stream of `device` (its id depends on the calling thread).
+    pub fn per_thread(device: Device) -> Self {
+        Self::make(device, STREAM_PER_THREAD, StreamId(0), false)
+    }
+
+    /// Creates a new non-blocking stream on `device`.
+    pub fn create(device: Device) -> Result<Self> {
+        let raw = device.driver().stream_create(device.ordinal(), true)?;
+        Ok(Self::make(device, raw, fresh_id(), true))
+    }
+
+    /// Wraps a stream handle gpumem does not own (for interop with other
+    /// libraries). It is never destroyed by gpumem. Each wrap gets a fresh id, so
+    /// keep one wrapper per foreign stream to get same-stream reuse in pools.
+    pub fn from_raw(device: Device, raw: RawStream) -> Self {
+        match raw {
+            0 | STREAM_LEGACY => Self::legacy(device),
+            STREAM_PER_THREAD => Self::per_thread(device),
+            _ => Self::make(device, raw, fresh_id(), false),
+        }
+    }
+
+    /// The stream-ordering key of this stream (see the module documentation).
+    #[inline]
+    pub fn id(&self) -> StreamId {
+        if self.inner.raw == STREAM_PER_THREAD {
+            PER_THREAD_ID.with(|id| *id)
+        } else {
+            self.inner.id
+        }
+    }
+
+    /// The raw handle, for passing to the driver or other libraries.
+    #[inline]
+    pub fn raw(&self) -> RawStream {
+        self.inner.raw
+    }
+
+    /// The device this stream belongs to.
+    #[inline]
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Blocks until all work on the stream is complete.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.device.driver().stream_synchronize(self.inner.raw)
+    }
+
+    /// True when all work enqueued so far is complete.
+    pub fn is_idle(&self) -> Result<bool> {
+        self.inner.device.driver().stream_query(self.inner.raw)
+    }
+
+    /// Makes later work on this stream wait for `event`'s last record.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.inner
+            .device
+            .driver()
+            .stream_wait_event(self.inner.raw, event.raw)
+    }
+
+    /// Makes later work on this stream wait for all work enqueued on `other` so far.
+    /// Creates one event for the purpose.
+    pub fn wait_for(&self, other: &Stream) -> Result<()> {
+        let ev = Event::new(other.device())?;
+        ev.record(other)?;
+        self.wait_event(&ev)
+    }
+}
+
+/// A CUDA event (timing disabled), destroyed on drop.
+pub struct Event {
+    device: Device,
+    raw: RawEvent,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Event({:#x})", self.raw)
+    }
+}
+
+impl Event {
+    /// Creates an event on `device`.
+    pub fn new(device: &Device) -> Result<Self> {
+        let raw = device.driver().event_create(device.ordinal())?;
+        Ok(Self {
+            device: device.clone(),
+            raw,
+        })
+    }
+
+    /// Records the event at the current end of `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.device.driver().event_record(self.raw, stream.raw())
+    }
+
+    /// True when the work before the last record is complete.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.device.driver().event_query(self.raw)
+    }
+
+    /// Blocks until the work before the last record is complete.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.driver().event_synchronize(self.raw)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> RawEvent {
+        self.raw
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.device.driver().event_destroy(self.raw);
+    }
+}
