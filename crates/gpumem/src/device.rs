@@ -65,13 +65,7 @@ impl Device {
     pub fn sim_with_driver(config: SimConfig) -> (Self, Arc<SimDriver>) {
         let sim = Arc::new(SimDriver::new(config));
         let driver: Arc<dyn Driver> = sim.clone();
-        (
-            Self {
-                driver,
-                ordinal: 0,
-            },
-            sim,
-        )
+        (Self { driver, ordinal: 0 }, sim)
     }
 
     /// CUDA device 0 when a GPU is present, else a default simulated device.

@@ -235,7 +235,10 @@ mod tests {
     fn alignment_must_be_power_of_two() {
         assert!(check_alignment(256).is_ok());
         assert!(check_alignment(1).is_ok());
-        assert_eq!(check_alignment(0), Err(Error::BadAlignment { alignment: 0 }));
+        assert_eq!(
+            check_alignment(0),
+            Err(Error::BadAlignment { alignment: 0 })
+        );
         assert_eq!(
             check_alignment(384),
             Err(Error::BadAlignment { alignment: 384 })

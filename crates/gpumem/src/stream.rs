@@ -130,7 +130,10 @@ impl Stream {
 
     /// Blocks until all work on the stream is complete.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.device.driver().stream_synchronize(self.inner.raw)
+        self.inner
+            .device
+            .driver()
+            .stream_synchronize(self.inner.raw)
     }
 
     /// True when all work enqueued so far is complete.

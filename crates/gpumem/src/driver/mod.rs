@@ -203,8 +203,7 @@ pub trait Driver: Send + Sync + 'static {
     /// Releases physical memory (`cuMemRelease`); it is freed once unmapped everywhere.
     fn vmm_release(&self, handle: RawPhys) -> Result<()>;
     /// Maps `bytes` of `handle` starting at `offset` at `ptr` (`cuMemMap`).
-    fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys)
-        -> Result<()>;
+    fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()>;
     /// Unmaps a range (`cuMemUnmap`).
     fn vmm_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Sets access to a mapped range for `device` (`cuMemSetAccess`).
