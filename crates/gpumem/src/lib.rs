@@ -1,11 +1,14 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
+pub mod buffer;
 pub mod device;
 pub mod driver;
 mod error;
+pub mod resource;
 pub mod stream;
 
+pub use buffer::DeviceBuffer;
 pub use device::Device;
 pub use driver::{Backend, DevicePtr};
 pub use error::{check_alignment, Error, FreeError, OomInfo, Result};

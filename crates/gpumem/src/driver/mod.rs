@@ -107,6 +107,15 @@ pub trait Driver: Send + Sync + 'static {
         stream: RawStream,
     ) -> Result<()>;
 
+    /// `cuMemAdvise(CU_MEM_ADVISE_SET_PREFERRED_LOCATION)` over managed or
+    /// system-allocated memory (HMM/ATS).
+    fn mem_advise_preferred_location(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        location: Location,
+    ) -> Result<()>;
+
     // ----- data movement -----
 
     /// `cuMemsetD8Async`.

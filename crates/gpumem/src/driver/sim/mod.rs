@@ -123,6 +123,14 @@ impl Driver for SimDriver {
     ) -> Result<()> {
         Err(Error::unsupported("mem_prefetch (placeholder)"))
     }
+    fn mem_advise_preferred_location(
+        &self,
+        _ptr: DevicePtr,
+        _bytes: usize,
+        _location: Location,
+    ) -> Result<()> {
+        Err(Error::unsupported("cuMemAdvise (placeholder)"))
+    }
     fn memset_async(
         &self,
         _dst: DevicePtr,

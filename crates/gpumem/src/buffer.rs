@@ -1,0 +1,239 @@
+//! `DeviceBuffer<T>`: a typed, owned allocation from any memory resource,
+//! returned to that resource on its stream when dropped (RAII).
+//!
+//! Element types are [`bytemuck::Pod`], so any bytes the device holds are a valid
+//! `T` on the host. Copies that involve host memory come in two forms: safe ones
+//! that enqueue on the buffer's stream and wait for it, and `unsafe` asynchronous
+//! ones whose caller keeps the host memory alive until the stream reaches the
+//! copy. Device-to-device copies are asynchronous and safe: they are ordered on
+//! the destination's stream like any kernel.
+
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::driver::DevicePtr;
+use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
+use crate::stream::Stream;
+use crate::{Error, OomInfo, Result};
+
+/// An owned array of `len` values of `T` in memory from resource `R`.
+pub struct DeviceBuffer<T: Pod, R: MemoryResource = SharedResource> {
+    ptr: DevicePtr,
+    len: usize,
+    resource: R,
+    stream: Stream,
+    _marker: PhantomData<T>,
+}
+
+impl<T: Pod, R: MemoryResource> std::fmt::Debug for DeviceBuffer<T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr.0))
+            .field("len", &self.len)
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+fn alignment_of<T>() -> usize {
+    DEFAULT_ALIGNMENT.max(std::mem::align_of::<T>())
+}
+
+fn bytes_for<T>(len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        Error::oom_with(OomInfo::requested(usize::MAX))
+    })
+}
+
+impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
+    /// Allocates room for `len` values on `stream`; the contents are whatever the
+    /// memory held (any bytes are a valid `T`).
+    pub fn new(len: usize, resource: R, stream: &Stream) -> Result<Self> {
+        let bytes = bytes_for::<T>(len)?;
+        let ptr = resource.allocate(bytes, alignment_of::<T>(), stream)?;
+        Ok(Self {
+            ptr,
+            len,
+            resource,
+            stream: stream.clone(),
+            _marker: PhantomData,
+        })
+    }
+
+    /// Allocates `len` values set to zero bytes (the memset is enqueued on `stream`).
+    pub fn zeroed(len: usize, resource: R, stream: &Stream) -> Result<Self> {
+        let buf = Self::new(len, resource, stream)?;
+        buf.memset_async(0)?;
+        Ok(buf)
+    }
+
+    /// Allocates a copy of `data`; waits for the copy.
+    pub fn from_slice(data: &[T], resource: R, stream: &Stream) -> Result<Self> {
+        let mut buf = Self::new(data.len(), resource, stream)?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no elements.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub fn size_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device address of the first element (null when empty), for interop.
+    #[inline]
+    pub fn as_device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The stream the buffer's work and its free are ordered on.
+    #[inline]
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Orders the eventual free on `stream` instead. Work on the old stream that
+    /// uses the buffer must be ordered before later work on `stream` by the caller.
+    pub fn set_stream(&mut self, stream: &Stream) {
+        self.stream = stream.clone();
+    }
+
+    /// The resource the memory came from.
+    #[inline]
+    pub fn resource(&self) -> &R {
+        &self.resource
+    }
+
+    fn check_len(&self, other: usize) -> Result<()> {
+        if other == self.len {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "host slice has {other} elements, device buffer has {}",
+                self.len
+            )))
+        }
+    }
+
+    /// Fills every byte with `value`, asynchronously on the buffer's stream.
+    pub fn memset_async(&self, value: u8) -> Result<()> {
+        if self.size_bytes() == 0 {
+            return Ok(());
+        }
+        self.stream.device().driver().memset_async(
+            self.ptr,
+            value,
+            self.size_bytes(),
+            self.stream.raw(),
+        )
+    }
+
+    /// Copies `src` to the device and waits for the copy.
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        // SAFETY: `src` is borrowed until the stream is synchronized below, so the
+        // host memory outlives the copy.
+        unsafe { self.copy_from_host_async(src)? };
+        self.stream.synchronize()
+    }
+
+    /// Copies the buffer into `dst` and waits for the copy.
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        // SAFETY: `dst` is borrowed mutably until the stream is synchronized below.
+        unsafe { self.copy_to_host_async(dst)? };
+        self.stream.synchronize()
+    }
+
+    /// Copies the buffer into a new vector.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+
+    /// Enqueues a copy of `src` to the device on the buffer's stream.
+    ///
+    /// # Safety
+    /// `src` must stay alive and unchanged until the stream has run the copy
+    /// (synchronize the stream or an event recorded after it).
+    pub unsafe fn copy_from_host_async(&mut self, src: &[T]) -> Result<()> {
+        self.check_len(src.len())?;
+        if self.size_bytes() == 0 {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(src);
+        // SAFETY: forwarded to the caller (see above); the range is `bytes`.
+        unsafe {
+            self.stream.device().driver().memcpy_htod_async(
+                self.ptr,
+                bytes.as_ptr(),
+                bytes.len(),
+                self.stream.raw(),
+            )
+        }
+    }
+
+    /// Enqueues a copy of the buffer into `dst` on the buffer's stream.
+    ///
+    /// # Safety
+    /// `dst` must stay alive, and must be neither read nor written, until the
+    /// stream has run the copy.
+    pub unsafe fn copy_to_host_async(&self, dst: &mut [T]) -> Result<()> {
+        self.check_len(dst.len())?;
+        if self.size_bytes() == 0 {
+            return Ok(());
+        }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        // SAFETY: forwarded to the caller (see above); the range is `bytes`.
+        unsafe {
+            self.stream.device().driver().memcpy_dtoh_async(
+                bytes.as_mut_ptr(),
+                self.ptr,
+                bytes.len(),
+                self.stream.raw(),
+            )
+        }
+    }
+
+    /// Enqueues a device-to-device copy from `src` on this buffer's stream. If
+    /// `src` is written on another stream, order that work first (for example with
+    /// [`Stream::wait_for`]).
+    pub fn copy_from_device<R2: MemoryResource>(&mut self, src: &DeviceBuffer<T, R2>) -> Result<()> {
+        self.check_len(src.len())?;
+        if self.size_bytes() == 0 {
+            return Ok(());
+        }
+        self.stream.device().driver().memcpy_dtod_async(
+            self.ptr,
+            src.ptr,
+            self.size_bytes(),
+            self.stream.raw(),
+        )
+    }
+}
+
+impl<T: Pod, R: MemoryResource> Drop for DeviceBuffer<T, R> {
+    fn drop(&mut self) {
+        if let Err(e) = self.resource.deallocate(
+            self.ptr,
+            self.size_bytes(),
+            alignment_of::<T>(),
+            &self.stream,
+        ) {
+            // Drop cannot return the error; say it rather than lose it silently.
+            eprintln!("gpumem: DeviceBuffer free of {:#x} failed: {e}", self.ptr.0);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Memory resources: RMM's model in Rust.
+//!
+//! A [`MemoryResource`] hands out memory ordered on a stream and takes it back
+//! ordered on a stream. Upstream resources talk to the driver ([`DeviceResource`],
+//! [`PinnedHostResource`], [`ManagedResource`], [`SystemResource`],
+//! [`SamHeadroomResource`], [`CallbackResource`]); pools and adaptors take any
+//! resource as their upstream, so stacks compose freely. Generic upstreams keep
+//! layering free on the fast path; `Arc<dyn MemoryResource>` also implements the
+//! trait for when a stack is chosen at run time.
+//!
+//! Rules every resource follows:
+//! - `allocate(0, ..)` returns [`DevicePtr::NULL`] without touching the upstream,
+//!   and `deallocate(DevicePtr::NULL, 0, ..)` does nothing.
+//! - The alignment must be a power of two ([`Error::BadAlignment`] otherwise);
+//!   every resource serves alignments up to [`DEFAULT_ALIGNMENT`] (256 bytes);
+//!   larger ones are served where a resource says so, else
+//!   [`Error::AlignmentTooLarge`] (wrap the resource in an aligned adaptor).
+//! - A request that cannot be met is [`Error::OutOfMemory`] carrying the
+//!   requested bytes, never a panic; a 1 PiB request is such a request.
+//! - Memory allocated on stream `s` may be used by work on `s` at once; freeing on
+//!   `s` means the memory is free once the work enqueued on `s` before the free has
+//!   run. Resources that are not stream-ordered (the driver's synchronous
+//!   allocators) ignore the stream.
+//! - Freeing a pointer with a size or alignment other than it was allocated with
+//!   is a caller error; resources that can detect it return
+//!   [`Error::InvalidFree`], as do the tracking and debug layers.
+
+mod callback;
+mod device;
+mod managed;
+mod pinned;
+mod sam_headroom;
+mod system;
+
+pub use callback::CallbackResource;
+pub use device::DeviceResource;
+pub use managed::ManagedResource;
+pub use pinned::PinnedHostResource;
+pub use sam_headroom::SamHeadroomResource;
+pub use system::SystemResource;
+
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::stream::Stream;
+use crate::{check_alignment, Error, Result};
+
+/// The alignment every resource serves and allocations get by default: 256
+/// bytes, what `cuMemAlloc` guarantees.
+pub const DEFAULT_ALIGNMENT: usize = 256;
+
+/// Where a resource's memory can be accessed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Properties {
+    /// Kernels on the device can read and write it.
+    pub device_accessible: bool,
+    /// Host code can read and write it through the pointer.
+    pub host_accessible: bool,
+}
+
+impl Properties {
+    /// Device memory.
+    pub const DEVICE: Properties = Properties {
+        device_accessible: true,
+        host_accessible: false,
+    };
+    /// Host memory that the device can also access (pinned, managed).
+    pub const HOST_AND_DEVICE: Properties = Properties {
+        device_accessible: true,
+        host_accessible: true,
+    };
+}
+
+/// A source of memory ordered on streams. See the module documentation for the
+/// rules every implementation follows.
+pub trait MemoryResource: Send + Sync {
+    /// Allocates `bytes` aligned to `alignment`, usable by work on `stream` at once.
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr>;
+
+    /// Frees memory from [`MemoryResource::allocate`] of this resource, once the
+    /// work enqueued on `stream` so far has run. `bytes` and `alignment` are the
+    /// values it was allocated with.
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()>;
+
+    /// The device this resource serves (for host resources: the device whose
+    /// driver they use).
+    fn device(&self) -> &Device;
+
+    /// Where the memory can be accessed from.
+    fn properties(&self) -> Properties;
+
+    /// Allocates memory usable by any stream as soon as this returns: allocates
+    /// on the legacy default stream and synchronizes it.
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        let stream = self.device().default_stream();
+        let ptr = self.allocate(bytes, alignment, &stream)?;
+        if let Err(e) = stream.synchronize() {
+            let _ = self.deallocate(ptr, bytes, alignment, &stream);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Frees memory that no stream uses any more (the caller has synchronized).
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+        self.deallocate(ptr, bytes, alignment, &self.device().default_stream())
+    }
+
+    /// The address that identifies this resource; wrappers such as `Arc<R>`
+    /// report their inner resource's identity.
+    fn identity(&self) -> *const () {
+        self as *const Self as *const ()
+    }
+
+    /// True when memory allocated by one of the two can be freed by the other.
+    /// By default, only a resource is equal to itself (through any wrapper).
+    fn is_equal(&self, other: &dyn MemoryResource) -> bool {
+        self.identity() == other.identity()
+    }
+}
+
+/// Checks a request the way every resource must: power-of-two alignment no
+/// larger than `max_alignment`. Returns `Ok(false)` for zero bytes (the caller
+/// returns [`DevicePtr::NULL`]) and `Ok(true)` for a request to serve.
+#[inline]
+pub fn validate_request(bytes: usize, alignment: usize, max_alignment: usize) -> Result<bool> {
+    check_alignment(alignment)?;
+    if alignment > max_alignment {
+        return Err(Error::AlignmentTooLarge {
+            alignment,
+            max: max_alignment,
+        });
+    }
+    Ok(bytes != 0)
+}
+
+macro_rules! forward_resource {
+    ($($ty:ty),*) => {$(
+        impl<R: MemoryResource + ?Sized> MemoryResource for $ty {
+            #[inline]
+            fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+                (**self).allocate(bytes, alignment, stream)
+            }
+            #[inline]
+            fn deallocate(&self, ptr: DevicePtr, bytes: usize, alignment: usize, stream: &Stream) -> Result<()> {
+                (**self).deallocate(ptr, bytes, alignment, stream)
+            }
+            fn device(&self) -> &Device {
+                (**self).device()
+            }
+            fn properties(&self) -> Properties {
+                (**self).properties()
+            }
+            fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+                (**self).allocate_sync(bytes, alignment)
+            }
+            fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+                (**self).deallocate_sync(ptr, bytes, alignment)
+            }
+            fn identity(&self) -> *const () {
+                (**self).identity()
+            }
+            fn is_equal(&self, other: &dyn MemoryResource) -> bool {
+                (**self).is_equal(other)
+            }
+        }
+    )*};
+}
+
+forward_resource!(Arc<R>, Box<R>, &R);
+
+/// A shared, dynamically chosen resource.
+pub type SharedResource = Arc<dyn MemoryResource>;

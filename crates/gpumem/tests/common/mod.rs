@@ -1,0 +1,38 @@
+//! Shared test support: backend selection from the environment and the resource
+//! suite that every memory resource must pass.
+#![allow(dead_code)]
+
+pub mod suite;
+
+use std::sync::Arc;
+
+use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::Device;
+
+/// The device the tests run on: the simulated device by default, the real GPU
+/// when `GPUMEM_DEVICE=cuda`. `backed` asks the simulated device for host memory
+/// behind its addresses (small capacity) so data can be checked.
+pub fn device(backed: bool) -> (Device, Option<Arc<SimDriver>>) {
+    let config = if backed {
+        SimConfig::backed(512 << 20)
+    } else {
+        SimConfig::default()
+    };
+    Device::from_env(config).expect("GPUMEM_DEVICE names a usable backend")
+}
+
+/// The simulated driver, or `None` (and a note) when running on the real GPU:
+/// for tests that need the simulator's controls.
+pub fn sim_only(sim: Option<Arc<SimDriver>>, test: &str) -> Option<Arc<SimDriver>> {
+    if sim.is_none() {
+        eprintln!("{test}: simulator-only test, skipped on the real GPU");
+    }
+    sim
+}
+
+/// Deterministic random bytes for data checks.
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random()).collect()
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds everything the GPU run needs, in release mode, into ./gpu-bundle
+# (git-ignored, kept under 64 MiB): every test binary of the workspace, the
+# `gpumem` command, the traces, and run-tests.sh, which runs the whole suite
+# against the real driver (GPUMEM_DEVICE=cuda) and prints the counts.
+#
+# Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: ../shared/traces)
+# Then on the GPU machine: gpu-bundle/run-tests.sh [LOG_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+traces=${1:-../shared/traces}
+out=gpu-bundle
+rm -rf "$out"
+mkdir -p "$out/tests" "$out/bin" "$out/traces"
+
+cargo build --release --workspace --bins --examples
+cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+  | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
+  | sort -u | while read -r exe; do
+      cp "$exe" "$out/tests/"
+    done
+cp target/release/gpumem "$out/bin/"
+for ex in target/release/examples/*; do
+  [[ -f $ex && -x $ex && $ex != *.d && $ex != *-* ]] && cp "$ex" "$out/bin/"
+done
+strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
+if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
+cp scripts/run-tests.sh "$out/"
+
+size=$(du -sm "$out" | cut -f1)
+echo "gpu-bundle: $(ls "$out/tests" | wc -l) test binaries, $(ls "$out/bin" | wc -l) programs, ${size} MiB"
+if (( size >= 64 )); then
+  echo "gpu-bundle is ${size} MiB: over the 64 MiB the GPU machine accepts" >&2
+  exit 1
+fi

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test binary in ./tests against the backend GPUMEM_DEVICE names
+# (default: cuda) and prints one line per binary and the totals last.
+# Usage: run-tests.sh [LOG_DIR]
+set -uo pipefail
+cd "$(dirname "$0")"
+logs=${1:-logs}
+mkdir -p "$logs"
+export GPUMEM_DEVICE=${GPUMEM_DEVICE:-cuda}
+passed=0 failed=0 ignored=0 bad=()
+for t in tests/*; do
+  name=$(basename "$t")
+  "$t" --test-threads=4 >"$logs/$name.log" 2>&1
+  rc=$?
+  p=$(grep -Eo '[0-9]+ passed' "$logs/$name.log" | awk '{s+=$1} END {print s+0}')
+  f=$(grep -Eo '[0-9]+ failed' "$logs/$name.log" | awk '{s+=$1} END {print s+0}')
+  i=$(grep -Eo '[0-9]+ ignored' "$logs/$name.log" | awk '{s+=$1} END {print s+0}')
+  passed=$((passed + p)) failed=$((failed + f)) ignored=$((ignored + i))
+  printf '%-40s rc=%d passed=%d failed=%d ignored=%d\n' "$name" "$rc" "$p" "$f" "$i"
+  if (( rc != 0 )); then bad+=("$name"); fi
+done
+echo "backend=$GPUMEM_DEVICE: $passed passed, $failed failed, $ignored ignored; failing binaries: ${bad[*]:-none}"
+(( ${#bad[@]} == 0 ))
