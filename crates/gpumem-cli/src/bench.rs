@@ -200,9 +200,7 @@ impl Prepared {
             Prepared::Same => cfg.size as u64,
             Prepared::Random(s) => s.peak_live as u64,
             Prepared::Threads(s) => s.iter().map(|s| s.peak_live as u64).sum(),
-            Prepared::Holes => {
-                ((cfg.holes + 1) * workload::HOLE_SIZE + workload::HOLES_REQUEST) as u64
-            }
+            Prepared::Holes => ((2 * cfg.holes + 1) * workload::HOLE_SIZE) as u64,
             Prepared::Replay(p) => p.peak_live as u64,
         }
     }

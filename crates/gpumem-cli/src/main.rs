@@ -292,7 +292,6 @@ fn replay_traces(
                     prep.skipped_failures, prep.skipped_unknown_frees, prep.skipped_zero
                 );
             }
-            println!("  peak live {}", fmt_bytes(prep.peak_live as u64));
         }
         let cfg = BenchConfig {
             workloads: vec![Workload::Replay],

@@ -21,7 +21,7 @@ use crate::replay::Timeline;
 pub enum XAxis {
     /// The operation index along the replay.
     Index,
-    /// The trace's time, in seconds from its first event.
+    /// The trace's time, in milliseconds from its first event.
     Time,
 }
 
@@ -92,13 +92,14 @@ where
     let xs = |t: &Timeline| -> Vec<f64> {
         match x_axis {
             XAxis::Index => t.op.iter().map(|&i| i as f64).collect(),
-            XAxis::Time => t.time_us.iter().map(|&u| u as f64 / 1e6).collect(),
+            XAxis::Time => t.time_us.iter().map(|&u| u as f64 / 1e3).collect(),
         }
     };
     let x_max = series
         .iter()
         .flat_map(|(_, t)| xs(t))
-        .fold(1.0f64, f64::max);
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
     let y_max = series
         .iter()
         .flat_map(|(_, t)| t.reserved.iter().chain(&t.live))
@@ -116,24 +117,18 @@ where
         .configure_mesh()
         .x_desc(match x_axis {
             XAxis::Index => "event index",
-            XAxis::Time => "trace time (s)",
+            XAxis::Time => "trace time (ms)",
         })
         .y_desc("memory (GiB)")
+        .x_label_formatter(&|x| match x_axis {
+            XAxis::Index => format!("{x:.0}"),
+            XAxis::Time => format!("{x}"),
+        })
+        .y_label_formatter(&|y| format!("{y:.1}"))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(e)?;
-    if let Some((_, first)) = series.first() {
-        let pts: Vec<(f64, f64)> = xs(first)
-            .into_iter()
-            .zip(first.live.iter().map(|&b| b as f64 / GIB))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts, BLACK.stroke_width(2)))
-            .map_err(e)?
-            .label("live (requested)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    }
     for (i, (name, t)) in series.iter().enumerate() {
         let color = palette(i);
         let pts: Vec<(f64, f64)> = xs(t)
@@ -141,12 +136,23 @@ where
             .zip(t.reserved.iter().map(|&b| b as f64 / GIB))
             .collect();
         chart
-            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .draw_series(LineSeries::new(pts, color.stroke_width(3)))
             .map_err(e)?
             .label(format!("{name} reserved"))
             .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
             });
+    }
+    if let Some((_, first)) = series.first() {
+        let pts: Vec<(f64, f64)> = xs(first)
+            .into_iter()
+            .zip(first.live.iter().map(|&b| b as f64 / GIB))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts, BLACK.stroke_width(1)))
+            .map_err(e)?
+            .label("live (requested)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     }
     chart
         .configure_series_labels()

@@ -253,8 +253,10 @@ pub fn run_holes(
 }
 
 /// The `threads` workload: each of `seqs.len()` threads runs its own sequence
-/// on its own stream; all start together. Reports wall time over the total
-/// operation count.
+/// on its own stream; all start together at a barrier. Reports wall time
+/// (first thread's start to last thread's end, each read by the thread
+/// itself so a late-scheduled main thread does not skew it, plus the device
+/// synchronize after) over the total operation count.
 pub fn run_threads(
     r: &Arc<dyn MemoryResource>,
     device: &Device,
@@ -265,17 +267,24 @@ pub fn run_threads(
         .map(|_| device.create_stream())
         .collect::<gpumem::Result<_>>()?;
     device.synchronize()?;
-    let start_line = Arc::new(Barrier::new(n + 1));
+    let start_line = Arc::new(Barrier::new(n));
     let finish_line = Arc::new(Barrier::new(n + 1));
+    let cleanup_line = Arc::new(Barrier::new(n + 1));
     let mut handles = Vec::with_capacity(n);
     for (seq, stream) in seqs.iter().zip(streams) {
         let (r, seq, device) = (r.clone(), seq.clone(), device.clone());
-        let (start_line, finish_line) = (start_line.clone(), finish_line.clone());
-        handles.push(std::thread::spawn(move || -> gpumem::Result<()> {
+        let (start_line, finish_line, cleanup_line) = (
+            start_line.clone(),
+            finish_line.clone(),
+            cleanup_line.clone(),
+        );
+        type Span = (Instant, Instant);
+        handles.push(std::thread::spawn(move || -> gpumem::Result<Span> {
             let _ = device.driver().set_current_device(device.ordinal());
             let mut table = vec![DevicePtr::NULL; seq.slots];
             let mut sizes = vec![0usize; seq.slots];
             start_line.wait();
+            let start = Instant::now();
             let mut result = Ok(());
             for op in &seq.ops {
                 let slot = op.slot as usize;
@@ -297,33 +306,47 @@ pub fn run_threads(
                     table[slot] = DevicePtr::NULL;
                 }
             }
+            let end = Instant::now();
+            // Wait until every thread is done and the main thread has
+            // synchronized the device, then clean up.
             finish_line.wait();
-            // The main thread stops the clock; clean up after it.
-            finish_line.wait();
+            cleanup_line.wait();
             let freed = free_all(&*r, &mut table, &sizes, std::slice::from_ref(&stream), &[]);
             result?;
-            freed
+            freed?;
+            Ok((start, end))
         }));
     }
-    start_line.wait();
-    let start = Instant::now();
+    // The threads reach the finish line after their timed loops; the device
+    // synchronize is timed here, then the threads are let go to clean up.
     finish_line.wait();
+    let t = Instant::now();
     let synced = device.synchronize();
-    let elapsed = start.elapsed();
-    finish_line.wait();
-    let mut result = synced;
-    for h in handles {
-        let r = h.join().unwrap_or_else(|_| {
-            Err(gpumem::Error::InvalidArgument(
-                "a bench thread panicked".into(),
-            ))
-        });
-        if result.is_ok() {
-            result = r;
-        }
+    let sync_time = t.elapsed();
+    cleanup_line.wait();
+    let spans: Vec<gpumem::Result<(Instant, Instant)>> = handles
+        .into_iter()
+        .map(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(gpumem::Error::InvalidArgument(
+                    "a bench thread panicked".into(),
+                ))
+            })
+        })
+        .collect();
+    let mut first = None::<Instant>;
+    let mut last = None::<Instant>;
+    for s in spans {
+        let (a, b) = s?;
+        first = Some(first.map_or(a, |f| f.min(a)));
+        last = Some(last.map_or(b, |l| l.max(b)));
     }
-    result?;
+    synced?;
     device.synchronize()?;
+    let elapsed = match (first, last) {
+        (Some(a), Some(b)) => b.duration_since(a) + sync_time,
+        _ => sync_time,
+    };
     Ok(Timed {
         elapsed,
         ops: seqs.iter().map(|s| s.ops.len() as u64).sum(),
