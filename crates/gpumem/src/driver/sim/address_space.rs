@@ -58,7 +58,7 @@ impl AddressSpace {
     /// A range of `size` bytes (a multiple of 256, non-zero) aligned to `align`
     /// (a power of two); `None` when no free range fits.
     pub(super) fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        if size == 0 || size % BASE_ALIGN != 0 || !align.is_power_of_two() {
+        if size == 0 || !size.is_multiple_of(BASE_ALIGN) || !align.is_power_of_two() {
             return None;
         }
         let align = align.max(BASE_ALIGN);
@@ -173,7 +173,7 @@ mod tests {
         let mut s = AddressSpace::new(1 << 40, 1 << 20);
         assert_eq!(s.alloc(0, 256), None);
         assert_eq!(s.alloc(100, 256), None);
-        assert_eq!(s.alloc(u64::MAX & !255, 256), None);
+        assert_eq!(s.alloc(!255u64, 256), None);
         assert_eq!(s.alloc(256, 3), None);
         assert_eq!(s.alloc(256, 1 << 63), None);
     }

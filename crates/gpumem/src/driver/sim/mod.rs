@@ -162,6 +162,8 @@ struct State {
     streams: HashMap<RawStream, QueueId>,
     /// Destroyed stream handles, for the test oracle.
     retired: HashMap<RawStream, QueueId>,
+    /// Final positions of drained queues of destroyed streams.
+    gone: HashMap<QueueId, u64>,
     per_thread: HashMap<(u32, ThreadId), QueueId>,
     events: HashMap<RawEvent, EventState>,
     /// Queues with pending work.
@@ -198,6 +200,7 @@ impl State {
             queues: HashMap::new(),
             streams: HashMap::new(),
             retired: HashMap::new(),
+            gone: HashMap::new(),
             per_thread: HashMap::new(),
             events: HashMap::new(),
             busy: BTreeSet::new(),
@@ -305,7 +308,11 @@ impl SimDriver {
     }
 
     /// Runs a call: counts it (maybe failing it), then `f`.
-    fn call<T>(&self, name: &'static str, f: impl FnOnce(&mut State, Ctx) -> Result<T>) -> Result<T> {
+    fn call<T>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(&mut State, Ctx) -> Result<T>,
+    ) -> Result<T> {
         let ctx = self.ctx();
         let mut st = self.lock();
         st.faults.on_call(name)?;
@@ -398,9 +405,14 @@ impl SimDriver {
     pub fn stream_position(&self, stream: RawStream) -> u64 {
         let ctx = self.ctx();
         let mut st = self.lock();
-        st.queue_for_test(stream, ctx)
-            .and_then(|q| st.queues.get(&q))
-            .map_or(0, |q| q.enqueued)
+        let Some(q) = st.queue_for_test(stream, ctx) else {
+            return 0;
+        };
+        st.queues
+            .get(&q)
+            .map(|x| x.enqueued)
+            .or_else(|| st.gone.get(&q).copied())
+            .unwrap_or(0)
     }
 
     /// The ordering oracle: true iff work enqueued on `later_stream` from now
@@ -583,7 +595,9 @@ impl Driver for SimDriver {
     }
 
     fn stream_create(&self, device: u32, _non_blocking: bool) -> Result<RawStream> {
-        self.call_dev("cuStreamCreate", device, |st, _| Ok(st.stream_create(device)))
+        self.call_dev("cuStreamCreate", device, |st, _| {
+            Ok(st.stream_create(device))
+        })
     }
 
     fn stream_destroy(&self, stream: RawStream) -> Result<()> {
@@ -654,7 +668,10 @@ impl Driver for SimDriver {
     fn event_query(&self, event: RawEvent) -> Result<bool> {
         const CALL: &str = "cuEventQuery";
         self.call(CALL, |st, _| {
-            let e = st.events.get(&event).ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
+            let e = st
+                .events
+                .get(&event)
+                .ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
             Ok(e.record.is_none_or(|(q, p)| st.reached(q, p)))
         })
     }
@@ -662,7 +679,10 @@ impl Driver for SimDriver {
     fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         const CALL: &str = "cuEventSynchronize";
         self.call(CALL, |st, _| {
-            let e = st.events.get(&event).ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
+            let e = st
+                .events
+                .get(&event)
+                .ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
             let device = e.device;
             if let Some((q, p)) = e.record {
                 st.force(q, p);
@@ -871,7 +891,9 @@ impl Driver for SimDriver {
     }
 
     fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64> {
-        self.call("cuMemPoolGetAttribute", |st, _| st.mempool_get_attr(pool, attr))
+        self.call("cuMemPoolGetAttribute", |st, _| {
+            st.mempool_get_attr(pool, attr)
+        })
     }
 
     fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()> {
@@ -885,7 +907,9 @@ impl Driver for SimDriver {
     }
 
     fn mempool_get_access(&self, pool: RawPool, device: u32) -> Result<AccessFlags> {
-        self.call("cuMemPoolGetAccess", |st, _| st.mempool_get_access(pool, device))
+        self.call("cuMemPoolGetAccess", |st, _| {
+            st.mempool_get_access(pool, device)
+        })
     }
 
     fn mem_alloc_from_pool_async(
@@ -937,7 +961,9 @@ impl Driver for SimDriver {
     }
 
     fn mempool_export_pointer(&self, ptr: DevicePtr) -> Result<PoolPtrExport> {
-        self.call("cuMemPoolExportPointer", |st, _| st.mempool_export_pointer(ptr))
+        self.call("cuMemPoolExportPointer", |st, _| {
+            st.mempool_export_pointer(ptr)
+        })
     }
 
     fn mempool_import_pointer(&self, pool: RawPool, data: &PoolPtrExport) -> Result<DevicePtr> {
@@ -947,7 +973,9 @@ impl Driver for SimDriver {
     }
 
     fn vmm_reserve(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
-        self.call("cuMemAddressReserve", |st, _| st.vmm_reserve(bytes, alignment))
+        self.call("cuMemAddressReserve", |st, _| {
+            st.vmm_reserve(bytes, alignment)
+        })
     }
 
     fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
@@ -985,10 +1013,14 @@ impl Driver for SimDriver {
     }
 
     fn vmm_export_fd(&self, handle: RawPhys) -> Result<i32> {
-        self.call("cuMemExportToShareableHandle", |st, _| st.vmm_export_fd(handle))
+        self.call("cuMemExportToShareableHandle", |st, _| {
+            st.vmm_export_fd(handle)
+        })
     }
 
     fn vmm_import_fd(&self, fd: i32) -> Result<RawPhys> {
-        self.call("cuMemImportFromShareableHandle", |st, _| st.vmm_import_fd(fd))
+        self.call("cuMemImportFromShareableHandle", |st, _| {
+            st.vmm_import_fd(fd)
+        })
     }
 }

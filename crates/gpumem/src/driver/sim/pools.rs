@@ -150,9 +150,7 @@ impl State {
             HandleType::PosixFd if self.cfg.posix_fd_ipc => {}
             HandleType::PosixFd => return Err(drv(CALL, NOT_SUPPORTED)),
             HandleType::Fabric => {
-                return Err(Error::unsupported(
-                    "fabric handles on the simulated device",
-                ))
+                return Err(Error::unsupported("fabric handles on the simulated device"))
             }
         }
         let id = self.fresh_id();
@@ -333,7 +331,10 @@ impl State {
         let too_big = || super::faults::oom(bytes, Some(device));
         let size = round_up(bytes as u64, BASE_ALIGN).ok_or_else(too_big)?;
         let chunk = round_up(size, self.gran).ok_or_else(too_big)?;
-        let p = self.pools.get_mut(&id).ok_or_else(|| drv(call, INVALID_HANDLE))?;
+        let p = self
+            .pools
+            .get_mut(&id)
+            .ok_or_else(|| drv(call, INVALID_HANDLE))?;
         let reuse = p
             .cache
             .range((chunk, 0)..)

@@ -219,6 +219,7 @@ impl State {
             if queue.pending.is_empty() {
                 self.busy.remove(&q);
                 if queue.destroyed {
+                    self.gone.insert(q, queue.enqueued);
                     self.queues.remove(&q);
                 }
             }

@@ -54,7 +54,7 @@ impl State {
     }
 
     fn gran_ok(&self, x: u64) -> bool {
-        x % self.gran == 0
+        x.is_multiple_of(self.gran)
     }
 
     /// `cuMemAddressReserve`; `alignment` 0 means the granularity.
@@ -97,7 +97,12 @@ impl State {
     }
 
     /// `cuMemCreate`.
-    pub(super) fn vmm_create(&mut self, device: u32, bytes: usize, ht: HandleType) -> Result<RawPhys> {
+    pub(super) fn vmm_create(
+        &mut self,
+        device: u32,
+        bytes: usize,
+        ht: HandleType,
+    ) -> Result<RawPhys> {
         const CALL: &str = "cuMemCreate";
         self.vmm_on(CALL)?;
         match ht {
