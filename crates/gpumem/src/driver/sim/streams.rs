@@ -7,7 +7,8 @@
 //! until released or completed, and a queue whose head waits on an event
 //! record of an unfinished queue stays pending until that record completes.
 //! An event record is just (queue, position): complete once the queue has run
-//! that far. A destroyed stream's queue lives on until it drains.
+//! that far. A destroyed stream's queue lives on until it drains (a held one
+//! stays held: the test controls still accept its handle).
 //!
 //! The legacy default stream (handles 0 and `CU_STREAM_LEGACY`) is one queue
 //! per device; `CU_STREAM_PER_THREAD` is one queue per device and OS thread.
@@ -291,7 +292,8 @@ impl State {
         h
     }
 
-    /// `cuStreamDestroy`: the queue drains on its own.
+    /// `cuStreamDestroy`: the queue lives on until its work has run. A held
+    /// stream stays held (tests can still complete or release it by handle).
     pub(super) fn stream_destroy(&mut self, stream: RawStream) -> Result<()> {
         let q = self
             .streams
@@ -299,7 +301,6 @@ impl State {
             .ok_or_else(|| drv("cuStreamDestroy", INVALID_HANDLE))?;
         if let Some(queue) = self.queues.get_mut(&q) {
             queue.destroyed = true;
-            queue.held = false;
         }
         self.tidy(q);
         self.pump();
