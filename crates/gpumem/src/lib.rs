@@ -5,6 +5,7 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod stream;
+pub mod suballoc;
 
 pub use device::Device;
 pub use driver::{Backend, DevicePtr};
