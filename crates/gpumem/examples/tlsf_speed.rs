@@ -37,9 +37,15 @@ fn pairs(label: &str, size: u64, n: u64) {
         let a = h.allocate(G, size, 256).unwrap();
         h.free(a.addr, G).unwrap();
     }
+    // Align only where asked (size == alignment for the aligned run).
+    let align = if label.contains("aligned") { size } else { 256 };
+    for _ in 0..1000 {
+        let a = h.allocate(G, size, align).unwrap();
+        h.free(a.addr, G).unwrap();
+    }
     let t = Instant::now();
     for _ in 0..n {
-        let a = h.allocate(G, black_box(size), 256).unwrap();
+        let a = h.allocate(G, black_box(size), align).unwrap();
         h.free(black_box(a.addr), G).unwrap();
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
@@ -52,7 +58,13 @@ fn random_workload(n: u64) {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     // Pre-generate the decisions so the timed loop measures the heap.
     let ops: Vec<(bool, u64, u64)> = (0..n)
-        .map(|_| (rng.next() % 2 == 0, rng.log_uniform(256, 64 * MIB), rng.next()))
+        .map(|_| {
+            (
+                rng.next().is_multiple_of(2),
+                rng.log_uniform(256, 64 * MIB),
+                rng.next(),
+            )
+        })
         .collect();
     let mut live: Vec<u64> = Vec::with_capacity(1000);
     let t = Instant::now();
@@ -75,11 +87,16 @@ fn random_workload(n: u64) {
 fn holes(n: u64) {
     let mut h = LaneHeap::new();
     h.add_region(GIB, 64 * GIB).unwrap();
-    let blocks: Vec<u64> = (0..131_072).map(|_| h.allocate(G, 4096, 256).unwrap().addr).collect();
+    let blocks: Vec<u64> = (0..131_072)
+        .map(|_| h.allocate(G, 4096, 256).unwrap().addr)
+        .collect();
     for a in blocks.iter().step_by(2) {
         h.free(*a, G).unwrap();
     }
-    println!("  (64k-holes setup: {} free blocks in the lane)", h.lane_block_count(G));
+    println!(
+        "  (64k-holes setup: {} free blocks in the lane)",
+        h.lane_block_count(G)
+    );
     for (label, size) in [
         ("64k holes: 256 B alloc/free (fits a hole)", 256u64),
         ("64k holes: 4 KiB alloc/free (exact hole)", 4096),
@@ -110,10 +127,15 @@ fn lanes(n: u64) {
         h.free(black_box(a.addr), s).unwrap();
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    println!("{:<48} {ns:7.1} ns/pair", "1 MiB alloc/free in a stream lane");
+    println!(
+        "{:<48} {ns:7.1} ns/pair",
+        "1 MiB alloc/free in a stream lane"
+    );
 
     // move_lane: 64k separated blocks to global, per block moved.
-    let blocks: Vec<u64> = (0..131_072).map(|_| h.allocate(G, 4096, 256).unwrap().addr).collect();
+    let blocks: Vec<u64> = (0..131_072)
+        .map(|_| h.allocate(G, 4096, 256).unwrap().addr)
+        .collect();
     let mut victims: Vec<u64> = blocks.iter().copied().step_by(2).collect();
     let mut total = 0.0;
     let rounds = 20;
@@ -128,11 +150,46 @@ fn lanes(n: u64) {
             *a = h.allocate(G, 4096, 256).unwrap().addr;
         }
     }
-    println!("{:<48} {:7.1} ns/block", "move_lane of 64k blocks", total / (rounds as f64 * 65536.0));
+    println!(
+        "{:<48} {:7.1} ns/block",
+        "move_lane of 64k blocks",
+        total / (rounds as f64 * 65536.0)
+    );
 }
 
+/// The host floor of DESIGN.md §1: Vec pop + HashMap insert + remove + Vec push.
+fn floor(n: u64) {
+    use std::collections::HashMap;
+    let mut free: Vec<u64> = (0..1000).map(|i| GIB + i * MIB).collect();
+    let mut map: HashMap<u64, u32> = HashMap::new();
+    let t = Instant::now();
+    for _ in 0..n {
+        let a = free.pop().unwrap();
+        map.insert(black_box(a), 7);
+        black_box(map.remove(&black_box(a)).unwrap());
+        free.push(a);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "{:<48} {ns:7.1} ns/pair",
+        "floor: Vec pop+push, std HashMap insert+remove"
+    );
+}
+
+/// Arguments: `[pairs-only] [n]` — `pairs-only` runs just the cached 1 MiB
+/// pairs (for instruction counting under a profiler); `n` defaults to 10M.
 fn main() {
-    let n = 10_000_000;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let only_pairs = args.iter().any(|a| a == "pairs-only");
+    let n = args
+        .iter()
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
+    if only_pairs {
+        pairs("1 MiB alloc/free pairs (cached)", MIB, n);
+        return;
+    }
+    floor(n);
     pairs("1 MiB alloc/free pairs (cached)", MIB, n);
     pairs("256 B alloc/free pairs (cached)", 256, n);
     pairs("1 MiB aligned to 1 MiB, alloc/free pairs", MIB, n / 10);

@@ -11,9 +11,9 @@
 //! of one lane in another, merging as it goes: O(blocks moved). Bad frees are
 //! diagnosed on a cold path that walks the region's blocks.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
+use super::addr_table::AddrTable;
 use super::block_arena::{Block, BlockArena, BlockId, BlockState, LaneId, MAX_LANE, NIL};
 use super::size_class::{round_to_granule, GRANULE};
 use super::tlsf::Tlsf;
@@ -130,32 +130,6 @@ impl HeapError {
     }
 }
 
-/// Hashes 256-aligned addresses: one 64×64→128 multiply, halves folded.
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
-
-const HASH_K: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl Hasher for AddrHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ b as u64);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let m = (x.rotate_right(8) as u128) * (HASH_K as u128);
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
-}
-
-type AddrMap = HashMap<u64, u32, BuildHasherDefault<AddrHasher>>;
-
 #[derive(Debug, Clone)]
 struct RegionSlot {
     base: u64,
@@ -190,7 +164,7 @@ pub struct LaneHeap {
     regions: Vec<RegionSlot>,
     vacant_regions: Vec<u32>,
     by_base: BTreeMap<u64, u32>,
-    used: AddrMap,
+    used: AddrTable,
     used_bytes: u64,
     region_bytes: u64,
     min_split: u64,
@@ -204,7 +178,7 @@ impl Default for LaneHeap {
 
 /// Splits block `i` at `at` bytes: `i` keeps the front, the returned new block
 /// (state Used, no free links) the back. `None` when the arena is full.
-#[inline]
+#[inline(always)]
 fn split(arena: &mut BlockArena, i: u32, at: u64) -> Option<u32> {
     let b = arena[i];
     debug_assert!(at > 0 && at < b.size);
@@ -220,7 +194,7 @@ fn split(arena: &mut BlockArena, i: u32, at: u64) -> Option<u32> {
 }
 
 /// Merges `b` (the next block by address) into `a` and releases `b`'s slot.
-#[inline]
+#[inline(always)]
 fn merge(arena: &mut BlockArena, a: u32, b: u32) {
     let (bsize, bnext) = (arena[b].size, arena[b].next_phys);
     arena[a].size += bsize;
@@ -233,7 +207,7 @@ fn merge(arena: &mut BlockArena, a: u32, b: u32) {
 
 /// Files block `i` (in no index) as free in `lane` of index `t`, merging it with
 /// neighbours free in that lane. Returns the index of the resulting block.
-#[inline]
+#[inline(always)]
 fn file_free(arena: &mut BlockArena, t: &mut Tlsf, mut i: u32, lane: u32) -> u32 {
     let prev = arena[i].prev_phys;
     if prev != NIL && arena[prev].is_free_in(lane) {
@@ -269,7 +243,7 @@ impl LaneHeap {
             regions: Vec::new(),
             vacant_regions: Vec::new(),
             by_base: BTreeMap::new(),
-            used: AddrMap::default(),
+            used: AddrTable::new(),
             used_bytes: 0,
             region_bytes: 0,
             min_split: min_split.max(GRANULE),
@@ -289,7 +263,11 @@ impl LaneHeap {
     /// region. O(log regions).
     pub fn add_region(&mut self, base: u64, size: u64) -> Result<RegionId, HeapError> {
         let end = base.checked_add(size);
-        if size == 0 || base % GRANULE != 0 || size % GRANULE != 0 || end.is_none() {
+        if size == 0
+            || !base.is_multiple_of(GRANULE)
+            || !size.is_multiple_of(GRANULE)
+            || end.is_none()
+        {
             return Err(HeapError::BadRegion { base, size });
         }
         let end = end.unwrap_or(u64::MAX);
@@ -508,8 +486,7 @@ impl LaneHeap {
             _ => return None,
         };
         let arena = &mut self.arena;
-        let mut i = t.find(arena, needed)?;
-        t.remove(arena, i);
+        let mut i = t.take(arena, needed)?;
         let addr = arena[i].addr;
         // Cannot overflow: align - 1 < needed <= block size, and the block ends
         // within u64.
@@ -547,7 +524,7 @@ impl LaneHeap {
 
     /// Frees the used block starting at `addr` into `lane`, merging it with
     /// neighbours free in that lane; returns the block's size. O(1): one hash
-    /// lookup. A bad address is diagnosed (unknown, or double free) on a slow
+    /// table lookup. A bad address is diagnosed (unknown, or double free) on a slow
     /// path that walks its region; nothing changes on error.
     #[inline]
     pub fn free(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
@@ -555,7 +532,7 @@ impl LaneHeap {
             Some(Some(t)) => t,
             _ => return Err(HeapError::NoSuchLane(lane)),
         };
-        let Some(i) = self.used.remove(&addr) else {
+        let Some(i) = self.used.remove(addr) else {
             return Err(self.diagnose_bad_free(addr));
         };
         let size = self.arena[i].size;
@@ -581,7 +558,7 @@ impl LaneHeap {
 
     /// The used block starting at `addr`. O(1).
     pub fn used_block(&self, addr: u64) -> Option<BlockId> {
-        self.used.get(&addr).map(|&i| BlockId(i))
+        self.used.get(addr).map(BlockId)
     }
 
     /// The block in slot `id`, unless the slot is vacant.
@@ -700,7 +677,7 @@ impl LaneHeap {
                 if blocks > self.arena.capacity() {
                     return Err("cycle in address chain".into());
                 }
-                if b.addr != expect || b.size == 0 || b.size % GRANULE != 0 {
+                if b.addr != expect || b.size == 0 || !b.size.is_multiple_of(GRANULE) {
                     return Err(format!("block {bid:?} {b:?}: expected addr {expect:#x}"));
                 }
                 if b.prev_phys != prev || b.region != id.index {
@@ -710,7 +687,7 @@ impl LaneHeap {
                     BlockState::Used => {
                         used += 1;
                         used_bytes += b.size;
-                        if self.used.get(&b.addr) != Some(&bid.0) {
+                        if self.used.get(b.addr) != Some(bid.0) {
                             return Err(format!("used block {bid:?} not in address map"));
                         }
                         prev_lane = None;

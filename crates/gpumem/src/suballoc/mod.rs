@@ -9,6 +9,7 @@
 //!   (device memory cannot hold headers), indexed by `u32`.
 //! - [`tlsf`]: a per-lane free-block index with two-level bitmaps: O(1) insert,
 //!   remove and good-fit find.
+//! - [`addr_table`]: the address → used block map (open addressing).
 //! - [`heap`]: [`LaneHeap`], the engine of the stream-ordered pool. Regions are
 //!   upstream allocations; free blocks belong to a *lane*: the global lane
 //!   ([`LaneId::GLOBAL`]) holds blocks anyone may use, other lanes hold blocks
@@ -21,6 +22,7 @@
 //! hash-map operation); moving a lane costs O(blocks moved). Single-threaded:
 //! the pool wraps a heap in its lock.
 
+pub mod addr_table;
 pub mod block_arena;
 pub mod heap;
 pub mod size_class;

@@ -15,14 +15,38 @@ const LANES: usize = 4; // global + 3 stream lanes
 
 #[derive(Debug, Clone)]
 enum Op {
-    AddRegion { slot: u64, offset: u64, size: u64 },
-    Allocate { lane: usize, size: u64, align_log: u32 },
-    Free { pick: usize, lane: usize },
-    BadFree { pick: usize, delta: u64 },
-    MoveLane { from: usize, to: usize },
-    MoveBlock { pick: usize, to: usize },
-    RemoveRegion { pick: usize },
-    Recycle { lane: usize },
+    AddRegion {
+        slot: u64,
+        offset: u64,
+        size: u64,
+    },
+    Allocate {
+        lane: usize,
+        size: u64,
+        align_log: u32,
+    },
+    Free {
+        pick: usize,
+        lane: usize,
+    },
+    BadFree {
+        pick: usize,
+        delta: u64,
+    },
+    MoveLane {
+        from: usize,
+        to: usize,
+    },
+    MoveBlock {
+        pick: usize,
+        to: usize,
+    },
+    RemoveRegion {
+        pick: usize,
+    },
+    Recycle {
+        lane: usize,
+    },
 }
 
 fn log_uniform(lo_log: u32, hi_log: u32) -> impl Strategy<Value = u64> {
@@ -77,7 +101,11 @@ impl Harness {
         for l in lanes.iter_mut().skip(1) {
             *l = h.create_lane().unwrap();
         }
-        Self { h, m: Model::default(), lanes }
+        Self {
+            h,
+            m: Model::default(),
+            lanes,
+        }
     }
 
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -86,7 +114,10 @@ impl Harness {
             Op::AddRegion { slot, offset, size } => {
                 let base = (slot << 24) + offset * 256;
                 let size = size & !255;
-                let overlaps = m.regions.iter().any(|(&b, r)| b < base + size && base < b + r.1);
+                let overlaps = m
+                    .regions
+                    .iter()
+                    .any(|(&b, r)| b < base + size && base < b + r.1);
                 match h.add_region(base, size) {
                     Ok(id) => {
                         prop_assert!(!overlaps);
@@ -101,7 +132,11 @@ impl Harness {
                     }
                 }
             }
-            Op::Allocate { lane, size, align_log } => {
+            Op::Allocate {
+                lane,
+                size,
+                align_log,
+            } => {
                 let align = 1u64 << align_log;
                 match h.allocate(self.lanes[lane], size, align) {
                     Some(a) => {
@@ -176,7 +211,9 @@ impl Harness {
                     return Ok(());
                 }
                 let addr = m.freed[pick % m.freed.len()];
-                let Some(rid) = h.region_of(addr) else { return Ok(()) };
+                let Some(rid) = h.region_of(addr) else {
+                    return Ok(());
+                };
                 let found = h
                     .region_blocks(rid)
                     .find(|(_, b)| b.addr() <= addr && addr < b.end());
@@ -189,7 +226,10 @@ impl Harness {
                         r.2[from] -= b.size();
                         r.2[to] += b.size();
                     } else {
-                        prop_assert_eq!(h.move_block(id, self.lanes[to]), Err(HeapError::BlockNotFree(id)));
+                        prop_assert_eq!(
+                            h.move_block(id, self.lanes[to]),
+                            Err(HeapError::BlockNotFree(id))
+                        );
                     }
                 }
             }
@@ -197,7 +237,8 @@ impl Harness {
                 if m.regions.is_empty() {
                     return Ok(());
                 }
-                let (&base, &(id, size, free)) = m.regions.iter().nth(pick % m.regions.len()).unwrap();
+                let (&base, &(id, size, free)) =
+                    m.regions.iter().nth(pick % m.regions.len()).unwrap();
                 let removable = free[0] == size;
                 prop_assert_eq!(h.region_is_free(id), removable);
                 match h.remove_region(id) {
@@ -271,7 +312,13 @@ impl Harness {
         for &l in &self.lanes[1..] {
             prop_assert_eq!(self.h.drop_lane(l), Ok(()));
         }
-        prop_assert_eq!(self.h.stats(), HeapStats { lanes: 1, ..HeapStats::default() });
+        prop_assert_eq!(
+            self.h.stats(),
+            HeapStats {
+                lanes: 1,
+                ..HeapStats::default()
+            }
+        );
         self.h.check_invariants().map_err(TestCaseError::fail)?;
         Ok(())
     }

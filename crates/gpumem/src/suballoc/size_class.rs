@@ -80,7 +80,7 @@ fn class_of_units(u: u64) -> SizeClass {
 /// `size` must be a non-zero multiple of [`GRANULE`] (not checked in release).
 #[inline]
 pub fn insert_class(size: u64) -> SizeClass {
-    debug_assert!(size >= GRANULE && size % GRANULE == 0);
+    debug_assert!(size >= GRANULE && size.is_multiple_of(GRANULE));
     class_of_units(size >> GRANULE_LOG)
 }
 
@@ -90,7 +90,7 @@ pub fn insert_class(size: u64) -> SizeClass {
 /// `size` must be a non-zero multiple of [`GRANULE`] (not checked in release).
 #[inline]
 pub fn search_class(size: u64) -> Option<SizeClass> {
-    debug_assert!(size >= GRANULE && size % GRANULE == 0);
+    debug_assert!(size >= GRANULE && size.is_multiple_of(GRANULE));
     let mut u = size >> GRANULE_LOG;
     if u >= SL_COUNT as u64 {
         let log = 63 - u.leading_zeros();
@@ -136,7 +136,7 @@ mod tests {
 
     #[test]
     fn extremes() {
-        let max = u64::MAX & !(GRANULE - 1);
+        let max = !(GRANULE - 1);
         let c = insert_class(max);
         assert_eq!(c.index(), CLASS_COUNT - 1);
         assert!(c.min_size() <= max);

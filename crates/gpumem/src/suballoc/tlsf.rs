@@ -66,7 +66,7 @@ impl Tlsf {
 
     /// Files block `i` (whose size is set) at the head of its class list.
     /// Does not touch the block's state; the caller sets it.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, arena: &mut BlockArena, i: u32) {
         let size = arena[i].size;
         let c = insert_class(size);
@@ -88,7 +88,7 @@ impl Tlsf {
     }
 
     /// Unlinks block `i`, which must be in this index with its filed size.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, arena: &mut BlockArena, i: u32) {
         let (size, prev, next) = {
             let b = &arena[i];
@@ -143,6 +143,35 @@ impl Tlsf {
             }
         }
         self.find_slow(arena, size)
+    }
+
+    /// Like [`find`](Self::find), but also removes the block from the index.
+    #[inline(always)]
+    pub fn take(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
+        if let Some(c) = search_class(size) {
+            if let Some(ci) = self.first_at_or_above(c) {
+                // Pop the head of class `ci`: no class computation needed.
+                let i = self.heads[ci];
+                let (bsize, next) = (arena[i].size, arena[i].next_free);
+                self.heads[ci] = next;
+                if next != NIL {
+                    arena[next].prev_free = NIL;
+                } else {
+                    let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
+                    let m = &mut self.sl_bitmap[fl];
+                    *m &= !(1 << sl);
+                    if *m == 0 {
+                        self.fl_bitmap &= !(1 << fl);
+                    }
+                }
+                self.free_bytes -= bsize;
+                self.blocks -= 1;
+                return Some(i);
+            }
+        }
+        let i = self.find_slow(arena, size)?;
+        self.remove(arena, i);
+        Some(i)
     }
 
     #[cold]
