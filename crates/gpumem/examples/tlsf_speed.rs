@@ -176,8 +176,9 @@ fn floor(n: u64) {
     );
 }
 
-/// Arguments: `[pairs-only] [n]` — `pairs-only` runs just the cached 1 MiB
-/// pairs (for instruction counting under a profiler); `n` defaults to 10M.
+/// Arguments: `[pairs-only | random-only] [n]` — run just the cached 1 MiB
+/// pairs or the random workload (for instruction counting under a profiler);
+/// `n` defaults to 10M.
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let only_pairs = args.iter().any(|a| a == "pairs-only");
@@ -187,6 +188,10 @@ fn main() {
         .unwrap_or(10_000_000);
     if only_pairs {
         pairs("1 MiB alloc/free pairs (cached)", MIB, n);
+        return;
+    }
+    if args.iter().any(|a| a == "random-only") {
+        random_workload(n);
         return;
     }
     floor(n);
