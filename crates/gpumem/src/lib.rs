@@ -7,6 +7,7 @@ pub mod driver;
 mod error;
 pub mod resource;
 pub mod stream;
+pub mod suballoc;
 pub mod trace;
 
 pub use buffer::DeviceBuffer;
