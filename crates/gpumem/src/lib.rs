@@ -10,6 +10,7 @@ pub mod exit;
 pub mod registry;
 pub mod resource;
 pub mod stream;
+pub mod suballoc;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;
