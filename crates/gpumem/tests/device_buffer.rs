@@ -70,10 +70,10 @@ fn drop_returns_memory_to_the_resource() {
     let Some(sim) = common::sim_only(sim, "drop_returns_memory") else { return };
     let stream = device.create_stream().unwrap();
     let mr = DeviceResource::new(device.clone());
-    let before = sim.live_device_bytes(0);
+    let before = sim.device_bytes(0);
     {
         let _a = DeviceBuffer::<f32, _>::zeroed(1 << 16, &mr, &stream).unwrap();
-        assert!(sim.live_device_bytes(0) >= before + (1 << 18));
+        assert!(sim.device_bytes(0) >= before + (1 << 18));
     }
-    assert_eq!(sim.live_device_bytes(0), before);
+    assert_eq!(sim.device_bytes(0), before);
 }

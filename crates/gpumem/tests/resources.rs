@@ -123,17 +123,17 @@ fn injected_out_of_memory_is_an_error_and_loses_nothing() {
     let Some(sim) = common::sim_only(sim, "injected_out_of_memory") else { return };
     let mr = DeviceResource::new(device.clone());
     let s = device.create_stream().unwrap();
-    let before = sim.live_device_bytes(0);
+    let before = sim.device_bytes(0);
     sim.fail_nth_alloc(2);
     let a = mr.allocate(1 << 20, 256, &s).unwrap();
     let err = mr.allocate(1 << 20, 256, &s).unwrap_err();
     assert_eq!(err.oom_info().unwrap().requested, 1 << 20);
     assert_eq!(err.oom_info().unwrap().device, Some(0));
     let c = mr.allocate(1 << 20, 256, &s).unwrap();
-    assert_eq!(sim.live_device_bytes(0), before + (2 << 20));
+    assert_eq!(sim.device_bytes(0), before + (2 << 20));
     mr.deallocate(a, 1 << 20, 256, &s).unwrap();
     mr.deallocate(c, 1 << 20, 256, &s).unwrap();
-    assert_eq!(sim.live_device_bytes(0), before);
+    assert_eq!(sim.device_bytes(0), before);
 }
 
 #[test]
