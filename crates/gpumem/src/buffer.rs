@@ -132,12 +132,16 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
-        self.stream.device().driver().memset_async(
-            self.ptr,
-            value,
-            self.size_bytes(),
-            self.stream.raw(),
-        )
+        // SAFETY: the buffer owns this range while it lives; no host code gets
+        // a reference to it, and its free is ordered after this work.
+        unsafe {
+            self.stream.device().driver().memset_async(
+                self.ptr,
+                value,
+                self.size_bytes(),
+                self.stream.raw(),
+            )
+        }
     }
 
     /// Copies `src` to the device and waits for the copy.
@@ -217,12 +221,18 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
-        self.stream.device().driver().memcpy_dtod_async(
-            self.ptr,
-            src.ptr,
-            self.size_bytes(),
-            self.stream.raw(),
-        )
+        // SAFETY: both buffers own their ranges while they live and hand no
+        // host references out; `src` is borrowed for the enqueue, and each free
+        // is stream-ordered (ordering across streams is the caller's, as for any
+        // kernel).
+        unsafe {
+            self.stream.device().driver().memcpy_dtod_async(
+                self.ptr,
+                src.ptr,
+                self.size_bytes(),
+                self.stream.raw(),
+            )
+        }
     }
 }
 
