@@ -221,19 +221,6 @@ impl Driver for SimDriver {
         self.call("cuMemFreeHost", |st, _| st.mem_free_host(ptr))
     }
 
-    fn mem_advise_preferred_location(
-        &self,
-        _ptr: DevicePtr,
-        _bytes: usize,
-        _location: Location,
-    ) -> Result<()> {
-        // Stub so main's Driver trait compiles on this branch: the backend's
-        // owner replaces it with the real cuMemAdvise.
-        Err(crate::Error::unsupported(
-            "cuMemAdvise(SET_PREFERRED_LOCATION) (not implemented by this backend yet)",
-        ))
-    }
-
     fn mem_prefetch(
         &self,
         ptr: DevicePtr,
