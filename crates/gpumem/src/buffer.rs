@@ -41,8 +41,9 @@ fn alignment_of<T>() -> usize {
 }
 
 fn bytes_for<T>(len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| Error::oom_with(OomInfo::requested(usize::MAX)))
+    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        Error::oom_with(OomInfo::requested(usize::MAX))
+    })
 }
 
 impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
@@ -209,10 +210,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// Enqueues a device-to-device copy from `src` on this buffer's stream. If
     /// `src` is written on another stream, order that work first (for example with
     /// [`Stream::wait_for`]).
-    pub fn copy_from_device<R2: MemoryResource>(
-        &mut self,
-        src: &DeviceBuffer<T, R2>,
-    ) -> Result<()> {
+    pub fn copy_from_device<R2: MemoryResource>(&mut self, src: &DeviceBuffer<T, R2>) -> Result<()> {
         self.check_len(src.len())?;
         if self.size_bytes() == 0 {
             return Ok(());
