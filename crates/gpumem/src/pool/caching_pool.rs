@@ -102,7 +102,7 @@ impl CachingPoolConfig {
                 self.max_block_size, self.min_block_size
             ));
         }
-        if self.chunk_size == 0 || self.chunk_size % DEFAULT_ALIGNMENT != 0 {
+        if self.chunk_size == 0 || !self.chunk_size.is_multiple_of(DEFAULT_ALIGNMENT) {
             return bad(format!(
                 "chunk_size {} must be a non-zero multiple of {DEFAULT_ALIGNMENT}",
                 self.chunk_size

@@ -72,7 +72,7 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         block_size: usize,
         blocks_per_chunk: usize,
     ) -> Result<Self> {
-        if block_size == 0 || block_size % DEFAULT_ALIGNMENT != 0 {
+        if block_size == 0 || !block_size.is_multiple_of(DEFAULT_ALIGNMENT) {
             return Err(Error::InvalidArgument(format!(
                 "block size {block_size} is not a non-zero multiple of {DEFAULT_ALIGNMENT}"
             )));

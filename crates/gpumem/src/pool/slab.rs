@@ -331,7 +331,8 @@ impl<U: MemoryResource> Slab<U> {
         let index = crate::pool::stream_lanes::read_lock(&self.index);
         let (&base, &(len, class)) = index.range(..=ptr.0).next_back()?;
         let off = ptr.0 - base;
-        (off < len as u64 && off % self.classes[class].spec.block as u64 == 0).then_some(class)
+        (off < len as u64 && off.is_multiple_of(self.classes[class].spec.block as u64))
+            .then_some(class)
     }
 
     #[cold]
