@@ -38,7 +38,7 @@ fn random<R: MemoryResource>(mr: &R, stream: &Stream, n: usize) -> f64 {
         let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(1000);
         let mut count = 0usize;
         for i in 0..ops {
-            if live.len() < 1000 && (live.len() < 500 || picks[i] % 2 == 0) {
+            if live.len() < 1000 && (live.len() < 500 || picks[i].is_multiple_of(2)) {
                 let b = sizes[i];
                 live.push((mr.allocate(b, 256, stream).unwrap(), b));
             } else {

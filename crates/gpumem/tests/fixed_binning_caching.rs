@@ -14,6 +14,13 @@ use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
 
+/// Enqueues one operation on `stream` (an event record: safe, and on a held
+/// stream it stays pending like a kernel would).
+fn enqueue_work(stream: &Stream) {
+    let ev = gpumem::Event::new(stream.device()).unwrap();
+    ev.record(stream).unwrap();
+}
+
 fn sim(capacity: usize) -> (Device, Arc<SimDriver>) {
     Device::sim_with_driver(SimConfig {
         capacity,
@@ -345,12 +352,9 @@ fn run_model<P: Pool>(
                 });
             }
             Op::Touch { pick } => {
-                if let Some(&(p, bytes, owner)) = live.get(pick % live.len().max(1)) {
-                    let s = &streams[owner];
-                    s.device()
-                        .driver()
-                        .memset_async(p, 0xab, bytes, s.raw())
-                        .unwrap();
+                if let Some(&(_, _, owner)) = live.get(pick % live.len().max(1)) {
+                    // Work that uses the block, on the block's stream.
+                    enqueue_work(&streams[owner]);
                 }
             }
             Op::Hold { stream } => {
@@ -457,7 +461,7 @@ fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
     );
     let p = pool.allocate_async(4096, &s).unwrap();
     sim.hold(s.raw());
-    device.driver().memset_async(p, 1, 4096, s.raw()).unwrap();
+    enqueue_work(&s);
     pool.deallocate_async(p, Some(4096), &s).unwrap();
     let pos = sim.stream_position(s.raw());
     // Same stream: at once, no event.
@@ -494,10 +498,7 @@ fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
     let p = pool.allocate_async(1 << 20, &s).unwrap();
     let q = pool.allocate_async(1 << 20, &s).unwrap(); // the chunk's second block
     sim.hold(s.raw());
-    device
-        .driver()
-        .memset_async(p, 1, 1 << 20, s.raw())
-        .unwrap();
+    enqueue_work(&s);
     pool.deallocate_async(p, Some(1 << 20), &s).unwrap();
     pool.deallocate_async(q, Some(1 << 20), &s).unwrap();
     let r = pool.allocate_async(1 << 20, &t).unwrap();
@@ -563,10 +564,7 @@ fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
         .map(|_| pool.allocate_async(8 << 20, &s).unwrap())
         .collect();
     sim.hold(s.raw());
-    device
-        .driver()
-        .memset_async(blocks[0], 0, 8 << 20, s.raw())
-        .unwrap();
+    enqueue_work(&s);
     for &b in &blocks {
         pool.deallocate_async(b, Some(8 << 20), &s).unwrap();
     }
@@ -788,14 +786,8 @@ fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
         p = pool.allocate_async(1 << 16, &s).unwrap();
         f = fixed.allocate(1 << 16, 256, &s).unwrap();
         sim.hold(s.raw());
-        device
-            .driver()
-            .memset_async(p, 7, 1 << 16, s.raw())
-            .unwrap();
-        device
-            .driver()
-            .memset_async(f, 7, 1 << 16, s.raw())
-            .unwrap();
+        enqueue_work(&s);
+        enqueue_work(&s);
         pool.deallocate_async(p, Some(1 << 16), &s).unwrap();
         fixed.deallocate(f, 1 << 16, 256, &s).unwrap();
         raw = s.raw();
