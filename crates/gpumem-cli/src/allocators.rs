@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use gpumem::driver::{PoolAttr, RawPool};
+use gpumem::pool::{BinningResource, CachingPool};
 use gpumem::resource::{
     validate_request, DeviceResource, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
@@ -45,6 +46,27 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
                 pool: r.pool,
             };
             Ok(Allocator::new(r, probe))
+        },
+    },
+    AllocatorSpec {
+        name: "caching",
+        about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, per-stream reuse",
+        build: |d| {
+            counted(d, |up| {
+                Ok(Arc::new(CachingPool::with_upstream(
+                    up,
+                    Default::default(),
+                )?))
+            })
+        },
+    },
+    AllocatorSpec {
+        name: "binning",
+        about: "BinningResource: fixed-size bins 256 B..1 MiB, larger requests to cuMemAlloc",
+        build: |d| {
+            counted(d, |up| {
+                Ok(Arc::new(BinningResource::with_fixed_bins(up, 8, 20)?))
+            })
         },
     },
 ];

@@ -218,7 +218,7 @@ fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
             cfg.seed
         ),
         (Workload::Threads, _) => format!(
-            "threads={} ops={} max_live={} sizes={}..{} seed={}",
+            "threads={} ops={} max_live={} sizes={}..{} seed={}; peak live is the sum of the threads' peaks, an upper bound",
             cfg.threads,
             cfg.ops,
             cfg.max_live,

@@ -178,8 +178,17 @@ fn measuring_target(choice: DeviceChoice, quiet: bool) -> Result<Target> {
     let t = target::open(choice, false)?;
     if !quiet {
         target::print_device_line(&t)?;
+        print_measures(&t);
     }
     Ok(t)
+}
+
+fn print_measures(t: &Target) {
+    let what = match t.device.backend() {
+        gpumem::Backend::Cuda => "real GPU allocations",
+        gpumem::Backend::Sim => "bookkeeping only (simulated device: no GPU time)",
+    };
+    println!("measuring: {what}");
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -223,9 +232,6 @@ fn run_bench(
 ) -> Result<Vec<BenchRecord>> {
     let specs = allocators::select(alloc)?;
     let ctx = RunContext::new(t.device.clone())?;
-    if !json {
-        println!("measuring: {}", ctx.measures());
-    }
     let pb = progress::bar(0, json);
     let records = bench::run(&ctx, cfg, &specs, &pb, |r| {
         if json {
@@ -385,13 +391,14 @@ fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
 fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
     let t = target::open(choice, false)?;
     target::print_info(&t)?;
+    print_measures(&t);
     println!("\nbench: every allocator, short same and random workloads");
     let cfg = BenchConfig {
         workloads: vec![Workload::Same, Workload::Random],
         repeats: 3,
-        iters: 200,
-        ops: 2000,
-        max_live: 200,
+        iters: 1000,
+        ops: 5000,
+        max_live: 500,
         ..BenchConfig::default()
     };
     run_bench(&t, &cfg, &[], false)?;
@@ -400,5 +407,5 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
         return Ok(());
     }
-    replay_traces(&t, &traces, &[], 1, false)
+    replay_traces(&t, &traces, &[], 3, false)
 }
