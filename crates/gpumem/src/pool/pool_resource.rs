@@ -185,7 +185,7 @@ impl<U: MemoryResource> PoolResource<U> {
                 )));
             }
         }
-        if config.growth.granularity == 0 || config.growth.granularity % 256 != 0 {
+        if config.growth.granularity == 0 || !config.growth.granularity.is_multiple_of(256) {
             return Err(Error::InvalidArgument(format!(
                 "pool growth granularity {} is not a positive multiple of 256",
                 config.growth.granularity
