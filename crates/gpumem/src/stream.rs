@@ -122,6 +122,12 @@ impl Stream {
         self.inner.raw
     }
 
+    /// True when no other clone of this handle exists (pools use it to let go of
+    /// streams their users dropped).
+    pub fn is_sole_handle(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+    }
+
     /// The device this stream belongs to.
     #[inline]
     pub fn device(&self) -> &Device {
