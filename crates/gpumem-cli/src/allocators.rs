@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use gpumem::driver::{PoolAttr, RawPool};
-use gpumem::pool::{BinningResource, CachingPool};
+use gpumem::pool::{BinningResource, CachingPool, PoolResource};
 use gpumem::resource::{
     validate_request, DeviceResource, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
@@ -47,6 +47,11 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
             };
             Ok(Allocator::new(r, probe))
         },
+    },
+    AllocatorSpec {
+        name: "pool",
+        about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes",
+        build: |d| counted(d, |up| Ok(Arc::new(PoolResource::with_defaults(up)?))),
     },
     AllocatorSpec {
         name: "caching",
