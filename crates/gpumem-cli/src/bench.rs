@@ -14,7 +14,7 @@ use gpumem::{Backend, Device};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::allocators::{Allocator, AllocatorSpec};
+use crate::allocators::{Allocator, AllocatorSpec, CountingResource};
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
 use crate::workload::{self, OpSequence, Timed};
@@ -166,8 +166,8 @@ pub struct BenchRecord {
     pub ops: u64,
     /// Repeats run.
     pub repeats: usize,
-    /// Most bytes the workload had live at once (for `threads`: the sum of the
-    /// threads' peaks, an upper bound).
+    /// Most bytes the workload had live at once (for `threads`, whose
+    /// interleaving varies, measured in one extra untimed run).
     pub peak_live: u64,
     /// Most bytes the allocator held from the driver, over all repeats.
     pub peak_reserved: Option<u64>,
@@ -199,6 +199,7 @@ impl Prepared {
         match self {
             Prepared::Same => cfg.size as u64,
             Prepared::Random(s) => s.peak_live as u64,
+            // An upper bound; measured after the timed runs.
             Prepared::Threads(s) => s.iter().map(|s| s.peak_live as u64).sum(),
             Prepared::Holes => ((2 * cfg.holes + 1) * workload::HOLE_SIZE) as u64,
             Prepared::Replay(p) => p.peak_live as u64,
@@ -218,7 +219,7 @@ fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
             cfg.seed
         ),
         (Workload::Threads, _) => format!(
-            "threads={} ops={} max_live={} sizes={}..{} seed={}; peak live is the sum of the threads' peaks, an upper bound",
+            "threads={} ops={} max_live={} sizes={}..{} seed={}",
             cfg.threads,
             cfg.ops,
             cfg.max_live,
@@ -310,6 +311,20 @@ fn run_once(
     }
 }
 
+/// Runs the threads workload once through a counter in front of a fresh
+/// allocator and returns the highest live bytes seen.
+fn threads_peak_live(
+    spec: &AllocatorSpec,
+    device: &Device,
+    seqs: &[Arc<OpSequence>],
+) -> gpumem::Result<u64> {
+    let alloc = (spec.build)(device)?;
+    let counter = Arc::new(CountingResource::new(alloc.resource.clone()));
+    let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
+    workload::run_threads(&top, device, seqs)?;
+    Ok(counter.peak() as u64)
+}
+
 /// The median of a non-empty list.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -369,7 +384,20 @@ pub fn run(
                     }
                 }
             }
-            let ok = error.is_none() && !times.is_empty();
+            let mut ok = error.is_none() && !times.is_empty();
+            let mut peak_live = peak_live;
+            if let (true, Prepared::Threads(seqs)) = (ok, &prep) {
+                // Threads interleave, so the workload's live peak is not known
+                // in advance: measure it in one more, untimed, run with a
+                // counter in front of the allocator.
+                match threads_peak_live(spec, device, seqs) {
+                    Ok(p) => peak_live = p,
+                    Err(e) => {
+                        error = Some(format!("untimed live-peak run: {e}"));
+                        ok = false;
+                    }
+                }
+            }
             let mut ns: Vec<f64> = times.iter().map(Timed::ns_per_op).collect();
             let mut ms: Vec<f64> = times
                 .iter()
