@@ -5,6 +5,7 @@ pub mod buffer;
 pub mod device;
 pub mod driver;
 mod error;
+pub mod pool;
 pub mod resource;
 pub mod stream;
 

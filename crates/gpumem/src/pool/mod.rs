@@ -1,0 +1,4 @@
+//! Pools: stream-ordered resources that suballocate memory from an upstream resource.
+
+mod arena;
+pub use arena::*;
