@@ -8,6 +8,7 @@ mod error;
 pub mod pool;
 pub mod resource;
 pub mod stream;
+pub mod suballoc;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;
