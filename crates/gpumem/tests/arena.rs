@@ -251,12 +251,12 @@ fn a_dropped_user_stream_strands_nothing() {
         let raw = s.raw();
         sim.hold(raw);
         let mut blocks = Vec::new();
-        for _ in 0..40 {
+        for _ in 0..30 {
             blocks.push(mr.allocate(300 << 10, 256, &s).unwrap());
         }
         blocks.push(mr.allocate(3 * MIB, 256, &s).unwrap());
         for (i, &p) in blocks.iter().enumerate() {
-            let bytes = if i == 40 { 3 * MIB } else { 300 << 10 };
+            let bytes = if i == 30 { 3 * MIB } else { 300 << 10 };
             device.driver().memset_async(p, 7, bytes, raw).unwrap();
             mr.deallocate(p, bytes, 256, &s).unwrap();
         }
@@ -383,6 +383,11 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
                     }
                     let l = live.swap_remove(pick % live.len());
                     let on = on.unwrap_or(l.stream);
+                    if on != l.stream {
+                        // Correct code orders the allocating stream's use before
+                        // a free on another stream.
+                        streams[on].wait_for(&streams[l.stream]).unwrap();
+                    }
                     // The work that used it, on the freeing stream.
                     device.driver().memset_async(l.ptr, 3, l.bytes, streams[on].raw()).unwrap();
                     mr.deallocate(l.ptr, l.bytes, 256, &streams[on]).unwrap();
