@@ -415,7 +415,9 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)
+    ))]
 
     #[test]
     fn random_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..160)) {

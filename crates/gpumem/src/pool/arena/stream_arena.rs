@@ -22,6 +22,11 @@ use crate::FreeError;
 /// Fully free superblocks an arena keeps for its small blocks before caching
 /// further ones as whole runs (avoids ping-pong at a superblock boundary).
 const KEEP_EMPTY: u32 = 1;
+/// Small blocks of up to this many granules freed on the arena's own stream are
+/// parked, unmerged, in a per-size quick list for O(1) reuse.
+const QUICK_MAX: u32 = 16;
+/// Blocks parked per size.
+const QUICK_DEPTH: usize = 8;
 
 /// Small blocks freed on another stream, waiting for that stream's event.
 struct Deferred {
@@ -78,6 +83,9 @@ pub(crate) struct ArenaState {
     spare_by_len: BTreeSet<(u32, u32)>,
     spare_total: u64,
     deferred: Vec<Deferred>,
+    /// Quick lists by granule count: `(slot, first granule)`.
+    quick: Vec<Vec<(u32, u32)>>,
+    quick_count: usize,
     large_live: u64,
     /// Bytes handed out from this arena and not yet freed (as requested).
     pub(crate) live: usize,
@@ -98,6 +106,8 @@ impl ArenaState {
             spare_by_len: BTreeSet::new(),
             spare_total: 0,
             deferred: Vec::new(),
+            quick: (0..=QUICK_MAX).map(|_| Vec::with_capacity(QUICK_DEPTH)).collect(),
+            quick_count: 0,
             large_live: 0,
             live: 0,
         }
@@ -113,6 +123,15 @@ impl ArenaState {
     /// Serves `g` granules from the arena's superblocks without leaving the arena.
     #[inline]
     pub(crate) fn alloc_small_local(&mut self, core: &Core, g: u32) -> Option<u64> {
+        if g <= QUICK_MAX {
+            if let Some((slot, off)) = self.quick[g as usize].pop() {
+                self.quick_count -= 1;
+                if let Some(Some(sb)) = self.sbs.get_mut(slot as usize) {
+                    sb.unpark_quick(off, g);
+                    return Some(Self::addr(core, sb.idx, off));
+                }
+            }
+        }
         let slot = self.slots.first_at_least(g)?;
         let sb = self.sbs[slot].as_mut()?;
         let was_empty = sb.is_empty();
@@ -130,6 +149,11 @@ impl ArenaState {
     pub(crate) fn alloc_small(&mut self, core: &Core, g: u32, stream: &Stream) -> Option<u64> {
         if let Some(p) = self.alloc_small_local(core, g) {
             return Some(p);
+        }
+        if self.drain_quick(core) {
+            if let Some(p) = self.alloc_small_local(core, g) {
+                return Some(p);
+            }
         }
         if self.apply_deferred(core, false) {
             if let Some(p) = self.alloc_small_local(core, g) {
@@ -186,6 +210,12 @@ impl ArenaState {
         let Some(Some(sb)) = self.sbs.get_mut(slot as usize) else {
             return Err(FreeError::Unknown);
         };
+        if g <= QUICK_MAX && self.quick[g as usize].len() < QUICK_DEPTH {
+            sb.park_quick(off, g)?;
+            self.quick[g as usize].push((slot, off));
+            self.quick_count += 1;
+            return Ok(());
+        }
         sb.free(off, g)?;
         let largest = sb.largest_free();
         let now_empty = sb.is_empty();
@@ -197,6 +227,42 @@ impl ArenaState {
             }
         }
         Ok(())
+    }
+
+    /// Merges every parked quick-list block into its superblock's free blocks.
+    /// Returns whether there were any.
+    fn drain_quick(&mut self, core: &Core) -> bool {
+        if self.quick_count == 0 {
+            return false;
+        }
+        self.quick_count = 0;
+        for g in 1..=QUICK_MAX {
+            let parked = std::mem::take(&mut self.quick[g as usize]);
+            for &(slot, off) in &parked {
+                self.merge_free(core, slot, |sb| sb.free_quick(off, g));
+            }
+            let mut parked = parked;
+            parked.clear();
+            self.quick[g as usize] = parked;
+        }
+        true
+    }
+
+    /// Applies `f` (which frees something) to the superblock in `slot`, then
+    /// updates the slot tree and retires the superblock if it became empty.
+    fn merge_free(&mut self, core: &Core, slot: u32, f: impl FnOnce(&mut Superblock)) {
+        if let Some(Some(sb)) = self.sbs.get_mut(slot as usize) {
+            f(sb);
+            let largest = sb.largest_free();
+            let now_empty = sb.is_empty();
+            self.slots.set(slot as usize, largest);
+            if now_empty {
+                self.empty += 1;
+                if self.empty > KEEP_EMPTY {
+                    self.retire_superblock(core, slot);
+                }
+            }
+        }
     }
 
     /// Marks a small block freed on another stream: it becomes reusable here
@@ -253,18 +319,7 @@ impl ArenaState {
             }
             let d = self.deferred.swap_remove(i);
             for (slot, off, g) in d.blocks {
-                if let Some(Some(sb)) = self.sbs.get_mut(slot as usize) {
-                    sb.apply_deferred(off, g);
-                    let largest = sb.largest_free();
-                    let now_empty = sb.is_empty();
-                    self.slots.set(slot as usize, largest);
-                    if now_empty {
-                        self.empty += 1;
-                        if self.empty > KEEP_EMPTY {
-                            self.retire_superblock(core, slot);
-                        }
-                    }
-                }
+                self.merge_free(core, slot, |sb| sb.apply_deferred(off, g));
             }
             core.global.recycle_event(d.event);
             applied = true;
@@ -378,6 +433,7 @@ impl ArenaState {
     /// when `synced`), moves every fully free superblock and the cache to the
     /// global arena. Returns true when the arena then holds nothing at all.
     pub(crate) fn flush(&mut self, core: &Core, synced: bool) -> bool {
+        self.drain_quick(core);
         self.apply_deferred(core, synced);
         for slot in 0..self.sbs.len() {
             if matches!(&self.sbs[slot], Some(sb) if sb.is_empty()) {
@@ -406,6 +462,8 @@ impl ArenaState {
         self.free_slots.clear();
         self.recycled = None;
         self.deferred.clear();
+        self.quick.iter_mut().for_each(Vec::clear);
+        self.quick_count = 0;
         self.spare_by_start.clear();
         self.spare_by_len.clear();
     }

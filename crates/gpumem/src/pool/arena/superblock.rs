@@ -14,6 +14,9 @@ use crate::FreeError;
 /// Marks a live block freed on another stream whose free has not yet been
 /// applied (it waits for that stream's fence).
 const DEFERRED: u16 = u16::MAX;
+/// Marks a block freed on its own stream and parked in the arena's quick list
+/// (free, but not yet merged into the free blocks).
+const QUICK: u16 = u16::MAX - 1;
 
 /// One superblock held by a stream arena.
 #[derive(Debug)]
@@ -83,7 +86,7 @@ impl Superblock {
                     Err(FreeError::Unknown)
                 }
             }
-            Some(&DEFERRED) => Err(FreeError::DoubleFree),
+            Some(&DEFERRED) | Some(&QUICK) => Err(FreeError::DoubleFree),
             Some(&len) if len as u32 != g => Err(FreeError::SizeMismatch {
                 allocated: len as usize * super::GRANULE,
                 freed: g as usize * super::GRANULE,
@@ -99,6 +102,28 @@ impl Superblock {
         self.live_len[off as usize] = 0;
         self.free.give_back(off as usize, g);
         Ok(())
+    }
+
+    /// Parks the live block at `off` (checked) in the quick list.
+    #[inline]
+    pub(crate) fn park_quick(&mut self, off: u32, g: u32) -> Result<(), FreeError> {
+        self.check_live(off, g)?;
+        self.live_len[off as usize] = QUICK;
+        Ok(())
+    }
+
+    /// Hands out a block parked in the quick list again.
+    #[inline]
+    pub(crate) fn unpark_quick(&mut self, off: u32, g: u32) {
+        self.live_len[off as usize] = g as u16;
+    }
+
+    /// Merges a block parked in the quick list into the free blocks.
+    pub(crate) fn free_quick(&mut self, off: u32, g: u32) {
+        if self.live_len[off as usize] == QUICK {
+            self.live_len[off as usize] = 0;
+            self.free.give_back(off as usize, g);
+        }
     }
 
     /// Marks the live block at `off` as freed but not yet reusable.

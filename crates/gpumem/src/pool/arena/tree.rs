@@ -90,6 +90,28 @@ impl<T: TreeValue> MaxTree<T> {
         }
     }
 
+    /// Sets slots `i` and `j` (`i != j`) and updates their ancestors once.
+    #[inline]
+    pub(crate) fn set_two(&mut self, i: usize, vi: u32, j: usize, vj: u32) {
+        let (mut a, mut b) = (self.cap + i, self.cap + j);
+        self.nodes[a] = T::from_u32(vi);
+        self.nodes[b] = T::from_u32(vj);
+        while a != b {
+            a >>= 1;
+            b >>= 1;
+            self.nodes[a] = self.nodes[2 * a].max(self.nodes[2 * a + 1]);
+            self.nodes[b] = self.nodes[2 * b].max(self.nodes[2 * b + 1]);
+        }
+        while a > 1 {
+            a >>= 1;
+            let m = self.nodes[2 * a].max(self.nodes[2 * a + 1]);
+            if self.nodes[a] == m {
+                break;
+            }
+            self.nodes[a] = m;
+        }
+    }
+
     /// The leftmost slot whose value is at least `k` (`k >= 1`).
     #[inline]
     pub(crate) fn first_at_least(&self, k: u32) -> Option<usize> {
@@ -136,9 +158,10 @@ impl<T: TreeValue> MaxTree<T> {
     pub(crate) fn take_first_fit(&mut self, k: u32) -> Option<usize> {
         let s = self.first_at_least(k)?;
         let len = self.get(s);
-        self.set(s, 0);
         if len > k {
-            self.set(s + k as usize, len - k);
+            self.set_two(s, 0, s + k as usize, len - k);
+        } else {
+            self.set(s, 0);
         }
         Some(s)
     }
@@ -150,11 +173,12 @@ impl<T: TreeValue> MaxTree<T> {
         let mut s = start;
         let mut len = k;
         let end = start + k as usize;
+        let mut right_start = None;
         if end < self.len {
             let right = self.get(end);
             if right > 0 {
                 len += right;
-                self.set(end, 0);
+                right_start = Some(end);
             }
         }
         if let Some(p) = self.last_nonzero_before(start) {
@@ -164,7 +188,10 @@ impl<T: TreeValue> MaxTree<T> {
                 len += plen;
             }
         }
-        self.set(s, len);
+        match right_start {
+            Some(r) => self.set_two(r, 0, s, len),
+            None => self.set(s, len),
+        }
     }
 
     /// True when `[start, start + k)` overlaps no free block.
