@@ -99,9 +99,18 @@ fn main() {
         mr.reserved() >> 30,
         mr.superblock_size() >> 10
     );
-    println!("256 B alloc/free, one stream: {:.1} ns/op", pairs(&mr, &device, 256, 2_000_000));
-    println!("1 MiB alloc/free, one stream: {:.1} ns/op", pairs(&mr, &device, 1 << 20, 2_000_000));
-    println!("random log-uniform 256 B-64 MiB, <=1000 live: {:.1} ns/op", random(&mr, &device, 2_000_000));
+    println!(
+        "256 B alloc/free, one stream: {:.1} ns/op",
+        pairs(&mr, &device, 256, 2_000_000)
+    );
+    println!(
+        "1 MiB alloc/free, one stream: {:.1} ns/op",
+        pairs(&mr, &device, 1 << 20, 2_000_000)
+    );
+    println!(
+        "random log-uniform 256 B-64 MiB, <=1000 live: {:.1} ns/op",
+        random(&mr, &device, 2_000_000)
+    );
     println!(
         "8 threads x own stream, 256 B-4 MiB: {:.1} wall ns/op",
         threads(mr.clone(), &device, 500_000)

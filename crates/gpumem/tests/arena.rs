@@ -16,9 +16,19 @@ use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
+/// Work on `stream` that uses its memory (an event record: the simulator
+/// counts it as an operation, and it stays pending while the stream is held).
+fn enqueue_work(stream: &Stream) {
+    let ev = gpumem::Event::new(stream.device()).unwrap();
+    ev.record(stream).unwrap();
+}
+
 fn arena(device: &Device, size: usize) -> ArenaResource<DeviceResource> {
-    ArenaResource::with_config(DeviceResource::new(device.clone()), ArenaConfig::with_size(size))
-        .expect("arena")
+    ArenaResource::with_config(
+        DeviceResource::new(device.clone()),
+        ArenaConfig::with_size(size),
+    )
+    .expect("arena")
 }
 
 #[test]
@@ -30,7 +40,9 @@ fn arena_passes_the_suite() {
 #[test]
 fn default_arena_takes_half_the_free_memory_and_passes_the_suite() {
     let (device, sim) = common::device(false);
-    let Some(_sim) = common::sim_only(sim, "default_arena") else { return };
+    let Some(_sim) = common::sim_only(sim, "default_arena") else {
+        return;
+    };
     let free = device.mem_info().unwrap().free;
     let mr = ArenaResource::new(DeviceResource::new(device.clone())).unwrap();
     assert_eq!(mr.reserved(), free / 2 / MIB * MIB);
@@ -57,7 +69,10 @@ fn bad_configurations_are_errors() {
         ArenaConfig::with_size(1000),
     ] {
         assert!(
-            matches!(ArenaResource::with_config(up(), cfg.clone()), Err(Error::InvalidArgument(_))),
+            matches!(
+                ArenaResource::with_config(up(), cfg.clone()),
+                Err(Error::InvalidArgument(_))
+            ),
             "{cfg:?}"
         );
     }
@@ -66,7 +81,9 @@ fn bad_configurations_are_errors() {
 #[test]
 fn all_upstream_memory_back_on_drop() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "upstream_back") else { return };
+    let Some(sim) = common::sim_only(sim, "upstream_back") else {
+        return;
+    };
     let before = sim.device_bytes(0);
     {
         let mr = arena(&device, 64 * MIB);
@@ -93,17 +110,44 @@ fn invalid_frees_are_detected_and_change_nothing() {
         Err(Error::InvalidFree { reason, .. }) => reason,
         other => panic!("expected InvalidFree, got {other:?}"),
     };
-    assert!(matches!(invalid(mr.deallocate(p, 2000, 256, &s)), FreeError::SizeMismatch { .. }));
-    assert_eq!(invalid(mr.deallocate(DevicePtr(p.0 + 256), 256, 256, &s)), FreeError::Unknown);
-    assert_eq!(invalid(mr.deallocate(DevicePtr(p.0 + 7), 256, 256, &s)), FreeError::Unknown);
-    assert_eq!(invalid(mr.deallocate(DevicePtr(8), 256, 256, &s)), FreeError::Unknown);
-    assert!(matches!(invalid(mr.deallocate(big, 5 * MIB, 256, &s)), FreeError::SizeMismatch { .. }));
-    assert_eq!(invalid(mr.deallocate(DevicePtr(big.0 + MIB as u64), MIB, 256, &s)), FreeError::Unknown);
-    assert!(matches!(mr.deallocate(p, 1000, 3, &s), Err(Error::BadAlignment { .. })));
+    assert!(matches!(
+        invalid(mr.deallocate(p, 2000, 256, &s)),
+        FreeError::SizeMismatch { .. }
+    ));
+    assert_eq!(
+        invalid(mr.deallocate(DevicePtr(p.0 + 256), 256, 256, &s)),
+        FreeError::Unknown
+    );
+    assert_eq!(
+        invalid(mr.deallocate(DevicePtr(p.0 + 7), 256, 256, &s)),
+        FreeError::Unknown
+    );
+    assert_eq!(
+        invalid(mr.deallocate(DevicePtr(8), 256, 256, &s)),
+        FreeError::Unknown
+    );
+    assert!(matches!(
+        invalid(mr.deallocate(big, 5 * MIB, 256, &s)),
+        FreeError::SizeMismatch { .. }
+    ));
+    assert_eq!(
+        invalid(mr.deallocate(DevicePtr(big.0 + MIB as u64), MIB, 256, &s)),
+        FreeError::Unknown
+    );
+    assert!(matches!(
+        mr.deallocate(p, 1000, 3, &s),
+        Err(Error::BadAlignment { .. })
+    ));
     mr.deallocate(p, 1000, 256, &s).unwrap();
     mr.deallocate(big, 2 * MIB, 256, &s).unwrap();
-    assert!(matches!(invalid(mr.deallocate(p, 1000, 256, &s)), FreeError::DoubleFree | FreeError::Unknown));
-    assert_eq!(invalid(mr.deallocate(big, 2 * MIB, 256, &s)), FreeError::Unknown);
+    assert!(matches!(
+        invalid(mr.deallocate(p, 1000, 256, &s)),
+        FreeError::DoubleFree | FreeError::Unknown
+    ));
+    assert_eq!(
+        invalid(mr.deallocate(big, 2 * MIB, 256, &s)),
+        FreeError::Unknown
+    );
     assert_eq!(mr.stats().live, 0);
     // Still usable, and the same memory comes back on the same stream.
     let q = mr.allocate(1000, 256, &s).unwrap();
@@ -114,11 +158,16 @@ fn invalid_frees_are_detected_and_change_nothing() {
 #[test]
 fn injected_upstream_oom_fails_construction_cleanly() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "injected_upstream_oom") else { return };
+    let Some(sim) = common::sim_only(sim, "injected_upstream_oom") else {
+        return;
+    };
     let before = sim.device_bytes(0);
     sim.fail_nth_alloc(1);
-    let err = ArenaResource::with_config(DeviceResource::new(device.clone()), ArenaConfig::with_size(64 * MIB))
-        .unwrap_err();
+    let err = ArenaResource::with_config(
+        DeviceResource::new(device.clone()),
+        ArenaConfig::with_size(64 * MIB),
+    )
+    .unwrap_err();
     assert_eq!(err.oom_info().unwrap().requested, 64 * MIB);
     assert_eq!(sim.device_bytes(0), before);
     let mr = arena(&device, 64 * MIB);
@@ -134,7 +183,9 @@ fn injected_upstream_oom_fails_construction_cleanly() {
 #[test]
 fn out_of_memory_returns_superblocks_and_retries_then_fails_with_detail() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "oom_retry") else { return };
+    let Some(sim) = common::sim_only(sim, "oom_retry") else {
+        return;
+    };
     let mr = ArenaResource::with_config(
         DeviceResource::new(device.clone()),
         ArenaConfig::with_size(16 * MIB).dump_log_on_oom(true),
@@ -148,11 +199,12 @@ fn out_of_memory_returns_superblocks_and_retries_then_fails_with_detail() {
         let bytes = if i % 2 == 0 { 200 << 10 } else { 56 << 10 };
         blocks.push((mr.allocate(bytes, 256, &a).unwrap(), bytes));
     }
-    let range = (blocks.iter().map(|b| b.0 .0).min().unwrap(), blocks.iter().map(|b| b.0 .0).max().unwrap());
+    let range = (
+        blocks.iter().map(|b| b.0 .0).min().unwrap(),
+        blocks.iter().map(|b| b.0 .0).max().unwrap(),
+    );
     // The work on `a` that uses them, then the frees.
-    for &(p, bytes) in &blocks {
-        device.driver().memset_async(p, 1, bytes, a.raw()).unwrap();
-    }
+    enqueue_work(&a);
     for &(p, bytes) in &blocks {
         mr.deallocate(p, bytes, 256, &a).unwrap();
     }
@@ -160,8 +212,14 @@ fn out_of_memory_returns_superblocks_and_retries_then_fails_with_detail() {
     assert_eq!(mr.stats().live, 0);
     // 12 MiB on `b` needs `a`'s superblocks.
     let big = mr.allocate(12 * MIB, 256, &b).unwrap();
-    assert!(big.0 + (12 * MIB) as u64 > range.0 && big.0 <= range.1, "reused a's memory");
-    assert!(sim.is_ordered_after(a.raw(), pos, b.raw()), "b waits for a's frees");
+    assert!(
+        big.0 + (12 * MIB) as u64 > range.0 && big.0 <= range.1,
+        "reused a's memory"
+    );
+    assert!(
+        sim.is_ordered_after(a.raw(), pos, b.raw()),
+        "b waits for a's frees"
+    );
     // More than there is: a clean error with detail, and the arena stays usable.
     let err = mr.allocate(8 * MIB, 256, &b).unwrap_err();
     let info = err.oom_info().expect("out of memory");
@@ -242,7 +300,9 @@ fn legacy_stream_gets_one_arena_per_thread_and_frees_across_threads() {
 #[test]
 fn a_dropped_user_stream_strands_nothing() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "dropped_stream") else { return };
+    let Some(sim) = common::sim_only(sim, "dropped_stream") else {
+        return;
+    };
     let before = sim.device_bytes(0);
     let streams_before = sim.live_streams();
     {
@@ -257,12 +317,16 @@ fn a_dropped_user_stream_strands_nothing() {
         blocks.push(mr.allocate(3 * MIB, 256, &s).unwrap());
         for (i, &p) in blocks.iter().enumerate() {
             let bytes = if i == 30 { 3 * MIB } else { 300 << 10 };
-            device.driver().memset_async(p, 7, bytes, raw).unwrap();
+            enqueue_work(&s);
             mr.deallocate(p, bytes, 256, &s).unwrap();
         }
         let pos = sim.stream_position(raw);
         drop(s);
-        assert_eq!(sim.live_streams(), streams_before + 1, "the arena keeps the stream alive");
+        assert_eq!(
+            sim.live_streams(),
+            streams_before + 1,
+            "the arena keeps the stream alive"
+        );
         let t = device.create_stream().unwrap();
         let all = mr.allocate(16 * MIB, 256, &t).unwrap();
         assert!(sim.is_ordered_after(raw, pos, t.raw()));
@@ -281,7 +345,9 @@ fn a_dropped_user_stream_strands_nothing() {
 #[test]
 fn cross_stream_small_free_waits_for_the_freeing_stream() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "cross_stream_small") else { return };
+    let Some(sim) = common::sim_only(sim, "cross_stream_small") else {
+        return;
+    };
     let mr = arena(&device, 4 * MIB);
     let t = device.create_stream().unwrap();
     let s = device.create_stream().unwrap();
@@ -293,7 +359,7 @@ fn cross_stream_small_free_waits_for_the_freeing_stream() {
     assert_eq!(ps.len(), 64);
     // s uses and frees one while held: t may not get it back yet without waiting.
     sim.hold(s.raw());
-    device.driver().memset_async(ps[0], 1, 64 << 10, s.raw()).unwrap();
+    enqueue_work(&s);
     mr.deallocate(ps[0], 64 << 10, 256, &s).unwrap();
     let pos = sim.stream_position(s.raw());
     match mr.allocate(64 << 10, 256, &t) {
@@ -314,8 +380,15 @@ fn cross_stream_small_free_waits_for_the_freeing_stream() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { stream: usize, shift: u32, extra: u32 },
-    Free { pick: usize, on: Option<usize> },
+    Alloc {
+        stream: usize,
+        shift: u32,
+        extra: u32,
+    },
+    Free {
+        pick: usize,
+        on: Option<usize>,
+    },
     Hold(usize),
     Release(usize),
     Complete(usize),
@@ -349,7 +422,11 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
         let mut model_live = 0usize;
         for op in ops {
             match *op {
-                Op::Alloc { stream, shift, extra } => {
+                Op::Alloc {
+                    stream,
+                    shift,
+                    extra,
+                } => {
                     let bytes = (1usize << shift) + (extra as usize * (1usize << shift) / 1000);
                     match mr.allocate(bytes, 256, &streams[stream]) {
                         Ok(p) => {
@@ -367,7 +444,11 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
                                     );
                                 }
                             }
-                            live.push(Live { ptr: p, bytes, stream });
+                            live.push(Live {
+                                ptr: p,
+                                bytes,
+                                stream,
+                            });
                             model_live += bytes;
                         }
                         Err(e) => {
@@ -389,11 +470,16 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
                         streams[on].wait_for(&streams[l.stream]).unwrap();
                     }
                     // The work that used it, on the freeing stream.
-                    device.driver().memset_async(l.ptr, 3, l.bytes, streams[on].raw()).unwrap();
+                    enqueue_work(&streams[on]);
                     mr.deallocate(l.ptr, l.bytes, 256, &streams[on]).unwrap();
                     ranges.remove(&l.ptr.0);
                     model_live -= l.bytes;
-                    freed.push((l.ptr.0, l.ptr.0 + l.bytes as u64, on, sim.stream_position(streams[on].raw())));
+                    freed.push((
+                        l.ptr.0,
+                        l.ptr.0 + l.bytes as u64,
+                        on,
+                        sim.stream_position(streams[on].raw()),
+                    ));
                 }
                 Op::Hold(s) => sim.hold(streams[s].raw()),
                 Op::Release(s) => sim.release(streams[s].raw()),
@@ -404,12 +490,17 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
             assert!(st.largest_free <= st.reserved - model_live.min(st.reserved));
         }
         for l in live.drain(..) {
-            mr.deallocate(l.ptr, l.bytes, 256, &streams[l.stream]).unwrap();
+            mr.deallocate(l.ptr, l.bytes, 256, &streams[l.stream])
+                .unwrap();
         }
         assert_eq!(mr.stats().live, 0);
         sim.complete_all();
         mr.release_cached();
-        assert_eq!(mr.stats().largest_free, mr.reserved(), "all clean after the streams finish");
+        assert_eq!(
+            mr.stats().largest_free,
+            mr.reserved(),
+            "all clean after the streams finish"
+        );
     }
     assert_eq!(sim.device_bytes(0), before, "region back to the upstream");
 }

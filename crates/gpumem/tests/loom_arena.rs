@@ -16,7 +16,10 @@ use loom::thread;
 fn worker(dir: Arc<SuperblockDirectory>, held: Arc<Vec<AtomicBool>>, arena: u32, len: u32) {
     if let Some(s) = dir.take(len) {
         for i in s..s + len {
-            assert!(!held[i as usize].swap(true, Ordering::SeqCst), "superblock {i} in two hands");
+            assert!(
+                !held[i as usize].swap(true, Ordering::SeqCst),
+                "superblock {i} in two hands"
+            );
         }
         dir.set_owner(s, OwnerWord::large(arena, len));
         assert_eq!(dir.owner(s).arena(), arena);

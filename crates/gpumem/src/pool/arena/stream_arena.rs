@@ -106,7 +106,9 @@ impl ArenaState {
             spare_by_len: BTreeSet::new(),
             spare_total: 0,
             deferred: Vec::new(),
-            quick: (0..=QUICK_MAX).map(|_| Vec::with_capacity(QUICK_DEPTH)).collect(),
+            quick: (0..=QUICK_MAX)
+                .map(|_| Vec::with_capacity(QUICK_DEPTH))
+                .collect(),
             quick_count: 0,
             large_live: 0,
             live: 0,
