@@ -1,6 +1,7 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
+pub mod async_pool;
 pub mod buffer;
 pub mod device;
 pub mod driver;
