@@ -7,7 +7,9 @@
 //! is [`Error::InvalidArgument`] (the driver does not allow it), and asking for
 //! its access answers read-write without a driver call. A peer that cannot
 //! reach the owner (`cuDeviceCanAccessPeer` false) is [`Error::Unsupported`];
-//! a peer ordinal that does not exist is [`Error::NoSuchDevice`].
+//! a peer ordinal that does not exist is [`Error::NoSuchDevice`]. For pools
+//! imported from another process the owner is not known here, so every
+//! question goes to the driver.
 
 use super::attributes::MemPool;
 use crate::driver::{AccessFlags, Location};
@@ -16,6 +18,9 @@ use crate::{Error, Result};
 impl MemPool {
     /// The device that owns the pool's memory, if it is device memory.
     fn owner(&self) -> Option<u32> {
+        if self.is_imported() {
+            return None;
+        }
         match self.location() {
             Location::Device(d) => Some(d),
             Location::Host | Location::HostNuma(_) => None,

@@ -72,6 +72,7 @@ pub struct MemPool {
     handle_type: HandleType,
     properties: Properties,
     max_size: usize,
+    imported: bool,
 }
 
 impl std::fmt::Debug for MemPool {
@@ -83,6 +84,7 @@ impl std::fmt::Debug for MemPool {
             .field("location", &self.location)
             .field("handle_type", &self.handle_type)
             .field("max_size", &self.max_size)
+            .field("imported", &self.imported)
             .finish()
     }
 }
@@ -106,7 +108,22 @@ impl MemPool {
             handle_type,
             properties,
             max_size,
+            imported: false,
         }
+    }
+
+    /// Marks the pool as imported from another process: its owning device is
+    /// then unknown here, so access questions always go to the driver.
+    #[cfg(unix)]
+    pub(crate) fn mark_imported(mut self) -> Self {
+        self.imported = true;
+        self
+    }
+
+    /// True for a pool imported from another process.
+    #[inline]
+    pub fn is_imported(&self) -> bool {
+        self.imported
     }
 
     /// The raw pool handle (a `CUmemoryPool`), for other libraries.

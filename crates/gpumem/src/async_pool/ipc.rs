@@ -26,7 +26,7 @@ use super::async_resource::AsyncResource;
 use super::attributes::MemPool;
 use super::{map_not_supported, require_pools};
 use crate::device::Device;
-use crate::driver::{DevicePtr, HandleType, Location, PoolPtrExport};
+use crate::driver::{AccessFlags, DevicePtr, HandleType, Location, PoolPtrExport};
 use crate::resource::Properties;
 use crate::stream::Stream;
 use crate::{Error, Result};
@@ -95,17 +95,22 @@ impl AsyncResource {
                     format!("importing memory pools from descriptors on device {ordinal}")
                 })
             })?;
-        Ok(ImportedPool {
-            pool: MemPool::new(
-                device,
-                raw,
-                true,
-                Location::Device(ordinal),
-                HandleType::PosixFd,
-                Properties::DEVICE,
-                0,
-            ),
-        })
+        let pool = MemPool::new(
+            device,
+            raw,
+            true,
+            Location::Device(ordinal),
+            HandleType::PosixFd,
+            Properties::DEVICE,
+            0,
+        )
+        .mark_imported();
+        // The importing device needs read-write access to map allocations (as
+        // CUDA's IPC sample does): grant it where the driver says it lacks it.
+        if pool.access(ordinal)? != AccessFlags::ReadWrite {
+            pool.grant_access(ordinal, AccessFlags::ReadWrite)?;
+        }
+        Ok(ImportedPool { pool })
     }
 }
 
