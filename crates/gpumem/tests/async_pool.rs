@@ -250,8 +250,9 @@ fn huge_request_reports_reserved_and_device() {
         .unwrap_or_else(|| panic!("expected OutOfMemory, got {err}"));
     assert_eq!(info.requested, 1 << 50);
     assert_eq!(info.device, Some(device.ordinal()));
+    // Reserved bytes at the failure (the driver may have released its cache
+    // trying to make room, so no lower bound).
     assert!(info.reserved.is_some());
-    assert_eq!(info.limit, None, "no max size set");
 }
 
 #[test]
