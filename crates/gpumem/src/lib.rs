@@ -8,6 +8,7 @@ pub mod driver;
 mod error;
 pub mod resource;
 pub mod stream;
+pub mod suballoc;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;

@@ -1,264 +1,534 @@
-//! The simulated device (placeholder: being implemented).
+//! The simulated device: a CUDA driver in software, for tests, benchmarks of
+//! bookkeeping, and machines without a GPU.
+//!
+//! What it models (one file per concept):
+//! - `config`: [`SimConfig`], devices and features.
+//! - `address_space`: fake, non-overlapping, 256-byte-aligned device addresses,
+//!   O(log n) per allocation, no host memory touched.
+//! - `memory`: allocations, capacity accounting, backing and address
+//!   translation. Address-only mode (default) moves no bytes for device
+//!   memory; backed mode ([`SimConfig::backed`]) keeps real host memory behind
+//!   every device byte. Pinned and managed memory are always real host memory.
+//! - `streams`: per-stream queues, events, waits and the ordering oracle.
+//!   Work runs the moment it is enqueued unless a test holds the stream.
+//! - `pools`: stream-ordered memory pools. `vmm`: virtual memory management.
+//! - `faults`: call counting and fault injection. `ipc`: in-process export.
+//! - `driver_impl`: the `Driver` trait, method by method, over the above.
+//!
+//! Device addresses start at 2^47 (each device its own range, VMM
+//! reservations another), so they never look like null nor like host memory.
+//!
+//! All state sits behind one mutex: every driver call is one lock plus
+//! O(log n) work (plus the work it unblocks).
+//!
+//! # Call names
+//!
+//! Calls are counted (and faults injected) under these CUDA names:
+//!
+//! | trait method | name |
+//! |---|---|
+//! | `device_count` | `cuDeviceGetCount` |
+//! | `current_device` | `cuCtxGetDevice` |
+//! | `set_current_device` | `cuCtxSetCurrent` |
+//! | `device_info` | `cuDeviceGetAttribute` |
+//! | `mem_info` | `cuMemGetInfo` |
+//! | `vmm_granularity` | `cuMemGetAllocationGranularity` |
+//! | `can_access_peer` | `cuDeviceCanAccessPeer` |
+//! | `stream_create` / `stream_destroy` | `cuStreamCreate` / `cuStreamDestroy` |
+//! | `stream_synchronize` / `stream_query` | `cuStreamSynchronize` / `cuStreamQuery` |
+//! | `event_create` / `event_destroy` | `cuEventCreate` / `cuEventDestroy` |
+//! | `event_record` / `event_query` | `cuEventRecord` / `cuEventQuery` |
+//! | `event_synchronize` | `cuEventSynchronize` |
+//! | `stream_wait_event` | `cuStreamWaitEvent` |
+//! | `device_synchronize` | `cuCtxSynchronize` |
+//! | `mem_alloc` / `mem_free` | `cuMemAlloc` / `cuMemFree` |
+//! | `mem_alloc_managed` | `cuMemAllocManaged` |
+//! | `mem_alloc_host` / `mem_free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
+//! | `mem_prefetch` | `cuMemPrefetchAsync` |
+//! | `memset_async` | `cuMemsetD8Async` |
+//! | `memcpy_dtod_async` / `memcpy_htod_async` / `memcpy_dtoh_async` | `cuMemcpyDtoDAsync` / `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` |
+//! | `mempool_default` / `mempool_current` | `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` |
+//! | `mempool_create` / `mempool_destroy` | `cuMemPoolCreate` / `cuMemPoolDestroy` |
+//! | `mempool_set_attr` / `mempool_get_attr` | `cuMemPoolSetAttribute` / `cuMemPoolGetAttribute` |
+//! | `mempool_trim_to` | `cuMemPoolTrimTo` |
+//! | `mempool_set_access` / `mempool_get_access` | `cuMemPoolSetAccess` / `cuMemPoolGetAccess` |
+//! | `mem_alloc_from_pool_async` / `mem_alloc_async` / `mem_free_async` | `cuMemAllocFromPoolAsync` / `cuMemAllocAsync` / `cuMemFreeAsync` |
+//! | `mempool_export_fd` / `mempool_import_fd` | `cuMemPoolExportToShareableHandle` / `cuMemPoolImportFromShareableHandle` |
+//! | `mempool_export_pointer` / `mempool_import_pointer` | `cuMemPoolExportPointer` / `cuMemPoolImportPointer` |
+//! | `vmm_reserve` / `vmm_free_address` | `cuMemAddressReserve` / `cuMemAddressFree` |
+//! | `vmm_create` / `vmm_release` | `cuMemCreate` / `cuMemRelease` |
+//! | `vmm_map` / `vmm_unmap` / `vmm_set_access` | `cuMemMap` / `cuMemUnmap` / `cuMemSetAccess` |
+//! | `vmm_export_fd` / `vmm_import_fd` | `cuMemExportToShareableHandle` / `cuMemImportFromShareableHandle` |
+//!
+//! # Differences from CUDA worth knowing
+//! - Unknown stream, event, pool and physical handles are
+//!   `CUDA_ERROR_INVALID_HANDLE`; `cuMemFree(0)` succeeds (like `cudaFree`).
+//! - The legacy stream does not synchronize with other streams (all streams
+//!   behave as non-blocking).
+//! - Pool blocks freed on a stream become reusable when the free runs (so with
+//!   immediately-running work, at once); same-stream reuse before then is not
+//!   modelled. Pool memory is reserved per allocation in granules.
+//! - `mempool_trim_to(keep)` keeps at most `keep` cached bytes (the trait's
+//!   contract), not CUDA's "at least `keep` reserved".
+//! - IPC works only inside the same `SimDriver` (see `ipc`).
+//! - `cuMemSetAccess` and `cuMemUnmap` ranges must consist of whole mappings.
+
+mod address_space;
+mod config;
+mod driver_impl;
+mod faults;
+mod ipc;
+mod memory;
+mod pools;
+mod streams;
+mod vmm;
+
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::ThreadId;
+
+pub use config::SimConfig;
+pub use faults::cu_result_name;
+pub use memory::DataStats;
 
 use crate::driver::*;
-use crate::{Error, Result};
+use crate::Result;
+use address_space::AddressSpace;
+use faults::{drv, Faults, INVALID_DEVICE};
+use memory::{HostAlloc, Region};
+use pools::{PoolHandle, PoolState};
+use streams::{EventState, Queue, QueueId};
+use vmm::Phys;
 
-/// Configuration of a simulated device.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    /// Number of devices.
-    pub devices: u32,
-    /// Memory per device in bytes (default 80 GiB).
-    pub capacity: usize,
-    /// Back addresses with real host memory so data operations check contents.
-    pub backed: bool,
+/// Internal pool identity (never reused).
+type PoolId = u64;
+/// Internal physical-allocation identity (never reused).
+type PhysId = u64;
+
+const TAG_STREAM: u64 = 0x51;
+const TAG_EVENT: u64 = 0x52;
+const TAG_POOL: u64 = 0x53;
+const TAG_PHYS: u64 = 0x54;
+
+/// Where device address ranges start (2^47).
+const DEVICE_BASE: u64 = 1 << 47;
+/// Address space shared by all devices' ranges.
+const DEVICE_SPAN: u64 = 1 << 46;
+/// Where VMM reservations come from, after the devices' ranges.
+const VMM_BASE: u64 = DEVICE_BASE + DEVICE_SPAN;
+const VMM_SPAN: u64 = 1 << 46;
+
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Current device per driver instance on this thread.
+    static CURRENT: RefCell<HashMap<u64, u32>> = RefCell::new(HashMap::new());
 }
 
-impl Default for SimConfig {
-    fn default() -> Self {
-        Self {
-            devices: 1,
-            capacity: 80 << 30,
-            backed: false,
+/// The calling thread's view: its current device and identity.
+#[derive(Debug, Clone, Copy)]
+struct Ctx {
+    device: u32,
+    thread: ThreadId,
+}
+
+/// One device's state.
+struct DeviceState {
+    space: AddressSpace,
+    /// Bytes charged against capacity.
+    used: u64,
+    /// Live allocations charged to the device.
+    allocs: usize,
+    legacy: QueueId,
+    default_pool: RawPool,
+}
+
+/// Everything the simulator knows; behind one mutex.
+struct State {
+    cfg: SimConfig,
+    uid: u64,
+    capacity: u64,
+    gran: u64,
+    devices: Vec<DeviceState>,
+    /// Device-address translation table.
+    regions: BTreeMap<u64, Region>,
+    /// Pinned and managed host allocations by host address.
+    host: BTreeMap<u64, HostAlloc>,
+    pinned_bytes: u64,
+    queues: HashMap<QueueId, Queue>,
+    streams: HashMap<RawStream, QueueId>,
+    /// Destroyed stream handles, for the test oracle.
+    retired: HashMap<RawStream, QueueId>,
+    /// Final positions of drained queues of destroyed streams.
+    gone: HashMap<QueueId, u64>,
+    per_thread: HashMap<(u32, ThreadId), QueueId>,
+    events: HashMap<RawEvent, EventState>,
+    /// Queues with pending work.
+    busy: BTreeSet<QueueId>,
+    pumping: bool,
+    pools: HashMap<PoolId, PoolState>,
+    pool_handles: HashMap<RawPool, PoolHandle>,
+    vmm_space: AddressSpace,
+    reservations: BTreeMap<u64, u64>,
+    reserved_va: u64,
+    phys: HashMap<PhysId, Phys>,
+    phys_handles: HashMap<RawPhys, PhysId>,
+    physical_bytes: u64,
+    mapped_bytes: u64,
+    faults: Faults,
+    stats: DataStats,
+    next_id: u64,
+}
+
+impl State {
+    fn new(cfg: SimConfig, uid: u64) -> State {
+        let n = cfg.effective_devices();
+        let span = DEVICE_SPAN / u64::from(n.max(1)).next_power_of_two();
+        let gran = cfg.effective_granularity() as u64;
+        let mut st = State {
+            capacity: cfg.capacity as u64,
+            cfg,
+            uid,
+            gran,
+            devices: Vec::new(),
+            regions: BTreeMap::new(),
+            host: BTreeMap::new(),
+            pinned_bytes: 0,
+            queues: HashMap::new(),
+            streams: HashMap::new(),
+            retired: HashMap::new(),
+            gone: HashMap::new(),
+            per_thread: HashMap::new(),
+            events: HashMap::new(),
+            busy: BTreeSet::new(),
+            pumping: false,
+            pools: HashMap::new(),
+            pool_handles: HashMap::new(),
+            vmm_space: AddressSpace::new(VMM_BASE, VMM_SPAN),
+            reservations: BTreeMap::new(),
+            reserved_va: 0,
+            phys: HashMap::new(),
+            phys_handles: HashMap::new(),
+            physical_bytes: 0,
+            mapped_bytes: 0,
+            faults: Faults::default(),
+            stats: DataStats::default(),
+            next_id: 0,
+        };
+        for d in 0..n {
+            let legacy = st.new_queue(d);
+            st.devices.push(DeviceState {
+                space: AddressSpace::new(DEVICE_BASE + u64::from(d) * span, span),
+                used: 0,
+                allocs: 0,
+                legacy,
+                default_pool: 0,
+            });
         }
+        for d in 0..n {
+            let h = st.make_default_pool(d);
+            st.devices[d as usize].default_pool = h;
+        }
+        st
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn fresh_handle(&mut self, tag: u64) -> u64 {
+        (tag << 40) | self.fresh_id()
+    }
+
+    fn check_device(&self, device: u32, call: &'static str) -> Result<()> {
+        if (device as usize) < self.devices.len() {
+            Ok(())
+        } else {
+            Err(drv(call, INVALID_DEVICE))
+        }
+    }
+
+    /// The queue of a live or destroyed stream handle (test controls).
+    fn queue_for_test(&mut self, stream: RawStream, ctx: Ctx) -> Option<QueueId> {
+        if let Some(&q) = self.retired.get(&stream) {
+            return Some(q);
+        }
+        self.queue_of(stream, ctx, "test").ok()
     }
 }
 
-/// The simulated driver.
+/// The simulated driver. See the module documentation.
 pub struct SimDriver {
-    _config: SimConfig,
+    uid: u64,
+    devices: u32,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SimDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDriver")
+            .field("uid", &self.uid)
+            .field("devices", &self.devices)
+            .finish()
+    }
+}
+
+impl Default for SimDriver {
+    fn default() -> Self {
+        Self::new(SimConfig::default())
+    }
 }
 
 impl SimDriver {
     /// A new simulated driver.
     pub fn new(config: SimConfig) -> Self {
-        Self { _config: config }
+        let uid = NEXT_UID.fetch_add(1, Ordering::Relaxed);
+        let devices = config.effective_devices();
+        Self {
+            uid,
+            devices,
+            state: Mutex::new(State::new(config, uid)),
+        }
     }
-}
 
-impl Driver for SimDriver {
-    fn backend(&self) -> Backend {
-        Backend::Sim
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn device_count(&self) -> Result<u32> {
-        Err(Error::unsupported("device_count (placeholder)"))
+
+    fn ctx(&self) -> Ctx {
+        let device = CURRENT.with(|c| c.borrow().get(&self.uid).copied().unwrap_or(0));
+        Ctx {
+            device,
+            thread: std::thread::current().id(),
+        }
     }
-    fn current_device(&self) -> Result<u32> {
-        Err(Error::unsupported("current_device (placeholder)"))
-    }
-    fn set_current_device(&self, _device: u32) -> Result<()> {
-        Err(Error::unsupported("set_current_device (placeholder)"))
-    }
-    fn device_info(&self, _device: u32) -> Result<DeviceInfo> {
-        Err(Error::unsupported("device_info (placeholder)"))
-    }
-    fn mem_info(&self, _device: u32) -> Result<MemInfo> {
-        Err(Error::unsupported("mem_info (placeholder)"))
-    }
-    fn vmm_granularity(&self, _device: u32, _recommended: bool) -> Result<usize> {
-        Err(Error::unsupported("vmm_granularity (placeholder)"))
-    }
-    fn can_access_peer(&self, _device: u32, _peer: u32) -> Result<bool> {
-        Err(Error::unsupported("can_access_peer (placeholder)"))
-    }
-    fn stream_create(&self, _device: u32, _non_blocking: bool) -> Result<RawStream> {
-        Err(Error::unsupported("stream_create (placeholder)"))
-    }
-    fn stream_destroy(&self, _stream: RawStream) -> Result<()> {
-        Err(Error::unsupported("stream_destroy (placeholder)"))
-    }
-    fn stream_synchronize(&self, _stream: RawStream) -> Result<()> {
-        Err(Error::unsupported("stream_synchronize (placeholder)"))
-    }
-    fn stream_query(&self, _stream: RawStream) -> Result<bool> {
-        Err(Error::unsupported("stream_query (placeholder)"))
-    }
-    fn event_create(&self, _device: u32) -> Result<RawEvent> {
-        Err(Error::unsupported("event_create (placeholder)"))
-    }
-    fn event_destroy(&self, _event: RawEvent) -> Result<()> {
-        Err(Error::unsupported("event_destroy (placeholder)"))
-    }
-    fn event_record(&self, _event: RawEvent, _stream: RawStream) -> Result<()> {
-        Err(Error::unsupported("event_record (placeholder)"))
-    }
-    fn event_query(&self, _event: RawEvent) -> Result<bool> {
-        Err(Error::unsupported("event_query (placeholder)"))
-    }
-    fn event_synchronize(&self, _event: RawEvent) -> Result<()> {
-        Err(Error::unsupported("event_synchronize (placeholder)"))
-    }
-    fn stream_wait_event(&self, _stream: RawStream, _event: RawEvent) -> Result<()> {
-        Err(Error::unsupported("stream_wait_event (placeholder)"))
-    }
-    fn device_synchronize(&self, _device: u32) -> Result<()> {
-        Err(Error::unsupported("device_synchronize (placeholder)"))
-    }
-    fn mem_alloc(&self, _device: u32, _bytes: usize) -> Result<DevicePtr> {
-        Err(Error::unsupported("mem_alloc (placeholder)"))
-    }
-    fn mem_free(&self, _device: u32, _ptr: DevicePtr) -> Result<()> {
-        Err(Error::unsupported("mem_free (placeholder)"))
-    }
-    fn mem_alloc_managed(&self, _device: u32, _bytes: usize) -> Result<DevicePtr> {
-        Err(Error::unsupported("mem_alloc_managed (placeholder)"))
-    }
-    fn mem_alloc_host(
+
+    /// Runs a call: counts it (maybe failing it), then `f`.
+    fn call<T>(
         &self,
-        _device: u32,
-        _bytes: usize,
-        _flags: HostAllocFlags,
-    ) -> Result<DevicePtr> {
-        Err(Error::unsupported("mem_alloc_host (placeholder)"))
+        name: &'static str,
+        f: impl FnOnce(&mut State, Ctx) -> Result<T>,
+    ) -> Result<T> {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        st.faults.on_call(name)?;
+        f(&mut st, ctx)
     }
-    fn mem_free_host(&self, _ptr: DevicePtr) -> Result<()> {
-        Err(Error::unsupported("mem_free_host (placeholder)"))
-    }
-    fn mem_prefetch(
+
+    /// Runs a call that takes a device: checks it and makes it current first.
+    fn call_dev<T>(
         &self,
-        _ptr: DevicePtr,
-        _bytes: usize,
-        _device: u32,
-        _stream: RawStream,
-    ) -> Result<()> {
-        Err(Error::unsupported("mem_prefetch (placeholder)"))
+        name: &'static str,
+        device: u32,
+        f: impl FnOnce(&mut State, Ctx) -> Result<T>,
+    ) -> Result<T> {
+        self.call(name, |st, ctx| {
+            st.check_device(device, name)?;
+            CURRENT.with(|c| c.borrow_mut().insert(self.uid, device));
+            f(
+                st,
+                Ctx {
+                    device,
+                    thread: ctx.thread,
+                },
+            )
+        })
     }
-    fn mem_advise_preferred_location(
+
+    /// The configuration this driver was made with.
+    pub fn config(&self) -> SimConfig {
+        self.lock().cfg.clone()
+    }
+
+    // ----- test controls: streams -----
+
+    /// Holds `stream`: work enqueued on it from now on stays pending until
+    /// [`SimDriver::release`], [`SimDriver::complete`] or a synchronize.
+    /// Unknown handles are ignored.
+    pub fn hold(&self, stream: RawStream) {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        if let Some(q) = st.queue_for_test(stream, ctx) {
+            if let Some(queue) = st.queues.get_mut(&q) {
+                queue.held = true;
+            }
+        }
+    }
+
+    /// Unholds `stream` and runs whatever can run.
+    pub fn release(&self, stream: RawStream) {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        if let Some(q) = st.queue_for_test(stream, ctx) {
+            if let Some(queue) = st.queues.get_mut(&q) {
+                queue.held = false;
+            }
+            st.pump();
+        }
+    }
+
+    /// Runs all work pending on `stream` now (held or not), first running the
+    /// work of other streams that its waits need. The stream stays held.
+    pub fn complete(&self, stream: RawStream) {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        if let Some(q) = st.queue_for_test(stream, ctx) {
+            st.force_all(q);
+        }
+    }
+
+    /// Runs all pending work of every stream.
+    pub fn complete_all(&self) {
+        let mut st = self.lock();
+        let qs: Vec<QueueId> = st.queues.keys().copied().collect();
+        for q in qs {
+            st.force_all(q);
+        }
+    }
+
+    /// Operations enqueued on `stream` and not yet run (0 for unknown handles).
+    pub fn pending_ops(&self, stream: RawStream) -> usize {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        st.queue_for_test(stream, ctx)
+            .and_then(|q| st.queues.get(&q))
+            .map_or(0, |q| q.pending_len())
+    }
+
+    /// Operations enqueued on `stream` so far: its enqueue position. Every
+    /// memset, copy, event record, wait on a recorded event, asynchronous
+    /// allocation, asynchronous free and prefetch counts one.
+    pub fn stream_position(&self, stream: RawStream) -> u64 {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        let Some(q) = st.queue_for_test(stream, ctx) else {
+            return 0;
+        };
+        st.queues
+            .get(&q)
+            .map(|x| x.enqueued)
+            .or_else(|| st.gone.get(&q).copied())
+            .unwrap_or(0)
+    }
+
+    /// The ordering oracle: true iff work enqueued on `later_stream` from now
+    /// on is guaranteed to run after the first `earlier_pos` operations of
+    /// `earlier_stream`, because they already ran, or the streams are the same,
+    /// or `later_stream` has (pending) waits on event records of
+    /// `earlier_stream` at position `earlier_pos` or later, directly or through
+    /// other streams' waits. Destroyed streams' handles still work here.
+    pub fn is_ordered_after(
         &self,
-        _ptr: DevicePtr,
-        _bytes: usize,
-        _location: Location,
-    ) -> Result<()> {
-        Err(Error::unsupported("cuMemAdvise (placeholder)"))
+        earlier_stream: RawStream,
+        earlier_pos: u64,
+        later_stream: RawStream,
+    ) -> bool {
+        let ctx = self.ctx();
+        let mut st = self.lock();
+        let (Some(e), Some(l)) = (
+            st.queue_for_test(earlier_stream, ctx),
+            st.queue_for_test(later_stream, ctx),
+        ) else {
+            return false;
+        };
+        st.ordered_after(e, earlier_pos, l)
     }
-    fn memset_async(
-        &self,
-        _dst: DevicePtr,
-        _value: u8,
-        _bytes: usize,
-        _stream: RawStream,
-    ) -> Result<()> {
-        Err(Error::unsupported("memset_async (placeholder)"))
+
+    // ----- test controls: faults -----
+
+    /// The `n`-th device allocation call from now (counting `mem_alloc`,
+    /// `mem_alloc_async`, `mem_alloc_from_pool_async` and `vmm_create`;
+    /// 1-based) fails with out-of-memory and changes nothing.
+    pub fn fail_nth_alloc(&self, n: u64) {
+        self.lock().faults.fail_nth_alloc(n);
     }
-    fn memcpy_dtod_async(
-        &self,
-        _dst: DevicePtr,
-        _src: DevicePtr,
-        _bytes: usize,
-        _stream: RawStream,
-    ) -> Result<()> {
-        Err(Error::unsupported("memcpy_dtod_async (placeholder)"))
+
+    /// The `nth` call (1-based, from now) of the driver function `call` (a CUDA
+    /// name from the module documentation's table) fails with
+    /// [`crate::Error::Driver`] of `code` and changes nothing.
+    pub fn fail_call(&self, call: &str, nth: u64, code: i32) {
+        self.lock().faults.fail_call(call, nth, code);
     }
-    unsafe fn memcpy_htod_async(
-        &self,
-        _dst: DevicePtr,
-        _src: *const u8,
-        _bytes: usize,
-        _stream: RawStream,
-    ) -> Result<()> {
-        Err(Error::unsupported("memcpy_htod_async (placeholder)"))
+
+    /// Calls of the driver function `call` so far (failed ones included).
+    pub fn call_count(&self, call: &str) -> u64 {
+        self.lock().faults.count(call)
     }
-    unsafe fn memcpy_dtoh_async(
-        &self,
-        _dst: *mut u8,
-        _src: DevicePtr,
-        _bytes: usize,
-        _stream: RawStream,
-    ) -> Result<()> {
-        Err(Error::unsupported("memcpy_dtoh_async (placeholder)"))
+
+    /// Disarms every injected fault.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
     }
-    fn mempool_default(&self, _device: u32) -> Result<RawPool> {
-        Err(Error::unsupported("mempool_default (placeholder)"))
+
+    // ----- accounting -----
+
+    /// Bytes charged to `device`: `cuMemAlloc` (rounded to 256), managed,
+    /// pool-reserved and VMM physical memory. 0 for a bad ordinal.
+    pub fn device_bytes(&self, device: u32) -> usize {
+        self.lock()
+            .devices
+            .get(device as usize)
+            .map_or(0, |d| d.used as usize)
     }
-    fn mempool_current(&self, _device: u32) -> Result<RawPool> {
-        Err(Error::unsupported("mempool_current (placeholder)"))
+
+    /// Live allocations charged to `device` (each `cuMemAlloc`, managed
+    /// allocation, pool granule block and physical allocation counts one).
+    pub fn device_allocations(&self, device: u32) -> usize {
+        self.lock()
+            .devices
+            .get(device as usize)
+            .map_or(0, |d| d.allocs)
     }
-    fn mempool_create(&self, _props: &PoolProps) -> Result<RawPool> {
-        Err(Error::unsupported("mempool_create (placeholder)"))
+
+    /// Bytes of live pinned host allocations.
+    pub fn pinned_host_bytes(&self) -> usize {
+        self.lock().pinned_bytes as usize
     }
-    fn mempool_destroy(&self, _pool: RawPool) -> Result<()> {
-        Err(Error::unsupported("mempool_destroy (placeholder)"))
+
+    /// Live pinned and managed host allocations.
+    pub fn host_allocations(&self) -> usize {
+        self.lock().host.len()
     }
-    fn mempool_set_attr(&self, _pool: RawPool, _attr: PoolAttr, _value: u64) -> Result<()> {
-        Err(Error::unsupported("mempool_set_attr (placeholder)"))
+
+    /// Bytes mapped by `cuMemMap` and not unmapped.
+    pub fn mapped_bytes(&self) -> usize {
+        self.lock().mapped_bytes as usize
     }
-    fn mempool_get_attr(&self, _pool: RawPool, _attr: PoolAttr) -> Result<u64> {
-        Err(Error::unsupported("mempool_get_attr (placeholder)"))
+
+    /// Bytes of VMM physical memory not yet freed.
+    pub fn physical_bytes(&self) -> usize {
+        self.lock().physical_bytes as usize
     }
-    fn mempool_trim_to(&self, _pool: RawPool, _keep: usize) -> Result<()> {
-        Err(Error::unsupported("mempool_trim_to (placeholder)"))
+
+    /// Bytes of reserved VMM address space.
+    pub fn reserved_va_bytes(&self) -> usize {
+        self.lock().reserved_va as usize
     }
-    fn mempool_set_access(&self, _pool: RawPool, _device: u32, _access: AccessFlags) -> Result<()> {
-        Err(Error::unsupported("mempool_set_access (placeholder)"))
+
+    /// Pools created or imported and not yet gone (default pools excluded; a
+    /// destroyed pool with live allocations still counts).
+    pub fn live_pools(&self) -> usize {
+        self.lock().live_pools()
     }
-    fn mempool_get_access(&self, _pool: RawPool, _device: u32) -> Result<AccessFlags> {
-        Err(Error::unsupported("mempool_get_access (placeholder)"))
+
+    /// Streams created and not destroyed.
+    pub fn live_streams(&self) -> usize {
+        self.lock().live_streams()
     }
-    fn mem_alloc_from_pool_async(
-        &self,
-        _bytes: usize,
-        _pool: RawPool,
-        _stream: RawStream,
-    ) -> Result<DevicePtr> {
-        Err(Error::unsupported(
-            "mem_alloc_from_pool_async (placeholder)",
-        ))
+
+    /// Events created and not destroyed.
+    pub fn live_events(&self) -> usize {
+        self.lock().events.len()
     }
-    fn mem_alloc_async(&self, _bytes: usize, _stream: RawStream) -> Result<DevicePtr> {
-        Err(Error::unsupported("mem_alloc_async (placeholder)"))
-    }
-    fn mem_free_async(&self, _ptr: DevicePtr, _stream: RawStream) -> Result<()> {
-        Err(Error::unsupported("mem_free_async (placeholder)"))
-    }
-    fn mempool_export_fd(&self, _pool: RawPool) -> Result<i32> {
-        Err(Error::unsupported("mempool_export_fd (placeholder)"))
-    }
-    fn mempool_import_fd(&self, _fd: i32) -> Result<RawPool> {
-        Err(Error::unsupported("mempool_import_fd (placeholder)"))
-    }
-    fn mempool_export_pointer(&self, _ptr: DevicePtr) -> Result<PoolPtrExport> {
-        Err(Error::unsupported("mempool_export_pointer (placeholder)"))
-    }
-    fn mempool_import_pointer(&self, _pool: RawPool, _data: &PoolPtrExport) -> Result<DevicePtr> {
-        Err(Error::unsupported("mempool_import_pointer (placeholder)"))
-    }
-    fn vmm_reserve(&self, _bytes: usize, _alignment: usize) -> Result<DevicePtr> {
-        Err(Error::unsupported("vmm_reserve (placeholder)"))
-    }
-    fn vmm_free_address(&self, _ptr: DevicePtr, _bytes: usize) -> Result<()> {
-        Err(Error::unsupported("vmm_free_address (placeholder)"))
-    }
-    fn vmm_create(&self, _device: u32, _bytes: usize, _handle_type: HandleType) -> Result<RawPhys> {
-        Err(Error::unsupported("vmm_create (placeholder)"))
-    }
-    fn vmm_release(&self, _handle: RawPhys) -> Result<()> {
-        Err(Error::unsupported("vmm_release (placeholder)"))
-    }
-    fn vmm_map(
-        &self,
-        _ptr: DevicePtr,
-        _bytes: usize,
-        _offset: usize,
-        _handle: RawPhys,
-    ) -> Result<()> {
-        Err(Error::unsupported("vmm_map (placeholder)"))
-    }
-    fn vmm_unmap(&self, _ptr: DevicePtr, _bytes: usize) -> Result<()> {
-        Err(Error::unsupported("vmm_unmap (placeholder)"))
-    }
-    fn vmm_set_access(
-        &self,
-        _ptr: DevicePtr,
-        _bytes: usize,
-        _device: u32,
-        _access: AccessFlags,
-    ) -> Result<()> {
-        Err(Error::unsupported("vmm_set_access (placeholder)"))
-    }
-    fn vmm_export_fd(&self, _handle: RawPhys) -> Result<i32> {
-        Err(Error::unsupported("vmm_export_fd (placeholder)"))
-    }
-    fn vmm_import_fd(&self, _fd: i32) -> Result<RawPhys> {
-        Err(Error::unsupported("vmm_import_fd (placeholder)"))
+
+    /// Counters of memsets and copies.
+    pub fn data_stats(&self) -> DataStats {
+        self.lock().stats
     }
 }

@@ -1,0 +1,275 @@
+//! Plain allocation (device, managed, pinned host), prefetch, memset and copies.
+//!
+//! Zero-byte allocations return [`DevicePtr::NULL`] without a driver call (the
+//! driver rejects them), and freeing null is a no-op. Zero-byte memsets,
+//! copies and prefetches do nothing. Ranges that would wrap the address space
+//! are refused before the driver sees them.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys::{self, CUmemAttach_flags, CUmemLocationType};
+
+use super::error::{check, check_alloc, check_range};
+use super::stream::cu_stream;
+use super::CudaDriver;
+use crate::driver::{DevicePtr, HostAllocFlags, RawStream};
+use crate::{Error, Result};
+
+/// `cuMemHostAlloc` flags for [`HostAllocFlags`].
+pub(super) fn host_alloc_flags(flags: HostAllocFlags) -> u32 {
+    let mut f = 0;
+    if flags.portable {
+        f |= sys::CU_MEMHOSTALLOC_PORTABLE;
+    }
+    if flags.device_map {
+        f |= sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    }
+    if flags.write_combined {
+        f |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+    }
+    f
+}
+
+/// A `CUmemLocation` for device `ordinal`.
+pub(super) fn device_location(ordinal: u32) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal as i32,
+    }
+}
+
+fn null_host(call: &str) -> Error {
+    Error::InvalidArgument(format!("{call}: null host pointer"))
+}
+
+impl CudaDriver {
+    pub(super) fn mem_alloc_impl(&self, device: u32, bytes: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.bind(device)?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: `p` is a valid out-pointer; `device`'s context is current.
+        let res = unsafe { sys::cuMemAlloc_v2(&mut p, bytes) };
+        check_alloc(res, "cuMemAlloc", bytes, || Some(device))?;
+        Ok(DevicePtr(p))
+    }
+
+    pub(super) fn mem_free_impl(&self, device: u32, ptr: DevicePtr) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.bind(device)?;
+        // SAFETY: the caller hands back a pointer from mem_alloc (trait
+        // contract); the driver rejects addresses it did not allocate.
+        check(unsafe { sys::cuMemFree_v2(ptr.0) }, "cuMemFree")
+    }
+
+    pub(super) fn mem_alloc_managed_impl(&self, device: u32, bytes: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.bind(device)?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: `p` is a valid out-pointer; `device`'s context is current.
+        let res = unsafe {
+            sys::cuMemAllocManaged(
+                &mut p,
+                bytes,
+                CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+            )
+        };
+        check_alloc(res, "cuMemAllocManaged", bytes, || Some(device))?;
+        Ok(DevicePtr(p))
+    }
+
+    pub(super) fn mem_alloc_host_impl(
+        &self,
+        device: u32,
+        bytes: usize,
+        flags: HostAllocFlags,
+    ) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.bind(device)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; `device`'s context is current and
+        // the flags are the documented CU_MEMHOSTALLOC_* bits.
+        let res = unsafe { sys::cuMemHostAlloc(&mut p, bytes, host_alloc_flags(flags)) };
+        check_alloc(res, "cuMemHostAlloc", bytes, || Some(device))?;
+        Ok(DevicePtr(p as usize as u64))
+    }
+
+    pub(super) fn mem_free_host_impl(&self, ptr: DevicePtr) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: the caller hands back a pointer from mem_alloc_host (trait
+            // contract); the driver rejects pointers it did not allocate.
+            unsafe { sys::cuMemFreeHost(ptr.as_mut_ptr::<c_void>()) },
+            "cuMemFreeHost",
+        )
+    }
+
+    pub(super) fn mem_prefetch_impl(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        device: u32,
+        stream: RawStream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        check_range(ptr.0, bytes, "cuMemPrefetchAsync")?;
+        self.bind(device)?;
+        if !self.has_prefetch_v2 {
+            return Err(Error::unsupported(
+                "cuMemPrefetchAsync_v2: needs a CUDA 12.2 or newer driver",
+            ));
+        }
+        check(
+            // SAFETY: the symbol was found at load; the location is a device of
+            // this driver; prefetch only migrates pages, it never writes through
+            // `ptr`, and the driver validates that the range is managed memory.
+            unsafe {
+                sys::cuMemPrefetchAsync_v2(
+                    ptr.0,
+                    bytes,
+                    device_location(device),
+                    0,
+                    cu_stream(stream),
+                )
+            },
+            "cuMemPrefetchAsync",
+        )
+    }
+
+    pub(super) fn memset_async_impl(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        check_range(dst.0, bytes, "cuMemsetD8Async")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: addresses by value, range checked not to wrap. The device,
+            // not this thread, does the write; the trait's contract is that the
+            // caller names memory it owns (this safe method cannot enforce that
+            // for mapped host memory: see the Driver trait notes).
+            unsafe { sys::cuMemsetD8Async(dst.0, value, bytes, cu_stream(stream)) },
+            "cuMemsetD8Async",
+        )
+    }
+
+    pub(super) fn memcpy_dtod_async_impl(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        check_range(dst.0, bytes, "cuMemcpyDtoDAsync")?;
+        check_range(src.0, bytes, "cuMemcpyDtoDAsync")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: addresses by value, ranges checked not to wrap; as for
+            // memset, the caller names memory it owns (trait contract).
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, cu_stream(stream)) },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
+    /// # Safety
+    /// As [`crate::driver::Driver::memcpy_htod_async`].
+    pub(super) unsafe fn memcpy_htod_async_impl(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(null_host("cuMemcpyHtoDAsync"));
+        }
+        check_range(dst.0, bytes, "cuMemcpyHtoDAsync")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: the caller guarantees `src..src+bytes` is readable and stays
+            // valid until the copy has run (this function's contract).
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst.0, src as *const c_void, bytes, cu_stream(stream))
+            },
+            "cuMemcpyHtoDAsync",
+        )
+    }
+
+    /// # Safety
+    /// As [`crate::driver::Driver::memcpy_dtoh_async`].
+    pub(super) unsafe fn memcpy_dtoh_async_impl(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(null_host("cuMemcpyDtoHAsync"));
+        }
+        check_range(src.0, bytes, "cuMemcpyDtoHAsync")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: the caller guarantees `dst..dst+bytes` is writable and
+            // untouched until the copy has run (this function's contract).
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src.0, bytes, cu_stream(stream))
+            },
+            "cuMemcpyDtoHAsync",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_alloc_flags_map_to_cu_bits() {
+        assert_eq!(host_alloc_flags(HostAllocFlags::default()), 0);
+        let all = HostAllocFlags {
+            portable: true,
+            device_map: true,
+            write_combined: true,
+        };
+        assert_eq!(host_alloc_flags(all), 1 | 2 | 4);
+        let wc = HostAllocFlags {
+            write_combined: true,
+            ..Default::default()
+        };
+        assert_eq!(host_alloc_flags(wc), sys::CU_MEMHOSTALLOC_WRITECOMBINED);
+    }
+
+    #[test]
+    fn device_location_names_the_ordinal() {
+        let l = device_location(3);
+        assert_eq!(l.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+        assert_eq!(l.id, 3);
+    }
+}

@@ -1,0 +1,185 @@
+//! Streams and events: thin calls, each a single driver call once some context
+//! is current (a TLS read when one already is).
+//!
+//! Raw handles are the driver's pointers as integers; 0, `CU_STREAM_LEGACY`
+//! (1) and `CU_STREAM_PER_THREAD` (2) pass straight through as the driver's
+//! own special handles.
+
+use cudarc::driver::sys::{self, CUevent_flags, CUresult, CUstream_flags};
+
+use super::error::{check, to_error};
+use super::CudaDriver;
+use crate::driver::{RawEvent, RawStream, STREAM_LEGACY, STREAM_PER_THREAD};
+use crate::{Error, Result};
+
+#[inline]
+pub(super) fn cu_stream(s: RawStream) -> sys::CUstream {
+    s as usize as sys::CUstream
+}
+
+#[inline]
+fn cu_event(e: RawEvent) -> sys::CUevent {
+    e as usize as sys::CUevent
+}
+
+/// `Ok(true)` on success, `Ok(false)` on `CUDA_ERROR_NOT_READY`.
+#[inline]
+fn ready(res: CUresult, call: &'static str) -> Result<bool> {
+    match res {
+        CUresult::CUDA_SUCCESS => Ok(true),
+        CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        _ => Err(to_error(res, call)),
+    }
+}
+
+fn null_event(call: &str) -> Error {
+    Error::InvalidArgument(format!("{call}: null event handle"))
+}
+
+impl CudaDriver {
+    pub(super) fn stream_create_impl(&self, device: u32, non_blocking: bool) -> Result<RawStream> {
+        self.bind(device)?;
+        let flags = if non_blocking {
+            CUstream_flags::CU_STREAM_NON_BLOCKING
+        } else {
+            CUstream_flags::CU_STREAM_DEFAULT
+        };
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        check(
+            // SAFETY: `s` is a valid out-pointer; `device`'s context is current.
+            unsafe { sys::cuStreamCreate(&mut s, flags as u32) },
+            "cuStreamCreate",
+        )?;
+        Ok(s as usize as RawStream)
+    }
+
+    pub(super) fn stream_destroy_impl(&self, stream: RawStream) -> Result<()> {
+        if matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
+            return Err(Error::InvalidArgument(format!(
+                "cuStreamDestroy: stream {stream:#x} is a default stream"
+            )));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: the handle is not a default stream; the caller owns it and
+            // destroys it once (the trait's contract). The driver checks the rest.
+            unsafe { sys::cuStreamDestroy_v2(cu_stream(stream)) },
+            "cuStreamDestroy",
+        )
+    }
+
+    pub(super) fn stream_synchronize_impl(&self, stream: RawStream) -> Result<()> {
+        self.ensure_context()?;
+        check(
+            // SAFETY: a stream handle by value; the driver validates it.
+            unsafe { sys::cuStreamSynchronize(cu_stream(stream)) },
+            "cuStreamSynchronize",
+        )
+    }
+
+    pub(super) fn stream_query_impl(&self, stream: RawStream) -> Result<bool> {
+        self.ensure_context()?;
+        ready(
+            // SAFETY: a stream handle by value; the driver validates it.
+            unsafe { sys::cuStreamQuery(cu_stream(stream)) },
+            "cuStreamQuery",
+        )
+    }
+
+    pub(super) fn event_create_impl(&self, device: u32) -> Result<RawEvent> {
+        self.bind(device)?;
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        check(
+            // SAFETY: `e` is a valid out-pointer; `device`'s context is current.
+            unsafe { sys::cuEventCreate(&mut e, CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(e as usize as RawEvent)
+    }
+
+    pub(super) fn event_destroy_impl(&self, event: RawEvent) -> Result<()> {
+        if event == 0 {
+            return Err(null_event("cuEventDestroy"));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: non-null handle the caller owns and destroys once.
+            unsafe { sys::cuEventDestroy_v2(cu_event(event)) },
+            "cuEventDestroy",
+        )
+    }
+
+    pub(super) fn event_record_impl(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        if event == 0 {
+            return Err(null_event("cuEventRecord"));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: handles by value; the driver validates them.
+            unsafe { sys::cuEventRecord(cu_event(event), cu_stream(stream)) },
+            "cuEventRecord",
+        )
+    }
+
+    pub(super) fn event_query_impl(&self, event: RawEvent) -> Result<bool> {
+        if event == 0 {
+            return Err(null_event("cuEventQuery"));
+        }
+        self.ensure_context()?;
+        ready(
+            // SAFETY: a non-null handle by value; the driver validates it.
+            unsafe { sys::cuEventQuery(cu_event(event)) },
+            "cuEventQuery",
+        )
+    }
+
+    pub(super) fn event_synchronize_impl(&self, event: RawEvent) -> Result<()> {
+        if event == 0 {
+            return Err(null_event("cuEventSynchronize"));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: a non-null handle by value; the driver validates it.
+            unsafe { sys::cuEventSynchronize(cu_event(event)) },
+            "cuEventSynchronize",
+        )
+    }
+
+    pub(super) fn stream_wait_event_impl(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        if event == 0 {
+            return Err(null_event("cuStreamWaitEvent"));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: handles by value, flags 0 (the only portable value).
+            unsafe { sys::cuStreamWaitEvent(cu_stream(stream), cu_event(event), 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+
+    /// The device a stream belongs to (`cuStreamGetDevice`, CUDA 12.8+); for the
+    /// default streams, the device current on this thread.
+    pub fn stream_device(&self, stream: RawStream) -> Result<u32> {
+        self.ensure_context()?;
+        if !self.has_stream_get_device {
+            return Err(Error::unsupported(
+                "cuStreamGetDevice: needs a CUDA 12.8 or newer driver",
+            ));
+        }
+        let mut dev: sys::CUdevice = 0;
+        check(
+            // SAFETY: the symbol was found at load; `dev` is a valid out-pointer.
+            unsafe { sys::cuStreamGetDevice(cu_stream(stream), &mut dev) },
+            "cuStreamGetDevice",
+        )?;
+        self.ordinal_of(dev)
+    }
+
+    /// The device to report in an out-of-memory error from an allocation on
+    /// `stream` (error path only): the stream's device, else the thread's.
+    pub(super) fn oom_device(&self, stream: RawStream) -> Option<u32> {
+        self.stream_device(stream)
+            .ok()
+            .or_else(|| self.thread_device())
+    }
+}

@@ -1,0 +1,221 @@
+//! Virtual memory management: address reservation, physical handles, mapping,
+//! access, and POSIX-fd export of physical handles.
+//!
+//! Physical memory is always pinned device memory (`cuMemCreate` with a
+//! device location); the granularity query uses the same properties, so the
+//! sizes it returns are the ones `cuMemCreate` and `cuMemMap` accept.
+
+use std::ffi::{c_int, c_void};
+
+use cudarc::driver::sys::{
+    self, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationType,
+};
+
+use super::error::{check, check_alloc, check_range};
+use super::memory::device_location;
+use super::pool::{access_desc, handle_type_to_cu};
+use super::CudaDriver;
+use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
+use crate::{check_alignment, Error, Result};
+
+/// `CUmemAllocationProp` for pinned memory on device `ordinal`.
+pub(super) fn device_alloc_prop(ordinal: u32, handle_type: HandleType) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: handle_type_to_cu(handle_type),
+        location: device_location(ordinal),
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+fn zero_bytes(call: &str) -> Error {
+    Error::InvalidArgument(format!("{call}: zero bytes"))
+}
+
+impl CudaDriver {
+    pub(super) fn vmm_granularity_impl(&self, device: u32, recommended: bool) -> Result<usize> {
+        self.bind(device)?;
+        let prop = device_alloc_prop(device, HandleType::None);
+        let option = if recommended {
+            CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        } else {
+            CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        };
+        let mut g: usize = 0;
+        check(
+            // SAFETY: `g` is a valid out-pointer, `prop` fully initialized and
+            // alive through the call.
+            unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, option) },
+            "cuMemGetAllocationGranularity",
+        )?;
+        Ok(g)
+    }
+
+    pub(super) fn vmm_reserve_impl(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Err(zero_bytes("cuMemAddressReserve"));
+        }
+        if alignment != 0 {
+            check_alignment(alignment)?;
+        }
+        self.ensure_context()?;
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: `p` is a valid out-pointer; no fixed address, no flags.
+        let res = unsafe { sys::cuMemAddressReserve(&mut p, bytes, alignment, 0, 0) };
+        // Address space, not memory, but equally "too big, try smaller".
+        check_alloc(res, "cuMemAddressReserve", bytes, || None)?;
+        Ok(DevicePtr(p))
+    }
+
+    pub(super) fn vmm_free_address_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        check_range(ptr.0, bytes, "cuMemAddressFree")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: the caller frees a range it reserved, with nothing mapped
+            // (trait contract); the driver validates the range.
+            unsafe { sys::cuMemAddressFree(ptr.0, bytes) },
+            "cuMemAddressFree",
+        )
+    }
+
+    pub(super) fn vmm_create_impl(
+        &self,
+        device: u32,
+        bytes: usize,
+        handle_type: HandleType,
+    ) -> Result<RawPhys> {
+        if bytes == 0 {
+            return Err(zero_bytes("cuMemCreate"));
+        }
+        self.bind(device)?;
+        let prop = device_alloc_prop(device, handle_type);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `h` is a valid out-pointer, `prop` fully initialized and
+        // alive through the call; flags must be 0.
+        let res = unsafe { sys::cuMemCreate(&mut h, bytes, &prop, 0) };
+        check_alloc(res, "cuMemCreate", bytes, || Some(device))?;
+        Ok(h)
+    }
+
+    pub(super) fn vmm_release_impl(&self, handle: RawPhys) -> Result<()> {
+        self.ensure_context()?;
+        // SAFETY: a handle by value that the caller owns and releases once;
+        // mappings keep the memory alive until unmapped.
+        check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+    }
+
+    pub(super) fn vmm_map_impl(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        offset: usize,
+        handle: RawPhys,
+    ) -> Result<()> {
+        check_range(ptr.0, bytes, "cuMemMap")?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: values only; the driver checks that the range is reserved
+            // and unmapped and that offset+bytes fits the handle. Flags must be 0.
+            unsafe { sys::cuMemMap(ptr.0, bytes, offset, handle, 0) },
+            "cuMemMap",
+        )
+    }
+
+    pub(super) fn vmm_unmap_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        check_range(ptr.0, bytes, "cuMemUnmap")?;
+        self.ensure_context()?;
+        // SAFETY: values only; the caller unmaps a range it mapped and no
+        // longer uses (trait contract).
+        check(unsafe { sys::cuMemUnmap(ptr.0, bytes) }, "cuMemUnmap")
+    }
+
+    pub(super) fn vmm_set_access_impl(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        device: u32,
+        access: AccessFlags,
+    ) -> Result<()> {
+        check_range(ptr.0, bytes, "cuMemSetAccess")?;
+        self.bind(device)?;
+        let desc = access_desc(device, access);
+        check(
+            // SAFETY: `desc` is one initialized descriptor, count 1, alive through
+            // the call; the driver checks the range is mapped.
+            unsafe { sys::cuMemSetAccess(ptr.0, bytes, &desc, 1) },
+            "cuMemSetAccess",
+        )
+    }
+
+    pub(super) fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<i32> {
+        self.ensure_context()?;
+        let mut fd: c_int = -1;
+        check(
+            // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
+            // writes an int through the pointer; `fd` is one, alive through the call.
+            unsafe {
+                sys::cuMemExportToShareableHandle(
+                    &mut fd as *mut c_int as *mut c_void,
+                    handle,
+                    CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            },
+            "cuMemExportToShareableHandle",
+        )?;
+        Ok(fd)
+    }
+
+    pub(super) fn vmm_import_fd_impl(&self, fd: i32) -> Result<RawPhys> {
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "cuMemImportFromShareableHandle: bad file descriptor {fd}"
+            )));
+        }
+        self.ensure_context()?;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        check(
+            // SAFETY: for POSIX file descriptors the handle argument is the fd
+            // value cast to a pointer (never dereferenced); `h` is a valid
+            // out-pointer.
+            unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &mut h,
+                    std::ptr::without_provenance_mut(fd as usize),
+                    CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                )
+            },
+            "cuMemImportFromShareableHandle",
+        )?;
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUmemLocationType;
+
+    #[test]
+    fn device_alloc_prop_is_pinned_on_the_device() {
+        let p = device_alloc_prop(1, HandleType::PosixFd);
+        assert_eq!(p.type_, CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        assert_eq!(
+            p.location.type_,
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        );
+        assert_eq!(p.location.id, 1);
+        assert_eq!(
+            p.requestedHandleTypes,
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        );
+        assert!(p.win32HandleMetaData.is_null());
+        assert_eq!(p.allocFlags.compressionType, 0);
+    }
+}

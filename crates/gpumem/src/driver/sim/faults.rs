@@ -1,0 +1,136 @@
+//! Fault injection and call counting, and the `CUresult` codes the simulated
+//! device reports.
+//!
+//! Every driver call first passes through [`Faults::on_call`], which counts it
+//! under its CUDA name and fails it if a test asked for that; allocation calls
+//! then pass through [`Faults::on_alloc`]. Both run before the call touches any
+//! state, so a failed call changes nothing but the counters. Costs: one hash
+//! lookup per call, plus a scan of the armed faults for that name.
+
+use std::collections::HashMap;
+
+use crate::{Error, OomInfo};
+
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub(super) const INVALID_VALUE: i32 = 1;
+/// `CUDA_ERROR_INVALID_DEVICE`.
+pub(super) const INVALID_DEVICE: i32 = 101;
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+pub(super) const INVALID_CONTEXT: i32 = 201;
+/// `CUDA_ERROR_INVALID_HANDLE`.
+pub(super) const INVALID_HANDLE: i32 = 400;
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+pub(super) const NOT_SUPPORTED: i32 = 801;
+
+/// The `CUresult` name of a code, for [`Error::Driver`].
+pub fn cu_result_name(code: i32) -> String {
+    let s = match code {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        46 => "CUDA_ERROR_DEVICES_UNAVAILABLE",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        304 => "CUDA_ERROR_OPERATING_SYSTEM",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        401 => "CUDA_ERROR_ILLEGAL_STATE",
+        500 => "CUDA_ERROR_NOT_FOUND",
+        600 => "CUDA_ERROR_NOT_READY",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        802 => "CUDA_ERROR_SYSTEM_NOT_READY",
+        999 => "CUDA_ERROR_UNKNOWN",
+        other => return format!("CUDA_ERROR_{other}"),
+    };
+    s.to_string()
+}
+
+/// An [`Error::Driver`] for `call` with `code`.
+pub(super) fn drv(call: &'static str, code: i32) -> Error {
+    Error::Driver {
+        call,
+        code,
+        name: cu_result_name(code),
+    }
+}
+
+/// An out-of-memory error for `requested` bytes on `device`.
+pub(super) fn oom(requested: usize, device: Option<u32>) -> Error {
+    Error::oom_with(OomInfo {
+        requested,
+        device,
+        ..OomInfo::default()
+    })
+}
+
+/// Call counters and armed faults.
+#[derive(Debug, Default)]
+pub(super) struct Faults {
+    calls: HashMap<&'static str, u64>,
+    allocs: u64,
+    /// Absolute allocation-call numbers that fail.
+    fail_allocs: Vec<u64>,
+    /// Per call name: (absolute call number, code) pairs that fail.
+    fail_calls: HashMap<String, Vec<(u64, i32)>>,
+}
+
+impl Faults {
+    /// Counts a call; fails it if a fault is armed for this call number.
+    pub(super) fn on_call(&mut self, call: &'static str) -> Result<(), Error> {
+        let n = self.calls.entry(call).or_insert(0);
+        *n += 1;
+        let n = *n;
+        if let Some(v) = self.fail_calls.get_mut(call) {
+            if let Some(i) = v.iter().position(|&(at, _)| at == n) {
+                let (_, code) = v.swap_remove(i);
+                return Err(drv(call, code));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a device allocation call; fails it with out-of-memory if armed.
+    pub(super) fn on_alloc(&mut self, requested: usize, device: u32) -> Result<(), Error> {
+        self.allocs += 1;
+        if let Some(i) = self.fail_allocs.iter().position(|&a| a == self.allocs) {
+            self.fail_allocs.swap_remove(i);
+            return Err(oom(requested, Some(device)));
+        }
+        Ok(())
+    }
+
+    /// Arms an out-of-memory failure for the `nth` allocation call from now.
+    pub(super) fn fail_nth_alloc(&mut self, nth: u64) {
+        if nth > 0 {
+            self.fail_allocs.push(self.allocs.saturating_add(nth));
+        }
+    }
+
+    /// Arms a failure with `code` for the `nth` call of `call` from now.
+    pub(super) fn fail_call(&mut self, call: &str, nth: u64, code: i32) {
+        if nth == 0 {
+            return;
+        }
+        let now = self.calls.get(call).copied().unwrap_or(0);
+        self.fail_calls
+            .entry(call.to_string())
+            .or_default()
+            .push((now.saturating_add(nth), code));
+    }
+
+    /// Calls of `call` so far.
+    pub(super) fn count(&self, call: &str) -> u64 {
+        self.calls.get(call).copied().unwrap_or(0)
+    }
+
+    /// Disarms every fault (counters stay).
+    pub(super) fn clear(&mut self) {
+        self.fail_allocs.clear();
+        self.fail_calls.clear();
+    }
+}

@@ -1,0 +1,751 @@
+//! `LaneHeap`: regions carved into blocks, free blocks filed by lane.
+//!
+//! Algorithm: every region (an upstream allocation) starts as one free block in
+//! the global lane. Blocks live in a [`BlockArena`] and are chained by address
+//! within their region; each lane files its free blocks in its own [`Tlsf`].
+//! `allocate` finds a block in O(1) (TLSF good fit), splits off any alignment
+//! padding at the front and any remainder at the back (both stay free in the
+//! lane) and records the block in an address → block hash map. `free` takes the
+//! block out of the map (one hash), and merges it with its physical neighbours
+//! that are free *in the same lane*, O(1). `move_lane` refiles every free block
+//! of one lane in another, merging as it goes: O(blocks moved). Bad frees are
+//! diagnosed on a cold path that walks the region's blocks.
+
+use std::collections::BTreeMap;
+
+use super::addr_table::AddrTable;
+use super::block_arena::{Block, BlockArena, BlockId, BlockState, LaneId, MAX_LANE, NIL};
+use super::size_class::{round_to_granule, GRANULE};
+use super::tlsf::Tlsf;
+
+/// Identifies a region. Ids are not confused after removal: a removed region's
+/// slot is reused with a new generation, so a stale id is rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RegionId {
+    index: u32,
+    generation: u32,
+}
+
+impl RegionId {
+    /// The slot number of the region (what [`Block::region_index`] reports).
+    pub fn index(self) -> u32 {
+        self.index
+    }
+}
+
+/// A block handed out by [`LaneHeap::allocate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// First byte; a multiple of the requested alignment (and of 256).
+    pub addr: u64,
+    /// Bytes the block holds: the request rounded up to 256, plus any
+    /// remainder too small to split off (below the heap's minimum split).
+    pub size: u64,
+    /// The block's slot, valid until it is freed.
+    pub block: BlockId,
+}
+
+/// Counters of a [`LaneHeap`], all lanes together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    /// Bytes of all regions.
+    pub region_bytes: u64,
+    /// Number of regions.
+    pub regions: usize,
+    /// Bytes in used blocks.
+    pub used_bytes: u64,
+    /// Number of used blocks.
+    pub used_blocks: usize,
+    /// Bytes in free blocks, all lanes.
+    pub free_bytes: u64,
+    /// Number of free blocks, all lanes.
+    pub free_blocks: u64,
+    /// Largest free block in any lane.
+    pub largest_free: u64,
+    /// Number of lanes, the global one included.
+    pub lanes: usize,
+}
+
+/// Why a [`LaneHeap`] call was refused. Nothing changes when one is returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeapError {
+    /// The address is not the start of any block.
+    #[error("address {0:#x} was not handed out by this heap")]
+    UnknownAddress(u64),
+    /// The address is the start of a block that is already free.
+    #[error("address {0:#x} is already free (double free)")]
+    DoubleFree(u64),
+    /// The lane does not exist (never created, or dropped).
+    #[error("lane {} does not exist", .0 .0)]
+    NoSuchLane(LaneId),
+    /// The lane still holds free blocks.
+    #[error("lane {} still holds free blocks", .0 .0)]
+    LaneNotEmpty(LaneId),
+    /// The global lane cannot be dropped.
+    #[error("the global lane cannot be dropped")]
+    GlobalLane,
+    /// No more lane numbers are available.
+    #[error("too many lanes")]
+    TooManyLanes,
+    /// The region does not exist (never added, or removed).
+    #[error("no such region")]
+    NoSuchRegion(RegionId),
+    /// The region is not one free block in the global lane.
+    #[error("region is not entirely free in the global lane")]
+    RegionNotFree(RegionId),
+    /// The region is empty, misaligned, or ends past the address space.
+    #[error(
+        "bad region base {base:#x} size {size}: must be non-empty multiples of 256 within u64"
+    )]
+    BadRegion {
+        /// Base asked for.
+        base: u64,
+        /// Size asked for.
+        size: u64,
+    },
+    /// The region overlaps one already added.
+    #[error("region base {base:#x} size {size} overlaps an existing region")]
+    RegionOverlap {
+        /// Base asked for.
+        base: u64,
+        /// Size asked for.
+        size: u64,
+    },
+    /// The block id names no block, or a used block.
+    #[error("block {} is not a free block", .0 .0)]
+    BlockNotFree(BlockId),
+    /// The block arena is full (2^32 − 2 blocks).
+    #[error("too many blocks")]
+    TooManyBlocks,
+}
+
+impl HeapError {
+    /// The crate-level reason for a rejected free, when this is one.
+    pub fn free_reason(self) -> Option<crate::FreeError> {
+        match self {
+            HeapError::UnknownAddress(_) => Some(crate::FreeError::Unknown),
+            HeapError::DoubleFree(_) => Some(crate::FreeError::DoubleFree),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RegionSlot {
+    base: u64,
+    size: u64,
+    /// The lowest block of the region. Never changes: splits keep the front
+    /// part in the original slot and merges keep the lower block.
+    first: u32,
+    generation: u32,
+    live: bool,
+}
+
+/// The suballocation engine: regions, lanes of free blocks, O(1) allocate and
+/// free. Single-threaded; wrap it in a lock to share it.
+///
+/// ```
+/// use gpumem::suballoc::{LaneHeap, LaneId};
+/// let mut h = LaneHeap::new();
+/// let r = h.add_region(1 << 20, 1 << 20).unwrap();
+/// let a = h.allocate(LaneId::GLOBAL, 1000, 256).unwrap();
+/// assert_eq!((a.addr, a.size), (1 << 20, 1024));
+/// let s = h.create_lane().unwrap();
+/// h.free(a.addr, s).unwrap(); // free but owned by lane `s`
+/// assert!(!h.region_is_free(r));
+/// h.move_lane(s, LaneId::GLOBAL).unwrap(); // now safe for everyone: merged
+/// assert_eq!(h.remove_region(r), Ok((1 << 20, 1 << 20)));
+/// ```
+#[derive(Debug, Clone)]
+pub struct LaneHeap {
+    arena: BlockArena,
+    lanes: Vec<Option<Tlsf>>,
+    vacant_lanes: Vec<u32>,
+    regions: Vec<RegionSlot>,
+    vacant_regions: Vec<u32>,
+    by_base: BTreeMap<u64, u32>,
+    used: AddrTable,
+    used_bytes: u64,
+    region_bytes: u64,
+    min_split: u64,
+}
+
+impl Default for LaneHeap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Splits block `i` at `at` bytes: `i` keeps the front, the returned new block
+/// (state Used, no free links) the back. `None` when the arena is full.
+#[inline(always)]
+fn split(arena: &mut BlockArena, i: u32, at: u64) -> Option<u32> {
+    let b = arena[i];
+    debug_assert!(at > 0 && at < b.size);
+    let j = arena.create(b.addr + at, b.size - at, b.region)?;
+    arena[j].prev_phys = i;
+    arena[j].next_phys = b.next_phys;
+    if b.next_phys != NIL {
+        arena[b.next_phys].prev_phys = j;
+    }
+    arena[i].next_phys = j;
+    arena[i].size = at;
+    Some(j)
+}
+
+/// Merges `b` (the next block by address) into `a` and releases `b`'s slot.
+#[inline(always)]
+fn merge(arena: &mut BlockArena, a: u32, b: u32) {
+    let (bsize, bnext) = (arena[b].size, arena[b].next_phys);
+    arena[a].size += bsize;
+    arena[a].next_phys = bnext;
+    if bnext != NIL {
+        arena[bnext].prev_phys = a;
+    }
+    arena.release(b);
+}
+
+/// Files block `i` (in no index) as free in `lane` of index `t`, merging it with
+/// neighbours free in that lane. Returns the index of the resulting block.
+#[inline(always)]
+fn file_free(arena: &mut BlockArena, t: &mut Tlsf, mut i: u32, lane: u32) -> u32 {
+    let prev = arena[i].prev_phys;
+    if prev != NIL && arena[prev].is_free_in(lane) {
+        t.remove(arena, prev);
+        merge(arena, prev, i);
+        i = prev;
+    }
+    let next = arena[i].next_phys;
+    if next != NIL && arena[next].is_free_in(lane) {
+        t.remove(arena, next);
+        merge(arena, i, next);
+    }
+    arena[i].lane = lane;
+    t.insert(arena, i);
+    i
+}
+
+impl LaneHeap {
+    /// An empty heap with the global lane and a minimum split of 256 bytes.
+    pub fn new() -> Self {
+        Self::with_min_split(GRANULE)
+    }
+
+    /// An empty heap that leaves a remainder inside the allocated block rather
+    /// than splitting it off when the remainder is below `min_split` bytes
+    /// (rounded up to a multiple of 256, at least 256).
+    pub fn with_min_split(min_split: u64) -> Self {
+        let min_split = round_to_granule(min_split.max(GRANULE)).unwrap_or(u64::MAX);
+        Self {
+            arena: BlockArena::new(),
+            lanes: vec![Some(Tlsf::new())],
+            vacant_lanes: Vec::new(),
+            regions: Vec::new(),
+            vacant_regions: Vec::new(),
+            by_base: BTreeMap::new(),
+            used: AddrTable::new(),
+            used_bytes: 0,
+            region_bytes: 0,
+            min_split: min_split.max(GRANULE),
+        }
+    }
+
+    /// The minimum remainder split off an allocated block.
+    pub fn min_split(&self) -> u64 {
+        self.min_split
+    }
+
+    // ----- regions -----
+
+    /// Adds an upstream allocation `[base, base + size)` as one free block in
+    /// the global lane. `base` and `size` must be multiples of 256, `size`
+    /// non-zero, the end within u64, and the range must not overlap another
+    /// region. O(log regions).
+    pub fn add_region(&mut self, base: u64, size: u64) -> Result<RegionId, HeapError> {
+        let end = base.checked_add(size);
+        if size == 0
+            || !base.is_multiple_of(GRANULE)
+            || !size.is_multiple_of(GRANULE)
+            || end.is_none()
+        {
+            return Err(HeapError::BadRegion { base, size });
+        }
+        let end = end.unwrap_or(u64::MAX);
+        if let Some((_, &r)) = self.by_base.range(..end).next_back() {
+            let r = &self.regions[r as usize];
+            if r.base + r.size > base {
+                return Err(HeapError::RegionOverlap { base, size });
+            }
+        }
+        let index = match self.vacant_regions.last() {
+            Some(&i) => i,
+            None if self.regions.len() < u32::MAX as usize => self.regions.len() as u32,
+            None => return Err(HeapError::TooManyBlocks),
+        };
+        let first = self
+            .arena
+            .create(base, size, index)
+            .ok_or(HeapError::TooManyBlocks)?;
+        let generation = if (index as usize) < self.regions.len() {
+            self.vacant_regions.pop();
+            let slot = &mut self.regions[index as usize];
+            *slot = RegionSlot {
+                base,
+                size,
+                first,
+                generation: slot.generation,
+                live: true,
+            };
+            slot.generation
+        } else {
+            self.regions.push(RegionSlot {
+                base,
+                size,
+                first,
+                generation: 0,
+                live: true,
+            });
+            0
+        };
+        self.by_base.insert(base, index);
+        self.region_bytes += size;
+        if let Some(g) = self.lanes[0].as_mut() {
+            file_free(&mut self.arena, g, first, 0);
+        }
+        Ok(RegionId { index, generation })
+    }
+
+    fn region_slot(&self, id: RegionId) -> Option<&RegionSlot> {
+        self.regions
+            .get(id.index as usize)
+            .filter(|r| r.live && r.generation == id.generation)
+    }
+
+    /// True when the region is one free block in the global lane (and so may be
+    /// removed). False for an unknown region. O(1).
+    pub fn region_is_free(&self, id: RegionId) -> bool {
+        self.region_slot(id).is_some_and(|r| {
+            let b = &self.arena[r.first];
+            b.size == r.size && b.is_free_in(LaneId::GLOBAL.0)
+        })
+    }
+
+    /// Removes a region that is one free block in the global lane and returns
+    /// its `(base, size)` for the caller to give back upstream. O(log regions).
+    pub fn remove_region(&mut self, id: RegionId) -> Result<(u64, u64), HeapError> {
+        if self.region_slot(id).is_none() {
+            return Err(HeapError::NoSuchRegion(id));
+        }
+        if !self.region_is_free(id) {
+            return Err(HeapError::RegionNotFree(id));
+        }
+        let slot = &mut self.regions[id.index as usize];
+        let (base, size, first) = (slot.base, slot.size, slot.first);
+        slot.live = false;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.vacant_regions.push(id.index);
+        if let Some(g) = self.lanes[0].as_mut() {
+            g.remove(&mut self.arena, first);
+        }
+        self.arena.release(first);
+        self.by_base.remove(&base);
+        self.region_bytes -= size;
+        Ok((base, size))
+    }
+
+    /// Every region as `(id, base, size)`, in slot order. O(region slots).
+    pub fn regions(&self) -> impl Iterator<Item = (RegionId, u64, u64)> + '_ {
+        self.regions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.live)
+            .map(|(i, r)| {
+                let id = RegionId {
+                    index: i as u32,
+                    generation: r.generation,
+                };
+                (id, r.base, r.size)
+            })
+    }
+
+    /// The regions that [`region_is_free`](Self::region_is_free), as
+    /// `(id, base, size)`: those a trim may remove. O(region slots).
+    pub fn free_regions(&self) -> impl Iterator<Item = (RegionId, u64, u64)> + '_ {
+        self.regions().filter(|&(id, _, _)| self.region_is_free(id))
+    }
+
+    /// The region containing `addr`, if any. O(log regions).
+    pub fn region_of(&self, addr: u64) -> Option<RegionId> {
+        let (_, &i) = self.by_base.range(..=addr).next_back()?;
+        let r = &self.regions[i as usize];
+        (addr - r.base < r.size).then_some(RegionId {
+            index: i,
+            generation: r.generation,
+        })
+    }
+
+    /// The blocks of a region in address order (empty for an unknown region).
+    /// O(blocks in the region).
+    pub fn region_blocks(&self, id: RegionId) -> impl Iterator<Item = (BlockId, Block)> + '_ {
+        let mut i = self.region_slot(id).map_or(NIL, |r| r.first);
+        std::iter::from_fn(move || {
+            if i == NIL {
+                return None;
+            }
+            let b = self.arena[i];
+            let out = (BlockId(i), b);
+            i = b.next_phys;
+            Some(out)
+        })
+    }
+
+    // ----- lanes -----
+
+    /// Creates an empty lane (reusing a dropped lane's number). O(1) amortised.
+    pub fn create_lane(&mut self) -> Result<LaneId, HeapError> {
+        if let Some(l) = self.vacant_lanes.pop() {
+            self.lanes[l as usize] = Some(Tlsf::new());
+            return Ok(LaneId(l));
+        }
+        let l = self.lanes.len();
+        if l > MAX_LANE as usize {
+            return Err(HeapError::TooManyLanes);
+        }
+        self.lanes.push(Some(Tlsf::new()));
+        Ok(LaneId(l as u32))
+    }
+
+    /// Drops an empty lane other than the global one. O(1).
+    pub fn drop_lane(&mut self, lane: LaneId) -> Result<(), HeapError> {
+        if lane == LaneId::GLOBAL {
+            return Err(HeapError::GlobalLane);
+        }
+        let t = self.lane(lane)?;
+        if !t.is_empty() {
+            return Err(HeapError::LaneNotEmpty(lane));
+        }
+        self.lanes[lane.0 as usize] = None;
+        self.vacant_lanes.push(lane.0);
+        Ok(())
+    }
+
+    /// True when the lane exists.
+    pub fn has_lane(&self, lane: LaneId) -> bool {
+        self.lane(lane).is_ok()
+    }
+
+    fn lane(&self, lane: LaneId) -> Result<&Tlsf, HeapError> {
+        match self.lanes.get(lane.0 as usize) {
+            Some(Some(t)) => Ok(t),
+            _ => Err(HeapError::NoSuchLane(lane)),
+        }
+    }
+
+    /// Bytes of the free blocks in `lane` (0 for no such lane). O(1).
+    pub fn lane_free_bytes(&self, lane: LaneId) -> u64 {
+        self.lane(lane).map_or(0, |t| t.free_bytes())
+    }
+
+    /// Number of free blocks in `lane` (0 for no such lane). O(1).
+    pub fn lane_block_count(&self, lane: LaneId) -> u64 {
+        self.lane(lane).map_or(0, |t| t.block_count())
+    }
+
+    /// Size of the largest free block in `lane` (0 when empty or no such lane).
+    /// Scans the lane's top non-empty size class.
+    pub fn largest_free(&self, lane: LaneId) -> u64 {
+        self.lane(lane).map_or(0, |t| t.largest(&self.arena))
+    }
+
+    /// The existing lanes, global first. O(lane slots).
+    pub fn lanes(&self) -> impl Iterator<Item = LaneId> + '_ {
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_some())
+            .map(|(i, _)| LaneId(i as u32))
+    }
+
+    // ----- allocate and free -----
+
+    /// Takes a block of at least `size` bytes (rounded up to 256; 0 counts as
+    /// 256) aligned to `align` (a power of two; below 256 counts as 256) from
+    /// the free blocks of `lane`. `None` when the lane has no block that fits,
+    /// the lane does not exist, `align` is not a power of two, or the numbers
+    /// overflow. O(1), plus one split for alignment padding.
+    #[inline]
+    pub fn allocate(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
+        let size = round_to_granule(size)?.max(GRANULE);
+        if !align.is_power_of_two() {
+            return None;
+        }
+        let align = align.max(GRANULE);
+        let needed = size.checked_add(align - GRANULE)?;
+        let t = match self.lanes.get_mut(lane.0 as usize) {
+            Some(Some(t)) => t,
+            _ => return None,
+        };
+        let arena = &mut self.arena;
+        let mut i = t.take(arena, needed)?;
+        let addr = arena[i].addr;
+        // Cannot overflow: align - 1 < needed <= block size, and the block ends
+        // within u64.
+        let aligned = (addr + (align - 1)) & !(align - 1);
+        if aligned != addr {
+            match split(arena, i, aligned - addr) {
+                Some(j) => {
+                    // The padding keeps its lane; its neighbours are not free
+                    // in this lane (they would have been merged with it).
+                    t.insert(arena, i);
+                    i = j;
+                }
+                None => {
+                    t.insert(arena, i);
+                    return None;
+                }
+            }
+        }
+        if arena[i].size - size >= self.min_split {
+            if let Some(k) = split(arena, i, size) {
+                arena[k].lane = lane.0;
+                t.insert(arena, k);
+            }
+        }
+        arena[i].set_used();
+        let bsize = arena[i].size;
+        self.used.insert(aligned, i);
+        self.used_bytes += bsize;
+        Some(Allocation {
+            addr: aligned,
+            size: bsize,
+            block: BlockId(i),
+        })
+    }
+
+    /// Frees the used block starting at `addr` into `lane`, merging it with
+    /// neighbours free in that lane; returns the block's size. O(1): one hash
+    /// table lookup. A bad address is diagnosed (unknown, or double free) on a slow
+    /// path that walks its region; nothing changes on error.
+    #[inline]
+    pub fn free(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
+        let t = match self.lanes.get_mut(lane.0 as usize) {
+            Some(Some(t)) => t,
+            _ => return Err(HeapError::NoSuchLane(lane)),
+        };
+        let Some(i) = self.used.remove(addr) else {
+            return Err(self.diagnose_bad_free(addr));
+        };
+        let size = self.arena[i].size;
+        self.used_bytes -= size;
+        file_free(&mut self.arena, t, i, lane.0);
+        Ok(size)
+    }
+
+    #[cold]
+    fn diagnose_bad_free(&self, addr: u64) -> HeapError {
+        if let Some(r) = self.region_of(addr) {
+            for (_, b) in self.region_blocks(r) {
+                if b.addr == addr && matches!(b.state(), BlockState::Free { .. }) {
+                    return HeapError::DoubleFree(addr);
+                }
+                if b.addr >= addr {
+                    break;
+                }
+            }
+        }
+        HeapError::UnknownAddress(addr)
+    }
+
+    /// The used block starting at `addr`. O(1).
+    pub fn used_block(&self, addr: u64) -> Option<BlockId> {
+        self.used.get(addr).map(BlockId)
+    }
+
+    /// The block in slot `id`, unless the slot is vacant.
+    pub fn block(&self, id: BlockId) -> Option<&Block> {
+        self.arena.get(id.0).filter(|b| !b.is_vacant())
+    }
+
+    /// Refiles every free block of lane `from` in lane `to`, merging blocks that
+    /// become neighbours free in `to`. O(blocks moved).
+    pub fn move_lane(&mut self, from: LaneId, to: LaneId) -> Result<(), HeapError> {
+        self.lane(from)?;
+        self.lane(to)?;
+        if from == to {
+            return Ok(());
+        }
+        let mut src = self.lanes[from.0 as usize].take().unwrap_or_default();
+        if let Some(Some(dst)) = self.lanes.get_mut(to.0 as usize) {
+            while let Some(i) = src.any_block() {
+                src.remove(&mut self.arena, i);
+                file_free(&mut self.arena, dst, i, to.0);
+            }
+        }
+        self.lanes[from.0 as usize] = Some(src);
+        Ok(())
+    }
+
+    /// Refiles one free block in lane `to`, merging it with neighbours free in
+    /// `to`; returns the block it ends up in. O(1).
+    pub fn move_block(&mut self, block: BlockId, to: LaneId) -> Result<BlockId, HeapError> {
+        self.lane(to)?;
+        let from = match self.block(block).map(|b| b.state()) {
+            Some(BlockState::Free { lane }) => lane,
+            _ => return Err(HeapError::BlockNotFree(block)),
+        };
+        if from == to {
+            return Ok(block);
+        }
+        if let Some(Some(src)) = self.lanes.get_mut(from.0 as usize) {
+            src.remove(&mut self.arena, block.0);
+        }
+        match self.lanes.get_mut(to.0 as usize) {
+            Some(Some(dst)) => Ok(BlockId(file_free(&mut self.arena, dst, block.0, to.0))),
+            _ => Err(HeapError::NoSuchLane(to)),
+        }
+    }
+
+    // ----- statistics -----
+
+    /// Bytes in used blocks. O(1).
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Number of used blocks. O(1).
+    pub fn used_blocks(&self) -> usize {
+        self.used.len()
+    }
+
+    /// Bytes of all regions. O(1).
+    pub fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+
+    /// Bytes in free blocks of all lanes. O(lanes).
+    pub fn free_bytes(&self) -> u64 {
+        self.lanes.iter().flatten().map(Tlsf::free_bytes).sum()
+    }
+
+    /// Number of free blocks in all lanes. O(lanes).
+    pub fn free_blocks(&self) -> u64 {
+        self.lanes.iter().flatten().map(Tlsf::block_count).sum()
+    }
+
+    /// Largest free block in any lane. O(lanes) top-class scans.
+    pub fn largest_free_any(&self) -> u64 {
+        let a = &self.arena;
+        self.lanes
+            .iter()
+            .flatten()
+            .map(|t| t.largest(a))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// All counters at once. O(lanes) plus the largest-block scans.
+    pub fn stats(&self) -> HeapStats {
+        HeapStats {
+            region_bytes: self.region_bytes,
+            regions: self.by_base.len(),
+            used_bytes: self.used_bytes,
+            used_blocks: self.used.len(),
+            free_bytes: self.free_bytes(),
+            free_blocks: self.free_blocks(),
+            largest_free: self.largest_free_any(),
+            lanes: self.lanes.iter().flatten().count(),
+        }
+    }
+
+    /// Checks every structural invariant (address chains tile each region,
+    /// no two neighbours free in one lane, indexes and counters agree, the
+    /// address map names exactly the used blocks); describes the first
+    /// violation. O(blocks + classes × lanes): for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut blocks = 0usize;
+        let mut used = 0usize;
+        let mut used_bytes = 0u64;
+        let mut lane_counts = vec![(0u64, 0u64); self.lanes.len()];
+        let mut region_bytes = 0u64;
+        for (id, base, size) in self.regions() {
+            region_bytes += size;
+            let mut expect = base;
+            let mut prev = NIL;
+            let mut prev_lane = None;
+            for (bid, b) in self.region_blocks(id) {
+                blocks += 1;
+                if blocks > self.arena.capacity() {
+                    return Err("cycle in address chain".into());
+                }
+                if b.addr != expect || b.size == 0 || !b.size.is_multiple_of(GRANULE) {
+                    return Err(format!("block {bid:?} {b:?}: expected addr {expect:#x}"));
+                }
+                if b.prev_phys != prev || b.region != id.index {
+                    return Err(format!("block {bid:?} {b:?}: bad prev/region"));
+                }
+                match b.state() {
+                    BlockState::Used => {
+                        used += 1;
+                        used_bytes += b.size;
+                        if self.used.get(b.addr) != Some(bid.0) {
+                            return Err(format!("used block {bid:?} not in address map"));
+                        }
+                        prev_lane = None;
+                    }
+                    BlockState::Free { lane } => {
+                        if prev_lane == Some(lane) {
+                            return Err(format!("block {bid:?}: unmerged neighbours in {lane:?}"));
+                        }
+                        let c = lane_counts
+                            .get_mut(lane.0 as usize)
+                            .filter(|_| self.has_lane(lane))
+                            .ok_or_else(|| format!("block {bid:?} in missing {lane:?}"))?;
+                        c.0 += b.size;
+                        c.1 += 1;
+                        prev_lane = Some(lane);
+                    }
+                    BlockState::Vacant => return Err(format!("vacant block {bid:?} in chain")),
+                }
+                expect = b.end();
+                prev = bid.0;
+            }
+            if expect != base + size {
+                return Err(format!("region {id:?} blocks end at {expect:#x}"));
+            }
+        }
+        if blocks != self.arena.len() {
+            return Err(format!(
+                "{} blocks in arena, {blocks} in regions",
+                self.arena.len()
+            ));
+        }
+        if used != self.used.len() || used_bytes != self.used_bytes {
+            return Err(format!(
+                "used: {used} blocks / {used_bytes} B in chains, map {} / counter {}",
+                self.used.len(),
+                self.used_bytes
+            ));
+        }
+        if region_bytes != self.region_bytes {
+            return Err("region byte counter".into());
+        }
+        for (l, t) in self.lanes.iter().enumerate() {
+            if let Some(t) = t {
+                t.check(&self.arena).map_err(|e| format!("lane {l}: {e}"))?;
+                if (t.free_bytes(), t.block_count()) != lane_counts[l] {
+                    return Err(format!("lane {l}: index and chains disagree"));
+                }
+                let mut bad = None;
+                t.for_each(&self.arena, |i| {
+                    if !self.arena[i].is_free_in(l as u32) {
+                        bad = Some(i);
+                    }
+                });
+                if let Some(i) = bad {
+                    return Err(format!("lane {l}: index holds block {i} of another state"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

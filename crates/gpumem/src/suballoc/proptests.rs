@@ -1,0 +1,343 @@
+//! Property tests: random operation sequences against a simple model.
+//!
+//! The model keeps live ranges and, per region and lane, the free bytes, which
+//! is enough to predict every lane's free bytes and whether a region can be
+//! removed. After every step the heap's own invariant check runs too.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::size_class::search_class;
+use super::*;
+
+const LANES: usize = 4; // global + 3 stream lanes
+
+#[derive(Debug, Clone)]
+enum Op {
+    AddRegion {
+        slot: u64,
+        offset: u64,
+        size: u64,
+    },
+    Allocate {
+        lane: usize,
+        size: u64,
+        align_log: u32,
+    },
+    Free {
+        pick: usize,
+        lane: usize,
+    },
+    BadFree {
+        pick: usize,
+        delta: u64,
+    },
+    MoveLane {
+        from: usize,
+        to: usize,
+    },
+    MoveBlock {
+        pick: usize,
+        to: usize,
+    },
+    RemoveRegion {
+        pick: usize,
+    },
+    Recycle {
+        lane: usize,
+    },
+}
+
+fn log_uniform(lo_log: u32, hi_log: u32) -> impl Strategy<Value = u64> {
+    (lo_log..hi_log, any::<u64>()).prop_map(|(l, r)| (1u64 << l) + r % (1u64 << l))
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0u64..6, 0u64..4096, log_uniform(12, 25))
+            .prop_map(|(slot, offset, size)| Op::AddRegion { slot, offset, size }),
+        12 => (0..LANES, log_uniform(0, 22), prop_oneof![3 => Just(0u32), 1 => 0u32..17])
+            .prop_map(|(lane, size, align_log)| Op::Allocate { lane, size, align_log }),
+        10 => (any::<usize>(), 0..LANES).prop_map(|(pick, lane)| Op::Free { pick, lane }),
+        1 => (any::<usize>(), 0u64..3).prop_map(|(pick, delta)| Op::BadFree { pick, delta }),
+        2 => (0..LANES, 0..LANES).prop_map(|(from, to)| Op::MoveLane { from, to }),
+        1 => (any::<usize>(), 0..LANES).prop_map(|(pick, to)| Op::MoveBlock { pick, to }),
+        1 => any::<usize>().prop_map(|pick| Op::RemoveRegion { pick }),
+        1 => (1..LANES).prop_map(|lane| Op::Recycle { lane }),
+    ]
+}
+
+#[derive(Default)]
+struct Model {
+    /// addr -> (size, region base)
+    live: BTreeMap<u64, (u64, u64)>,
+    /// base -> (id, size, free bytes per lane)
+    regions: BTreeMap<u64, (RegionId, u64, [u64; LANES])>,
+    /// Addresses of freed blocks whose start may still be a block start.
+    freed: Vec<u64>,
+}
+
+impl Model {
+    fn region_base(&self, addr: u64) -> Option<u64> {
+        let (&b, &(_, s, _)) = self.regions.range(..=addr).next_back()?;
+        (addr < b + s).then_some(b)
+    }
+    fn lane_free(&self, l: usize) -> u64 {
+        self.regions.values().map(|r| r.2[l]).sum()
+    }
+}
+
+struct Harness {
+    h: LaneHeap,
+    m: Model,
+    lanes: [LaneId; LANES],
+}
+
+impl Harness {
+    fn new(min_split: u64) -> Self {
+        let mut h = LaneHeap::with_min_split(min_split);
+        let mut lanes = [LaneId::GLOBAL; LANES];
+        for l in lanes.iter_mut().skip(1) {
+            *l = h.create_lane().unwrap();
+        }
+        Self {
+            h,
+            m: Model::default(),
+            lanes,
+        }
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let (h, m) = (&mut self.h, &mut self.m);
+        match *op {
+            Op::AddRegion { slot, offset, size } => {
+                let base = (slot << 24) + offset * 256;
+                let size = size & !255;
+                let overlaps = m
+                    .regions
+                    .iter()
+                    .any(|(&b, r)| b < base + size && base < b + r.1);
+                match h.add_region(base, size) {
+                    Ok(id) => {
+                        prop_assert!(!overlaps);
+                        let mut free = [0; LANES];
+                        free[0] = size;
+                        m.regions.insert(base, (id, size, free));
+                    }
+                    Err(e) => {
+                        prop_assert!(overlaps, "{e}");
+                        let is_overlap = matches!(e, HeapError::RegionOverlap { .. });
+                        prop_assert!(is_overlap, "{}", e);
+                    }
+                }
+            }
+            Op::Allocate {
+                lane,
+                size,
+                align_log,
+            } => {
+                let align = 1u64 << align_log;
+                match h.allocate(self.lanes[lane], size, align) {
+                    Some(a) => {
+                        let rounded = size.div_ceil(256).max(1) * 256;
+                        prop_assert!(a.size >= rounded);
+                        prop_assert!(a.size - rounded < h.min_split());
+                        prop_assert_eq!(a.addr % align.max(256), 0);
+                        let base = m.region_base(a.addr);
+                        prop_assert!(base.is_some(), "outside regions: {:?}", a);
+                        let base = base.unwrap_or(0);
+                        let r = &mut m.regions.get_mut(&base).unwrap_or_else(|| unreachable!());
+                        prop_assert!(a.addr + a.size <= base + r.1, "crosses region end");
+                        if let Some((&pa, &(ps, _))) = m.live.range(..a.addr).next_back() {
+                            prop_assert!(pa + ps <= a.addr, "overlaps previous live block");
+                        }
+                        if let Some((&na, _)) = m.live.range(a.addr..).next() {
+                            prop_assert!(a.addr + a.size <= na, "overlaps next live block");
+                        }
+                        r.2[lane] -= a.size;
+                        m.live.insert(a.addr, (a.size, base));
+                        prop_assert_eq!(h.used_block(a.addr), Some(a.block));
+                    }
+                    None => {
+                        let needed = size.div_ceil(256).max(1) * 256 + align.max(256) - 256;
+                        if let Some(c) = search_class(needed) {
+                            prop_assert!(
+                                h.largest_free(self.lanes[lane]) < c.min_size(),
+                                "a block of the search class was there"
+                            );
+                        }
+                    }
+                }
+            }
+            Op::Free { pick, lane } => {
+                if m.live.is_empty() {
+                    return Ok(());
+                }
+                let (&addr, &(size, base)) = m.live.iter().nth(pick % m.live.len()).unwrap();
+                prop_assert_eq!(h.free(addr, self.lanes[lane]), Ok(size));
+                m.live.remove(&addr);
+                m.regions.get_mut(&base).unwrap().2[lane] += size;
+                m.freed.push(addr);
+            }
+            Op::BadFree { pick, delta } => {
+                let before = h.stats();
+                let addr = match (m.freed.is_empty(), m.live.is_empty()) {
+                    (false, _) if delta == 0 => m.freed[pick % m.freed.len()],
+                    (_, false) => *m.live.keys().nth(pick % m.live.len()).unwrap() + delta * 256,
+                    _ => pick as u64 | 1,
+                };
+                if !m.live.contains_key(&addr) {
+                    let r = h.free(addr, LaneId::GLOBAL);
+                    let ok = matches!(
+                        r,
+                        Err(HeapError::UnknownAddress(a) | HeapError::DoubleFree(a)) if a == addr
+                    );
+                    prop_assert!(ok, "{:?}", r);
+                    prop_assert_eq!(h.stats(), before);
+                }
+            }
+            Op::MoveLane { from, to } => {
+                h.move_lane(self.lanes[from], self.lanes[to]).unwrap();
+                if from != to {
+                    for r in m.regions.values_mut() {
+                        r.2[to] += std::mem::take(&mut r.2[from]);
+                    }
+                }
+            }
+            Op::MoveBlock { pick, to } => {
+                // Move the free block containing a freed address, if any.
+                if m.freed.is_empty() {
+                    return Ok(());
+                }
+                let addr = m.freed[pick % m.freed.len()];
+                let Some(rid) = h.region_of(addr) else {
+                    return Ok(());
+                };
+                let found = h
+                    .region_blocks(rid)
+                    .find(|(_, b)| b.addr() <= addr && addr < b.end());
+                if let Some((id, b)) = found {
+                    if let BlockState::Free { lane: from } = b.state() {
+                        let from = self.lanes.iter().position(|&l| l == from).unwrap();
+                        h.move_block(id, self.lanes[to]).unwrap();
+                        let base = m.region_base(addr).unwrap();
+                        let r = m.regions.get_mut(&base).unwrap();
+                        r.2[from] -= b.size();
+                        r.2[to] += b.size();
+                    } else {
+                        prop_assert_eq!(
+                            h.move_block(id, self.lanes[to]),
+                            Err(HeapError::BlockNotFree(id))
+                        );
+                    }
+                }
+            }
+            Op::RemoveRegion { pick } => {
+                if m.regions.is_empty() {
+                    return Ok(());
+                }
+                let (&base, &(id, size, free)) =
+                    m.regions.iter().nth(pick % m.regions.len()).unwrap();
+                let removable = free[0] == size;
+                prop_assert_eq!(h.region_is_free(id), removable);
+                match h.remove_region(id) {
+                    Ok(r) => {
+                        prop_assert!(removable);
+                        prop_assert_eq!(r, (base, size));
+                        m.regions.remove(&base);
+                        m.freed.retain(|&a| !(base..base + size).contains(&a));
+                        prop_assert_eq!(h.remove_region(id), Err(HeapError::NoSuchRegion(id)));
+                    }
+                    Err(e) => {
+                        prop_assert!(!removable);
+                        prop_assert_eq!(e, HeapError::RegionNotFree(id));
+                    }
+                }
+            }
+            Op::Recycle { lane } => {
+                let l = self.lanes[lane];
+                if m.lane_free(lane) == 0 {
+                    h.drop_lane(l).unwrap();
+                    prop_assert!(!h.has_lane(l));
+                    prop_assert_eq!(h.create_lane(), Ok(l));
+                } else {
+                    prop_assert_eq!(h.drop_lane(l), Err(HeapError::LaneNotEmpty(l)));
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), TestCaseError> {
+        let (h, m) = (&self.h, &self.m);
+        h.check_invariants().map_err(TestCaseError::fail)?;
+        for (i, &l) in self.lanes.iter().enumerate() {
+            prop_assert_eq!(h.lane_free_bytes(l), m.lane_free(i), "lane {}", i);
+        }
+        let live_bytes: u64 = m.live.values().map(|v| v.0).sum();
+        prop_assert_eq!(h.used_bytes(), live_bytes);
+        prop_assert_eq!(h.used_blocks(), m.live.len());
+        for (&base, &(id, size, free)) in &m.regions {
+            let used_in: u64 = m.live.range(base..base + size).map(|(_, v)| v.0).sum();
+            let used_heap: u64 = h
+                .region_blocks(id)
+                .filter(|(_, b)| b.is_used())
+                .map(|(_, b)| b.size())
+                .sum();
+            prop_assert_eq!(used_in, used_heap);
+            prop_assert_eq!(used_in + free.iter().sum::<u64>(), size);
+        }
+        let st = h.stats();
+        prop_assert_eq!(st.used_bytes + st.free_bytes, st.region_bytes);
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        let live: Vec<(u64, u64)> = self.m.live.iter().map(|(&a, &(s, _))| (a, s)).collect();
+        for (k, (addr, size)) in live.into_iter().enumerate() {
+            prop_assert_eq!(self.h.free(addr, self.lanes[k % LANES]), Ok(size));
+        }
+        for &l in &self.lanes[1..] {
+            self.h.move_lane(l, LaneId::GLOBAL).unwrap();
+        }
+        self.h.check_invariants().map_err(TestCaseError::fail)?;
+        let regions: Vec<_> = self.h.regions().collect();
+        prop_assert_eq!(self.h.free_regions().count(), regions.len());
+        for (id, base, size) in regions {
+            prop_assert!(self.h.region_is_free(id));
+            prop_assert_eq!(self.h.region_blocks(id).count(), 1);
+            prop_assert_eq!(self.h.remove_region(id), Ok((base, size)));
+        }
+        for &l in &self.lanes[1..] {
+            prop_assert_eq!(self.h.drop_lane(l), Ok(()));
+        }
+        prop_assert_eq!(
+            self.h.stats(),
+            HeapStats {
+                lanes: 1,
+                ..HeapStats::default()
+            }
+        );
+        self.h.check_invariants().map_err(TestCaseError::fail)?;
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_operations_match_the_model(
+        min_split_log in prop_oneof![3 => Just(8u32), 1 => 8u32..14],
+        ops in prop::collection::vec(op(), 1..300),
+    ) {
+        let mut t = Harness::new(1 << min_split_log);
+        // Start with one region so that allocations have somewhere to go.
+        t.step(&Op::AddRegion { slot: 0, offset: 0, size: 1 << 24 })?;
+        for op in &ops {
+            t.step(op)?;
+        }
+        t.drain()?;
+    }
+}
