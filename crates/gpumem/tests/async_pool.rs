@@ -193,8 +193,10 @@ fn highs_track_peaks_and_reset_to_current() {
     let u = mr.usage().unwrap();
     assert_eq!(u.used, 0, "{u:?}");
     assert!(u.used_high >= 32 * MIB, "the peak is remembered: {u:?}");
+    // CUDA documents the highs as reset by writing zero; what a reset high
+    // reads before the next change is the current value or less.
     mr.reset_used_high().unwrap();
-    assert_eq!(mr.used_high().unwrap(), mr.used_current().unwrap());
+    assert!(mr.used_high().unwrap() <= mr.used_current().unwrap());
 
     mr.trim_to(0).unwrap();
     let u = mr.usage().unwrap();
@@ -203,7 +205,14 @@ fn highs_track_peaks_and_reset_to_current() {
         "{u:?}"
     );
     mr.reset_reserved_high().unwrap();
-    assert_eq!(mr.reserved_high().unwrap(), mr.reserved_current().unwrap());
+    let high = mr.reserved_high().unwrap();
+    assert!(high <= mr.reserved_current().unwrap() && high < u.reserved_high, "{high}");
+    // The high follows new growth after a reset.
+    let c = mr.allocate(8 * MIB, 256, &s).unwrap();
+    assert!(mr.reserved_high().unwrap() >= 8 * MIB);
+    assert!(mr.used_high().unwrap() >= 8 * MIB);
+    mr.deallocate(c, 8 * MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
 }
 
 #[test]
@@ -230,7 +239,8 @@ fn max_size_bounds_the_pool_with_numbers() {
     );
     mr.deallocate(a, 32 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
-    // Room again once freed.
+    mr.trim_to(0).unwrap();
+    // Room again once freed and trimmed.
     let b = mr.allocate(48 * MIB, 256, &s).unwrap();
     mr.deallocate(b, 48 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
@@ -269,6 +279,13 @@ fn bad_builds_are_errors() {
         AsyncResource::builder(device.clone())
             .max_size(MIB)
             .initial_size(2 * MIB)
+            .build(),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        AsyncResource::builder(device.clone())
+            .location(Location::Host)
+            .handle_type(HandleType::PosixFd)
             .build(),
         Err(Error::InvalidArgument(_))
     ));

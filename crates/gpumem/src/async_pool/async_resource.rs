@@ -125,6 +125,15 @@ impl AsyncResourceBuilder {
                 )));
             }
         }
+        if matches!(props.location, Location::Host | Location::HostNuma(_))
+            && props.handle_type != HandleType::None
+        {
+            return Err(Error::InvalidArgument(format!(
+                "host-located pools cannot be exported (CUDA requires no handle type), \
+                 asked for {:?}",
+                props.handle_type
+            )));
+        }
         if self.max_size > 0 && self.initial_size > self.max_size {
             return Err(Error::InvalidArgument(format!(
                 "initial size {} exceeds the pool's maximum size {}",
