@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 traces=${1:-../shared/traces}
 out=gpu-bundle
+tgt=${CARGO_TARGET_DIR:-target}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/traces"
 
@@ -19,8 +20,8 @@ cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | sort -u | while read -r exe; do
       cp "$exe" "$out/tests/"
     done
-cp target/release/gpumem "$out/bin/"
-for ex in target/release/examples/*; do
+cp "$tgt/release/gpumem" "$out/bin/"
+for ex in "$tgt"/release/examples/*; do
   [[ -f $ex && -x $ex && $ex != *.d && $ex != *-* ]] && cp "$ex" "$out/bin/"
 done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true

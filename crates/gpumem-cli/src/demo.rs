@@ -15,7 +15,9 @@ pub fn run(target: &Target) -> gpumem::Result<()> {
     let resource = DeviceResource::new(device.clone());
 
     let n = 1 << 20;
-    let input: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let input: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
     let buf = DeviceBuffer::from_slice(&input, &resource, &stream)?;
     let back = buf.to_vec()?;
     let ok = back == input;

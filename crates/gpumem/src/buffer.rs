@@ -41,9 +41,8 @@ fn alignment_of<T>() -> usize {
 }
 
 fn bytes_for<T>(len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::oom_with(OomInfo::requested(usize::MAX))
-    })
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| Error::oom_with(OomInfo::requested(usize::MAX)))
 }
 
 impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
@@ -133,12 +132,16 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
-        self.stream.device().driver().memset_async(
-            self.ptr,
-            value,
-            self.size_bytes(),
-            self.stream.raw(),
-        )
+        // SAFETY: the buffer owns this range while it lives; no host code gets
+        // a reference to it, and its free is ordered after this work.
+        unsafe {
+            self.stream.device().driver().memset_async(
+                self.ptr,
+                value,
+                self.size_bytes(),
+                self.stream.raw(),
+            )
+        }
     }
 
     /// Copies `src` to the device and waits for the copy.
@@ -210,17 +213,26 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// Enqueues a device-to-device copy from `src` on this buffer's stream. If
     /// `src` is written on another stream, order that work first (for example with
     /// [`Stream::wait_for`]).
-    pub fn copy_from_device<R2: MemoryResource>(&mut self, src: &DeviceBuffer<T, R2>) -> Result<()> {
+    pub fn copy_from_device<R2: MemoryResource>(
+        &mut self,
+        src: &DeviceBuffer<T, R2>,
+    ) -> Result<()> {
         self.check_len(src.len())?;
         if self.size_bytes() == 0 {
             return Ok(());
         }
-        self.stream.device().driver().memcpy_dtod_async(
-            self.ptr,
-            src.ptr,
-            self.size_bytes(),
-            self.stream.raw(),
-        )
+        // SAFETY: both buffers own their ranges while they live and hand no
+        // host references out; `src` is borrowed for the enqueue, and each free
+        // is stream-ordered (ordering across streams is the caller's, as for any
+        // kernel).
+        unsafe {
+            self.stream.device().driver().memcpy_dtod_async(
+                self.ptr,
+                src.ptr,
+                self.size_bytes(),
+                self.stream.raw(),
+            )
+        }
     }
 }
 

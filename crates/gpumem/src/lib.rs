@@ -1,11 +1,15 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
+pub mod adaptor;
 pub mod async_pool;
 pub mod buffer;
 pub mod device;
 pub mod driver;
 mod error;
+pub mod exit;
+pub mod pool;
+pub mod registry;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;

@@ -528,10 +528,15 @@ fn export_and_import_within_one_process() {
     let copy =
         DeviceBuffer::<u8, _>::new(pattern.len(), DeviceResource::new(device.clone()), &stream)
             .unwrap();
-    device
-        .driver()
-        .memcpy_dtod_async(copy.as_device_ptr(), ptr, pattern.len(), stream.raw())
-        .unwrap();
+    // SAFETY: both ranges are device memory (the imported allocation of a
+    // device-located pool, and a DeviceResource buffer); no host memory is
+    // involved, which is all the contract restricts.
+    unsafe {
+        device
+            .driver()
+            .memcpy_dtod_async(copy.as_device_ptr(), ptr, pattern.len(), stream.raw())
+            .unwrap();
+    }
     assert_eq!(
         copy.to_vec().unwrap(),
         pattern,

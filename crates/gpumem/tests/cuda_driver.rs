@@ -16,6 +16,51 @@ use gpumem::driver::{
 };
 use gpumem::Error;
 
+/// Test shorthand for the driver's `unsafe` memset and device copy.
+///
+/// SAFETY (for every use in this file): the tests only pass ranges of memory
+/// they allocated and keep alive until they synchronize, and read host-side
+/// memory only after that.
+trait DataOps {
+    fn memset(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> gpumem::Result<()>;
+    fn dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> gpumem::Result<()>;
+}
+
+impl<D: Driver + ?Sized> DataOps for D {
+    fn memset(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> gpumem::Result<()> {
+        // SAFETY: see the trait documentation.
+        unsafe { self.memset_async(dst, value, bytes, stream) }
+    }
+    fn dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> gpumem::Result<()> {
+        // SAFETY: see the trait documentation.
+        unsafe { self.memcpy_dtod_async(dst, src, bytes, stream) }
+    }
+}
+
 const MIB: usize = 1 << 20;
 
 /// The driver and device ordinal, or `None` (after printing why) when the
@@ -141,10 +186,10 @@ fn streams_events_and_cross_stream_wait() {
     let bytes = 64 * MIB;
     let a = drv.mem_alloc(dev, bytes).unwrap();
     let b = drv.mem_alloc(dev, bytes).unwrap();
-    drv.memset_async(a, 0x3C, bytes, s1).unwrap();
+    drv.memset(a, 0x3C, bytes, s1).unwrap();
     drv.event_record(ev, s1).unwrap();
     drv.stream_wait_event(s2, ev).unwrap();
-    drv.memcpy_dtod_async(b, a, bytes, s2).unwrap();
+    drv.dtod(b, a, bytes, s2).unwrap();
     drv.stream_synchronize(s2).unwrap();
     assert!(drv.event_query(ev).unwrap());
     drv.event_synchronize(ev).unwrap();
@@ -172,24 +217,24 @@ fn memset_and_copies_round_trip() {
     let a = drv.mem_alloc(dev, bytes).unwrap();
     let b = drv.mem_alloc(dev, bytes).unwrap();
 
-    drv.memset_async(a, 0xAB, bytes, s).unwrap();
+    drv.memset(a, 0xAB, bytes, s).unwrap();
     assert!(read_back(&drv, a, bytes, s).iter().all(|x| *x == 0xAB));
 
     let data = pattern(bytes, 7);
     write(&drv, a, &data, s);
-    drv.memcpy_dtod_async(b, a, bytes, s).unwrap();
+    drv.dtod(b, a, bytes, s).unwrap();
     assert_eq!(read_back(&drv, b, bytes, s), data);
 
     // A sub-range at an odd offset.
-    drv.memset_async(b.offset(1001), 0, 77, s).unwrap();
+    drv.memset(b.offset(1001), 0, 77, s).unwrap();
     let got = read_back(&drv, b, bytes, s);
     assert_eq!(&got[..1001], &data[..1001]);
     assert!(got[1001..1078].iter().all(|x| *x == 0));
     assert_eq!(&got[1078..], &data[1078..]);
 
     // Zero-byte operations are no-ops.
-    drv.memset_async(a, 1, 0, s).unwrap();
-    drv.memcpy_dtod_async(b, a, 0, s).unwrap();
+    drv.memset(a, 1, 0, s).unwrap();
+    drv.dtod(b, a, 0, s).unwrap();
 
     drv.mem_free(dev, a).unwrap();
     drv.mem_free(dev, b).unwrap();
@@ -245,7 +290,7 @@ fn managed_memory_and_prefetch() {
     let host = unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr::<u8>(), bytes) };
     host.fill(0x11);
     drv.mem_prefetch(m, bytes, dev, s).unwrap();
-    drv.memset_async(m.offset(MIB), 0x22, MIB, s).unwrap();
+    drv.memset(m.offset(MIB), 0x22, MIB, s).unwrap();
     drv.stream_synchronize(s).unwrap();
     // SAFETY: the device work on `m` is complete (synchronized above).
     let host = unsafe { std::slice::from_raw_parts(m.as_mut_ptr::<u8>() as *const u8, bytes) };
@@ -313,7 +358,7 @@ fn default_pool_alloc_and_attributes() {
             >= bytes as u64
     );
     assert!(drv.mempool_get_attr(pool, PoolAttr::UsedMemHigh).unwrap() >= bytes as u64);
-    drv.memset_async(p, 0x77, bytes, s).unwrap();
+    drv.memset(p, 0x77, bytes, s).unwrap();
     assert!(read_back(&drv, p, bytes, s).iter().all(|x| *x == 0x77));
     drv.mem_free_async(p, s).unwrap();
     assert_eq!(drv.mem_alloc_async(0, s).unwrap(), DevicePtr::NULL);
@@ -346,7 +391,7 @@ fn custom_pool_trim_and_max_size() {
     let s = drv.stream_create(dev, true).unwrap();
     let bytes = 32 * MIB;
     let p = drv.mem_alloc_from_pool_async(bytes, pool, s).unwrap();
-    drv.memset_async(p, 0x42, bytes, s).unwrap();
+    drv.memset(p, 0x42, bytes, s).unwrap();
     assert!(read_back(&drv, p, bytes, s).iter().all(|x| *x == 0x42));
     assert_eq!(
         drv.mempool_get_attr(pool, PoolAttr::UsedMemCurrent)
@@ -447,7 +492,7 @@ fn vmm_map_access_copy_unmap() {
     drv.vmm_set_access(va, 4 * g, dev, AccessFlags::ReadWrite)
         .unwrap();
 
-    drv.memset_async(va, 0x5A, 4 * g, s).unwrap();
+    drv.memset(va, 0x5A, 4 * g, s).unwrap();
     let data = pattern(g, 9);
     // Straddles the boundary between the two physical handles.
     write(&drv, va.offset(2 * g - g / 2), &data, s);

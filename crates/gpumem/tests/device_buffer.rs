@@ -54,9 +54,15 @@ fn length_mismatch_and_overflow_are_errors() {
     let stream = device.create_stream().unwrap();
     let mr = DeviceResource::new(device.clone());
     let mut buf = DeviceBuffer::<u8, _>::new(10, &mr, &stream).unwrap();
-    assert!(matches!(buf.copy_from_host(&[0u8; 11]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        buf.copy_from_host(&[0u8; 11]),
+        Err(Error::InvalidArgument(_))
+    ));
     let mut small = [0u8; 9];
-    assert!(matches!(buf.copy_to_host(&mut small), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        buf.copy_to_host(&mut small),
+        Err(Error::InvalidArgument(_))
+    ));
     let err = DeviceBuffer::<u64, _>::new(usize::MAX / 4, &mr, &stream).unwrap_err();
     assert!(err.is_oom(), "{err}");
     let empty = DeviceBuffer::<u32, _>::new(0, &mr, &stream).unwrap();
@@ -67,13 +73,15 @@ fn length_mismatch_and_overflow_are_errors() {
 #[test]
 fn drop_returns_memory_to_the_resource() {
     let (device, sim) = common::device(true);
-    let Some(sim) = common::sim_only(sim, "drop_returns_memory") else { return };
+    let Some(sim) = common::sim_only(sim, "drop_returns_memory") else {
+        return;
+    };
     let stream = device.create_stream().unwrap();
     let mr = DeviceResource::new(device.clone());
-    let before = sim.live_device_bytes(0);
+    let before = sim.device_bytes(0);
     {
         let _a = DeviceBuffer::<f32, _>::zeroed(1 << 16, &mr, &stream).unwrap();
-        assert!(sim.live_device_bytes(0) >= before + (1 << 18));
+        assert!(sim.device_bytes(0) >= before + (1 << 18));
     }
-    assert_eq!(sim.live_device_bytes(0), before);
+    assert_eq!(sim.device_bytes(0), before);
 }

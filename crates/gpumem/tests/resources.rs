@@ -51,15 +51,27 @@ fn system_resource_passes_the_suite_and_rejects_bad_frees() {
     let err = mr.deallocate(p, 999, 64, &s).unwrap_err();
     assert_eq!(
         err,
-        Error::InvalidFree { ptr: p.0, reason: FreeError::SizeMismatch { allocated: 1000, freed: 999 } }
+        Error::InvalidFree {
+            ptr: p.0,
+            reason: FreeError::SizeMismatch {
+                allocated: 1000,
+                freed: 999
+            }
+        }
     );
     let bogus = DevicePtr(p.0 + 256);
     assert!(matches!(
         mr.deallocate(bogus, 1000, 64, &s),
-        Err(Error::InvalidFree { reason: FreeError::Unknown, .. })
+        Err(Error::InvalidFree {
+            reason: FreeError::Unknown,
+            ..
+        })
     ));
     mr.deallocate(p, 1000, 64, &s).unwrap();
-    assert!(matches!(mr.deallocate(p, 1000, 64, &s), Err(Error::InvalidFree { .. })));
+    assert!(matches!(
+        mr.deallocate(p, 1000, 64, &s),
+        Err(Error::InvalidFree { .. })
+    ));
 }
 
 #[test]
@@ -73,7 +85,11 @@ fn sam_headroom_splits_preferred_location() {
     assert_eq!(mr.split(1 << 20, 3 << 30), (1 << 20, 0));
     assert_eq!(mr.split(3 << 30, 3 << 30), (2 << 30, 1 << 30));
     assert_eq!(mr.split(4096, 512 << 20), (0, 4096));
-    assert_eq!(mr.split(1000, 1 << 40).0 % 256, 0, "gpu part is 256-aligned");
+    assert_eq!(
+        mr.split(1000, 1 << 40).0 % 256,
+        0,
+        "gpu part is 256-aligned"
+    );
     if device.info().unwrap().pageable_memory_access {
         suite::run_all(Arc::new(mr));
     }
@@ -85,7 +101,12 @@ fn callback_resource_forwards_to_closures() {
     let upstream = Arc::new(DeviceResource::new(device.clone()));
     let allocs = Arc::new(AtomicUsize::new(0));
     let frees = Arc::new(AtomicUsize::new(0));
-    let (u1, u2, a, f) = (upstream.clone(), upstream.clone(), allocs.clone(), frees.clone());
+    let (u1, u2, a, f) = (
+        upstream.clone(),
+        upstream.clone(),
+        allocs.clone(),
+        frees.clone(),
+    );
     let mr = CallbackResource::new(
         device,
         Properties::DEVICE,
@@ -120,26 +141,30 @@ fn identity_sees_through_wrappers() {
 #[test]
 fn injected_out_of_memory_is_an_error_and_loses_nothing() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "injected_out_of_memory") else { return };
+    let Some(sim) = common::sim_only(sim, "injected_out_of_memory") else {
+        return;
+    };
     let mr = DeviceResource::new(device.clone());
     let s = device.create_stream().unwrap();
-    let before = sim.live_device_bytes(0);
+    let before = sim.device_bytes(0);
     sim.fail_nth_alloc(2);
     let a = mr.allocate(1 << 20, 256, &s).unwrap();
     let err = mr.allocate(1 << 20, 256, &s).unwrap_err();
     assert_eq!(err.oom_info().unwrap().requested, 1 << 20);
     assert_eq!(err.oom_info().unwrap().device, Some(0));
     let c = mr.allocate(1 << 20, 256, &s).unwrap();
-    assert_eq!(sim.live_device_bytes(0), before + (2 << 20));
+    assert_eq!(sim.device_bytes(0), before + (2 << 20));
     mr.deallocate(a, 1 << 20, 256, &s).unwrap();
     mr.deallocate(c, 1 << 20, 256, &s).unwrap();
-    assert_eq!(sim.live_device_bytes(0), before);
+    assert_eq!(sim.device_bytes(0), before);
 }
 
 #[test]
 fn injected_driver_error_names_the_call() {
     let (device, sim) = common::device(false);
-    let Some(sim) = common::sim_only(sim, "injected_driver_error") else { return };
+    let Some(sim) = common::sim_only(sim, "injected_driver_error") else {
+        return;
+    };
     let mr = DeviceResource::new(device.clone());
     let s = device.create_stream().unwrap();
     let p = mr.allocate(4096, 256, &s).unwrap();

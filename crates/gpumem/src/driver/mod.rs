@@ -119,7 +119,11 @@ pub trait Driver: Send + Sync + 'static {
     // ----- data movement -----
 
     /// `cuMemsetD8Async`.
-    fn memset_async(
+    ///
+    /// # Safety
+    /// If `dst` is host-accessible memory (pinned, managed, system), the range
+    /// must be valid and nothing on the host may use it until the memset has run.
+    unsafe fn memset_async(
         &self,
         dst: DevicePtr,
         value: u8,
@@ -127,7 +131,11 @@ pub trait Driver: Send + Sync + 'static {
         stream: RawStream,
     ) -> Result<()>;
     /// `cuMemcpyDtoDAsync` (any two device-accessible addresses).
-    fn memcpy_dtod_async(
+    ///
+    /// # Safety
+    /// If `dst` or `src` is host-accessible memory, the ranges must stay valid,
+    /// and the host must not write `src` or touch `dst`, until the copy has run.
+    unsafe fn memcpy_dtod_async(
         &self,
         dst: DevicePtr,
         src: DevicePtr,
@@ -173,7 +181,8 @@ pub trait Driver: Send + Sync + 'static {
     fn mempool_set_attr(&self, pool: RawPool, attr: PoolAttr, value: u64) -> Result<()>;
     /// Reads a pool attribute.
     fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64>;
-    /// Releases cached memory until the pool holds at most `keep` unused bytes.
+    /// `cuMemPoolTrimTo`: releases unused memory until the pool reserves fewer
+    /// than `keep` bytes (used memory included) or nothing more can be released.
     fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()>;
     /// Grants `device` the given access to the pool's memory.
     fn mempool_set_access(&self, pool: RawPool, device: u32, access: AccessFlags) -> Result<()>;

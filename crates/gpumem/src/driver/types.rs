@@ -20,10 +20,11 @@ impl DevicePtr {
         self.0 == 0
     }
 
-    /// The address `bytes` further on.
+    /// The address `bytes` further on (wrapping: never panics; callers pass
+    /// offsets inside an allocation).
     #[inline]
     pub fn offset(self, bytes: usize) -> DevicePtr {
-        DevicePtr(self.0 + bytes as u64)
+        DevicePtr(self.0.wrapping_add(bytes as u64))
     }
 
     /// The raw address.

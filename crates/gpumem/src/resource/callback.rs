@@ -53,7 +53,13 @@ impl MemoryResource for CallbackResource {
         (self.alloc)(bytes, alignment, stream)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, bytes: usize, alignment: usize, stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         (self.free)(ptr, bytes, alignment, stream)
     }
 

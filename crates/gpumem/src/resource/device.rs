@@ -27,12 +27,16 @@ impl MemoryResource for DeviceResource {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
-        self.device
-            .driver()
-            .mem_alloc(self.device.ordinal(), bytes)
+        self.device.driver().mem_alloc(self.device.ordinal(), bytes)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, _bytes: usize, _alignment: usize, _stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }

@@ -30,7 +30,13 @@ impl MemoryResource for ManagedResource {
             .mem_alloc_managed(self.device.ordinal(), bytes)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, _bytes: usize, _alignment: usize, _stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }

@@ -51,7 +51,13 @@ impl MemoryResource for PinnedHostResource {
             .mem_alloc_host(self.device.ordinal(), bytes, self.flags)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, _bytes: usize, _alignment: usize, _stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }

@@ -59,7 +59,11 @@ impl MemoryResource for SamHeadroomResource {
             let (gpu, cpu) = self.split(bytes, free);
             let driver = device.driver();
             if gpu > 0 {
-                driver.mem_advise_preferred_location(ptr, gpu, Location::Device(device.ordinal()))?;
+                driver.mem_advise_preferred_location(
+                    ptr,
+                    gpu,
+                    Location::Device(device.ordinal()),
+                )?;
             }
             if cpu > 0 {
                 driver.mem_advise_preferred_location(ptr.offset(gpu), cpu, Location::Host)?;
@@ -73,7 +77,13 @@ impl MemoryResource for SamHeadroomResource {
         Ok(ptr)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, bytes: usize, alignment: usize, stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         self.system.deallocate(ptr, bytes, alignment, stream)
     }
 

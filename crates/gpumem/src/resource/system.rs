@@ -91,7 +91,13 @@ impl MemoryResource for SystemResource {
         Ok(DevicePtr(addr))
     }
 
-    fn deallocate(&self, ptr: DevicePtr, bytes: usize, _alignment: usize, _stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }

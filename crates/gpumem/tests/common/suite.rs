@@ -24,7 +24,10 @@ impl LiveSet {
         let (start, end) = (ptr.0, ptr.0 + bytes as u64);
         let mut r = self.ranges.lock().unwrap();
         if let Some((&s, &e)) = r.range(..end).next_back() {
-            assert!(e <= start || s >= end, "[{start:#x},{end:#x}) overlaps live [{s:#x},{e:#x})");
+            assert!(
+                e <= start || s >= end,
+                "[{start:#x},{end:#x}) overlaps live [{s:#x},{e:#x})"
+            );
         }
         r.insert(start, end);
     }
@@ -39,7 +42,8 @@ impl LiveSet {
 pub fn zero_bytes<R: MemoryResource>(mr: &R, stream: &Stream) {
     let p = mr.allocate(0, 256, stream).expect("zero-byte allocate");
     assert!(p.is_null(), "zero-byte allocation returns null");
-    mr.deallocate(p, 0, 256, stream).expect("freeing a zero-byte allocation");
+    mr.deallocate(p, 0, 256, stream)
+        .expect("freeing a zero-byte allocation");
 }
 
 /// Every power-of-two alignment up to 256 is honoured; others are errors.
@@ -48,7 +52,11 @@ pub fn alignment<R: MemoryResource>(mr: &R, stream: &Stream) {
         let align = 1usize << shift;
         for bytes in [1usize, 3, 255, 256, 1000, 4097, 1 << 20] {
             let p = mr.allocate(bytes, align, stream).expect("aligned allocate");
-            assert_eq!(p.0 % align as u64, 0, "{bytes} bytes at alignment {align}: {p:#x}");
+            assert_eq!(
+                p.0 % align as u64,
+                0,
+                "{bytes} bytes at alignment {align}: {p:#x}"
+            );
             mr.deallocate(p, bytes, align, stream).unwrap();
         }
     }
@@ -66,12 +74,16 @@ pub fn huge_request<R: MemoryResource>(mr: &R, stream: &Stream) {
     let pib = 1usize << 50;
     match mr.allocate(pib, 256, stream) {
         Err(e) => {
-            let info = e.oom_info().unwrap_or_else(|| panic!("expected OutOfMemory, got {e}"));
+            let info = e
+                .oom_info()
+                .unwrap_or_else(|| panic!("expected OutOfMemory, got {e}"));
             assert_eq!(info.requested, pib);
         }
         Ok(p) => panic!("1 PiB allocation succeeded at {p:#x}"),
     }
-    let p = mr.allocate(4096, 256, stream).expect("allocation after a failed one");
+    let p = mr
+        .allocate(4096, 256, stream)
+        .expect("allocation after a failed one");
     mr.deallocate(p, 4096, 256, stream).unwrap();
 }
 
@@ -137,7 +149,11 @@ pub fn many_threads_many_streams<R: MemoryResource + 'static>(mr: Arc<R>, stream
 
 /// One thread allocates on its stream, another frees on a different stream
 /// (after waiting for the producer's stream, as correct code does).
-pub fn producer_consumer<R: MemoryResource + 'static>(mr: Arc<R>, producer: Stream, consumer: Stream) {
+pub fn producer_consumer<R: MemoryResource + 'static>(
+    mr: Arc<R>,
+    producer: Stream,
+    consumer: Stream,
+) {
     let (tx, rx) = mpsc::channel::<(DevicePtr, usize)>();
     let prod_stream = producer.clone();
     let mr_p = mr.clone();
@@ -178,6 +194,10 @@ pub fn run_all_but_huge<R: MemoryResource + 'static>(mr: Arc<R>) {
     sizes_do_not_overlap(&*mr, &stream);
     let streams = (0..8).map(|_| device.create_stream().unwrap()).collect();
     many_threads_many_streams(mr.clone(), streams);
-    producer_consumer(mr, device.create_stream().unwrap(), device.create_stream().unwrap());
+    producer_consumer(
+        mr,
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
     stream.synchronize().unwrap();
 }

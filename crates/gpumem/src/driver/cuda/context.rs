@@ -93,6 +93,7 @@ const SYMBOLS: &[&str] = &[
 /// Symbols used only where a fallback exists (newer than CUDA 12.0).
 pub(super) const SYM_STREAM_GET_DEVICE: &str = "cuStreamGetDevice"; // 12.8
 pub(super) const SYM_PREFETCH_V2: &str = "cuMemPrefetchAsync_v2"; // 12.2
+pub(super) const SYM_ADVISE_V2: &str = "cuMemAdvise_v2"; // 12.2
 
 /// Whether cudarc can find `libcuda` under one of its names.
 pub(super) fn library_present() -> bool {
@@ -115,6 +116,8 @@ pub(super) struct Loaded {
     pub devices: Vec<sys::CUdevice>,
     pub has_stream_get_device: bool,
     pub has_prefetch_v2: bool,
+    /// Whether `cuMemAdvise_v2` (location-based advice) exists.
+    pub has_advise_v2: bool,
 }
 
 /// Finds the library, checks its symbols, runs `cuInit(0)`, lists devices.
@@ -166,6 +169,7 @@ pub(super) fn load() -> Result<Loaded> {
         devices,
         has_stream_get_device: has_symbol(SYM_STREAM_GET_DEVICE),
         has_prefetch_v2: has_symbol(SYM_PREFETCH_V2),
+        has_advise_v2: has_symbol(SYM_ADVISE_V2),
     })
 }
 

@@ -114,6 +114,38 @@ impl CudaDriver {
         )
     }
 
+    pub(super) fn mem_advise_preferred_location_impl(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        location: crate::driver::Location,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        check_range(ptr.0, bytes, "cuMemAdvise")?;
+        if !self.has_advise_v2 {
+            return Err(Error::unsupported(
+                "cuMemAdvise_v2: needs a CUDA 12.2 or newer driver",
+            ));
+        }
+        self.ensure_context()?;
+        check(
+            // SAFETY: the symbol was found at load; advice changes only where the
+            // driver places pages, it never reads or writes through `ptr`, and the
+            // driver validates that the range is managed or system memory.
+            unsafe {
+                sys::cuMemAdvise_v2(
+                    ptr.0,
+                    bytes,
+                    sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                    super::pool::location_to_cu(location),
+                )
+            },
+            "cuMemAdvise",
+        )
+    }
+
     pub(super) fn mem_prefetch_impl(
         &self,
         ptr: DevicePtr,

@@ -38,6 +38,7 @@ pub struct CudaDriver {
     contexts: context::Contexts,
     has_stream_get_device: bool,
     has_prefetch_v2: bool,
+    has_advise_v2: bool,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -65,6 +66,7 @@ impl CudaDriver {
                     devices: loaded.devices,
                     has_stream_get_device: loaded.has_stream_get_device,
                     has_prefetch_v2: loaded.has_prefetch_v2,
+                    has_advise_v2: loaded.has_advise_v2,
                 }))
             })
             .clone()
@@ -197,7 +199,16 @@ impl Driver for CudaDriver {
         self.mem_prefetch_impl(ptr, bytes, device, stream)
     }
 
-    fn memset_async(
+    fn mem_advise_preferred_location(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        location: Location,
+    ) -> Result<()> {
+        self.mem_advise_preferred_location_impl(ptr, bytes, location)
+    }
+
+    unsafe fn memset_async(
         &self,
         dst: DevicePtr,
         value: u8,
@@ -206,7 +217,7 @@ impl Driver for CudaDriver {
     ) -> Result<()> {
         self.memset_async_impl(dst, value, bytes, stream)
     }
-    fn memcpy_dtod_async(
+    unsafe fn memcpy_dtod_async(
         &self,
         dst: DevicePtr,
         src: DevicePtr,

@@ -28,6 +28,9 @@ pub struct SimConfig {
     pub posix_fd_ipc: bool,
     /// Whether managed memory (`cuMemAllocManaged`) is supported.
     pub managed_memory: bool,
+    /// Whether devices access pageable host memory (HMM/ATS); default false.
+    /// With it on, preferred-location advice on host memory is accepted.
+    pub pageable_memory_access: bool,
     /// Compute capability reported by `device_info`.
     pub compute_capability: (i32, i32),
 }
@@ -81,6 +84,7 @@ impl Default for SimConfig {
             granularity: 2 << 20,
             posix_fd_ipc: true,
             managed_memory: true,
+            pageable_memory_access: false,
             compute_capability: (9, 0),
         }
     }

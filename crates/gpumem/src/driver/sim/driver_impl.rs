@@ -39,7 +39,7 @@ impl Driver for SimDriver {
                 vmm: c.vmm,
                 posix_fd_ipc: c.posix_fd_ipc,
                 managed_memory: c.managed_memory,
-                pageable_memory_access: false,
+                pageable_memory_access: st.cfg.pageable_memory_access,
             })
         })
     }
@@ -242,7 +242,30 @@ impl Driver for SimDriver {
         })
     }
 
-    fn memset_async(
+    fn mem_advise_preferred_location(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        location: Location,
+    ) -> Result<()> {
+        const CALL: &str = "cuMemAdvise";
+        self.call(CALL, |st, _| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            let managed = st.cfg.managed_memory && st.is_managed_range(ptr.0, bytes as u64);
+            if !managed && !st.cfg.pageable_memory_access {
+                return Err(drv(CALL, faults::INVALID_VALUE));
+            }
+            if let Location::Device(d) = location {
+                st.check_device(d, CALL)?;
+            }
+            st.advice.push((ptr.0, bytes, location));
+            Ok(())
+        })
+    }
+
+    unsafe fn memset_async(
         &self,
         dst: DevicePtr,
         value: u8,
@@ -266,7 +289,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn memcpy_dtod_async(
+    unsafe fn memcpy_dtod_async(
         &self,
         dst: DevicePtr,
         src: DevicePtr,

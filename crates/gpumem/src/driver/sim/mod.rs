@@ -172,6 +172,8 @@ struct State {
     busy: BTreeSet<QueueId>,
     pumping: bool,
     pools: HashMap<PoolId, PoolState>,
+    /// Preferred-location advice given, in order (address, bytes, location).
+    advice: Vec<(u64, usize, Location)>,
     pool_handles: HashMap<RawPool, PoolHandle>,
     vmm_space: AddressSpace,
     reservations: BTreeMap<u64, u64>,
@@ -208,6 +210,7 @@ impl State {
             busy: BTreeSet::new(),
             pumping: false,
             pools: HashMap::new(),
+            advice: Vec::new(),
             pool_handles: HashMap::new(),
             vmm_space: AddressSpace::new(VMM_BASE, VMM_SPAN),
             reservations: BTreeMap::new(),
@@ -525,6 +528,11 @@ impl SimDriver {
     /// Events created and not destroyed.
     pub fn live_events(&self) -> usize {
         self.lock().events.len()
+    }
+
+    /// Preferred-location advice given so far: (address, bytes, location).
+    pub fn advice(&self) -> Vec<(u64, usize, Location)> {
+        self.lock().advice.clone()
     }
 
     /// Counters of memsets and copies.

@@ -269,7 +269,7 @@ impl State {
     /// (cached) bytes remain.
     pub(super) fn mempool_trim_to(&mut self, h: RawPool, keep: usize) -> Result<()> {
         let id = self.pool_of(h, "cuMemPoolTrimTo")?;
-        self.release_chunks(id, keep as u64, 0);
+        self.release_chunks(id, 0, keep as u64);
         Ok(())
     }
 

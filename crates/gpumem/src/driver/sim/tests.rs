@@ -59,6 +59,51 @@ fn is_send_and_sync() {
 
 use std::sync::Arc;
 
+/// Test shorthand for the driver's `unsafe` memset and device copy.
+///
+/// SAFETY (for every use in this file): the tests only pass ranges of memory
+/// they allocated and keep alive until they synchronize, and read host-side
+/// memory only after that.
+trait DataOps {
+    fn memset(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> crate::Result<()>;
+    fn dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> crate::Result<()>;
+}
+
+impl<D: Driver + ?Sized> DataOps for D {
+    fn memset(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> crate::Result<()> {
+        // SAFETY: see the trait documentation.
+        unsafe { self.memset_async(dst, value, bytes, stream) }
+    }
+    fn dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> crate::Result<()> {
+        // SAFETY: see the trait documentation.
+        unsafe { self.memcpy_dtod_async(dst, src, bytes, stream) }
+    }
+}
+
 // ----- devices -----
 
 #[test]
@@ -135,9 +180,8 @@ fn address_only_peak_of_14_gb_uses_no_ram() {
     assert!(d.device_bytes(0) >= 14_400_000_000);
     assert_eq!(d.device_allocations(0), 144);
     // Data operations on address-only memory are checked and counted.
-    d.memset_async(live[0], 7, 100_000_000, 0).unwrap();
-    d.memcpy_dtod_async(live[1], live[0], 100_000_000, 0)
-        .unwrap();
+    d.memset(live[0], 7, 100_000_000, 0).unwrap();
+    d.dtod(live[1], live[0], 100_000_000, 0).unwrap();
     let st = d.data_stats();
     assert_eq!((st.ops, st.bytes, st.bytes_moved), (2, 200_000_000, 0));
     for p in live.drain(..72) {
@@ -276,17 +320,17 @@ fn backed_memset_and_copies_move_bytes() {
     let a = d.mem_alloc(0, 1000).unwrap();
     let b = d.mem_alloc(0, 1000).unwrap();
     assert_eq!(get(&d, a, 1000), vec![0; 1000], "zeroed");
-    d.memset_async(a, 0xAB, 1000, 0).unwrap();
+    d.memset(a, 0xAB, 1000, 0).unwrap();
     assert_eq!(get(&d, a, 1000), vec![0xAB; 1000]);
     let data: Vec<u8> = (0..1000).map(|i| i as u8).collect();
     put(&d, DevicePtr(a.0 + 10), &data[..500], 0);
-    d.memcpy_dtod_async(b, a, 1000, 0).unwrap();
+    d.dtod(b, a, 1000, 0).unwrap();
     let out = get(&d, b, 1000);
     assert_eq!(&out[..10], &[0xAB; 10]);
     assert_eq!(&out[10..510], &data[..500]);
     assert_eq!(&out[510..], &[0xAB; 490][..]);
     // Overlapping copy within one allocation behaves like memmove.
-    d.memcpy_dtod_async(DevicePtr(a.0 + 1), DevicePtr(a.0 + 10), 500, 0)
+    d.dtod(DevicePtr(a.0 + 1), DevicePtr(a.0 + 10), 500, 0)
         .unwrap();
     assert_eq!(&get(&d, DevicePtr(a.0 + 1), 500), &data[..500]);
     d.mem_free(0, a).unwrap();
@@ -297,7 +341,7 @@ fn backed_memset_and_copies_move_bytes() {
 fn bad_addresses_are_invalid_value() {
     let d = backed();
     let a = d.mem_alloc(0, 1000).unwrap(); // 1024 bytes rounded
-    let err = d.memset_async(DevicePtr(a.0 + 1024), 0, 1, 0).unwrap_err();
+    let err = d.memset(DevicePtr(a.0 + 1024), 0, 1, 0).unwrap_err();
     assert_eq!(
         err,
         Error::Driver {
@@ -306,32 +350,19 @@ fn bad_addresses_are_invalid_value() {
             name: "CUDA_ERROR_INVALID_VALUE".into()
         }
     );
-    assert_eq!(code(d.memset_async(a, 0, 1025, 0).unwrap_err()), 1);
-    assert_eq!(code(d.memset_async(DevicePtr(8), 0, 1, 0).unwrap_err()), 1);
+    assert_eq!(code(d.memset(a, 0, 1025, 0).unwrap_err()), 1);
+    assert_eq!(code(d.memset(DevicePtr(8), 0, 1, 0).unwrap_err()), 1);
     assert_eq!(
-        code(
-            d.memset_async(DevicePtr(u64::MAX - 4), 0, 100, 0)
-                .unwrap_err()
-        ),
+        code(d.memset(DevicePtr(u64::MAX - 4), 0, 100, 0).unwrap_err()),
         1
     );
-    assert_eq!(
-        code(
-            d.memcpy_dtod_async(a, DevicePtr(a.0 + 4096), 1, 0)
-                .unwrap_err()
-        ),
-        1
-    );
+    assert_eq!(code(d.dtod(a, DevicePtr(a.0 + 4096), 1, 0).unwrap_err()), 1);
     let mut buf = [0u8; 4];
     // SAFETY: buf is valid; the call fails before enqueueing anything.
     let e = unsafe { d.memcpy_dtoh_async(buf.as_mut_ptr(), DevicePtr(a.0 + (1 << 30)), 4, 0) };
     assert_eq!(code(e.unwrap_err()), 1);
     d.mem_free(0, a).unwrap();
-    assert_eq!(
-        code(d.memset_async(a, 0, 1, 0).unwrap_err()),
-        1,
-        "use after free"
-    );
+    assert_eq!(code(d.memset(a, 0, 1, 0).unwrap_err()), 1, "use after free");
 }
 
 #[test]
@@ -342,14 +373,14 @@ fn pinned_and_managed_are_real_host_memory() {
         .unwrap();
     assert_eq!(h.0 % 256, 0);
     assert_eq!(d.pinned_host_bytes(), 4096);
-    d.memset_async(h, 5, 4096, 0).unwrap();
+    d.memset(h, 5, 4096, 0).unwrap();
     d.stream_synchronize(0).unwrap();
     // SAFETY: h is a live 4096-byte host allocation and no work is pending.
     let view = unsafe { std::slice::from_raw_parts(h.as_mut_ptr::<u8>() as *const u8, 4096) };
     assert!(view.iter().all(|&b| b == 5));
     let m = d.mem_alloc_managed(0, 1000).unwrap();
     assert_eq!(d.device_bytes(0), 1024);
-    d.memcpy_dtod_async(m, h, 1000, 0).unwrap();
+    d.dtod(m, h, 1000, 0).unwrap();
     assert_eq!(get(&d, m, 1000), vec![5; 1000]);
     d.mem_prefetch(m, 1000, 0, 0).unwrap();
     assert_eq!(code(d.mem_prefetch(m, 2000, 0, 0).unwrap_err()), 1);
@@ -365,7 +396,7 @@ fn pinned_and_managed_are_real_host_memory() {
 fn address_only_device_to_host_leaves_host_bytes() {
     let d = sim();
     let a = d.mem_alloc(0, 256).unwrap();
-    d.memset_async(a, 9, 256, 0).unwrap();
+    d.memset(a, 9, 256, 0).unwrap();
     assert_eq!(get(&d, a, 16), vec![0xEE; 16], "no bytes move");
     d.mem_free(0, a).unwrap();
 }
@@ -379,7 +410,7 @@ fn held_stream_keeps_work_pending() {
     let s = d.stream_create(0, true).unwrap();
     assert!(d.stream_query(s).unwrap());
     d.hold(s);
-    d.memset_async(a, 1, 256, s).unwrap();
+    d.memset(a, 1, 256, s).unwrap();
     assert_eq!(d.pending_ops(s), 1);
     assert_eq!(d.stream_position(s), 1);
     assert!(!d.stream_query(s).unwrap(), "query reports pending work");
@@ -389,13 +420,13 @@ fn held_stream_keeps_work_pending() {
     assert_eq!(d.pending_ops(s), 0);
     assert_eq!(get(&d, a, 4), vec![1; 4]);
     // Still held after complete; release runs what is pending.
-    d.memset_async(a, 2, 256, s).unwrap();
+    d.memset(a, 2, 256, s).unwrap();
     assert_eq!(d.pending_ops(s), 1);
     d.release(s);
     assert_eq!(get(&d, a, 4), vec![2; 4]);
     // Synchronize runs held work too.
     d.hold(s);
-    d.memset_async(a, 3, 256, s).unwrap();
+    d.memset(a, 3, 256, s).unwrap();
     let before = d.call_count("cuStreamSynchronize");
     d.stream_synchronize(s).unwrap();
     assert_eq!(d.call_count("cuStreamSynchronize"), before + 1);
@@ -419,11 +450,11 @@ fn events_and_waits() {
         "waiting on an unrecorded event is a no-op"
     );
     d.hold(a);
-    d.memset_async(buf, 1, 256, a).unwrap();
+    d.memset(buf, 1, 256, a).unwrap();
     d.event_record(e, a).unwrap();
     assert!(!d.event_query(e).unwrap());
     d.stream_wait_event(b, e).unwrap();
-    d.memset_async(buf, 2, 256, b).unwrap();
+    d.memset(buf, 2, 256, b).unwrap();
     assert_eq!(
         d.pending_ops(b),
         2,
@@ -435,9 +466,9 @@ fn events_and_waits() {
     assert_eq!(get(&d, buf, 1), vec![2]);
     // event_synchronize completes held work up to the record only.
     d.hold(a);
-    d.memset_async(buf, 3, 256, a).unwrap();
+    d.memset(buf, 3, 256, a).unwrap();
     d.event_record(e, a).unwrap();
-    d.memset_async(buf, 4, 256, a).unwrap();
+    d.memset(buf, 4, 256, a).unwrap();
     d.event_synchronize(e).unwrap();
     assert_eq!(d.pending_ops(a), 1);
     assert_eq!(get(&d, buf, 1), vec![3]);
@@ -493,8 +524,7 @@ fn complete_runs_prerequisites_of_other_streams() {
     let e = d.event_create(0).unwrap();
     d.hold(a);
     d.hold(b);
-    d.memset_async(d.mem_alloc(0, 256).unwrap(), 0, 1, a)
-        .unwrap();
+    d.memset(d.mem_alloc(0, 256).unwrap(), 0, 1, a).unwrap();
     d.event_record(e, a).unwrap();
     d.event_record(e, a).unwrap();
     d.stream_wait_event(b, e).unwrap();
@@ -518,10 +548,10 @@ fn destroyed_stream_work_still_completes() {
     let buf = d.mem_alloc(0, 256).unwrap();
     let s = d.stream_create(0, true).unwrap();
     d.hold(s);
-    d.memset_async(buf, 7, 256, s).unwrap();
+    d.memset(buf, 7, 256, s).unwrap();
     d.stream_destroy(s).unwrap();
     assert_eq!(d.live_streams(), 0);
-    assert_eq!(code(d.memset_async(buf, 1, 1, s).unwrap_err()), 400);
+    assert_eq!(code(d.memset(buf, 1, 1, s).unwrap_err()), 400);
     assert_eq!(code(d.stream_synchronize(s).unwrap_err()), 400);
     assert_eq!(code(d.stream_destroy(s).unwrap_err()), 400);
     // The work is still pending (the stream was held) and still runs.
@@ -537,7 +567,7 @@ fn destroyed_stream_work_still_completes() {
     d.hold(a);
     d.event_record(e, a).unwrap();
     d.stream_wait_event(t, e).unwrap();
-    d.memset_async(buf, 8, 256, t).unwrap();
+    d.memset(buf, 8, 256, t).unwrap();
     d.stream_destroy(t).unwrap();
     assert_eq!(d.pending_ops(t), 2);
     d.complete(a);
@@ -552,8 +582,7 @@ fn destroyed_stream_work_still_completes() {
 fn legacy_and_per_thread_streams() {
     let d = Arc::new(SimDriver::new(SimConfig::multi(2)));
     d.hold(0);
-    d.memset_async(d.mem_alloc(0, 256).unwrap(), 0, 1, 0)
-        .unwrap();
+    d.memset(d.mem_alloc(0, 256).unwrap(), 0, 1, 0).unwrap();
     assert_eq!(
         d.pending_ops(STREAM_LEGACY),
         1,
@@ -569,13 +598,13 @@ fn legacy_and_per_thread_streams() {
     d.complete(0);
     d.hold(STREAM_PER_THREAD);
     let p = d.mem_alloc(0, 256).unwrap();
-    d.memset_async(p, 0, 1, STREAM_PER_THREAD).unwrap();
+    d.memset(p, 0, 1, STREAM_PER_THREAD).unwrap();
     assert_eq!(d.pending_ops(STREAM_PER_THREAD), 1);
     assert_eq!(d.pending_ops(0), 0);
     let d2 = d.clone();
     std::thread::spawn(move || {
         assert_eq!(d2.pending_ops(STREAM_PER_THREAD), 0, "a queue per thread");
-        d2.memset_async(p, 0, 1, STREAM_PER_THREAD).unwrap();
+        d2.memset(p, 0, 1, STREAM_PER_THREAD).unwrap();
         assert!(d2.stream_query(STREAM_PER_THREAD).unwrap());
     })
     .join()
@@ -958,13 +987,13 @@ fn pool_free_takes_effect_in_stream_order() {
     let b = d.mem_alloc_async(MIB, 0).unwrap();
     assert_ne!(a, b, "not reusable before the free runs");
     // The block is still usable by work ordered before the free.
-    d.memset_async(a, 0, 16, 0).unwrap();
+    d.memset(a, 0, 16, 0).unwrap();
     d.complete(s);
     assert_eq!(
         d.mempool_get_attr(p, PoolAttr::UsedMemCurrent).unwrap(),
         MIB as u64
     );
-    assert_eq!(code(d.memset_async(a, 0, 16, 0).unwrap_err()), 1, "freed");
+    assert_eq!(code(d.memset(a, 0, 16, 0).unwrap_err()), 1, "freed");
     d.mempool_set_attr(p, PoolAttr::ReleaseThreshold, u64::MAX)
         .unwrap();
     let c = d.mem_alloc_async(MIB, 0).unwrap();
@@ -1039,16 +1068,12 @@ fn pool_access_from_other_devices() {
     assert_eq!(d.mempool_get_access(p, 0).unwrap(), AccessFlags::ReadWrite);
     assert_eq!(d.mempool_get_access(p, 1).unwrap(), AccessFlags::None);
     d.set_current_device(1).unwrap();
-    assert_eq!(code(d.memset_async(a, 1, 16, 0).unwrap_err()), 1);
+    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 1);
     d.mempool_set_access(p, 1, AccessFlags::Read).unwrap();
-    assert_eq!(
-        code(d.memset_async(a, 1, 16, 0).unwrap_err()),
-        1,
-        "read only"
-    );
+    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 1, "read only");
     assert_eq!(get(&d, a, 4), vec![0; 4]);
     d.mempool_set_access(p, 1, AccessFlags::ReadWrite).unwrap();
-    d.memset_async(a, 1, 16, 0).unwrap();
+    d.memset(a, 1, 16, 0).unwrap();
     assert_eq!(
         code(d.mempool_set_access(p, 0, AccessFlags::None).unwrap_err()),
         1
@@ -1081,12 +1106,12 @@ fn pool_export_import_in_process() {
         1024,
         "shared state"
     );
-    d.memset_async(a, 0x5A, 1000, 0).unwrap();
+    d.memset(a, 0x5A, 1000, 0).unwrap();
     let data = d.mempool_export_pointer(a).unwrap();
     let b = d.mempool_import_pointer(q, &data).unwrap();
     assert_ne!(a, b);
     assert_eq!(get(&d, b, 1000), vec![0x5A; 1000], "same bytes");
-    d.memset_async(b, 0x11, 10, 0).unwrap();
+    d.memset(b, 0x11, 10, 0).unwrap();
     assert_eq!(get(&d, a, 10), vec![0x11; 10]);
     // Wrong pool or garbage data.
     let other = d.mempool_create(&props).unwrap();
@@ -1181,7 +1206,7 @@ fn vmm_rules() {
     d.vmm_map(va.offset(4 * g), g, g, h1).unwrap(); // second half of h1 again
     assert_eq!(d.mapped_bytes(), 4 * g);
     // Access: none until set, and set only on whole mappings.
-    assert_eq!(code(d.memset_async(va, 0, 1, 0).unwrap_err()), 1);
+    assert_eq!(code(d.memset(va, 0, 1, 0).unwrap_err()), 1);
     assert_eq!(
         code(
             d.vmm_set_access(va, g, 0, AccessFlags::ReadWrite)
@@ -1199,8 +1224,8 @@ fn vmm_rules() {
     );
     d.vmm_set_access(va, 3 * g, 0, AccessFlags::ReadWrite)
         .unwrap();
-    d.memset_async(va, 0, 3 * g, 0).unwrap();
-    assert_eq!(code(d.memset_async(va, 0, 3 * g + 1, 0).unwrap_err()), 1);
+    d.memset(va, 0, 3 * g, 0).unwrap();
+    assert_eq!(code(d.memset(va, 0, 3 * g + 1, 0).unwrap_err()), 1);
     // Release while mapped: the memory stays until unmapped.
     d.vmm_release(h2).unwrap();
     assert_eq!(code(d.vmm_release(h2).unwrap_err()), 400);
@@ -1250,16 +1275,11 @@ fn vmm_copies_across_pages_of_different_handles() {
     d.vmm_map(va2, g, 0, h1).unwrap();
     d.vmm_set_access(va2, g, 0, AccessFlags::Read).unwrap();
     assert_eq!(get(&d, va2.offset(g - 2048), 2048), &data[..2048]);
-    assert_eq!(
-        code(d.memset_async(va2, 0, 1, 0).unwrap_err()),
-        1,
-        "read only"
-    );
+    assert_eq!(code(d.memset(va2, 0, 1, 0).unwrap_err()), 1, "read only");
     // A copy spanning the seam between h2's second and first halves.
-    d.memset_async(va.offset(2 * g - 8), 0x33, 16, 0).unwrap();
+    d.memset(va.offset(2 * g - 8), 0x33, 16, 0).unwrap();
     assert_eq!(get(&d, va.offset(2 * g - 8), 16), vec![0x33; 16]);
-    d.memcpy_dtod_async(va.offset(2 * g + g / 2), at, 4096, 0)
-        .unwrap();
+    d.dtod(va.offset(2 * g + g / 2), at, 4096, 0).unwrap();
     assert_eq!(get(&d, va.offset(2 * g + g / 2), 4096), data);
     // Import through a file descriptor needs a PosixFd handle.
     assert_eq!(code(d.vmm_export_fd(h1).unwrap_err()), 1);

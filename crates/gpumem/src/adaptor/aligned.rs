@@ -1,0 +1,156 @@
+//! `AlignedAdaptor`: alignments above the 256 bytes every resource serves
+//! (RMM's aligned_resource_adaptor).
+//!
+//! The adaptor has an alignment of its own and a threshold: requests of at
+//! least `threshold` bytes are aligned to the adaptor's alignment (or the
+//! request's, if larger); smaller ones only to what the request asks. A request
+//! whose resulting alignment is above 256 bytes is over-allocated from the
+//! upstream by `alignment - 256` bytes and the first aligned address inside is
+//! handed out; a map from that address to the upstream's pointer lets the free
+//! go back to the upstream with the upstream's own pointer and size.
+//!
+//! Fast path: requests that need no more than 256-byte alignment are forwarded
+//! untouched (two comparisons). Over-aligned ones cost one hash-map insert and
+//! remove under a mutex, and `alignment - 256` bytes of upstream memory.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::stream::Stream;
+use crate::{check_alignment, Error, FreeError, OomInfo, Result};
+
+/// RMM's default threshold: requests of 64 KiB and more get the adaptor's
+/// alignment.
+pub const DEFAULT_ALIGNMENT_THRESHOLD: usize = 64 << 10;
+
+/// A resource serving alignments above 256 bytes by over-allocating.
+#[derive(Debug)]
+pub struct AlignedAdaptor<U> {
+    upstream: U,
+    alignment: usize,
+    threshold: usize,
+    /// Aligned pointer → (upstream pointer, upstream bytes).
+    map: Mutex<HashMap<u64, (DevicePtr, usize)>>,
+}
+
+impl<U: MemoryResource> AlignedAdaptor<U> {
+    /// Aligns requests of at least [`DEFAULT_ALIGNMENT_THRESHOLD`] bytes to
+    /// `alignment`, a power of two ([`Error::BadAlignment`] otherwise).
+    pub fn new(upstream: U, alignment: usize) -> Result<Self> {
+        Self::with_threshold(upstream, alignment, DEFAULT_ALIGNMENT_THRESHOLD)
+    }
+
+    /// Aligns requests of at least `threshold` bytes to `alignment`.
+    pub fn with_threshold(upstream: U, alignment: usize, threshold: usize) -> Result<Self> {
+        check_alignment(alignment)?;
+        Ok(Self {
+            upstream,
+            alignment,
+            threshold,
+            map: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adaptor's alignment.
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// Requests of this many bytes or more get the adaptor's alignment.
+    pub fn threshold(&self) -> usize {
+        self.threshold
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Over-aligned allocations outstanding.
+    pub fn over_aligned_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The alignment a request gets.
+    #[inline]
+    fn effective(&self, bytes: usize, alignment: usize) -> usize {
+        if bytes >= self.threshold {
+            alignment.max(self.alignment)
+        } else {
+            alignment
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (DevicePtr, usize)>> {
+        // One insert or remove per operation: never inconsistent.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        check_alignment(alignment)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let align = self.effective(bytes, alignment);
+        if align <= DEFAULT_ALIGNMENT {
+            return self.upstream.allocate(bytes, alignment, stream);
+        }
+        let upstream_bytes = bytes
+            .checked_add(align - DEFAULT_ALIGNMENT)
+            .ok_or_else(|| Error::oom_with(OomInfo::requested(bytes)))?;
+        let base = self
+            .upstream
+            .allocate(upstream_bytes, DEFAULT_ALIGNMENT, stream)
+            .map_err(|e| match e {
+                // Report what the caller asked for, not the padded size.
+                Error::OutOfMemory(mut info) => {
+                    info.requested = bytes;
+                    Error::OutOfMemory(info)
+                }
+                other => other,
+            })?;
+        let aligned = DevicePtr(base.0.next_multiple_of(align as u64));
+        self.lock().insert(aligned.0, (base, upstream_bytes));
+        Ok(aligned)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        if self.effective(bytes, alignment) <= DEFAULT_ALIGNMENT {
+            return self.upstream.deallocate(ptr, bytes, alignment, stream);
+        }
+        let Some((base, upstream_bytes)) = self.lock().remove(&ptr.0) else {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::Unknown,
+            });
+        };
+        self.upstream
+            .deallocate(base, upstream_bytes, DEFAULT_ALIGNMENT, stream)
+            .inspect_err(|_| {
+                // Still held upstream: keep the mapping so a retry can free it.
+                self.lock().insert(ptr.0, (base, upstream_bytes));
+            })
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
+}

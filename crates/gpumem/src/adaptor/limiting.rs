@@ -1,0 +1,135 @@
+//! `LimitingAdaptor`: caps the bytes allocated through it (RMM's
+//! limiting_resource_adaptor).
+//!
+//! Bytes are counted at the 256-byte allocation granularity
+//! ([`ALLOCATION_GRANULARITY`]): a 1-byte allocation counts 256 bytes, since
+//! that is what it takes from any driver allocator or pool. A request that
+//! would take the count above the limit fails with [`Error::OutOfMemory`]
+//! carrying the limit, the requested bytes and the bytes live, without reaching
+//! the upstream.
+//!
+//! Fast path: lock-free. One compare-exchange loop reserves the bytes before the
+//! upstream call (so concurrent requests can never overshoot the limit); an
+//! upstream failure or a free gives them back with one atomic subtraction.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{granular_size, oom_device, ALLOCATION_GRANULARITY};
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{MemoryResource, Properties};
+use crate::stream::Stream;
+use crate::{check_alignment, Error, OomInfo, Result};
+
+/// A resource that fails requests beyond a byte limit.
+#[derive(Debug)]
+pub struct LimitingAdaptor<U> {
+    upstream: U,
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl<U: MemoryResource> LimitingAdaptor<U> {
+    /// Wraps `upstream`, allowing at most `limit` bytes (counted at the 256-byte
+    /// granularity) to be allocated through this adaptor at once.
+    pub fn new(upstream: U, limit: usize) -> Self {
+        Self {
+            upstream,
+            limit,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// The byte limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes allocated through this adaptor and not yet freed, each allocation
+    /// rounded up to 256 bytes.
+    pub fn allocated_bytes(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes that can still be allocated before the limit is reached.
+    pub fn available_bytes(&self) -> usize {
+        self.limit.saturating_sub(self.allocated_bytes())
+    }
+
+    /// The granularity allocations are counted at (256 bytes).
+    pub fn granularity(&self) -> usize {
+        ALLOCATION_GRANULARITY
+    }
+
+    /// The wrapped resource.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    fn over_limit(&self, bytes: usize, live: usize) -> Error {
+        Error::oom_with(OomInfo {
+            requested: bytes,
+            device: oom_device(self.upstream.device(), self.upstream.properties()),
+            live: Some(live),
+            limit: Some(self.limit),
+            ..OomInfo::default()
+        })
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        check_alignment(alignment)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let Some(counted) = granular_size(bytes) else {
+            return Err(self.over_limit(bytes, self.allocated_bytes()));
+        };
+        let reserved = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                used.checked_add(counted).filter(|n| *n <= self.limit)
+            });
+        if let Err(live) = reserved {
+            return Err(self.over_limit(bytes, live));
+        }
+        match self.upstream.allocate(bytes, alignment, stream) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                self.used.fetch_sub(counted, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+        let counted = granular_size(bytes).unwrap_or(usize::MAX);
+        // Saturating: a free with a wrong (larger) size is a caller error that
+        // must not wrap the counter around and disable the limit.
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                Some(used.saturating_sub(counted))
+            });
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
+}

@@ -1,0 +1,148 @@
+//! Safe drop at process exit.
+//!
+//! When a process exits normally, the C runtime runs its `atexit` handlers, and
+//! the CUDA driver tears itself down in one of them. Anything that calls the
+//! driver after that (destroying a stream or an event, freeing pool memory from
+//! a destructor that runs late) can crash the process on the way out, which is
+//! the classic failure of a C++ pool kept in a static. Rust never drops
+//! `static`s, but thread-locals, other threads still running during `exit`, and
+//! resources reached from `atexit`-time code can still drop.
+//!
+//! The rule: **a `Drop` that would call the driver first checks
+//! [`process_is_exiting`]; when it is true it leaks instead** (the process is
+//! going away; the operating system takes the memory back). Drops that only touch
+//! host memory or files (flushing a log, printing a leak report) need not check.
+//!
+//! How the flag is set: the first call to [`process_is_exiting`] or
+//! [`install_hook`] registers an `atexit` handler that sets it. `atexit`
+//! handlers run in the reverse order of registration, so ours runs before every
+//! handler registered before it, the driver's included as long as the hook is
+//! installed after the driver was loaded. gpumem installs it when the
+//! per-device registry and the adaptors are created; a driver backend should call
+//! [`install_hook`] right after initialising the driver. On platforms without
+//! `atexit` (non-Unix) the flag is never set.
+//!
+//! The same handler flushes the buffered logs of live
+//! [`LoggingAdaptor`](crate::adaptor::LoggingAdaptor)s, so a logging adaptor kept
+//! in a `static` (which is never dropped) loses no lines.
+//!
+//! Cost: one relaxed atomic load per check once the hook is installed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once, Weak};
+
+static EXITING: AtomicBool = AtomicBool::new(false);
+static HOOK: Once = Once::new();
+static HOOK_OK: AtomicBool = AtomicBool::new(false);
+
+/// Something to run when the process exits: flushing a buffer, for instance.
+/// Must not call the driver and must not block (use `try_lock`).
+pub(crate) trait AtExit: Send + Sync {
+    /// Runs once, from the exit handler.
+    fn at_exit(&self);
+}
+
+static AT_EXIT: Mutex<Vec<Weak<dyn AtExit>>> = Mutex::new(Vec::new());
+
+/// True once the process has started its normal exit (`exit()` or a return
+/// from `main`): from then on, a `Drop` must not call the driver and leaks
+/// instead. Installs the exit hook on first use.
+#[inline]
+pub fn process_is_exiting() -> bool {
+    install_hook();
+    EXITING.load(Ordering::Acquire)
+}
+
+/// Registers the exit hook if it is not registered yet. Returns whether the
+/// hook is in place (false on platforms without `atexit`, or if the C runtime
+/// refused the registration). Cheap after the first call.
+pub fn install_hook() -> bool {
+    HOOK.call_once(|| {
+        HOOK_OK.store(register_atexit(), Ordering::Release);
+    });
+    HOOK_OK.load(Ordering::Acquire)
+}
+
+/// Runs `hook.at_exit()` when the process exits, if `hook` is still alive then.
+pub(crate) fn run_at_exit(hook: Weak<dyn AtExit>) {
+    install_hook();
+    let mut hooks = AT_EXIT.lock().unwrap_or_else(|p| p.into_inner());
+    hooks.retain(|h| h.strong_count() > 0);
+    hooks.push(hook);
+}
+
+/// Runs the registered hooks that are still alive. Never blocks: if another
+/// thread holds the hook list at exit, the hooks are skipped.
+fn run_hooks() {
+    let hooks: Vec<_> = match AT_EXIT.try_lock() {
+        Ok(h) => h.iter().filter_map(Weak::upgrade).collect(),
+        Err(std::sync::TryLockError::Poisoned(p)) => {
+            p.into_inner().iter().filter_map(Weak::upgrade).collect()
+        }
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    for h in hooks {
+        h.at_exit();
+    }
+}
+
+extern "C" fn on_exit() {
+    EXITING.store(true, Ordering::Release);
+    // A panic must not unwind out of an `extern "C"` function (it would abort);
+    // the hooks do not panic, and a bug there should not turn a clean exit
+    // into an abort.
+    let _ = std::panic::catch_unwind(run_hooks);
+}
+
+#[cfg(unix)]
+fn register_atexit() -> bool {
+    // SAFETY: `atexit` only stores the function pointer; `on_exit` is a plain
+    // `extern "C" fn()` with no captured state, valid for the whole process,
+    // and does not unwind (it catches panics).
+    unsafe { libc::atexit(on_exit) == 0 }
+}
+
+#[cfg(not(unix))]
+fn register_atexit() -> bool {
+    let _ = on_exit as extern "C" fn();
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    struct Counter(AtomicUsize);
+    impl AtExit for Counter {
+        fn at_exit(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn not_exiting_while_tests_run() {
+        assert!(!process_is_exiting());
+        #[cfg(unix)]
+        assert!(install_hook(), "atexit registration succeeds");
+    }
+
+    #[test]
+    fn live_hooks_run_and_dead_ones_are_skipped() {
+        let live = Arc::new(Counter(AtomicUsize::new(0)));
+        let dead = Arc::new(Counter(AtomicUsize::new(0)));
+        let live_dyn: Arc<dyn AtExit> = live.clone();
+        let dead_dyn: Arc<dyn AtExit> = dead.clone();
+        run_at_exit(Arc::downgrade(&live_dyn));
+        run_at_exit(Arc::downgrade(&dead_dyn));
+        drop(dead_dyn);
+        drop(dead);
+        run_hooks();
+        assert!(live.0.load(Ordering::Relaxed) >= 1);
+        assert!(
+            !EXITING.load(Ordering::Relaxed),
+            "running hooks does not set the flag"
+        );
+    }
+}

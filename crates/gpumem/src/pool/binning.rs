@@ -1,0 +1,308 @@
+//! `BinningResource`: routes each request to a bin by size.
+//!
+//! Algorithm: bins are `(max_size, resource)` pairs sorted by `max_size`; a
+//! request of `bytes` goes to the first bin whose `max_size >= bytes` (a binary
+//! search over a handful of entries), larger requests to the upstream.
+//! Deallocation routes by size the same way, so the size passed to
+//! `deallocate` must be the size allocated (the resource contract). Bins are
+//! usually [`FixedSizeResource`]s over the same upstream, one per power of two
+//! ([`BinningResource::add_fixed_bins`]), but any resource can be a bin.
+//!
+//! Out of memory in a bin or the upstream: every fixed-size bin gives its
+//! entirely free chunks back (after the streams that freed them are done),
+//! then the request is retried once; a second failure is
+//! [`Error::OutOfMemory`] with the numbers over all bins.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::fixed_size::FixedSizeResource;
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{
+    validate_request, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
+};
+use crate::stream::Stream;
+use crate::{Error, OomInfo, Result};
+
+enum BinKind<U: MemoryResource + 'static> {
+    Fixed(Arc<FixedSizeResource<Arc<U>>>),
+    Other(SharedResource),
+}
+
+struct Bin<U: MemoryResource + 'static> {
+    max_size: usize,
+    kind: BinKind<U>,
+}
+
+impl<U: MemoryResource + 'static> Bin<U> {
+    #[inline]
+    fn resource(&self) -> &dyn MemoryResource {
+        match &self.kind {
+            BinKind::Fixed(f) => &**f,
+            BinKind::Other(o) => &**o,
+        }
+    }
+}
+
+/// Size-routed bins over an upstream.
+///
+/// ```
+/// use gpumem::pool::BinningResource;
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// # fn main() -> gpumem::Result<()> {
+/// # let device = gpumem::Device::sim(Default::default());
+/// // Bins of 256 B, 512 B, ... 1 MiB; larger requests go to the device.
+/// let mr = BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20)?;
+/// let stream = device.create_stream()?;
+/// let small = mr.allocate(300, 256, &stream)?;
+/// let big = mr.allocate(3 << 20, 256, &stream)?;
+/// mr.deallocate(small, 300, 256, &stream)?;
+/// mr.deallocate(big, 3 << 20, 256, &stream)?;
+/// # Ok(()) }
+/// ```
+pub struct BinningResource<U: MemoryResource + 'static> {
+    upstream: Arc<U>,
+    bins: Vec<Bin<U>>,
+    /// Bytes live straight from the upstream.
+    direct_live: AtomicUsize,
+}
+
+impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BinningResource")
+            .field("bins", &self.bin_sizes())
+            .field("reserved_bytes", &self.reserved_bytes())
+            .finish()
+    }
+}
+
+impl<U: MemoryResource + 'static> BinningResource<U> {
+    /// No bins yet: every request goes to `upstream` until bins are added.
+    pub fn new(upstream: U) -> Self {
+        Self {
+            upstream: Arc::new(upstream),
+            bins: Vec::new(),
+            direct_live: AtomicUsize::new(0),
+        }
+    }
+
+    /// Fixed-size bins of `2^min_pow2 ..= 2^max_pow2` bytes (see
+    /// [`BinningResource::add_fixed_bins`]).
+    pub fn with_fixed_bins(upstream: U, min_pow2: u32, max_pow2: u32) -> Result<Self> {
+        let mut b = Self::new(upstream);
+        b.add_fixed_bins(min_pow2, max_pow2)?;
+        Ok(b)
+    }
+
+    /// Adds a [`FixedSizeResource`] over the upstream for each power of two
+    /// from `2^min_pow2` to `2^max_pow2` bytes. [`Error::InvalidArgument`]
+    /// unless `8 <= min_pow2 <= max_pow2 <= 40`.
+    pub fn add_fixed_bins(&mut self, min_pow2: u32, max_pow2: u32) -> Result<()> {
+        if !(8..=40).contains(&min_pow2) || !(min_pow2..=40).contains(&max_pow2) {
+            return Err(Error::InvalidArgument(format!(
+                "fixed bins 2^{min_pow2}..2^{max_pow2}: need 8 <= min <= max <= 40"
+            )));
+        }
+        for p in min_pow2..=max_pow2 {
+            self.add_fixed_bin(1usize << p)?;
+        }
+        Ok(())
+    }
+
+    /// Adds (or replaces) a [`FixedSizeResource`] bin of `block_size` bytes
+    /// over the upstream.
+    pub fn add_fixed_bin(&mut self, block_size: usize) -> Result<()> {
+        let f = FixedSizeResource::new(self.upstream.clone(), block_size)?;
+        self.insert(Bin {
+            max_size: block_size,
+            kind: BinKind::Fixed(Arc::new(f)),
+        });
+        Ok(())
+    }
+
+    /// Adds (or replaces) a bin serving requests up to `max_size` bytes (and
+    /// above the next smaller bin) from `resource`, which must serve the same
+    /// device. [`Error::InvalidArgument`] for `max_size` 0.
+    pub fn add_bin(
+        &mut self,
+        max_size: usize,
+        resource: impl MemoryResource + 'static,
+    ) -> Result<()> {
+        if max_size == 0 {
+            return Err(Error::InvalidArgument(
+                "a bin's max size must be non-zero".into(),
+            ));
+        }
+        self.insert(Bin {
+            max_size,
+            kind: BinKind::Other(Arc::new(resource)),
+        });
+        Ok(())
+    }
+
+    fn insert(&mut self, bin: Bin<U>) {
+        match self
+            .bins
+            .binary_search_by_key(&bin.max_size, |b| b.max_size)
+        {
+            Ok(i) => self.bins[i] = bin,
+            Err(i) => self.bins.insert(i, bin),
+        }
+    }
+
+    /// The bins' max sizes, ascending.
+    pub fn bin_sizes(&self) -> Vec<usize> {
+        self.bins.iter().map(|b| b.max_size).collect()
+    }
+
+    /// The upstream resource (larger requests, and the fixed bins' chunks).
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    #[inline]
+    fn bin_for(&self, bytes: usize) -> Option<&Bin<U>> {
+        self.bins
+            .get(self.bins.partition_point(|b| b.max_size < bytes))
+    }
+
+    fn fixed(&self) -> impl Iterator<Item = &FixedSizeResource<Arc<U>>> {
+        self.bins.iter().filter_map(|b| match &b.kind {
+            BinKind::Fixed(f) => Some(&**f),
+            BinKind::Other(_) => None,
+        })
+    }
+
+    /// Processes the deferred frees of every fixed-size bin (never blocks).
+    pub fn process_deferred(&self) -> Result<()> {
+        let mut first = Ok(());
+        for f in self.fixed() {
+            if let Err(e) = f.process_deferred() {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    /// Gives the fixed-size bins' entirely free chunks back to the upstream,
+    /// after the streams that freed them are done. Returns the bytes given back.
+    pub fn release(&self) -> Result<usize> {
+        let mut total = 0;
+        let mut first = None;
+        for f in self.fixed() {
+            match f.release() {
+                Ok(b) => total += b,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(total), Err)
+    }
+
+    /// Bytes the fixed-size bins hold from the upstream, plus live bytes taken
+    /// straight from it.
+    pub fn reserved_bytes(&self) -> usize {
+        self.fixed().map(|f| f.reserved_bytes()).sum::<usize>()
+            + self.direct_live.load(Ordering::Acquire)
+    }
+
+    /// Bytes callers hold from the fixed-size bins and the upstream (other
+    /// bins are not counted).
+    pub fn live_bytes(&self) -> usize {
+        self.fixed().map(|f| f.live_bytes()).sum::<usize>()
+            + self.direct_live.load(Ordering::Acquire)
+    }
+
+    /// Bytes of free blocks in the fixed-size bins.
+    pub fn cached_bytes(&self) -> usize {
+        self.fixed().map(|f| f.cached_bytes()).sum()
+    }
+
+    fn oom_info(&self, requested: usize) -> OomInfo {
+        OomInfo {
+            requested,
+            device: Some(self.upstream.device().ordinal()),
+            reserved: Some(self.reserved_bytes()),
+            live: Some(self.live_bytes()),
+            largest_free: Some(self.fixed().map(|f| f.largest_free()).max().unwrap_or(0)),
+            limit: None,
+        }
+    }
+
+    fn try_allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        match self.bin_for(bytes) {
+            Some(bin) => bin.resource().allocate(bytes, alignment, stream),
+            None => {
+                let p = self.upstream.allocate(bytes, alignment, stream)?;
+                self.direct_live.fetch_add(bytes, Ordering::AcqRel);
+                Ok(p)
+            }
+        }
+    }
+}
+
+impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        match self.try_allocate(bytes, alignment, stream) {
+            Err(e) if e.is_oom() => {
+                let _ = self.release();
+                match self.try_allocate(bytes, alignment, stream) {
+                    Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() && bytes == 0 {
+            return Ok(());
+        }
+        match self.bin_for(bytes) {
+            Some(bin) => bin.resource().deallocate(ptr, bytes, alignment, stream),
+            None => {
+                self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+                self.direct_live.fetch_sub(bytes, Ordering::AcqRel);
+                Ok(())
+            }
+        }
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+        if ptr.is_null() && bytes == 0 {
+            return Ok(());
+        }
+        match self.bin_for(bytes) {
+            Some(bin) => bin.resource().deallocate_sync(ptr, bytes, alignment),
+            None => {
+                self.upstream.deallocate_sync(ptr, bytes, alignment)?;
+                self.direct_live.fetch_sub(bytes, Ordering::AcqRel);
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! `CachingPool` (the seeds' CudaMemPool): power-of-two size classes from
+//! 512 B to 2 GiB, each with its own lock and free lists, over an upstream.
+//!
+//! Algorithm: a request is rounded up to its class (`next_power_of_two`, at
+//! least `min_block_size`); classes smaller than `chunk_size` (2 MiB) are
+//! carved from chunks of `chunk_size`, larger ones take one upstream
+//! allocation per block. Frees follow the pools' stream-ordering policy (see
+//! the `pool` module): a block freed on S is reused by S at once; other
+//! streams get it when one of S's batch events (one per stream per
+//! `batch_size` frees or per [`CachingPool::process_deferred`]) shows it
+//! complete, when S is found idle, or by waiting for S. Requests above
+//! `max_block_size` go straight to the upstream (not cached).
+//!
+//! Costs: the fast path (a cached class, same stream or a completed block) is
+//! one class lock, a deque pop or push and a hash-map insert or remove, with
+//! no driver call, no event and no global lock. The bytes reserved from the
+//! upstream are an atomic (touched only when growing and releasing); live
+//! and cached bytes are counted per class under the class lock the fast path
+//! holds anyway and summed when read, so concurrent threads share no counter.
+//!
+//! Out of memory (upstream failure or `max_pool_size`): the streams holding
+//! free blocks are synchronized, every entirely free chunk goes back to the
+//! upstream, the request is retried; then [`Error::OutOfMemory`] carries the
+//! requested, reserved and live bytes and the largest free block.
+
+use std::sync::Mutex;
+
+use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
+use super::stream_lanes::{lock, PtrMap};
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{
+    validate_request, DeviceResource, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+};
+use crate::stream::Stream;
+use crate::{Error, FreeError, OomInfo, Result};
+
+/// Configuration of a [`CachingPool`]. `Default` gives the documented values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachingPoolConfig {
+    /// Most bytes the pool may hold from its upstream (default `usize::MAX`:
+    /// no limit). Must be non-zero.
+    pub max_pool_size: usize,
+    /// Smallest class, in bytes: a power of two, at least 256 (default 512).
+    pub min_block_size: usize,
+    /// Largest cached class: a power of two, at least `min_block_size`, at
+    /// most 2^40 (default 2 GiB). Larger requests bypass the cache.
+    pub max_block_size: usize,
+    /// Classes smaller than this are carved from chunks of this many bytes:
+    /// a multiple of 256 (default 2 MiB).
+    pub chunk_size: usize,
+    /// Frees are ordered on their stream (default). With `false` the stream
+    /// arguments of frees are ignored: a free promises that no work uses the
+    /// block any more, and every block is shared by all streams.
+    pub stream_ordered: bool,
+    /// A stream that finds no completed block may be made to wait for another
+    /// stream's free blocks (one event record and one stream wait) rather
+    /// than grow the pool (default `true`).
+    pub cross_stream_wait: bool,
+    /// Frees on one stream after which a batch event is recorded (default 256).
+    pub batch_size: usize,
+    /// Device ordinal; `None` (default) takes the device given to
+    /// [`CachingPool::new`] or the upstream's device. With an upstream, it
+    /// must match the upstream's device.
+    pub device_id: Option<u32>,
+}
+
+impl Default for CachingPoolConfig {
+    fn default() -> Self {
+        Self {
+            max_pool_size: usize::MAX,
+            min_block_size: 512,
+            max_block_size: 2 << 30,
+            chunk_size: 2 << 20,
+            stream_ordered: true,
+            cross_stream_wait: true,
+            batch_size: 256,
+            device_id: None,
+        }
+    }
+}
+
+impl CachingPoolConfig {
+    /// Checks the configuration; [`Error::InvalidArgument`] names the bad field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.max_pool_size == 0 {
+            return bad("max_pool_size must be non-zero".into());
+        }
+        if !self.min_block_size.is_power_of_two() || self.min_block_size < DEFAULT_ALIGNMENT {
+            return bad(format!(
+                "min_block_size {} must be a power of two of at least {DEFAULT_ALIGNMENT}",
+                self.min_block_size
+            ));
+        }
+        if !self.max_block_size.is_power_of_two()
+            || self.max_block_size < self.min_block_size
+            || self.max_block_size > 1 << 40
+        {
+            return bad(format!(
+                "max_block_size {} must be a power of two between min_block_size {} and 2^40",
+                self.max_block_size, self.min_block_size
+            ));
+        }
+        if self.chunk_size == 0 || !self.chunk_size.is_multiple_of(DEFAULT_ALIGNMENT) {
+            return bad(format!(
+                "chunk_size {} must be a non-zero multiple of {DEFAULT_ALIGNMENT}",
+                self.chunk_size
+            ));
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size must be non-zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a [`CachingPool`] holds, by class.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CachingPoolStats {
+    /// Bytes held from the upstream (chunks and uncached large blocks).
+    pub reserved_bytes: usize,
+    /// Bytes callers asked for and have not freed.
+    pub live_bytes: usize,
+    /// Bytes of free cached blocks.
+    pub cached_bytes: usize,
+    /// Live allocations above `max_block_size` (served by the upstream).
+    pub large_allocations: usize,
+    /// One entry per class, smallest first.
+    pub classes: Vec<ClassStats>,
+}
+
+/// A caching, stream-ordered pool of power-of-two size classes.
+///
+/// Thread-safe; use it through [`MemoryResource`] (for example as the
+/// resource of a [`DeviceBuffer`](crate::DeviceBuffer)`<T, &CachingPool>`) or
+/// through [`CachingPool::allocate_async`] / [`CachingPool::deallocate_async`].
+/// The synchronous forms are the trait's `allocate_sync` / `deallocate_sync`.
+///
+/// ```
+/// use gpumem::pool::{CachingPool, CachingPoolConfig};
+/// use gpumem::DeviceBuffer;
+/// # fn main() -> gpumem::Result<()> {
+/// # let device = gpumem::Device::sim(Default::default());
+/// let pool = CachingPool::new(&device, CachingPoolConfig::default())?;
+/// let stream = device.create_stream()?;
+/// let p = pool.allocate_async(1 << 20, &stream)?;
+/// pool.deallocate_async(p, Some(1 << 20), &stream)?;
+/// let buf = DeviceBuffer::<f32, _>::new(1024, &pool, &stream)?;
+/// assert_eq!(pool.live_bytes(), 4096);
+/// drop(buf);
+/// assert_eq!(pool.live_bytes(), 0);
+/// # Ok(()) }
+/// ```
+pub struct CachingPool<U: MemoryResource = DeviceResource> {
+    slab: Slab<U>,
+    config: CachingPoolConfig,
+    min_shift: u32,
+    /// Requests above `max_block_size`: pointer → bytes.
+    large: Mutex<PtrMap<usize>>,
+}
+
+impl<U: MemoryResource> std::fmt::Debug for CachingPool<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingPool")
+            .field("config", &self.config)
+            .field("reserved_bytes", &self.reserved_bytes())
+            .finish()
+    }
+}
+
+impl CachingPool<DeviceResource> {
+    /// A pool over `cuMemAlloc` on `device` (or on its sibling
+    /// `config.device_id`).
+    pub fn new(device: &Device, config: CachingPoolConfig) -> Result<Self> {
+        config.validate()?;
+        let device = match config.device_id {
+            Some(d) if d != device.ordinal() => device.sibling(d)?,
+            _ => device.clone(),
+        };
+        Self::with_upstream(DeviceResource::new(device), config)
+    }
+}
+
+impl<U: MemoryResource> CachingPool<U> {
+    /// A pool over `upstream`. [`Error::InvalidArgument`] for a bad
+    /// configuration or a `device_id` other than the upstream's device.
+    pub fn with_upstream(upstream: U, config: CachingPoolConfig) -> Result<Self> {
+        config.validate()?;
+        let ordinal = upstream.device().ordinal();
+        if let Some(d) = config.device_id {
+            if d != ordinal {
+                return Err(Error::InvalidArgument(format!(
+                    "device_id {d} differs from the upstream's device {ordinal}"
+                )));
+            }
+        }
+        let min_shift = config.min_block_size.trailing_zeros();
+        let max_shift = config.max_block_size.trailing_zeros();
+        let specs: Vec<ClassSpec> = (min_shift..=max_shift)
+            .map(|s| {
+                let block = 1usize << s;
+                ClassSpec {
+                    block,
+                    chunk_blocks: (config.chunk_size / block).max(1),
+                }
+            })
+            .collect();
+        let slab = Slab::new(
+            upstream,
+            &specs,
+            SlabConfig {
+                stream_ordered: config.stream_ordered,
+                cross_stream_wait: config.cross_stream_wait,
+                batch_size: config.batch_size as u64,
+                max_reserved: config.max_pool_size,
+            },
+        );
+        Ok(Self {
+            slab,
+            config,
+            min_shift,
+            large: Mutex::new(PtrMap::default()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CachingPoolConfig {
+        &self.config
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &U {
+        self.slab.upstream()
+    }
+
+    /// The class of a request of `bytes` (at most `max_block_size`).
+    #[inline]
+    fn class_of(&self, bytes: usize) -> usize {
+        let s = bytes.max(1).next_power_of_two();
+        (s.trailing_zeros().saturating_sub(self.min_shift)) as usize
+    }
+
+    /// The block size a request of `bytes` is served with (`None`: above
+    /// `max_block_size`, served by the upstream as it is).
+    pub fn block_size_for(&self, bytes: usize) -> Option<usize> {
+        (bytes <= self.config.max_block_size).then(|| self.slab.block_size(self.class_of(bytes)))
+    }
+
+    /// Allocates `bytes` (256-byte aligned) for use on `stream`.
+    #[inline]
+    pub fn allocate_async(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        if bytes <= self.config.max_block_size {
+            self.slab.allocate(self.class_of(bytes), bytes, stream)
+        } else {
+            self.allocate_large(bytes, stream)
+        }
+    }
+
+    /// Frees `ptr` once the work enqueued on `stream` so far has run. `bytes`
+    /// is the size allocated, or `None` to look it up (slower: a read lock on
+    /// the chunk index).
+    #[inline]
+    pub fn deallocate_async(
+        &self,
+        ptr: DevicePtr,
+        bytes: Option<usize>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free(ptr, bytes, Some(stream))
+    }
+
+    fn free(&self, ptr: DevicePtr, bytes: Option<usize>, stream: Option<&Stream>) -> Result<()> {
+        if ptr.is_null() && bytes.unwrap_or(0) == 0 {
+            return Ok(());
+        }
+        match bytes {
+            Some(b) if b <= self.config.max_block_size => {
+                self.slab.deallocate(self.class_of(b), ptr, bytes, stream)
+            }
+            Some(b) => self.free_large(ptr, Some(b), stream),
+            None => match self.slab.locate(ptr) {
+                Some(class) => self.slab.deallocate(class, ptr, None, stream),
+                None => self.free_large(ptr, None, stream),
+            },
+        }
+    }
+
+    #[cold]
+    fn allocate_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        match self.try_large(bytes, stream) {
+            Err(e) if e.is_oom() => {
+                let _ = self.slab.release(true);
+                match self.try_large(bytes, stream) {
+                    Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn try_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !self.slab.reserve_budget(bytes) {
+            return Err(Error::oom(bytes));
+        }
+        match self
+            .slab
+            .upstream()
+            .allocate(bytes, DEFAULT_ALIGNMENT, stream)
+        {
+            Ok(p) => {
+                lock(&self.large).insert(p.0, bytes);
+                Ok(p)
+            }
+            Err(e) => {
+                self.slab.unreserve_budget(bytes);
+                Err(e)
+            }
+        }
+    }
+
+    #[cold]
+    fn free_large(
+        &self,
+        ptr: DevicePtr,
+        bytes: Option<usize>,
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        let mut large = lock(&self.large);
+        let Some(&allocated) = large.get(&ptr.0) else {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::Unknown,
+            });
+        };
+        if let Some(b) = bytes {
+            if b != allocated {
+                return Err(Error::InvalidFree {
+                    ptr: ptr.0,
+                    reason: FreeError::SizeMismatch {
+                        allocated,
+                        freed: b,
+                    },
+                });
+            }
+        }
+        large.remove(&ptr.0);
+        drop(large);
+        let up = self.slab.upstream();
+        let res = match stream {
+            Some(s) if self.config.stream_ordered => {
+                up.deallocate(ptr, allocated, DEFAULT_ALIGNMENT, s)
+            }
+            _ => up.deallocate_sync(ptr, allocated, DEFAULT_ALIGNMENT),
+        };
+        self.slab.unreserve_budget(allocated);
+        res
+    }
+
+    /// Seals every stream's open batch of frees (one event per stream), checks
+    /// the batch events, and moves the blocks of completed batches to the
+    /// lists every stream allocates from. Never blocks.
+    pub fn process_deferred(&self) -> Result<()> {
+        self.slab.process_deferred()
+    }
+
+    /// Waits for the streams that freed blocks, then gives every entirely free
+    /// chunk back to the upstream. Returns the bytes given back.
+    pub fn release(&self) -> Result<usize> {
+        self.slab.release(true)
+    }
+
+    /// Like [`CachingPool::release`] without waiting: gives back only chunks
+    /// whose frees are known complete.
+    pub fn release_completed(&self) -> Result<usize> {
+        self.slab.release(false)
+    }
+
+    /// Bytes held from the upstream.
+    pub fn reserved_bytes(&self) -> usize {
+        self.slab.reserved()
+    }
+
+    /// Bytes callers asked for and have not freed.
+    pub fn live_bytes(&self) -> usize {
+        self.slab.totals().0 + lock(&self.large).values().sum::<usize>()
+    }
+
+    /// Bytes of free cached blocks.
+    pub fn cached_bytes(&self) -> usize {
+        self.slab.totals().2
+    }
+
+    /// Numbers of the whole pool and of each class.
+    pub fn stats(&self) -> CachingPoolStats {
+        let classes: Vec<ClassStats> = (0..self.slab.class_count())
+            .map(|c| self.slab.class_stats(c))
+            .collect();
+        let large = lock(&self.large);
+        CachingPoolStats {
+            reserved_bytes: self.slab.reserved(),
+            live_bytes: classes.iter().map(|c| c.live_bytes).sum::<usize>()
+                + large.values().sum::<usize>(),
+            cached_bytes: classes.iter().map(|c| c.free_blocks * c.block_size).sum(),
+            large_allocations: large.len(),
+            classes,
+        }
+    }
+
+    fn oom_info(&self, requested: usize) -> OomInfo {
+        let mut info = self.slab.oom_info(requested);
+        info.live = Some(self.live_bytes());
+        info
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for CachingPool<U> {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        validate_request(bytes, alignment, DEFAULT_ALIGNMENT)?;
+        self.allocate_async(bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free(ptr, Some(bytes), Some(stream))
+    }
+
+    fn device(&self) -> &Device {
+        self.slab.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.slab.upstream().properties()
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        if bytes <= self.config.max_block_size {
+            if let Some(p) = self.slab.take_settled(self.class_of(bytes), bytes) {
+                return Ok(p);
+            }
+        }
+        let stream = self.device().default_stream();
+        let ptr = self.allocate_async(bytes, &stream)?;
+        if let Err(e) = stream.synchronize() {
+            let _ = self.free(ptr, Some(bytes), Some(&stream));
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
+        self.free(ptr, Some(bytes), None)
+    }
+}
+
+impl<U: MemoryResource> Drop for CachingPool<U> {
+    fn drop(&mut self) {
+        // Large blocks still live belong to the pool's upstream: give them back
+        // (the chunks go back when the slab drops).
+        let large = std::mem::take(&mut *lock(&self.large));
+        for (p, bytes) in large {
+            let _ = self
+                .slab
+                .upstream()
+                .deallocate_sync(DevicePtr(p), bytes, DEFAULT_ALIGNMENT);
+        }
+    }
+}

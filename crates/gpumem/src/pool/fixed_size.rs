@@ -1,0 +1,220 @@
+//! `FixedSizeResource`: blocks of one size, carved from upstream chunks of N
+//! blocks, kept on free lists per stream.
+//!
+//! Algorithm: one size class of the pools' slab engine (see the `pool` module
+//! documentation for the stream-ordering policy). Allocation and free are
+//! O(1): a lock, a pop or push on a double-ended queue, and an insert or
+//! remove in a hash map of live blocks (which makes bad frees errors, not
+//! corruption). Growth takes a chunk of `blocks_per_chunk` blocks from the
+//! upstream (a single block when the chunk does not fit). [`release`]
+//! gives back the chunks whose blocks are all free; drop gives back every
+//! chunk.
+//!
+//! A request larger than the block size is [`Error::OutOfMemory`] with the
+//! block size as `limit`: this resource can never serve it.
+//! [`BinningResource`](super::BinningResource) routes sizes to such bins.
+//!
+//! [`release`]: FixedSizeResource::release
+
+use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::stream::Stream;
+use crate::{Error, OomInfo, Result};
+
+/// Bytes a chunk holds by default: 2 MiB (the VMM granularity), at least one block.
+pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
+
+/// Frees per stream after which a batch event is recorded by default.
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+
+/// A memory resource that hands out blocks of one size.
+///
+/// ```
+/// use gpumem::pool::FixedSizeResource;
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// # fn main() -> gpumem::Result<()> {
+/// # let device = gpumem::Device::sim(Default::default());
+/// let pool = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096)?;
+/// let stream = device.create_stream()?;
+/// let p = pool.allocate(3000, 256, &stream)?;
+/// pool.deallocate(p, 3000, 256, &stream)?;
+/// assert!(pool.allocate(8192, 256, &stream).unwrap_err().is_oom());
+/// # Ok(()) }
+/// ```
+pub struct FixedSizeResource<U: MemoryResource> {
+    slab: Slab<U>,
+}
+
+impl<U: MemoryResource> std::fmt::Debug for FixedSizeResource<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixedSizeResource")
+            .field("block_size", &self.block_size())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<U: MemoryResource> FixedSizeResource<U> {
+    /// Blocks of `block_size` bytes (a non-zero multiple of 256), in chunks of
+    /// about [`DEFAULT_CHUNK_BYTES`].
+    pub fn new(upstream: U, block_size: usize) -> Result<Self> {
+        let blocks = (DEFAULT_CHUNK_BYTES / block_size.max(1)).max(1);
+        Self::with_blocks_per_chunk(upstream, block_size, blocks)
+    }
+
+    /// Blocks of `block_size` bytes, `blocks_per_chunk` per upstream chunk.
+    /// [`Error::InvalidArgument`] unless the block size is a non-zero multiple
+    /// of 256 and the chunk size is non-zero and fits in memory.
+    pub fn with_blocks_per_chunk(
+        upstream: U,
+        block_size: usize,
+        blocks_per_chunk: usize,
+    ) -> Result<Self> {
+        if block_size == 0 || !block_size.is_multiple_of(DEFAULT_ALIGNMENT) {
+            return Err(Error::InvalidArgument(format!(
+                "block size {block_size} is not a non-zero multiple of {DEFAULT_ALIGNMENT}"
+            )));
+        }
+        if blocks_per_chunk == 0
+            || block_size
+                .checked_mul(blocks_per_chunk)
+                .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{blocks_per_chunk} blocks of {block_size} bytes is not a valid chunk"
+            )));
+        }
+        let slab = Slab::new(
+            upstream,
+            &[ClassSpec {
+                block: block_size,
+                chunk_blocks: blocks_per_chunk,
+            }],
+            SlabConfig {
+                stream_ordered: true,
+                cross_stream_wait: true,
+                batch_size: DEFAULT_BATCH_SIZE as u64,
+                max_reserved: usize::MAX,
+            },
+        );
+        Ok(Self { slab })
+    }
+
+    /// The one block size this resource serves.
+    pub fn block_size(&self) -> usize {
+        self.slab.block_size(0)
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &U {
+        self.slab.upstream()
+    }
+
+    /// Seals and checks the batch events of every stream that freed blocks, so
+    /// completed frees become reusable by every stream. Never blocks.
+    pub fn process_deferred(&self) -> Result<()> {
+        self.slab.process_deferred()
+    }
+
+    /// Waits for the streams that freed blocks, then gives every chunk whose
+    /// blocks are all free back to the upstream. Returns the bytes given back.
+    pub fn release(&self) -> Result<usize> {
+        self.slab.release(true)
+    }
+
+    /// Like [`FixedSizeResource::release`] without waiting: gives back only
+    /// chunks whose frees are already known complete.
+    pub fn release_completed(&self) -> Result<usize> {
+        self.slab.release(false)
+    }
+
+    /// Bytes held from the upstream.
+    pub fn reserved_bytes(&self) -> usize {
+        self.slab.reserved()
+    }
+
+    /// Bytes callers asked for, over the blocks they hold.
+    pub fn live_bytes(&self) -> usize {
+        self.slab.totals().0
+    }
+
+    /// Bytes of free blocks held.
+    pub fn cached_bytes(&self) -> usize {
+        self.slab.totals().2
+    }
+
+    /// Counts of the block class.
+    pub fn stats(&self) -> ClassStats {
+        self.slab.class_stats(0)
+    }
+
+    /// Largest free block: the block size when one is free, else 0.
+    pub fn largest_free(&self) -> usize {
+        self.slab.largest_free()
+    }
+
+    pub(crate) fn oom_info(&self, requested: usize) -> OomInfo {
+        self.slab.oom_info(requested)
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        if bytes > self.block_size() {
+            let mut info = self.oom_info(bytes);
+            info.limit = Some(self.block_size());
+            return Err(Error::oom_with(info));
+        }
+        self.slab.allocate(0, bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() && bytes == 0 {
+            return Ok(());
+        }
+        self.slab.deallocate(0, ptr, Some(bytes), Some(stream))
+    }
+
+    fn device(&self) -> &Device {
+        self.slab.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.slab.upstream().properties()
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        if validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? && bytes <= self.block_size() {
+            if let Some(p) = self.slab.take_settled(0, bytes) {
+                return Ok(p);
+            }
+        }
+        let stream = self.device().default_stream();
+        let ptr = self.allocate(bytes, alignment, &stream)?;
+        if let Err(e) = stream.synchronize() {
+            let _ = self.deallocate(ptr, bytes, alignment, &stream);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
+        if ptr.is_null() && bytes == 0 {
+            return Ok(());
+        }
+        self.slab.deallocate(0, ptr, Some(bytes), None)
+    }
+}

@@ -1,0 +1,526 @@
+//! The engine under [`FixedSizeResource`](super::FixedSizeResource) and
+//! [`CachingPool`](super::CachingPool): size classes of equal blocks carved
+//! from upstream chunks, each class behind its own lock, free blocks kept per
+//! stream (see `stream_lanes`).
+//!
+//! Allocation of class `c` on stream T, cheapest first:
+//! 1. under `c`'s lock, no driver call: T's own lane (back), the blocks free
+//!    for every stream, another stream's oldest block already known complete;
+//! 2. poll the streams holding `c`'s blocks (event and stream queries), retry 1;
+//! 3. make T wait for the stream holding most of `c`'s blocks (one event
+//!    record and one wait) and take its lane;
+//! 4. take a chunk from the upstream (a configured number of blocks), then a
+//!    single block;
+//! 5. out of memory: synchronize the streams holding free blocks, give every
+//!    entirely free chunk back to the upstream, retry 1 and a single block;
+//!    then [`Error::OutOfMemory`] with requested, reserved, live and largest
+//!    free block.
+//!
+//! Free blocks never move to the upstream except whole chunks whose blocks
+//! are all free and complete (`release`, step 5, drop). Live blocks are kept
+//! in a map per class (pointer → requested bytes), so bad frees are errors.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use super::stream_lanes::{lock, FreeBlocks, PtrMap, StreamTable};
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{MemoryResource, DEFAULT_ALIGNMENT};
+use crate::stream::Stream;
+use crate::{Error, FreeError, OomInfo, Result};
+
+/// Shape of one size class.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClassSpec {
+    /// Block size in bytes (a multiple of 256).
+    pub block: usize,
+    /// Blocks per chunk taken from the upstream.
+    pub chunk_blocks: usize,
+}
+
+/// Policy knobs of the engine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlabConfig {
+    /// Frees are ordered on their stream (else: complete when called).
+    pub stream_ordered: bool,
+    /// Streams may be made to wait for each other to reuse blocks.
+    pub cross_stream_wait: bool,
+    /// Frees per stream after which a batch event is recorded.
+    pub batch_size: u64,
+    /// Most bytes to hold from the upstream (`usize::MAX`: no limit).
+    pub max_reserved: usize,
+}
+
+/// Numbers of one size class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Block size of the class in bytes.
+    pub block_size: usize,
+    /// Bytes of upstream chunks carved into this class.
+    pub reserved_bytes: usize,
+    /// Chunks taken from the upstream.
+    pub chunks: usize,
+    /// Blocks handed out and not yet freed.
+    pub live_blocks: usize,
+    /// Bytes callers asked for, over the live blocks.
+    pub live_bytes: usize,
+    /// Free blocks (in any stream's list or free for all).
+    pub free_blocks: usize,
+}
+
+struct ClassState {
+    free: FreeBlocks,
+    live: PtrMap<usize>,
+    live_bytes: usize,
+    chunks: BTreeMap<u64, usize>,
+    reserved: usize,
+}
+
+#[repr(align(128))]
+struct Class {
+    spec: ClassSpec,
+    state: Mutex<ClassState>,
+}
+
+/// Size classes over one upstream.
+pub(crate) struct Slab<U: MemoryResource> {
+    upstream: U,
+    device: Device,
+    streams: StreamTable,
+    classes: Box<[Class]>,
+    reserved: AtomicUsize,
+    cfg: SlabConfig,
+    /// Every chunk: base → (length, class). Touched when growing and
+    /// releasing, read to find the class of a pointer freed without its size.
+    index: RwLock<BTreeMap<u64, (usize, usize)>>,
+}
+
+impl<U: MemoryResource> Slab<U> {
+    pub(crate) fn new(upstream: U, specs: &[ClassSpec], cfg: SlabConfig) -> Self {
+        let device = upstream.device().clone();
+        let classes = specs
+            .iter()
+            .map(|&spec| Class {
+                spec,
+                state: Mutex::new(ClassState {
+                    free: FreeBlocks::default(),
+                    live: PtrMap::default(),
+                    live_bytes: 0,
+                    chunks: BTreeMap::new(),
+                    reserved: 0,
+                }),
+            })
+            .collect();
+        Self {
+            upstream,
+            streams: StreamTable::new(device.clone()),
+            device,
+            classes,
+            reserved: AtomicUsize::new(0),
+            cfg,
+            index: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    pub(crate) fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn block_size(&self, class: usize) -> usize {
+        self.classes[class].spec.block
+    }
+
+    /// Allocates a block of `class` for a request of `bytes` on `stream`.
+    #[inline]
+    pub(crate) fn allocate(
+        &self,
+        class: usize,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        let c = &self.classes[class];
+        {
+            let mut st = lock(&c.state);
+            let got = if self.cfg.stream_ordered {
+                st.free.take(stream.id())
+            } else {
+                st.free.take_settled()
+            };
+            if let Some(p) = got {
+                st.note_alloc(p, bytes);
+                return Ok(DevicePtr(p));
+            }
+        }
+        self.allocate_slow(class, bytes, stream)
+    }
+
+    /// Takes a block free for every stream right now, or `None`.
+    pub(crate) fn take_settled(&self, class: usize, bytes: usize) -> Option<DevicePtr> {
+        let mut st = lock(&self.classes[class].state);
+        let p = st.free.take_settled()?;
+        st.note_alloc(p, bytes);
+        Some(DevicePtr(p))
+    }
+
+    #[cold]
+    fn allocate_slow(&self, class: usize, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
+        let c = &self.classes[class];
+        let id = stream.id();
+        if self.cfg.stream_ordered {
+            let owners = lock(&c.state).free.blocked_owners(id);
+            if !owners.is_empty() {
+                for o in &owners {
+                    // A failed query only means we cannot reuse those blocks yet.
+                    let _ = o.poll(&self.streams.events, true);
+                }
+                drop(owners);
+                let mut st = lock(&c.state);
+                if let Some(p) = st.free.take(id) {
+                    st.note_alloc(p, bytes);
+                    return Ok(DevicePtr(p));
+                }
+            }
+            if self.cfg.cross_stream_wait {
+                let mut st = lock(&c.state);
+                if let Ok(Some(p)) = st.free.steal_by_wait(stream, &self.streams) {
+                    st.note_alloc(p, bytes);
+                    return Ok(DevicePtr(p));
+                }
+            }
+        }
+        let chunk_blocks = c.spec.chunk_blocks;
+        match self.grow_and_take(class, bytes, stream, chunk_blocks) {
+            Err(e) if e.is_oom() => {}
+            other => return other,
+        }
+        if chunk_blocks > 1 {
+            match self.grow_and_take(class, bytes, stream, 1) {
+                Err(e) if e.is_oom() => {}
+                other => return other,
+            }
+        }
+        // Out of memory: wait for the streams, give back whole free chunks.
+        let _ = self.release(true);
+        {
+            let mut st = lock(&c.state);
+            let got = if self.cfg.stream_ordered {
+                st.free.take(id)
+            } else {
+                st.free.take_settled()
+            };
+            if let Some(p) = got {
+                st.note_alloc(p, bytes);
+                return Ok(DevicePtr(p));
+            }
+        }
+        match self.grow_and_take(class, bytes, stream, 1) {
+            Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
+            other => other,
+        }
+    }
+
+    /// Reserves `len` bytes of the upstream budget.
+    pub(crate) fn reserve_budget(&self, len: usize) -> bool {
+        let max = self.cfg.max_reserved;
+        self.reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                r.checked_add(len).filter(|&t| t <= max)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn unreserve_budget(&self, len: usize) {
+        self.reserved.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    /// Takes a chunk of `blocks` blocks from the upstream, hands out its first
+    /// block and frees the others onto `stream`'s lane.
+    fn grow_and_take(
+        &self,
+        class: usize,
+        bytes: usize,
+        stream: &Stream,
+        blocks: usize,
+    ) -> Result<DevicePtr> {
+        let c = &self.classes[class];
+        let block = c.spec.block;
+        let len = block * blocks;
+        if !self.reserve_budget(len) {
+            return Err(Error::oom(bytes));
+        }
+        let base = match self.upstream.allocate(len, DEFAULT_ALIGNMENT, stream) {
+            Ok(p) => p.0,
+            Err(e) => {
+                self.unreserve_budget(len);
+                return Err(e);
+            }
+        };
+        crate::pool::stream_lanes::write_lock(&self.index).insert(base, (len, class));
+        let mut st = lock(&c.state);
+        st.chunks.insert(base, len);
+        st.reserved += len;
+        if blocks > 1 {
+            let rest = (1..blocks as u64).map(|i| base + i * block as u64);
+            if self.cfg.stream_ordered {
+                st.free.push_fresh(stream, rest, blocks - 1, &self.streams);
+            } else {
+                for p in rest {
+                    st.free.push_ready(p);
+                }
+            }
+        }
+        st.note_alloc(base, bytes);
+        Ok(DevicePtr(base))
+    }
+
+    /// Frees a block of `class`. `bytes` (when known) must be the requested
+    /// size; `stream` `None` means no stream uses the block any more.
+    #[inline]
+    pub(crate) fn deallocate(
+        &self,
+        class: usize,
+        ptr: DevicePtr,
+        bytes: Option<usize>,
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        let c = &self.classes[class];
+        let seal = {
+            let mut st = lock(&c.state);
+            let Some(req) = st.live.remove(&ptr.0) else {
+                drop(st);
+                return Err(self.bad_free(class, ptr, bytes));
+            };
+            if let Some(b) = bytes {
+                if b != req {
+                    st.live.insert(ptr.0, req);
+                    return Err(Error::InvalidFree {
+                        ptr: ptr.0,
+                        reason: FreeError::SizeMismatch {
+                            allocated: req,
+                            freed: b,
+                        },
+                    });
+                }
+            }
+            st.live_bytes -= req;
+            match stream {
+                Some(s) if self.cfg.stream_ordered => {
+                    st.free.push(s, ptr.0, &self.streams, self.cfg.batch_size)
+                }
+                _ => {
+                    st.free.push_ready(ptr.0);
+                    None
+                }
+            }
+        };
+        if let Some(owner) = seal {
+            // Best effort: a failed record only delays cross-stream reuse.
+            let _ = owner.seal(&self.streams.events, false);
+        }
+        Ok(())
+    }
+
+    /// The class whose chunk holds `ptr` at a block boundary.
+    pub(crate) fn locate(&self, ptr: DevicePtr) -> Option<usize> {
+        let index = crate::pool::stream_lanes::read_lock(&self.index);
+        let (&base, &(len, class)) = index.range(..=ptr.0).next_back()?;
+        let off = ptr.0 - base;
+        (off < len as u64 && off.is_multiple_of(self.classes[class].spec.block as u64))
+            .then_some(class)
+    }
+
+    #[cold]
+    fn bad_free(&self, class: usize, ptr: DevicePtr, bytes: Option<usize>) -> Error {
+        let reason = match self.locate(ptr) {
+            Some(c) if c == class => FreeError::DoubleFree,
+            Some(c) => match lock(&self.classes[c].state).live.get(&ptr.0) {
+                Some(&allocated) => FreeError::SizeMismatch {
+                    allocated,
+                    freed: bytes.unwrap_or(0),
+                },
+                None => FreeError::DoubleFree,
+            },
+            None => FreeError::Unknown,
+        };
+        Error::InvalidFree { ptr: ptr.0, reason }
+    }
+
+    /// Seals and polls every stream's batch, then moves completed blocks to
+    /// the lists free for every stream. Non-blocking.
+    pub(crate) fn process_deferred(&self) -> Result<()> {
+        let res = if self.cfg.stream_ordered {
+            self.streams.poll_all(true)
+        } else {
+            Ok(())
+        };
+        for c in self.classes.iter() {
+            lock(&c.state).free.settle();
+        }
+        self.streams.prune();
+        res
+    }
+
+    /// Gives every chunk whose blocks are all free and complete back to the
+    /// upstream; with `blocking`, first waits for the streams that freed
+    /// blocks. Returns the bytes given back.
+    pub(crate) fn release(&self, blocking: bool) -> Result<usize> {
+        let mut first_err = None;
+        if self.cfg.stream_ordered {
+            let r = if blocking {
+                self.streams.synchronize_all()
+            } else {
+                self.streams.poll_all(true)
+            };
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        let mut to_free: Vec<(u64, usize)> = Vec::new();
+        for c in self.classes.iter() {
+            let block = c.spec.block as u64;
+            let mut st = lock(&c.state);
+            st.free.settle();
+            if st.free.ready.is_empty() {
+                continue;
+            }
+            let mut ready = std::mem::take(&mut st.free.ready);
+            ready.sort_unstable();
+            let mut keep = Vec::with_capacity(ready.len());
+            let mut freed = Vec::new();
+            let mut i = 0;
+            for (&base, &len) in &st.chunks {
+                let end = base + len as u64;
+                while i < ready.len() && ready[i] < base {
+                    keep.push(ready[i]);
+                    i += 1;
+                }
+                let start = i;
+                while i < ready.len() && ready[i] < end {
+                    i += 1;
+                }
+                if (i - start) as u64 * block == len as u64 {
+                    freed.push((base, len));
+                } else {
+                    keep.extend_from_slice(&ready[start..i]);
+                }
+            }
+            keep.extend_from_slice(&ready[i..]);
+            st.free.count -= ready.len() - keep.len();
+            st.free.ready = keep;
+            for &(base, len) in &freed {
+                st.chunks.remove(&base);
+                st.reserved -= len;
+            }
+            to_free.extend(freed);
+        }
+        if !to_free.is_empty() {
+            let mut index = crate::pool::stream_lanes::write_lock(&self.index);
+            for (base, _) in &to_free {
+                index.remove(base);
+            }
+        }
+        let mut bytes = 0;
+        for (base, len) in to_free {
+            if let Err(e) = self
+                .upstream
+                .deallocate_sync(DevicePtr(base), len, DEFAULT_ALIGNMENT)
+            {
+                first_err.get_or_insert(e);
+            }
+            self.unreserve_budget(len);
+            bytes += len;
+        }
+        self.streams.prune();
+        first_err.map_or(Ok(bytes), Err)
+    }
+
+    /// Bytes held from the upstream by the classes (and whatever else
+    /// reserved budget through [`Slab::reserve_budget`]).
+    pub(crate) fn reserved(&self) -> usize {
+        self.reserved.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn class_stats(&self, class: usize) -> ClassStats {
+        let c = &self.classes[class];
+        let st = lock(&c.state);
+        ClassStats {
+            block_size: c.spec.block,
+            reserved_bytes: st.reserved,
+            chunks: st.chunks.len(),
+            live_blocks: st.live.len(),
+            live_bytes: st.live_bytes,
+            free_blocks: st.free.count,
+        }
+    }
+
+    pub(crate) fn class_count(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Sum over classes of (live requested bytes, live block bytes, free block bytes).
+    pub(crate) fn totals(&self) -> (usize, usize, usize) {
+        let mut t = (0, 0, 0);
+        for c in self.classes.iter() {
+            let st = lock(&c.state);
+            t.0 += st.live_bytes;
+            t.1 += st.live.len() * c.spec.block;
+            t.2 += st.free.count * c.spec.block;
+        }
+        t
+    }
+
+    /// Largest block size with a free block.
+    pub(crate) fn largest_free(&self) -> usize {
+        self.classes
+            .iter()
+            .rev()
+            .find(|c| !lock(&c.state).free.is_empty())
+            .map_or(0, |c| c.spec.block)
+    }
+
+    pub(crate) fn oom_info(&self, requested: usize) -> OomInfo {
+        let (live, _, _) = self.totals();
+        OomInfo {
+            requested,
+            device: Some(self.device.ordinal()),
+            reserved: Some(self.reserved()),
+            live: Some(live),
+            largest_free: Some(self.largest_free()),
+            limit: (self.cfg.max_reserved != usize::MAX).then_some(self.cfg.max_reserved),
+        }
+    }
+}
+
+impl ClassState {
+    #[inline]
+    fn note_alloc(&mut self, p: u64, bytes: usize) {
+        self.live.insert(p, bytes);
+        self.live_bytes += bytes;
+    }
+}
+
+impl<U: MemoryResource> Drop for Slab<U> {
+    fn drop(&mut self) {
+        if self.cfg.stream_ordered {
+            // Blocks freed on streams may still be in use by their work.
+            let _ = self.streams.synchronize_all();
+        }
+        for c in self.classes.iter() {
+            let mut st = lock(&c.state);
+            let chunks = std::mem::take(&mut st.chunks);
+            st.free = FreeBlocks::default();
+            for (base, len) in chunks {
+                let _ = self
+                    .upstream
+                    .deallocate_sync(DevicePtr(base), len, DEFAULT_ALIGNMENT);
+                self.reserved.fetch_sub(len, Ordering::AcqRel);
+            }
+        }
+    }
+}

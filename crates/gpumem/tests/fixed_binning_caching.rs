@@ -1,0 +1,916 @@
+//! The stream-ordered pools (FixedSizeResource, BinningResource, CachingPool):
+//! the shared resource suite, random operation sequences on the simulated
+//! device checked against a model and the simulator's ordering oracle, fault
+//! injection, dropped streams, and DeviceBuffer round trips.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::suite;
+use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
+use proptest::prelude::*;
+
+/// Enqueues one operation on `stream` (an event record: safe, and on a held
+/// stream it stays pending like a kernel would).
+fn enqueue_work(stream: &Stream) {
+    let ev = gpumem::Event::new(stream.device()).unwrap();
+    ev.record(stream).unwrap();
+}
+
+fn sim(capacity: usize) -> (Device, Arc<SimDriver>) {
+    Device::sim_with_driver(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })
+}
+
+// ----- the shared suite -----
+
+#[test]
+fn fixed_size_passes_the_suite_with_blocks_that_fit_every_request() {
+    let (device, _) = common::device(false);
+    // The suite asks for at most 4 MiB; 1 PiB is refused with its size.
+    let mr =
+        FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 4 << 20, 2).unwrap();
+    suite::run_all(Arc::new(mr));
+}
+
+#[test]
+fn fixed_size_small_blocks_serve_small_requests_and_refuse_larger_ones() {
+    let (device, _) = common::device(false);
+    let mr = FixedSizeResource::new(DeviceResource::new(device.clone()), 256).unwrap();
+    let s = device.create_stream().unwrap();
+    suite::zero_bytes(&mr, &s);
+    for align in [1, 2, 64, 256] {
+        let p = mr.allocate(200, align, &s).unwrap();
+        assert_eq!(p.0 % 256, 0);
+        mr.deallocate(p, 200, align, &s).unwrap();
+    }
+    let err = mr.allocate(257, 256, &s).unwrap_err();
+    let info = err.oom_info().expect("out of memory");
+    assert_eq!(info.requested, 257);
+    assert_eq!(info.limit, Some(256));
+    assert!(matches!(
+        mr.allocate(64, 512, &s),
+        Err(Error::AlignmentTooLarge { .. })
+    ));
+    assert!(matches!(
+        mr.allocate(64, 3, &s),
+        Err(Error::BadAlignment { .. })
+    ));
+}
+
+#[test]
+fn fixed_size_rejects_bad_block_sizes() {
+    let (device, _) = common::device(false);
+    for bad in [0usize, 100, 300, 1000] {
+        assert!(matches!(
+            FixedSizeResource::new(DeviceResource::new(device.clone()), bad),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    assert!(FixedSizeResource::new(DeviceResource::new(device.clone()), 768).is_ok());
+    assert!(FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 256, 0).is_err());
+}
+
+#[test]
+fn binning_passes_the_suite() {
+    let (device, _) = common::device(false);
+    let mr = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 20).unwrap();
+    assert_eq!(mr.bin_sizes().len(), 13);
+    suite::run_all(Arc::new(mr));
+}
+
+#[test]
+fn binning_with_a_custom_bin_passes_the_suite() {
+    let (device, _) = common::device(false);
+    let mut mr =
+        BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 9, 16).unwrap();
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    mr.add_bin(4 << 20, pool).unwrap();
+    assert!(mr.add_fixed_bins(7, 9).is_err());
+    assert!(mr.add_bin(0, DeviceResource::new(device)).is_err());
+    suite::run_all(Arc::new(mr));
+}
+
+#[test]
+fn caching_pool_passes_the_suite() {
+    let (device, _) = common::device(false);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    suite::run_all(Arc::new(pool));
+}
+
+#[test]
+fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
+    let (device, _) = common::device(false);
+    let config = CachingPoolConfig {
+        max_block_size: 64 << 10,
+        chunk_size: 256 << 10,
+        cross_stream_wait: false,
+        batch_size: 4,
+        ..CachingPoolConfig::default()
+    };
+    suite::run_all(Arc::new(CachingPool::new(&device, config).unwrap()));
+}
+
+#[test]
+fn caching_pool_config_is_validated() {
+    let (device, _) = common::device(false);
+    let bad = [
+        CachingPoolConfig {
+            max_pool_size: 0,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            min_block_size: 128,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            min_block_size: 768,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            max_block_size: 256,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            max_block_size: 3 << 20,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            chunk_size: 1000,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            batch_size: 0,
+            ..Default::default()
+        },
+        CachingPoolConfig {
+            device_id: Some(7),
+            ..Default::default()
+        },
+    ];
+    for config in bad {
+        let err = CachingPool::new(&device, config.clone())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(_) | Error::NoSuchDevice { .. }),
+            "{config:?}: {err:?}"
+        );
+    }
+    let err = CachingPool::with_upstream(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig {
+            device_id: Some(3),
+            ..Default::default()
+        },
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)));
+    assert!(CachingPool::new(
+        &device,
+        CachingPoolConfig {
+            device_id: Some(0),
+            ..Default::default()
+        }
+    )
+    .is_ok());
+}
+
+// ----- the random-sequence model checks -----
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { stream: usize, bytes: usize },
+    Free { pick: usize, stream: usize },
+    Touch { pick: usize },
+    Hold { stream: usize },
+    Release { stream: usize },
+    Process,
+    Trim,
+}
+
+fn op(max_log: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3usize, 0..=max_log, 0..1024usize).prop_map(move |(stream, log, extra)| {
+            let base = 1usize << log;
+            Op::Alloc { stream, bytes: (base + extra % base).max(1) }
+        }),
+        4 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
+        2 => any::<usize>().prop_map(|pick| Op::Touch { pick }),
+        1 => (0..3usize).prop_map(|stream| Op::Hold { stream }),
+        1 => (0..3usize).prop_map(|stream| Op::Release { stream }),
+        1 => Just(Op::Process),
+        1 => Just(Op::Trim),
+    ]
+}
+
+/// What every pool under test shows the harness.
+trait Pool: MemoryResource {
+    fn live(&self) -> usize;
+    fn reserved(&self) -> usize;
+    fn process(&self);
+    fn trim(&self);
+    fn give_back(&self);
+}
+
+impl<U: MemoryResource> Pool for FixedSizeResource<U> {
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn reserved(&self) -> usize {
+        self.reserved_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+    fn trim(&self) {
+        self.release_completed().unwrap();
+    }
+    fn give_back(&self) {
+        self.release().unwrap();
+    }
+}
+
+impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn reserved(&self) -> usize {
+        self.reserved_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+    fn trim(&self) {
+        self.process_deferred().unwrap();
+    }
+    fn give_back(&self) {
+        self.release().unwrap();
+    }
+}
+
+impl<U: MemoryResource> Pool for CachingPool<U> {
+    fn live(&self) -> usize {
+        let s = self.stats();
+        assert_eq!(s.live_bytes, self.live_bytes());
+        assert_eq!(s.reserved_bytes, self.reserved_bytes());
+        let in_use: usize = s.classes.iter().map(|c| c.live_blocks * c.block_size).sum();
+        assert_eq!(s.cached_bytes + in_use, s.reserved_bytes, "{s:?}");
+        self.live_bytes()
+    }
+    fn reserved(&self) -> usize {
+        self.reserved_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+    fn trim(&self) {
+        self.release_completed().unwrap();
+    }
+    fn give_back(&self) {
+        self.release().unwrap();
+    }
+}
+
+struct Freed {
+    start: u64,
+    end: u64,
+    stream: u64,
+    pos: u64,
+}
+
+/// Runs `ops` against `pool`, checking overlap, alignment, the stats model
+/// and the ordering oracle; then frees everything and checks that the pool
+/// gives all memory back.
+fn run_model<P: Pool>(
+    pool: P,
+    sim: &SimDriver,
+    streams: &[Stream],
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
+    let mut freed: Vec<Freed> = Vec::new();
+    let mut held = [false; 3];
+    for op in ops {
+        match *op {
+            Op::Alloc { stream, bytes } => {
+                let s = &streams[stream];
+                let p = match pool.allocate(bytes, 256, s) {
+                    Ok(p) => p,
+                    Err(e) if e.is_oom() => continue,
+                    Err(e) => return Err(TestCaseError::fail(format!("allocate {bytes}: {e}"))),
+                };
+                prop_assert_eq!(p.0 % 256, 0, "alignment");
+                let (start, end) = (p.0, p.0 + bytes as u64);
+                for &(q, b, _) in &live {
+                    prop_assert!(
+                        end <= q.0 || q.0 + b as u64 <= start,
+                        "overlap with a live block"
+                    );
+                }
+                let mut i = 0;
+                while i < freed.len() {
+                    let f = &freed[i];
+                    if f.start < end && start < f.end {
+                        prop_assert!(
+                            sim.is_ordered_after(f.stream, f.pos, s.raw()),
+                            "block freed on stream {:#x} at {} reused on {:#x} before that work was ordered",
+                            f.stream,
+                            f.pos,
+                            s.raw()
+                        );
+                        freed.swap_remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+                live.push((p, bytes, stream));
+            }
+            Op::Free { pick, stream } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let (p, bytes, owner) = live.swap_remove(pick % live.len());
+                let s = &streams[stream];
+                if owner != stream {
+                    // Correct code orders the free after the block's last use.
+                    s.wait_for(&streams[owner]).unwrap();
+                }
+                pool.deallocate(p, bytes, 256, s).unwrap();
+                freed.push(Freed {
+                    start: p.0,
+                    end: p.0 + bytes as u64,
+                    stream: s.raw(),
+                    pos: sim.stream_position(s.raw()),
+                });
+            }
+            Op::Touch { pick } => {
+                if let Some(&(_, _, owner)) = live.get(pick % live.len().max(1)) {
+                    // Work that uses the block, on the block's stream.
+                    enqueue_work(&streams[owner]);
+                }
+            }
+            Op::Hold { stream } => {
+                sim.hold(streams[stream].raw());
+                held[stream] = true;
+            }
+            Op::Release { stream } => {
+                sim.release(streams[stream].raw());
+                held[stream] = false;
+            }
+            Op::Process => pool.process(),
+            Op::Trim => pool.trim(),
+        }
+        let model: usize = live.iter().map(|&(_, b, _)| b).sum();
+        prop_assert_eq!(pool.live(), model, "live bytes");
+        prop_assert!(pool.reserved() >= model);
+    }
+    for (p, bytes, owner) in live.drain(..) {
+        pool.deallocate(p, bytes, 256, &streams[owner]).unwrap();
+    }
+    prop_assert_eq!(pool.live(), 0);
+    pool.give_back();
+    prop_assert_eq!(
+        pool.reserved(),
+        0,
+        "every chunk is free, so every chunk goes back"
+    );
+    drop(pool);
+    for (s, h) in streams.iter().zip(held) {
+        if h {
+            sim.release(s.raw());
+        }
+    }
+    Ok(())
+}
+
+fn model_setup() -> (Device, Arc<SimDriver>, Vec<Stream>, usize) {
+    let (device, sim) = sim(1 << 30);
+    let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+    let base = sim.device_bytes(0);
+    (device, sim, streams, base)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fixed_size_model(ops in prop::collection::vec(op(12), 1..160)) {
+        let (device, sim, streams, base) = model_setup();
+        let pool = FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 8192, 4).unwrap();
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn binning_model(ops in prop::collection::vec(op(16), 1..160)) {
+        let (device, sim, streams, base) = model_setup();
+        // Largest bin 128 KiB covers every request of the model.
+        let pool = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 17).unwrap();
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn caching_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
+        let (device, sim, streams, base) = model_setup();
+        let config = CachingPoolConfig { batch_size: 3, ..CachingPoolConfig::default() };
+        let pool = CachingPool::new(&device, config).unwrap();
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn caching_pool_model_tight(ops in prop::collection::vec(op(20), 1..160)) {
+        // A small device and a pool limit: growth fails often, so the
+        // out-of-memory path (synchronize, give back, retry) runs.
+        let (device, sim) = sim(16 << 20);
+        let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let base = sim.device_bytes(0);
+        let config = CachingPoolConfig {
+            max_pool_size: 12 << 20,
+            cross_stream_wait: false,
+            ..CachingPoolConfig::default()
+        };
+        let pool = CachingPool::new(&device, config).unwrap();
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+}
+
+// ----- cross-stream reuse, deterministic -----
+
+#[test]
+fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
+    let (device, sim) = sim(1 << 30);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let p = pool.allocate_async(4096, &s).unwrap();
+    sim.hold(s.raw());
+    enqueue_work(&s);
+    pool.deallocate_async(p, Some(4096), &s).unwrap();
+    let pos = sim.stream_position(s.raw());
+    // Same stream: at once, no event.
+    let events = sim.call_count("cuEventRecord");
+    let q = pool.allocate_async(4096, &s).unwrap();
+    assert_eq!(q, p, "same-stream reuse");
+    assert_eq!(
+        sim.call_count("cuEventRecord"),
+        events,
+        "no event on the fast path"
+    );
+    pool.deallocate_async(q, Some(4096), &s).unwrap();
+    // Another stream: only with a wait.
+    let r = pool.allocate_async(4096, &t).unwrap();
+    if r == p {
+        assert!(sim.is_ordered_after(s.raw(), pos, t.raw()));
+    }
+    pool.deallocate_async(r, None, &t).unwrap();
+    sim.release(s.raw());
+}
+
+#[test]
+fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
+    let (device, sim) = sim(1 << 30);
+    let config = CachingPoolConfig {
+        cross_stream_wait: false,
+        ..Default::default()
+    };
+    let pool = CachingPool::new(&device, config).unwrap();
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let p = pool.allocate_async(1 << 20, &s).unwrap();
+    let q = pool.allocate_async(1 << 20, &s).unwrap(); // the chunk's second block
+    sim.hold(s.raw());
+    enqueue_work(&s);
+    pool.deallocate_async(p, Some(1 << 20), &s).unwrap();
+    pool.deallocate_async(q, Some(1 << 20), &s).unwrap();
+    let r = pool.allocate_async(1 << 20, &t).unwrap();
+    assert!(r != p && r != q, "S's blocks are not T's while S is busy");
+    pool.deallocate_async(r, Some(1 << 20), &t).unwrap();
+    sim.release(s.raw());
+    pool.process_deferred().unwrap();
+    // p, q, r and r's chunk neighbour are all free for every stream now.
+    let got: Vec<DevicePtr> = (0..4)
+        .map(|_| pool.allocate_async(1 << 20, &t).unwrap())
+        .collect();
+    assert!(
+        got.contains(&p) && got.contains(&q),
+        "completed blocks are everyone's"
+    );
+    for x in got {
+        pool.deallocate_async(x, Some(1 << 20), &t).unwrap();
+    }
+}
+
+#[test]
+fn batches_record_one_event_per_stream_per_batch() {
+    let (device, sim) = sim(1 << 30);
+    let config = CachingPoolConfig {
+        batch_size: 8,
+        ..Default::default()
+    };
+    let pool = CachingPool::new(&device, config).unwrap();
+    let s = device.create_stream().unwrap();
+    let ptrs: Vec<_> = (0..32)
+        .map(|_| pool.allocate_async(512, &s).unwrap())
+        .collect();
+    let before = sim.call_count("cuEventRecord");
+    for p in ptrs {
+        pool.deallocate_async(p, Some(512), &s).unwrap();
+    }
+    let sealed = sim.call_count("cuEventRecord") - before;
+    assert!(
+        (1..=4).contains(&sealed),
+        "{sealed} events for 32 frees in batches of 8"
+    );
+    let before = sim.call_count("cuEventRecord");
+    for _ in 0..1000 {
+        let p = pool.allocate_async(512, &s).unwrap();
+        pool.deallocate_async(p, Some(512), &s).unwrap();
+    }
+    assert!(sim.call_count("cuEventRecord") - before <= 1000 / 8);
+    pool.process_deferred().unwrap();
+}
+
+// ----- out of memory -----
+
+#[test]
+fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
+    let (device, sim) = sim(64 << 20);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    // Fill the cache with 8 MiB blocks freed on a busy stream.
+    let blocks: Vec<_> = (0..6)
+        .map(|_| pool.allocate_async(8 << 20, &s).unwrap())
+        .collect();
+    sim.hold(s.raw());
+    enqueue_work(&s);
+    for &b in &blocks {
+        pool.deallocate_async(b, Some(8 << 20), &s).unwrap();
+    }
+    assert_eq!(pool.cached_bytes(), 48 << 20);
+    // 32 MiB does not fit next to 48 MiB of cache: the pool synchronizes S,
+    // gives the cache back and retries.
+    let big = pool.allocate_async(32 << 20, &t).unwrap();
+    assert!(pool.cached_bytes() < 48 << 20);
+    assert_eq!(pool.live_bytes(), 32 << 20);
+    // More than the device: a clean error with the numbers.
+    let err = pool.allocate_async(64 << 20, &t).unwrap_err();
+    let info = err.oom_info().expect("out of memory");
+    assert_eq!(info.requested, 64 << 20);
+    assert_eq!(info.live, Some(32 << 20));
+    assert_eq!(info.reserved, Some(pool.reserved_bytes()));
+    assert!(info.largest_free.is_some());
+    assert_eq!(info.device, Some(0));
+    // Still usable, and consistent.
+    let small = pool.allocate_async(1 << 20, &t).unwrap();
+    pool.deallocate_async(small, Some(1 << 20), &t).unwrap();
+    pool.deallocate_async(big, Some(32 << 20), &t).unwrap();
+    sim.release(s.raw());
+    pool.release().unwrap();
+    assert_eq!(pool.reserved_bytes(), 0);
+}
+
+#[test]
+fn injected_out_of_memory_is_retried_and_loses_nothing() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let s = device.create_stream().unwrap();
+    let warm = pool.allocate_async(4 << 20, &s).unwrap();
+    pool.deallocate_async(warm, Some(4 << 20), &s).unwrap();
+    // The chunk, the single block and the retry after giving back all fail.
+    sim.fail_nth_alloc(1);
+    sim.fail_nth_alloc(2);
+    sim.fail_nth_alloc(3);
+    let err = pool.allocate_async(1 << 20, &s).unwrap_err();
+    let info = err.oom_info().unwrap();
+    assert_eq!(info.requested, 1 << 20);
+    assert_eq!(
+        pool.reserved_bytes(),
+        0,
+        "the cached 4 MiB went back before the last retry"
+    );
+    assert_eq!(info.reserved, Some(0));
+    // One failure only: the single-block retry succeeds.
+    sim.fail_nth_alloc(1);
+    let p = pool.allocate_async(1 << 20, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), 1 << 20);
+    pool.deallocate_async(p, Some(1 << 20), &s).unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    {
+        let mr = FixedSizeResource::with_blocks_per_chunk(
+            DeviceResource::new(device.clone()),
+            1 << 20,
+            4,
+        )
+        .unwrap();
+        let s = device.create_stream().unwrap();
+        sim.fail_nth_alloc(1);
+        let p = mr.allocate(1 << 20, 256, &s).unwrap(); // chunk fails, single block works
+        assert_eq!(mr.reserved_bytes(), 1 << 20);
+        for n in 1..=3 {
+            sim.fail_nth_alloc(n);
+        }
+        let err = mr.allocate(1 << 20, 256, &s).unwrap_err();
+        let info = err.oom_info().unwrap();
+        assert_eq!(
+            (info.requested, info.live, info.reserved),
+            (1 << 20, Some(1 << 20), Some(1 << 20))
+        );
+        mr.deallocate(p, 1 << 20, 256, &s).unwrap();
+        let q = mr.allocate(1000, 256, &s).unwrap();
+        mr.deallocate(q, 1000, 256, &s).unwrap();
+    }
+    {
+        let mr =
+            BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20).unwrap();
+        let s = device.create_stream().unwrap();
+        let warm = mr.allocate(1 << 20, 256, &s).unwrap();
+        mr.deallocate(warm, 1 << 20, 256, &s).unwrap();
+        for n in 1..=8 {
+            sim.fail_nth_alloc(n);
+        }
+        let err = mr.allocate(4096, 256, &s).unwrap_err();
+        let info = err.oom_info().unwrap();
+        assert_eq!(info.requested, 4096);
+        assert_eq!(info.reserved, Some(0), "cached chunks went back");
+        sim.clear_faults();
+        let p = mr.allocate(4096, 256, &s).unwrap();
+        mr.deallocate(p, 4096, 256, &s).unwrap();
+    }
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn pool_limit_is_an_out_of_memory_with_the_limit() {
+    let (device, _) = sim(1 << 30);
+    let config = CachingPoolConfig {
+        max_pool_size: 8 << 20,
+        ..Default::default()
+    };
+    let pool = CachingPool::new(&device, config).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = pool.allocate_async(4 << 20, &s).unwrap();
+    let err = pool.allocate_async(8 << 20, &s).unwrap_err();
+    assert_eq!(err.oom_info().unwrap().limit, Some(8 << 20));
+    let b = pool.allocate_async(4 << 20, &s).unwrap();
+    pool.deallocate_async(a, Some(4 << 20), &s).unwrap();
+    pool.deallocate_async(b, Some(4 << 20), &s).unwrap();
+    // Cached blocks make room for another class.
+    let c = pool.allocate_async(8 << 20, &s).unwrap();
+    pool.deallocate_async(c, None, &s).unwrap();
+}
+
+// ----- bad frees, large requests, sync forms -----
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    let (device, _) = sim(1 << 30);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let s = device.create_stream().unwrap();
+    let p = pool.allocate_async(1000, &s).unwrap();
+    assert!(matches!(
+        pool.deallocate_async(p, Some(999), &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::SizeMismatch {
+                allocated: 1000,
+                freed: 999
+            },
+            ..
+        })
+    ));
+    assert!(matches!(
+        pool.deallocate_async(p, Some(5000), &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::SizeMismatch {
+                allocated: 1000,
+                ..
+            },
+            ..
+        })
+    ));
+    assert!(matches!(
+        pool.deallocate_async(DevicePtr(12345 << 8), Some(1000), &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::Unknown,
+            ..
+        })
+    ));
+    pool.deallocate_async(p, Some(1000), &s).unwrap();
+    assert!(matches!(
+        pool.deallocate_async(p, Some(1000), &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::DoubleFree,
+            ..
+        })
+    ));
+    assert_eq!(pool.live_bytes(), 0);
+    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096).unwrap();
+    let q = fixed.allocate(100, 256, &s).unwrap();
+    fixed.deallocate(q, 100, 256, &s).unwrap();
+    assert!(matches!(
+        fixed.deallocate(q, 100, 256, &s),
+        Err(Error::InvalidFree { .. })
+    ));
+}
+
+#[test]
+fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    let config = CachingPoolConfig {
+        max_block_size: 1 << 20,
+        ..Default::default()
+    };
+    let pool = CachingPool::new(&device, config).unwrap();
+    let s = device.create_stream().unwrap();
+    assert_eq!(pool.block_size_for(1), Some(512));
+    assert_eq!(pool.block_size_for(600), Some(1024));
+    assert_eq!(pool.block_size_for(3 << 20), None);
+    let big = pool.allocate_async(3 << 20, &s).unwrap();
+    let small = pool.allocate_async(3000, &s).unwrap();
+    assert_eq!(pool.stats().large_allocations, 1);
+    assert_eq!(pool.live_bytes(), (3 << 20) + 3000);
+    pool.deallocate_async(big, None, &s).unwrap();
+    pool.deallocate_async(small, None, &s).unwrap();
+    assert_eq!(pool.live_bytes(), 0);
+    let p = pool.allocate_sync(2048, 256).unwrap();
+    pool.deallocate_sync(p, 2048, 256).unwrap();
+    let q = pool.allocate_sync(2048, 256).unwrap();
+    assert_eq!(p, q, "a block freed synchronously is everyone's at once");
+    pool.deallocate_sync(q, 2048, 256).unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+// ----- dropped streams -----
+
+#[test]
+fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
+    let (device, sim) = sim(1 << 30);
+    let base_streams = sim.live_streams();
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 1 << 16).unwrap();
+    let t = device.create_stream().unwrap();
+    let (p, f, raw, pos);
+    {
+        let s = device.create_stream().unwrap();
+        p = pool.allocate_async(1 << 16, &s).unwrap();
+        f = fixed.allocate(1 << 16, 256, &s).unwrap();
+        sim.hold(s.raw());
+        enqueue_work(&s);
+        enqueue_work(&s);
+        pool.deallocate_async(p, Some(1 << 16), &s).unwrap();
+        fixed.deallocate(f, 1 << 16, 256, &s).unwrap();
+        raw = s.raw();
+        pos = sim.stream_position(raw);
+    } // the user's handle is gone; the pools keep the stream alive
+    assert_eq!(
+        sim.live_streams(),
+        base_streams + 2,
+        "the dropped stream still exists"
+    );
+    // Another stream may only get the blocks once ordered after the work.
+    let q = pool.allocate_async(1 << 16, &t).unwrap();
+    let g = fixed.allocate(1 << 16, 256, &t).unwrap();
+    if q == p || g == f {
+        assert!(sim.is_ordered_after(raw, pos, t.raw()));
+    }
+    pool.deallocate_async(q, Some(1 << 16), &t).unwrap();
+    fixed.deallocate(g, 1 << 16, 256, &t).unwrap();
+    sim.complete(raw);
+    pool.process_deferred().unwrap();
+    fixed.process_deferred().unwrap();
+    // The blocks are reusable, and once no block refers to the stream, the
+    // pools let it go.
+    pool.release().unwrap();
+    fixed.release().unwrap();
+    assert_eq!(pool.reserved_bytes(), 0);
+    assert_eq!(fixed.reserved_bytes(), 0);
+    assert_eq!(sim.live_streams(), base_streams + 1, "only t is left");
+}
+
+// ----- threads -----
+
+#[test]
+fn many_threads_on_many_streams_share_one_caching_pool() {
+    let (device, sim) = sim(4 << 30);
+    let base = sim.device_bytes(0);
+    let pool = Arc::new(
+        CachingPool::new(
+            &device,
+            CachingPoolConfig {
+                batch_size: 16,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let live = Arc::new(suite::LiveSet::default());
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let pool = pool.clone();
+            let live = live.clone();
+            let device = device.clone();
+            std::thread::spawn(move || {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let streams = [
+                    device.create_stream().unwrap(),
+                    device.create_stream().unwrap(),
+                ];
+                let mut mine = Vec::new();
+                for i in 0..3000 {
+                    if mine.len() < 64 && rng.random_bool(0.55) {
+                        let s = rng.random_range(0..2);
+                        let bytes = 256usize << rng.random_range(0..14);
+                        let p = pool.allocate_async(bytes, &streams[s]).unwrap();
+                        live.insert(p, bytes);
+                        mine.push((p, bytes, s));
+                    } else if !mine.is_empty() {
+                        let (p, b, s) = mine.swap_remove(rng.random_range(0..mine.len()));
+                        live.remove(p);
+                        pool.deallocate_async(p, Some(b), &streams[s]).unwrap();
+                    }
+                    if i % 500 == 0 {
+                        pool.process_deferred().unwrap();
+                    }
+                }
+                for (p, b, s) in mine {
+                    live.remove(p);
+                    pool.deallocate_async(p, Some(b), &streams[s]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(pool.live_bytes(), 0);
+    pool.release().unwrap();
+    assert_eq!(pool.reserved_bytes(), 0);
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+// ----- DeviceBuffer -----
+
+#[test]
+fn device_buffer_round_trips_through_a_caching_pool() {
+    let (device, _) = common::device(true);
+    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let stream = device.create_stream().unwrap();
+    let data: Vec<u32> = (0..100_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    {
+        let buf = DeviceBuffer::from_slice(&data, &pool, &stream).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), data);
+        let mut copy = DeviceBuffer::<u32, _>::new(data.len(), &pool, &stream).unwrap();
+        copy.copy_from_device(&buf).unwrap();
+        assert_eq!(copy.to_vec().unwrap(), data);
+        assert_eq!(pool.live_bytes(), 2 * 400_000);
+    }
+    assert_eq!(pool.live_bytes(), 0);
+    // The freed blocks are reused on the same stream.
+    let again = DeviceBuffer::<u32, _>::zeroed(data.len(), &pool, &stream).unwrap();
+    assert_eq!(again.to_vec().unwrap(), vec![0; data.len()]);
+    let reserved = pool.reserved_bytes();
+    drop(again);
+    assert_eq!(
+        pool.reserved_bytes(),
+        reserved,
+        "no growth for a cached size"
+    );
+    let shared = Arc::new(pool);
+    let buf = DeviceBuffer::<u8, _>::from_slice(&[1, 2, 3], shared.clone(), &stream).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![1, 2, 3]);
+}
