@@ -206,7 +206,10 @@ fn highs_track_peaks_and_reset_to_current() {
     );
     mr.reset_reserved_high().unwrap();
     let high = mr.reserved_high().unwrap();
-    assert!(high <= mr.reserved_current().unwrap() && high < u.reserved_high, "{high}");
+    assert!(
+        high <= mr.reserved_current().unwrap() && high < u.reserved_high,
+        "{high}"
+    );
     // The high follows new growth after a reset.
     let c = mr.allocate(8 * MIB, 256, &s).unwrap();
     assert!(mr.reserved_high().unwrap() >= 8 * MIB);

@@ -80,12 +80,16 @@ fn require_pools(device: &Device) -> Result<DeviceInfo> {
     Ok(info)
 }
 
-/// Turns the driver's `CUDA_ERROR_NOT_SUPPORTED` into [`Error::Unsupported`]
-/// naming `feature`; other errors pass through.
+/// Turns the driver's `CUDA_ERROR_NOT_SUPPORTED` (a driver error or the
+/// backend's own [`Error::Unsupported`]) into [`Error::Unsupported`] naming
+/// `feature`; other errors pass through.
 fn map_not_supported(err: Error, feature: impl FnOnce() -> String) -> Error {
     match err {
         Error::Driver { code, call, .. } if code == CUDA_ERROR_NOT_SUPPORTED => {
             Error::unsupported(format!("{} ({call} says not supported)", feature()))
+        }
+        Error::Unsupported { feature: what } => {
+            Error::unsupported(format!("{} ({what})", feature()))
         }
         e => e,
     }
