@@ -74,7 +74,7 @@ impl AsyncResourceBuilder {
 
     /// The IPC handle type the pool can be exported as (default
     /// [`HandleType::None`]). [`HandleType::PosixFd`] makes
-    /// [`AsyncResource::export_fd`] and [`AsyncResource::export_pointer`] work.
+    /// [`MemPool::export_fd`] and [`MemPool::export_pointer`] work.
     pub fn handle_type(mut self, handle_type: HandleType) -> Self {
         self.handle_type = handle_type;
         self
