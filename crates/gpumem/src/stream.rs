@@ -42,9 +42,10 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        if self.owned {
-            // Work already enqueued still completes; a failure here (driver shut
-            // down at exit) leaves nothing to recover.
+        // At process exit the driver may be gone: leak the handle instead.
+        if self.owned && !crate::exit::process_is_exiting() {
+            // Work already enqueued still completes; a failure here leaves
+            // nothing to recover.
             let _ = self.device.driver().stream_destroy(self.raw);
         }
     }
@@ -120,6 +121,12 @@ impl Stream {
     #[inline]
     pub fn raw(&self) -> RawStream {
         self.inner.raw
+    }
+
+    /// True when no other clone of this handle exists (pools use it to let go of
+    /// streams their users dropped).
+    pub fn is_sole_handle(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
     }
 
     /// The device this stream belongs to.
@@ -203,6 +210,9 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return;
+        }
         let _ = self.device.driver().event_destroy(self.raw);
     }
 }

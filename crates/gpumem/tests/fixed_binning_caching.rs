@@ -5,28 +5,15 @@
 
 mod common;
 
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+
 use std::sync::Arc;
 
 use common::suite;
-use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource};
 use gpumem::resource::{DeviceResource, MemoryResource};
-use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
+use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
-
-/// Enqueues one operation on `stream` (an event record: safe, and on a held
-/// stream it stays pending like a kernel would).
-fn enqueue_work(stream: &Stream) {
-    let ev = gpumem::Event::new(stream.device()).unwrap();
-    ev.record(stream).unwrap();
-}
-
-fn sim(capacity: usize) -> (Device, Arc<SimDriver>) {
-    Device::sim_with_driver(SimConfig {
-        capacity,
-        ..SimConfig::default()
-    })
-}
 
 // ----- the shared suite -----
 
@@ -185,41 +172,6 @@ fn caching_pool_config_is_validated() {
 
 // ----- the random-sequence model checks -----
 
-#[derive(Debug, Clone)]
-enum Op {
-    Alloc { stream: usize, bytes: usize },
-    Free { pick: usize, stream: usize },
-    Touch { pick: usize },
-    Hold { stream: usize },
-    Release { stream: usize },
-    Process,
-    Trim,
-}
-
-fn op(max_log: u32) -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => (0..3usize, 0..=max_log, 0..1024usize).prop_map(move |(stream, log, extra)| {
-            let base = 1usize << log;
-            Op::Alloc { stream, bytes: (base + extra % base).max(1) }
-        }),
-        4 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Free { pick, stream }),
-        2 => any::<usize>().prop_map(|pick| Op::Touch { pick }),
-        1 => (0..3usize).prop_map(|stream| Op::Hold { stream }),
-        1 => (0..3usize).prop_map(|stream| Op::Release { stream }),
-        1 => Just(Op::Process),
-        1 => Just(Op::Trim),
-    ]
-}
-
-/// What every pool under test shows the harness.
-trait Pool: MemoryResource {
-    fn live(&self) -> usize;
-    fn reserved(&self) -> usize;
-    fn process(&self);
-    fn trim(&self);
-    fn give_back(&self);
-}
-
 impl<U: MemoryResource> Pool for FixedSizeResource<U> {
     fn live(&self) -> usize {
         self.live_bytes()
@@ -277,125 +229,6 @@ impl<U: MemoryResource> Pool for CachingPool<U> {
     fn give_back(&self) {
         self.release().unwrap();
     }
-}
-
-struct Freed {
-    start: u64,
-    end: u64,
-    stream: u64,
-    pos: u64,
-}
-
-/// Runs `ops` against `pool`, checking overlap, alignment, the stats model
-/// and the ordering oracle; then frees everything and checks that the pool
-/// gives all memory back.
-fn run_model<P: Pool>(
-    pool: P,
-    sim: &SimDriver,
-    streams: &[Stream],
-    ops: &[Op],
-) -> Result<(), TestCaseError> {
-    let mut live: Vec<(DevicePtr, usize, usize)> = Vec::new();
-    let mut freed: Vec<Freed> = Vec::new();
-    let mut held = [false; 3];
-    for op in ops {
-        match *op {
-            Op::Alloc { stream, bytes } => {
-                let s = &streams[stream];
-                let p = match pool.allocate(bytes, 256, s) {
-                    Ok(p) => p,
-                    Err(e) if e.is_oom() => continue,
-                    Err(e) => return Err(TestCaseError::fail(format!("allocate {bytes}: {e}"))),
-                };
-                prop_assert_eq!(p.0 % 256, 0, "alignment");
-                let (start, end) = (p.0, p.0 + bytes as u64);
-                for &(q, b, _) in &live {
-                    prop_assert!(
-                        end <= q.0 || q.0 + b as u64 <= start,
-                        "overlap with a live block"
-                    );
-                }
-                let mut i = 0;
-                while i < freed.len() {
-                    let f = &freed[i];
-                    if f.start < end && start < f.end {
-                        prop_assert!(
-                            sim.is_ordered_after(f.stream, f.pos, s.raw()),
-                            "block freed on stream {:#x} at {} reused on {:#x} before that work was ordered",
-                            f.stream,
-                            f.pos,
-                            s.raw()
-                        );
-                        freed.swap_remove(i);
-                    } else {
-                        i += 1;
-                    }
-                }
-                live.push((p, bytes, stream));
-            }
-            Op::Free { pick, stream } => {
-                if live.is_empty() {
-                    continue;
-                }
-                let (p, bytes, owner) = live.swap_remove(pick % live.len());
-                let s = &streams[stream];
-                if owner != stream {
-                    // Correct code orders the free after the block's last use.
-                    s.wait_for(&streams[owner]).unwrap();
-                }
-                pool.deallocate(p, bytes, 256, s).unwrap();
-                freed.push(Freed {
-                    start: p.0,
-                    end: p.0 + bytes as u64,
-                    stream: s.raw(),
-                    pos: sim.stream_position(s.raw()),
-                });
-            }
-            Op::Touch { pick } => {
-                if let Some(&(_, _, owner)) = live.get(pick % live.len().max(1)) {
-                    // Work that uses the block, on the block's stream.
-                    enqueue_work(&streams[owner]);
-                }
-            }
-            Op::Hold { stream } => {
-                sim.hold(streams[stream].raw());
-                held[stream] = true;
-            }
-            Op::Release { stream } => {
-                sim.release(streams[stream].raw());
-                held[stream] = false;
-            }
-            Op::Process => pool.process(),
-            Op::Trim => pool.trim(),
-        }
-        let model: usize = live.iter().map(|&(_, b, _)| b).sum();
-        prop_assert_eq!(pool.live(), model, "live bytes");
-        prop_assert!(pool.reserved() >= model);
-    }
-    for (p, bytes, owner) in live.drain(..) {
-        pool.deallocate(p, bytes, 256, &streams[owner]).unwrap();
-    }
-    prop_assert_eq!(pool.live(), 0);
-    pool.give_back();
-    prop_assert_eq!(
-        pool.reserved(),
-        0,
-        "every chunk is free, so every chunk goes back"
-    );
-    drop(pool);
-    for (s, h) in streams.iter().zip(held) {
-        if h {
-            sim.release(s.raw());
-        }
-    }
-    Ok(())
-}
-
-fn model_setup() -> (Device, Arc<SimDriver>, Vec<Stream>, usize) {
-    let (device, sim) = sim(1 << 30);
-    let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
-    let base = sim.device_bytes(0);
-    (device, sim, streams, base)
 }
 
 proptest! {

@@ -1,6 +1,8 @@
 //! Stream-ordered pools: memory resources that cache blocks taken from an
 //! upstream resource and hand them out again without a driver call.
 //!
+//! - [`PoolResource`]: coalescing best fit over TLSF lanes, O(1) whatever the
+//!   number of free blocks, sized growth (no doubling), trim and release.
 //! - [`FixedSizeResource`]: one block size, chunks of N blocks, O(1).
 //! - [`BinningResource`]: routes each size to a bin (fixed-size bins or any
 //!   resource), larger sizes to the upstream.
@@ -37,10 +39,12 @@
 mod binning;
 mod caching_pool;
 mod fixed_size;
+mod pool_resource;
 mod slab;
 mod stream_lanes;
 
 pub use binning::BinningResource;
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
+pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use slab::ClassStats;

@@ -1,0 +1,353 @@
+//! PoolResource: the shared resource suite, random operation sequences checked
+//! against a model and the simulator's ordering oracle, growth, trim and
+//! release, reclaim on out-of-memory, holes, and dropped streams.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::suite;
+use gpumem::pool::{GrowthPolicy, PoolConfig, PoolResource};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError};
+use proptest::prelude::*;
+
+impl<U: MemoryResource> Pool for PoolResource<U> {
+    fn accounted(&self, bytes: usize) -> usize {
+        bytes.next_multiple_of(256)
+    }
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn reserved(&self) -> usize {
+        self.reserved_bytes()
+    }
+    fn process(&self) {
+        // The pool has no deferred work; settling happens on its slow path.
+    }
+    fn trim(&self) {
+        PoolResource::trim(self).unwrap();
+    }
+    fn give_back(&self) {
+        self.release().unwrap();
+    }
+}
+
+fn pool_on(device: &gpumem::Device, config: PoolConfig) -> PoolResource<DeviceResource> {
+    PoolResource::new(DeviceResource::new(device.clone()), config).unwrap()
+}
+
+#[test]
+fn pool_passes_the_suite() {
+    let (device, _) = common::device(false);
+    suite::run_all(Arc::new(pool_on(&device, PoolConfig::default())));
+}
+
+#[test]
+fn pool_with_initial_size_and_limit_passes_the_suite() {
+    let (device, _) = common::device(false);
+    let config = PoolConfig {
+        initial_size: 64 << 20,
+        maximum_size: Some(1 << 30),
+        ..PoolConfig::default()
+    };
+    suite::run_all(Arc::new(pool_on(&device, config)));
+}
+
+#[test]
+fn config_is_validated() {
+    let (device, _) = common::device(false);
+    let up = || DeviceResource::new(device.clone());
+    let over = PoolConfig {
+        initial_size: 2 << 20,
+        maximum_size: Some(1 << 20),
+        ..PoolConfig::default()
+    };
+    assert!(matches!(
+        PoolResource::new(up(), over),
+        Err(Error::InvalidArgument(_))
+    ));
+    let bad_gran = PoolConfig {
+        growth: GrowthPolicy {
+            granularity: 100,
+            ..GrowthPolicy::default()
+        },
+        ..PoolConfig::default()
+    };
+    assert!(matches!(
+        PoolResource::new(up(), bad_gran),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn growth_is_tiered_not_doubling() {
+    let g = GrowthPolicy::default();
+    assert_eq!(g.region_for(256), Some(2 << 20));
+    assert_eq!(g.region_for(1 << 20), Some(2 << 20));
+    assert_eq!(g.region_for(3 << 20), Some(20 << 20));
+    assert_eq!(g.region_for(100 << 20), Some(100 << 20));
+    assert_eq!(g.region_for((100 << 20) + 1), Some(102 << 20));
+    assert_eq!(g.region_for(usize::MAX), None);
+    // A run of large allocations reserves what is live, give or take a region.
+    let (device, _sim) = sim(80 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let ptrs: Vec<_> = (0..20)
+        .map(|_| pool.allocate(300 << 20, 256, &s).unwrap())
+        .collect();
+    let st = pool.stats();
+    assert_eq!(st.live, 20 * (300 << 20));
+    assert!(st.reserved <= st.live + (2 << 20) * 20, "{st:?}");
+    for p in ptrs {
+        pool.deallocate(p, 300 << 20, 256, &s).unwrap();
+    }
+}
+
+#[test]
+fn bad_frees_are_errors_and_lose_nothing() {
+    let (device, _) = common::device(false);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let p = pool.allocate(1000, 256, &s).unwrap();
+    let q = pool.allocate(1000, 256, &s).unwrap();
+    assert!(matches!(
+        pool.deallocate(DevicePtr(p.0 + 256), 1000, 256, &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::Unknown,
+            ..
+        })
+    ));
+    pool.deallocate(p, 1000, 256, &s).unwrap();
+    let err = pool.deallocate(p, 1000, 256, &s).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidFree { reason: FreeError::DoubleFree | FreeError::Unknown, ptr } if ptr == p.0),
+        "{err:?}"
+    );
+    assert_eq!(pool.live_bytes(), 1024);
+    pool.deallocate(q, 1000, 256, &s).unwrap();
+    assert_eq!(pool.live_bytes(), 0);
+}
+
+#[test]
+fn large_alignments_are_served() {
+    let (device, _) = common::device(false);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    for shift in [9, 12, 16, 21] {
+        let a = 1usize << shift;
+        let p = pool.allocate(3000, a, &s).unwrap();
+        assert_eq!(p.0 % a as u64, 0);
+        pool.deallocate(p, 3000, a, &s).unwrap();
+    }
+}
+
+#[test]
+fn trim_and_release_give_free_regions_back() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let big = pool.allocate(64 << 20, 256, &s).unwrap();
+    let small = pool.allocate(4096, 256, &s).unwrap();
+    assert!(sim.device_bytes(0) >= base + (66 << 20));
+    pool.deallocate(big, 64 << 20, 256, &s).unwrap();
+    // The stream is idle (the simulator runs work at once): trim settles and
+    // gives the free 64 MiB region back, keeping the region still in use.
+    let released = pool.trim().unwrap();
+    assert_eq!(released, 64 << 20);
+    assert_eq!(pool.reserved_bytes(), 2 << 20);
+    // A held stream's frees are not settled by trim, but release waits.
+    sim.hold(s.raw());
+    enqueue_work(&s);
+    pool.deallocate(small, 4096, 256, &s).unwrap();
+    assert_eq!(pool.trim().unwrap(), 0);
+    assert_eq!(pool.release().unwrap(), 2 << 20);
+    assert_eq!(pool.reserved_bytes(), 0);
+    assert_eq!(sim.pending_ops(s.raw()), 0, "release waited for the stream");
+    sim.release(s.raw());
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn a_busy_streams_free_block_goes_to_another_stream_only_after_a_wait() {
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let a = device.create_stream().unwrap();
+    let b = device.create_stream().unwrap();
+    let p = pool.allocate(1 << 20, 256, &a).unwrap();
+    sim.hold(a.raw());
+    enqueue_work(&a);
+    pool.deallocate(p, 1 << 20, 256, &a).unwrap();
+    let pos = sim.stream_position(a.raw());
+    // Same stream: reused at once, no event.
+    let events = sim.call_count("cuEventRecord");
+    let q = pool.allocate(1 << 20, 256, &a).unwrap();
+    assert_eq!(q, p);
+    assert_eq!(
+        sim.call_count("cuEventRecord"),
+        events,
+        "no event on the fast path"
+    );
+    pool.deallocate(q, 1 << 20, 256, &a).unwrap();
+    // Another stream: either other memory, or the block after B waited for A.
+    let r = pool.allocate(1 << 20, 256, &b).unwrap();
+    if r == p {
+        assert!(sim.is_ordered_after(a.raw(), pos, b.raw()));
+    }
+    sim.release(a.raw());
+    pool.deallocate(r, 1 << 20, 256, &b).unwrap();
+}
+
+#[test]
+fn out_of_memory_reclaims_and_reports_detail() {
+    // A 64 MiB device: the pool fills it, frees on a held stream, and a large
+    // request must wait for those frees, give the regions back and retry.
+    let (device, sim) = sim(64 << 20);
+    let pool = pool_on(&device, PoolConfig::default());
+    let a = device.create_stream().unwrap();
+    let b = device.create_stream().unwrap();
+    let ptrs: Vec<_> = (0..24)
+        .map(|_| pool.allocate(2 << 20, 256, &a).unwrap())
+        .collect();
+    sim.hold(a.raw());
+    enqueue_work(&a);
+    for p in ptrs {
+        pool.deallocate(p, 2 << 20, 256, &a).unwrap();
+    }
+    let big = pool.allocate(40 << 20, 256, &b).unwrap();
+    assert_eq!(
+        sim.pending_ops(a.raw()),
+        0,
+        "the reclaim waited for stream a"
+    );
+    let err = pool.allocate(40 << 20, 256, &b).unwrap_err();
+    let info = err.oom_info().expect("out of memory");
+    assert_eq!(info.requested, 40 << 20);
+    assert_eq!(info.live, Some(40 << 20));
+    assert!(info.reserved.unwrap() >= 40 << 20);
+    assert!(info.largest_free.is_some());
+    pool.deallocate(big, 40 << 20, 256, &b).unwrap();
+    sim.release(a.raw());
+    // Still usable.
+    let p = pool.allocate(40 << 20, 256, &b).unwrap();
+    pool.deallocate(p, 40 << 20, 256, &b).unwrap();
+}
+
+#[test]
+fn injected_out_of_memory_is_retried_then_reported() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    sim.fail_nth_alloc(1);
+    // First growth fails, the reclaim retry succeeds.
+    let p = pool.allocate(4096, 256, &s).unwrap();
+    pool.deallocate(p, 4096, 256, &s).unwrap();
+    let limited = pool_on(
+        &device,
+        PoolConfig {
+            maximum_size: Some(4 << 20),
+            ..PoolConfig::default()
+        },
+    );
+    let err = limited.allocate(8 << 20, 256, &s).unwrap_err();
+    assert_eq!(err.oom_info().unwrap().limit, Some(4 << 20));
+    drop(limited);
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn many_holes_do_not_slow_or_break_the_pool() {
+    let (device, _) = common::device(false);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let ptrs: Vec<_> = (0..8192)
+        .map(|_| pool.allocate(512, 256, &s).unwrap())
+        .collect();
+    for p in ptrs.iter().step_by(2) {
+        pool.deallocate(*p, 512, 256, &s).unwrap();
+    }
+    let st = pool.stats();
+    assert!(st.free_blocks >= 4096, "{st:?}");
+    for _ in 0..1000 {
+        let p = pool.allocate(256, 256, &s).unwrap();
+        pool.deallocate(p, 256, 256, &s).unwrap();
+    }
+    for p in ptrs.iter().skip(1).step_by(2) {
+        pool.deallocate(*p, 512, 256, &s).unwrap();
+    }
+    assert_eq!(pool.live_bytes(), 0);
+}
+
+#[test]
+fn a_dropped_stream_with_free_blocks_is_neither_stranded_nor_reused_early() {
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let b = device.create_stream().unwrap();
+    let (p, raw, pos) = {
+        let a = device.create_stream().unwrap();
+        let p = pool.allocate(1 << 20, 256, &a).unwrap();
+        sim.hold(a.raw());
+        enqueue_work(&a);
+        pool.deallocate(p, 1 << 20, 256, &a).unwrap();
+        (p, a.raw(), sim.stream_position(a.raw()))
+        // `a` dropped here by the user; the pool keeps it alive.
+    };
+    assert_eq!(
+        sim.live_streams(),
+        2,
+        "a is kept alive by the pool beside b"
+    );
+    let q = pool.allocate(1 << 20, 256, &b).unwrap();
+    if q == p {
+        assert!(sim.is_ordered_after(raw, pos, b.raw()));
+    }
+    sim.release(raw);
+    pool.deallocate(q, 1 << 20, 256, &b).unwrap();
+    // Once settled, the dropped stream's lane is let go and the stream destroyed.
+    pool.release().unwrap();
+    assert_eq!(pool.stats().lanes, 1, "only b's lane remains");
+    assert_eq!(
+        sim.live_streams(),
+        1,
+        "the dropped stream is destroyed at last"
+    );
+}
+
+#[test]
+fn device_buffer_round_trip_through_the_pool() {
+    let (device, _) = common::device(true);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let data = common::random_bytes(3 << 20, 11);
+    let buf = DeviceBuffer::from_slice(&data, &pool, &s).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), data);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pool_model(ops in prop::collection::vec(op(22), 1..160)) {
+        let (device, sim, streams, base) = model_setup();
+        run_model(pool_on(&device, PoolConfig::default()), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn pool_model_tight(ops in prop::collection::vec(op(21), 1..160)) {
+        // A small device and a limit: growth fails often and the reclaim runs.
+        let (device, sim) = sim(24 << 20);
+        let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let base = sim.device_bytes(0);
+        let config = PoolConfig { maximum_size: Some(20 << 20), ..PoolConfig::default() };
+        run_model(pool_on(&device, config), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+}
