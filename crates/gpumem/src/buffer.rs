@@ -238,6 +238,9 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
 
 impl<T: Pod, R: MemoryResource> Drop for DeviceBuffer<T, R> {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return; // the driver may be gone; the process is ending anyway
+        }
         if let Err(e) = self.resource.deallocate(
             self.ptr,
             self.size_bytes(),

@@ -42,9 +42,10 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        if self.owned {
-            // Work already enqueued still completes; a failure here (driver shut
-            // down at exit) leaves nothing to recover.
+        // At process exit the driver may be gone: leak the handle instead.
+        if self.owned && !crate::exit::process_is_exiting() {
+            // Work already enqueued still completes; a failure here leaves
+            // nothing to recover.
             let _ = self.device.driver().stream_destroy(self.raw);
         }
     }
@@ -209,6 +210,9 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return;
+        }
         let _ = self.device.driver().event_destroy(self.raw);
     }
 }

@@ -61,6 +61,9 @@ impl CudaDriver {
         INSTANCE
             .get_or_init(|| {
                 let loaded = context::load()?;
+                // Registered after cuInit, so it runs before the driver's own
+                // exit-time teardown (atexit handlers run in reverse order).
+                crate::exit::install_hook();
                 Ok(Arc::new(CudaDriver {
                     contexts: context::Contexts::new(loaded.devices.len()),
                     devices: loaded.devices,
