@@ -6,17 +6,19 @@
 //! [`CountingResource`] wrapping the device resource (so the probe counts what
 //! they took from `cuMemAlloc`), the plain `cuda` resource is counted the same
 //! way (its reserve is its live bytes), and `cuda-async` reads its pool's
-//! `ReservedMemHigh` attribute. Adding an allocator is one line in the table.
+//! `ReservedMemHigh` attribute. Adding an allocator is one entry in the table.
+//!
+//! The struct order of [`Allocator`] matters: the resource drops before its
+//! probe, so a probe that trims a pool does so once the resource is gone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use gpumem::async_pool::AsyncResource;
 use gpumem::driver::{PoolAttr, RawPool};
-use gpumem::pool::{BinningResource, CachingPool, PoolResource};
-use gpumem::resource::{
-    validate_request, DeviceResource, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
-};
+use gpumem::pool::{ArenaResource, BinningResource, CachingPool, PoolResource};
+use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
 
 /// A named way to build an allocator over a device.
@@ -38,20 +40,26 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     },
     AllocatorSpec {
         name: "cuda-async",
-        about: "cuMemAllocAsync on the device's default pool, release threshold max",
+        about: "AsyncResource: cuMemAllocAsync on the device's default pool, release threshold max",
         build: |d| {
-            let r = Arc::new(DefaultPoolResource::new(d.clone())?);
+            let r = AsyncResource::default_pool(d.clone())?;
+            r.set_release_threshold(u64::MAX)?;
             let probe = ReserveProbe::Pool {
                 device: d.clone(),
-                pool: r.pool,
+                pool: r.raw(),
             };
-            Ok(Allocator::new(r, probe))
+            Ok(Allocator::new(Arc::new(r), probe))
         },
     },
     AllocatorSpec {
         name: "pool",
         about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes",
         build: |d| counted(d, |up| Ok(Arc::new(PoolResource::with_defaults(up)?))),
+    },
+    AllocatorSpec {
+        name: "arena",
+        about: "ArenaResource: per-stream arenas of 1 MiB superblocks over half the device's free memory, taken up front",
+        build: |d| counted(d, |up| Ok(Arc::new(ArenaResource::new(up)?))),
     },
     AllocatorSpec {
         name: "caching",
@@ -131,7 +139,10 @@ pub fn select(list: &[String]) -> Result<Vec<&'static AllocatorSpec>> {
 pub enum ReserveProbe {
     /// A counting upstream.
     Counter(Arc<CountingResource>),
-    /// A CUDA memory pool's `ReservedMem*` attributes.
+    /// A CUDA memory pool's `ReservedMem*` attributes. The pool is the device's
+    /// default pool, which outlives the allocator: dropping the probe
+    /// synchronizes the device and trims the pool to nothing, so the next
+    /// allocator measured in this process starts from an empty device.
     Pool {
         /// The pool's device.
         device: Device,
@@ -175,6 +186,15 @@ impl ReserveProbe {
                     .driver()
                     .mempool_set_attr(*pool, PoolAttr::ReservedMemHigh, 0)
             }
+        }
+    }
+}
+
+impl Drop for ReserveProbe {
+    fn drop(&mut self) {
+        if let ReserveProbe::Pool { device, pool } = self {
+            let _ = device.synchronize();
+            let _ = device.driver().mempool_trim_to(*pool, 0);
         }
     }
 }
@@ -246,70 +266,5 @@ impl<R: MemoryResource> MemoryResource for CountingResource<R> {
 
     fn properties(&self) -> Properties {
         self.inner.properties()
-    }
-}
-
-/// `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the device's default pool,
-/// with the release threshold set to the maximum so the pool keeps its memory
-/// across synchronizations (CUDA's default of 0 gives it back at every one).
-/// Dropping it synchronizes the device and trims the pool to nothing.
-pub struct DefaultPoolResource {
-    device: Device,
-    pool: RawPool,
-}
-
-impl DefaultPoolResource {
-    /// The default pool of `device`, release threshold set to max.
-    pub fn new(device: Device) -> gpumem::Result<Self> {
-        let driver = device.driver();
-        let pool = driver.mempool_default(device.ordinal())?;
-        driver.mempool_set_attr(pool, PoolAttr::ReleaseThreshold, u64::MAX)?;
-        Ok(Self { device, pool })
-    }
-}
-
-impl MemoryResource for DefaultPoolResource {
-    fn allocate(
-        &self,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<DevicePtr> {
-        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
-            return Ok(DevicePtr::NULL);
-        }
-        self.device
-            .driver()
-            .mem_alloc_from_pool_async(bytes, self.pool, stream.raw())
-    }
-
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        _bytes: usize,
-        _alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        self.device.driver().mem_free_async(ptr, stream.raw())
-    }
-
-    fn device(&self) -> &Device {
-        &self.device
-    }
-
-    fn properties(&self) -> Properties {
-        Properties::DEVICE
-    }
-}
-
-impl Drop for DefaultPoolResource {
-    fn drop(&mut self) {
-        // The default pool outlives us: give its cached memory back so the next
-        // allocator measured in this process starts from an empty device.
-        let _ = self.device.synchronize();
-        let _ = self.device.driver().mempool_trim_to(self.pool, 0);
     }
 }

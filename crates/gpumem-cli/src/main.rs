@@ -126,7 +126,9 @@ struct ReplayArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
-    /// Write a log of the replay through the LoggingAdaptor.
+    /// Also write gpumem's own RMM log of the replay (through the
+    /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
+    /// FILE's stem.ALLOC.ext for each of several.
     #[arg(long)]
     log: Option<PathBuf>,
 }
@@ -274,6 +276,7 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         holes: a.holes,
         trace: a.trace,
     };
+    allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
     run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
     Ok(())
@@ -311,14 +314,34 @@ fn replay_traces(
 }
 
 fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
-    if let Some(log) = &a.log {
-        bail!(
-            "--log {}: not available yet (it writes through gpumem's LoggingAdaptor, which has not landed)",
-            log.display()
-        );
-    }
+    let specs = allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
-    replay_traces(&t, &[a.trace], &a.alloc.alloc, a.repeats, a.json)
+    replay_traces(
+        &t,
+        std::slice::from_ref(&a.trace),
+        &a.alloc.alloc,
+        a.repeats,
+        a.json,
+    )?;
+    if let Some(log) = &a.log {
+        let events = gpumem::trace::read_file(&a.trace)
+            .with_context(|| format!("reading trace {}", a.trace.display()))?;
+        let prep = replay::prepare(&events)?;
+        for s in &specs {
+            let path = replay::log_path(log, s.name, specs.len());
+            let alloc = (s.build)(&t.device)?;
+            let rows = replay::write_log(&alloc, &t.device, &prep, &path)
+                .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
+            if !a.json {
+                println!(
+                    "log of the replay through {}: {} ({rows} rows)",
+                    s.name,
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {

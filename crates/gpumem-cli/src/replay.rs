@@ -11,6 +11,9 @@
 //! block allocated (freed after the replay).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use gpumem::adaptor::LoggingAdaptor;
 
 use gpumem::trace::{self, Action, TraceEvent, TraceReport};
 
@@ -185,6 +188,42 @@ pub fn timeline(
     Ok(t)
 }
 
+/// The log file for `alloc` when `--log path` was given for `count`
+/// allocators: `path` itself for one allocator, else `stem.ALLOC.ext`.
+pub fn log_path(path: &Path, alloc: &str, count: usize) -> PathBuf {
+    if count <= 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "replay".into());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{alloc}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{alloc}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Replays `prep` once more (untimed: logging costs a formatted line per
+/// call) through a [`LoggingAdaptor`] in front of `alloc`, writing gpumem's
+/// own RMM log of the replay to `path`. Returns the rows written.
+pub fn write_log(
+    alloc: &Allocator,
+    device: &Device,
+    prep: &PreparedReplay,
+    path: &Path,
+) -> anyhow::Result<usize> {
+    let logger = LoggingAdaptor::new(alloc.resource.clone(), path)?;
+    run_replay(&logger, device, prep, None)?;
+    logger.flush()?;
+    drop(logger);
+    let rows = trace::read_file(path)
+        .map_err(|e| anyhow::anyhow!("reading back {}: {e}", path.display()))?
+        .len();
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,5 +278,16 @@ mod tests {
         assert_eq!(p.peak_live, 5120);
         assert_eq!(p.live_after, vec![256, 1280, 1024, 5120, 1024]);
         assert_eq!(p.event_index, vec![0, 1, 3, 4, 7]);
+    }
+
+    #[test]
+    fn log_paths() {
+        let p = Path::new("/tmp/out.csv");
+        assert_eq!(log_path(p, "pool", 1), PathBuf::from("/tmp/out.csv"));
+        assert_eq!(log_path(p, "pool", 2), PathBuf::from("/tmp/out.pool.csv"));
+        assert_eq!(
+            log_path(Path::new("log"), "cuda", 3),
+            PathBuf::from("log.cuda")
+        );
     }
 }

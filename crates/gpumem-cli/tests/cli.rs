@@ -389,18 +389,32 @@ fn command_line_bench_json_and_errors() {
 
     let good = dir.path().join("good.csv");
     std::fs::write(&good, SMALL_TRACE).unwrap();
+    let log = dir.path().join("ours.csv");
     let out = gpumem(&[
         "--device",
         "sim",
         "replay",
         good.to_str().unwrap(),
+        "--alloc",
+        "pool,cuda",
         "--log",
-        "x.csv",
+        log.to_str().unwrap(),
     ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8(out.stderr)
-        .unwrap()
-        .contains("not available yet"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for alloc in ["pool", "cuda"] {
+        let ours = gpumem::trace::read_file(dir.path().join(format!("ours.{alloc}.csv"))).unwrap();
+        // The 7 calls the replay makes, and the free of the block the trace
+        // leaks (0x2000), made after the replay.
+        assert_eq!(ours.len(), 8, "{alloc}");
+        let r = gpumem::trace::check(&ours);
+        assert!(r.is_clean(), "{alloc}: {r}");
+        assert_eq!(r.peak_live, 1048576 + 4096 + 65536);
+        assert_eq!(r.streams, 3);
+    }
 
     let out = gpumem(&[
         "--device",
