@@ -98,6 +98,9 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            return f.write_str(&self.message);
+        }
         write!(f, "line {}", self.line)?;
         if let Some(c) = self.column {
             write!(f, ", column {c}")?;
