@@ -2,7 +2,9 @@
 //!
 //! Each (workload, allocator) pair runs `repeats` times; every repeat builds
 //! the allocator afresh (so pools pay for their growth), runs the timed loop
-//! and frees everything. The reported `ns_per_op` is the median over repeats;
+//! and frees everything. With `warm`, each repeat first runs the workload once
+//! untimed on the same allocator, so the timed run measures the steady state
+//! (RMM's own benchmarks pre-size their pools the same way); records say which. The reported `ns_per_op` is the median over repeats;
 //! `peak_reserved` is the most the allocator held from the driver in any
 //! repeat, and `peak_live` the most the workload had allocated at once.
 
@@ -78,6 +80,8 @@ pub struct BenchConfig {
     pub holes: usize,
     /// `replay`: the trace.
     pub trace: Option<PathBuf>,
+    /// Run each workload once untimed on the same allocator before timing it.
+    pub warm: bool,
 }
 
 impl Default for BenchConfig {
@@ -98,6 +102,7 @@ impl Default for BenchConfig {
             max_size: 64 << 20,
             thread_max_size: 4 << 20,
             seed: 42,
+            warm: false,
             threads: 8,
             holes: 4096,
             trace: None,
@@ -153,6 +158,9 @@ pub struct BenchRecord {
     pub device: String,
     /// The device's name.
     pub device_name: String,
+    /// True when the timed run followed an untimed run of the same workload on
+    /// the same allocator (steady state); false when it includes growth.
+    pub warm: bool,
     /// Median over repeats of nanoseconds per operation (allocate or free);
     /// null when the run failed.
     pub ns_per_op: Option<f64>,
@@ -366,6 +374,9 @@ pub fn run(
                 let result = (|| -> gpumem::Result<(Timed, usize)> {
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
+                    if cfg.warm {
+                        run_once(&alloc, device, cfg, &prep)?;
+                    }
                     let t = run_once(&alloc, device, cfg, &prep)?;
                     let peak = alloc.reserve.peak()?;
                     Ok((t, peak))
@@ -409,6 +420,7 @@ pub fn run(
                 workload: w.name().to_string(),
                 device: ctx.device_kind.clone(),
                 device_name: ctx.device_name.clone(),
+                warm: cfg.warm,
                 ns_per_op: ok.then(|| median(&mut ns)),
                 ns_per_op_min: ok.then(|| ns[0]),
                 ns_per_op_max: ok.then(|| ns[ns.len() - 1]),

@@ -112,6 +112,10 @@ struct BenchArgs {
     /// Print JSON lines instead of a table (no progress bar).
     #[arg(long)]
     json: bool,
+    /// Time the steady state: run each workload once untimed on the same
+    /// allocator before the timed run (default: cold, growth included).
+    #[arg(long)]
+    warm: bool,
 }
 
 #[derive(Args, Debug)]
@@ -126,6 +130,9 @@ struct ReplayArgs {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+    /// Time the steady state: replay once untimed on the same allocator first.
+    #[arg(long)]
+    warm: bool,
     /// Also write gpumem's own RMM log of the replay (through the
     /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
     /// FILE's stem.ALLOC.ext for each of several.
@@ -275,6 +282,7 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         threads: a.threads.max(1),
         holes: a.holes,
         trace: a.trace,
+        warm: a.warm,
     };
     allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
@@ -287,6 +295,7 @@ fn replay_traces(
     traces: &[PathBuf],
     alloc: &[String],
     repeats: usize,
+    warm: bool,
     json: bool,
 ) -> Result<()> {
     for path in traces {
@@ -306,6 +315,7 @@ fn replay_traces(
             workloads: vec![Workload::Replay],
             repeats: repeats.max(1),
             trace: Some(path.clone()),
+            warm,
             ..BenchConfig::default()
         };
         run_bench(t, &cfg, alloc, json)?;
@@ -321,6 +331,7 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
         std::slice::from_ref(&a.trace),
         &a.alloc.alloc,
         a.repeats,
+        a.warm,
         a.json,
     )?;
     if let Some(log) = &a.log {
@@ -430,5 +441,5 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
         return Ok(());
     }
-    replay_traces(&t, &traces, &[], 3, false)
+    replay_traces(&t, &traces, &[], 3, false, false)
 }

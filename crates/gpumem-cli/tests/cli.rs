@@ -81,6 +81,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         threads: 2,
         holes: 8,
         trace: Some(trace.to_path_buf()),
+        warm: false,
     }
 }
 
@@ -100,6 +101,28 @@ fn allocator_table_lists_cuda_and_cuda_async() {
     // Every allocator builds on the simulated device.
     for spec in allocators::ALLOCATORS {
         (spec.build)(&sim()).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+    }
+}
+
+#[test]
+fn warm_runs_are_marked_and_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("small.csv");
+    std::fs::write(&trace, SMALL_TRACE).unwrap();
+    let ctx = RunContext::new(sim()).unwrap();
+    let cfg = BenchConfig {
+        warm: true,
+        workloads: vec![Workload::Random, Workload::Replay],
+        ..tiny_config(&trace)
+    };
+    let specs = allocators::select(&["pool".into(), "cuda".into()]).unwrap();
+    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap();
+    assert_eq!(records.len(), 4);
+    for r in &records {
+        assert!(r.warm && r.error.is_none(), "{r:?}");
+        assert!(r.ns_per_op.unwrap() > 0.0);
+        let line = serde_json::to_string(r).unwrap();
+        assert!(line.contains("\"warm\":true"), "{line}");
     }
 }
 
