@@ -7,6 +7,7 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod exit;
+pub mod manager;
 pub mod pool;
 pub mod registry;
 pub mod resource;
