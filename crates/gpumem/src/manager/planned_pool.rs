@@ -28,7 +28,7 @@
 //! let d = plan.want_device(300)?;
 //! plan.satisfy()?;
 //! plan.commit()?;
-//! let s = plan.host_slices()?;
+//! let mut s = plan.host_slices()?;
 //! s[0].fill(1);
 //! s[1].fill(2);
 //! let stream = mm.device().create_stream()?;
