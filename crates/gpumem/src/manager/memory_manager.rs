@@ -180,10 +180,9 @@ impl MemoryManager {
         Ok(())
     }
 
-    /// Sets the device pool's size. gpumem modes: `bytes` are reserved at the
-    /// first device allocation and the pool never grows past them. CUDA pool:
-    /// the release threshold (bytes kept cached across synchronizations).
-    /// Without it: grow on demand, keep everything. Only before the first
+    /// Sets the device pool's size: `bytes` are reserved at the first device
+    /// allocation and the pool never grows past them (CUDA's pool: primed with
+    /// `bytes` and capped there). Without it: grow on demand, keep everything. Only before the first
     /// device allocation; afterwards [`Error::InvalidArgument`].
     pub fn set_device_pool_size(&self, bytes: usize) -> Result<()> {
         self.check_open()?;

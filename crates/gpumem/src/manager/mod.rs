@@ -5,7 +5,7 @@
 //!
 //! - [`memory_manager`]: the manager, its settings and shutdown.
 //! - [`device_mode`]: [`DeviceAllocatorMode`] and the device pool behind each
-//!   mode, [`CudaPoolResource`] among them.
+//!   mode (CUDA's pool is [`crate::async_pool::AsyncResource`]).
 //! - [`pinned_pool`]: [`PinnedPool`], pinned host memory reused only once the
 //!   copies that used it are done; a `MemoryResource` and an
 //!   `allocator_api2` allocator.
@@ -17,7 +17,7 @@ pub mod memory_manager;
 pub mod pinned_pool;
 pub mod planned_pool;
 
-pub use device_mode::{CudaPoolResource, DeviceAllocatorMode};
+pub use device_mode::DeviceAllocatorMode;
 pub use memory_manager::{MemoryManager, ShutdownReport};
 pub use pinned_pool::{
     PinnedPool, PinnedPoolConfig, PinnedPoolStats, PinnedRelease, COPY_BATCH, PINNED_MAX_ALIGNMENT,
