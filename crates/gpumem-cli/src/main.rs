@@ -4,6 +4,7 @@
 
 mod demo;
 mod target;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Command {
     Info,
     /// Allocate, copy and free through the device resource, checking contents.
     Demo,
+    /// Host<->device copy bandwidth: pinned-pool memory versus pageable memory.
+    Transfer(transfer::TransferArgs),
 }
 
 fn main() {
@@ -38,6 +41,7 @@ fn main() {
         match cli.command {
             Some(Command::Info) => target::print_info(&target),
             Some(Command::Demo) => demo::run(&target),
+            Some(Command::Transfer(args)) => transfer::run(&target, &args),
             None => {
                 target::print_info(&target)?;
                 demo::run(&target)

@@ -80,7 +80,10 @@ fn copies_are_batched_one_event_per_batch_not_per_free() {
     }
     let s = pool.stats();
     assert_eq!(s.copies, 10);
-    assert_eq!(s.events_recorded, 1, "ten frees of one batch: one event ({s:?})");
+    assert_eq!(
+        s.events_recorded, 1,
+        "ten frees of one batch: one event ({s:?})"
+    );
     assert_eq!(s.pending_blocks, 10);
     sim.release(stream.raw());
     assert_eq!(pool.process_pending().unwrap(), 10);
@@ -243,18 +246,21 @@ fn every_mode_round_trips_data() {
         mm.copy_to_host_async(h2, d, n, &stream).unwrap();
         stream.synchronize().unwrap();
         // SAFETY: synchronized; nothing else references h2.
-        assert_eq!(unsafe { pool.host_slice_mut(h2, n).unwrap() }, &data[..], "{mode}");
+        assert_eq!(
+            unsafe { pool.host_slice_mut(h2, n).unwrap() },
+            &data[..],
+            "{mode}"
+        );
         // Copies must stay inside the manager's allocations.
-        assert!(mm.copy_to_device_async(d.offset(n - 128), h2, 256, &stream).is_err());
+        assert!(mm
+            .copy_to_device_async(d.offset(n - 128), h2, 256, &stream)
+            .is_err());
         assert!(mm
             .copy_to_host_async(h2, DevicePtr(0xdead_0000), 256, &stream)
             .is_err());
         mm.free_device_async(d, &stream).unwrap();
         mm.free_device(d2).unwrap();
-        assert!(matches!(
-            mm.free_device(d2),
-            Err(Error::InvalidFree { .. })
-        ));
+        assert!(matches!(mm.free_device(d2), Err(Error::InvalidFree { .. })));
         mm.free_pinned(h2).unwrap();
         let r = mm.shutdown().unwrap();
         assert!(r.outstanding_device.is_empty() && r.outstanding_pinned.is_empty());
@@ -273,7 +279,10 @@ fn sizes_and_mode_cannot_change_after_first_use() {
     mm.set_pinned_pool_size(2 << 20).unwrap(); // still allowed
     let h = mm.allocate_pinned(1024).unwrap();
     let e = mm.set_pinned_pool_size(8 << 20).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("pinned"), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("pinned"),
+        "{e}"
+    );
     // The device side is still open.
     mm.set_device_allocator_mode(DeviceAllocatorMode::AsyncStreamOrdered)
         .unwrap();
@@ -309,7 +318,11 @@ fn shutdown_returns_everything_and_reports_outstanding() {
     assert!(sim.device_bytes(0) > 0 && sim.pinned_host_bytes() > 0);
 
     let r = mm.shutdown().unwrap();
-    assert_eq!(sim.pending_ops(stream.raw()), 0, "shutdown waited for copies");
+    assert_eq!(
+        sim.pending_ops(stream.raw()),
+        0,
+        "shutdown waited for copies"
+    );
     assert_eq!(r.outstanding_device, vec![(d, 3000)]);
     assert_eq!(r.outstanding_pinned.len(), 2, "{r:?}");
     assert!(r.outstanding_pinned.contains(&(h2, 4096)));
@@ -348,7 +361,10 @@ fn a_plan_over_capacity_states_desired_and_available() {
     let mut plan = mm.planned_pool(1 << 20, 256).unwrap();
     plan.want_device(257).unwrap();
     let e = plan.satisfy().unwrap_err().to_string();
-    assert!(e.contains("desired 512") && e.contains("available 256") && e.contains("device"), "{e}");
+    assert!(
+        e.contains("desired 512") && e.contains("available 256") && e.contains("device"),
+        "{e}"
+    );
     // Overflowing requests are errors too.
     let mut plan = mm.planned_pool(1 << 20, 1 << 20).unwrap();
     plan.want_host(usize::MAX).unwrap();
@@ -376,7 +392,10 @@ fn a_plan_lays_out_hands_out_disjoint_slices_and_freezes() {
 
     {
         let mut s = plan.host_slices().unwrap();
-        assert_eq!(s.iter().map(|x| x.len()).collect::<Vec<_>>(), vec![100, 1000, 0]);
+        assert_eq!(
+            s.iter().map(|x| x.len()).collect::<Vec<_>>(),
+            vec![100, 1000, 0]
+        );
         s[0].fill(0xaa);
         s[1].fill(0xbb);
     }
@@ -388,7 +407,10 @@ fn a_plan_lays_out_hands_out_disjoint_slices_and_freezes() {
     sim.hold(stream.raw());
     plan.copy_to_device_async(b, da, &stream).unwrap();
     plan.copy_to_host_async(da, b, &stream).unwrap();
-    assert!(plan.copy_to_device_async(b, db, &stream).is_err(), "too small");
+    assert!(
+        plan.copy_to_device_async(b, db, &stream).is_err(),
+        "too small"
+    );
     // Host access waits for the plan's copies.
     assert!(plan.host_slice(b).unwrap().iter().all(|&x| x == 0xbb));
     assert_eq!(sim.pending_ops(stream.raw()), 0);

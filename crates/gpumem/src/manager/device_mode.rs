@@ -52,7 +52,7 @@ impl std::fmt::Display for DeviceAllocatorMode {
 /// The device allocator the manager built for its effective mode.
 pub(super) enum DeviceBackend {
     /// `Pool` or `AsyncStreamOrdered`.
-    Gpumem(PoolResource<DeviceResource>),
+    Gpumem(Box<PoolResource<DeviceResource>>),
     /// `CudaAsyncPool`.
     Cuda(AsyncResource),
 }
@@ -80,17 +80,17 @@ impl DeviceBackend {
                     },
                     None => PoolConfig::default(),
                 };
-                Ok(Self::Gpumem(PoolResource::new(
+                Ok(Self::Gpumem(Box::new(PoolResource::new(
                     DeviceResource::new(device.clone()),
                     config,
-                )?))
+                )?)))
             }
         }
     }
 
     pub(super) fn resource(&self) -> &dyn MemoryResource {
         match self {
-            Self::Gpumem(p) => p,
+            Self::Gpumem(p) => &**p,
             Self::Cuda(c) => c,
         }
     }

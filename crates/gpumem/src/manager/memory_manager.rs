@@ -313,7 +313,11 @@ impl MemoryManager {
     }
 
     /// A [`PlannedPool`] over the manager's pools with the given capacities.
-    pub fn planned_pool(&self, host_capacity: usize, device_capacity: usize) -> Result<PlannedPool> {
+    pub fn planned_pool(
+        &self,
+        host_capacity: usize,
+        device_capacity: usize,
+    ) -> Result<PlannedPool> {
         Ok(PlannedPool::new(
             self.pinned_pool()?,
             self.device_resource()?,
@@ -331,7 +335,8 @@ impl MemoryManager {
 
     /// Frees pinned memory; it is reused once the copies that used it are done.
     pub fn free_pinned(&self, ptr: DevicePtr) -> Result<()> {
-        self.pinned_pool()?.deallocate_sync(ptr, 0, DEFAULT_ALIGNMENT)
+        self.pinned_pool()?
+            .deallocate_sync(ptr, 0, DEFAULT_ALIGNMENT)
     }
 
     // ----- device memory -----
@@ -443,7 +448,8 @@ impl MemoryManager {
             return Ok(());
         }
         self.check_device_range(src, bytes)?;
-        self.pinned_pool()?.copy_to_host_async(dst, src, bytes, stream)
+        self.pinned_pool()?
+            .copy_to_host_async(dst, src, bytes, stream)
     }
 
     /// Device bytes the device pool holds (0 before the first allocation).

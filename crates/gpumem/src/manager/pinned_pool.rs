@@ -335,9 +335,9 @@ impl PinnedPool {
         for (id, base, _) in free {
             if let Ok((base, size)) = st.heap.remove_region(id) {
                 st.regions.remove(&base);
-                if let Err(e) =
-                    self.upstream
-                        .deallocate_sync(DevicePtr(base), size as usize, 256)
+                if let Err(e) = self
+                    .upstream
+                    .deallocate_sync(DevicePtr(base), size as usize, 256)
                 {
                     eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
                 }
@@ -417,7 +417,12 @@ impl PinnedPool {
         })
     }
 
-    fn allocate_block(&self, bytes: usize, alignment: usize, collection: bool) -> Result<DevicePtr> {
+    fn allocate_block(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        collection: bool,
+    ) -> Result<DevicePtr> {
         if !validate_request(bytes, alignment, PINNED_MAX_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
@@ -473,7 +478,9 @@ impl PinnedPool {
             .config
             .maximum_size
             .map_or(usize::MAX, |m| m.saturating_sub(reserved));
-        let want = needed.max(self.config.growth.next_multiple_of(256)).min(room);
+        let want = needed
+            .max(self.config.growth.next_multiple_of(256))
+            .min(room);
         if want < needed {
             return Ok(None);
         }
@@ -671,6 +678,9 @@ impl PinnedPool {
     /// stream first), and no other reference to the range may be alive while
     /// the returned one is; the allocation must outlive it (do not free it
     /// meanwhile).
+    // The pool hands out memory it does not own a Rust borrow of: exclusivity
+    // is the caller's obligation (the `# Safety` section), as for raw pointers.
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn host_slice_mut(&self, ptr: DevicePtr, len: usize) -> Result<&mut [u8]> {
         if len == 0 {
             return Ok(&mut []);

@@ -228,7 +228,13 @@ impl PlannedPool {
         let dev_total = layout(&mut self.dev);
         match host_total {
             Some(h) if h <= self.host_capacity => {}
-            _ => return Err(Self::too_large("pinned host", host_total, self.host_capacity)),
+            _ => {
+                return Err(Self::too_large(
+                    "pinned host",
+                    host_total,
+                    self.host_capacity,
+                ))
+            }
         }
         match dev_total {
             Some(d) if d <= self.device_capacity => {}
