@@ -8,16 +8,16 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use gpumem::manager::MemoryManager;
 use gpumem::{Backend, Stream};
 
-use crate::target::Target;
+use gpumem_cli::target::Target;
 
 /// Options of the `transfer` subcommand.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TransferArgs {
-    /// Smallest copy in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Smallest copy (bytes, or 1MiB, 64KiB, ...).
+    #[arg(long, default_value = "1MiB", value_parser = gpumem_cli::units::parse_size)]
     pub min: usize,
-    /// Largest copy in bytes (capped at 64 MiB on the simulated device).
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Largest copy (capped at 64 MiB on the simulated device).
+    #[arg(long, default_value = "1GiB", value_parser = gpumem_cli::units::parse_size)]
     pub max: usize,
     /// Timed copies per size, direction and memory kind (the median is reported).
     #[arg(long, default_value_t = 5)]

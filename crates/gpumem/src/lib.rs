@@ -15,6 +15,7 @@ pub mod registry;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;
+pub mod trace;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;
