@@ -3,6 +3,8 @@
 //! converter. Runs on the real GPU when there is one and on the simulated
 //! device otherwise, and always says which.
 
+mod transfer;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
@@ -43,6 +45,8 @@ enum Command {
     Demo,
     /// Run workloads through allocators side by side; print a table or JSON lines.
     Bench(BenchArgs),
+    /// Host<->device copy bandwidth: pinned-pool memory versus pageable memory.
+    Transfer(transfer::TransferArgs),
     /// Replay an RMM log (CSV) through allocators: time, ns/op, peak live and reserved.
     Replay(ReplayArgs),
     /// Draw live and reserved memory along a trace replay, one line per allocator.
@@ -209,6 +213,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(demo::run(&t)?)
         }
         Some(Command::Bench(a)) => cmd_bench(cli.device, a),
+        Some(Command::Transfer(a)) => Ok(transfer::run(&target::open(cli.device, true)?, &a)?),
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
         Some(Command::ConvertSnapshot(a)) => {

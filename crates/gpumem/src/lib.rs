@@ -8,6 +8,8 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod exit;
+pub mod interop;
+pub mod manager;
 pub mod pool;
 pub mod registry;
 pub mod resource;
