@@ -7,6 +7,8 @@ cd "$(dirname "$0")"
 logs=${1:-logs}
 mkdir -p "$logs"
 export GPUMEM_DEVICE=${GPUMEM_DEVICE:-cuda}
+# Tests that run the command find it here rather than in the build tree.
+export GPUMEM_BIN=$PWD/bin/gpumem
 passed=0 failed=0 ignored=0 bad=()
 for t in tests/*; do
   name=$(basename "$t")

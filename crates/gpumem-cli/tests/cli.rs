@@ -344,8 +344,11 @@ fn plot_writes_svg_and_html_with_the_legend() {
     assert!(err.to_string().contains(".svg"), "{err}");
 }
 
+/// The `gpumem` binary: the one cargo built, or `GPUMEM_BIN` where the tests
+/// run away from the build tree (the GPU bundle).
 fn gpumem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+    let bin = std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
+    Command::new(bin)
         .args(args)
         .output()
         .unwrap()
