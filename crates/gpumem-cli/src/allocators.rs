@@ -75,10 +75,11 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     },
     AllocatorSpec {
         name: "binning",
-        about: "BinningResource: fixed-size bins 256 B..1 MiB, larger requests to cuMemAlloc",
+        about: "BinningResource: fixed-size bins 256 B..1 MiB over a PoolResource, which also serves larger requests (RMM's binning-over-pool)",
         build: |d| {
             counted(d, |up| {
-                Ok(Arc::new(BinningResource::with_fixed_bins(up, 8, 20)?))
+                let pool = PoolResource::with_defaults(up)?;
+                Ok(Arc::new(BinningResource::with_fixed_bins(pool, 8, 20)?))
             })
         },
     },
