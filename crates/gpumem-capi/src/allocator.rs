@@ -364,9 +364,12 @@ impl Allocator {
         if ptr.is_null() || gpumem::exit::process_is_exiting() {
             return;
         }
-        let size = self
-            .built(device)
-            .and_then(|st| st.sizes.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr.0));
+        let size = self.built(device).and_then(|st| {
+            st.sizes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&ptr.0)
+        });
         match size {
             Some(size) => self.free(ptr, size, device, 0),
             None => self.report_bad_free(&format!(
@@ -378,8 +381,9 @@ impl Allocator {
     /// Bytes handed out on `device` and not freed (each allocation counted
     /// at 256-byte granularity); 0 for a device not used yet.
     pub fn allocated_bytes(&self, device: i32) -> usize {
-        self.built(device)
-            .map_or(0, |s| s.stack.stats().allocated_bytes.current.max(0) as usize)
+        self.built(device).map_or(0, |s| {
+            s.stack.stats().allocated_bytes.current.max(0) as usize
+        })
     }
 
     /// Highest [`Allocator::allocated_bytes`] since the start or the last

@@ -6,8 +6,8 @@
 //!
 //! | key | values | default | meaning |
 //! |---|---|---|---|
-//! | `resource` | `pool`, `caching`, `binning`, `cuda` (and `arena`, `async` where built in) | `pool` | what serves each device (see below) |
-//! | `initial_size` | size | `0` | bytes the pool takes up front (`pool`, `binning`, `async`) |
+//! | `resource` | `pool`, `caching`, `binning`, `arena`, `async`, `cuda` | `pool` | what serves each device (see below) |
+//! | `initial_size` | size | `0` | bytes the pool takes up front (`pool`, `binning`, `async`); `arena`: the arena's size |
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device; past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
@@ -15,8 +15,11 @@
 //! Resources: `pool` is gpumem's coalescing TLSF pool (`PoolResource`);
 //! `caching` the power-of-two caching pool (`CachingPool`); `binning`
 //! fixed-size bins over a `PoolResource` (`BinningResource`); `cuda` plain
-//! `cuMemAlloc`/`cuMemFree` (no caching); `arena` and `async` are gpumem's
-//! arena and CUDA's stream-ordered pool (`cudaMallocAsync`).
+//! `cuMemAlloc`/`cuMemFree` (no caching); `arena` gpumem's arena
+//! (`ArenaResource`: one region taken whole at the start, of `initial_size`
+//! bytes, else `max_size`, else half the device's free memory); `async`
+//! CUDA's stream-ordered pool (`AsyncResource`, `cudaMallocAsync`), with
+//! `max_size` as the pool's maximum size.
 //!
 //! Sizes: a number (decimals allowed) with an optional unit: `B`; `K`, `KiB`,
 //! `M`, `MiB`, `G`, `GiB`, `T`, `TiB` (powers of 1024); `KB`, `MB`, `GB`, `TB`
@@ -126,7 +129,9 @@ impl fmt::Display for Conf {
                 write!(f, ",release_threshold=max")?
             }
             ResourceKind::Async => write!(f, ",release_threshold={}", self.release_threshold)?,
-            ResourceKind::Binning => write!(f, ",min_bin={},max_bin={}", self.min_bin, self.max_bin)?,
+            ResourceKind::Binning => {
+                write!(f, ",min_bin={},max_bin={}", self.min_bin, self.max_bin)?
+            }
             _ => {}
         }
         Ok(())
@@ -142,7 +147,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("{s:?} is not a size (expected a number such as 512MiB)"));
+        return Err(format!(
+            "{s:?} is not a size (expected a number such as 512MiB)"
+        ));
     }
     let unit = unit.trim().to_ascii_lowercase();
     let mult: f64 = match unit.as_str() {

@@ -76,7 +76,9 @@ fn guard<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
         Err(_) => {
             // The report itself must not unwind either.
             let _ = catch_unwind(|| {
-                allocator::report(&format!("{name}: internal error (panic caught); failing the call"))
+                allocator::report(&format!(
+                    "{name}: internal error (panic caught); failing the call"
+                ))
             });
             fallback
         }
@@ -103,7 +105,9 @@ pub extern "C" fn gpumem_malloc(
 ) -> *mut c_void {
     guard("gpumem_malloc", std::ptr::null_mut(), || {
         let Ok(size) = usize::try_from(size) else {
-            allocator::report(&format!("gpumem_malloc: negative size {size}; returning NULL"));
+            allocator::report(&format!(
+                "gpumem_malloc: negative size {size}; returning NULL"
+            ));
             return std::ptr::null_mut();
         };
         to_ptr(global().malloc(size, device, stream as usize as u64))
@@ -133,7 +137,11 @@ pub extern "C" fn gpumem_free(
 /// `CFunctionAllocator` malloc). `param` is ignored. NULL for zero bytes and
 /// on failure.
 #[no_mangle]
-pub extern "C" fn gpumem_cupy_malloc(param: *mut c_void, size: usize, device: c_int) -> *mut c_void {
+pub extern "C" fn gpumem_cupy_malloc(
+    param: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> *mut c_void {
     let _ = param;
     guard("gpumem_cupy_malloc", std::ptr::null_mut(), || {
         to_ptr(global().cupy_malloc(size, device))
@@ -156,7 +164,9 @@ pub extern "C" fn gpumem_cupy_free(param: *mut c_void, ptr: *mut c_void, device:
 /// 256 bytes (0 before the first allocation).
 #[no_mangle]
 pub extern "C" fn gpumem_allocated_bytes(device: c_int) -> usize {
-    guard("gpumem_allocated_bytes", 0, || global().allocated_bytes(device))
+    guard("gpumem_allocated_bytes", 0, || {
+        global().allocated_bytes(device)
+    })
 }
 
 /// Highest [`gpumem_allocated_bytes`] since the start or the last
@@ -172,7 +182,9 @@ pub extern "C" fn gpumem_peak_allocated_bytes(device: c_int) -> usize {
 /// cached).
 #[no_mangle]
 pub extern "C" fn gpumem_reserved_bytes(device: c_int) -> usize {
-    guard("gpumem_reserved_bytes", 0, || global().reserved_bytes(device))
+    guard("gpumem_reserved_bytes", 0, || {
+        global().reserved_bytes(device)
+    })
 }
 
 /// Highest [`gpumem_reserved_bytes`] since the start or the last

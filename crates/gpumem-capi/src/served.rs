@@ -10,6 +10,8 @@
 //! | `pool` (`PoolResource`) | the pool's `reserved_bytes` | counted at its upstream | `release` |
 //! | `caching` (`CachingPool`) | the pool's `reserved_bytes` | counted at its upstream | `release` |
 //! | `binning` (`BinningResource` over `PoolResource`) | the inner pool's `reserved_bytes` | counted at the pool's upstream | bins' `release`, then the pool's |
+//! | `arena` (`ArenaResource`) | the arena's size, taken whole up front | counted at its upstream | stream arenas' cached superblocks go back to the global arena; the device gets nothing back |
+//! | `async` (`AsyncResource`, CUDA's pool) | the pool's `ReservedMemCurrent` | the pool's `ReservedMemHigh` (reset by `reset_peak`) | synchronize the device, then `cuMemPoolTrimTo(0)` |
 //! | `cuda` (`cuMemAlloc`) | live bytes (nothing is cached) | counted at the driver | nothing to give back |
 //!
 //! "Counted at the upstream" means a [`StatisticsAdaptor`] sits between the
@@ -19,8 +21,10 @@
 //! high-water marks cannot.
 
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
+use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
-    BinningResource, CachingPool, CachingPoolConfig, PoolConfig, PoolResource,
+    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, PoolConfig,
+    PoolResource,
 };
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, Result};
@@ -115,6 +119,50 @@ impl Served for BinningResource<PoolResource<Upstream>> {
     }
 }
 
+impl Served for ArenaResource<Upstream> {
+    fn kind(&self) -> ResourceKind {
+        ResourceKind::Arena
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.reserved()
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        counted_peak(self.upstream())
+    }
+    fn reset_peak_reserved(&self) {
+        self.upstream().reset_peak();
+    }
+    fn empty_cache(&self) -> Result<usize> {
+        // The arena holds its one region for life: cached superblocks go back
+        // to the global arena (so every stream can use them), not the device.
+        self.release_cached();
+        Ok(0)
+    }
+}
+
+impl Served for AsyncResource {
+    fn kind(&self) -> ResourceKind {
+        ResourceKind::Async
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.reserved_current().unwrap_or(0)
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.reserved_high().unwrap_or(0)
+    }
+    fn reset_peak_reserved(&self) {
+        let _ = self.reset_reserved_high();
+    }
+    fn empty_cache(&self) -> Result<usize> {
+        // Frees not yet complete keep their memory in the pool: wait for them
+        // (as PyTorch's cudaMallocAsync backend does), then trim.
+        let before = self.reserved_current()?;
+        self.pool().device().synchronize()?;
+        self.trim_to(0)?;
+        Ok(before.saturating_sub(self.reserved_current()?))
+    }
+}
+
 impl Served for LimitingAdaptor<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Cuda
@@ -163,11 +211,22 @@ pub fn build(conf: &Conf, device: &Device) -> Result<Box<dyn Served>> {
             upstream(),
             conf.max_size.unwrap_or(usize::MAX),
         )),
-        ResourceKind::Arena | ResourceKind::Async => {
-            return Err(gpumem::Error::unsupported(format!(
-                "resource={} (not in this build of gpumem yet)",
-                conf.resource
-            )))
+        ResourceKind::Arena => {
+            // The arena takes its whole size up front: initial_size if given,
+            // else max_size, else half the device's free memory (RMM's default).
+            let size = Some(conf.initial_size).filter(|&s| s > 0).or(conf.max_size);
+            let config = ArenaConfig {
+                arena_size: size,
+                ..ArenaConfig::default()
+            };
+            Box::new(ArenaResource::with_config(upstream(), config)?)
         }
+        ResourceKind::Async => Box::new(
+            AsyncResource::builder(device.clone())
+                .initial_size(conf.initial_size)
+                .release_threshold(conf.release_threshold)
+                .max_size(conf.max_size.unwrap_or(0))
+                .build()?,
+        ),
     })
 }

@@ -74,11 +74,17 @@ fn stats_follow_allocations() {
 fn out_of_memory_is_null() {
     setup();
     let d = dev::OOM;
-    assert!(gpumem_malloc(1 << 30, d, null_mut()).is_null(), "1 GiB over a 64 MiB limit");
+    assert!(
+        gpumem_malloc(1 << 30, d, null_mut()).is_null(),
+        "1 GiB over a 64 MiB limit"
+    );
     assert_eq!(gpumem_allocated_bytes(d), 0);
     let a = gpumem_malloc((48 * MIB) as isize, d, null_mut());
     assert!(!a.is_null());
-    assert!(gpumem_malloc((32 * MIB) as isize, d, null_mut()).is_null(), "past the limit");
+    assert!(
+        gpumem_malloc((32 * MIB) as isize, d, null_mut()).is_null(),
+        "past the limit"
+    );
     assert!(gpumem_reserved_bytes(d) <= 64 * MIB);
     gpumem_free(a, (48 * MIB) as isize, d, null_mut());
     let b = gpumem_malloc((32 * MIB) as isize, d, null_mut());
@@ -214,11 +220,23 @@ fn threads_share_a_device() {
 fn edge_cases_return_null_or_do_nothing() {
     setup();
     let d = dev::EDGES;
-    assert!(gpumem_malloc(0, d, null_mut()).is_null(), "zero bytes: NULL, like cudaMalloc");
+    assert!(
+        gpumem_malloc(0, d, null_mut()).is_null(),
+        "zero bytes: NULL, like cudaMalloc"
+    );
     assert!(gpumem_malloc(-5, d, null_mut()).is_null(), "negative size");
-    assert!(gpumem_malloc(256, -1, null_mut()).is_null(), "negative device");
-    assert!(gpumem_malloc(256, 1000, null_mut()).is_null(), "device out of range");
-    assert!(gpumem_malloc(256, 60, null_mut()).is_null(), "device the driver lacks");
+    assert!(
+        gpumem_malloc(256, -1, null_mut()).is_null(),
+        "negative device"
+    );
+    assert!(
+        gpumem_malloc(256, 1000, null_mut()).is_null(),
+        "device out of range"
+    );
+    assert!(
+        gpumem_malloc(256, 60, null_mut()).is_null(),
+        "device the driver lacks"
+    );
     gpumem_free(null_mut(), 0, d, null_mut());
     gpumem_free(null_mut(), 256, d, null_mut());
     // PyTorch frees an empty tensor's NULL with size 0.

@@ -26,7 +26,12 @@ fn child_allocates_under_bad_conf() {
 fn bad_conf_is_reported_and_defaults_serve() {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args(["--exact", "child_allocates_under_bad_conf", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_allocates_under_bad_conf",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "1")
         .env("GPUMEM_DEVICE", "sim")
         .env("GPUMEM_CONF", "resource=poool,max_size=lots,speed=11")
@@ -41,7 +46,10 @@ fn bad_conf_is_reported_and_defaults_serve() {
         "gpumem: GPUMEM_CONF: max_size: \"lots\" is not a size",
         "gpumem: GPUMEM_CONF: unknown key \"speed\"",
     ] {
-        assert!(stderr.contains(needle), "stderr lacks {needle:?}:\n{stderr}");
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
     }
 }
 
@@ -55,7 +63,12 @@ fn bad_device_env_falls_back_to_cuda_and_fails_cleanly() {
     }
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args(["--exact", "child_without_sim", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_without_sim",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "1")
         .env("GPUMEM_DEVICE", "gpu")
         .output()

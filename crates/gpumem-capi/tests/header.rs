@@ -6,8 +6,8 @@ use std::path::PathBuf;
 #[test]
 fn header_is_up_to_date() {
     let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
-        .expect("cbindgen.toml parses");
+    let config =
+        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     let mut generated = Vec::new();
     cbindgen::Builder::new()
         .with_crate(&crate_dir)
@@ -38,7 +38,10 @@ fn header_is_up_to_date() {
         "void gpumem_empty_cache(int device);",
         "typedef void *gpumem_stream_t;",
     ] {
-        assert!(generated.contains(sig), "header lacks `{sig}`:\n{generated}");
+        assert!(
+            generated.contains(sig),
+            "header lacks `{sig}`:\n{generated}"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 //! driver each.
 
 use gpumem::DevicePtr;
-use gpumem_capi::conf::{parse, Conf, ResourceKind};
+use gpumem_capi::conf::{parse, ResourceKind};
 use gpumem_capi::{Allocator, Backend};
 
 const MIB: usize = 1 << 20;
@@ -15,28 +15,7 @@ fn allocator(text: &str) -> Allocator {
 }
 
 fn kinds() -> Vec<ResourceKind> {
-    let mut out = vec![
-        ResourceKind::Pool,
-        ResourceKind::Caching,
-        ResourceKind::Binning,
-        ResourceKind::Cuda,
-    ];
-    for k in [ResourceKind::Arena, ResourceKind::Async] {
-        // Kinds this build has are tested too; the others fall back to pool.
-        let a = Allocator::new(
-            Conf {
-                resource: k,
-                ..Conf::default()
-            },
-            Backend::sim(),
-        );
-        let p = a.malloc(256, 0, 0);
-        if a.resource_kind(0) == Some(k) {
-            out.push(k);
-        }
-        a.free(p, 256, 0, 0);
-    }
-    out
+    ResourceKind::ALL.to_vec()
 }
 
 #[test]
@@ -50,20 +29,32 @@ fn every_kind_allocates_counts_and_frees() {
         assert!(!q.is_null(), "{kind}");
         assert_ne!(p, q);
         assert_eq!(a.allocated_bytes(0), MIB + 256, "{kind}");
-        assert!(a.reserved_bytes(0) >= MIB + 256, "{kind}: reserve covers what is live");
+        assert!(
+            a.reserved_bytes(0) >= MIB + 256,
+            "{kind}: reserve covers what is live"
+        );
         assert!(a.peak_reserved_bytes(0) >= a.reserved_bytes(0), "{kind}");
         a.free(p, MIB, 0, 0);
         a.free(q, 100, 0, 0);
         assert_eq!(a.allocated_bytes(0), 0, "{kind}");
         a.empty_cache(0);
-        assert_eq!(a.reserved_bytes(0), 0, "{kind}: empty_cache gives everything back");
         let Backend::Sim(sim) = a.backend() else {
             unreachable!()
         };
-        assert_eq!(sim.device_bytes(0), 0, "{kind}: the driver has it all back");
+        if kind == ResourceKind::Arena {
+            // The arena holds its region for life.
+            assert!(a.reserved_bytes(0) > 0, "{kind}");
+        } else {
+            assert_eq!(
+                a.reserved_bytes(0),
+                0,
+                "{kind}: empty_cache gives everything back"
+            );
+            assert_eq!(sim.device_bytes(0), 0, "{kind}: the driver has it all back");
+        }
         assert!(a.peak_reserved_bytes(0) >= MIB, "{kind}: peak remembers");
         a.reset_peak(0);
-        assert_eq!(a.peak_reserved_bytes(0), 0, "{kind}");
+        assert_eq!(a.peak_reserved_bytes(0), a.reserved_bytes(0), "{kind}");
         assert_eq!(a.peak_allocated_bytes(0), 0, "{kind}");
     }
 }
@@ -72,7 +63,10 @@ fn every_kind_allocates_counts_and_frees() {
 fn every_kind_honours_max_size() {
     for kind in kinds() {
         let a = allocator(&format!("resource={kind},max_size=64MiB"));
-        assert!(a.malloc(1 << 30, 0, 0).is_null(), "{kind}: 1 GiB over 64 MiB");
+        assert!(
+            a.malloc(1 << 30, 0, 0).is_null(),
+            "{kind}: 1 GiB over 64 MiB"
+        );
         let mut live = Vec::new();
         loop {
             let p = a.malloc(4 * MIB, 0, 0);
@@ -82,13 +76,31 @@ fn every_kind_honours_max_size() {
             live.push(p);
             assert!(live.len() <= 16, "{kind}: more than the limit handed out");
         }
-        assert!(live.len() >= 8, "{kind}: only {} blocks of 4 MiB", live.len());
+        assert!(
+            live.len() >= 8,
+            "{kind}: only {} blocks of 4 MiB",
+            live.len()
+        );
         assert!(a.reserved_bytes(0) <= 64 * MIB, "{kind}");
         for p in live {
             a.free(p, 4 * MIB, 0, 0);
         }
         assert!(!a.malloc(4 * MIB, 0, 0).is_null(), "{kind}: room again");
     }
+}
+
+#[test]
+fn arena_and_async_take_their_sizes() {
+    let a = allocator("resource=arena,initial_size=128MiB");
+    let p = a.malloc(MIB, 0, 0);
+    assert_eq!(a.reserved_bytes(0), 128 * MIB, "the arena is its size");
+    a.free(p, MIB, 0, 0);
+    let a = allocator("resource=async,initial_size=32MiB,release_threshold=max");
+    let p = a.malloc(MIB, 0, 0);
+    assert!(a.reserved_bytes(0) >= 32 * MIB, "primed");
+    a.free(p, MIB, 0, 0);
+    a.empty_cache(0);
+    assert_eq!(a.reserved_bytes(0), 0, "trimmed");
 }
 
 #[test]
