@@ -57,8 +57,10 @@ def gpumem_report(torch_max):
     print("gpumem peak reserved      :", gib(peak_reserved))
     print("torch max allocated       :", gib(torch_max))
     assert peak_reserved >= peak_alloc, "peak reserved below peak allocated"
-    # gpumem counts allocations at 256 B, PyTorch at 512 B: allow 1% for that.
-    assert peak_reserved >= 0.99 * torch_max, (
+    # gpumem counts allocations at 256 B, PyTorch at 512 B (resource=cuda,
+    # which reserves exactly what is live, measured 0.992 on ResNet-18):
+    # allow 2% for that.
+    assert peak_reserved >= 0.98 * torch_max, (
         "gpumem peak reserved %d < torch max allocated %d" % (peak_reserved, torch_max)
     )
     return peak_alloc, reserved, peak_reserved

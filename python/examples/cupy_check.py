@@ -39,7 +39,7 @@ assert mm_err < 1e-10 and s_err < 1e-10
 # Work on a non-default (non-blocking) stream, freeing and reallocating there.
 with cp.cuda.Stream(non_blocking=True) as s:
     for i in range(50):
-        t = cp.arange(1 << 20, dtype=cp.float32) * i
+        t = cp.arange(1 << 20, dtype=cp.float64) * i
         assert float(t[-1]) == float((1 << 20) - 1) * i
         del t
     s.synchronize()

@@ -12,8 +12,11 @@ It uses ``torch.cuda.memory.CUDAPluggableAllocator`` with libgpumem.so's
 do not reach a pluggable allocator; use the functions of this module instead.
 
 Out of memory: gpumem returns NULL and prints ``gpumem: device N: allocation
-of ... failed`` on stderr; what PyTorch does with the NULL depends on its
-version (see the repository README).
+of ... failed`` on stderr. PyTorch 2.11 does not check the NULL: the tensor
+gets data pointer 0 and the first operation on it raises ``RuntimeError: The
+tensor has a non-zero number of elements, but its data is not allocated
+yet`` (not ``torch.cuda.OutOfMemoryError``). ``examples/torch_oom_probe.py``
+shows what a given PyTorch does.
 """
 
 from . import (  # noqa: F401  (re-exported statistics)
