@@ -2,7 +2,9 @@
 # Builds everything the GPU run needs, in release mode, into ./gpu-bundle
 # (git-ignored, kept under 64 MiB): every test binary of the workspace, the
 # `gpumem` command, the traces, and run-tests.sh, which runs the whole suite
-# against the real driver (GPUMEM_DEVICE=cuda) and prints the counts.
+# against the real driver (GPUMEM_DEVICE=cuda) and prints the counts; also
+# the Python package with libgpumem.so next to it (python/gpumem/) and its
+# example runs (python/examples/: ResNet-18, GPT-2, CuPy).
 #
 # Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: ../shared/traces)
 # Then on the GPU machine: gpu-bundle/run-tests.sh [LOG_DIR]
@@ -15,6 +17,7 @@ rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/traces"
 
 cargo build --release --workspace --bins --examples
+cargo build --release -p gpumem-cdylib
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
   | sort -u | while read -r exe; do
@@ -27,6 +30,11 @@ done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
 cp scripts/run-tests.sh "$out/"
+mkdir -p "$out/python"
+cp -r python/gpumem python/examples python/tests "$out/python/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+cp "$tgt/release/libgpumem.so" "$out/python/gpumem/"
+strip "$out/python/gpumem/libgpumem.so" 2>/dev/null || true
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $(ls "$out/tests" | wc -l) test binaries, $(ls "$out/bin" | wc -l) programs, ${size} MiB"

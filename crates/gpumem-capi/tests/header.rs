@@ -6,6 +6,11 @@ use std::path::PathBuf;
 #[test]
 fn header_is_up_to_date() {
     let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if !crate_dir.join("cbindgen.toml").exists() {
+        // A test binary copied to another machine (the GPU bundle) has no sources.
+        eprintln!("skipping: no sources at {}", crate_dir.display());
+        return;
+    }
     let config =
         cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     let mut generated = Vec::new();
@@ -50,6 +55,10 @@ fn header_is_up_to_date() {
 #[test]
 fn header_compiles_as_c_and_cpp() {
     let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if !crate_dir.join("include/gpumem.h").exists() {
+        eprintln!("skipping: no sources at {}", crate_dir.display());
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("gpumem-header-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = r#"
