@@ -2,9 +2,7 @@
 # Builds everything the GPU run needs, in release mode, into ./gpu-bundle
 # (git-ignored, kept under 64 MiB): every test binary of the workspace, the
 # `gpumem` command, the traces, and run-tests.sh, which runs the whole suite
-# against the real driver (GPUMEM_DEVICE=cuda) and prints the counts; also
-# the Python package with libgpumem.so next to it (python/gpumem/) and its
-# example runs (python/examples/: ResNet-18, GPT-2, CuPy).
+# against the real driver (GPUMEM_DEVICE=cuda) and prints the counts.
 #
 # Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: ../shared/traces)
 # Then on the GPU machine: gpu-bundle/run-tests.sh [LOG_DIR]
@@ -16,25 +14,36 @@ tgt=${CARGO_TARGET_DIR:-target}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/traces"
 
-cargo build --release --workspace --bins --examples
-cargo build --release -p gpumem-cdylib
+# Only what this checkout builds (a shared target directory may hold others').
+cargo build --release --workspace --bins --examples --message-format=json 2>/dev/null \
+  | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | .executable' \
+  | sort -u | while read -r exe; do
+      cp "$exe" "$out/bin/"
+    done
+# libgpumem.so (the C ABI for PyTorch and CuPy): a cdylib, not a bin.
+if [[ -f crates/gpumem-capi/cdylib/Cargo.toml ]]; then
+  cargo build --release -p gpumem-cdylib
+fi
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
   | sort -u | while read -r exe; do
       cp "$exe" "$out/tests/"
     done
-cp "$tgt/release/gpumem" "$out/bin/"
-for ex in "$tgt"/release/examples/*; do
-  [[ -f $ex && -x $ex && $ex != *.d && $ex != *-* ]] && cp "$ex" "$out/bin/"
-done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
-cp scripts/run-tests.sh "$out/"
-mkdir -p "$out/python"
-cp -r python/gpumem python/examples python/tests "$out/python/"
-find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp "$tgt/release/libgpumem.so" "$out/python/gpumem/"
-strip "$out/python/gpumem/libgpumem.so" 2>/dev/null || true
+cp scripts/run-tests.sh scripts/gpu-run.sh "$out/"
+mkdir -p "$out/fonts"
+cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
+# The C ABI library and the Python helpers, when built.
+if [[ -f crates/gpumem-capi/Cargo.toml && -f "$tgt/release/libgpumem.so" ]]; then
+  mkdir -p "$out/lib" && cp "$tgt/release/libgpumem.so" "$out/lib/" && strip "$out/lib/libgpumem.so"
+fi
+if [[ -d python ]]; then
+  cp -r python "$out/python"
+  # GPUMEM_LIB names lib/libgpumem.so there; no stale copy or caches travel.
+  rm -f "$out/python/gpumem/libgpumem.so"
+  find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+fi
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $(ls "$out/tests" | wc -l) test binaries, $(ls "$out/bin" | wc -l) programs, ${size} MiB"
