@@ -20,6 +20,10 @@ cargo build --release --workspace --bins --examples --message-format=json 2>/dev
   | sort -u | while read -r exe; do
       cp "$exe" "$out/bin/"
     done
+# libgpumem.so (the C ABI for PyTorch and CuPy): a cdylib, not a bin.
+if [[ -f crates/gpumem-capi/cdylib/Cargo.toml ]]; then
+  cargo build --release -p gpumem-cdylib
+fi
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
   | sort -u | while read -r exe; do
@@ -34,7 +38,12 @@ cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || 
 if [[ -f crates/gpumem-capi/Cargo.toml && -f "$tgt/release/libgpumem.so" ]]; then
   mkdir -p "$out/lib" && cp "$tgt/release/libgpumem.so" "$out/lib/" && strip "$out/lib/libgpumem.so"
 fi
-if [[ -d python ]]; then cp -r python "$out/python"; fi
+if [[ -d python ]]; then
+  cp -r python "$out/python"
+  # GPUMEM_LIB names lib/libgpumem.so there; no stale copy or caches travel.
+  rm -f "$out/python/gpumem/libgpumem.so"
+  find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+fi
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $(ls "$out/tests" | wc -l) test binaries, $(ls "$out/bin" | wc -l) programs, ${size} MiB"

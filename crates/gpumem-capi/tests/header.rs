@@ -1,0 +1,95 @@
+//! The committed header `include/gpumem.h` is what cbindgen makes of the
+//! crate with `cbindgen.toml`. `GPUMEM_BLESS=1` rewrites it instead.
+
+use std::path::PathBuf;
+
+#[test]
+fn header_is_up_to_date() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if !crate_dir.join("cbindgen.toml").exists() {
+        // A test binary copied to another machine (the GPU bundle) has no sources.
+        eprintln!("skipping: no sources at {}", crate_dir.display());
+        return;
+    }
+    let config =
+        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    let mut generated = Vec::new();
+    cbindgen::Builder::new()
+        .with_crate(&crate_dir)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen generates the header")
+        .write(&mut generated);
+    let generated = String::from_utf8(generated).expect("header is UTF-8");
+    let path = crate_dir.join("include/gpumem.h");
+    if std::env::var_os("GPUMEM_BLESS").is_some() {
+        std::fs::write(&path, &generated).expect("header written");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "include/gpumem.h is out of date: run `GPUMEM_BLESS=1 cargo test -p gpumem-capi --test header`"
+    );
+    for sig in [
+        "void *gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);",
+        "void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);",
+        "void *gpumem_cupy_malloc(void *param, size_t size, int device);",
+        "void gpumem_cupy_free(void *param, void *ptr, int device);",
+        "size_t gpumem_allocated_bytes(int device);",
+        "size_t gpumem_reserved_bytes(int device);",
+        "size_t gpumem_peak_reserved_bytes(int device);",
+        "void gpumem_reset_peak(int device);",
+        "void gpumem_empty_cache(int device);",
+        "typedef void *gpumem_stream_t;",
+    ] {
+        assert!(
+            generated.contains(sig),
+            "header lacks `{sig}`:\n{generated}"
+        );
+    }
+}
+
+/// The header compiles as C and as C++ (where a compiler is installed), with
+/// CUDA's own `cudaStream_t` passing as `gpumem_stream_t` without a cast.
+#[test]
+fn header_compiles_as_c_and_cpp() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if !crate_dir.join("include/gpumem.h").exists() {
+        eprintln!("skipping: no sources at {}", crate_dir.display());
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gpumem-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = r#"
+#include "gpumem.h"
+typedef struct CUstream_st *cudaStream_t; /* as cuda_runtime_api.h has it */
+int use(cudaStream_t s) {
+    void *p = gpumem_malloc((ssize_t)256, 0, s);
+    gpumem_free(p, (ssize_t)256, 0, s);
+    void *q = gpumem_cupy_malloc(NULL, (size_t)256, 0);
+    gpumem_cupy_free(NULL, q, 0);
+    gpumem_reset_peak(0);
+    gpumem_empty_cache(0);
+    return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0));
+}
+"#;
+    for (compiler, file) in [("cc", "t.c"), ("c++", "t.cpp")] {
+        let path = dir.join(file);
+        std::fs::write(&path, src).unwrap();
+        let out = std::process::Command::new(compiler)
+            .args(["-fsyntax-only", "-Wall", "-Werror", "-I"])
+            .arg(crate_dir.join("include"))
+            .arg(&path)
+            .output();
+        match out {
+            Ok(o) => assert!(
+                o.status.success(),
+                "{compiler} rejects the header: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("skipping the {compiler} check: {e}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

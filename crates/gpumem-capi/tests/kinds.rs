@@ -1,0 +1,145 @@
+//! The same assertions over every resource `GPUMEM_CONF` can choose, through
+//! [`Allocator`] values (the state behind the C functions) on a simulated
+//! driver each.
+
+use gpumem::DevicePtr;
+use gpumem_capi::conf::{parse, ResourceKind};
+use gpumem_capi::{Allocator, Backend};
+
+const MIB: usize = 1 << 20;
+
+fn allocator(text: &str) -> Allocator {
+    let parsed = parse(text);
+    assert!(parsed.problems.is_empty(), "{text}: {:?}", parsed.problems);
+    Allocator::new(parsed.conf, Backend::sim())
+}
+
+fn kinds() -> Vec<ResourceKind> {
+    ResourceKind::ALL.to_vec()
+}
+
+#[test]
+fn every_kind_allocates_counts_and_frees() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let p = a.malloc(MIB, 0, 0);
+        assert!(!p.is_null(), "{kind}");
+        assert_eq!(a.resource_kind(0), Some(kind));
+        let q = a.malloc(100, 0, 0);
+        assert!(!q.is_null(), "{kind}");
+        assert_ne!(p, q);
+        assert_eq!(a.allocated_bytes(0), MIB + 256, "{kind}");
+        assert!(
+            a.reserved_bytes(0) >= MIB + 256,
+            "{kind}: reserve covers what is live"
+        );
+        assert!(a.peak_reserved_bytes(0) >= a.reserved_bytes(0), "{kind}");
+        a.free(p, MIB, 0, 0);
+        a.free(q, 100, 0, 0);
+        assert_eq!(a.allocated_bytes(0), 0, "{kind}");
+        a.empty_cache(0);
+        let Backend::Sim(sim) = a.backend() else {
+            unreachable!()
+        };
+        if kind == ResourceKind::Arena {
+            // The arena holds its region for life.
+            assert!(a.reserved_bytes(0) > 0, "{kind}");
+        } else {
+            assert_eq!(
+                a.reserved_bytes(0),
+                0,
+                "{kind}: empty_cache gives everything back"
+            );
+            assert_eq!(sim.device_bytes(0), 0, "{kind}: the driver has it all back");
+        }
+        assert!(a.peak_reserved_bytes(0) >= MIB, "{kind}: peak remembers");
+        a.reset_peak(0);
+        assert_eq!(a.peak_reserved_bytes(0), a.reserved_bytes(0), "{kind}");
+        assert_eq!(a.peak_allocated_bytes(0), 0, "{kind}");
+    }
+}
+
+#[test]
+fn every_kind_honours_max_size() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind},max_size=64MiB"));
+        assert!(
+            a.malloc(1 << 30, 0, 0).is_null(),
+            "{kind}: 1 GiB over 64 MiB"
+        );
+        let mut live = Vec::new();
+        loop {
+            let p = a.malloc(4 * MIB, 0, 0);
+            if p.is_null() {
+                break;
+            }
+            live.push(p);
+            assert!(live.len() <= 16, "{kind}: more than the limit handed out");
+        }
+        assert!(
+            live.len() >= 8,
+            "{kind}: only {} blocks of 4 MiB",
+            live.len()
+        );
+        assert!(a.reserved_bytes(0) <= 64 * MIB, "{kind}");
+        for p in live {
+            a.free(p, 4 * MIB, 0, 0);
+        }
+        assert!(!a.malloc(4 * MIB, 0, 0).is_null(), "{kind}: room again");
+    }
+}
+
+#[test]
+fn arena_and_async_take_their_sizes() {
+    let a = allocator("resource=arena,initial_size=128MiB");
+    let p = a.malloc(MIB, 0, 0);
+    assert_eq!(a.reserved_bytes(0), 128 * MIB, "the arena is its size");
+    a.free(p, MIB, 0, 0);
+    let a = allocator("resource=async,initial_size=32MiB,release_threshold=max");
+    let p = a.malloc(MIB, 0, 0);
+    assert!(a.reserved_bytes(0) >= 32 * MIB, "primed");
+    a.free(p, MIB, 0, 0);
+    a.empty_cache(0);
+    assert_eq!(a.reserved_bytes(0), 0, "trimmed");
+}
+
+#[test]
+fn pool_takes_initial_size_up_front() {
+    let a = allocator("resource=pool,initial_size=256MiB");
+    let p = a.malloc(256, 0, 0);
+    assert!(a.reserved_bytes(0) >= 256 * MIB);
+    a.free(p, 256, 0, 0);
+    // Other devices are built on their own first use.
+    assert_eq!(a.reserved_bytes(1), 0);
+    let q = a.malloc(256, 1, 0);
+    assert!(a.reserved_bytes(1) >= 256 * MIB);
+    a.free(q, 256, 1, 0);
+}
+
+#[test]
+fn a_resource_that_cannot_be_built_falls_back_to_pool() {
+    // 100 GiB up front does not fit the simulated 80 GiB device: the stack
+    // falls back to a pool without the initial size (reported on stderr).
+    let a = allocator("resource=pool,initial_size=100GiB");
+    let p = a.malloc(MIB, 0, 0);
+    assert!(!p.is_null());
+    assert_eq!(a.resource_kind(0), Some(ResourceKind::Pool));
+    assert!(a.reserved_bytes(0) < 100 << 30);
+    a.free(p, MIB, 0, 0);
+}
+
+#[test]
+fn allocators_do_not_share_stream_wrappers() {
+    // The per-thread stream cache is keyed by allocator: two allocators on
+    // different drivers with the same raw handle value must not mix.
+    let a = allocator("resource=pool");
+    let b = allocator("resource=pool");
+    let p = a.malloc(4096, 0, 0x5000);
+    let q = b.malloc(4096, 0, 0x5000);
+    assert!(!p.is_null() && !q.is_null());
+    a.free(p, 4096, 0, 0x5000);
+    b.free(q, 4096, 0, 0x5000);
+    assert_eq!(a.allocated_bytes(0), 0);
+    assert_eq!(b.allocated_bytes(0), 0);
+    let _ = DevicePtr::NULL;
+}

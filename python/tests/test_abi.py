@@ -1,0 +1,196 @@
+"""libgpumem.so through ctypes, over the simulated device (no GPU needed).
+
+Run with ``python3 python/tests/test_abi.py`` (prints "N passed, M failed")
+or with pytest. The library comes from GPUMEM_LIB, else the usual places
+(see gpumem.library_path). The configuration is read once per process, so
+this process runs with ``resource=pool,max_size=64MiB``; other
+configurations run in child processes.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # python/, for `import gpumem`
+
+# Before the library's first call, which reads them.
+os.environ["GPUMEM_DEVICE"] = "sim"
+os.environ["GPUMEM_CONF"] = "resource=pool,max_size=64MiB"
+
+import gpumem  # noqa: E402
+
+MIB = 1 << 20
+lib = gpumem.library()
+
+
+def test_library_exports_the_abi():
+    for name in [
+        "gpumem_malloc",
+        "gpumem_free",
+        "gpumem_cupy_malloc",
+        "gpumem_cupy_free",
+        "gpumem_allocated_bytes",
+        "gpumem_reserved_bytes",
+        "gpumem_peak_reserved_bytes",
+        "gpumem_reset_peak",
+        "gpumem_empty_cache",
+    ]:
+        assert getattr(lib, name), name
+    assert os.path.basename(gpumem.library_path()) == "libgpumem.so"
+
+
+def test_malloc_free_and_stats():
+    d = 0
+    assert gpumem.allocated_bytes(d) == 0
+    p = lib.gpumem_malloc(MIB, d, None)
+    assert p and p % 256 == 0
+    assert gpumem.allocated_bytes(d) == MIB
+    assert gpumem.reserved_bytes(d) >= MIB
+    q = lib.gpumem_malloc(1000, d, None)
+    assert gpumem.allocated_bytes(d) == MIB + 1024
+    assert gpumem.peak_reserved_bytes(d) >= gpumem.reserved_bytes(d)
+    lib.gpumem_free(p, MIB, d, None)
+    lib.gpumem_free(q, 1000, d, None)
+    assert gpumem.allocated_bytes(d) == 0
+    assert gpumem.peak_allocated_bytes(d) == MIB + 1024
+    gpumem.reset_peak(d)
+    assert gpumem.peak_allocated_bytes(d) == 0
+    assert gpumem.peak_reserved_bytes(d) == gpumem.reserved_bytes(d)
+
+
+def test_out_of_memory_is_null():
+    d = 1
+    assert lib.gpumem_malloc(1 << 30, d, None) is None  # 1 GiB over 64 MiB
+    p = lib.gpumem_malloc(48 * MIB, d, None)
+    assert p
+    assert lib.gpumem_malloc(32 * MIB, d, None) is None
+    lib.gpumem_free(p, 48 * MIB, d, None)
+    assert lib.gpumem_cupy_malloc(None, 1 << 50, d) is None
+    assert gpumem.allocated_bytes(d) == 0
+
+
+def test_empty_cache_lowers_reserved():
+    d = 2
+    ptrs = [lib.gpumem_malloc(3 * MIB, d, None) for _ in range(6)]
+    assert all(ptrs)
+    full = gpumem.reserved_bytes(d)
+    assert full >= 18 * MIB
+    for p in ptrs:
+        lib.gpumem_free(p, 3 * MIB, d, None)
+    assert gpumem.reserved_bytes(d) == full
+    gpumem.empty_cache(d)
+    assert gpumem.reserved_bytes(d) == 0
+    assert gpumem.peak_reserved_bytes(d) == full
+
+
+def test_zero_negative_null_and_foreign_streams():
+    d = 3
+    assert lib.gpumem_malloc(0, d, None) is None
+    assert lib.gpumem_malloc(-1, d, None) is None
+    assert lib.gpumem_malloc(256, -1, None) is None
+    lib.gpumem_free(None, 0, d, None)
+    for stream in [None, 1, 2, 0x7F00_0000]:
+        p = lib.gpumem_malloc(4096, d, stream)
+        assert p, stream
+        lib.gpumem_free(p, 4096, d, stream)
+        # Same stream handle again: the freed block comes straight back.
+        again = lib.gpumem_malloc(4096, d, stream)
+        assert again == p, (stream, hex(p), hex(again or 0))
+        lib.gpumem_free(again, 4096, d, stream)
+    assert gpumem.allocated_bytes(d) == 0
+
+
+def test_cupy_entry_points():
+    d = 4
+    p = lib.gpumem_cupy_malloc(None, 5 * MIB, d)
+    q = lib.gpumem_cupy_malloc(ctypes.c_void_p(1234), 10, d)
+    assert p and q
+    assert gpumem.allocated_bytes(d) == 5 * MIB + 256
+    lib.gpumem_cupy_free(None, p, d)
+    lib.gpumem_cupy_free(None, q, d)
+    lib.gpumem_cupy_free(None, None, d)
+    assert gpumem.allocated_bytes(d) == 0
+    assert lib.gpumem_cupy_malloc(None, 0, d) is None
+
+
+def _child(conf, code):
+    env = dict(os.environ, GPUMEM_CONF=conf, GPUMEM_DEVICE="sim",
+               GPUMEM_LIB=gpumem.library_path())
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n" % os.path.dirname(HERE) + code],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_bad_conf_is_reported_and_defaults_serve():
+    r = _child(
+        "resource=turbo,max_size=7OGiB,colour=red",
+        "import gpumem\n"
+        "lib = gpumem.library()\n"
+        "p = lib.gpumem_malloc(1 << 30, 0, None)\n"
+        "assert p, 'defaults: no limit'\n"
+        "lib.gpumem_free(p, 1 << 30, 0, None)\n"
+        "print('child ok')\n",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "child ok" in r.stdout
+    assert 'gpumem: GPUMEM_CONF: unknown resource "turbo"' in r.stderr, r.stderr
+    assert "gpumem: GPUMEM_CONF: max_size:" in r.stderr, r.stderr
+    assert 'gpumem: GPUMEM_CONF: unknown key "colour"' in r.stderr, r.stderr
+
+
+def test_other_resources_in_children():
+    for conf in ["resource=caching,max_size=64MiB", "resource=binning,max_size=64MiB",
+                 "resource=cuda,max_size=64MiB", "resource=async,max_size=64MiB",
+                 "resource=arena,initial_size=64MiB"]:
+        r = _child(
+            conf,
+            "import gpumem\n"
+            "lib = gpumem.library()\n"
+            "p = lib.gpumem_malloc(1 << 20, 0, None)\n"
+            "assert p\n"
+            "assert lib.gpumem_malloc(1 << 30, 0, None) is None\n"
+            "assert gpumem.reserved_bytes(0) >= 1 << 20\n"
+            "lib.gpumem_free(p, 1 << 20, 0, None)\n"
+            "gpumem.empty_cache(0)\n"
+            "print('child ok', gpumem.reserved_bytes(0))\n",
+        )
+        assert r.returncode == 0 and "child ok" in r.stdout, (conf, r.stdout, r.stderr)
+        assert "GPUMEM_CONF" not in r.stderr, (conf, r.stderr)
+
+
+def test_helpers_explain_missing_frameworks():
+    import importlib.util
+
+    for mod, pkg in [("gpumem.torch", "torch"), ("gpumem.cupy", "cupy")]:
+        m = __import__(mod, fromlist=["enable"])
+        if importlib.util.find_spec(pkg) is not None:
+            continue  # installed: enable() would really switch allocators
+        try:
+            m.enable()
+        except ImportError as e:
+            assert pkg in str(e)
+        else:
+            raise AssertionError(mod + ".enable() without " + pkg)
+
+
+def main():
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    passed = failed = 0
+    for name, f in tests:
+        try:
+            f()
+        except Exception as e:  # noqa: BLE001 - report every failure
+            failed += 1
+            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
+        else:
+            passed += 1
+            print("ok   %s" % name)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
