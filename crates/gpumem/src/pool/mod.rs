@@ -39,6 +39,7 @@
 mod binning;
 mod caching_pool;
 mod fixed_size;
+mod heap_lanes;
 mod pool_resource;
 mod slab;
 mod stream_lanes;
