@@ -43,9 +43,13 @@ mod heap_lanes;
 mod pool_resource;
 mod slab;
 mod stream_lanes;
+mod virtual_pool;
 
 pub use binning::BinningResource;
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use slab::ClassStats;
+pub use virtual_pool::{
+    PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, VIRTUAL_POOL_MAX_ALIGNMENT,
+};
