@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod adaptor;
+pub mod async_pool;
 pub mod buffer;
 pub mod device;
 pub mod driver;

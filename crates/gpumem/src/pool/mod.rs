@@ -8,6 +8,8 @@
 //!   resource), larger sizes to the upstream.
 //! - [`CachingPool`]: power-of-two size classes from 512 B to 2 GiB, a lock
 //!   per class, batched events for cross-stream reuse.
+//! - [`ArenaResource`]: RMM's arena: per-stream arenas of superblocks over one
+//!   global arena, address-ordered first fit, large requests in whole superblocks.
 //!
 //! # Stream-ordering policy (every pool of this module follows it)
 //!
@@ -36,6 +38,7 @@
 //!
 //! [`Stream`]: crate::Stream
 
+mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
@@ -45,6 +48,7 @@ mod slab;
 mod stream_lanes;
 mod virtual_pool;
 
+pub use arena::*;
 pub use binning::BinningResource;
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};

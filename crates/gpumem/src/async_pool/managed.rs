@@ -1,0 +1,81 @@
+//! `AsyncManagedResource`: stream-ordered managed memory from a pool of
+//! `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13 drivers).
+//!
+//! It creates its own managed pool located on the device (destroyed on drop)
+//! with the release threshold at `u64::MAX`, and allocates from it like
+//! [`AsyncResource`]. The memory is host- and device-accessible, migrated by
+//! the driver. Where the driver or device has no managed pools (drivers before
+//! CUDA 13, devices without managed memory or memory pools) construction is
+//! [`Error::Unsupported`](crate::Error::Unsupported).
+
+use std::ops::Deref;
+
+use super::async_resource::AsyncResource;
+use super::attributes::MemPool;
+use crate::device::Device;
+use crate::driver::{AllocationType, DevicePtr};
+use crate::resource::{MemoryResource, Properties};
+use crate::stream::Stream;
+use crate::Result;
+
+/// Managed memory from a stream-ordered pool. Dereferences to its [`MemPool`].
+#[derive(Debug)]
+pub struct AsyncManagedResource {
+    inner: AsyncResource,
+}
+
+impl AsyncManagedResource {
+    /// A new managed-memory pool on `device`.
+    pub fn new(device: Device) -> Result<Self> {
+        Self::with_initial_size(device, 0)
+    }
+
+    /// A new managed-memory pool on `device`, primed with `bytes` (see
+    /// [`AsyncResourceBuilder::initial_size`](super::AsyncResourceBuilder::initial_size)).
+    pub fn with_initial_size(device: Device, bytes: usize) -> Result<Self> {
+        let inner = AsyncResource::builder(device)
+            .alloc_type(AllocationType::Managed)
+            .initial_size(bytes)
+            .build()?;
+        Ok(Self { inner })
+    }
+
+    /// The pool behind this resource.
+    pub fn pool(&self) -> &MemPool {
+        self.inner.pool()
+    }
+}
+
+impl Deref for AsyncManagedResource {
+    type Target = MemPool;
+
+    fn deref(&self) -> &MemPool {
+        self.inner.pool()
+    }
+}
+
+impl MemoryResource for AsyncManagedResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.inner.allocate(bytes, alignment, stream)
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.inner.deallocate(ptr, bytes, alignment, stream)
+    }
+
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::HOST_AND_DEVICE
+    }
+}

@@ -1,0 +1,96 @@
+//! CUDA's stream-ordered allocator (`cudaMallocAsync`, memory pools) as gpumem
+//! resources.
+//!
+//! - [`AsyncResource`]: a resource over a pool gpumem creates from properties
+//!   (device, pinned host or managed memory; IPC handle type; size limit;
+//!   priming; release threshold, `u64::MAX` by default as in RMM), or over the
+//!   device's default pool ([`AsyncResource::default_pool`]).
+//! - [`AsyncViewResource`]: a resource over a pool handle gpumem does not own
+//!   (another library's pool, the device's current pool); never destroyed here.
+//! - [`AsyncManagedResource`]: a managed-memory pool (CUDA 13 drivers).
+//! - [`MemPool`]: the pool behind each of them, with typed attributes (release
+//!   threshold, reuse policies, reserved and used memory and their highs),
+//!   `trim_to`, and peer access (`grant_access`, `access`). Every resource
+//!   dereferences to its `MemPool`.
+//! - IPC ([`ipc`]): export a pool as a POSIX file descriptor and its
+//!   allocations as 64-byte records, import both in another process
+//!   ([`AsyncResource::import_fd`], [`ImportedPool`]), and pass descriptors over
+//!   Unix sockets ([`ipc::send_fd`], [`ipc::recv_fd`]).
+//!
+//! Devices or drivers without memory pools, and pools asking for a handle
+//! type or allocation type the device lacks, give [`Error::Unsupported`] naming
+//! the feature, never a panic.
+//!
+//! ```
+//! use gpumem::async_pool::{AsyncResource, ReusePolicy};
+//! use gpumem::driver::sim::SimConfig;
+//! use gpumem::resource::MemoryResource;
+//! use gpumem::Device;
+//!
+//! # fn main() -> gpumem::Result<()> {
+//! let device = Device::sim(SimConfig::default());
+//! let mr = AsyncResource::builder(device.clone())
+//!     .initial_size(64 << 20)
+//!     .build()?;
+//! assert_eq!(mr.release_threshold()?, u64::MAX);
+//! assert!(mr.reserved_current()? >= 64 << 20);
+//! assert!(mr.reuse_policy(ReusePolicy::AllowOpportunistic)?);
+//!
+//! let stream = device.create_stream()?;
+//! let p = mr.allocate(1 << 20, 256, &stream)?;
+//! mr.deallocate(p, 1 << 20, 256, &stream)?;
+//! stream.synchronize()?;
+//! mr.trim_to(0)?;
+//! assert_eq!(mr.reserved_current()?, 0);
+//! # Ok(())
+//! # }
+//! ```
+
+mod access;
+mod async_resource;
+mod attributes;
+#[cfg(unix)]
+pub mod ipc;
+mod managed;
+mod view;
+
+pub use async_resource::{AsyncResource, AsyncResourceBuilder};
+pub use attributes::{MemPool, PoolUsage, ReusePolicy};
+#[cfg(unix)]
+pub use ipc::ImportedPool;
+pub use managed::AsyncManagedResource;
+pub use view::AsyncViewResource;
+
+use crate::device::Device;
+use crate::driver::DeviceInfo;
+use crate::{Error, Result};
+
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+const CUDA_ERROR_NOT_SUPPORTED: i32 = 801;
+
+/// The device's info, or [`Error::Unsupported`] when it has no memory pools.
+fn require_pools(device: &Device) -> Result<DeviceInfo> {
+    let info = device.info()?;
+    if !info.memory_pools {
+        return Err(Error::unsupported(format!(
+            "stream-ordered memory pools (cudaMallocAsync) on device {}",
+            device.ordinal()
+        )));
+    }
+    Ok(info)
+}
+
+/// Turns the driver's `CUDA_ERROR_NOT_SUPPORTED` (a driver error or the
+/// backend's own [`Error::Unsupported`]) into [`Error::Unsupported`] naming
+/// `feature`; other errors pass through.
+fn map_not_supported(err: Error, feature: impl FnOnce() -> String) -> Error {
+    match err {
+        Error::Driver { code, call, .. } if code == CUDA_ERROR_NOT_SUPPORTED => {
+            Error::unsupported(format!("{} ({call} says not supported)", feature()))
+        }
+        Error::Unsupported { feature: what } => {
+            Error::unsupported(format!("{} ({what})", feature()))
+        }
+        e => e,
+    }
+}

@@ -1,0 +1,101 @@
+//! `AsyncViewResource`: a memory resource over a pool handle gpumem does not
+//! own, RMM's `cuda_async_view_memory_resource`.
+//!
+//! Allocation and free go to the pool exactly as in [`AsyncResource`]; the
+//! pool's attributes are left as they are, and the pool is never destroyed
+//! here. Use it for a pool another library made, or for the device's current
+//! pool (`cuDeviceGetMemPool`, what `cudaMallocAsync` uses).
+//!
+//! [`AsyncResource`]: super::AsyncResource
+
+use std::ops::Deref;
+
+use super::attributes::MemPool;
+use super::require_pools;
+use crate::device::Device;
+use crate::driver::{DevicePtr, HandleType, Location, RawPool};
+use crate::resource::{MemoryResource, Properties};
+use crate::stream::Stream;
+use crate::Result;
+
+/// A resource over a pool it does not own. Dereferences to its [`MemPool`].
+#[derive(Debug)]
+pub struct AsyncViewResource {
+    pool: MemPool,
+}
+
+impl AsyncViewResource {
+    /// A view of pool `raw`, whose memory lives on `device` and is accessible
+    /// as `properties` says. The pool must outlive the view and every
+    /// allocation made through it; gpumem never destroys it. The handle is
+    /// checked by reading one attribute.
+    pub fn new(device: Device, raw: RawPool, properties: Properties) -> Result<Self> {
+        require_pools(&device)?;
+        let ordinal = device.ordinal();
+        let pool = MemPool::new(
+            device,
+            raw,
+            false,
+            Location::Device(ordinal),
+            HandleType::None,
+            properties,
+            0,
+        );
+        pool.release_threshold()?;
+        Ok(Self { pool })
+    }
+
+    /// A view of the device's current pool (`cuDeviceGetMemPool`): the pool
+    /// `cudaMallocAsync` allocates from now.
+    pub fn current(device: Device) -> Result<Self> {
+        require_pools(&device)?;
+        let raw = device.driver().mempool_current(device.ordinal())?;
+        Self::new(device, raw, Properties::DEVICE)
+    }
+
+    /// A view of the device's default pool (`cuDeviceGetDefaultMemPool`).
+    pub fn default_pool(device: Device) -> Result<Self> {
+        require_pools(&device)?;
+        let raw = device.driver().mempool_default(device.ordinal())?;
+        Self::new(device, raw, Properties::DEVICE)
+    }
+
+    /// The pool behind this view.
+    pub fn pool(&self) -> &MemPool {
+        &self.pool
+    }
+}
+
+impl Deref for AsyncViewResource {
+    type Target = MemPool;
+
+    fn deref(&self) -> &MemPool {
+        &self.pool
+    }
+}
+
+impl MemoryResource for AsyncViewResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.pool.allocate(bytes, alignment, stream)
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.pool.deallocate(ptr, stream)
+    }
+
+    fn device(&self) -> &Device {
+        self.pool.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.pool.properties()
+    }
+}
