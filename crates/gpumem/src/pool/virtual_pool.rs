@@ -64,6 +64,11 @@ pub struct VirtualPoolConfig {
     pub va_multiple: usize,
     /// Requests up to this many bytes go to the small area (default 1 MiB).
     pub small_limit: usize,
+    /// Physical memory the pool may create beyond its live peak, in
+    /// thousandths of that peak, before it moves idle mapped pages instead
+    /// (default 0: move pages as soon as no cached page is left). Slack
+    /// trades leanness for fewer unmap/map/set-access calls.
+    pub slack_permille: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
     pub release_threshold: usize,
@@ -84,6 +89,7 @@ impl Default for VirtualPoolConfig {
         Self {
             va_multiple: 2,
             small_limit: 1 << 20,
+            slack_permille: 0,
             release_threshold: 0,
             max_chunk_pages: 16,
             maximum_physical: None,
@@ -124,6 +130,10 @@ pub struct VirtualPoolStats {
     pub page_size: usize,
     /// Streams the pool tracks.
     pub streams: usize,
+    /// Physical pages created so far (`cuMemCreate`), all calls together.
+    pub pages_created: u64,
+    /// Physical pages released so far (`cuMemRelease`).
+    pub pages_released: u64,
 }
 
 /// A physical chunk exported for another process.
@@ -140,6 +150,7 @@ pub struct PhysExport {
 
 const SMALL: usize = 0;
 const LARGE: usize = 1;
+const ARENAS: usize = 2;
 
 struct Arena {
     heap: LaneHeap,
@@ -147,7 +158,7 @@ struct Arena {
 }
 
 struct State {
-    arenas: [Arena; 2],
+    arenas: [Arena; ARENAS],
     /// Virtual ranges given to the arenas: (start, end, arena).
     ranges: Vec<(u64, u64, usize)>,
     /// Reservations: (base, bytes).
@@ -157,11 +168,13 @@ struct State {
     streams: FreeStreams,
     peak_reserved: usize,
     peak_live: usize,
+    pages_created: u64,
+    pages_released: u64,
 }
 
 impl State {
     fn live_bytes(&self) -> usize {
-        (self.arenas[0].heap.used_bytes() + self.arenas[1].heap.used_bytes()) as usize
+        self.arenas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
     }
 
     #[inline]
@@ -210,7 +223,9 @@ impl VirtualPool {
             ));
         }
         if config.ipc && !info.posix_fd_ipc {
-            return Err(Error::unsupported("POSIX file descriptor export of VMM memory"));
+            return Err(Error::unsupported(
+                "POSIX file descriptor export of VMM memory",
+            ));
         }
         if config.va_multiple == 0 || config.max_chunk_pages == 0 {
             return Err(Error::InvalidArgument(
@@ -248,16 +263,10 @@ impl VirtualPool {
         let total = total.max(small + gran);
         let base = driver.vmm_reserve(total, gran)?;
         let mut st = State {
-            arenas: [
-                Arena {
-                    heap: LaneHeap::new(),
-                    lanes: HeapLanes::new(),
-                },
-                Arena {
-                    heap: LaneHeap::new(),
-                    lanes: HeapLanes::new(),
-                },
-            ],
+            arenas: std::array::from_fn(|_| Arena {
+                heap: LaneHeap::new(),
+                lanes: HeapLanes::new(),
+            }),
             ranges: Vec::new(),
             reservations: vec![(base.0, total)],
             pages: PageTable::new(gran as u64),
@@ -265,6 +274,8 @@ impl VirtualPool {
             streams: FreeStreams::new(),
             peak_reserved: 0,
             peak_live: 0,
+            pages_created: 0,
+            pages_released: 0,
         };
         st.pages.add_segment(base.0, total as u64);
         let parts = [
@@ -323,10 +334,12 @@ impl VirtualPool {
             chunks: st.phys.chunk_count(),
             live: st.live_bytes(),
             peak_live: st.peak_live,
-            live_blocks: st.arenas[0].heap.used_blocks() + st.arenas[1].heap.used_blocks(),
+            live_blocks: st.arenas.iter().map(|a| a.heap.used_blocks()).sum(),
             virtual_reserved: st.reservations.iter().map(|r| r.1).sum(),
             page_size: g,
             streams: st.streams.len(),
+            pages_created: st.pages_created,
+            pages_released: st.pages_released,
         }
     }
 
@@ -372,7 +385,14 @@ impl VirtualPool {
         }
         let st = self.lock();
         let mut out: Vec<PhysExport> = Vec::new();
-        let mut index = vec![usize::MAX; st.phys.chunks().map(|(c, _)| c as usize + 1).max().unwrap_or(0)];
+        let mut index = vec![
+            usize::MAX;
+            st.phys
+                .chunks()
+                .map(|(c, _)| c as usize + 1)
+                .max()
+                .unwrap_or(0)
+        ];
         for (c, chunk) in st.phys.chunks() {
             let fd = match self.device.driver().vmm_export_fd(chunk.handle) {
                 Ok(fd) => fd,
@@ -390,10 +410,8 @@ impl VirtualPool {
         for (p, phys) in st.pages.mapped() {
             if let Some(&i) = index.get(phys.chunk as usize) {
                 if let Some(x) = out.get_mut(i) {
-                    x.mappings.push((
-                        DevicePtr(st.pages.addr(p)),
-                        phys.index as usize * self.gran,
-                    ));
+                    x.mappings
+                        .push((DevicePtr(st.pages.addr(p)), phys.index as usize * self.gran));
                 }
             }
         }
@@ -464,19 +482,19 @@ impl VirtualPool {
             .ok_or_else(|| self.oom(st, bytes))?;
         let a = &mut st.arenas[which];
         a.lanes.settle(&mut a.heap, Some(lane))?;
-        if let Some(x) = a.heap.allocate(LaneId::GLOBAL, bytes as u64, alignment as u64) {
+        if let Some(x) = a
+            .heap
+            .allocate_best(LaneId::GLOBAL, bytes as u64, alignment as u64)
+        {
             return Ok(x);
         }
         if a.lanes.steal(&mut a.heap, lane, stream, needed as u64)? {
-            if let Some(x) = a.heap.allocate(lane, bytes as u64, alignment as u64) {
+            if let Some(x) = a.heap.allocate_best(lane, bytes as u64, alignment as u64) {
                 return Ok(x);
             }
         }
-        a.lanes.settle_blocking(&mut a.heap)?;
-        if let Some(x) = a.heap.allocate(LaneId::GLOBAL, bytes as u64, alignment as u64) {
-            return Ok(x);
-        }
-        // Out of addresses: reserve another range.
+        // Out of addresses that are safe now: reserve another range (address
+        // space is cheap; waiting for other streams is not).
         let base_size = if which == SMALL {
             self.capacity / 2
         } else {
@@ -514,10 +532,11 @@ impl VirtualPool {
             return Ok(0);
         }
         st.streams.begin_pass();
-        let idle: Vec<(PageRef, u64, u64)> = st.pages.idle().collect();
+        // Runs of reclaimable pages.
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
-        for (p, mask, tick) in idle {
-            if !st.streams.complete(mask, tick) {
+        let State { pages, streams, .. } = st;
+        for (p, mask, tick) in pages.idle() {
+            if !streams.complete(mask, tick) {
                 continue;
             }
             match runs.last_mut() {
@@ -525,6 +544,7 @@ impl VirtualPool {
                 _ => runs.push((p, 1)),
             }
         }
+        // Longest runs first: fewest `cuMemUnmap` calls.
         runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let driver = self.device.driver();
         let g = self.gran;
@@ -570,6 +590,7 @@ impl VirtualPool {
                 eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
             }
             released += pages as usize * self.gran;
+            st.pages_released += u64::from(pages);
         }
         released
     }
@@ -585,11 +606,13 @@ impl VirtualPool {
             }
             n = n.min(room);
         }
-        let h = self
-            .device
-            .driver()
-            .vmm_create(self.device.ordinal(), n * self.gran, self.handle_type)?;
+        let h = self.device.driver().vmm_create(
+            self.device.ordinal(),
+            n * self.gran,
+            self.handle_type,
+        )?;
         st.phys.add_chunk(h, n as u32);
+        st.pages_created += n as u64;
         let reserved = st.phys.total_pages() * self.gran;
         st.peak_reserved = st.peak_reserved.max(reserved);
         Ok(n)
@@ -600,6 +623,18 @@ impl VirtualPool {
     /// out-of-memory. On failure the cache holds what was gathered.
     fn obtain(&self, st: &mut State, n: usize, requested: usize) -> Result<Vec<PhysPage>> {
         let short = |st: &State| n.saturating_sub(st.phys.cached_pages());
+        // Within the slack over the live peak, new memory is made rather than
+        // idle pages moved: fewer driver calls for the same leanness target.
+        let budget = (st.peak_live.max(st.live_bytes()) / 1000)
+            .saturating_mul(1000 + self.config.slack_permille);
+        let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
+        if short(st) > 0 && short(st) <= room {
+            while short(st) > 0 {
+                if self.create(st, short(st)).is_err() {
+                    break;
+                }
+            }
+        }
         if short(st) > 0 {
             self.reclaim(st, short(st))?;
         }
@@ -661,7 +696,12 @@ impl VirtualPool {
                     break 'runs;
                 };
                 let addr = st.pages.addr(p);
-                match driver.vmm_map(DevicePtr(addr), g, pp.index as usize * g, st.phys.handle(pp)) {
+                match driver.vmm_map(
+                    DevicePtr(addr),
+                    g,
+                    pp.index as usize * g,
+                    st.phys.handle(pp),
+                ) {
                     Ok(()) => {
                         st.pages.set_mapped(p, pp);
                         match done.last_mut() {
@@ -680,9 +720,12 @@ impl VirtualPool {
         if result.is_ok() {
             'access: for &(start, count) in &runs {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
-                let devices = std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
+                let devices =
+                    std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
                 for d in devices {
-                    if let Err(e) = driver.vmm_set_access(addr, count * g, d, AccessFlags::ReadWrite) {
+                    if let Err(e) =
+                        driver.vmm_set_access(addr, count * g, d, AccessFlags::ReadWrite)
+                    {
                         result = Err(e);
                         break 'access;
                     }
@@ -736,8 +779,8 @@ impl MemoryResource for VirtualPool {
         let (b, align) = (bytes as u64, alignment as u64);
         let blk = match a
             .heap
-            .allocate(lane, b, align)
-            .or_else(|| a.heap.allocate(LaneId::GLOBAL, b, align))
+            .allocate_best(lane, b, align)
+            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
         {
             Some(x) => x,
             None => self.take_slow(st, which, lane, stream, bytes, alignment)?,
@@ -784,7 +827,10 @@ impl MemoryResource for VirtualPool {
         };
         let a = &mut st.arenas[which];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
-        let size = a.heap.free(ptr.0, lane).map_err(|e| heap_error(ptr, e))?;
+        let size = a
+            .heap
+            .free_absorbing(ptr.0, lane)
+            .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
         if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
             st.pages.release(seg, first, last, bit, tick);

@@ -475,6 +475,26 @@ impl LaneHeap {
     /// overflow. O(1), plus one split for alignment padding.
     #[inline]
     pub fn allocate(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
+        self.allocate_with(lane, size, align, false)
+    }
+
+    /// Like [`allocate`](Self::allocate), but first tries the free blocks of
+    /// the request's own size class (see [`Tlsf::take_best`]): a block freed
+    /// by a request of the same size is reused before a larger one is split.
+    /// O(1), with a bounded scan of one class.
+    #[inline]
+    pub fn allocate_best(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
+        self.allocate_with(lane, size, align, true)
+    }
+
+    #[inline(always)]
+    fn allocate_with(
+        &mut self,
+        lane: LaneId,
+        size: u64,
+        align: u64,
+        best: bool,
+    ) -> Option<Allocation> {
         let size = round_to_granule(size)?.max(GRANULE);
         if !align.is_power_of_two() {
             return None;
@@ -486,7 +506,11 @@ impl LaneHeap {
             _ => return None,
         };
         let arena = &mut self.arena;
-        let mut i = t.take(arena, needed)?;
+        let mut i = if best {
+            t.take_best(arena, needed)?
+        } else {
+            t.take(arena, needed)?
+        };
         let addr = arena[i].addr;
         // Cannot overflow: align - 1 < needed <= block size, and the block ends
         // within u64.
@@ -538,6 +562,42 @@ impl LaneHeap {
         let size = self.arena[i].size;
         self.used_bytes -= size;
         file_free(&mut self.arena, t, i, lane.0);
+        Ok(size)
+    }
+
+    /// Like [`free`](Self::free), but a neighbour free in the global lane is
+    /// first taken into `lane` and merged too (handing global blocks to one
+    /// lane is always safe: it only narrows who may use them). Keeps a
+    /// stream's free space in one piece with the untouched space beside it,
+    /// so a one-stream workload does not spread over fresh addresses. O(1).
+    #[inline]
+    pub fn free_absorbing(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
+        if lane == LaneId::GLOBAL || lane.0 as usize >= self.lanes.len() {
+            return self.free(addr, lane);
+        }
+        let (global, rest) = self.lanes.split_at_mut(1);
+        let (Some(g), Some(Some(t))) = (global[0].as_mut(), rest.get_mut(lane.0 as usize - 1))
+        else {
+            return Err(HeapError::NoSuchLane(lane));
+        };
+        let Some(mut i) = self.used.remove(addr) else {
+            return Err(self.diagnose_bad_free(addr));
+        };
+        let arena = &mut self.arena;
+        let size = arena[i].size;
+        self.used_bytes -= size;
+        let prev = arena[i].prev_phys;
+        if prev != NIL && arena[prev].is_free_in(LaneId::GLOBAL.0) {
+            g.remove(arena, prev);
+            merge(arena, prev, i);
+            i = prev;
+        }
+        let next = arena[i].next_phys;
+        if next != NIL && arena[next].is_free_in(LaneId::GLOBAL.0) {
+            g.remove(arena, next);
+            merge(arena, i, next);
+        }
+        file_free(arena, t, i, lane.0);
         Ok(size)
     }
 

@@ -174,6 +174,20 @@ impl Tlsf {
         Some(i)
     }
 
+    /// Like [`take`](Self::take), but first looks among the first
+    /// [`FALLBACK_SCAN`] blocks of `size`'s own class for one that fits, so a
+    /// freed block is reused by a request of its own size before a larger
+    /// block is split (closer to best fit; keeps a pool's footprint compact
+    /// when one huge free block would otherwise absorb every miss).
+    #[inline]
+    pub fn take_best(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
+        if let Some(i) = self.find_slow(arena, size) {
+            self.remove(arena, i);
+            return Some(i);
+        }
+        self.take(arena, size)
+    }
+
     #[cold]
     fn find_slow(&self, arena: &BlockArena, size: u64) -> Option<u32> {
         let mut i = self.heads[insert_class(size).index()];

@@ -194,7 +194,12 @@ impl PageTable {
 
     /// The unmapped pages among `first..=last` of `seg`, as runs
     /// `(first, count)`.
-    pub(super) fn unmapped_runs(&self, seg: usize, first: usize, last: usize) -> Vec<(usize, usize)> {
+    pub(super) fn unmapped_runs(
+        &self,
+        seg: usize,
+        first: usize,
+        last: usize,
+    ) -> Vec<(usize, usize)> {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for idx in first..=last {
             if self.segs[seg].pages[idx].chunk == UNMAPPED {
@@ -340,6 +345,11 @@ pub(super) struct FreeStreams {
     /// The tick of the latest free.
     pub(super) tick: u64,
     pass: u64,
+    /// Every free with a tick at or below this has run (all streams).
+    floor: u64,
+    /// Set when a stream was found further along (the floor is then
+    /// recomputed from every stream's state).
+    refloor: bool,
 }
 
 impl FreeStreams {
@@ -349,6 +359,8 @@ impl FreeStreams {
             by_id: PtrMap::default(),
             tick: 0,
             pass: 0,
+            floor: 0,
+            refloor: false,
         }
     }
 
@@ -396,12 +408,36 @@ impl FreeStreams {
     /// Starts a reclaim pass: each stream is asked about at most once per pass.
     pub(super) fn begin_pass(&mut self) {
         self.pass += 1;
+        self.floor = self.min_idle_tick();
+        self.refloor = false;
+    }
+
+    fn min_idle_tick(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| s.idle_tick)
+            .min()
+            .unwrap_or(self.tick)
     }
 
     /// True when every free recorded under `mask` up to `tick` is known to
     /// have run. May query streams (once per pass each) and record an event
     /// on a busy stream so a later pass learns of its progress; never blocks.
+    #[inline]
     pub(super) fn complete(&mut self, mask: u64, tick: u64) -> bool {
+        if tick <= self.floor {
+            return true;
+        }
+        let done = self.complete_slow(mask, tick);
+        if self.refloor {
+            self.refloor = false;
+            self.floor = self.min_idle_tick();
+        }
+        done
+    }
+
+    fn complete_slow(&mut self, mask: u64, tick: u64) -> bool {
         let mut bits = mask;
         while bits != 0 {
             let b = bits.trailing_zeros() as usize;
@@ -445,6 +481,7 @@ impl FreeStreams {
             Ok(true) => {
                 s.idle_tick = now;
                 s.pending = None;
+                self.refloor = true;
                 true
             }
             Ok(false) => {
