@@ -796,6 +796,10 @@ impl MemoryResource for VirtualPool {
             if let Err(e) = self.map_missing(st, seg, first, last, bytes) {
                 st.pages.unacquire(seg, first, last);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
+                if e.is_oom() {
+                    // The numbers without the block that could not be backed.
+                    return Err(self.oom(st, bytes));
+                }
                 return Err(e);
             }
         }
@@ -827,10 +831,15 @@ impl MemoryResource for VirtualPool {
         };
         let a = &mut st.arenas[which];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
-        let size = a
-            .heap
-            .free_absorbing(ptr.0, lane)
-            .map_err(|e| heap_error(ptr, e))?;
+        // With one stream, its free space also takes in the untouched space
+        // beside it, so the pool stays compact; with several, that would make
+        // the others wait for this one (steal) to get addresses.
+        let size = if a.lanes.len() <= 1 {
+            a.heap.free_absorbing(ptr.0, lane)
+        } else {
+            a.heap.free(ptr.0, lane)
+        }
+        .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
         if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
             st.pages.release(seg, first, last, bit, tick);
