@@ -394,12 +394,9 @@ impl VirtualPool {
                 .unwrap_or(0)
         ];
         for (c, chunk) in st.phys.chunks() {
-            let fd = match self.device.driver().vmm_export_fd(chunk.handle) {
-                Ok(fd) => fd,
-                // Descriptors already exported stay open (this layer has no
-                // `unsafe` to close them); the error says which chunk failed.
-                Err(e) => return Err(e),
-            };
+            // On failure, descriptors already exported stay open (this layer
+            // has no `unsafe` to close them).
+            let fd = self.device.driver().vmm_export_fd(chunk.handle)?;
             index[c as usize] = out.len();
             out.push(PhysExport {
                 fd,
