@@ -10,6 +10,10 @@
 //!   per class, batched events for cross-stream reuse.
 //! - [`ArenaResource`]: RMM's arena: per-stream arenas of superblocks over one
 //!   global arena, address-ordered first fit, large requests in whole superblocks.
+//! - [`VirtualPool`]: on CUDA virtual memory management; TLSF lanes over one
+//!   reserved address range, physical pages mapped only under live blocks and
+//!   moved (unmapped, cached, re-mapped) to where they are needed, so the
+//!   physical memory held follows the live bytes.
 //!
 //! # Stream-ordering policy (every pool of this module follows it)
 //!
