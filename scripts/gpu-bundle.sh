@@ -26,7 +26,14 @@ for ex in "$tgt"/release/examples/*; do
 done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
-cp scripts/run-tests.sh "$out/"
+cp scripts/run-tests.sh scripts/gpu-run.sh "$out/"
+mkdir -p "$out/fonts"
+cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
+# The C ABI library and the Python helpers, when built.
+if [[ -f "$tgt/release/libgpumem.so" ]]; then
+  mkdir -p "$out/lib" && cp "$tgt/release/libgpumem.so" "$out/lib/"
+fi
+if [[ -d python ]]; then cp -r python "$out/python"; fi
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $(ls "$out/tests" | wc -l) test binaries, $(ls "$out/bin" | wc -l) programs, ${size} MiB"

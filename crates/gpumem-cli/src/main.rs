@@ -1,16 +1,25 @@
-//! The `gpumem` command: device information, an allocation demo and (as they
-//! land) benchmarks and trace replay. Runs on the real GPU when there is one and
-//! on the simulated device otherwise, and always says which.
+//! The `gpumem` command: device information, an allocation demo, benchmarks
+//! across allocators, trace replay, memory timelines and a PyTorch snapshot
+//! converter. Runs on the real GPU when there is one and on the simulated
+//! device otherwise, and always says which.
 
-mod demo;
-mod target;
+mod transfer;
 
-use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
 
-use target::DeviceChoice;
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+
+use gpumem_cli::allocators::{self, ALLOCATORS};
+use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
+use gpumem_cli::target::{self, DeviceChoice, Target};
+use gpumem_cli::units::{fmt_bytes, parse_size};
+use gpumem_cli::{demo, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
-/// information and a short allocation demo.
+/// information, a short side-by-side benchmark of every allocator and a replay
+/// of the traces found at --trace or in ./traces, ../shared/traces or
+/// gpu-bundle/traces.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
@@ -18,6 +27,11 @@ struct Cli {
     /// (the GPU when present).
     #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
+
+    /// Main job only: the trace to replay (default: the traces in the first of
+    /// ./traces, ../shared/traces, gpu-bundle/traces that exists).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -29,23 +43,408 @@ enum Command {
     Info,
     /// Allocate, copy and free through the device resource, checking contents.
     Demo,
+    /// Run workloads through allocators side by side; print a table or JSON lines.
+    Bench(BenchArgs),
+    /// Host<->device copy bandwidth: pinned-pool memory versus pageable memory.
+    Transfer(transfer::TransferArgs),
+    /// Replay an RMM log (CSV) through allocators: time, ns/op, peak live and reserved.
+    Replay(ReplayArgs),
+    /// Draw live and reserved memory along a trace replay, one line per allocator.
+    Plot(PlotArgs),
+    /// Convert a PyTorch memory snapshot (pickle) to an RMM log (CSV).
+    ConvertSnapshot(ConvertArgs),
+}
+
+fn size_arg(s: &str) -> Result<usize, String> {
+    parse_size(s)
+}
+
+#[derive(Args, Debug)]
+struct AllocArg {
+    /// Allocators, comma-separated (default: all); see `gpumem bench --list-allocators`.
+    #[arg(long, value_delimiter = ',')]
+    alloc: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Print the allocator names, one per line, and exit.
+    #[arg(long)]
+    list_allocators: bool,
+    #[command(flatten)]
+    alloc: AllocArg,
+    /// Workloads, comma-separated (default: same,random,threads,holes, plus
+    /// replay when --trace is given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    workload: Vec<Workload>,
+    /// Runs per workload and allocator; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// same: bytes per request (256, 4K, 1MiB, ...).
+    #[arg(long, default_value = "1MiB", value_parser = size_arg)]
+    size: usize,
+    /// same, holes: alloc/free pairs timed.
+    #[arg(long, default_value_t = 1000)]
+    iters: usize,
+    /// random, threads: steps in all (threads split them).
+    #[arg(long, default_value_t = 10_000)]
+    ops: usize,
+    /// random, threads: most blocks live at once (threads split them).
+    #[arg(long, default_value_t = 1000)]
+    max_live: usize,
+    /// random, threads: smallest request.
+    #[arg(long, default_value = "256", value_parser = size_arg)]
+    min_size: usize,
+    /// random: largest request.
+    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    max_size: usize,
+    /// threads: largest request.
+    #[arg(long, default_value = "4MiB", value_parser = size_arg)]
+    thread_max_size: usize,
+    /// Seed of the random sequences.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// threads: how many threads, each with its own stream.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// holes: free holes left between live blocks before timing.
+    #[arg(long, default_value_t = 4096)]
+    holes: usize,
+    /// replay: the RMM log to replay.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print JSON lines instead of a table (no progress bar).
+    #[arg(long)]
+    json: bool,
+    /// Time the steady state: run each workload once untimed on the same
+    /// allocator before the timed run (default: cold, growth included).
+    #[arg(long)]
+    warm: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// The RMM log (Thread,Time,Action,Pointer,Size,Stream).
+    trace: PathBuf,
+    #[command(flatten)]
+    alloc: AllocArg,
+    /// Runs per allocator; the median is reported.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Time the steady state: replay once untimed on the same allocator first.
+    #[arg(long)]
+    warm: bool,
+    /// Also write gpumem's own RMM log of the replay (through the
+    /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
+    /// FILE's stem.ALLOC.ext for each of several.
+    #[arg(long)]
+    log: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct PlotArgs {
+    /// The RMM log to replay.
+    trace: PathBuf,
+    #[command(flatten)]
+    alloc: AllocArg,
+    /// Output file: .svg, .png or .html.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// X axis: the event index or the trace's time.
+    #[arg(long, value_enum, default_value_t = plot::XAxis::Index)]
+    x: plot::XAxis,
+    /// Picture size in pixels, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1200x700")]
+    size: String,
+}
+
+#[derive(Args, Debug)]
+struct ConvertArgs {
+    /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`).
+    snapshot: PathBuf,
+    /// The RMM log to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Which device's trace to convert (default: the only one with events).
+    #[arg(long)]
+    device_index: Option<usize>,
+    /// Which snapshot event is the free: when the program asked for it or when
+    /// the caching allocator completed it (after cross-stream uses).
+    #[arg(long, value_enum, default_value_t = snapshot::FreeOn::Completed)]
+    free_on: snapshot::FreeOn,
 }
 
 fn main() {
     let cli = Cli::parse();
-    let result = (|| -> gpumem::Result<()> {
-        let target = target::open(cli.device)?;
-        match cli.command {
-            Some(Command::Info) => target::print_info(&target),
-            Some(Command::Demo) => demo::run(&target),
-            None => {
-                target::print_info(&target)?;
-                demo::run(&target)
-            }
-        }
-    })();
-    if let Err(e) = result {
-        eprintln!("gpumem: error: {e}");
+    if let Err(e) = run(cli) {
+        eprintln!("gpumem: error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// The device for measuring: address-only simulation (80 GiB, no host memory
+/// behind it), so real traces with 14 GB peaks replay on a small machine.
+fn measuring_target(choice: DeviceChoice, quiet: bool) -> Result<Target> {
+    let t = target::open(choice, false)?;
+    if !quiet {
+        target::print_device_line(&t)?;
+        print_measures(&t);
+    }
+    Ok(t)
+}
+
+fn print_measures(t: &Target) {
+    let what = match t.device.backend() {
+        gpumem::Backend::Cuda => "real GPU allocations",
+        gpumem::Backend::Sim => "bookkeeping only (simulated device: no GPU time)",
+    };
+    println!("measuring: {what}");
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Some(Command::Info) => Ok(target::print_info(&target::open(cli.device, true)?)?),
+        Some(Command::Demo) => {
+            let t = target::open(cli.device, true)?;
+            target::print_info(&t)?;
+            Ok(demo::run(&t)?)
+        }
+        Some(Command::Bench(a)) => cmd_bench(cli.device, a),
+        Some(Command::Transfer(a)) => Ok(transfer::run(&target::open(cli.device, true)?, &a)?),
+        Some(Command::Replay(a)) => cmd_replay(cli.device, a),
+        Some(Command::Plot(a)) => cmd_plot(cli.device, a),
+        Some(Command::ConvertSnapshot(a)) => {
+            let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
+            println!("{}: {s}", a.output.display());
+            Ok(())
+        }
+        None => main_job(cli.device, cli.trace),
+    }
+}
+
+fn print_records(records: &[BenchRecord], json: bool) {
+    if !json {
+        bench::print_table(records);
+    }
+}
+
+fn json_line(r: &BenchRecord) {
+    match serde_json::to_string(r) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("gpumem: cannot write JSON: {e}"),
+    }
+}
+
+fn run_bench(
+    t: &Target,
+    cfg: &BenchConfig,
+    alloc: &[String],
+    json: bool,
+) -> Result<Vec<BenchRecord>> {
+    let specs = allocators::select(alloc)?;
+    let ctx = RunContext::new(t.device.clone())?;
+    let pb = progress::bar(0, json);
+    let records = bench::run(&ctx, cfg, &specs, &pb, |r| {
+        if json {
+            json_line(r)
+        }
+    })?;
+    print_records(&records, json);
+    Ok(records)
+}
+
+fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
+    if a.list_allocators {
+        for s in ALLOCATORS {
+            println!("{}", s.name);
+        }
+        return Ok(());
+    }
+    let mut workloads = a.workload.clone();
+    if workloads.is_empty() {
+        workloads = BenchConfig::default().workloads;
+        if a.trace.is_some() {
+            workloads.push(Workload::Replay);
+        }
+    }
+    if workloads.contains(&Workload::Replay) && a.trace.is_none() {
+        bail!("--workload replay needs --trace FILE");
+    }
+    let cfg = BenchConfig {
+        workloads,
+        repeats: a.repeats.max(1),
+        size: a.size,
+        iters: a.iters,
+        ops: a.ops,
+        max_live: a.max_live,
+        min_size: a.min_size.max(1),
+        max_size: a.max_size.max(a.min_size),
+        thread_max_size: a.thread_max_size.max(a.min_size),
+        seed: a.seed,
+        threads: a.threads.max(1),
+        holes: a.holes,
+        trace: a.trace,
+        warm: a.warm,
+    };
+    allocators::select(&a.alloc.alloc)?;
+    let t = measuring_target(choice, a.json)?;
+    run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
+    Ok(())
+}
+
+fn replay_traces(
+    t: &Target,
+    traces: &[PathBuf],
+    alloc: &[String],
+    repeats: usize,
+    warm: bool,
+    json: bool,
+) -> Result<()> {
+    for path in traces {
+        let events = gpumem::trace::read_file(path)
+            .with_context(|| format!("reading trace {}", path.display()))?;
+        let prep = replay::prepare(&events)?;
+        if !json {
+            println!("\ntrace {}: {}", path.display(), prep.report);
+            if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
+                println!(
+                    "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
+                    prep.skipped_failures, prep.skipped_unknown_frees, prep.skipped_zero
+                );
+            }
+        }
+        let cfg = BenchConfig {
+            workloads: vec![Workload::Replay],
+            repeats: repeats.max(1),
+            trace: Some(path.clone()),
+            warm,
+            ..BenchConfig::default()
+        };
+        run_bench(t, &cfg, alloc, json)?;
+    }
+    Ok(())
+}
+
+fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
+    let specs = allocators::select(&a.alloc.alloc)?;
+    let t = measuring_target(choice, a.json)?;
+    replay_traces(
+        &t,
+        std::slice::from_ref(&a.trace),
+        &a.alloc.alloc,
+        a.repeats,
+        a.warm,
+        a.json,
+    )?;
+    if let Some(log) = &a.log {
+        let events = gpumem::trace::read_file(&a.trace)
+            .with_context(|| format!("reading trace {}", a.trace.display()))?;
+        let prep = replay::prepare(&events)?;
+        for s in &specs {
+            let path = replay::log_path(log, s.name, specs.len());
+            let alloc = (s.build)(&t.device)?;
+            let rows = replay::write_log(&alloc, &t.device, &prep, &path)
+                .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
+            if !a.json {
+                println!(
+                    "log of the replay through {}: {} ({rows} rows)",
+                    s.name,
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
+    let (w, h) = a
+        .size
+        .split_once('x')
+        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+        .with_context(|| format!("--size {:?}: expected WIDTHxHEIGHT", a.size))?;
+    let t = measuring_target(choice, false)?;
+    let specs = allocators::select(&a.alloc.alloc)?;
+    let events = gpumem::trace::read_file(&a.trace)
+        .with_context(|| format!("reading trace {}", a.trace.display()))?;
+    let prep = replay::prepare(&events)?;
+    let pb = progress::bar(specs.len() as u64, false);
+    let mut series = Vec::new();
+    for s in &specs {
+        pb.set_message(s.name);
+        let alloc = (s.build)(&t.device)?;
+        let tl = replay::timeline(&alloc, &t.device, &prep, 4000)
+            .with_context(|| format!("replaying through {}", s.name))?;
+        series.push((s.name.to_string(), tl));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let title = format!(
+        "{} on {}",
+        a.trace
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        t.device.backend()
+    );
+    plot::draw(&a.output, &title, &series, a.x, (w, h))?;
+    println!("wrote {}", a.output.display());
+    for (name, tl) in &series {
+        println!(
+            "  {name}: peak reserved {} (peak live {}, ratio {:.2})",
+            fmt_bytes(tl.peak_reserved),
+            fmt_bytes(prep.peak_live as u64),
+            tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// The traces the main job replays: `--trace`, else every `*.csv` of the first
+/// of ./traces, ../shared/traces, gpu-bundle/traces that exists.
+fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
+    if let Some(p) = given {
+        return vec![p];
+    }
+    for dir in ["traces", "../shared/traces", "gpu-bundle/traces"] {
+        let dir = Path::new(dir);
+        if !dir.is_dir() {
+            continue;
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+            .collect();
+        files.sort();
+        return files;
+    }
+    Vec::new()
+}
+
+fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
+    let t = target::open(choice, false)?;
+    target::print_info(&t)?;
+    print_measures(&t);
+    println!("\nbench: every allocator, short same and random workloads");
+    let cfg = BenchConfig {
+        workloads: vec![Workload::Same, Workload::Random],
+        repeats: 3,
+        iters: 1000,
+        ops: 5000,
+        max_live: 500,
+        ..BenchConfig::default()
+    };
+    run_bench(&t, &cfg, &[], false)?;
+    let traces = find_traces(trace);
+    if traces.is_empty() {
+        println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
+        return Ok(());
+    }
+    replay_traces(&t, &traces, &[], 3, false, false)
 }

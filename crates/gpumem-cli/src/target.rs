@@ -36,15 +36,17 @@ pub fn sim_config(backed: bool) -> SimConfig {
     }
 }
 
-/// Opens the device `choice` asks for.
-pub fn open(choice: DeviceChoice) -> gpumem::Result<Target> {
+/// Opens the device `choice` asks for. `backed` puts 1 GiB of host memory
+/// behind a simulated device (for the demo's content checks); without it the
+/// simulated device is address-only with 80 GiB, for benchmarks and replays.
+pub fn open(choice: DeviceChoice, backed: bool) -> gpumem::Result<Target> {
     match choice {
         DeviceChoice::Cuda => Ok(Target {
             device: Device::cuda(0)?,
             reason: "asked for with --device cuda".into(),
         }),
         DeviceChoice::Sim => Ok(Target {
-            device: Device::sim(sim_config(true)),
+            device: Device::sim(sim_config(backed)),
             reason: "asked for with --device sim".into(),
         }),
         DeviceChoice::Auto => match Device::cuda(0) {
@@ -53,7 +55,7 @@ pub fn open(choice: DeviceChoice) -> gpumem::Result<Target> {
                 reason: "a GPU is present".into(),
             }),
             Err(e) => Ok(Target {
-                device: Device::sim(sim_config(true)),
+                device: Device::sim(sim_config(backed)),
                 reason: format!("no GPU ({e})"),
             }),
         },
@@ -62,6 +64,19 @@ pub fn open(choice: DeviceChoice) -> gpumem::Result<Target> {
 
 fn gib(bytes: usize) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Prints the one line that says which device runs and why, with its name.
+pub fn print_device_line(target: &Target) -> gpumem::Result<()> {
+    let d = &target.device;
+    let kind = match d.backend() {
+        Backend::Cuda => "cuda (real GPU)",
+        Backend::Sim => "sim (simulated device: timings measure bookkeeping only)",
+    };
+    println!("device: {kind}: {}", target.reason);
+    let info = d.info()?;
+    println!("  [{}] {}", info.ordinal, info.name);
+    Ok(())
 }
 
 /// Prints the device line and its features.

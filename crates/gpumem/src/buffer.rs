@@ -19,7 +19,8 @@ use crate::{Error, OomInfo, Result};
 
 /// An owned array of `len` values of `T` in memory from resource `R`.
 pub struct DeviceBuffer<T: Pod, R: MemoryResource = SharedResource> {
-    ptr: DevicePtr,
+    /// `pub(crate)` for the cudarc kernel-argument impl, which pushes its address.
+    pub(crate) ptr: DevicePtr,
     len: usize,
     resource: R,
     stream: Stream,

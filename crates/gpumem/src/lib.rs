@@ -8,11 +8,14 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod exit;
+pub mod interop;
+pub mod manager;
 pub mod pool;
 pub mod registry;
 pub mod resource;
 pub mod stream;
 pub mod suballoc;
+pub mod trace;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;

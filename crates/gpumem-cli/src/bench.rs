@@ -1,0 +1,501 @@
+//! `gpumem bench`: workloads across allocators, side by side, in one process.
+//!
+//! Each (workload, allocator) pair runs `repeats` times; every repeat builds
+//! the allocator afresh (so pools pay for their growth), runs the timed loop
+//! and frees everything. With `warm`, each repeat first runs the workload once
+//! untimed on the same allocator, so the timed run measures the steady state
+//! (RMM's own benchmarks pre-size their pools the same way); records say which. The reported `ns_per_op` is the median over repeats;
+//! `peak_reserved` is the most the allocator held from the driver in any
+//! repeat, and `peak_live` the most the workload had allocated at once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _, Result};
+use gpumem::{Backend, Device};
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use crate::allocators::{Allocator, AllocatorSpec, CountingResource};
+use crate::replay::{self, PreparedReplay};
+use crate::units::{fmt_bytes, fmt_count};
+use crate::workload::{self, OpSequence, Timed};
+
+/// A benchmark workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Workload {
+    /// `--size` alloc/free pairs, `--iters` times, on one stream.
+    Same,
+    /// `--ops` steps, each a log-uniform allocation in [`--min-size`,
+    /// `--max-size`] or a free of a random live block, at most `--max-live` live.
+    Random,
+    /// `--threads` threads, each on its own stream, running the random workload
+    /// (`--ops` split between them); wall ns per op.
+    Threads,
+    /// `--holes` free holes between live blocks, then small alloc/free pairs.
+    Holes,
+    /// A trace (`--trace`) replayed op by op.
+    Replay,
+}
+
+impl Workload {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Same => "same",
+            Workload::Random => "random",
+            Workload::Threads => "threads",
+            Workload::Holes => "holes",
+            Workload::Replay => "replay",
+        }
+    }
+}
+
+/// What to run and with which parameters.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Workloads, in order.
+    pub workloads: Vec<Workload>,
+    /// Runs per (workload, allocator); the median is reported.
+    pub repeats: usize,
+    /// `same`: bytes per request.
+    pub size: usize,
+    /// `same` and `holes`: alloc/free pairs timed.
+    pub iters: usize,
+    /// `random` and `threads`: steps in all.
+    pub ops: usize,
+    /// `random` and `threads`: most blocks live at once (split between threads).
+    pub max_live: usize,
+    /// `random` and `threads`: smallest request.
+    pub min_size: usize,
+    /// `random`: largest request.
+    pub max_size: usize,
+    /// `threads`: largest request.
+    pub thread_max_size: usize,
+    /// Seed of the random sequences.
+    pub seed: u64,
+    /// `threads`: how many.
+    pub threads: usize,
+    /// `holes`: how many holes.
+    pub holes: usize,
+    /// `replay`: the trace.
+    pub trace: Option<PathBuf>,
+    /// Run each workload once untimed on the same allocator before timing it.
+    pub warm: bool,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            workloads: vec![
+                Workload::Same,
+                Workload::Random,
+                Workload::Threads,
+                Workload::Holes,
+            ],
+            repeats: 3,
+            size: 1 << 20,
+            iters: 1000,
+            ops: 10_000,
+            max_live: 1000,
+            min_size: 256,
+            max_size: 64 << 20,
+            thread_max_size: 4 << 20,
+            seed: 42,
+            warm: false,
+            threads: 8,
+            holes: 4096,
+            trace: None,
+        }
+    }
+}
+
+/// Where and when the measurements are made, stamped on every record.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// The device.
+    pub device: Device,
+    /// `cuda` or `sim`.
+    pub device_kind: String,
+    /// The device's name.
+    pub device_name: String,
+    /// UTC date and time of the run (RFC 3339).
+    pub date: String,
+    /// The command line.
+    pub command: String,
+}
+
+impl RunContext {
+    /// Stamps a run on `device` now, with this process's command line.
+    pub fn new(device: Device) -> Result<Self> {
+        let info = device.info().context("reading the device's name")?;
+        Ok(Self {
+            device_kind: device.backend().to_string(),
+            device_name: info.name,
+            date: crate::units::utc_now(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            device,
+        })
+    }
+
+    /// What the timings mean on this device.
+    pub fn measures(&self) -> &'static str {
+        match self.device.backend() {
+            Backend::Cuda => "real GPU allocations",
+            Backend::Sim => "bookkeeping only (simulated device: no GPU time)",
+        }
+    }
+}
+
+/// One line of results: a workload through one allocator.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRecord {
+    /// Allocator name.
+    pub alloc: String,
+    /// Workload name.
+    pub workload: String,
+    /// `cuda` or `sim`.
+    pub device: String,
+    /// The device's name.
+    pub device_name: String,
+    /// True when the timed run followed an untimed run of the same workload on
+    /// the same allocator (steady state); false when it includes growth.
+    pub warm: bool,
+    /// Median over repeats of nanoseconds per operation (allocate or free);
+    /// null when the run failed.
+    pub ns_per_op: Option<f64>,
+    /// Fastest repeat.
+    pub ns_per_op_min: Option<f64>,
+    /// Slowest repeat.
+    pub ns_per_op_max: Option<f64>,
+    /// Median time of one repeat's timed loop, in milliseconds.
+    pub time_ms: Option<f64>,
+    /// Operations per repeat.
+    pub ops: u64,
+    /// Repeats run.
+    pub repeats: usize,
+    /// Most bytes the workload had live at once (for `threads`, whose
+    /// interleaving varies, measured in one extra untimed run).
+    pub peak_live: u64,
+    /// Most bytes the allocator held from the driver, over all repeats.
+    pub peak_reserved: Option<u64>,
+    /// `peak_reserved / peak_live` (1.00 is perfect).
+    pub reserved_over_live: Option<f64>,
+    /// The workload's parameters.
+    pub params: String,
+    /// What the timings measure (real GPU, or bookkeeping on the simulator).
+    pub measures: String,
+    /// UTC date of the run.
+    pub date: String,
+    /// The command line.
+    pub command: String,
+    /// Why the run failed, when it did.
+    pub error: Option<String>,
+}
+
+/// A workload made ready to run: sequences generated, trace prepared.
+enum Prepared {
+    Same,
+    Random(OpSequence),
+    Threads(Vec<Arc<OpSequence>>),
+    Holes,
+    Replay(Box<PreparedReplay>),
+}
+
+impl Prepared {
+    fn peak_live(&self, cfg: &BenchConfig) -> u64 {
+        match self {
+            Prepared::Same => cfg.size as u64,
+            Prepared::Random(s) => s.peak_live as u64,
+            // An upper bound; measured after the timed runs.
+            Prepared::Threads(s) => s.iter().map(|s| s.peak_live as u64).sum(),
+            Prepared::Holes => ((2 * cfg.holes + 1) * workload::HOLE_SIZE) as u64,
+            Prepared::Replay(p) => p.peak_live as u64,
+        }
+    }
+}
+
+fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
+    match (w, prep) {
+        (Workload::Same, _) => format!("size={} iters={}", fmt_bytes(cfg.size as u64), cfg.iters),
+        (Workload::Random, _) => format!(
+            "ops={} max_live={} sizes={}..{} seed={}",
+            cfg.ops,
+            cfg.max_live,
+            fmt_bytes(cfg.min_size as u64),
+            fmt_bytes(cfg.max_size as u64),
+            cfg.seed
+        ),
+        (Workload::Threads, _) => format!(
+            "threads={} ops={} max_live={} sizes={}..{} seed={}",
+            cfg.threads,
+            cfg.ops,
+            cfg.max_live,
+            fmt_bytes(cfg.min_size as u64),
+            fmt_bytes(cfg.thread_max_size as u64),
+            cfg.seed
+        ),
+        (Workload::Holes, _) => format!(
+            "holes={} of {} then {} alloc/free x{}",
+            cfg.holes,
+            fmt_bytes(workload::HOLE_SIZE as u64),
+            fmt_bytes(workload::HOLES_REQUEST as u64),
+            cfg.iters
+        ),
+        (Workload::Replay, Prepared::Replay(p)) => format!(
+            "trace={} events={} skipped={}",
+            cfg.trace
+                .as_ref()
+                .and_then(|t| t.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            p.report.events,
+            p.skipped_failures + p.skipped_unknown_frees + p.skipped_zero
+        ),
+        (Workload::Replay, _) => String::new(),
+    }
+}
+
+fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
+    Ok(match w {
+        Workload::Same => Prepared::Same,
+        Workload::Holes => Prepared::Holes,
+        Workload::Random => Prepared::Random(workload::random_sequence(
+            cfg.ops,
+            cfg.max_live,
+            cfg.min_size,
+            cfg.max_size,
+            cfg.seed,
+        )),
+        Workload::Threads => {
+            let n = cfg.threads.max(1);
+            Prepared::Threads(
+                (0..n)
+                    .map(|t| {
+                        Arc::new(workload::random_sequence(
+                            cfg.ops / n,
+                            (cfg.max_live / n).max(1),
+                            cfg.min_size,
+                            cfg.thread_max_size,
+                            cfg.seed.wrapping_add(t as u64),
+                        ))
+                    })
+                    .collect(),
+            )
+        }
+        Workload::Replay => {
+            let Some(path) = &cfg.trace else {
+                bail!("the replay workload needs --trace FILE");
+            };
+            let events = gpumem::trace::read_file(path)
+                .with_context(|| format!("reading trace {}", path.display()))?;
+            Prepared::Replay(Box::new(replay::prepare(&events)?))
+        }
+    })
+}
+
+fn run_once(
+    alloc: &Allocator,
+    device: &Device,
+    cfg: &BenchConfig,
+    prep: &Prepared,
+) -> gpumem::Result<Timed> {
+    let r = &*alloc.resource;
+    match prep {
+        Prepared::Same => {
+            let s = device.create_stream()?;
+            workload::run_same(r, device, &s, cfg.size, cfg.iters)
+        }
+        Prepared::Random(seq) => {
+            let s = device.create_stream()?;
+            workload::run_sequence(r, device, &s, seq)
+        }
+        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs),
+        Prepared::Holes => {
+            let s = device.create_stream()?;
+            workload::run_holes(r, device, &s, cfg.holes, cfg.iters)
+        }
+        Prepared::Replay(p) => workload::run_replay(r, device, p, None),
+    }
+}
+
+/// Runs the threads workload once through a counter in front of a fresh
+/// allocator and returns the highest live bytes seen.
+fn threads_peak_live(
+    spec: &AllocatorSpec,
+    device: &Device,
+    seqs: &[Arc<OpSequence>],
+) -> gpumem::Result<u64> {
+    let alloc = (spec.build)(device)?;
+    let counter = Arc::new(CountingResource::new(alloc.resource.clone()));
+    let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
+    workload::run_threads(&top, device, seqs)?;
+    Ok(counter.peak() as u64)
+}
+
+/// The median of a non-empty list.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs every workload of `cfg` through every allocator of `specs`, calling
+/// `on_record` as each (workload, allocator) finishes. A failing allocator
+/// yields a record with `error` set; the others go on. Fails only when a
+/// workload cannot be prepared (a missing or bad trace).
+pub fn run(
+    ctx: &RunContext,
+    cfg: &BenchConfig,
+    specs: &[&AllocatorSpec],
+    progress: &ProgressBar,
+    mut on_record: impl FnMut(&BenchRecord),
+) -> Result<Vec<BenchRecord>> {
+    let repeats = cfg.repeats.max(1);
+    progress.set_length((cfg.workloads.len() * specs.len() * repeats) as u64);
+    let device = &ctx.device;
+    let _ = device.driver().set_current_device(device.ordinal());
+    let mut out = Vec::new();
+    for &w in &cfg.workloads {
+        progress.set_message(format!("{}: preparing", w.name()));
+        let prep = prepare(w, cfg)?;
+        let peak_live = prep.peak_live(cfg);
+        for spec in specs {
+            progress.set_message(format!("{} / {}", w.name(), spec.name));
+            let mut times = Vec::with_capacity(repeats);
+            let mut ops = 0;
+            let mut peak_reserved: Option<u64> = Some(0);
+            let mut error = None;
+            for _ in 0..repeats {
+                let result = (|| -> gpumem::Result<(Timed, usize)> {
+                    let alloc = (spec.build)(device)?;
+                    alloc.reserve.reset_peak()?;
+                    if cfg.warm {
+                        run_once(&alloc, device, cfg, &prep)?;
+                    }
+                    let t = run_once(&alloc, device, cfg, &prep)?;
+                    let peak = alloc.reserve.peak()?;
+                    Ok((t, peak))
+                })();
+                progress.inc(1);
+                match result {
+                    Ok((t, peak)) => {
+                        times.push(t);
+                        ops = t.ops;
+                        peak_reserved = peak_reserved.map(|p| p.max(peak as u64));
+                    }
+                    Err(e) => {
+                        error = Some(e.to_string());
+                        progress.inc((repeats - times.len() - 1) as u64);
+                        break;
+                    }
+                }
+            }
+            let mut ok = error.is_none() && !times.is_empty();
+            let mut peak_live = peak_live;
+            if let (true, Prepared::Threads(seqs)) = (ok, &prep) {
+                // Threads interleave, so the workload's live peak is not known
+                // in advance: measure it in one more, untimed, run with a
+                // counter in front of the allocator.
+                match threads_peak_live(spec, device, seqs) {
+                    Ok(p) => peak_live = p,
+                    Err(e) => {
+                        error = Some(format!("untimed live-peak run: {e}"));
+                        ok = false;
+                    }
+                }
+            }
+            let mut ns: Vec<f64> = times.iter().map(Timed::ns_per_op).collect();
+            let mut ms: Vec<f64> = times
+                .iter()
+                .map(|t| t.elapsed.as_secs_f64() * 1e3)
+                .collect();
+            let peak_reserved = peak_reserved.filter(|_| ok);
+            let rec = BenchRecord {
+                alloc: spec.name.to_string(),
+                workload: w.name().to_string(),
+                device: ctx.device_kind.clone(),
+                device_name: ctx.device_name.clone(),
+                warm: cfg.warm,
+                ns_per_op: ok.then(|| median(&mut ns)),
+                ns_per_op_min: ok.then(|| ns[0]),
+                ns_per_op_max: ok.then(|| ns[ns.len() - 1]),
+                time_ms: ok.then(|| median(&mut ms)),
+                ops,
+                repeats: times.len(),
+                peak_live,
+                peak_reserved,
+                reserved_over_live: peak_reserved
+                    .filter(|_| peak_live > 0)
+                    .map(|r| r as f64 / peak_live as f64),
+                params: params(w, cfg, &prep),
+                measures: ctx.measures().to_string(),
+                date: ctx.date.clone(),
+                command: ctx.command.clone(),
+                error,
+            };
+            on_record(&rec);
+            out.push(rec);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(out)
+}
+
+/// Prints records as a table, one block per workload, allocators side by side.
+pub fn print_table(records: &[BenchRecord]) {
+    let mut workloads: Vec<&str> = Vec::new();
+    for r in records {
+        if !workloads.contains(&r.workload.as_str()) {
+            workloads.push(&r.workload);
+        }
+    }
+    let name_w = records
+        .iter()
+        .map(|r| r.alloc.len())
+        .max()
+        .unwrap_or(5)
+        .max(9);
+    for w in workloads {
+        let rows: Vec<&BenchRecord> = records.iter().filter(|r| r.workload == w).collect();
+        let first = rows[0];
+        println!(
+            "\n{w}: {} (median of {} repeats)",
+            first.params,
+            rows.iter().map(|r| r.repeats).max().unwrap_or(0)
+        );
+        println!(
+            "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
+            "allocator", "ns/op", "min..max", "ops", "peak live", "peak reserved", "res/live"
+        );
+        for r in rows {
+            match (&r.error, r.ns_per_op) {
+                (None, Some(ns)) => println!(
+                    "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
+                    r.alloc,
+                    fmt_count(ns),
+                    format!(
+                        "{}..{}",
+                        fmt_count(r.ns_per_op_min.unwrap_or(ns)),
+                        fmt_count(r.ns_per_op_max.unwrap_or(ns))
+                    ),
+                    r.ops,
+                    fmt_bytes(r.peak_live),
+                    r.peak_reserved.map(fmt_bytes).unwrap_or_else(|| "-".into()),
+                    r.reserved_over_live
+                        .map(|x| format!("{x:.2}"))
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                (e, _) => println!(
+                    "  {:<name_w$} error: {}",
+                    r.alloc,
+                    e.as_deref().unwrap_or("no result")
+                ),
+            }
+        }
+    }
+}

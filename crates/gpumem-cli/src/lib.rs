@@ -1,0 +1,15 @@
+//! The `gpumem` command's machinery, as a library so it can be tested in
+//! process: the allocator table, the benchmark workloads, trace replay,
+//! timeline plots and the PyTorch snapshot converter.
+#![warn(missing_docs)]
+
+pub mod allocators;
+pub mod bench;
+pub mod demo;
+pub mod plot;
+pub mod progress;
+pub mod replay;
+pub mod snapshot;
+pub mod target;
+pub mod units;
+pub mod workload;

@@ -1,0 +1,469 @@
+//! The gpumem command's measuring tools on the simulated device: the bench JSON
+//! contract (in process and through the binary), trace replay, the snapshot
+//! converter and the timeline plot.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpumem::driver::sim::SimConfig;
+use gpumem::Device;
+use gpumem_cli::allocators;
+use gpumem_cli::bench::{self, BenchConfig, RunContext, Workload};
+use gpumem_cli::{plot, replay, snapshot};
+use indicatif::ProgressBar;
+
+const KEYS: &[&str] = &[
+    "alloc",
+    "workload",
+    "device",
+    "ns_per_op",
+    "ops",
+    "peak_live",
+    "peak_reserved",
+    "reserved_over_live",
+    "date",
+    "command",
+    "device_name",
+];
+
+const SMALL_TRACE: &str = "\
+Thread,Time,Action,Pointer,Size,Stream
+1,10:00:00.000001,allocate,0x1000,256,0x0
+2,10:00:00.000002,allocate,0x2000,1048576,0x5644c9042ce0
+1,10:00:00.000003,allocate failure,0x0,1099511627776,0x0
+3,10:00:00.000004,allocate,0x3000,4096,0x7
+2,10:00:00.000005,free,0x1000,256,0x5644c9042ce0
+1,10:00:00.000006,allocate,0x1000,65536,0x0
+3,10:00:00.000007,free,0xdead,64,0x7
+3,10:00:00.000008,free,0x3000,4096,0x7
+1,10:00:00.000009,free,0x1000,65536,0x0
+";
+
+fn sim() -> Device {
+    Device::sim(SimConfig::default())
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn shared_trace(name: &str) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::env::var("GPUMEM_TRACES")
+        .ok()
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([root.join("../shared/traces"), root.join("traces")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn tiny_config(trace: &Path) -> BenchConfig {
+    BenchConfig {
+        workloads: vec![
+            Workload::Same,
+            Workload::Random,
+            Workload::Threads,
+            Workload::Holes,
+            Workload::Replay,
+        ],
+        repeats: 3,
+        size: 4096,
+        iters: 20,
+        ops: 200,
+        max_live: 16,
+        min_size: 256,
+        max_size: 1 << 20,
+        thread_max_size: 64 << 10,
+        seed: 1,
+        threads: 2,
+        holes: 8,
+        trace: Some(trace.to_path_buf()),
+        warm: false,
+    }
+}
+
+#[test]
+fn allocator_table_lists_cuda_and_cuda_async() {
+    let names = allocators::names();
+    assert!(names.contains(&"cuda"));
+    assert!(names.contains(&"cuda-async"));
+    assert_eq!(allocators::select(&[]).unwrap().len(), names.len());
+    let two = allocators::select(&["cuda-async".into(), "cuda".into()]).unwrap();
+    assert_eq!(two[0].name, "cuda-async");
+    let err = allocators::select(&["nope".into()])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("nope") && err.contains("cuda-async"), "{err}");
+    // Every allocator builds on the simulated device.
+    for spec in allocators::ALLOCATORS {
+        (spec.build)(&sim()).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+    }
+}
+
+#[test]
+fn warm_runs_are_marked_and_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("small.csv");
+    std::fs::write(&trace, SMALL_TRACE).unwrap();
+    let ctx = RunContext::new(sim()).unwrap();
+    let cfg = BenchConfig {
+        warm: true,
+        workloads: vec![Workload::Random, Workload::Replay],
+        ..tiny_config(&trace)
+    };
+    let specs = allocators::select(&["pool".into(), "cuda".into()]).unwrap();
+    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap();
+    assert_eq!(records.len(), 4);
+    for r in &records {
+        assert!(r.warm && r.error.is_none(), "{r:?}");
+        assert!(r.ns_per_op.unwrap() > 0.0);
+        let line = serde_json::to_string(r).unwrap();
+        assert!(line.contains("\"warm\":true"), "{line}");
+    }
+}
+
+#[test]
+fn bench_json_contract_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("small.csv");
+    std::fs::write(&trace, SMALL_TRACE).unwrap();
+    let ctx = RunContext::new(sim()).unwrap();
+    let cfg = tiny_config(&trace);
+    let specs = allocators::select(&[]).unwrap();
+    let mut streamed = 0;
+    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {
+        streamed += 1
+    })
+    .unwrap();
+    assert_eq!(records.len(), 5 * specs.len());
+    assert_eq!(streamed, records.len());
+    for r in &records {
+        assert!(
+            r.error.is_none(),
+            "{} / {}: {:?}",
+            r.alloc,
+            r.workload,
+            r.error
+        );
+        let line = serde_json::to_string(r).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        for k in KEYS {
+            assert!(v.get(k).is_some(), "key {k} missing in {line}");
+        }
+        assert_eq!(v["device"], "sim");
+        assert!(v["ns_per_op"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(v["ops"].as_u64().unwrap() > 0);
+        assert!(v["peak_live"].as_u64().unwrap() > 0);
+        assert!(v["peak_reserved"].as_u64().unwrap() > 0, "{line}");
+        assert!(v["reserved_over_live"].as_f64().unwrap() > 0.0);
+        assert!(v["date"].as_str().unwrap().ends_with('Z'));
+        assert!(v["measures"].as_str().unwrap().contains("bookkeeping"));
+        assert_eq!(r.repeats, 3);
+    }
+    let get = |a: &str, w: &str| {
+        records
+            .iter()
+            .find(|r| r.alloc == a && r.workload == w)
+            .unwrap()
+    };
+    // Operation counts follow the parameters.
+    assert_eq!(get("cuda", "same").ops, 40);
+    assert_eq!(get("cuda", "holes").ops, 40);
+    assert_eq!(get("cuda", "random").ops, 200);
+    assert_eq!(get("cuda", "threads").ops, 200);
+    // The replay skips the failure row and the unknown free.
+    assert_eq!(get("cuda", "replay").ops, 7);
+    // The plain device resource holds exactly what is live.
+    assert_eq!(get("cuda", "same").peak_reserved, Some(4096));
+    assert_eq!(get("cuda", "same").reserved_over_live, Some(1.0));
+    assert_eq!(
+        get("cuda", "random").peak_reserved,
+        Some(get("cuda", "random").peak_live)
+    );
+    assert_eq!(get("cuda", "replay").peak_live, 1048576 + 4096 + 65536);
+    assert_eq!(
+        get("cuda", "replay").peak_reserved,
+        Some(1048576 + 4096 + 65536)
+    );
+    assert_eq!(get("cuda", "holes").peak_live, 17 * 65536);
+}
+
+#[test]
+fn bench_workload_replay_needs_a_trace() {
+    let ctx = RunContext::new(sim()).unwrap();
+    let cfg = BenchConfig {
+        workloads: vec![Workload::Replay],
+        trace: None,
+        ..BenchConfig::default()
+    };
+    let specs = allocators::select(&[]).unwrap();
+    let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("--trace"), "{err}");
+}
+
+#[test]
+fn replay_of_a_real_trace_through_cuda_holds_exactly_the_live_bytes() {
+    let Some(path) = shared_trace("resnet50_train.rmm.csv") else {
+        eprintln!("skipped: resnet50_train.rmm.csv not found");
+        return;
+    };
+    let events = gpumem::trace::read_file(path).unwrap();
+    let prep = replay::prepare(&events).unwrap();
+    assert_eq!(prep.ops.len(), 10_172);
+    assert_eq!(prep.peak_live, 3_265_807_076);
+    let device = sim();
+    for spec in allocators::select(&[]).unwrap() {
+        let alloc = (spec.build)(&device).unwrap();
+        let t = gpumem_cli::workload::run_replay(&*alloc.resource, &device, &prep, None).unwrap();
+        assert_eq!(t.ops, 10_172);
+        let peak = alloc.reserve.peak().unwrap();
+        assert!(peak >= prep.peak_live, "{}: {peak}", spec.name);
+        if spec.name == "cuda" {
+            assert_eq!(peak, prep.peak_live);
+        }
+        // Everything is given back after the replay.
+        if spec.name == "cuda" {
+            assert_eq!(alloc.reserve.current().unwrap(), 0);
+        }
+    }
+}
+
+#[test]
+fn converter_reads_every_protocol_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut outputs = Vec::new();
+    for proto in [2, 4, 5] {
+        let out = dir.path().join(format!("p{proto}.csv"));
+        let stats = snapshot::convert_file(
+            &data(&format!("snapshot_p{proto}.pickle")),
+            &out,
+            None,
+            snapshot::FreeOn::Completed,
+        )
+        .unwrap();
+        assert_eq!(stats.device, 0);
+        assert_eq!(stats.events_in, 16);
+        assert_eq!(stats.rows, 9);
+        assert_eq!(stats.skipped.get("free_requested"), Some(&4));
+        assert_eq!(stats.skipped.get("segment_alloc"), Some(&1));
+        assert!(stats.report.is_clean(), "{}", stats.report);
+        assert_eq!(stats.report.failures, 1);
+        assert_eq!(stats.report.streams, 2);
+        outputs.push(std::fs::read_to_string(out).unwrap());
+    }
+    assert_eq!(outputs[0], outputs[1]);
+    assert_eq!(outputs[1], outputs[2]);
+    let expected = "\
+Thread,Time,Action,Pointer,Size,Stream
+0,17:00:00.000002,allocate,0x7f0000000000,4096,0x0
+0,17:00:00.000003,allocate,0x7f0000001000,1048576,0x0
+0,17:00:00.000004,allocate,0x7f0000200000,512,0x558706afe0e0
+0,17:00:00.000006,free,0x7f0000000000,4096,0x0
+0,17:00:00.000007,allocate,0x7f0000000000,2048,0x0
+0,17:00:00.000008,allocate failure,0x0,1099511627776,0x0
+0,17:00:00.000012,free,0x7f0000200000,512,0x558706afe0e0
+0,17:00:00.000013,free,0x7f0000001000,1048576,0x0
+0,17:00:00.000014,free,0x7f0000000000,2048,0x0
+";
+    assert_eq!(outputs[0], expected);
+    // The converted log replays.
+    let events = gpumem::trace::parse_str(&outputs[0]).unwrap();
+    let prep = replay::prepare(&events).unwrap();
+    assert_eq!(prep.skipped_failures, 1);
+    assert_eq!(prep.peak_live, 4096 + 1048576 + 512);
+}
+
+#[test]
+fn converter_free_on_requested_and_errors() {
+    let bytes = std::fs::read(data("snapshot_p4.pickle")).unwrap();
+    let value = snapshot::read_pickle(&bytes).unwrap();
+    let (events, stats) = snapshot::convert(&value, Some(0), snapshot::FreeOn::Requested).unwrap();
+    assert_eq!(stats.skipped.get("free_completed"), Some(&4));
+    // The side-stream block's free is requested at 9 µs (completed at 12).
+    let side_free = events
+        .iter()
+        .find(|e| e.action == gpumem::trace::Action::Free && e.size == 512)
+        .unwrap();
+    assert_eq!(side_free.time_us % 1_000_000, 9);
+
+    let err = snapshot::convert(&value, Some(5), snapshot::FreeOn::Completed).unwrap_err();
+    assert!(err.to_string().contains("2 device traces"), "{err}");
+    let err = snapshot::convert(&value, Some(1), snapshot::FreeOn::Completed).unwrap();
+    assert_eq!(err.1.rows, 0);
+
+    let not_snapshot = serde_pickle::to_vec(&vec![1, 2, 3], Default::default()).unwrap();
+    let v = snapshot::read_pickle(&not_snapshot).unwrap();
+    let err = snapshot::convert(&v, None, snapshot::FreeOn::Completed).unwrap_err();
+    assert!(err.to_string().contains("not a dict"), "{err}");
+    assert!(snapshot::read_pickle(b"not a pickle").is_err());
+}
+
+#[test]
+fn plot_writes_svg_and_html_with_the_legend() {
+    let events = gpumem::trace::parse_str(SMALL_TRACE).unwrap();
+    let prep = replay::prepare(&events).unwrap();
+    let device = sim();
+    let mut series = Vec::new();
+    for spec in allocators::select(&[]).unwrap() {
+        let alloc = (spec.build)(&device).unwrap();
+        let tl = replay::timeline(&alloc, &device, &prep, 1000).unwrap();
+        assert_eq!(tl.live.len(), prep.ops.len());
+        series.push((spec.name.to_string(), tl));
+    }
+    assert_eq!(series[0].1.peak_reserved as usize, prep.peak_live);
+    let dir = tempfile::tempdir().unwrap();
+    for (file, x) in [("t.svg", plot::XAxis::Index), ("t.html", plot::XAxis::Time)] {
+        let path = dir.path().join(file);
+        plot::draw(&path, "small trace", &series, x, (800, 500)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.len() > 1000);
+        for label in [
+            "live (requested)",
+            "cuda reserved",
+            "cuda-async reserved",
+            "memory (GiB)",
+        ] {
+            assert!(text.contains(label), "{file}: no {label:?}");
+        }
+        if file.ends_with("html") {
+            assert!(text.starts_with("<!DOCTYPE html>") && text.contains("<svg"));
+        }
+    }
+    let err = plot::draw(
+        &dir.path().join("t.gif"),
+        "t",
+        &series,
+        plot::XAxis::Index,
+        (10, 10),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains(".svg"), "{err}");
+}
+
+fn gpumem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn command_line_bench_json_and_errors() {
+    let out = gpumem(&["bench", "--list-allocators"]);
+    assert!(out.status.success());
+    let list = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(list.lines().collect::<Vec<_>>(), allocators::names());
+
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "bench",
+        "--json",
+        "--workload",
+        "same,random",
+        "--iters",
+        "10",
+        "--ops",
+        "50",
+        "--repeats",
+        "1",
+        "--alloc",
+        "cuda",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for v in &lines {
+        for k in KEYS {
+            assert!(v.get(k).is_some(), "{k} missing: {v}");
+        }
+        assert!(v["command"].as_str().unwrap().contains("bench"));
+    }
+    // The progress bar stays off a non-terminal stderr.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.1,allocate,0x10,many,0x0\n",
+    )
+    .unwrap();
+    let out = gpumem(&["--device", "sim", "replay", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("line 2, column Size"), "{err}");
+
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, SMALL_TRACE).unwrap();
+    let log = dir.path().join("ours.csv");
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "replay",
+        good.to_str().unwrap(),
+        "--alloc",
+        "pool,cuda",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for alloc in ["pool", "cuda"] {
+        let ours = gpumem::trace::read_file(dir.path().join(format!("ours.{alloc}.csv"))).unwrap();
+        // The 7 calls the replay makes, and the free of the block the trace
+        // leaks (0x2000), made after the replay.
+        assert_eq!(ours.len(), 8, "{alloc}");
+        let r = gpumem::trace::check(&ours);
+        assert!(r.is_clean(), "{alloc}: {r}");
+        assert_eq!(r.peak_live, 1048576 + 4096 + 65536);
+        assert_eq!(r.streams, 3);
+    }
+
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "replay",
+        good.to_str().unwrap(),
+        "--alloc",
+        "cuda",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("device: sim"), "{text}");
+    assert!(text.contains("bookkeeping only"), "{text}");
+    assert!(text.contains("1 failed allocations"), "{text}");
+    assert!(
+        text.contains("skipped: 1 failed allocations, 1 frees of unknown pointers"),
+        "{text}"
+    );
+
+    let out = gpumem(&["--device", "sim", "bench", "--alloc", "nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("unknown allocator"));
+}

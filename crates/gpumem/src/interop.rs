@@ -1,0 +1,202 @@
+//! Interop with cudarc 0.19: gpumem buffers in cudarc copies and kernel
+//! launches, and streams shared between the two.
+//!
+//! [`DeviceBuffer`] implements cudarc's [`DeviceSlice`], [`DevicePtr`] and
+//! [`DevicePtrMut`], and `&DeviceBuffer` / `&mut DeviceBuffer` are kernel
+//! arguments ([`PushKernelArg`]) passing the device pointer.
+//!
+//! Stream ordering. A gpumem buffer is ordered on its own [`Stream`]; cudarc
+//! hands a `&CudaStream` to `device_ptr`/`device_ptr_mut`. When the two are the
+//! same stream (share them: [`stream_from_cudarc`] wraps cudarc's stream for
+//! gpumem, [`cudarc_stream`] the reverse), nothing is added. When they differ,
+//! cudarc's stream is made to wait for the buffer's stream (one event), and the
+//! returned [`SyncOnDrop`] synchronizes cudarc's stream when dropped, so the
+//! buffer's later work and its free cannot overtake cudarc's use. Kernel
+//! arguments cannot add such waits (cudarc keeps its launch builder's event
+//! lists private): launch on the buffer's stream, or order the streams first
+//! ([`Stream::wait_for`]).
+//!
+//! [`DeviceSlice::stream`] returns a cudarc wrapper of the buffer's stream,
+//! made once per stream and kept for the life of the process together with a
+//! clone of the gpumem [`Stream`], so the handle stays valid while any clone
+//! of the wrapper may be used (a stream used this way is never destroyed
+//! before exit). A foreign stream ([`Stream::from_raw`]) stays its owner's to
+//! keep alive. On the simulated backend there is no cudarc stream:
+//! [`DeviceSlice::stream`] panics there (the trait cannot return an error);
+//! everything else returns errors or is never reached, since a `CudaStream`
+//! cannot exist without CUDA.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytemuck::Pod;
+use cudarc::driver::sys::{CUdeviceptr, CUstream};
+use cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr as CuDevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs,
+    PushKernelArg, SyncOnDrop,
+};
+
+use crate::buffer::DeviceBuffer;
+use crate::device::Device;
+use crate::driver::{Backend, RawStream};
+use crate::resource::MemoryResource;
+use crate::stream::{Event, Stream, StreamId};
+use crate::{Error, Result};
+
+type Streams = HashMap<StreamId, (Stream, &'static Arc<CudaStream>)>;
+
+static CONTEXTS: Mutex<Option<HashMap<u32, Arc<CudaContext>>>> = Mutex::new(None);
+static STREAMS: Mutex<Option<Streams>> = Mutex::new(None);
+
+/// cudarc's context for a CUDA `device`: the device's primary context, the
+/// one gpumem's CUDA backend uses. Made once per ordinal.
+/// [`Error::Unsupported`] on the simulated backend.
+pub fn cudarc_context(device: &Device) -> Result<Arc<CudaContext>> {
+    if device.backend() != Backend::Cuda {
+        return Err(Error::unsupported(
+            "cudarc interop needs the CUDA backend (GPUMEM_DEVICE=cuda)",
+        ));
+    }
+    let mut g = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(c) = map.get(&device.ordinal()) {
+        return Ok(c.clone());
+    }
+    let ctx = CudaContext::new(device.ordinal() as usize).map_err(|e| Error::Driver {
+        call: "cudarc CudaContext::new",
+        code: e.0 as i32,
+        name: format!("{e:?}"),
+    })?;
+    map.insert(device.ordinal(), ctx.clone());
+    Ok(ctx)
+}
+
+/// A cudarc wrapper of a gpumem stream (borrowed: cudarc never destroys it),
+/// made once per stream; the gpumem stream is kept alive until the process
+/// exits so the wrapper stays valid. [`Error::Unsupported`] on the simulated
+/// backend.
+pub fn cudarc_stream(stream: &Stream) -> Result<Arc<CudaStream>> {
+    cudarc_stream_ref(stream).map(Arc::clone)
+}
+
+fn cudarc_stream_ref(stream: &Stream) -> Result<&'static Arc<CudaStream>> {
+    let ctx = cudarc_context(stream.device())?;
+    let mut g = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some((_, s)) = map.get(&stream.id()) {
+        return Ok(s);
+    }
+    // SAFETY: the handle is a live stream of this device's primary context
+    // (gpumem's CUDA backend works in primary contexts, and `ctx` is the same
+    // primary context); a clone of the gpumem `Stream` is stored next to the
+    // wrapper and never dropped, so the handle outlives every use of the
+    // wrapper; ordering with gpumem's work is handled by the trait impls
+    // below (see the module documentation).
+    let wrapped = unsafe { ctx.wrap_borrowed_stream(stream.raw() as CUstream) };
+    let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(wrapped));
+    map.insert(stream.id(), (stream.clone(), leaked));
+    Ok(leaked)
+}
+
+/// A gpumem handle to cudarc's stream (not owned: cudarc destroys it), so
+/// gpumem buffers and pools can be ordered on the stream cudarc launches on.
+/// Keep one wrapper per cudarc stream (pools key same-stream reuse by it).
+pub fn stream_from_cudarc(device: &Device, stream: &CudaStream) -> Stream {
+    Stream::from_raw(device.clone(), stream.cu_stream() as RawStream)
+}
+
+/// Makes `theirs` wait for the work enqueued on `ours` so far; on failure,
+/// waits on the host instead.
+fn order_after(ours: &Stream, theirs: &CudaStream) {
+    let waited = (|| -> Result<()> {
+        let ev = Event::new(ours.device())?;
+        ev.record(ours)?;
+        ours.device()
+            .driver()
+            .stream_wait_event(theirs.cu_stream() as RawStream, ev.raw())
+    })();
+    if waited.is_err() {
+        // Could not enqueue the wait: make the buffer's work complete instead.
+        let _ = ours.synchronize();
+    }
+}
+
+impl<T: Pod, R: MemoryResource> DeviceSlice<T> for DeviceBuffer<T, R> {
+    fn len(&self) -> usize {
+        DeviceBuffer::len(self)
+    }
+
+    /// The buffer's stream as a cudarc stream.
+    ///
+    /// # Panics
+    /// On the simulated backend, which has no cudarc stream (the trait gives
+    /// no way to return an error). Use [`cudarc_stream`] for a fallible form.
+    fn stream(&self) -> &Arc<CudaStream> {
+        match cudarc_stream_ref(DeviceBuffer::stream(self)) {
+            Ok(s) => s,
+            Err(e) => panic!("gpumem DeviceBuffer used as a cudarc DeviceSlice: {e}"),
+        }
+    }
+}
+
+fn guard<'a>(ours: &Stream, theirs: &'a CudaStream) -> SyncOnDrop<'a> {
+    if ours.raw() == theirs.cu_stream() as RawStream {
+        SyncOnDrop::Record(None)
+    } else {
+        order_after(ours, theirs);
+        SyncOnDrop::sync_stream(theirs)
+    }
+}
+
+impl<T: Pod, R: MemoryResource> CuDevicePtr<T> for DeviceBuffer<T, R> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        let g = guard(DeviceBuffer::stream(self), stream);
+        (self.as_device_ptr().0 as CUdeviceptr, g)
+    }
+}
+
+impl<T: Pod, R: MemoryResource> DevicePtrMut<T> for DeviceBuffer<T, R> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        let g = guard(DeviceBuffer::stream(self), stream);
+        (self.as_device_ptr().0 as CUdeviceptr, g)
+    }
+}
+
+// SAFETY: the argument pushed is the address of the buffer's `u64` device
+// pointer, borrowed for 'b, which outlives the launch builder ('b: 'a), so the
+// pointer cudarc passes to cuLaunchKernel is valid at launch; a `CUdeviceptr`
+// is a u64, which is how CUDA kernels take pointer parameters. The kernel sees
+// device memory the buffer owns while borrowed.
+unsafe impl<'a, 'b: 'a, T: Pod, R: MemoryResource> PushKernelArg<&'b DeviceBuffer<T, R>>
+    for LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer<T, R>) -> &mut Self {
+        let p: &'b u64 = &arg.ptr.0;
+        self.arg(p)
+    }
+}
+
+// SAFETY: as for the shared form; the mutable borrow lets the kernel write.
+unsafe impl<'a, 'b: 'a, T: Pod, R: MemoryResource> PushKernelArg<&'b mut DeviceBuffer<T, R>>
+    for LaunchArgs<'a>
+{
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T, R>) -> &mut Self {
+        let p: &'b u64 = &arg.ptr.0;
+        self.arg(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::sim::SimConfig;
+
+    #[test]
+    fn the_simulated_backend_is_an_error_not_a_panic() {
+        let d = Device::sim(SimConfig::default());
+        assert!(matches!(cudarc_context(&d), Err(Error::Unsupported { .. })));
+        assert!(cudarc_stream(&d.create_stream().unwrap()).is_err());
+    }
+}

@@ -1,0 +1,805 @@
+//! `PinnedPool`: a caching pool of pinned (page-locked) host memory whose
+//! blocks are reused only once the copies that used them are done.
+//!
+//! Why: `cuMemHostAlloc` costs about 446 ms per GiB on an H100, while copies
+//! from pinned memory run 5.8× faster than from pageable memory, so pinned
+//! memory is taken from the driver in regions and cached.
+//!
+//! Algorithm: regions from [`PinnedHostResource`] are carved by a
+//! [`LaneHeap`] (TLSF good fit, split and coalesce, O(1)); only its global lane
+//! is used. Copies go through the pool ([`PinnedPool::copy_to_device_async`],
+//! [`PinnedPool::copy_to_host_async`]), which files each copy in its stream's
+//! open *batch* and notes (stream, batch) on the block. A batch is sealed by
+//! recording one event on its stream: when one of its blocks is freed, when it
+//! holds [`COPY_BATCH`] copies, or by [`PinnedPool::process_pending`]. So there
+//! is one event per batch per stream, never one per free or per copy. A freed
+//! block whose copies are all known complete goes back to the free index at
+//! once; otherwise it waits in a pending list until its batches' events have
+//! completed ([`PinnedPool::process_pending`], run by every allocation that
+//! finds pending blocks). When nothing fits, the pool first waits for the
+//! pending copies, then grows (within its maximum size), then gives entirely
+//! free regions back and retries, then fails with [`Error::OutOfMemory`].
+//!
+//! Costs: allocate and free are O(1) plus a map operation (the live map is
+//! ordered, so copies can check that a host range lies inside one block);
+//! processing pending blocks costs an event query per stream with sealed
+//! batches plus O(pending blocks).
+//!
+//! The pool is a [`MemoryResource`] (host- and device-accessible memory) and
+//! an [`allocator_api2::alloc::Allocator`], so collections can live in pinned
+//! memory:
+//!
+//! ```
+//! use allocator_api2::vec::Vec;
+//! use gpumem::driver::sim::SimConfig;
+//! use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+//! use gpumem::Device;
+//!
+//! let pool = PinnedPool::new(Device::sim(SimConfig::default()), PinnedPoolConfig::default()).unwrap();
+//! let mut v: Vec<f32, &PinnedPool> = Vec::new_in(&pool);
+//! v.extend((0..1000).map(|i| i as f32));
+//! assert_eq!(v[999], 999.0);
+//! ```
+
+use std::alloc::Layout;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
+
+use allocator_api2::alloc::{AllocError, Allocator};
+
+use crate::device::Device;
+use crate::driver::DevicePtr;
+use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
+use crate::stream::{Event, Stream, StreamId};
+use crate::suballoc::{LaneHeap, LaneId};
+use crate::{Error, OomInfo, Result};
+
+/// Copies a stream's batch may hold before the copy path seals it with an event.
+pub const COPY_BATCH: u32 = 32;
+
+/// Largest alignment the pinned pool serves.
+pub const PINNED_MAX_ALIGNMENT: usize = 1 << 21;
+
+/// Configuration of a [`PinnedPool`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedPoolConfig {
+    /// Bytes pinned when the pool is made (0: nothing up front).
+    pub initial_size: usize,
+    /// Most bytes the pool may pin; `None` for no limit.
+    pub maximum_size: Option<usize>,
+    /// Smallest region pinned when the pool grows (requests larger than this
+    /// get a region of their own size).
+    pub growth: usize,
+}
+
+impl Default for PinnedPoolConfig {
+    fn default() -> Self {
+        Self {
+            initial_size: 0,
+            maximum_size: None,
+            growth: 32 << 20,
+        }
+    }
+}
+
+impl PinnedPoolConfig {
+    /// A fixed-size pool: `bytes` pinned up front and never more.
+    pub fn fixed(bytes: usize) -> Self {
+        Self {
+            initial_size: bytes,
+            maximum_size: Some(bytes),
+            ..Self::default()
+        }
+    }
+}
+
+/// Numbers describing a [`PinnedPool`] at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PinnedPoolStats {
+    /// Bytes pinned from the driver.
+    pub reserved: usize,
+    /// Bytes in blocks handed out (rounded block sizes).
+    pub live: usize,
+    /// Blocks handed out.
+    pub live_blocks: usize,
+    /// Freed blocks waiting for their copies to complete.
+    pub pending_blocks: usize,
+    /// Bytes of the pending blocks.
+    pub pending_bytes: usize,
+    /// Bytes free for reuse now.
+    pub free: usize,
+    /// Regions pinned from the driver.
+    pub regions: usize,
+    /// Events recorded so far (one per sealed copy batch).
+    pub events_recorded: u64,
+    /// Copies enqueued through the pool so far.
+    pub copies: u64,
+}
+
+/// What [`PinnedPool::release_all`] gave back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PinnedRelease {
+    /// Bytes given back to the driver.
+    pub released_bytes: usize,
+    /// Allocations still outstanding when the pool was released, as
+    /// (pointer, requested bytes); their memory is gone.
+    pub outstanding: Vec<(DevicePtr, usize)>,
+}
+
+/// A (stream, batch) pair: the block was used by a copy of that batch.
+type Use = (StreamId, u64);
+
+struct LiveBlock {
+    /// Block size in the heap.
+    size: u64,
+    /// Bytes requested.
+    bytes: usize,
+    /// Latest batch per stream whose copies used the block.
+    uses: Vec<Use>,
+    /// Handed out through the `Allocator` interface: a collection owns it, so
+    /// safe code may read it and device-to-host copies into it are refused.
+    collection: bool,
+}
+
+struct Pending {
+    addr: u64,
+    size: u64,
+    uses: Vec<Use>,
+}
+
+struct Track {
+    stream: Stream,
+    /// The batch that new copies join; batches are numbered from 1.
+    open_seq: u64,
+    open_copies: u32,
+    /// Sealed batches and their events, oldest first.
+    sealed: VecDeque<(u64, Event)>,
+    /// Every batch up to this one is complete.
+    done_seq: u64,
+    spare: Vec<Event>,
+}
+
+struct State {
+    heap: LaneHeap,
+    /// Region base → bytes.
+    regions: BTreeMap<u64, usize>,
+    live: BTreeMap<u64, LiveBlock>,
+    pending: Vec<Pending>,
+    tracks: HashMap<StreamId, Track>,
+    events_recorded: u64,
+    copies: u64,
+    shut: bool,
+}
+
+/// A pool of pinned host memory gated by copy events; see the module
+/// documentation.
+pub struct PinnedPool {
+    upstream: PinnedHostResource,
+    config: PinnedPoolConfig,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for PinnedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedPool")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn done(tracks: &HashMap<StreamId, Track>, uses: &[Use]) -> bool {
+    uses.iter()
+        .all(|(sid, seq)| tracks.get(sid).is_none_or(|t| *seq <= t.done_seq))
+}
+
+impl Track {
+    fn new(stream: &Stream) -> Self {
+        Self {
+            stream: stream.clone(),
+            open_seq: 1,
+            open_copies: 0,
+            sealed: VecDeque::new(),
+            done_seq: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Records the open batch's event; returns whether one was recorded.
+    fn seal(&mut self) -> Result<bool> {
+        if self.open_copies == 0 {
+            return Ok(false);
+        }
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => Event::new(self.stream.device())?,
+        };
+        ev.record(&self.stream)?;
+        self.sealed.push_back((self.open_seq, ev));
+        self.open_seq += 1;
+        self.open_copies = 0;
+        Ok(true)
+    }
+
+    /// Moves the completion watermark over every completed sealed batch.
+    fn poll(&mut self) -> Result<()> {
+        while let Some((seq, ev)) = self.sealed.front() {
+            if !ev.is_complete()? {
+                break;
+            }
+            self.done_seq = *seq;
+            if let Some((_, ev)) = self.sealed.pop_front() {
+                self.spare.push(ev);
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals and waits for every batch of this stream.
+    fn wait(&mut self) -> Result<bool> {
+        let recorded = self.seal()?;
+        if let Some((seq, ev)) = self.sealed.back() {
+            ev.synchronize()?;
+            self.done_seq = *seq;
+            self.spare.extend(self.sealed.drain(..).map(|(_, e)| e));
+        }
+        Ok(recorded)
+    }
+}
+
+impl PinnedPool {
+    /// A pool of pinned memory of `device`'s driver (portable, device-mapped).
+    pub fn new(device: Device, config: PinnedPoolConfig) -> Result<Self> {
+        Self::with_upstream(PinnedHostResource::new(device), config)
+    }
+
+    /// A pool over an explicit pinned upstream (other `cuMemHostAlloc` flags).
+    pub fn with_upstream(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
+        if let Some(max) = config.maximum_size {
+            if config.initial_size > max {
+                return Err(Error::InvalidArgument(format!(
+                    "pinned pool initial size {} exceeds its maximum size {max}",
+                    config.initial_size
+                )));
+            }
+        }
+        let pool = Self {
+            upstream,
+            config,
+            state: Mutex::new(State {
+                heap: LaneHeap::new(),
+                regions: BTreeMap::new(),
+                live: BTreeMap::new(),
+                pending: Vec::new(),
+                tracks: HashMap::new(),
+                events_recorded: 0,
+                copies: 0,
+                shut: false,
+            }),
+        };
+        if pool.config.initial_size > 0 {
+            let bytes = pool.config.initial_size.next_multiple_of(256);
+            let mut st = pool.lock();
+            pool.add_region(&mut st, bytes)?;
+        }
+        Ok(pool)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PinnedPoolConfig {
+        &self.config
+    }
+
+    /// The device whose driver pins the memory.
+    pub fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current numbers.
+    pub fn stats(&self) -> PinnedPoolStats {
+        let st = self.lock();
+        PinnedPoolStats {
+            reserved: st.heap.region_bytes() as usize,
+            live: st.live.values().map(|b| b.size as usize).sum(),
+            live_blocks: st.live.len(),
+            pending_blocks: st.pending.len(),
+            pending_bytes: st.pending.iter().map(|p| p.size as usize).sum(),
+            free: st.heap.free_bytes() as usize,
+            regions: st.regions.len(),
+            events_recorded: st.events_recorded,
+            copies: st.copies,
+        }
+    }
+
+    fn add_region(&self, st: &mut State, bytes: usize) -> Result<()> {
+        let base = self.upstream.allocate_sync(bytes, 256)?;
+        if let Err(e) = st.heap.add_region(base.0, bytes as u64) {
+            let _ = self.upstream.deallocate_sync(base, bytes, 256);
+            return Err(Error::InvalidArgument(format!(
+                "pinned region {base:#x} of {bytes} bytes rejected: {e}"
+            )));
+        }
+        st.regions.insert(base.0, bytes);
+        Ok(())
+    }
+
+    /// Gives every entirely free region back to the driver; returns the bytes.
+    fn trim_locked(&self, st: &mut State) -> usize {
+        let free: Vec<_> = st.heap.free_regions().collect();
+        let mut bytes = 0;
+        for (id, base, _) in free {
+            if let Ok((base, size)) = st.heap.remove_region(id) {
+                st.regions.remove(&base);
+                if let Err(e) = self
+                    .upstream
+                    .deallocate_sync(DevicePtr(base), size as usize, 256)
+                {
+                    eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
+                }
+                bytes += size as usize;
+            } else {
+                let _ = base;
+            }
+        }
+        bytes
+    }
+
+    /// Gives every entirely free region back to the driver (after processing
+    /// pending blocks); returns the bytes given back.
+    pub fn trim(&self) -> Result<usize> {
+        let mut st = self.lock();
+        Self::process_locked(&mut st)?;
+        Ok(self.trim_locked(&mut st))
+    }
+
+    fn process_locked(st: &mut State) -> Result<usize> {
+        if st.pending.is_empty() && st.tracks.values().all(|t| t.sealed.is_empty()) {
+            return Ok(0);
+        }
+        for t in st.tracks.values_mut() {
+            if !st.pending.is_empty() {
+                // A pending block may wait for the open batch: seal it.
+                st.events_recorded += u64::from(t.seal()?);
+            }
+            t.poll()?;
+        }
+        let mut released = 0;
+        let mut i = 0;
+        while i < st.pending.len() {
+            if done(&st.tracks, &st.pending[i].uses) {
+                let p = st.pending.swap_remove(i);
+                let _ = st.heap.free(p.addr, LaneId::GLOBAL);
+                released += 1;
+            } else {
+                i += 1;
+            }
+        }
+        st.tracks.retain(|_, t| {
+            !(t.stream.is_sole_handle() && t.sealed.is_empty() && t.open_copies == 0)
+        });
+        Ok(released)
+    }
+
+    /// Moves freed blocks whose copies have completed back to the free index;
+    /// returns how many. Allocations call it when blocks are pending.
+    pub fn process_pending(&self) -> Result<usize> {
+        Self::process_locked(&mut self.lock())
+    }
+
+    fn wait_locked(st: &mut State) -> Result<()> {
+        let mut recorded = 0;
+        for t in st.tracks.values_mut() {
+            recorded += u64::from(t.wait()?);
+        }
+        st.events_recorded += recorded;
+        Self::process_locked(st).map(|_| ())
+    }
+
+    /// Waits for every copy enqueued through the pool, then processes the
+    /// pending blocks.
+    pub fn wait_pending(&self) -> Result<()> {
+        Self::wait_locked(&mut self.lock())
+    }
+
+    fn oom(&self, st: &State, bytes: usize) -> Error {
+        Error::oom_with(OomInfo {
+            requested: bytes,
+            device: None,
+            reserved: Some(st.heap.region_bytes() as usize),
+            live: Some(st.heap.used_bytes() as usize),
+            largest_free: Some(st.heap.largest_free(LaneId::GLOBAL) as usize),
+            limit: self.config.maximum_size,
+        })
+    }
+
+    fn allocate_block(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        collection: bool,
+    ) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, PINNED_MAX_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        let mut st = self.lock();
+        if st.shut {
+            return Err(Error::ShutDown("PinnedPool"));
+        }
+        if !st.pending.is_empty() {
+            Self::process_locked(&mut st)?;
+        }
+        let a = match self.find(&mut st, bytes, alignment)? {
+            Some(a) => a,
+            None => return Err(self.oom(&st, bytes)),
+        };
+        st.live.insert(
+            a.addr,
+            LiveBlock {
+                size: a.size,
+                bytes,
+                uses: Vec::new(),
+                collection,
+            },
+        );
+        Ok(DevicePtr(a.addr))
+    }
+
+    fn find(
+        &self,
+        st: &mut State,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<Option<crate::suballoc::Allocation>> {
+        let (size, align) = (bytes as u64, alignment as u64);
+        if let Some(a) = st.heap.allocate(LaneId::GLOBAL, size, align) {
+            return Ok(Some(a));
+        }
+        // 1. Wait for the copies that hold freed blocks back.
+        if !st.pending.is_empty() {
+            Self::wait_locked(st)?;
+            if let Some(a) = st.heap.allocate(LaneId::GLOBAL, size, align) {
+                return Ok(Some(a));
+            }
+        }
+        // 2. Grow, within the maximum.
+        let Some(needed) = bytes
+            .checked_add(alignment.max(256) - 256)
+            .and_then(|n| n.checked_next_multiple_of(256))
+        else {
+            return Ok(None);
+        };
+        let reserved = st.heap.region_bytes() as usize;
+        let room = self
+            .config
+            .maximum_size
+            .map_or(usize::MAX, |m| m.saturating_sub(reserved));
+        let want = needed
+            .max(self.config.growth.next_multiple_of(256))
+            .min(room);
+        if want < needed {
+            return Ok(None);
+        }
+        match self.add_region(st, want) {
+            Ok(()) => {}
+            Err(e) if e.is_oom() => {
+                // 3. Unpin entirely free regions and try once more.
+                if self.trim_locked(st) == 0 {
+                    return Err(e);
+                }
+                self.add_region(st, needed)?;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(st.heap.allocate(LaneId::GLOBAL, size, align))
+    }
+
+    /// Frees a block, gating it on its copies and, when `stream` is given and
+    /// busy, on the work enqueued on it so far.
+    fn free_block(&self, ptr: DevicePtr, stream: Option<&Stream>) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(mut blk) = st.live.remove(&ptr.0) else {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: if st.pending.iter().any(|p| p.addr == ptr.0) {
+                    crate::FreeError::DoubleFree
+                } else {
+                    crate::FreeError::Unknown
+                },
+            });
+        };
+        if let Some(s) = stream {
+            if s.raw() != 0 && !s.is_idle().unwrap_or(false) {
+                let t = st.tracks.entry(s.id()).or_insert_with(|| Track::new(s));
+                t.open_copies += 1;
+                add_use(&mut blk.uses, (s.id(), t.open_seq));
+            }
+        }
+        let mut recorded = 0;
+        for (sid, seq) in &blk.uses {
+            if let Some(t) = st.tracks.get_mut(sid) {
+                if *seq == t.open_seq {
+                    recorded += u64::from(t.seal()?);
+                }
+            }
+        }
+        st.events_recorded += recorded;
+        if done(&st.tracks, &blk.uses) {
+            let _ = st.heap.free(ptr.0, LaneId::GLOBAL);
+        } else {
+            st.pending.push(Pending {
+                addr: ptr.0,
+                size: blk.size,
+                uses: blk.uses,
+            });
+        }
+        Ok(())
+    }
+
+    /// Finds the live block holding `[ptr, ptr + bytes)`.
+    fn block_of(st: &mut State, ptr: DevicePtr, bytes: usize) -> Result<&mut LiveBlock> {
+        let end = ptr.0.checked_add(bytes as u64);
+        match st.live.range_mut(..=ptr.0).next_back() {
+            Some((&base, b)) if end.is_some_and(|e| e <= base + b.bytes as u64) => Ok(b),
+            _ => Err(Error::InvalidArgument(format!(
+                "host range {:#x}+{bytes} is not inside a live allocation of this pinned pool",
+                ptr.0
+            ))),
+        }
+    }
+
+    fn note_copy(st: &mut State, base_ptr: DevicePtr, bytes: usize, stream: &Stream) -> Result<()> {
+        let t = st
+            .tracks
+            .entry(stream.id())
+            .or_insert_with(|| Track::new(stream));
+        t.open_copies += 1;
+        let u = (stream.id(), t.open_seq);
+        let full = t.open_copies >= COPY_BATCH;
+        if full {
+            st.events_recorded += u64::from(t.seal()?);
+        }
+        st.copies += 1;
+        let b = Self::block_of(st, base_ptr, bytes)?;
+        add_use(&mut b.uses, u);
+        Ok(())
+    }
+
+    /// Enqueues a copy of `bytes` from pinned memory of this pool at `src` to
+    /// device memory at `dst` on `stream`. `src..src+bytes` must lie inside one
+    /// live allocation of the pool; the block is not reused before the copy
+    /// has run, even if it is freed at once. Host writes to the range before
+    /// the stream has run the copy change what is copied (the caller orders
+    /// them); `dst` is device memory the caller owns.
+    pub fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        Self::block_of(&mut st, src, bytes)?;
+        // SAFETY: `src..src+bytes` lies inside a live block of this pool (checked
+        // above under the lock); the block is not given back to the driver or
+        // reused until the event of this copy's batch has completed (noted below
+        // under the same lock), so the host range stays valid until the copy runs.
+        unsafe {
+            stream.device().driver().memcpy_htod_async(
+                dst,
+                src.as_mut_ptr::<u8>(),
+                bytes,
+                stream.raw(),
+            )?;
+        }
+        Self::note_copy(&mut st, src, bytes, stream)
+    }
+
+    /// Enqueues a copy of `bytes` from device memory at `src` into pinned memory
+    /// of this pool at `dst` on `stream`. `dst..dst+bytes` must lie inside one
+    /// live allocation of the pool made through [`MemoryResource::allocate`]
+    /// (host code reaches it only through `unsafe`
+    /// [`PinnedPool::host_slice_mut`], whose contract orders it after the
+    /// copy). Memory owned by a collection (the `Allocator` interface) is
+    /// refused, since safe code could read it while the copy writes it: use
+    /// [`PinnedPool::copy_to_host_async_unchecked`] there.
+    pub fn copy_to_host_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        {
+            let mut st = self.lock();
+            if Self::block_of(&mut st, dst, bytes)?.collection {
+                return Err(Error::InvalidArgument(format!(
+                    "host range {:#x}+{bytes} belongs to a collection in pinned memory; \
+                     use copy_to_host_async_unchecked",
+                    dst.0
+                )));
+            }
+        }
+        // SAFETY: the range is a live block of this pool, not owned by a
+        // collection, so safe code holds no reference to it; unsafe readers
+        // must order their reads after the copy (host_slice_mut's contract).
+        unsafe { self.copy_to_host_async_unchecked(dst, src, bytes, stream) }
+    }
+
+    /// [`PinnedPool::copy_to_host_async`] into any live allocation of the pool,
+    /// collections included.
+    ///
+    /// # Safety
+    /// Nothing may read or write `dst..dst+bytes` on the host (no reference to
+    /// it may be used) until the stream has run the copy.
+    pub unsafe fn copy_to_host_async_unchecked(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        Self::block_of(&mut st, dst, bytes)?;
+        // SAFETY: the range lies in a live block that is not reused until this
+        // copy's batch has completed; host access is excluded by the caller.
+        unsafe {
+            stream.device().driver().memcpy_dtoh_async(
+                dst.as_mut_ptr::<u8>(),
+                src,
+                bytes,
+                stream.raw(),
+            )?;
+        }
+        Self::note_copy(&mut st, dst, bytes, stream)
+    }
+
+    /// The host bytes `ptr..ptr+len` of a live allocation of this pool.
+    ///
+    /// # Safety
+    /// No copy into or out of the range may be pending (synchronize the
+    /// stream first), and no other reference to the range may be alive while
+    /// the returned one is; the allocation must outlive it (do not free it
+    /// meanwhile).
+    // The pool hands out memory it does not own a Rust borrow of: exclusivity
+    // is the caller's obligation (the `# Safety` section), as for raw pointers.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn host_slice_mut(&self, ptr: DevicePtr, len: usize) -> Result<&mut [u8]> {
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        let mut st = self.lock();
+        Self::block_of(&mut st, ptr, len)?;
+        // SAFETY: the range lies inside a live pinned block (real host memory
+        // of at least `len` bytes); exclusivity and lifetime are the caller's.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_mut_ptr::<u8>(), len) })
+    }
+
+    /// Waits for every pending copy, gives all memory back to the driver and
+    /// refuses further allocations ([`Error::ShutDown`]). Outstanding
+    /// allocations are reported; their memory is gone.
+    pub fn release_all(&self) -> Result<PinnedRelease> {
+        let mut st = self.lock();
+        st.shut = true;
+        let waited = Self::wait_locked(&mut st);
+        let outstanding = st
+            .live
+            .iter()
+            .map(|(&a, b)| (DevicePtr(a), b.bytes))
+            .collect();
+        st.live.clear();
+        st.pending.clear();
+        st.tracks.clear();
+        let mut released = 0;
+        let regions = std::mem::take(&mut st.regions);
+        for (base, bytes) in regions {
+            if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
+                eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
+            }
+            released += bytes;
+        }
+        st.heap = LaneHeap::new();
+        waited?;
+        Ok(PinnedRelease {
+            released_bytes: released,
+            outstanding,
+        })
+    }
+}
+
+fn add_use(uses: &mut Vec<Use>, u: Use) {
+    match uses.iter_mut().find(|(s, _)| *s == u.0) {
+        Some(x) => x.1 = x.1.max(u.1),
+        None => uses.push(u),
+    }
+}
+
+impl MemoryResource for PinnedPool {
+    fn allocate(&self, bytes: usize, alignment: usize, _stream: &Stream) -> Result<DevicePtr> {
+        self.allocate_block(bytes, alignment, false)
+    }
+
+    /// Frees once the copies that used the block and the work enqueued on
+    /// `stream` so far have run (an idle or legacy stream adds nothing).
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free_block(ptr, Some(stream))
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::HOST_AND_DEVICE
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        // Host memory: usable at once, nothing to synchronize.
+        self.allocate_block(bytes, alignment, false)
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, _bytes: usize, _alignment: usize) -> Result<()> {
+        self.free_block(ptr, None)
+    }
+}
+
+// SAFETY: blocks are real host memory, aligned to at least the layout's
+// alignment (the heap aligns addresses; regions are 256-byte aligned), valid
+// until deallocated, and never handed out twice while live (the heap and the
+// pending gate guarantee it). The pool is Sync (all state under a mutex), so
+// clones of `&PinnedPool` share it soundly.
+unsafe impl Allocator for PinnedPool {
+    fn allocate(&self, layout: Layout) -> std::result::Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            // A dangling, well-aligned pointer: what zero-sized requests get.
+            let p = NonNull::new(layout.align() as *mut u8).ok_or(AllocError)?;
+            return Ok(NonNull::slice_from_raw_parts(p, 0));
+        }
+        let p = self
+            .allocate_block(layout.size(), layout.align(), true)
+            .map_err(|_| AllocError)?;
+        let p = NonNull::new(p.as_mut_ptr::<u8>()).ok_or(AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() == 0 {
+            return;
+        }
+        if let Err(e) = self.free_block(DevicePtr(ptr.as_ptr() as usize as u64), None) {
+            eprintln!("gpumem: PinnedPool Allocator free failed: {e}");
+        }
+    }
+}
+
+impl Drop for PinnedPool {
+    fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return;
+        }
+        let _ = self.release_all();
+    }
+}

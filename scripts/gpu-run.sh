@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one command, run from inside gpu-bundle on the
+# GPU machine: the test suite against the real driver, the examples that need a
+# GPU, and the benchmarks, replays and plots. Writes everything under OUT_DIR
+# (default ./out) and prints a short summary last.
+#
+# Usage: gpu-bundle/gpu-run.sh [OUT_DIR] [PARTS]   PARTS: comma list of
+#   tests,examples,bench,replay,plot,python,vpool (default: all)
+set -uo pipefail
+cd "$(dirname "$0")"
+out=${1:-out}
+parts=${2:-tests,examples,bench,replay,plot,python,vpool}
+mkdir -p "$out/logs"
+export GPUMEM_DEVICE=cuda
+[[ -f fonts/DejaVuSans.ttf ]] && export GPUMEM_FONT=$PWD/fonts/DejaVuSans.ttf
+summary=()
+note() { summary+=("$*"); echo "== $*"; }
+want() { [[ ",$parts," == *",$1,"* ]]; }
+date=$(date -u +%Y-%m-%d)
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/logs/nvidia-smi.txt"
+
+if want tests; then
+  ./run-tests.sh "$out/logs/tests" > "$out/logs/tests-summary.txt" 2>&1
+  note "tests: $(tail -1 "$out/logs/tests-summary.txt")"
+fi
+
+run_example() { # name, expectation
+  local name=$1
+  [[ -x bin/$name ]] || { note "example $name: not built"; return; }
+  bin/"$name" >"$out/logs/ex-$name.out" 2>"$out/logs/ex-$name.err"
+  local rc=$?
+  note "example $name: rc=$rc stderr_bytes=$(wc -c <"$out/logs/ex-$name.err") | $(tail -1 "$out/logs/ex-$name.out")"
+}
+if want examples; then
+  for ex in static_pool_exit async_default_pool async_custom_pool async_trim ipc_pool cudarc_kernel; do
+    run_example "$ex"
+  done
+  bin/gpumem --device cuda transfer --json >"$out/transfer.jsonl" 2>"$out/logs/transfer.err"
+  note "transfer: rc=$? lines=$(wc -l <"$out/transfer.jsonl")"
+  bin/gpumem --device cuda transfer >"$out/logs/transfer.txt" 2>&1
+fi
+
+if want bench; then
+  # 64k holes through cuMemAlloc itself would take minutes: the driver
+  # allocators' hole cost is their per-call cost, measured by the other workloads.
+  pools=$(bin/gpumem bench --list-allocators | grep -vx cuda | paste -sd,)
+  for mode in cold warm; do
+    flag=(); [[ $mode == warm ]] && flag=(--warm)
+    f="$out/bench-$mode.jsonl"
+    bin/gpumem --device cuda bench --workload same,random,threads --repeats 3 "${flag[@]}" --json >"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device cuda bench --workload same --size 256 --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device cuda bench --workload holes --holes 65536 --alloc "$pools" --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
+    note "bench $mode: lines=$(wc -l <"$f") errors=$(grep -c '"error":"' "$f")"
+  done
+fi
+
+if want replay; then
+  for tr in traces/*.csv; do
+    bin/gpumem --device cuda replay "$tr" --repeats 3 --json >>"$out/replay-cold.jsonl" 2>>"$out/logs/replay.err"
+    bin/gpumem --device cuda replay "$tr" --repeats 3 --warm --json >>"$out/replay-warm.jsonl" 2>>"$out/logs/replay.err"
+  done
+  note "replay: cold lines=$(wc -l <"$out/replay-cold.jsonl") warm lines=$(wc -l <"$out/replay-warm.jsonl")"
+  bin/gpumem --device cuda replay traces/resnet50_train.rmm.csv --alloc pool --log "$out/logs/resnet50.pool.log.csv" >/dev/null 2>>"$out/logs/replay.err"
+  note "replay log: $(python3 - "$out/logs/resnet50.pool.log.csv" traces/resnet50_train.rmm.csv <<'PY'
+import csv, sys
+a = list(csv.reader(open(sys.argv[1]))); b = list(csv.reader(open(sys.argv[2])))
+same = a[0] == b[0] and [r[2] for r in a[1:]] == [r[2] for r in b[1:]] and [r[4] for r in a[1:]] == [r[4] for r in b[1:]]
+print(f"header, actions and sizes identical to the input: {same} ({len(a)-1} rows vs {len(b)-1})")
+PY
+)"
+fi
+
+if want plot; then
+  bin/gpumem --device cuda plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
+  note "plot svg: rc=$?"
+  bin/gpumem --device cuda plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
+  note "plot png: rc=$?"
+fi
+
+if want python && [[ -d python ]]; then
+  export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
+  for s in torch_resnet18_step torch_gpt2_step cupy_check; do
+    python3 python/examples/$s.py >"$out/logs/py-$s.out" 2>"$out/logs/py-$s.err"
+    note "python $s: rc=$? | $(tail -1 "$out/logs/py-$s.out")"
+  done
+fi
+
+if want vpool && [[ -x bin/vpool_data ]]; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 bin/vpool_data >"$out/logs/vpool-memcheck.txt" 2>&1
+  note "vpool_data under memcheck: rc=$? | $(grep -E 'ERROR SUMMARY' "$out/logs/vpool-memcheck.txt" | tail -1)"
+fi
+
+tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"
+echo
+echo "===== summary ($date) ====="
+printf '%s\n' "${summary[@]}"
