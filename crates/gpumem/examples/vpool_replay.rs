@@ -20,6 +20,7 @@ use std::time::Instant;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::pool::{VirtualPool, VirtualPoolConfig};
 use gpumem::resource::MemoryResource;
+use gpumem::trace::{self, Action};
 use gpumem::{Device, DevicePtr, Stream};
 
 const DEFAULT_TRACES: [&str; 2] = [
@@ -33,26 +34,24 @@ enum Ev {
     Free { ptr: u64, stream: u64 },
 }
 
-/// Parses an RMM log (`Thread,Time,Action,Pointer,Size,Stream`).
-fn parse(text: &str) -> Vec<Ev> {
-    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok();
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() < 6 {
-            continue;
-        }
-        let (Some(ptr), Some(stream)) = (hex(f[3]), hex(f[5])) else {
-            continue;
-        };
-        let size = f[4].trim().parse::<usize>().unwrap_or(0);
-        match f[2].trim() {
-            "allocate" => out.push(Ev::Alloc { ptr, size, stream }),
-            "free" => out.push(Ev::Free { ptr, stream }),
-            _ => {}
-        }
-    }
-    out
+/// Reads an RMM log with [`gpumem::trace`]; failed allocations are skipped.
+fn parse(path: &str) -> Result<Vec<Ev>, String> {
+    let events = trace::read_file(path).map_err(|e| e.to_string())?;
+    Ok(events
+        .iter()
+        .filter_map(|e| match e.action {
+            Action::Allocate => Some(Ev::Alloc {
+                ptr: e.ptr,
+                size: e.size,
+                stream: e.stream,
+            }),
+            Action::Free => Some(Ev::Free {
+                ptr: e.ptr,
+                stream: e.stream,
+            }),
+            _ => None,
+        })
+        .collect())
 }
 
 const CALLS: [(&str, &str); 6] = [
@@ -160,14 +159,13 @@ fn main() {
         "drv ns/op", "bk ns/op", "total"
     );
     for path in traces {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        let events = match parse(&path) {
+            Ok(e) => e,
             Err(e) => {
                 eprintln!("{path}: {e}");
                 continue;
             }
         };
-        let events = parse(&text);
         let name = std::path::Path::new(&path)
             .file_name()
             .and_then(|n| n.to_str())

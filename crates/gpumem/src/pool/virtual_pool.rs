@@ -343,6 +343,14 @@ impl VirtualPool {
         }
     }
 
+    /// Restarts the peaks (`peak_reserved`, `peak_live`) from the current
+    /// values.
+    pub fn reset_peaks(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.phys.total_pages() * self.gran;
+        st.peak_live = st.live_bytes();
+    }
+
     /// Physical bytes held from the driver (mapped plus cached).
     pub fn reserved_bytes(&self) -> usize {
         self.lock().phys.total_pages() * self.gran
