@@ -367,7 +367,7 @@ fn data_survives_across_re_mapped_pages() {
     for round in 0..10u64 {
         // Each block is larger than any hole left before it, so it lands on
         // fresh addresses and takes the pages of the freed ones.
-        let len = (round as usize + 2) * MIB + 4096 * round as usize + 512;
+        let len = (round as usize + 3) * MIB / 2 + 4096 * round as usize + 512;
         let data = common::random_bytes(len, round);
         let buf = DeviceBuffer::from_slice(&data, &p, &s).unwrap();
         keep.push((buf, data));
@@ -380,6 +380,11 @@ fn data_survives_across_re_mapped_pages() {
         p.check_invariants().unwrap();
     }
     assert!(sim.call_count("cuMemUnmap") > 0, "pages moved");
+    let st = p.stats();
+    assert_eq!(
+        st.pages_created * p.page_size() as u64,
+        st.peak_reserved as u64
+    );
     assert_eq!(sim.data_stats().faults, 0);
     drop(keep);
     drop(p);
@@ -420,6 +425,17 @@ proptest! {
         sim.complete_all();
         prop_assert_eq!(sim.physical_bytes(), 0);
         prop_assert_eq!(sim.mapped_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn virtual_pool_model_large_blocks(ops in prop::collection::vec(op(26), 1..120)) {
+        // Blocks up to 128 MiB on a 1 GiB device: large blocks look for
+        // places with mapped pages, and pages move between them.
+        let (device, sim, streams, _) = model_setup();
+        run_model(pool(&device), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
         prop_assert_eq!(sim.reserved_va_bytes(), 0);
     }
 

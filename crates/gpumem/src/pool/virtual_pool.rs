@@ -134,6 +134,9 @@ pub struct VirtualPoolStats {
     pub pages_created: u64,
     /// Physical pages released so far (`cuMemRelease`).
     pub pages_released: u64,
+    /// Large blocks placed elsewhere than the heap's first choice because
+    /// fewer new pages were needed there.
+    pub relocations: u64,
 }
 
 /// A physical chunk exported for another process.
@@ -147,6 +150,12 @@ pub struct PhysExport {
     /// Where its pages are mapped now: (address, offset into the chunk).
     pub mappings: Vec<(DevicePtr, usize)>,
 }
+
+/// A large block that would need at least this many new pages looks for a
+/// free place with fewer (measured on the traces: smaller blocks gain less
+/// driver time than the search costs, and moving them unsettles layouts that
+/// otherwise repeat without any driver call).
+const RELOCATE_MIN_PAGES: usize = 16;
 
 const SMALL: usize = 0;
 const LARGE: usize = 1;
@@ -170,6 +179,7 @@ struct State {
     peak_live: usize,
     pages_created: u64,
     pages_released: u64,
+    relocations: u64,
 }
 
 impl State {
@@ -276,6 +286,7 @@ impl VirtualPool {
             peak_live: 0,
             pages_created: 0,
             pages_released: 0,
+            relocations: 0,
         };
         st.pages.add_segment(base.0, total as u64);
         let parts = [
@@ -340,6 +351,7 @@ impl VirtualPool {
             streams: st.streams.len(),
             pages_created: st.pages_created,
             pages_released: st.pages_released,
+            relocations: st.relocations,
         }
     }
 
@@ -528,6 +540,62 @@ impl VirtualPool {
             .heap
             .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
             .ok_or_else(|| self.oom(st, bytes))
+    }
+
+    /// For a large block needing at least [`RELOCATE_MIN_PAGES`] new pages, a
+    /// place that needs fewer than `blk` (whose pages are `pages`): the free
+    /// blocks of the stream's lane and of the global
+    /// lane that fit are tried at their start and their end, and the place
+    /// with the fewest unmapped pages wins. Taken out of the heap when better
+    /// than `blk` (which the caller gives back). Slow path only: bounded
+    /// by `PLACEMENT_CANDIDATES` blocks.
+    #[cold]
+    fn better_placement(
+        &self,
+        st: &mut State,
+        which: usize,
+        lane: LaneId,
+        blk: &crate::suballoc::Allocation,
+        pages: (usize, usize, usize),
+        alignment: usize,
+    ) -> Option<crate::suballoc::Allocation> {
+        const PLACEMENT_CANDIDATES: usize = 64;
+        let (seg, first, last) = pages;
+        let mut best_n = st.pages.count_unmapped(seg, first, last);
+        if which != LARGE || best_n < RELOCATE_MIN_PAGES {
+            return None;
+        }
+        let size = blk.size;
+        let align = alignment.max(256) as u64;
+        let mut best: Option<(crate::suballoc::BlockId, u64)> = None;
+        let heap = &st.arenas[which].heap;
+        'lanes: for l in [lane, LaneId::GLOBAL] {
+            for (id, addr, bsize) in heap.free_blocks_at_least(l, size, PLACEMENT_CANDIDATES) {
+                let end = addr + bsize;
+                let start = addr.next_multiple_of(align);
+                let tail = (end - size) & !(align - 1);
+                for at in [start, tail] {
+                    if at < addr || at + size > end {
+                        continue;
+                    }
+                    let Some((s2, f2, l2)) = st.pages.range(at, size) else {
+                        continue;
+                    };
+                    let n = st.pages.count_unmapped(s2, f2, l2);
+                    if n < best_n {
+                        best_n = n;
+                        best = Some((id, at));
+                        if n == 0 {
+                            break 'lanes;
+                        }
+                    }
+                }
+            }
+        }
+        let (id, at) = best?;
+        let moved = st.arenas[which].heap.allocate_from(id, at, size)?;
+        st.relocations += 1;
+        Some(moved)
     }
 
     /// Unmaps up to `want` idle pages whose freeing streams are complete,
@@ -782,7 +850,7 @@ impl MemoryResource for VirtualPool {
         let a = &mut st.arenas[which];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         let (b, align) = (bytes as u64, alignment as u64);
-        let blk = match a
+        let mut blk = match a
             .heap
             .allocate_best(lane, b, align)
             .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
@@ -790,7 +858,7 @@ impl MemoryResource for VirtualPool {
             Some(x) => x,
             None => self.take_slow(st, which, lane, stream, bytes, alignment)?,
         };
-        let Some((seg, first, last)) = st.pages.range(blk.addr, blk.size) else {
+        let Some((mut seg, mut first, mut last)) = st.pages.range(blk.addr, blk.size) else {
             let _ = st.arenas[which].heap.free(blk.addr, lane);
             return Err(Error::InvalidArgument(format!(
                 "virtual pool: block {:#x} outside its ranges",
@@ -798,6 +866,17 @@ impl MemoryResource for VirtualPool {
             )));
         };
         if !st.pages.acquire(seg, first, last) {
+            if let Some(better) =
+                self.better_placement(st, which, lane, &blk, (seg, first, last), alignment)
+            {
+                st.pages.unacquire(seg, first, last);
+                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                blk = better;
+                (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
+                st.pages.acquire(seg, first, last);
+            }
+        }
+        if st.pages.count_unmapped(seg, first, last) > 0 {
             if let Err(e) = self.map_missing(st, seg, first, last, bytes) {
                 st.pages.unacquire(seg, first, last);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);

@@ -616,6 +616,75 @@ impl LaneHeap {
         HeapError::UnknownAddress(addr)
     }
 
+    /// Up to `max` free blocks of `lane` of at least `size` bytes (rounded
+    /// up to 256), smallest size classes first: (block, address, size).
+    pub fn free_blocks_at_least(
+        &self,
+        lane: LaneId,
+        size: u64,
+        max: usize,
+    ) -> Vec<(BlockId, u64, u64)> {
+        let mut out = Vec::new();
+        let Some(size) = round_to_granule(size) else {
+            return out;
+        };
+        if let Ok(t) = self.lane(lane) {
+            t.for_each_at_least(&self.arena, size.max(GRANULE), |i| {
+                let b = &self.arena[i];
+                out.push((BlockId(i), b.addr, b.size));
+                out.len() < max
+            });
+        }
+        out
+    }
+
+    /// Takes `[at, at + size)` (size rounded up to 256; `at` a multiple of
+    /// 256) out of the free block `block`, whose lane keeps the space before
+    /// and after it. `None` (nothing changed) when the block is not free or
+    /// the range does not lie inside it. O(1).
+    pub fn allocate_from(&mut self, block: BlockId, at: u64, size: u64) -> Option<Allocation> {
+        let size = round_to_granule(size)?.max(GRANULE);
+        let b = *self.block(block)?;
+        let BlockState::Free { lane } = b.state() else {
+            return None;
+        };
+        let end = at.checked_add(size)?;
+        if !at.is_multiple_of(GRANULE) || at < b.addr || end > b.addr + b.size {
+            return None;
+        }
+        let t = self.lanes.get_mut(lane.0 as usize)?.as_mut()?;
+        let arena = &mut self.arena;
+        let mut i = block.0;
+        t.remove(arena, i);
+        if at != b.addr {
+            match split(arena, i, at - b.addr) {
+                Some(j) => {
+                    t.insert(arena, i);
+                    i = j;
+                }
+                None => {
+                    t.insert(arena, i);
+                    return None;
+                }
+            }
+        }
+        if arena[i].size - size >= self.min_split {
+            if let Some(k) = split(arena, i, size) {
+                arena[k].lane = lane.0;
+                t.insert(arena, k);
+            }
+        }
+        arena[i].set_used();
+        let bsize = arena[i].size;
+        self.used.insert(at, i);
+        self.used_bytes += bsize;
+        Some(Allocation {
+            addr: at,
+            size: bsize,
+            block: BlockId(i),
+        })
+    }
+
     /// The used block starting at `addr`. O(1).
     pub fn used_block(&self, addr: u64) -> Option<BlockId> {
         self.used.get(addr).map(BlockId)

@@ -400,3 +400,37 @@ fn allocate_best_reuses_a_block_of_its_own_size_first() {
     assert_eq!(y.addr, a.addr);
     h.check_invariants().unwrap();
 }
+
+#[test]
+fn allocate_from_carves_a_range_out_of_a_free_block() {
+    let (mut h, r) = heap_with(0, 16 * MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, MIB, 256).unwrap();
+    h.free(a.addr, s).unwrap();
+    let blocks = h.free_blocks_at_least(G, 4 * MIB, 8);
+    assert_eq!(blocks.len(), 1);
+    let (id, addr, size) = blocks[0];
+    assert_eq!((addr, size), (MIB, 15 * MIB));
+    assert!(h.free_blocks_at_least(G, 16 * MIB, 8).is_empty());
+    assert_eq!(h.free_blocks_at_least(s, 1, 8).len(), 1);
+    // Outside the block, or not 256-aligned: nothing changes.
+    assert!(h.allocate_from(id, 0, MIB).is_none());
+    assert!(h.allocate_from(id, 15 * MIB + 256, MIB).is_none());
+    assert!(h.allocate_from(id, 2 * MIB + 1, 1000).is_none());
+    h.check_invariants().unwrap();
+    // In the middle: free space stays on both sides, in the block's lane.
+    let b = h.allocate_from(id, 4 * MIB, 1000).unwrap();
+    assert_eq!((b.addr, b.size), (4 * MIB, 1024));
+    assert_eq!(
+        layout(&h, r),
+        vec![
+            (0, MIB, BlockState::Free { lane: s }),
+            (MIB, 3 * MIB, FREE_G),
+            (4 * MIB, 1024, BlockState::Used),
+            (4 * MIB + 1024, 12 * MIB - 1024, FREE_G),
+        ]
+    );
+    h.check_invariants().unwrap();
+    assert_eq!(h.free(b.addr, G), Ok(1024));
+    h.check_invariants().unwrap();
+}

@@ -239,6 +239,25 @@ impl Tlsf {
         }
     }
 
+    /// Calls `f` on blocks of at least `size` bytes (a non-zero multiple of
+    /// 256), smallest classes first, until `f` returns false.
+    pub fn for_each_at_least(&self, arena: &BlockArena, size: u64, mut f: impl FnMut(u32) -> bool) {
+        let first = insert_class(size).index();
+        for (ci, &h) in self.heads.iter().enumerate().skip(first) {
+            let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
+            if self.fl_bitmap & (1 << fl) == 0 || self.sl_bitmap[fl] & (1 << sl) == 0 {
+                continue;
+            }
+            let mut i = h;
+            while i != NIL {
+                if arena[i].size >= size && !f(i) {
+                    return;
+                }
+                i = arena[i].next_free;
+            }
+        }
+    }
+
     /// Checks bitmaps, list links, classes and counters against the arena;
     /// describes the first inconsistency. O(classes + blocks).
     pub fn check(&self, arena: &BlockArena) -> Result<(), String> {

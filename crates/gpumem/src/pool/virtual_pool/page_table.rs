@@ -59,6 +59,8 @@ pub(super) struct Segment {
     pages: Vec<Page>,
     /// Bit per page: mapped and no user.
     idle: Vec<u64>,
+    /// Bit per page: mapped.
+    mapped: Vec<u64>,
 }
 
 /// Page `idx` of segment `seg`.
@@ -95,6 +97,7 @@ impl PageTable {
             bytes,
             pages: vec![EMPTY; n],
             idle: vec![0; n.div_ceil(64)],
+            mapped: vec![0; n.div_ceil(64)],
         });
     }
 
@@ -192,6 +195,21 @@ impl PageTable {
         }
     }
 
+    /// How many of pages `first..=last` of `seg` are unmapped: a popcount
+    /// per 64 pages.
+    pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
+        let words = &self.segs[seg].mapped;
+        let (w0, w1) = (first / 64, last / 64);
+        let mut mapped = 0;
+        for (w, &word) in words.iter().enumerate().take(w1 + 1).skip(w0) {
+            let lo = if w == w0 { first % 64 } else { 0 };
+            let hi = if w == w1 { last % 64 } else { 63 };
+            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+            mapped += (word & mask).count_ones() as usize;
+        }
+        last - first + 1 - mapped
+    }
+
     /// The unmapped pages among `first..=last` of `seg`, as runs
     /// `(first, count)`.
     pub(super) fn unmapped_runs(
@@ -219,6 +237,7 @@ impl PageTable {
         e.chunk = phys.chunk;
         e.index = phys.index;
         let idle = e.users == 0;
+        self.segs[p.seg].mapped[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
         if idle {
             self.set_idle(p.seg, p.idx, true);
@@ -239,6 +258,7 @@ impl PageTable {
         e.mask = 0;
         e.tick = 0;
         let idle = e.users == 0;
+        self.segs[p.seg].mapped[p.idx / 64] &= !(1 << (p.idx % 64));
         self.mapped_pages -= 1;
         if idle {
             self.set_idle(p.seg, p.idx, false);
@@ -308,6 +328,9 @@ impl PageTable {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
                 }
                 let bit = s.idle[idx / 64] & (1 << (idx % 64)) != 0;
+                if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
+                    return Err(format!("page {addr:#x}: mapped bit is wrong"));
+                }
                 if bit != (is_mapped && p.users == 0) {
                     return Err(format!("page {addr:#x}: idle bit {bit} is wrong"));
                 }
