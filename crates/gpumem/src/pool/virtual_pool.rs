@@ -605,18 +605,8 @@ impl VirtualPool {
             return Ok(0);
         }
         st.streams.begin_pass();
-        // Runs of reclaimable pages.
-        let mut runs: Vec<(PageRef, usize)> = Vec::new();
         let State { pages, streams, .. } = st;
-        for (p, mask, tick) in pages.idle() {
-            if !streams.complete(mask, tick) {
-                continue;
-            }
-            match runs.last_mut() {
-                Some((r, n)) if r.seg == p.seg && r.idx + *n == p.idx => *n += 1,
-                _ => runs.push((p, 1)),
-            }
-        }
+        let mut runs = pages.reclaimable_runs(streams);
         // Longest runs first: fewest `cuMemUnmap` calls.
         runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let driver = self.device.driver();

@@ -61,6 +61,8 @@ pub(super) struct Segment {
     idle: Vec<u64>,
     /// Bit per page: mapped.
     mapped: Vec<u64>,
+    /// Per 64 pages: the tick of the latest free on any of them.
+    word_tick: Vec<u64>,
 }
 
 /// Page `idx` of segment `seg`.
@@ -98,6 +100,7 @@ impl PageTable {
             pages: vec![EMPTY; n],
             idle: vec![0; n.div_ceil(64)],
             mapped: vec![0; n.div_ceil(64)],
+            word_tick: vec![0; n.div_ceil(64)],
         });
     }
 
@@ -184,6 +187,9 @@ impl PageTable {
     /// `tick`.
     #[inline]
     pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
+        for w in first / 64..=last / 64 {
+            self.segs[seg].word_tick[w] = tick;
+        }
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users -= 1;
@@ -266,23 +272,49 @@ impl PageTable {
         Some(phys)
     }
 
-    /// Every idle page in address order, with its free mask and tick.
-    pub(super) fn idle(&self) -> impl Iterator<Item = (PageRef, u64, u64)> + '_ {
-        self.segs.iter().enumerate().flat_map(|(seg, s)| {
-            s.idle.iter().enumerate().flat_map(move |(w, &word)| {
-                let mut bits = word;
-                std::iter::from_fn(move || {
-                    if bits == 0 {
-                        return None;
+    /// The runs of idle pages whose freeing streams are all known complete,
+    /// in address order: (first page, pages). Words of 64 pages freed no
+    /// later than every stream's known progress are taken whole.
+    pub(super) fn reclaimable_runs(&self, streams: &mut FreeStreams) -> Vec<(PageRef, usize)> {
+        let mut runs: Vec<(PageRef, usize)> = Vec::new();
+        for (seg, s) in self.segs.iter().enumerate() {
+            for (w, &word) in s.idle.iter().enumerate() {
+                if word == 0 {
+                    continue;
+                }
+                let ok = if s.word_tick[w] <= streams.floor() {
+                    word
+                } else {
+                    let (mut ok, mut bits) = (0u64, word);
+                    while bits != 0 {
+                        let b = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        let p = &s.pages[w * 64 + b];
+                        if streams.complete(p.mask, p.tick) {
+                            ok |= 1 << b;
+                        }
                     }
-                    let b = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    let idx = w * 64 + b;
-                    let p = &s.pages[idx];
-                    Some((PageRef { seg, idx }, p.mask, p.tick))
-                })
-            })
-        })
+                    ok
+                };
+                let mut bits = ok;
+                while bits != 0 {
+                    let start = bits.trailing_zeros() as usize;
+                    let len = (bits >> start).trailing_ones() as usize;
+                    let idx = w * 64 + start;
+                    match runs.last_mut() {
+                        Some((r, n)) if r.seg == seg && r.idx + *n == idx => *n += len,
+                        _ => runs.push((PageRef { seg, idx }, len)),
+                    }
+                    let span = if len >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << len) - 1
+                    };
+                    bits &= !(span << start);
+                }
+            }
+        }
+        runs
     }
 
     /// Every mapped page in address order.
@@ -426,6 +458,12 @@ impl FreeStreams {
         };
         self.by_id.insert(stream.id().0, slot as u32);
         slot as u32
+    }
+
+    /// Every free with a tick at or below this is known to have run.
+    #[inline]
+    pub(super) fn floor(&self) -> u64 {
+        self.floor
     }
 
     /// Starts a reclaim pass: each stream is asked about at most once per pass.
