@@ -14,24 +14,25 @@ tgt=${CARGO_TARGET_DIR:-target}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/traces"
 
-cargo build --release --workspace --bins --examples
+# Only what this checkout builds (a shared target directory may hold others').
+cargo build --release --workspace --bins --examples --message-format=json 2>/dev/null \
+  | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | .executable' \
+  | sort -u | while read -r exe; do
+      cp "$exe" "$out/bin/"
+    done
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
   | sort -u | while read -r exe; do
       cp "$exe" "$out/tests/"
     done
-cp "$tgt/release/gpumem" "$out/bin/"
-for ex in "$tgt"/release/examples/*; do
-  [[ -f $ex && -x $ex && $ex != *.d && $ex != *-* ]] && cp "$ex" "$out/bin/"
-done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
 cp scripts/run-tests.sh scripts/gpu-run.sh "$out/"
 mkdir -p "$out/fonts"
 cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
 # The C ABI library and the Python helpers, when built.
-if [[ -f "$tgt/release/libgpumem.so" ]]; then
-  mkdir -p "$out/lib" && cp "$tgt/release/libgpumem.so" "$out/lib/"
+if [[ -f crates/gpumem-capi/Cargo.toml && -f "$tgt/release/libgpumem.so" ]]; then
+  mkdir -p "$out/lib" && cp "$tgt/release/libgpumem.so" "$out/lib/" && strip "$out/lib/libgpumem.so"
 fi
 if [[ -d python ]]; then cp -r python "$out/python"; fi
 

@@ -11,14 +11,15 @@ cd "$(dirname "$0")"
 out=${1:-out}
 parts=${2:-tests,examples,bench,replay,plot,python,vpool}
 mkdir -p "$out/logs"
-export GPUMEM_DEVICE=cuda
+dev=${GPUMEM_RUN_DEVICE:-cuda}   # sim: a dry run of this script on a CPU machine
+export GPUMEM_DEVICE=$dev
 [[ -f fonts/DejaVuSans.ttf ]] && export GPUMEM_FONT=$PWD/fonts/DejaVuSans.ttf
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
 want() { [[ ",$parts," == *",$1,"* ]]; }
 date=$(date -u +%Y-%m-%d)
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/logs/nvidia-smi.txt"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/logs/nvidia-smi.txt"
 
 if want tests; then
   ./run-tests.sh "$out/logs/tests" > "$out/logs/tests-summary.txt" 2>&1
@@ -36,9 +37,9 @@ if want examples; then
   for ex in static_pool_exit async_default_pool async_custom_pool async_trim ipc_pool cudarc_kernel; do
     run_example "$ex"
   done
-  bin/gpumem --device cuda transfer --json >"$out/transfer.jsonl" 2>"$out/logs/transfer.err"
+  bin/gpumem --device "$dev" transfer --json >"$out/transfer.jsonl" 2>"$out/logs/transfer.err"
   note "transfer: rc=$? lines=$(wc -l <"$out/transfer.jsonl")"
-  bin/gpumem --device cuda transfer >"$out/logs/transfer.txt" 2>&1
+  bin/gpumem --device "$dev" transfer >"$out/logs/transfer.txt" 2>&1
 fi
 
 if want bench; then
@@ -48,20 +49,20 @@ if want bench; then
   for mode in cold warm; do
     flag=(); [[ $mode == warm ]] && flag=(--warm)
     f="$out/bench-$mode.jsonl"
-    bin/gpumem --device cuda bench --workload same,random,threads --repeats 3 "${flag[@]}" --json >"$f" 2>>"$out/logs/bench.err"
-    bin/gpumem --device cuda bench --workload same --size 256 --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
-    bin/gpumem --device cuda bench --workload holes --holes 65536 --alloc "$pools" --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device "$dev" bench --workload same,random,threads --repeats 3 "${flag[@]}" --json >"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device "$dev" bench --workload same --size 256 --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device "$dev" bench --workload holes --holes 65536 --alloc "$pools" --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
     note "bench $mode: lines=$(wc -l <"$f") errors=$(grep -c '"error":"' "$f")"
   done
 fi
 
 if want replay; then
   for tr in traces/*.csv; do
-    bin/gpumem --device cuda replay "$tr" --repeats 3 --json >>"$out/replay-cold.jsonl" 2>>"$out/logs/replay.err"
-    bin/gpumem --device cuda replay "$tr" --repeats 3 --warm --json >>"$out/replay-warm.jsonl" 2>>"$out/logs/replay.err"
+    bin/gpumem --device "$dev" replay "$tr" --repeats 3 --json >>"$out/replay-cold.jsonl" 2>>"$out/logs/replay.err"
+    bin/gpumem --device "$dev" replay "$tr" --repeats 3 --warm --json >>"$out/replay-warm.jsonl" 2>>"$out/logs/replay.err"
   done
   note "replay: cold lines=$(wc -l <"$out/replay-cold.jsonl") warm lines=$(wc -l <"$out/replay-warm.jsonl")"
-  bin/gpumem --device cuda replay traces/resnet50_train.rmm.csv --alloc pool --log "$out/logs/resnet50.pool.log.csv" >/dev/null 2>>"$out/logs/replay.err"
+  bin/gpumem --device "$dev" replay traces/resnet50_train.rmm.csv --alloc pool --log "$out/logs/resnet50.pool.log.csv" >/dev/null 2>>"$out/logs/replay.err"
   note "replay log: $(python3 - "$out/logs/resnet50.pool.log.csv" traces/resnet50_train.rmm.csv <<'PY'
 import csv, sys
 a = list(csv.reader(open(sys.argv[1]))); b = list(csv.reader(open(sys.argv[2])))
@@ -72,9 +73,9 @@ PY
 fi
 
 if want plot; then
-  bin/gpumem --device cuda plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
   note "plot svg: rc=$?"
-  bin/gpumem --device cuda plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
   note "plot png: rc=$?"
 fi
 
