@@ -196,7 +196,31 @@ impl State {
     }
 }
 
-/// A pool on virtual memory management; see the module documentation.
+/// A stream-ordered pool on CUDA virtual memory management: physical pages
+/// are mapped only under live blocks and moved to where they are needed.
+///
+/// Addresses come from TLSF lanes over one reserved virtual range (small
+/// requests packed in their own area); a block whose pages are mapped costs
+/// no driver call; idle pages stay mapped until a mapping elsewhere needs
+/// them (and their freeing stream's work is done) or [`VirtualPool::trim`].
+///
+/// ```
+/// use gpumem::driver::sim::SimConfig;
+/// use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+/// use gpumem::resource::MemoryResource;
+/// use gpumem::Device;
+///
+/// let device = Device::sim(SimConfig::default());
+/// let pool = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
+/// let s = device.create_stream().unwrap();
+/// let p = pool.allocate(10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().mapped, 10 << 20); // five 2 MiB pages
+/// pool.deallocate(p, 10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().idle_mapped, 10 << 20); // kept for re-use
+/// s.synchronize().unwrap();
+/// assert_eq!(pool.trim().unwrap(), 10 << 20); // given back
+/// assert_eq!(pool.stats().reserved, 0);
+/// ```
 pub struct VirtualPool {
     device: Device,
     config: VirtualPoolConfig,
