@@ -66,8 +66,9 @@ pub struct VirtualPoolConfig {
     pub small_limit: usize,
     /// Physical memory the pool may create beyond its live peak, in
     /// thousandths of that peak, before it moves idle mapped pages instead
-    /// (default 0: move pages as soon as no cached page is left). Slack
-    /// trades leanness for fewer unmap/map/set-access calls.
+    /// (default 30: up to 3% over the live peak). Slack trades leanness for
+    /// fewer unmap/map/set-access calls; 0 moves pages as soon as no cached
+    /// page is left.
     pub slack_permille: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
@@ -89,7 +90,7 @@ impl Default for VirtualPoolConfig {
         Self {
             va_multiple: 2,
             small_limit: 1 << 20,
-            slack_permille: 0,
+            slack_permille: 30,
             release_threshold: 0,
             max_chunk_pages: 16,
             maximum_physical: None,
@@ -717,8 +718,10 @@ impl VirtualPool {
         let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
         if short(st) > 0 && short(st) <= room {
             while short(st) > 0 {
-                if self.create(st, short(st)).is_err() {
-                    break;
+                match self.create(st, short(st)) {
+                    Ok(_) => {}
+                    Err(e) if e.is_oom() => break,
+                    Err(e) => return Err(e),
                 }
             }
         }
