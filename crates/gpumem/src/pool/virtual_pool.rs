@@ -17,13 +17,23 @@
 //!   otherwise the unmapped runs get physical pages and are mapped page by
 //!   page (`cuMemMap`), then made accessible with one `cuMemSetAccess` per
 //!   run and device, all or nothing.
+//! - *Placement*: the heap's choice is best fit within the size class first
+//!   (a freed block is re-used by the next request of its size), and with
+//!   one stream a free also takes in the untouched space beside it, so a
+//!   repeating workload re-uses the same, mapped addresses. A large block that
+//!   would still need 16 or more new pages looks for a free place with
+//!   mapped pages instead.
 //! - *Physical pages* (`phys_cache`): taken from the cache of unmapped pages;
-//!   when it is empty, idle mapped pages (no live block, and every stream that
-//!   freed a block on them seen complete since) are unmapped, longest runs
-//!   first (one `cuMemUnmap` per run), and re-mapped where needed; only when
-//!   none is available is new memory created (`cuMemCreate`, up to
-//!   `max_chunk_pages` pages per call). Idle pages stay mapped while nothing
-//!   needs them, so the steady state makes no driver call.
+//!   when it is empty and the pool holds more than `slack_permille` over the
+//!   live peak, idle mapped pages (no live block, and every stream that freed
+//!   a block on them seen complete since: a query, or an event recorded by an
+//!   earlier attempt) are unmapped, longest runs first (one `cuMemUnmap` per
+//!   run), and re-mapped where needed; otherwise new memory is created
+//!   (`cuMemCreate`, up to `max_chunk_pages` pages per call). Idle pages stay
+//!   mapped while nothing needs them, so the steady state of a repeating
+//!   workload makes no driver call. On a busy GPU, pages freed by work still
+//!   in flight cannot move yet: the reserve can exceed the live bytes by what
+//!   is in flight.
 //! - *Giving back*: cached pages above `release_threshold` bytes, and all of
 //!   them on [`VirtualPool::trim`], are released (`cuMemRelease`) once their
 //!   whole chunk is cached.
@@ -60,7 +70,7 @@ pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualPoolConfig {
     /// Virtual address space reserved up front, in multiples of the device's
-    /// memory (at least 1; default 2). More is reserved if it runs out.
+    /// memory (1 to 16; default 2). More is reserved if it runs out.
     pub va_multiple: usize,
     /// Requests up to this many bytes go to the small area (default 1 MiB).
     pub small_limit: usize,
@@ -262,9 +272,9 @@ impl VirtualPool {
                 "POSIX file descriptor export of VMM memory",
             ));
         }
-        if config.va_multiple == 0 || config.max_chunk_pages == 0 {
+        if !(1..=16).contains(&config.va_multiple) || config.max_chunk_pages == 0 {
             return Err(Error::InvalidArgument(
-                "virtual pool: va_multiple and max_chunk_pages must be at least 1".into(),
+                "virtual pool: va_multiple must be 1..=16 and max_chunk_pages at least 1".into(),
             ));
         }
         let driver = device.driver();
