@@ -30,11 +30,12 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use super::heap_lanes::HeapLanes;
 use super::stream_lanes::PtrMap;
 use crate::device::Device;
-use crate::driver::{DevicePtr, STREAM_PER_THREAD};
+use crate::driver::DevicePtr;
 use crate::resource::{validate_request, MemoryResource, Properties};
-use crate::stream::{Event, Stream};
+use crate::stream::Stream;
 use crate::suballoc::{HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
@@ -125,26 +126,10 @@ pub struct PoolStats {
     pub lanes: usize,
 }
 
-struct Lane {
-    stream: Stream,
-    /// For the per-thread default stream: only its own thread may query it.
-    thread: Option<std::thread::ThreadId>,
-    /// Recorded on this lane's stream when another stream takes its blocks.
-    event: Option<Event>,
-}
-
-impl Lane {
-    fn queryable_here(&self) -> bool {
-        self.thread.is_none_or(|t| t == std::thread::current().id())
-    }
-}
-
 struct State {
     heap: LaneHeap,
-    /// Stream id → lane.
-    by_stream: PtrMap<LaneId>,
-    /// Lane index → its stream (index 0, the global lane, has none).
-    lanes: Vec<Option<Lane>>,
+    /// The streams' lanes of `heap`.
+    lanes: HeapLanes,
     /// Upstream allocation of each region: base → bytes.
     regions: PtrMap<usize>,
     peak_reserved: usize,
@@ -196,8 +181,7 @@ impl<U: MemoryResource> PoolResource<U> {
             config,
             state: Mutex::new(State {
                 heap: LaneHeap::new(),
-                by_stream: PtrMap::default(),
-                lanes: vec![None],
+                lanes: HeapLanes::new(),
                 regions: PtrMap::default(),
                 peak_reserved: 0,
                 peak_live: 0,
@@ -244,7 +228,7 @@ impl<U: MemoryResource> PoolResource<U> {
             free_blocks: h.free_blocks as usize,
             largest_free: h.largest_free as usize,
             regions: h.regions,
-            lanes: st.by_stream.len(),
+            lanes: st.lanes.len(),
         }
     }
 
@@ -274,126 +258,21 @@ impl<U: MemoryResource> PoolResource<U> {
         self.release_free_regions(&mut st)
     }
 
-    /// The lane of `stream`, created on first use.
     #[inline]
     fn lane_of(&self, st: &mut State, stream: &Stream) -> Result<LaneId> {
-        let id = stream.id().0;
-        if let Some(&lane) = st.by_stream.get(&id) {
-            return Ok(lane);
-        }
-        let lane = st.heap.create_lane().map_err(|e| {
-            Error::InvalidArgument(format!("pool cannot track another stream: {e}"))
-        })?;
-        let idx = lane.0 as usize;
-        if st.lanes.len() <= idx {
-            st.lanes.resize_with(idx + 1, || None);
-        }
-        st.lanes[idx] = Some(Lane {
-            stream: stream.clone(),
-            thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
-            event: None,
-        });
-        st.by_stream.insert(id, lane);
-        Ok(lane)
+        st.lanes.lane_of(&mut st.heap, stream)
     }
 
-    /// Moves the free blocks of every lane whose stream is known idle to the
-    /// global lane (except `keep`). Never blocks.
     fn settle(&self, st: &mut State, keep: Option<LaneId>) -> Result<()> {
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            if Some(lane) == keep || st.heap.lane_free_bytes(lane) == 0 {
-                continue;
-            }
-            let Some(l) = &st.lanes[idx] else { continue };
-            if !l.queryable_here() {
-                continue;
-            }
-            let idle = match l.stream.is_idle() {
-                Ok(idle) => idle,
-                // A foreign stream that can no longer be queried: make sure.
-                Err(_) => {
-                    l.stream.device().synchronize()?;
-                    true
-                }
-            };
-            if idle {
-                st.heap
-                    .move_lane(lane, LaneId::GLOBAL)
-                    .expect("both lanes exist");
-            }
-        }
-        Ok(())
+        st.lanes.settle(&mut st.heap, keep)
     }
 
-    /// Waits for every stream with free blocks and moves all of them to the
-    /// global lane.
     fn settle_blocking(&self, st: &mut State) -> Result<()> {
-        let mut device_synced = false;
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            if st.heap.lane_free_bytes(lane) == 0 {
-                continue;
-            }
-            let Some(l) = &st.lanes[idx] else { continue };
-            if !device_synced {
-                let waited = if l.queryable_here() {
-                    l.stream.synchronize()
-                } else {
-                    Err(Error::unsupported("per-thread stream of another thread"))
-                };
-                if waited.is_err() {
-                    l.stream.device().synchronize()?;
-                    device_synced = true;
-                }
-            }
-            st.heap
-                .move_lane(lane, LaneId::GLOBAL)
-                .expect("both lanes exist");
-        }
-        self.forget_dropped_streams(st);
-        Ok(())
+        st.lanes.settle_blocking(&mut st.heap)
     }
 
-    /// Drops lanes that hold nothing and whose stream only the pool still
-    /// references, so user-dropped streams are finally destroyed.
-    fn forget_dropped_streams(&self, st: &mut State) {
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            let unused = matches!(&st.lanes[idx], Some(l) if l.stream.is_sole_handle());
-            if unused && st.heap.lane_free_bytes(lane) == 0 && st.heap.drop_lane(lane).is_ok() {
-                if let Some(l) = st.lanes[idx].take() {
-                    st.by_stream.retain(|_, v| *v != lane);
-                    drop(l);
-                }
-            }
-        }
-    }
-
-    /// Hands the blocks of another stream's lane that has a block of `needed`
-    /// bytes to `lane`, after making `stream` wait for that stream's work.
     fn steal(&self, st: &mut State, lane: LaneId, stream: &Stream, needed: u64) -> Result<bool> {
-        let victim = (1..st.lanes.len()).map(|i| LaneId(i as u32)).find(|&l| {
-            l != lane
-                && st.lanes[l.0 as usize]
-                    .as_ref()
-                    .is_some_and(|x| x.queryable_here())
-                && st.heap.largest_free(l) >= needed
-        });
-        let Some(victim) = victim else {
-            return Ok(false);
-        };
-        let l = st.lanes[victim.0 as usize]
-            .as_mut()
-            .expect("victim has a lane");
-        if l.event.is_none() {
-            l.event = Some(Event::new(l.stream.device())?);
-        }
-        let ev = l.event.as_ref().expect("just made");
-        ev.record(&l.stream)?;
-        stream.wait_event(ev)?;
-        st.heap.move_lane(victim, lane).expect("both lanes exist");
-        Ok(true)
+        st.lanes.steal(&mut st.heap, lane, stream, needed)
     }
 
     /// Takes a region of `bytes` from the upstream into the global lane.
@@ -560,15 +439,7 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
         }
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         // Work still using pool memory must finish before the regions go back.
-        let mut device_sync = false;
-        for l in st.lanes.iter().flatten() {
-            if !l.queryable_here() || l.stream.synchronize().is_err() {
-                device_sync = true;
-            }
-        }
-        if device_sync {
-            let _ = self.upstream.device().synchronize();
-        }
+        st.lanes.synchronize_all(self.upstream.device());
         for (&base, &bytes) in st.regions.iter() {
             if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
                 eprintln!("gpumem: PoolResource could not return region {base:#x}: {e}");

@@ -174,6 +174,20 @@ impl Tlsf {
         Some(i)
     }
 
+    /// Like [`take`](Self::take), but first looks among the first
+    /// [`FALLBACK_SCAN`] blocks of `size`'s own class for one that fits, so a
+    /// freed block is reused by a request of its own size before a larger
+    /// block is split (closer to best fit; keeps a pool's footprint compact
+    /// when one huge free block would otherwise absorb every miss).
+    #[inline]
+    pub fn take_best(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
+        if let Some(i) = self.find_slow(arena, size) {
+            self.remove(arena, i);
+            return Some(i);
+        }
+        self.take(arena, size)
+    }
+
     #[cold]
     fn find_slow(&self, arena: &BlockArena, size: u64) -> Option<u32> {
         let mut i = self.heads[insert_class(size).index()];
@@ -220,6 +234,25 @@ impl Tlsf {
             let mut i = h;
             while i != NIL {
                 f(i);
+                i = arena[i].next_free;
+            }
+        }
+    }
+
+    /// Calls `f` on blocks of at least `size` bytes (a non-zero multiple of
+    /// 256), smallest classes first, until `f` returns false.
+    pub fn for_each_at_least(&self, arena: &BlockArena, size: u64, mut f: impl FnMut(u32) -> bool) {
+        let first = insert_class(size).index();
+        for (ci, &h) in self.heads.iter().enumerate().skip(first) {
+            let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
+            if self.fl_bitmap & (1 << fl) == 0 || self.sl_bitmap[fl] & (1 << sl) == 0 {
+                continue;
+            }
+            let mut i = h;
+            while i != NIL {
+                if arena[i].size >= size && !f(i) {
+                    return;
+                }
                 i = arena[i].next_free;
             }
         }
