@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release -p gpumem --example vpool_replay -- [--passes N] \
-//!     [--chunk PAGES] [--small BYTES] [--slack PERMILLE] [trace.rmm.csv ...]
+//!     [--small BYTES] [--slack PERMILLE] [trace.rmm.csv ...]
 //! ```
 //!
 //! Pass 1 is cold (every page created); later passes replay the same trace
@@ -158,9 +158,6 @@ fn main() {
     };
     let passes: usize = take("--passes").and_then(|v| v.parse().ok()).unwrap_or(2);
     let mut config = VirtualPoolConfig::default();
-    if let Some(c) = take("--chunk").and_then(|v| v.parse().ok()) {
-        config.max_chunk_pages = c;
-    }
     if let Some(c) = take("--small").and_then(|v| v.parse().ok()) {
         config.small_limit = c;
     }
@@ -173,8 +170,8 @@ fn main() {
         args
     };
     println!(
-        "VirtualPool replay on the simulated device (address-only, 80 GiB); max_chunk_pages {}, small_limit {}, slack_permille {}",
-        config.max_chunk_pages, config.small_limit, config.slack_permille
+        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}",
+        config.small_limit, config.slack_permille
     );
     let sim_call = sim_ns_per_call();
     println!(

@@ -302,11 +302,11 @@ fn construction_checks_the_device() {
         ..VirtualPoolConfig::default()
     };
     assert!(VirtualPool::new(device.clone(), self_peer).is_err());
-    let zero = VirtualPoolConfig {
-        max_chunk_pages: 0,
+    let no_space = VirtualPoolConfig {
+        va_multiple: 0,
         ..VirtualPoolConfig::default()
     };
-    assert!(VirtualPool::new(device, zero).is_err());
+    assert!(VirtualPool::new(device, no_space).is_err());
 }
 
 #[test]

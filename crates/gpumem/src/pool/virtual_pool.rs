@@ -29,7 +29,7 @@
 //!   a block on them seen complete since: a query, or an event recorded by an
 //!   earlier attempt) are unmapped, longest runs first (one `cuMemUnmap` per
 //!   run), and re-mapped where needed; otherwise new memory is created
-//!   (`cuMemCreate`, up to `max_chunk_pages` pages per call). Idle pages stay
+//!   (`cuMemCreate`, one page per call: CUDA maps a handle only from offset 0). Idle pages stay
 //!   mapped while nothing needs them, so the steady state of a repeating
 //!   workload makes no driver call. On a busy GPU, pages freed by work still
 //!   in flight cannot move yet: the reserve can exceed the live bytes by what
@@ -66,6 +66,12 @@ use crate::{Error, FreeError, OomInfo, Result};
 /// Largest alignment a [`VirtualPool`] serves.
 pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 
+/// Pages per physical allocation (`cuMemCreate`). CUDA maps a physical
+/// allocation only from offset 0 (`cuMemMap`'s offset "must currently be
+/// zero"; the H100 driver answers CUDA_ERROR_NOT_SUPPORTED otherwise), so a page
+/// that moves to another address on its own must be its own allocation.
+const PAGES_PER_HANDLE: usize = 1;
+
 /// Configuration of a [`VirtualPool`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualPoolConfig {
@@ -83,9 +89,6 @@ pub struct VirtualPoolConfig {
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
     pub release_threshold: usize,
-    /// Most pages one `cuMemCreate` makes (default 16). Larger chunks mean
-    /// fewer calls; a chunk only goes back once all its pages are unmapped.
-    pub max_chunk_pages: usize,
     /// Most physical bytes the pool may hold; `None` for no limit.
     pub maximum_physical: Option<usize>,
     /// Other devices granted read-write access to every mapped page.
@@ -102,7 +105,6 @@ impl Default for VirtualPoolConfig {
             small_limit: 1 << 20,
             slack_permille: 30,
             release_threshold: 0,
-            max_chunk_pages: 16,
             maximum_physical: None,
             peers: Vec::new(),
             ipc: false,
@@ -272,9 +274,9 @@ impl VirtualPool {
                 "POSIX file descriptor export of VMM memory",
             ));
         }
-        if !(1..=16).contains(&config.va_multiple) || config.max_chunk_pages == 0 {
+        if !(1..=16).contains(&config.va_multiple) {
             return Err(Error::InvalidArgument(
-                "virtual pool: va_multiple must be 1..=16 and max_chunk_pages at least 1".into(),
+                "virtual pool: va_multiple must be 1..=16".into(),
             ));
         }
         let driver = device.driver();
@@ -693,10 +695,10 @@ impl VirtualPool {
         released
     }
 
-    /// Creates up to `n` pages in one chunk into the cache. Returns the pages
+    /// Creates up to `n` pages (one handle of [`PAGES_PER_HANDLE`]) into the cache. Returns the pages
     /// created, or the driver's error.
     fn create(&self, st: &mut State, n: usize) -> Result<usize> {
-        let mut n = n.min(self.config.max_chunk_pages).min(u32::MAX as usize);
+        let mut n = n.min(PAGES_PER_HANDLE);
         if let Some(max) = self.config.maximum_physical {
             let room = (max / self.gran).saturating_sub(st.phys.total_pages());
             if room == 0 {

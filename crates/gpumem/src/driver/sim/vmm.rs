@@ -189,6 +189,11 @@ impl State {
         if len == 0 || !self.gran_ok(start) || !self.gran_ok(len) || !self.gran_ok(off) {
             return Err(bad());
         }
+        if off != 0 {
+            // CUDA: "offset ... must currently be zero"; the driver answers
+            // CUDA_ERROR_NOT_SUPPORTED (seen on an H100 with driver 580).
+            return Err(drv(CALL, NOT_SUPPORTED));
+        }
         let end = start.checked_add(len).ok_or_else(bad)?;
         if off.checked_add(len).is_none_or(|e| e > self.phys[&id].size) {
             return Err(bad());
