@@ -348,10 +348,7 @@ fn plot_writes_svg_and_html_with_the_legend() {
 /// run away from the build tree (the GPU bundle).
 fn gpumem(args: &[&str]) -> std::process::Output {
     let bin = std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
-    Command::new(bin)
-        .args(args)
-        .output()
-        .unwrap()
+    Command::new(bin).args(args).output().unwrap()
 }
 
 #[test]

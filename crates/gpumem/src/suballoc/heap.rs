@@ -475,6 +475,27 @@ impl LaneHeap {
     /// overflow. O(1), plus one split for alignment padding.
     #[inline]
     pub fn allocate(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
+        self.allocate_with(lane, size, align, false)
+    }
+
+    /// Like [`allocate`](Self::allocate), but best fit within the request's
+    /// own size class first: the smallest fitting block among the first 32
+    /// of that class (an exact fit ends the look), so a block of the very
+    /// size asked for is reused before a block of a larger class is split;
+    /// TLSF's good fit when that class has none. O(1) plus that scan.
+    #[inline]
+    pub fn allocate_best(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
+        self.allocate_with(lane, size, align, true)
+    }
+
+    #[inline(always)]
+    fn allocate_with(
+        &mut self,
+        lane: LaneId,
+        size: u64,
+        align: u64,
+        best: bool,
+    ) -> Option<Allocation> {
         let size = round_to_granule(size)?.max(GRANULE);
         if !align.is_power_of_two() {
             return None;
@@ -486,7 +507,11 @@ impl LaneHeap {
             _ => return None,
         };
         let arena = &mut self.arena;
-        let mut i = t.take(arena, needed)?;
+        let mut i = if best {
+            t.take_best(arena, needed)?
+        } else {
+            t.take(arena, needed)?
+        };
         let addr = arena[i].addr;
         // Cannot overflow: align - 1 < needed <= block size, and the block ends
         // within u64.
