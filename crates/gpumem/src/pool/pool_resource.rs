@@ -31,8 +31,10 @@
 //! 2. *steal*: a lane with a block big enough is handed to S after one event
 //!    recorded on its stream and one `cuStreamWaitEvent` on S;
 //! 3. *grow*: a new region from the upstream, sized by the [`GrowthPolicy`];
-//! 4. *reclaim*: on upstream out-of-memory, wait for every stream with free
-//!    blocks, give entirely free regions back and retry; then fail with
+//! 4. *reclaim*: on upstream out-of-memory (or the pool's maximum), wait for
+//!    every stream with free blocks, take a free block of either heap (the
+//!    segregation yields to memory pressure), else give entirely free regions
+//!    back and retry; then fail with
 //!    [`Error::OutOfMemory`] carrying requested, reserved, live and
 //!    largest-free bytes.
 //!
@@ -631,6 +633,12 @@ impl<U: MemoryResource> PoolResource<U> {
         // Reclaim: wait for every stream's frees, give back free regions, retry.
         self.settle_blocking(st)?;
         if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
+            return Ok(p);
+        }
+        // Segregation yields to memory pressure: a free block of the other
+        // heap serves before any region is given back (a pool of fixed size,
+        // initial = maximum, serves every size from its one region).
+        if let Some(p) = Self::take(st, 1 - class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
         self.release_free_regions(st)?;
