@@ -52,6 +52,7 @@ if want bench; then
     bin/gpumem --device "$dev" bench --workload same,random,threads --repeats 3 "${flag[@]}" --json >"$f" 2>>"$out/logs/bench.err"
     bin/gpumem --device "$dev" bench --workload same --size 256 --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
     bin/gpumem --device "$dev" bench --workload holes --holes 65536 --alloc "$pools" --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
+    bin/gpumem --device "$dev" bench --workload holes --holes 4096 --alloc cuda --repeats 3 "${flag[@]}" --json >>"$f" 2>>"$out/logs/bench.err"
     note "bench $mode: lines=$(wc -l <"$f") errors=$(grep -c '"error":"' "$f")"
   done
 fi
@@ -81,9 +82,14 @@ fi
 
 if want python && [[ -d python ]]; then
   export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
-  for s in torch_resnet18_step torch_gpt2_step cupy_check; do
-    python3 python/examples/$s.py >"$out/logs/py-$s.out" 2>"$out/logs/py-$s.err"
-    note "python $s: rc=$? | $(tail -1 "$out/logs/py-$s.out")"
+  for conf in resource=pool resource=async resource=caching; do
+    for s in torch_resnet18_step torch_gpt2_step cupy_check; do
+      log="$out/logs/py-$s-${conf#resource=}"
+      GPUMEM_CONF=$conf python3 python/examples/$s.py >"$log.out" 2>"$log.err"
+      rc=$?
+      echo "GPUMEM_CONF=$conf $s rc=$rc | $(tail -1 "$log.out")" >>"$out/python.txt"
+      note "python $s ($conf): rc=$rc | $(tail -1 "$log.out")"
+    done
   done
 fi
 

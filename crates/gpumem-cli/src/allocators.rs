@@ -17,7 +17,9 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use gpumem::async_pool::AsyncResource;
 use gpumem::driver::{PoolAttr, RawPool};
-use gpumem::pool::{ArenaResource, BinningResource, CachingPool, PoolResource};
+use gpumem::pool::{
+    ArenaResource, BinningResource, CachingPool, PoolResource, VirtualPool, VirtualPoolConfig,
+};
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
 
@@ -71,6 +73,14 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
                     Default::default(),
                 )?))
             })
+        },
+    },
+    AllocatorSpec {
+        name: "vpool",
+        about: "VirtualPool: VMM pages mapped only under live blocks and moved where needed (reserve = physical)",
+        build: |d| {
+            let pool = Arc::new(VirtualPool::new(d.clone(), VirtualPoolConfig::default())?);
+            Ok(Allocator::new(pool.clone(), ReserveProbe::Virtual(pool)))
         },
     },
     AllocatorSpec {
@@ -150,6 +160,8 @@ pub enum ReserveProbe {
         /// The pool.
         pool: RawPool,
     },
+    /// A [`VirtualPool`]'s physical memory.
+    Virtual(Arc<VirtualPool>),
 }
 
 impl ReserveProbe {
@@ -157,6 +169,7 @@ impl ReserveProbe {
     pub fn current(&self) -> gpumem::Result<usize> {
         match self {
             ReserveProbe::Counter(c) => Ok(c.current()),
+            ReserveProbe::Virtual(v) => Ok(v.reserved_bytes()),
             ReserveProbe::Pool { device, pool } => Ok(device
                 .driver()
                 .mempool_get_attr(*pool, PoolAttr::ReservedMemCurrent)?
@@ -168,6 +181,7 @@ impl ReserveProbe {
     pub fn peak(&self) -> gpumem::Result<usize> {
         match self {
             ReserveProbe::Counter(c) => Ok(c.peak()),
+            ReserveProbe::Virtual(v) => Ok(v.stats().peak_reserved),
             ReserveProbe::Pool { device, pool } => Ok(device
                 .driver()
                 .mempool_get_attr(*pool, PoolAttr::ReservedMemHigh)?
@@ -180,6 +194,10 @@ impl ReserveProbe {
         match self {
             ReserveProbe::Counter(c) => {
                 c.reset_peak();
+                Ok(())
+            }
+            ReserveProbe::Virtual(v) => {
+                v.reset_peaks();
                 Ok(())
             }
             ReserveProbe::Pool { device, pool } => {

@@ -11,6 +11,10 @@
 //!   per class, batched events for cross-stream reuse.
 //! - [`ArenaResource`]: RMM's arena: per-stream arenas of superblocks over one
 //!   global arena, address-ordered first fit, large requests in whole superblocks.
+//! - [`VirtualPool`]: on CUDA virtual memory management; TLSF lanes over one
+//!   reserved address range, physical pages mapped only under live blocks and
+//!   moved (unmapped, cached, re-mapped) to where they are needed, so the
+//!   physical memory held follows the live bytes.
 //!
 //! # Stream-ordering policy (every pool of this module follows it)
 //!
@@ -43,9 +47,11 @@ mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
+mod heap_lanes;
 mod pool_resource;
 mod slab;
 mod stream_lanes;
+mod virtual_pool;
 
 pub use arena::*;
 pub use binning::BinningResource;
@@ -53,3 +59,6 @@ pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use slab::ClassStats;
+pub use virtual_pool::{
+    PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, VIRTUAL_POOL_MAX_ALIGNMENT,
+};

@@ -12,17 +12,22 @@
 //! are `medium_region` (20 MiB) for requests up to `medium_limit` (10 MiB) and
 //! of the request's own size (rounded to 2 MiB) above. Why: when both share
 //! one heap, small requests split the large free blocks that the next large
-//! request needs, and that request grows a new region. The large heap picks
-//! best fit within the request's size class first (TLSF's good fit alone
-//! skips that class and splits a block of a larger one), so a freed tensor's
-//! block is reused by the next tensor of that size. Measured on the simulated
-//! device, reserved over live peak, cold: resnet50 1.62 → 1.17, gpt2 1.17 →
-//! 1.17 (segregation alone: 1.58 and 1.17; best fit did most of it). The
-//! small heap keeps TLSF's plain good fit. A free finds its block in the heap
-//! its size names, else in the other one.
-
+//! request needs, and that request grows a new region. The large heap first
+//! looks in the request's own size class ([`LaneHeap::allocate_best`]: the
+//! first fitting block among the first 32 of that class; TLSF's good fit
+//! alone skips that class and splits a block of a larger one), so a freed
+//! tensor's block is reused by the next tensor of that size. Measured on the
+//! simulated device, reserved over live peak, cold: resnet50 1.62 → 1.17,
+//! gpt2 1.17 → 1.17 (segregation alone: 1.58 and 1.17; the own-class look did
+//! most of it; taking the smallest fitting block of the class instead of the
+//! first gave byte-identical peaks on both traces, and was slower). The small
+//! heap keeps TLSF's plain good fit. A free finds its block in the heap its
+//! size names, else in the other one.
+//!
 //! Each stream that frees blocks has its own lane, the same lane number in
-//! both heaps (see the stream-ordering policy in [`crate::pool`]): an
+//! both heaps (kept in step by the lane logic of `pool/heap_lanes.rs`, shared
+//! with [`VirtualPool`](super::VirtualPool); see the stream-ordering policy
+//! in [`crate::pool`]): an
 //! allocation on stream S tries S's lane, then the global lane (blocks safe
 //! for everyone). Only when both miss does the slow path run, in this order:
 //!
@@ -51,11 +56,12 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use super::heap_lanes::HeapLanes;
 use super::stream_lanes::PtrMap;
 use crate::device::Device;
-use crate::driver::{DevicePtr, STREAM_PER_THREAD};
+use crate::driver::DevicePtr;
 use crate::resource::{validate_request, MemoryResource, Properties};
-use crate::stream::{Event, Stream};
+use crate::stream::Stream;
 use crate::suballoc::{HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
@@ -148,20 +154,6 @@ pub struct PoolStats {
     pub lanes: usize,
 }
 
-struct Lane {
-    stream: Stream,
-    /// For the per-thread default stream: only its own thread may query it.
-    thread: Option<std::thread::ThreadId>,
-    /// Recorded on this lane's stream when another stream takes its blocks.
-    event: Option<Event>,
-}
-
-impl Lane {
-    fn queryable_here(&self) -> bool {
-        self.thread.is_none_or(|t| t == std::thread::current().id())
-    }
-}
-
 /// Heap of requests up to `small_limit`, carved from small regions.
 const SMALL: usize = 0;
 /// Heap of larger requests, carved from medium and exact-size regions.
@@ -173,10 +165,8 @@ struct State {
     /// One heap per size class ([`SMALL`], [`LARGE`]); both have the same
     /// lanes, so one [`LaneId`] per stream serves both.
     heaps: [LaneHeap; CLASSES],
-    /// Stream id → lane.
-    by_stream: PtrMap<LaneId>,
-    /// Lane index → its stream (index 0, the global lane, has none).
-    lanes: Vec<Option<Lane>>,
+    /// The streams' lanes of `heaps`, kept in step across both heaps.
+    lanes: HeapLanes,
     /// Upstream allocation of each region: base → bytes.
     regions: PtrMap<usize>,
     peak_reserved: usize,
@@ -199,17 +189,6 @@ impl State {
             .map(|h| h.largest_free_any())
             .max()
             .unwrap_or(0) as usize
-    }
-
-    fn lane_free_bytes(&self, lane: LaneId) -> u64 {
-        self.heaps.iter().map(|h| h.lane_free_bytes(lane)).sum()
-    }
-
-    /// Moves the free blocks of `from` to `to` in every heap.
-    fn move_lane(&mut self, from: LaneId, to: LaneId) {
-        for h in &mut self.heaps {
-            h.move_lane(from, to).expect("both lanes exist");
-        }
     }
 }
 
@@ -258,8 +237,7 @@ impl<U: MemoryResource> PoolResource<U> {
             config,
             state: Mutex::new(State {
                 heaps: std::array::from_fn(|_| LaneHeap::new()),
-                by_stream: PtrMap::default(),
-                lanes: vec![None],
+                lanes: HeapLanes::new(),
                 regions: PtrMap::default(),
                 peak_reserved: 0,
                 peak_live: 0,
@@ -325,7 +303,7 @@ impl<U: MemoryResource> PoolResource<U> {
         let mut out = PoolStats {
             peak_reserved: st.peak_reserved,
             peak_live: st.peak_live,
-            lanes: st.by_stream.len(),
+            lanes: st.lanes.len(),
             ..PoolStats::default()
         };
         for h in &st.heaps {
@@ -367,132 +345,23 @@ impl<U: MemoryResource> PoolResource<U> {
         self.release_free_regions(&mut st)
     }
 
-    /// The lane of `stream`, created on first use (in every heap, which keep
-    /// their lane numbers in step).
+    /// The lane of `stream`, created on first use (the same number in both
+    /// heaps).
     #[inline]
     fn lane_of(&self, st: &mut State, stream: &Stream) -> Result<LaneId> {
-        let id = stream.id().0;
-        if let Some(&lane) = st.by_stream.get(&id) {
-            return Ok(lane);
-        }
-        let lane = Self::create_lane(st)?;
-        let idx = lane.0 as usize;
-        if st.lanes.len() <= idx {
-            st.lanes.resize_with(idx + 1, || None);
-        }
-        st.lanes[idx] = Some(Lane {
-            stream: stream.clone(),
-            thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
-            event: None,
-        });
-        st.by_stream.insert(id, lane);
-        Ok(lane)
+        st.lanes.lane_of(&mut st.heaps, stream)
     }
 
-    /// Creates one lane with the same number in every heap.
-    #[cold]
-    fn create_lane(st: &mut State) -> Result<LaneId> {
-        let mut made = Vec::with_capacity(CLASSES);
-        let mut failure = None;
-        for h in &mut st.heaps {
-            match h.create_lane() {
-                Ok(l) => made.push(l),
-                Err(e) => {
-                    failure = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-        if failure.is_none() && made.iter().all(|&l| l == made[0]) {
-            return Ok(made[0]);
-        }
-        for (h, &l) in st.heaps.iter_mut().zip(&made) {
-            let _ = h.drop_lane(l);
-        }
-        Err(Error::InvalidArgument(format!(
-            "pool cannot track another stream: {}",
-            failure.unwrap_or_else(|| "lane numbers out of step".into())
-        )))
-    }
-
-    /// Moves the free blocks of every lane whose stream is known idle to the
-    /// global lane (except `keep`). Never blocks.
     fn settle(&self, st: &mut State, keep: Option<LaneId>) -> Result<()> {
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            if Some(lane) == keep || st.lane_free_bytes(lane) == 0 {
-                continue;
-            }
-            let Some(l) = &st.lanes[idx] else { continue };
-            if !l.queryable_here() {
-                continue;
-            }
-            let idle = match l.stream.is_idle() {
-                Ok(idle) => idle,
-                // A foreign stream that can no longer be queried: make sure.
-                Err(_) => {
-                    l.stream.device().synchronize()?;
-                    true
-                }
-            };
-            if idle {
-                st.move_lane(lane, LaneId::GLOBAL);
-            }
-        }
-        Ok(())
+        st.lanes.settle(&mut st.heaps, keep)
     }
 
-    /// Waits for every stream with free blocks and moves all of them to the
-    /// global lane.
     fn settle_blocking(&self, st: &mut State) -> Result<()> {
-        let mut device_synced = false;
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            if st.lane_free_bytes(lane) == 0 {
-                continue;
-            }
-            let Some(l) = &st.lanes[idx] else { continue };
-            if !device_synced {
-                let waited = if l.queryable_here() {
-                    l.stream.synchronize()
-                } else {
-                    Err(Error::unsupported("per-thread stream of another thread"))
-                };
-                if waited.is_err() {
-                    l.stream.device().synchronize()?;
-                    device_synced = true;
-                }
-            }
-            st.move_lane(lane, LaneId::GLOBAL);
-        }
-        self.forget_dropped_streams(st);
-        Ok(())
+        st.lanes.settle_blocking(&mut st.heaps)
     }
 
-    /// Drops lanes that hold nothing and whose stream only the pool still
-    /// references, so user-dropped streams are finally destroyed.
-    fn forget_dropped_streams(&self, st: &mut State) {
-        for idx in 1..st.lanes.len() {
-            let lane = LaneId(idx as u32);
-            let unused = matches!(&st.lanes[idx], Some(l) if l.stream.is_sole_handle());
-            if !unused || st.lane_free_bytes(lane) != 0 {
-                continue;
-            }
-            // Empty in every heap, so every drop succeeds and the heaps'
-            // lane numbers stay in step.
-            for h in &mut st.heaps {
-                let _ = h.drop_lane(lane);
-            }
-            if let Some(l) = st.lanes[idx].take() {
-                st.by_stream.retain(|_, v| *v != lane);
-                drop(l);
-            }
-        }
-    }
-
-    /// Hands the blocks of another stream's lane that has a block of `needed`
-    /// bytes in heap `class` to `lane`, after making `stream` wait for that
-    /// stream's work.
+    /// Steals a lane with a block of `needed` bytes in heap `class`; the
+    /// victim's blocks move in both heaps (one wait covers them all).
     fn steal(
         &self,
         st: &mut State,
@@ -501,28 +370,7 @@ impl<U: MemoryResource> PoolResource<U> {
         stream: &Stream,
         needed: u64,
     ) -> Result<bool> {
-        let victim = (1..st.lanes.len()).map(|i| LaneId(i as u32)).find(|&l| {
-            l != lane
-                && st.lanes[l.0 as usize]
-                    .as_ref()
-                    .is_some_and(|x| x.queryable_here())
-                && st.heaps[class].largest_free(l) >= needed
-        });
-        let Some(victim) = victim else {
-            return Ok(false);
-        };
-        let l = st.lanes[victim.0 as usize]
-            .as_mut()
-            .expect("victim has a lane");
-        if l.event.is_none() {
-            l.event = Some(Event::new(l.stream.device())?);
-        }
-        let ev = l.event.as_ref().expect("just made");
-        ev.record(&l.stream)?;
-        stream.wait_event(ev)?;
-        // The wait covers every block the victim freed, in every heap.
-        st.move_lane(victim, lane);
-        Ok(true)
+        st.lanes.steal(&mut st.heaps, class, lane, stream, needed)
     }
 
     /// Takes a region of `bytes` from the upstream into the global lane of
@@ -734,15 +582,7 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
         }
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         // Work still using pool memory must finish before the regions go back.
-        let mut device_sync = false;
-        for l in st.lanes.iter().flatten() {
-            if !l.queryable_here() || l.stream.synchronize().is_err() {
-                device_sync = true;
-            }
-        }
-        if device_sync {
-            let _ = self.upstream.device().synchronize();
-        }
+        st.lanes.synchronize_all(self.upstream.device());
         for (&base, &bytes) in st.regions.iter() {
             if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
                 eprintln!("gpumem: PoolResource could not return region {base:#x}: {e}");

@@ -478,11 +478,10 @@ impl LaneHeap {
         self.allocate_with(lane, size, align, false)
     }
 
-    /// Like [`allocate`](Self::allocate), but best fit within the request's
-    /// own size class first: the smallest fitting block among the first 32
-    /// of that class (an exact fit ends the look), so a block of the very
-    /// size asked for is reused before a block of a larger class is split;
-    /// TLSF's good fit when that class has none. O(1) plus that scan.
+    /// Like [`allocate`](Self::allocate), but first tries the free blocks of
+    /// the request's own size class (see [`Tlsf::take_best`]): a block freed
+    /// by a request of the same size is reused before a larger one is split.
+    /// O(1), with a bounded scan of one class.
     #[inline]
     pub fn allocate_best(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
         self.allocate_with(lane, size, align, true)
@@ -566,6 +565,42 @@ impl LaneHeap {
         Ok(size)
     }
 
+    /// Like [`free`](Self::free), but a neighbour free in the global lane is
+    /// first taken into `lane` and merged too (handing global blocks to one
+    /// lane is always safe: it only narrows who may use them). Keeps a
+    /// stream's free space in one piece with the untouched space beside it,
+    /// so a one-stream workload does not spread over fresh addresses. O(1).
+    #[inline]
+    pub fn free_absorbing(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
+        if lane == LaneId::GLOBAL || lane.0 as usize >= self.lanes.len() {
+            return self.free(addr, lane);
+        }
+        let (global, rest) = self.lanes.split_at_mut(1);
+        let (Some(g), Some(Some(t))) = (global[0].as_mut(), rest.get_mut(lane.0 as usize - 1))
+        else {
+            return Err(HeapError::NoSuchLane(lane));
+        };
+        let Some(mut i) = self.used.remove(addr) else {
+            return Err(self.diagnose_bad_free(addr));
+        };
+        let arena = &mut self.arena;
+        let size = arena[i].size;
+        self.used_bytes -= size;
+        let prev = arena[i].prev_phys;
+        if prev != NIL && arena[prev].is_free_in(LaneId::GLOBAL.0) {
+            g.remove(arena, prev);
+            merge(arena, prev, i);
+            i = prev;
+        }
+        let next = arena[i].next_phys;
+        if next != NIL && arena[next].is_free_in(LaneId::GLOBAL.0) {
+            g.remove(arena, next);
+            merge(arena, i, next);
+        }
+        file_free(arena, t, i, lane.0);
+        Ok(size)
+    }
+
     #[cold]
     fn diagnose_bad_free(&self, addr: u64) -> HeapError {
         if let Some(r) = self.region_of(addr) {
@@ -579,6 +614,75 @@ impl LaneHeap {
             }
         }
         HeapError::UnknownAddress(addr)
+    }
+
+    /// Up to `max` free blocks of `lane` of at least `size` bytes (rounded
+    /// up to 256), smallest size classes first: (block, address, size).
+    pub fn free_blocks_at_least(
+        &self,
+        lane: LaneId,
+        size: u64,
+        max: usize,
+    ) -> Vec<(BlockId, u64, u64)> {
+        let mut out = Vec::new();
+        let Some(size) = round_to_granule(size) else {
+            return out;
+        };
+        if let Ok(t) = self.lane(lane) {
+            t.for_each_at_least(&self.arena, size.max(GRANULE), |i| {
+                let b = &self.arena[i];
+                out.push((BlockId(i), b.addr, b.size));
+                out.len() < max
+            });
+        }
+        out
+    }
+
+    /// Takes `[at, at + size)` (size rounded up to 256; `at` a multiple of
+    /// 256) out of the free block `block`, whose lane keeps the space before
+    /// and after it. `None` (nothing changed) when the block is not free or
+    /// the range does not lie inside it. O(1).
+    pub fn allocate_from(&mut self, block: BlockId, at: u64, size: u64) -> Option<Allocation> {
+        let size = round_to_granule(size)?.max(GRANULE);
+        let b = *self.block(block)?;
+        let BlockState::Free { lane } = b.state() else {
+            return None;
+        };
+        let end = at.checked_add(size)?;
+        if !at.is_multiple_of(GRANULE) || at < b.addr || end > b.addr + b.size {
+            return None;
+        }
+        let t = self.lanes.get_mut(lane.0 as usize)?.as_mut()?;
+        let arena = &mut self.arena;
+        let mut i = block.0;
+        t.remove(arena, i);
+        if at != b.addr {
+            match split(arena, i, at - b.addr) {
+                Some(j) => {
+                    t.insert(arena, i);
+                    i = j;
+                }
+                None => {
+                    t.insert(arena, i);
+                    return None;
+                }
+            }
+        }
+        if arena[i].size - size >= self.min_split {
+            if let Some(k) = split(arena, i, size) {
+                arena[k].lane = lane.0;
+                t.insert(arena, k);
+            }
+        }
+        arena[i].set_used();
+        let bsize = arena[i].size;
+        self.used.insert(at, i);
+        self.used_bytes += bsize;
+        Some(Allocation {
+            addr: at,
+            size: bsize,
+            block: BlockId(i),
+        })
     }
 
     /// The used block starting at `addr`. O(1).

@@ -351,3 +351,86 @@ fn stats_add_up() {
     assert_eq!(h.used_block(b.addr), Some(b.block));
     assert_eq!(h.lanes().collect::<Vec<_>>(), vec![G, s]);
 }
+
+#[test]
+fn free_absorbing_takes_global_neighbours_into_the_lane() {
+    let (mut h, r) = heap_with(0, 16 * MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, MIB, 256).unwrap();
+    let b = h.allocate(G, MIB, 256).unwrap();
+    // Plain free: b stays apart from the global tail beside it.
+    assert_eq!(h.free(b.addr, s), Ok(MIB));
+    assert_eq!(layout(&h, r).len(), 3);
+    let c = h.allocate(s, MIB, 256).unwrap();
+    assert_eq!(c.addr, b.addr);
+    // Absorbing free: b's space and the tail become one block of lane s.
+    assert_eq!(h.free_absorbing(c.addr, s), Ok(MIB));
+    let free_s = BlockState::Free { lane: s };
+    assert_eq!(
+        layout(&h, r),
+        vec![(0, MIB, BlockState::Used), (MIB, 15 * MIB, free_s)]
+    );
+    assert_eq!(h.lane_free_bytes(G), 0);
+    h.check_invariants().unwrap();
+    // Both sides at once, and errors change nothing.
+    assert!(h.free_absorbing(0x100, s).is_err());
+    h.move_lane(s, G).unwrap();
+    assert_eq!(h.free_absorbing(a.addr, s), Ok(MIB));
+    assert_eq!(layout(&h, r), vec![(0, 16 * MIB, free_s)]);
+    h.check_invariants().unwrap();
+    // The global lane itself: a plain free.
+    let d = h.allocate(s, MIB, 256).unwrap();
+    assert_eq!(h.free_absorbing(d.addr, G), Ok(MIB));
+    h.check_invariants().unwrap();
+}
+
+#[test]
+fn allocate_best_reuses_a_block_of_its_own_size_first() {
+    let (mut h, _) = heap_with(0, 64 * MIB);
+    // A freed block of 3 MiB + 256 (its class rounds down) and a huge tail.
+    let a = h.allocate(G, 3 * MIB + 256, 256).unwrap();
+    let _pin = h.allocate(G, 256, 256).unwrap();
+    h.free(a.addr, G).unwrap();
+    // Good fit rounds the request up and splits the tail instead ...
+    let mut h2 = h.clone();
+    let x = h2.allocate(G, 3 * MIB + 256, 256).unwrap();
+    assert_ne!(x.addr, a.addr);
+    // ... best fit finds the freed block of the same size.
+    let y = h.allocate_best(G, 3 * MIB + 256, 256).unwrap();
+    assert_eq!(y.addr, a.addr);
+    h.check_invariants().unwrap();
+}
+
+#[test]
+fn allocate_from_carves_a_range_out_of_a_free_block() {
+    let (mut h, r) = heap_with(0, 16 * MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, MIB, 256).unwrap();
+    h.free(a.addr, s).unwrap();
+    let blocks = h.free_blocks_at_least(G, 4 * MIB, 8);
+    assert_eq!(blocks.len(), 1);
+    let (id, addr, size) = blocks[0];
+    assert_eq!((addr, size), (MIB, 15 * MIB));
+    assert!(h.free_blocks_at_least(G, 16 * MIB, 8).is_empty());
+    assert_eq!(h.free_blocks_at_least(s, 1, 8).len(), 1);
+    // Outside the block, or not 256-aligned: nothing changes.
+    assert!(h.allocate_from(id, 0, MIB).is_none());
+    assert!(h.allocate_from(id, 15 * MIB + 256, MIB).is_none());
+    assert!(h.allocate_from(id, 2 * MIB + 1, 1000).is_none());
+    h.check_invariants().unwrap();
+    // In the middle: free space stays on both sides, in the block's lane.
+    let b = h.allocate_from(id, 4 * MIB, 1000).unwrap();
+    assert_eq!((b.addr, b.size), (4 * MIB, 1024));
+    assert_eq!(
+        layout(&h, r),
+        vec![
+            (0, MIB, BlockState::Free { lane: s }),
+            (MIB, 3 * MIB, FREE_G),
+            (4 * MIB, 1024, BlockState::Used),
+            (4 * MIB + 1024, 12 * MIB - 1024, FREE_G),
+        ]
+    );
+    h.check_invariants().unwrap();
+    assert_eq!(h.free(b.addr, G), Ok(1024));
+    h.check_invariants().unwrap();
+}

@@ -17,27 +17,6 @@ use super::size_class::{insert_class, search_class, SizeClass, CLASS_COUNT, FL_C
 /// Blocks of the request's own class examined when the O(1) search fails.
 pub const FALLBACK_SCAN: usize = 32;
 
-/// The smallest block of at least `size` bytes among the first
-/// [`FALLBACK_SCAN`] blocks of the list starting at `i` (an exact fit ends
-/// the look); `NIL` when none fits.
-#[inline]
-fn best_in_list(arena: &BlockArena, mut i: u32, size: u64) -> u32 {
-    let (mut best, mut best_size) = (NIL, u64::MAX);
-    let mut n = 0;
-    while i != NIL && n < FALLBACK_SCAN {
-        let s = arena[i].size;
-        if s >= size && s < best_size {
-            (best, best_size) = (i, s);
-            if s == size {
-                break;
-            }
-        }
-        i = arena[i].next_free;
-        n += 1;
-    }
-    best
-}
-
 /// A free-block index for one lane. Blocks live in a [`BlockArena`] shared by
 /// all indexes; the index only owns list heads, bitmaps and counters.
 #[derive(Debug, Clone)]
@@ -195,16 +174,16 @@ impl Tlsf {
         Some(i)
     }
 
-    /// Like [`take`](Self::take), but first takes the smallest fitting block
-    /// among the first [`FALLBACK_SCAN`] blocks of `size`'s own class (an
-    /// exact fit ends the look), so a block of the very size asked for is
-    /// reused before a larger class is split; else TLSF's good fit.
+    /// Like [`take`](Self::take), but first looks among the first
+    /// [`FALLBACK_SCAN`] blocks of `size`'s own class for one that fits, so a
+    /// freed block is reused by a request of its own size before a larger
+    /// block is split (closer to best fit; keeps a pool's footprint compact
+    /// when one huge free block would otherwise absorb every miss).
     #[inline]
     pub fn take_best(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
-        let best = best_in_list(arena, self.heads[insert_class(size).index()], size);
-        if best != NIL {
-            self.remove(arena, best);
-            return Some(best);
+        if let Some(i) = self.find_slow(arena, size) {
+            self.remove(arena, i);
+            return Some(i);
         }
         self.take(arena, size)
     }
@@ -255,6 +234,25 @@ impl Tlsf {
             let mut i = h;
             while i != NIL {
                 f(i);
+                i = arena[i].next_free;
+            }
+        }
+    }
+
+    /// Calls `f` on blocks of at least `size` bytes (a non-zero multiple of
+    /// 256), smallest classes first, until `f` returns false.
+    pub fn for_each_at_least(&self, arena: &BlockArena, size: u64, mut f: impl FnMut(u32) -> bool) {
+        let first = insert_class(size).index();
+        for (ci, &h) in self.heads.iter().enumerate().skip(first) {
+            let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
+            if self.fl_bitmap & (1 << fl) == 0 || self.sl_bitmap[fl] & (1 << sl) == 0 {
+                continue;
+            }
+            let mut i = h;
+            while i != NIL {
+                if arena[i].size >= size && !f(i) {
+                    return;
+                }
                 i = arena[i].next_free;
             }
         }

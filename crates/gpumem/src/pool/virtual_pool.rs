@@ -1,0 +1,1011 @@
+//! `VirtualPool`: a stream-ordered pool on CUDA virtual memory management
+//! that maps physical pages only under live blocks and moves them to where
+//! they are needed, so the physical memory it holds follows the live bytes.
+//!
+//! Algorithm:
+//! - *Addresses*: one virtual range of `va_multiple` × the device's memory is
+//!   reserved up front (`cuMemAddressReserve`, ~22 µs), split in a small area
+//!   (requests up to `small_limit`, packed together on few pages) and a large
+//!   area (blocks that mostly cover whole pages). Each area is a
+//!   [`LaneHeap`] with per-stream lanes (the stream-ordering policy of
+//!   [`crate::pool`], shared with [`PoolResource`](super::PoolResource)):
+//!   O(1) TLSF good fit, same-stream reuse at once, other streams after a
+//!   query finds the freeing stream idle or after waiting on one event. A
+//!   further range is reserved if an area ever runs out.
+//! - *Pages* (`page_table`): every granularity page counts its live blocks.
+//!   Allocating a block whose pages are all mapped touches no driver call;
+//!   otherwise the unmapped runs get physical pages and are mapped page by
+//!   page (`cuMemMap`), then made accessible with one `cuMemSetAccess` per
+//!   run and device, all or nothing.
+//! - *Placement*: the heap's choice is best fit within the size class first
+//!   (a freed block is re-used by the next request of its size), and with
+//!   one stream a free also takes in the untouched space beside it, so a
+//!   repeating workload re-uses the same, mapped addresses. A large block that
+//!   would still need 16 or more new pages looks for a free place with
+//!   mapped pages instead.
+//! - *Physical pages* (`phys_cache`): taken from the cache of unmapped pages;
+//!   when it is empty and the pool holds more than `slack_permille` over the
+//!   live peak, idle mapped pages (no live block, and every stream that freed
+//!   a block on them seen complete since: a query, or an event recorded by an
+//!   earlier attempt) are unmapped, longest runs first (one `cuMemUnmap` per
+//!   run), and re-mapped where needed; otherwise new memory is created
+//!   (`cuMemCreate`, up to `max_chunk_pages` pages per call). Idle pages stay
+//!   mapped while nothing needs them, so the steady state of a repeating
+//!   workload makes no driver call. On a busy GPU, pages freed by work still
+//!   in flight cannot move yet: the reserve can exceed the live bytes by what
+//!   is in flight.
+//! - *Giving back*: cached pages above `release_threshold` bytes, and all of
+//!   them on [`VirtualPool::trim`], are released (`cuMemRelease`) once their
+//!   whole chunk is cached.
+//! - *Out of memory*: when `cuMemCreate` fails, the pool waits for every
+//!   stream that freed blocks, unmaps every idle page into the cache and
+//!   retries page by page; then it undoes the call's mappings, returns the
+//!   pages to the cache and fails with [`Error::OutOfMemory`] (requested,
+//!   reserved physical, live, largest free block).
+//!
+//! Costs: the fast path is one lock, one lane lookup, the TLSF operation and
+//! one page-table entry per page of the block (tens of ns). Driver costs on
+//! an H100: `cuMemCreate` 12 µs, `cuMemMap` 1.6 µs and `cuMemRelease` 11 µs
+//! per 2 MiB page; `cuMemSetAccess` 33 µs and `cuMemUnmap` 18 µs per call.
+
+mod page_table;
+mod phys_cache;
+
+use std::sync::{Mutex, MutexGuard};
+
+use self::page_table::{FreeStreams, PageRef, PageTable, PhysPage};
+use self::phys_cache::PhysCache;
+use super::heap_lanes::HeapLanes;
+use crate::device::Device;
+use crate::driver::{AccessFlags, DevicePtr, HandleType};
+use crate::resource::{validate_request, MemoryResource, Properties};
+use crate::stream::Stream;
+use crate::suballoc::{HeapError, LaneHeap, LaneId};
+use crate::{Error, FreeError, OomInfo, Result};
+
+/// Largest alignment a [`VirtualPool`] serves.
+pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
+
+/// Configuration of a [`VirtualPool`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualPoolConfig {
+    /// Virtual address space reserved up front, in multiples of the device's
+    /// memory (1 to 16; default 2). More is reserved if it runs out.
+    pub va_multiple: usize,
+    /// Requests up to this many bytes go to the small area (default 1 MiB).
+    pub small_limit: usize,
+    /// Physical memory the pool may create beyond its live peak, in
+    /// thousandths of that peak, before it moves idle mapped pages instead
+    /// (default 30: up to 3% over the live peak). Slack trades leanness for
+    /// fewer unmap/map/set-access calls; 0 moves pages as soon as no cached
+    /// page is left.
+    pub slack_permille: usize,
+    /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
+    /// it, whole cached chunks go back to the driver (default 0).
+    pub release_threshold: usize,
+    /// Most pages one `cuMemCreate` makes (default 16). Larger chunks mean
+    /// fewer calls; a chunk only goes back once all its pages are unmapped.
+    pub max_chunk_pages: usize,
+    /// Most physical bytes the pool may hold; `None` for no limit.
+    pub maximum_physical: Option<usize>,
+    /// Other devices granted read-write access to every mapped page.
+    pub peers: Vec<u32>,
+    /// Create physical memory exportable as POSIX file descriptors (see
+    /// [`VirtualPool::export_page_fds`]).
+    pub ipc: bool,
+}
+
+impl Default for VirtualPoolConfig {
+    fn default() -> Self {
+        Self {
+            va_multiple: 2,
+            small_limit: 1 << 20,
+            slack_permille: 30,
+            release_threshold: 0,
+            max_chunk_pages: 16,
+            maximum_physical: None,
+            peers: Vec::new(),
+            ipc: false,
+        }
+    }
+}
+
+/// Numbers describing a [`VirtualPool`] at one moment. Names follow the
+/// statistics adaptor: *reserved* is memory taken from the driver (here
+/// physical memory), *live* is what blocks handed out hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VirtualPoolStats {
+    /// Physical bytes held from the driver (mapped plus cached).
+    pub reserved: usize,
+    /// Highest `reserved` so far.
+    pub peak_reserved: usize,
+    /// Physical bytes mapped.
+    pub mapped: usize,
+    /// Mapped bytes under no live block (kept mapped for re-use).
+    pub idle_mapped: usize,
+    /// Physical pages unmapped and cached for re-mapping.
+    pub cached_pages: usize,
+    /// Bytes of those pages.
+    pub cached: usize,
+    /// Physical allocations (`cuMemCreate` chunks) held.
+    pub chunks: usize,
+    /// Bytes in blocks handed out (rounded to 256): virtual bytes in use.
+    pub live: usize,
+    /// Highest `live` so far.
+    pub peak_live: usize,
+    /// Blocks handed out.
+    pub live_blocks: usize,
+    /// Virtual address space reserved.
+    pub virtual_reserved: usize,
+    /// Bytes of one page (the VMM granularity).
+    pub page_size: usize,
+    /// Streams the pool tracks.
+    pub streams: usize,
+    /// Physical pages created so far (`cuMemCreate`), all calls together.
+    pub pages_created: u64,
+    /// Physical pages released so far (`cuMemRelease`).
+    pub pages_released: u64,
+    /// Large blocks placed elsewhere than the heap's first choice because
+    /// fewer new pages were needed there.
+    pub relocations: u64,
+}
+
+/// A physical chunk exported for another process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhysExport {
+    /// A POSIX file descriptor the caller owns (import it with
+    /// `cuMemImportFromShareableHandle`).
+    pub fd: i32,
+    /// Bytes of the chunk.
+    pub bytes: usize,
+    /// Where its pages are mapped now: (address, offset into the chunk).
+    pub mappings: Vec<(DevicePtr, usize)>,
+}
+
+/// A large block that would need at least this many new pages looks for a
+/// free place with fewer (measured on the traces: smaller blocks gain less
+/// driver time than the search costs, and moving them unsettles layouts that
+/// otherwise repeat without any driver call).
+const RELOCATE_MIN_PAGES: usize = 16;
+
+const SMALL: usize = 0;
+const LARGE: usize = 1;
+const ARENAS: usize = 2;
+
+struct Arena {
+    heap: LaneHeap,
+    lanes: HeapLanes,
+}
+
+struct State {
+    arenas: [Arena; ARENAS],
+    /// Virtual ranges given to the arenas: (start, end, arena).
+    ranges: Vec<(u64, u64, usize)>,
+    /// Reservations: (base, bytes).
+    reservations: Vec<(u64, usize)>,
+    pages: PageTable,
+    phys: PhysCache,
+    streams: FreeStreams,
+    peak_reserved: usize,
+    peak_live: usize,
+    pages_created: u64,
+    pages_released: u64,
+    relocations: u64,
+}
+
+impl State {
+    fn live_bytes(&self) -> usize {
+        self.arenas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
+    }
+
+    #[inline]
+    fn arena_of(&self, addr: u64) -> Option<usize> {
+        self.ranges
+            .iter()
+            .find(|&&(s, e, _)| addr >= s && addr < e)
+            .map(|&(_, _, a)| a)
+    }
+}
+
+/// A stream-ordered pool on CUDA virtual memory management: physical pages
+/// are mapped only under live blocks and moved to where they are needed.
+///
+/// Addresses come from TLSF lanes over one reserved virtual range (small
+/// requests packed in their own area); a block whose pages are mapped costs
+/// no driver call; idle pages stay mapped until a mapping elsewhere needs
+/// them (and their freeing stream's work is done) or [`VirtualPool::trim`].
+///
+/// ```
+/// use gpumem::driver::sim::SimConfig;
+/// use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+/// use gpumem::resource::MemoryResource;
+/// use gpumem::Device;
+///
+/// let device = Device::sim(SimConfig::default());
+/// let pool = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
+/// let s = device.create_stream().unwrap();
+/// let p = pool.allocate(10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().mapped, 10 << 20); // five 2 MiB pages
+/// pool.deallocate(p, 10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().idle_mapped, 10 << 20); // kept for re-use
+/// s.synchronize().unwrap();
+/// assert_eq!(pool.trim().unwrap(), 10 << 20); // given back
+/// assert_eq!(pool.stats().reserved, 0);
+/// ```
+pub struct VirtualPool {
+    device: Device,
+    config: VirtualPoolConfig,
+    gran: usize,
+    capacity: usize,
+    handle_type: HandleType,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for VirtualPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtualPool")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
+    Error::InvalidFree {
+        ptr: ptr.0,
+        reason: e.free_reason().unwrap_or(FreeError::Unknown),
+    }
+}
+
+impl VirtualPool {
+    /// A pool on `device`: checks VMM support, the peers and IPC, and
+    /// reserves the virtual range. No physical memory is taken yet.
+    pub fn new(device: Device, config: VirtualPoolConfig) -> Result<Self> {
+        let info = device.info()?;
+        if !info.vmm {
+            return Err(Error::unsupported(
+                "virtual memory management on this device",
+            ));
+        }
+        if config.ipc && !info.posix_fd_ipc {
+            return Err(Error::unsupported(
+                "POSIX file descriptor export of VMM memory",
+            ));
+        }
+        if !(1..=16).contains(&config.va_multiple) || config.max_chunk_pages == 0 {
+            return Err(Error::InvalidArgument(
+                "virtual pool: va_multiple must be 1..=16 and max_chunk_pages at least 1".into(),
+            ));
+        }
+        let driver = device.driver();
+        let count = driver.device_count()?;
+        for &peer in &config.peers {
+            if peer >= count {
+                return Err(Error::NoSuchDevice {
+                    device: peer,
+                    count,
+                });
+            }
+            if peer == device.ordinal() || !driver.can_access_peer(peer, device.ordinal())? {
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: device {peer} cannot be a peer of device {}",
+                    device.ordinal()
+                )));
+            }
+        }
+        let gran = driver.vmm_granularity(device.ordinal(), true)?.max(256);
+        if !gran.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "virtual pool: granularity {gran} is not a power of two"
+            )));
+        }
+        let capacity = info.total_memory.next_multiple_of(gran).max(gran);
+        let total = capacity
+            .checked_mul(config.va_multiple)
+            .ok_or_else(|| Error::InvalidArgument("virtual pool: va_multiple too large".into()))?;
+        // A quarter of the range (at least a page) for small blocks.
+        let small = (total / 4).next_multiple_of(gran).max(gran);
+        let total = total.max(small + gran);
+        let base = driver.vmm_reserve(total, gran)?;
+        let mut st = State {
+            arenas: std::array::from_fn(|_| Arena {
+                heap: LaneHeap::new(),
+                lanes: HeapLanes::new(),
+            }),
+            ranges: Vec::new(),
+            reservations: vec![(base.0, total)],
+            pages: PageTable::new(gran as u64),
+            phys: PhysCache::default(),
+            streams: FreeStreams::new(),
+            peak_reserved: 0,
+            peak_live: 0,
+            pages_created: 0,
+            pages_released: 0,
+            relocations: 0,
+        };
+        st.pages.add_segment(base.0, total as u64);
+        let parts = [
+            (base.0, small as u64, SMALL),
+            (base.0 + small as u64, (total - small) as u64, LARGE),
+        ];
+        for (start, bytes, arena) in parts {
+            if let Err(e) = st.arenas[arena].heap.add_region(start, bytes) {
+                let _ = driver.vmm_free_address(base, total);
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: unusable range at {start:#x}: {e}"
+                )));
+            }
+            st.ranges.push((start, start + bytes, arena));
+        }
+        let handle_type = if config.ipc {
+            HandleType::PosixFd
+        } else {
+            HandleType::None
+        };
+        Ok(Self {
+            device,
+            config,
+            gran,
+            capacity,
+            handle_type,
+            state: Mutex::new(st),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VirtualPoolConfig {
+        &self.config
+    }
+
+    /// Bytes of one page (the device's VMM granularity).
+    pub fn page_size(&self) -> usize {
+        self.gran
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        super::stream_lanes::lock(&self.state)
+    }
+
+    /// The current numbers.
+    pub fn stats(&self) -> VirtualPoolStats {
+        let st = self.lock();
+        let g = self.gran;
+        VirtualPoolStats {
+            reserved: st.phys.total_pages() * g,
+            peak_reserved: st.peak_reserved,
+            mapped: st.pages.mapped_pages() * g,
+            idle_mapped: st.pages.idle_pages() * g,
+            cached_pages: st.phys.cached_pages(),
+            cached: st.phys.cached_pages() * g,
+            chunks: st.phys.chunk_count(),
+            live: st.live_bytes(),
+            peak_live: st.peak_live,
+            live_blocks: st.arenas.iter().map(|a| a.heap.used_blocks()).sum(),
+            virtual_reserved: st.reservations.iter().map(|r| r.1).sum(),
+            page_size: g,
+            streams: st.streams.len(),
+            pages_created: st.pages_created,
+            pages_released: st.pages_released,
+            relocations: st.relocations,
+        }
+    }
+
+    /// Restarts the peaks (`peak_reserved`, `peak_live`) from the current
+    /// values.
+    pub fn reset_peaks(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.phys.total_pages() * self.gran;
+        st.peak_live = st.live_bytes();
+    }
+
+    /// Physical bytes held from the driver (mapped plus cached).
+    pub fn reserved_bytes(&self) -> usize {
+        self.lock().phys.total_pages() * self.gran
+    }
+
+    /// Bytes in blocks handed out.
+    pub fn live_bytes(&self) -> usize {
+        self.lock().live_bytes()
+    }
+
+    /// Unmaps every idle page whose freeing streams are known complete
+    /// (without waiting for any) and releases every physical chunk that is
+    /// then entirely unmapped. Returns the physical bytes given back.
+    pub fn trim(&self) -> Result<usize> {
+        let mut st = self.lock();
+        self.reclaim(&mut st, usize::MAX)?;
+        Ok(self.release_cached(&mut st, 0))
+    }
+
+    /// Waits for every stream that freed blocks, then trims: all physical
+    /// memory not under a live block goes back. Returns the bytes given back.
+    pub fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        st.streams.synchronize_all(&self.device)?;
+        for a in st.arenas.iter_mut() {
+            a.lanes.settle_blocking(&mut a.heap)?;
+        }
+        st.streams.prune();
+        self.reclaim(&mut st, usize::MAX)?;
+        Ok(self.release_cached(&mut st, 0))
+    }
+
+    /// Exports every physical chunk as a POSIX file descriptor (the pool must
+    /// have been made with `ipc`), with where its pages are mapped now.
+    pub fn export_page_fds(&self) -> Result<Vec<PhysExport>> {
+        if !self.config.ipc {
+            return Err(Error::InvalidArgument(
+                "virtual pool was not made with ipc: its memory cannot be exported".into(),
+            ));
+        }
+        let st = self.lock();
+        let mut out: Vec<PhysExport> = Vec::new();
+        let mut index = vec![
+            usize::MAX;
+            st.phys
+                .chunks()
+                .map(|(c, _)| c as usize + 1)
+                .max()
+                .unwrap_or(0)
+        ];
+        for (c, chunk) in st.phys.chunks() {
+            // On failure, descriptors already exported stay open (this layer
+            // has no `unsafe` to close them).
+            let fd = self.device.driver().vmm_export_fd(chunk.handle)?;
+            index[c as usize] = out.len();
+            out.push(PhysExport {
+                fd,
+                bytes: chunk.pages as usize * self.gran,
+                mappings: Vec::new(),
+            });
+        }
+        for (p, phys) in st.pages.mapped() {
+            if let Some(&i) = index.get(phys.chunk as usize) {
+                if let Some(x) = out.get_mut(i) {
+                    x.mappings
+                        .push((DevicePtr(st.pages.addr(p)), phys.index as usize * self.gran));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the pool's invariants: the heaps' structure, and that every page
+    /// under a live block is mapped and counts exactly the live blocks on it.
+    /// For tests; O(pages + blocks).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let st = self.lock();
+        let mut live = Vec::new();
+        for a in &st.arenas {
+            a.heap.check_invariants()?;
+            let regions: Vec<_> = a.heap.regions().map(|(id, _, _)| id).collect();
+            for r in regions {
+                for (_, b) in a.heap.region_blocks(r) {
+                    if matches!(b.state(), crate::suballoc::BlockState::Used) {
+                        live.push((b.addr, b.size));
+                    }
+                }
+            }
+        }
+        st.pages.check(&live)?;
+        let cached = st.phys.cached_pages();
+        if st.pages.mapped_pages() + cached != st.phys.total_pages() {
+            return Err(format!(
+                "{} mapped + {cached} cached pages != {} physical pages",
+                st.pages.mapped_pages(),
+                st.phys.total_pages()
+            ));
+        }
+        Ok(())
+    }
+
+    fn oom(&self, st: &State, requested: usize) -> Error {
+        let largest = st
+            .arenas
+            .iter()
+            .map(|a| a.heap.largest_free_any())
+            .max()
+            .unwrap_or(0);
+        Error::oom_with(OomInfo {
+            requested,
+            device: Some(self.device.ordinal()),
+            reserved: Some(st.phys.total_pages() * self.gran),
+            live: Some(st.live_bytes()),
+            largest_free: Some(largest as usize),
+            limit: self.config.maximum_physical,
+        })
+    }
+
+    /// Finds addresses for a request both lanes of `arena` missed: settle,
+    /// steal, then reserve another virtual range.
+    #[cold]
+    fn take_slow(
+        &self,
+        st: &mut State,
+        which: usize,
+        lane: LaneId,
+        stream: &Stream,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<crate::suballoc::Allocation> {
+        let needed = bytes
+            .checked_next_multiple_of(256)
+            .and_then(|b| b.checked_add(alignment.max(256) - 256))
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let a = &mut st.arenas[which];
+        a.lanes.settle(&mut a.heap, Some(lane))?;
+        if let Some(x) = a
+            .heap
+            .allocate_best(LaneId::GLOBAL, bytes as u64, alignment as u64)
+        {
+            return Ok(x);
+        }
+        if a.lanes.steal(&mut a.heap, 0, lane, stream, needed as u64)? {
+            if let Some(x) = a.heap.allocate_best(lane, bytes as u64, alignment as u64) {
+                return Ok(x);
+            }
+        }
+        // Out of addresses that are safe now: reserve another range (address
+        // space is cheap; waiting for other streams is not).
+        let base_size = if which == SMALL {
+            self.capacity / 2
+        } else {
+            self.capacity
+        };
+        let size = needed
+            .max(base_size)
+            .checked_next_multiple_of(self.gran)
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let base = match self.device.driver().vmm_reserve(size, self.gran) {
+            Ok(b) => b,
+            Err(e) if e.is_oom() => return Err(self.oom(st, bytes)),
+            Err(e) => return Err(e),
+        };
+        if let Err(e) = st.arenas[which].heap.add_region(base.0, size as u64) {
+            let _ = self.device.driver().vmm_free_address(base, size);
+            return Err(Error::InvalidArgument(format!(
+                "virtual pool: unusable range at {:#x}: {e}",
+                base.0
+            )));
+        }
+        st.reservations.push((base.0, size));
+        st.ranges.push((base.0, base.0 + size as u64, which));
+        st.pages.add_segment(base.0, size as u64);
+        st.arenas[which]
+            .heap
+            .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
+            .ok_or_else(|| self.oom(st, bytes))
+    }
+
+    /// For a large block needing at least [`RELOCATE_MIN_PAGES`] new pages, a
+    /// place that needs fewer than `blk` (whose pages are `pages`): the free
+    /// blocks of the stream's lane and of the global
+    /// lane that fit are tried at their start and their end, and the place
+    /// with the fewest unmapped pages wins. Taken out of the heap when better
+    /// than `blk` (which the caller gives back). Slow path only: bounded
+    /// by `PLACEMENT_CANDIDATES` blocks.
+    #[cold]
+    fn better_placement(
+        &self,
+        st: &mut State,
+        which: usize,
+        lane: LaneId,
+        blk: &crate::suballoc::Allocation,
+        pages: (usize, usize, usize),
+        alignment: usize,
+    ) -> Option<crate::suballoc::Allocation> {
+        const PLACEMENT_CANDIDATES: usize = 64;
+        let (seg, first, last) = pages;
+        let mut best_n = st.pages.count_unmapped(seg, first, last);
+        if which != LARGE || best_n < RELOCATE_MIN_PAGES {
+            return None;
+        }
+        let size = blk.size;
+        let align = alignment.max(256) as u64;
+        let mut best: Option<(crate::suballoc::BlockId, u64)> = None;
+        let heap = &st.arenas[which].heap;
+        'lanes: for l in [lane, LaneId::GLOBAL] {
+            for (id, addr, bsize) in heap.free_blocks_at_least(l, size, PLACEMENT_CANDIDATES) {
+                let end = addr + bsize;
+                let start = addr.next_multiple_of(align);
+                let tail = (end - size) & !(align - 1);
+                for at in [start, tail] {
+                    if at < addr || at + size > end {
+                        continue;
+                    }
+                    let Some((s2, f2, l2)) = st.pages.range(at, size) else {
+                        continue;
+                    };
+                    let n = st.pages.count_unmapped(s2, f2, l2);
+                    if n < best_n {
+                        best_n = n;
+                        best = Some((id, at));
+                        if n == 0 {
+                            break 'lanes;
+                        }
+                    }
+                }
+            }
+        }
+        let (id, at) = best?;
+        let moved = st.arenas[which].heap.allocate_from(id, at, size)?;
+        st.relocations += 1;
+        Some(moved)
+    }
+
+    /// Unmaps up to `want` idle pages whose freeing streams are complete,
+    /// longest runs first, into the cache. Returns the pages unmapped.
+    fn reclaim(&self, st: &mut State, want: usize) -> Result<usize> {
+        if want == 0 || st.pages.idle_pages() == 0 {
+            return Ok(0);
+        }
+        st.streams.begin_pass();
+        let State { pages, streams, .. } = st;
+        let mut runs = pages.reclaimable_runs(streams);
+        // Longest runs first: fewest `cuMemUnmap` calls.
+        runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        let driver = self.device.driver();
+        let g = self.gran;
+        let mut got = 0;
+        let mut first_err = None;
+        for (r, n) in runs {
+            if got >= want {
+                break;
+            }
+            let n = n.min(want - got);
+            let addr = st.pages.addr(r);
+            match driver.vmm_unmap(DevicePtr(addr), n * g) {
+                Ok(()) => {
+                    for i in 0..n {
+                        let p = PageRef {
+                            seg: r.seg,
+                            idx: r.idx + i,
+                        };
+                        if let Some(phys) = st.pages.set_unmapped(p) {
+                            st.phys.put(phys);
+                        }
+                    }
+                    got += n;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if got == 0 => Err(e),
+            _ => Ok(got),
+        }
+    }
+
+    /// Releases whole cached chunks until at most `keep` bytes stay cached.
+    /// Returns the bytes released.
+    fn release_cached(&self, st: &mut State, keep: usize) -> usize {
+        let driver = self.device.driver();
+        let mut released = 0;
+        for (h, pages) in st.phys.take_releasable(keep / self.gran) {
+            if let Err(e) = driver.vmm_release(h) {
+                eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
+            }
+            released += pages as usize * self.gran;
+            st.pages_released += u64::from(pages);
+        }
+        released
+    }
+
+    /// Creates up to `n` pages in one chunk into the cache. Returns the pages
+    /// created, or the driver's error.
+    fn create(&self, st: &mut State, n: usize) -> Result<usize> {
+        let mut n = n.min(self.config.max_chunk_pages).min(u32::MAX as usize);
+        if let Some(max) = self.config.maximum_physical {
+            let room = (max / self.gran).saturating_sub(st.phys.total_pages());
+            if room == 0 {
+                return Err(Error::oom(self.gran));
+            }
+            n = n.min(room);
+        }
+        let h = self.device.driver().vmm_create(
+            self.device.ordinal(),
+            n * self.gran,
+            self.handle_type,
+        )?;
+        st.phys.add_chunk(h, n as u32);
+        st.pages_created += n as u64;
+        let reserved = st.phys.total_pages() * self.gran;
+        st.peak_reserved = st.peak_reserved.max(reserved);
+        Ok(n)
+    }
+
+    /// Gets `n` physical pages out of the cache, filling it by reclaiming idle
+    /// pages and creating memory, waiting for freeing streams on
+    /// out-of-memory. On failure the cache holds what was gathered.
+    fn obtain(&self, st: &mut State, n: usize, requested: usize) -> Result<Vec<PhysPage>> {
+        let short = |st: &State| n.saturating_sub(st.phys.cached_pages());
+        // Within the slack over the live peak, new memory is made rather than
+        // idle pages moved: fewer driver calls for the same leanness target.
+        let budget = (st.peak_live.max(st.live_bytes()) / 1000)
+            .saturating_mul(1000 + self.config.slack_permille);
+        let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
+        if short(st) > 0 && short(st) <= room {
+            while short(st) > 0 {
+                match self.create(st, short(st)) {
+                    Ok(_) => {}
+                    Err(e) if e.is_oom() => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if short(st) > 0 {
+            self.reclaim(st, short(st))?;
+        }
+        let mut oom = false;
+        while short(st) > 0 {
+            match self.create(st, short(st)) {
+                Ok(_) => {}
+                Err(e) if e.is_oom() => {
+                    oom = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if oom {
+            // Wait for pending unmaps, take every idle page, retry page by page.
+            st.streams.synchronize_all(&self.device)?;
+            self.reclaim(st, usize::MAX)?;
+            while short(st) > 0 {
+                match self.create(st, 1) {
+                    Ok(_) => {}
+                    Err(e) if e.is_oom() => {
+                        self.release_cached(st, self.config.release_threshold);
+                        return Err(self.oom(st, requested));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok((0..n).filter_map(|_| st.phys.take()).collect())
+    }
+
+    /// Maps physical pages under the unmapped pages `first..=last` of `seg`,
+    /// all or nothing.
+    #[cold]
+    fn map_missing(
+        &self,
+        st: &mut State,
+        seg: usize,
+        first: usize,
+        last: usize,
+        requested: usize,
+    ) -> Result<()> {
+        let runs = st.pages.unmapped_runs(seg, first, last);
+        let n: usize = runs.iter().map(|r| r.1).sum();
+        let mut phys = self.obtain(st, n, requested)?.into_iter();
+        let driver = self.device.driver();
+        let g = self.gran;
+        let mut done: Vec<(usize, usize)> = Vec::new();
+        let mut result = Ok(());
+        'runs: for &(start, count) in &runs {
+            for i in 0..count {
+                let p = PageRef {
+                    seg,
+                    idx: start + i,
+                };
+                let Some(pp) = phys.next() else {
+                    result = Err(self.oom(st, requested));
+                    break 'runs;
+                };
+                let addr = st.pages.addr(p);
+                match driver.vmm_map(
+                    DevicePtr(addr),
+                    g,
+                    pp.index as usize * g,
+                    st.phys.handle(pp),
+                ) {
+                    Ok(()) => {
+                        st.pages.set_mapped(p, pp);
+                        match done.last_mut() {
+                            Some((f, c)) if *f + *c == p.idx => *c += 1,
+                            _ => done.push((p.idx, 1)),
+                        }
+                    }
+                    Err(e) => {
+                        st.phys.put(pp);
+                        result = Err(e);
+                        break 'runs;
+                    }
+                }
+            }
+        }
+        if result.is_ok() {
+            'access: for &(start, count) in &runs {
+                let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
+                let devices =
+                    std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
+                for d in devices {
+                    if let Err(e) =
+                        driver.vmm_set_access(addr, count * g, d, AccessFlags::ReadWrite)
+                    {
+                        result = Err(e);
+                        break 'access;
+                    }
+                }
+            }
+        }
+        // Pages obtained and not mapped go back to the cache.
+        for pp in phys {
+            st.phys.put(pp);
+        }
+        if let Err(e) = result {
+            for (start, count) in done {
+                let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
+                if driver.vmm_unmap(addr, count * g).is_ok() {
+                    for i in 0..count {
+                        if let Some(pp) = st.pages.set_unmapped(PageRef {
+                            seg,
+                            idx: start + i,
+                        }) {
+                            st.phys.put(pp);
+                        }
+                    }
+                }
+            }
+            self.release_cached(st, self.config.release_threshold);
+            return Err(e);
+        }
+        self.release_cached(st, self.config.release_threshold);
+        Ok(())
+    }
+}
+
+impl MemoryResource for VirtualPool {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, VIRTUAL_POOL_MAX_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if bytes > self.capacity {
+            return Err(self.oom(st, bytes));
+        }
+        let which = if bytes <= self.config.small_limit {
+            SMALL
+        } else {
+            LARGE
+        };
+        let a = &mut st.arenas[which];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        let (b, align) = (bytes as u64, alignment as u64);
+        let mut blk = match a
+            .heap
+            .allocate_best(lane, b, align)
+            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
+        {
+            Some(x) => x,
+            None => self.take_slow(st, which, lane, stream, bytes, alignment)?,
+        };
+        let Some((mut seg, mut first, mut last)) = st.pages.range(blk.addr, blk.size) else {
+            let _ = st.arenas[which].heap.free(blk.addr, lane);
+            return Err(Error::InvalidArgument(format!(
+                "virtual pool: block {:#x} outside its ranges",
+                blk.addr
+            )));
+        };
+        if !st.pages.acquire(seg, first, last) {
+            if let Some(better) =
+                self.better_placement(st, which, lane, &blk, (seg, first, last), alignment)
+            {
+                st.pages.unacquire(seg, first, last);
+                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                blk = better;
+                (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
+                st.pages.acquire(seg, first, last);
+            }
+        }
+        if st.pages.count_unmapped(seg, first, last) > 0 {
+            if let Err(e) = self.map_missing(st, seg, first, last, bytes) {
+                st.pages.unacquire(seg, first, last);
+                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                if e.is_oom() {
+                    // The numbers without the block that could not be backed.
+                    return Err(self.oom(st, bytes));
+                }
+                return Err(e);
+            }
+        }
+        let live = st.live_bytes();
+        if live > st.peak_live {
+            st.peak_live = live;
+        }
+        Ok(DevicePtr(blk.addr))
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        _bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(which) = st.arena_of(ptr.0) else {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::Unknown,
+            });
+        };
+        let a = &mut st.arenas[which];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        // With one stream, its free space also takes in the untouched space
+        // beside it, so the pool stays compact; with several, that would make
+        // the others wait for this one (steal) to get addresses.
+        let size = if a.lanes.len() <= 1 {
+            a.heap.free_absorbing(ptr.0, lane)
+        } else {
+            a.heap.free(ptr.0, lane)
+        }
+        .map_err(|e| heap_error(ptr, e))?;
+        let (bit, tick) = st.streams.on_free(stream);
+        if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
+            st.pages.release(seg, first, last, bit, tick);
+        }
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::DEVICE
+    }
+}
+
+impl Drop for VirtualPool {
+    fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            // The driver may already be gone: leak rather than call into it.
+            return;
+        }
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Work still using pool memory must finish before pages go.
+        for a in &st.arenas {
+            a.lanes.synchronize_all(&self.device);
+        }
+        if st.streams.synchronize_all(&self.device).is_err() {
+            let _ = self.device.synchronize();
+        }
+        let driver = self.device.driver();
+        let g = self.gran;
+        let mapped: Vec<PageRef> = st.pages.mapped().map(|(p, _)| p).collect();
+        let mut runs: Vec<(PageRef, usize)> = Vec::new();
+        for p in mapped {
+            match runs.last_mut() {
+                Some((r, n)) if r.seg == p.seg && r.idx + *n == p.idx => *n += 1,
+                _ => runs.push((p, 1)),
+            }
+        }
+        for (r, n) in runs {
+            let addr = st.pages.addr(r);
+            if let Err(e) = driver.vmm_unmap(DevicePtr(addr), n * g) {
+                eprintln!("gpumem: VirtualPool could not unmap {addr:#x}: {e}");
+            }
+        }
+        for (_, c) in st.phys.chunks() {
+            if let Err(e) = driver.vmm_release(c.handle) {
+                eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
+            }
+        }
+        for &(base, bytes) in &st.reservations {
+            if let Err(e) = driver.vmm_free_address(DevicePtr(base), bytes) {
+                eprintln!("gpumem: VirtualPool could not free address range {base:#x}: {e}");
+            }
+        }
+    }
+}

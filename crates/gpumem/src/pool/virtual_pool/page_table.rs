@@ -1,0 +1,605 @@
+//! The page table of a [`VirtualPool`](super::VirtualPool): one entry per
+//! granularity-sized page of every reserved virtual range.
+//!
+//! Each page counts the live blocks on it (`users`), names the physical page
+//! mapped there (if any), and remembers who freed blocks on it since it was
+//! last known quiet: a mask of stream slots and the tick of the last free (a
+//! counter bumped by every free). A mapped page with no user is *idle*: it is
+//! kept mapped (re-using it costs no driver call) and may be unmapped once
+//! every stream of its mask has been seen complete at or after its tick (see
+//! [`FreeStreams`]). Idle pages are tracked in a bitmap per range, so finding
+//! them costs a scan of one bit per page, on slow paths only.
+//!
+//! Costs: allocate and free touch one entry per page of the block (O(1) for
+//! blocks within a page), no allocation, no driver call.
+
+use std::thread::ThreadId;
+
+use crate::device::Device;
+use crate::driver::STREAM_PER_THREAD;
+use crate::pool::stream_lanes::PtrMap;
+use crate::stream::{Event, Stream};
+
+/// A physical page: page `index` of physical chunk `chunk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PhysPage {
+    pub(super) chunk: u32,
+    pub(super) index: u32,
+}
+
+const UNMAPPED: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    /// Live blocks on the page.
+    users: u32,
+    /// Chunk of the physical page mapped here, or `UNMAPPED`.
+    chunk: u32,
+    /// Page within the chunk.
+    index: u32,
+    /// Stream slots (mod 64) that freed blocks on the page since it was last
+    /// known quiet.
+    mask: u64,
+    /// Tick of the last free on the page.
+    tick: u64,
+}
+
+const EMPTY: Page = Page {
+    users: 0,
+    chunk: UNMAPPED,
+    index: 0,
+    mask: 0,
+    tick: 0,
+};
+
+/// One reserved virtual range.
+pub(super) struct Segment {
+    pub(super) base: u64,
+    pub(super) bytes: u64,
+    pages: Vec<Page>,
+    /// Bit per page: mapped and no user.
+    idle: Vec<u64>,
+    /// Bit per page: mapped.
+    mapped: Vec<u64>,
+    /// Per 64 pages: the tick of the latest free on any of them.
+    word_tick: Vec<u64>,
+}
+
+/// Page `idx` of segment `seg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageRef {
+    pub(super) seg: usize,
+    pub(super) idx: usize,
+}
+
+/// The pages of every reserved range.
+pub(super) struct PageTable {
+    shift: u32,
+    pub(super) segs: Vec<Segment>,
+    idle_pages: usize,
+    mapped_pages: usize,
+}
+
+impl PageTable {
+    /// An empty table for pages of `gran` bytes (a power of two).
+    pub(super) fn new(gran: u64) -> Self {
+        Self {
+            shift: gran.trailing_zeros(),
+            segs: Vec::new(),
+            idle_pages: 0,
+            mapped_pages: 0,
+        }
+    }
+
+    /// Adds a reserved range (base and bytes multiples of the page size).
+    pub(super) fn add_segment(&mut self, base: u64, bytes: u64) {
+        let n = (bytes >> self.shift) as usize;
+        self.segs.push(Segment {
+            base,
+            bytes,
+            pages: vec![EMPTY; n],
+            idle: vec![0; n.div_ceil(64)],
+            mapped: vec![0; n.div_ceil(64)],
+            word_tick: vec![0; n.div_ceil(64)],
+        });
+    }
+
+    /// Pages mapped.
+    pub(super) fn mapped_pages(&self) -> usize {
+        self.mapped_pages
+    }
+
+    /// Mapped pages with no live block.
+    pub(super) fn idle_pages(&self) -> usize {
+        self.idle_pages
+    }
+
+    /// The segment and first and last page of `[addr, addr + size)` (size > 0),
+    /// or `None` when it lies in no segment.
+    #[inline]
+    pub(super) fn range(&self, addr: u64, size: u64) -> Option<(usize, usize, usize)> {
+        let seg = self
+            .segs
+            .iter()
+            .position(|s| addr >= s.base && addr - s.base < s.bytes)?;
+        let s = &self.segs[seg];
+        let off = addr - s.base;
+        let last = off + size.max(1) - 1;
+        if last >= s.bytes {
+            return None;
+        }
+        Some((
+            seg,
+            (off >> self.shift) as usize,
+            (last >> self.shift) as usize,
+        ))
+    }
+
+    /// Address of a page.
+    pub(super) fn addr(&self, p: PageRef) -> u64 {
+        self.segs[p.seg].base + ((p.idx as u64) << self.shift)
+    }
+
+    #[inline]
+    fn set_idle(&mut self, seg: usize, idx: usize, on: bool) {
+        let w = &mut self.segs[seg].idle[idx / 64];
+        let bit = 1u64 << (idx % 64);
+        if on {
+            debug_assert_eq!(*w & bit, 0);
+            *w |= bit;
+            self.idle_pages += 1;
+        } else {
+            debug_assert_ne!(*w & bit, 0);
+            *w &= !bit;
+            self.idle_pages -= 1;
+        }
+    }
+
+    /// A block now covers pages `first..=last` of `seg`: counts it as a user.
+    /// Returns true when every page is already mapped (the fast path).
+    #[inline]
+    pub(super) fn acquire(&mut self, seg: usize, first: usize, last: usize) -> bool {
+        let mut all_mapped = true;
+        for idx in first..=last {
+            let p = &mut self.segs[seg].pages[idx];
+            p.users += 1;
+            let mapped = p.chunk != UNMAPPED;
+            if p.users == 1 && mapped {
+                self.set_idle(seg, idx, false);
+            }
+            all_mapped &= mapped;
+        }
+        all_mapped
+    }
+
+    /// Undoes [`PageTable::acquire`] for a block that was never handed out.
+    pub(super) fn unacquire(&mut self, seg: usize, first: usize, last: usize) {
+        for idx in first..=last {
+            let p = &mut self.segs[seg].pages[idx];
+            p.users -= 1;
+            if p.users == 0 && p.chunk != UNMAPPED {
+                self.set_idle(seg, idx, true);
+            }
+        }
+    }
+
+    /// A block on pages `first..=last` was freed by stream slot bit `bit` at
+    /// `tick`.
+    #[inline]
+    pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
+        for w in first / 64..=last / 64 {
+            self.segs[seg].word_tick[w] = tick;
+        }
+        for idx in first..=last {
+            let p = &mut self.segs[seg].pages[idx];
+            p.users -= 1;
+            p.mask |= bit;
+            p.tick = tick;
+            if p.users == 0 && p.chunk != UNMAPPED {
+                self.set_idle(seg, idx, true);
+            }
+        }
+    }
+
+    /// How many of pages `first..=last` of `seg` are unmapped: a popcount
+    /// per 64 pages.
+    pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
+        let words = &self.segs[seg].mapped;
+        let (w0, w1) = (first / 64, last / 64);
+        let mut mapped = 0;
+        for (w, &word) in words.iter().enumerate().take(w1 + 1).skip(w0) {
+            let lo = if w == w0 { first % 64 } else { 0 };
+            let hi = if w == w1 { last % 64 } else { 63 };
+            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+            mapped += (word & mask).count_ones() as usize;
+        }
+        last - first + 1 - mapped
+    }
+
+    /// The unmapped pages among `first..=last` of `seg`, as runs
+    /// `(first, count)`.
+    pub(super) fn unmapped_runs(
+        &self,
+        seg: usize,
+        first: usize,
+        last: usize,
+    ) -> Vec<(usize, usize)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for idx in first..=last {
+            if self.segs[seg].pages[idx].chunk == UNMAPPED {
+                match runs.last_mut() {
+                    Some((f, n)) if *f + *n == idx => *n += 1,
+                    _ => runs.push((idx, 1)),
+                }
+            }
+        }
+        runs
+    }
+
+    /// Records that `phys` is now mapped at `p`.
+    pub(super) fn set_mapped(&mut self, p: PageRef, phys: PhysPage) {
+        let e = &mut self.segs[p.seg].pages[p.idx];
+        debug_assert_eq!(e.chunk, UNMAPPED);
+        e.chunk = phys.chunk;
+        e.index = phys.index;
+        let idle = e.users == 0;
+        self.segs[p.seg].mapped[p.idx / 64] |= 1 << (p.idx % 64);
+        self.mapped_pages += 1;
+        if idle {
+            self.set_idle(p.seg, p.idx, true);
+        }
+    }
+
+    /// Records that `p` is no longer mapped; returns what was mapped there.
+    pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
+        let e = &mut self.segs[p.seg].pages[p.idx];
+        if e.chunk == UNMAPPED {
+            return None;
+        }
+        let phys = PhysPage {
+            chunk: e.chunk,
+            index: e.index,
+        };
+        e.chunk = UNMAPPED;
+        e.mask = 0;
+        e.tick = 0;
+        let idle = e.users == 0;
+        self.segs[p.seg].mapped[p.idx / 64] &= !(1 << (p.idx % 64));
+        self.mapped_pages -= 1;
+        if idle {
+            self.set_idle(p.seg, p.idx, false);
+        }
+        Some(phys)
+    }
+
+    /// The runs of idle pages whose freeing streams are all known complete,
+    /// in address order: (first page, pages). Words of 64 pages freed no
+    /// later than every stream's known progress are taken whole.
+    pub(super) fn reclaimable_runs(&self, streams: &mut FreeStreams) -> Vec<(PageRef, usize)> {
+        let mut runs: Vec<(PageRef, usize)> = Vec::new();
+        for (seg, s) in self.segs.iter().enumerate() {
+            for (w, &word) in s.idle.iter().enumerate() {
+                if word == 0 {
+                    continue;
+                }
+                let ok = if s.word_tick[w] <= streams.floor() {
+                    word
+                } else {
+                    let (mut ok, mut bits) = (0u64, word);
+                    while bits != 0 {
+                        let b = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        let p = &s.pages[w * 64 + b];
+                        if streams.complete(p.mask, p.tick) {
+                            ok |= 1 << b;
+                        }
+                    }
+                    ok
+                };
+                let mut bits = ok;
+                while bits != 0 {
+                    let start = bits.trailing_zeros() as usize;
+                    let len = (bits >> start).trailing_ones() as usize;
+                    let idx = w * 64 + start;
+                    match runs.last_mut() {
+                        Some((r, n)) if r.seg == seg && r.idx + *n == idx => *n += len,
+                        _ => runs.push((PageRef { seg, idx }, len)),
+                    }
+                    let span = if len >= 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << len) - 1
+                    };
+                    bits &= !(span << start);
+                }
+            }
+        }
+        runs
+    }
+
+    /// Every mapped page in address order.
+    pub(super) fn mapped(&self) -> impl Iterator<Item = (PageRef, PhysPage)> + '_ {
+        self.segs.iter().enumerate().flat_map(|(seg, s)| {
+            s.pages.iter().enumerate().filter_map(move |(idx, p)| {
+                (p.chunk != UNMAPPED).then_some((
+                    PageRef { seg, idx },
+                    PhysPage {
+                        chunk: p.chunk,
+                        index: p.index,
+                    },
+                ))
+            })
+        })
+    }
+
+    /// Checks the table against the live blocks `[addr, addr + size)`: each
+    /// page's user count is the number of live blocks on it, every page under
+    /// a live block is mapped, and the idle bitmap and counters agree.
+    pub(super) fn check(&self, live: &[(u64, u64)]) -> Result<(), String> {
+        let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.pages.len()]).collect();
+        for &(addr, size) in live {
+            let (seg, first, last) = self
+                .range(addr, size)
+                .ok_or_else(|| format!("live block {addr:#x}+{size} outside every range"))?;
+            for u in &mut users[seg][first..=last] {
+                *u += 1;
+            }
+        }
+        let (mut mapped, mut idle) = (0, 0);
+        for (seg, s) in self.segs.iter().enumerate() {
+            for (idx, p) in s.pages.iter().enumerate() {
+                let addr = s.base + ((idx as u64) << self.shift);
+                if p.users != users[seg][idx] {
+                    return Err(format!(
+                        "page {addr:#x}: {} users counted, {} live blocks on it",
+                        p.users, users[seg][idx]
+                    ));
+                }
+                let is_mapped = p.chunk != UNMAPPED;
+                if p.users > 0 && !is_mapped {
+                    return Err(format!("page {addr:#x} has live blocks but is unmapped"));
+                }
+                let bit = s.idle[idx / 64] & (1 << (idx % 64)) != 0;
+                if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
+                    return Err(format!("page {addr:#x}: mapped bit is wrong"));
+                }
+                if bit != (is_mapped && p.users == 0) {
+                    return Err(format!("page {addr:#x}: idle bit {bit} is wrong"));
+                }
+                mapped += usize::from(is_mapped);
+                idle += usize::from(bit);
+            }
+        }
+        if mapped != self.mapped_pages || idle != self.idle_pages {
+            return Err(format!(
+                "counters: {} mapped / {} idle recorded, {mapped} / {idle} found",
+                self.mapped_pages, self.idle_pages
+            ));
+        }
+        Ok(())
+    }
+}
+
+struct FreeStream {
+    stream: Stream,
+    /// For the per-thread default stream: only its own thread may query it.
+    thread: Option<ThreadId>,
+    /// Every free on this stream with a tick at or below this has run.
+    idle_tick: u64,
+    /// An event recorded on the stream and the tick it covers.
+    pending: Option<(Event, u64)>,
+    /// The reclaim pass that last asked the driver about this stream.
+    asked_in: u64,
+}
+
+/// The streams that free blocks, and what is known of their completion in
+/// terms of free ticks.
+pub(super) struct FreeStreams {
+    slots: Vec<Option<FreeStream>>,
+    by_id: PtrMap<u32>,
+    /// The tick of the latest free.
+    pub(super) tick: u64,
+    pass: u64,
+    /// Every free with a tick at or below this has run (all streams).
+    floor: u64,
+    /// Set when a stream was found further along (the floor is then
+    /// recomputed from every stream's state).
+    refloor: bool,
+}
+
+impl FreeStreams {
+    pub(super) fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            by_id: PtrMap::default(),
+            tick: 0,
+            pass: 0,
+            floor: 0,
+            refloor: false,
+        }
+    }
+
+    /// Streams known.
+    pub(super) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Registers a free on `stream`: returns its slot bit and the free's tick.
+    #[inline]
+    pub(super) fn on_free(&mut self, stream: &Stream) -> (u64, u64) {
+        let id = stream.id().0;
+        let slot = match self.by_id.get(&id) {
+            Some(&s) => s,
+            None => self.add(stream),
+        };
+        self.tick += 1;
+        (1u64 << (slot % 64), self.tick)
+    }
+
+    #[cold]
+    fn add(&mut self, stream: &Stream) -> u32 {
+        let entry = FreeStream {
+            stream: stream.clone(),
+            thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
+            // Nothing was freed on it before: complete up to now.
+            idle_tick: self.tick,
+            pending: None,
+            asked_in: 0,
+        };
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.slots[i] = Some(entry);
+                i
+            }
+            None => {
+                self.slots.push(Some(entry));
+                self.slots.len() - 1
+            }
+        };
+        self.by_id.insert(stream.id().0, slot as u32);
+        slot as u32
+    }
+
+    /// Every free with a tick at or below this is known to have run.
+    #[inline]
+    pub(super) fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// Starts a reclaim pass: each stream is asked about at most once per pass.
+    pub(super) fn begin_pass(&mut self) {
+        self.pass += 1;
+        self.floor = self.min_idle_tick();
+        self.refloor = false;
+    }
+
+    fn min_idle_tick(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| s.idle_tick)
+            .min()
+            .unwrap_or(self.tick)
+    }
+
+    /// True when every free recorded under `mask` up to `tick` is known to
+    /// have run. May query streams (once per pass each) and record an event
+    /// on a busy stream so a later pass learns of its progress; never blocks.
+    #[inline]
+    pub(super) fn complete(&mut self, mask: u64, tick: u64) -> bool {
+        if tick <= self.floor {
+            return true;
+        }
+        let done = self.complete_slow(mask, tick);
+        if self.refloor {
+            self.refloor = false;
+            self.floor = self.min_idle_tick();
+        }
+        done
+    }
+
+    fn complete_slow(&mut self, mask: u64, tick: u64) -> bool {
+        let mut bits = mask;
+        while bits != 0 {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let mut slot = b;
+            while slot < self.slots.len() {
+                if !self.slot_complete(slot, tick) {
+                    return false;
+                }
+                slot += 64;
+            }
+        }
+        true
+    }
+
+    fn slot_complete(&mut self, slot: usize, tick: u64) -> bool {
+        let (now, pass) = (self.tick, self.pass);
+        let Some(s) = self.slots[slot].as_mut() else {
+            return true;
+        };
+        if s.idle_tick >= tick {
+            return true;
+        }
+        if s.asked_in == pass {
+            return false;
+        }
+        s.asked_in = pass;
+        if let Some((ev, t)) = &s.pending {
+            if ev.is_complete().unwrap_or(false) {
+                s.idle_tick = s.idle_tick.max(*t);
+                s.pending = None;
+                if s.idle_tick >= tick {
+                    return true;
+                }
+            }
+        }
+        if s.thread.is_some_and(|t| t != std::thread::current().id()) {
+            return false;
+        }
+        match s.stream.is_idle() {
+            Ok(true) => {
+                s.idle_tick = now;
+                s.pending = None;
+                self.refloor = true;
+                true
+            }
+            Ok(false) => {
+                if s.pending.is_none() {
+                    if let Ok(ev) = Event::new(s.stream.device()) {
+                        if ev.record(&s.stream).is_ok() {
+                            s.pending = Some((ev, now));
+                        }
+                    }
+                }
+                false
+            }
+            // A foreign stream that cannot be queried: the blocking paths
+            // synchronize the device for it.
+            Err(_) => false,
+        }
+    }
+
+    /// Blocks until every free so far has run (each stream synchronized, the
+    /// device when one cannot be).
+    pub(super) fn synchronize_all(&mut self, device: &Device) -> crate::Result<()> {
+        let now = self.tick;
+        let mut device_sync = false;
+        for s in self.slots.iter_mut().flatten() {
+            if s.idle_tick >= now {
+                continue;
+            }
+            let here = s.thread.is_none_or(|t| t == std::thread::current().id());
+            if !here || s.stream.synchronize().is_err() {
+                device_sync = true;
+            }
+        }
+        if device_sync {
+            device.synchronize()?;
+        }
+        for s in self.slots.iter_mut().flatten() {
+            s.idle_tick = now;
+            s.pending = None;
+        }
+        Ok(())
+    }
+
+    /// Forgets streams only the pool still references once all their frees
+    /// are known to have run, so user-dropped streams are destroyed. (A slot
+    /// reused by a new stream starts complete up to the current tick, which
+    /// stays true of the old stream.)
+    pub(super) fn prune(&mut self) {
+        let now = self.tick;
+        for slot in self.slots.iter_mut() {
+            if slot
+                .as_ref()
+                .is_some_and(|s| s.idle_tick >= now && s.stream.is_sole_handle())
+            {
+                if let Some(s) = slot.take() {
+                    self.by_id.remove(&s.stream.id().0);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! VirtualPool on the simulated device: the shared resource suite, the model
+//! harness with the ordering oracle, page-table properties under held streams
+//! (no page unmapped under pending work), out-of-memory with reclaim,
+//! all-or-nothing mapping under injected faults, peers, IPC export, and data
+//! written across re-mapped pages.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::suite;
+use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+use gpumem::resource::MemoryResource;
+use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
+use proptest::prelude::*;
+
+const MIB: usize = 1 << 20;
+
+impl Pool for VirtualPool {
+    fn accounted(&self, bytes: usize) -> usize {
+        bytes.next_multiple_of(256)
+    }
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn reserved(&self) -> usize {
+        self.reserved_bytes()
+    }
+    fn process(&self) {
+        self.check_invariants().unwrap();
+    }
+    fn trim(&self) {
+        VirtualPool::trim(self).unwrap();
+        self.check_invariants().unwrap();
+    }
+    fn give_back(&self) {
+        self.release().unwrap();
+    }
+}
+
+fn pool(device: &Device) -> VirtualPool {
+    VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()
+}
+
+fn assert_all_back(sim: &SimDriver) {
+    assert_eq!(sim.physical_bytes(), 0, "physical memory back");
+    assert_eq!(sim.mapped_bytes(), 0, "nothing mapped");
+    assert_eq!(sim.reserved_va_bytes(), 0, "address space back");
+}
+
+#[test]
+fn virtual_pool_passes_the_suite() {
+    let (device, sim) = common::device(false);
+    suite::run_all(Arc::new(pool(&device)));
+    if let Some(sim) = sim {
+        assert_all_back(&sim);
+    }
+}
+
+#[test]
+fn small_and_large_blocks_map_only_what_they_cover() {
+    let (device, sim) = sim(80 << 30);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    let page = p.page_size();
+    assert_eq!(sim.physical_bytes(), 0, "nothing made up front");
+    // Small blocks pack onto one page.
+    let small: Vec<_> = (0..64)
+        .map(|_| p.allocate(4096, 256, &s).unwrap())
+        .collect();
+    assert_eq!(p.stats().mapped, page);
+    // A large block maps whole pages under it, one set-access per run.
+    let access = sim.call_count("cuMemSetAccess");
+    let big = p.allocate(10 * MIB, 256, &s).unwrap();
+    assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
+    let st = p.stats();
+    assert!(st.mapped <= page + 10 * MIB + page, "{st:?}");
+    assert_eq!(st.reserved, sim.physical_bytes());
+    assert_eq!(st.mapped, sim.mapped_bytes());
+    p.check_invariants().unwrap();
+    // Freed and re-allocated on the same stream: no driver call at all.
+    p.deallocate(big, 10 * MIB, 256, &s).unwrap();
+    let maps = sim.call_count("cuMemMap");
+    let again = p.allocate(10 * MIB, 256, &s).unwrap();
+    assert_eq!(again, big, "same-stream reuse at once");
+    assert_eq!(sim.call_count("cuMemMap"), maps);
+    p.deallocate(again, 10 * MIB, 256, &s).unwrap();
+    for q in small {
+        p.deallocate(q, 4096, 256, &s).unwrap();
+    }
+    assert_eq!(p.live_bytes(), 0);
+    // Idle pages stay mapped until trimmed.
+    assert!(p.stats().idle_mapped > 0);
+    let back = p.trim().unwrap();
+    assert!(back > 0);
+    assert_eq!(sim.physical_bytes(), 0);
+    assert_eq!(p.stats().reserved, 0);
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn physical_pages_move_to_where_they_are_needed() {
+    // A device of 32 pages: blocks far apart in address space share them.
+    let (device, sim) = sim(64 * MIB);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    for round in 0..20 {
+        let a = p.allocate(40 * MIB, 256, &s).unwrap();
+        // Another size each round lands elsewhere; pages must move.
+        let b = p.allocate((round % 5 + 1) * 3 * MIB, 256, &s).unwrap();
+        p.check_invariants().unwrap();
+        assert!(sim.physical_bytes() <= 64 * MIB);
+        p.deallocate(a, 40 * MIB, 256, &s).unwrap();
+        p.deallocate(b, (round % 5 + 1) * 3 * MIB, 256, &s).unwrap();
+    }
+    let st = p.stats();
+    assert!(st.peak_reserved <= 64 * MIB, "{st:?}");
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn pages_pending_on_a_busy_stream_are_not_unmapped() {
+    let (device, sim) = sim(32 * MIB);
+    let p = pool(&device);
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    // Both streams known to the pool (each keeps its own free space).
+    let x = p.allocate(4 * MIB, 256, &t).unwrap();
+    p.deallocate(x, 4 * MIB, 256, &t).unwrap();
+    let a = DeviceBuffer::<u8, _>::new(20 * MIB, &p, &s).unwrap();
+    sim.hold(s.raw());
+    a.memset_async(7).unwrap(); // pending on s
+    drop(a); // freed on s, its work still pending
+    assert!(p.stats().idle_mapped >= 20 * MIB);
+    let unmaps = sim.call_count("cuMemUnmap");
+    assert_eq!(p.trim().unwrap(), 0, "pending pages are not given back");
+    assert_eq!(
+        sim.call_count("cuMemUnmap"),
+        unmaps,
+        "pending pages stay mapped"
+    );
+    // t needs 12 pages; 10 are pending on s and 6 more do not fit: the pool
+    // waits for s (out of memory), then moves s's pages.
+    let b = p.allocate(24 * MIB, 256, &t).unwrap();
+    assert_eq!(sim.pending_ops(s.raw()), 0, "s was synchronized");
+    assert!(sim.call_count("cuMemUnmap") > unmaps, "s's pages moved");
+    assert_eq!(sim.data_stats().faults, 0, "no work ran on unmapped pages");
+    assert!(sim.physical_bytes() <= 32 * MIB);
+    p.check_invariants().unwrap();
+    sim.release(s.raw());
+    p.deallocate(b, 24 * MIB, 256, &t).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn idle_pages_are_reclaimed_once_the_freeing_stream_is_done() {
+    let (device, sim) = sim(80 << 30);
+    let p = pool(&device);
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let a = p.allocate(16 * MIB, 256, &s).unwrap();
+    sim.hold(s.raw());
+    enqueue_work(&s);
+    p.deallocate(a, 16 * MIB, 256, &s).unwrap();
+    assert_eq!(p.trim().unwrap(), 0, "pending: nothing given back");
+    assert_eq!(sim.physical_bytes(), 16 * MIB);
+    sim.release(s.raw());
+    assert_eq!(p.trim().unwrap(), 16 * MIB, "done: all given back");
+    // The freeing stream's work is known done by an event on a later pass
+    // too: hold, free, trim (records an event), complete, trim.
+    let b = p.allocate(4 * MIB, 256, &t).unwrap();
+    sim.hold(t.raw());
+    enqueue_work(&t);
+    p.deallocate(b, 4 * MIB, 256, &t).unwrap();
+    assert_eq!(p.trim().unwrap(), 0);
+    sim.complete(t.raw());
+    assert!(p.trim().unwrap() > 0);
+    sim.release(t.raw());
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn out_of_memory_reports_detail_and_loses_nothing() {
+    let (device, sim) = sim(32 * MIB);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(24 * MIB, 256, &s).unwrap();
+    let err = p.allocate(12 * MIB, 256, &s).unwrap_err();
+    let info = err.oom_info().expect("out of memory").clone();
+    assert_eq!(info.requested, 12 * MIB);
+    assert_eq!(info.live, Some(24 * MIB));
+    assert!(info.reserved.is_some_and(|r| r >= 24 * MIB));
+    assert!(info.largest_free.is_some());
+    p.check_invariants().unwrap();
+    // More than the device: refused before any driver call.
+    assert!(p.allocate(1 << 40, 256, &s).unwrap_err().is_oom());
+    p.deallocate(a, 24 * MIB, 256, &s).unwrap();
+    // Everything free again: the same request now fits.
+    let b = p.allocate(30 * MIB, 256, &s).unwrap();
+    p.deallocate(b, 30 * MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn maximum_physical_is_a_limit() {
+    let (device, sim) = sim(80 << 30);
+    let config = VirtualPoolConfig {
+        maximum_physical: Some(8 * MIB),
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(6 * MIB, 256, &s).unwrap();
+    let e = p.allocate(4 * MIB, 256, &s).unwrap_err();
+    assert_eq!(e.oom_info().unwrap().limit, Some(8 * MIB));
+    assert!(sim.physical_bytes() <= 8 * MIB);
+    p.deallocate(a, 6 * MIB, 256, &s).unwrap();
+    let b = p.allocate(8 * MIB, 256, &s).unwrap();
+    p.deallocate(b, 8 * MIB, 256, &s).unwrap();
+}
+
+#[test]
+fn a_failed_mapping_is_undone_entirely() {
+    let (device, sim) = sim(80 << 30);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
+        p.trim().unwrap(); // nothing mapped: the next allocation maps
+        let mapped = sim.mapped_bytes();
+        let live = p.live_bytes();
+        sim.fail_call(call, nth, 1);
+        let e = p.allocate(16 * MIB, 256, &s).unwrap_err();
+        assert!(matches!(e, Error::Driver { .. }), "{call}: {e}");
+        sim.clear_faults();
+        assert_eq!(sim.mapped_bytes(), mapped, "{call}: no half mapping left");
+        assert_eq!(p.live_bytes(), live);
+        p.check_invariants().unwrap();
+        let a = p.allocate(16 * MIB, 256, &s).unwrap();
+        p.deallocate(a, 16 * MIB, 256, &s).unwrap();
+    }
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn bad_frees_are_errors() {
+    let (device, _) = sim(80 << 30);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(1000, 256, &s).unwrap();
+    assert!(matches!(
+        p.deallocate(DevicePtr(a.0 + 256), 1000, 256, &s),
+        Err(Error::InvalidFree { .. })
+    ));
+    assert!(matches!(
+        p.deallocate(DevicePtr(0x1000), 1000, 256, &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::Unknown,
+            ..
+        })
+    ));
+    p.deallocate(a, 1000, 256, &s).unwrap();
+    assert!(matches!(
+        p.deallocate(a, 1000, 256, &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::DoubleFree,
+            ..
+        })
+    ));
+    p.check_invariants().unwrap();
+}
+
+#[test]
+fn construction_checks_the_device() {
+    let (device, _) = Device::sim_with_driver(SimConfig {
+        vmm: false,
+        ..SimConfig::default()
+    });
+    assert!(matches!(
+        VirtualPool::new(device, VirtualPoolConfig::default()),
+        Err(Error::Unsupported { .. })
+    ));
+    let (device, _) = sim(80 << 30);
+    let bad_peer = VirtualPoolConfig {
+        peers: vec![3],
+        ..VirtualPoolConfig::default()
+    };
+    assert!(VirtualPool::new(device.clone(), bad_peer).is_err());
+    let self_peer = VirtualPoolConfig {
+        peers: vec![0],
+        ..VirtualPoolConfig::default()
+    };
+    assert!(VirtualPool::new(device.clone(), self_peer).is_err());
+    let zero = VirtualPoolConfig {
+        max_chunk_pages: 0,
+        ..VirtualPoolConfig::default()
+    };
+    assert!(VirtualPool::new(device, zero).is_err());
+}
+
+#[test]
+fn peers_get_access_to_every_mapped_run() {
+    let (device, sim) = Device::sim_with_driver(SimConfig::multi(2));
+    let config = VirtualPoolConfig {
+        peers: vec![1],
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let before = sim.call_count("cuMemSetAccess");
+    let a = p.allocate(6 * MIB, 256, &s).unwrap();
+    assert_eq!(
+        sim.call_count("cuMemSetAccess"),
+        before + 2,
+        "own device and peer"
+    );
+    p.deallocate(a, 6 * MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn physical_chunks_export_as_file_descriptors() {
+    let (device, sim) = sim(80 << 30);
+    let plain = pool(&device);
+    assert!(plain.export_page_fds().is_err(), "not made with ipc");
+    let config = VirtualPoolConfig {
+        ipc: true,
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(6 * MIB, 256, &s).unwrap();
+    let exports = p.export_page_fds().unwrap();
+    assert_eq!(exports.len(), p.stats().chunks);
+    let mapped: usize = exports.iter().map(|x| x.mappings.len()).sum();
+    assert_eq!(mapped * p.page_size(), p.stats().mapped);
+    for x in &exports {
+        let h = device.driver().vmm_import_fd(x.fd).unwrap();
+        device.driver().vmm_release(h).unwrap();
+    }
+    p.deallocate(a, 6 * MIB, 256, &s).unwrap();
+    drop(p);
+    drop(plain);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn data_survives_across_re_mapped_pages() {
+    // A backed device: blocks of growing sizes force idle pages to be
+    // unmapped and re-mapped under other addresses between rounds.
+    let (device, sim) = Device::sim_with_driver(SimConfig::backed(64 * MIB));
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    let mut keep: Vec<(DeviceBuffer<u8, &VirtualPool>, Vec<u8>)> = Vec::new();
+    for round in 0..10u64 {
+        // Each block is larger than any hole left before it, so it lands on
+        // fresh addresses and takes the pages of the freed ones.
+        let len = (round as usize + 3) * MIB / 2 + 4096 * round as usize + 512;
+        let data = common::random_bytes(len, round);
+        let buf = DeviceBuffer::from_slice(&data, &p, &s).unwrap();
+        keep.push((buf, data));
+        if keep.len() > 2 {
+            keep.remove(0);
+        }
+        for (b, d) in &keep {
+            assert_eq!(&b.to_vec().unwrap(), d, "round {round}");
+        }
+        p.check_invariants().unwrap();
+    }
+    assert!(sim.call_count("cuMemUnmap") > 0, "pages moved");
+    let st = p.stats();
+    assert_eq!(
+        st.pages_created * p.page_size() as u64,
+        st.peak_reserved as u64
+    );
+    assert_eq!(sim.data_stats().faults, 0);
+    drop(keep);
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[derive(Debug, Clone)]
+enum VOp {
+    Alloc { stream: usize, bytes: usize },
+    Free { pick: usize, stream: usize },
+    Touch { pick: usize },
+    Hold { stream: usize },
+    Release { stream: usize },
+    Trim,
+}
+
+fn vop() -> impl Strategy<Value = VOp> {
+    prop_oneof![
+        6 => (0..3usize, 8..=24u32, 0..4096usize).prop_map(|(stream, log, extra)| {
+            let base = 1usize << log;
+            VOp::Alloc { stream, bytes: base + extra * (base / 4096).max(1) }
+        }),
+        4 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| VOp::Free { pick, stream }),
+        3 => any::<usize>().prop_map(|pick| VOp::Touch { pick }),
+        1 => (0..3usize).prop_map(|stream| VOp::Hold { stream }),
+        1 => (0..3usize).prop_map(|stream| VOp::Release { stream }),
+        1 => Just(VOp::Trim),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn virtual_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
+        let (device, sim, streams, _) = model_setup();
+        run_model(pool(&device), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.mapped_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn virtual_pool_model_large_blocks(ops in prop::collection::vec(op(26), 1..120)) {
+        // Blocks up to 128 MiB on a 1 GiB device: large blocks look for
+        // places with mapped pages, and pages move between them.
+        let (device, sim, streams, _) = model_setup();
+        run_model(pool(&device), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn virtual_pool_model_tight(ops in prop::collection::vec(op(22), 1..160)) {
+        // 24 pages: pages move and out-of-memory reclaims often.
+        let (device, sim) = sim(48 * MIB);
+        let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        run_model(pool(&device), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    /// Live blocks never overlap and sit on mapped, accessible pages (a memset
+    /// of each succeeds); pages under pending work on a freeing stream are
+    /// never unmapped (held streams' memsets run later without a fault); and
+    /// everything goes back on drop.
+    #[test]
+    fn pages_follow_live_blocks(ops in prop::collection::vec(vop(), 1..120)) {
+        let (device, sim) = Device::sim_with_driver(SimConfig {
+            capacity: 40 * MIB,
+            ..SimConfig::default()
+        });
+        let p = pool(&device);
+        let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let checker = device.create_stream().unwrap();
+        let mut live: Vec<(DeviceBuffer<u8, &VirtualPool>, usize)> = Vec::new();
+        let mut held = [false; 3];
+        for op in &ops {
+            match *op {
+                VOp::Alloc { stream, bytes } => {
+                    match DeviceBuffer::<u8, _>::new(bytes, &p, &streams[stream]) {
+                        Ok(b) => {
+                            let (s, e) = (b.as_device_ptr().0, b.as_device_ptr().0 + bytes as u64);
+                            for (o, _) in &live {
+                                let (os, oe) = (o.as_device_ptr().0, o.as_device_ptr().0 + o.len() as u64);
+                                prop_assert!(e <= os || oe <= s, "overlap");
+                            }
+                            live.push((b, stream));
+                        }
+                        Err(e) if e.is_oom() => {}
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                }
+                VOp::Free { pick, stream } => {
+                    if live.is_empty() { continue; }
+                    let (mut b, owner) = live.swap_remove(pick % live.len());
+                    if owner != stream {
+                        streams[stream].wait_for(&streams[owner]).unwrap();
+                    }
+                    b.set_stream(&streams[stream]);
+                    drop(b);
+                }
+                VOp::Touch { pick } => {
+                    if let Some((b, _)) = live.get(pick % live.len().max(1)) {
+                        // Work on the block's stream (pending if held).
+                        b.memset_async(0xa5).unwrap();
+                    }
+                }
+                VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
+                VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
+                VOp::Trim => { p.trim().unwrap(); }
+            }
+            p.check_invariants().map_err(TestCaseError::fail)?;
+            // Every live block is mapped with access: a memset on a free-running
+            // stream succeeds now.
+            for (b, owner) in &mut live {
+                b.set_stream(&checker);
+                b.memset_async(1).unwrap();
+                b.set_stream(&streams[*owner]);
+            }
+            prop_assert_eq!(sim.data_stats().faults, 0, "work hit an unmapped page");
+        }
+        for (s, h) in streams.iter().zip(held) {
+            if h { sim.release(s.raw()); }
+        }
+        prop_assert_eq!(sim.data_stats().faults, 0, "pending work hit an unmapped page");
+        drop(live);
+        for s in &streams { s.synchronize().unwrap(); }
+        p.check_invariants().map_err(TestCaseError::fail)?;
+        drop(p);
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.mapped_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+}
