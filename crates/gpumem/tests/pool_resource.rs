@@ -106,6 +106,41 @@ fn growth_is_tiered_not_doubling() {
 }
 
 #[test]
+fn small_requests_do_not_split_a_large_free_block() {
+    // Small requests come from small regions only: a free 100 MiB block stays
+    // whole for the next 100 MiB request, which needs no growth.
+    let (device, _sim) = sim(8 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    let big = pool.allocate(100 << 20, 256, &s).unwrap();
+    pool.deallocate(big, 100 << 20, 256, &s).unwrap();
+    let smalls: Vec<_> = (0..1000)
+        .map(|_| pool.allocate(4096, 256, &s).unwrap())
+        .collect();
+    let before = pool.stats();
+    assert_eq!(before.largest_free, 100 << 20, "{before:?}");
+    let again = pool.allocate(100 << 20, 256, &s).unwrap();
+    assert_eq!(again, big);
+    let after = pool.stats();
+    assert_eq!(after.reserved, before.reserved, "no growth: {after:?}");
+    assert_eq!(after.regions, before.regions);
+    // Medium requests reuse a free block of their exact size first.
+    let m1 = pool.allocate(3 << 20, 256, &s).unwrap();
+    let m2 = pool.allocate(5 << 20, 256, &s).unwrap();
+    pool.deallocate(m1, 3 << 20, 256, &s).unwrap();
+    assert_eq!(pool.allocate(3 << 20, 256, &s).unwrap(), m1);
+    // A free with a wrong size still finds the block in the other heap.
+    pool.deallocate(smalls[0], 8 << 20, 256, &s).unwrap();
+    pool.deallocate(again, 100, 256, &s).unwrap();
+    for p in &smalls[1..] {
+        pool.deallocate(*p, 4096, 256, &s).unwrap();
+    }
+    pool.deallocate(m1, 3 << 20, 256, &s).unwrap();
+    pool.deallocate(m2, 5 << 20, 256, &s).unwrap();
+    assert_eq!(pool.live_bytes(), 0);
+}
+
+#[test]
 fn bad_frees_are_errors_and_lose_nothing() {
     let (device, _) = common::device(false);
     let pool = pool_on(&device, PoolConfig::default());

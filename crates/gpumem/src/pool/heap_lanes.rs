@@ -1,7 +1,9 @@
-//! `HeapLanes`: the per-stream lanes of a [`LaneHeap`] and the stream-ordering
-//! moves over them (settle, steal, settle-blocking), shared by the pools built
-//! on a `LaneHeap` ([`PoolResource`](super::PoolResource) and
-//! [`VirtualPool`](super::VirtualPool)).
+//! `HeapLanes`: the per-stream lanes of a [`LaneHeap`] (or of several heaps
+//! kept in step) and the stream-ordering moves over them (settle, steal,
+//! settle-blocking), shared by the pools built on a `LaneHeap`
+//! ([`PoolResource`](super::PoolResource), whose small and large heaps share
+//! one lane number per stream, and [`VirtualPool`](super::VirtualPool), one
+//! `HeapLanes` per address area).
 //!
 //! Each stream that allocates or frees gets a lane of the heap; blocks freed
 //! on stream S go to S's lane, reusable at once by S. They move to the global
@@ -17,6 +19,77 @@ use crate::stream::{Event, Stream};
 use crate::suballoc::{LaneHeap, LaneId};
 use crate::{Error, Result};
 
+/// The heaps one [`HeapLanes`] serves: a single [`LaneHeap`], or an array of
+/// heaps whose lane numbers are kept in step (a stream has the same lane in
+/// each, and its lane moves, is stolen and is dropped in all of them at once).
+pub(crate) trait Heaps {
+    fn heaps(&self) -> &[LaneHeap];
+    fn heaps_mut(&mut self) -> &mut [LaneHeap];
+
+    /// Free bytes of `lane` summed over the heaps.
+    #[inline]
+    fn lane_free_total(&self, lane: LaneId) -> u64 {
+        self.heaps().iter().map(|h| h.lane_free_bytes(lane)).sum()
+    }
+
+    /// Moves the free blocks of `from` to `to` in every heap.
+    #[inline]
+    fn move_lane_all(&mut self, from: LaneId, to: LaneId) {
+        for h in self.heaps_mut() {
+            h.move_lane(from, to).expect("both lanes exist");
+        }
+    }
+}
+
+impl Heaps for LaneHeap {
+    #[inline]
+    fn heaps(&self) -> &[LaneHeap] {
+        std::slice::from_ref(self)
+    }
+    #[inline]
+    fn heaps_mut(&mut self) -> &mut [LaneHeap] {
+        std::slice::from_mut(self)
+    }
+}
+
+impl<const N: usize> Heaps for [LaneHeap; N] {
+    #[inline]
+    fn heaps(&self) -> &[LaneHeap] {
+        self
+    }
+    #[inline]
+    fn heaps_mut(&mut self) -> &mut [LaneHeap] {
+        self
+    }
+}
+
+/// Creates one lane with the same number in every heap; on failure (or if
+/// the numbers were out of step) every heap is left as it was.
+#[cold]
+fn create_lane(heaps: &mut [LaneHeap]) -> Result<LaneId> {
+    let mut made = Vec::with_capacity(heaps.len());
+    let mut failure = None;
+    for h in heaps.iter_mut() {
+        match h.create_lane() {
+            Ok(l) => made.push(l),
+            Err(e) => {
+                failure = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    if failure.is_none() && made.iter().all(|&l| l == made[0]) {
+        return Ok(made[0]);
+    }
+    for (h, &l) in heaps.iter_mut().zip(&made) {
+        let _ = h.drop_lane(l);
+    }
+    Err(Error::InvalidArgument(format!(
+        "pool cannot track another stream: {}",
+        failure.unwrap_or_else(|| "lane numbers out of step".into())
+    )))
+}
+
 struct Lane {
     stream: Stream,
     /// For the per-thread default stream: only its own thread may query it.
@@ -31,7 +104,8 @@ impl Lane {
     }
 }
 
-/// The streams of one [`LaneHeap`]: stream id → lane, lane → stream.
+/// The streams of one [`LaneHeap`] or of heaps kept in step ([`Heaps`]):
+/// stream id → lane, lane → stream.
 #[derive(Default)]
 pub(crate) struct HeapLanes {
     by_stream: PtrMap<LaneId>,
@@ -53,16 +127,14 @@ impl HeapLanes {
         self.by_stream.len()
     }
 
-    /// The lane of `stream`, created on first use.
+    /// The lane of `stream`, created on first use (in every heap).
     #[inline]
-    pub(crate) fn lane_of(&mut self, heap: &mut LaneHeap, stream: &Stream) -> Result<LaneId> {
+    pub(crate) fn lane_of(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
         let id = stream.id().0;
         if let Some(&lane) = self.by_stream.get(&id) {
             return Ok(lane);
         }
-        let lane = heap.create_lane().map_err(|e| {
-            Error::InvalidArgument(format!("pool cannot track another stream: {e}"))
-        })?;
+        let lane = create_lane(heaps.heaps_mut())?;
         let idx = lane.0 as usize;
         if self.lanes.len() <= idx {
             self.lanes.resize_with(idx + 1, || None);
@@ -77,11 +149,11 @@ impl HeapLanes {
     }
 
     /// Moves the free blocks of every lane whose stream is known idle to the
-    /// global lane (except `keep`). Never blocks.
-    pub(crate) fn settle(&self, heap: &mut LaneHeap, keep: Option<LaneId>) -> Result<()> {
+    /// global lane (except `keep`), in every heap. Never blocks.
+    pub(crate) fn settle(&self, heap: &mut impl Heaps, keep: Option<LaneId>) -> Result<()> {
         for idx in 1..self.lanes.len() {
             let lane = LaneId(idx as u32);
-            if Some(lane) == keep || heap.lane_free_bytes(lane) == 0 {
+            if Some(lane) == keep || heap.lane_free_total(lane) == 0 {
                 continue;
             }
             let Some(l) = &self.lanes[idx] else { continue };
@@ -97,20 +169,20 @@ impl HeapLanes {
                 }
             };
             if idle {
-                heap.move_lane(lane, LaneId::GLOBAL)
-                    .expect("both lanes exist");
+                heap.move_lane_all(lane, LaneId::GLOBAL);
             }
         }
         Ok(())
     }
 
     /// Waits for every stream with free blocks and moves all of them to the
-    /// global lane; then forgets streams only the pool still references.
-    pub(crate) fn settle_blocking(&mut self, heap: &mut LaneHeap) -> Result<()> {
+    /// global lane (every heap); then forgets streams only the pool still
+    /// references.
+    pub(crate) fn settle_blocking(&mut self, heap: &mut impl Heaps) -> Result<()> {
         let mut device_synced = false;
         for idx in 1..self.lanes.len() {
             let lane = LaneId(idx as u32);
-            if heap.lane_free_bytes(lane) == 0 {
+            if heap.lane_free_total(lane) == 0 {
                 continue;
             }
             let Some(l) = &self.lanes[idx] else { continue };
@@ -125,8 +197,7 @@ impl HeapLanes {
                     device_synced = true;
                 }
             }
-            heap.move_lane(lane, LaneId::GLOBAL)
-                .expect("both lanes exist");
+            heap.move_lane_all(lane, LaneId::GLOBAL);
         }
         self.forget_dropped_streams(heap);
         Ok(())
@@ -134,34 +205,48 @@ impl HeapLanes {
 
     /// Drops lanes that hold nothing and whose stream only the pool still
     /// references, so user-dropped streams are finally destroyed.
-    pub(crate) fn forget_dropped_streams(&mut self, heap: &mut LaneHeap) {
+    pub(crate) fn forget_dropped_streams(&mut self, heap: &mut impl Heaps) {
         for idx in 1..self.lanes.len() {
             let lane = LaneId(idx as u32);
             let unused = matches!(&self.lanes[idx], Some(l) if l.stream.is_sole_handle());
-            if unused && heap.lane_free_bytes(lane) == 0 && heap.drop_lane(lane).is_ok() {
-                if let Some(l) = self.lanes[idx].take() {
-                    self.by_stream.retain(|_, v| *v != lane);
-                    drop(l);
-                }
+            if !unused || heap.lane_free_total(lane) != 0 {
+                continue;
+            }
+            // Empty in every heap, so every drop succeeds and the heaps'
+            // lane numbers stay in step.
+            let mut dropped = true;
+            for h in heap.heaps_mut() {
+                dropped &= h.drop_lane(lane).is_ok();
+            }
+            if !dropped {
+                continue;
+            }
+            if let Some(l) = self.lanes[idx].take() {
+                self.by_stream.retain(|_, v| *v != lane);
+                drop(l);
             }
         }
     }
 
     /// Hands the blocks of another stream's lane that has a block of `needed`
-    /// bytes to `lane`, after making `stream` wait for that stream's work.
+    /// bytes in heap number `which` (0 for a single heap) to `lane`, after
+    /// making `stream` wait for that stream's work. The wait covers every
+    /// block the victim freed, so its lane moves in every heap.
     pub(crate) fn steal(
         &mut self,
-        heap: &mut LaneHeap,
+        heap: &mut impl Heaps,
+        which: usize,
         lane: LaneId,
         stream: &Stream,
         needed: u64,
     ) -> Result<bool> {
+        let target = &heap.heaps()[which];
         let victim = (1..self.lanes.len()).map(|i| LaneId(i as u32)).find(|&l| {
             l != lane
                 && self.lanes[l.0 as usize]
                     .as_ref()
                     .is_some_and(|x| x.queryable_here())
-                && heap.largest_free(l) >= needed
+                && target.largest_free(l) >= needed
         });
         let Some(victim) = victim else {
             return Ok(false);
@@ -175,7 +260,7 @@ impl HeapLanes {
         let ev = l.event.as_ref().expect("just made");
         ev.record(&l.stream)?;
         stream.wait_event(ev)?;
-        heap.move_lane(victim, lane).expect("both lanes exist");
+        heap.move_lane_all(victim, lane);
         Ok(true)
     }
 

@@ -2,7 +2,8 @@
 //! upstream resource and hand them out again without a driver call.
 //!
 //! - [`PoolResource`]: coalescing best fit over TLSF lanes, O(1) whatever the
-//!   number of free blocks, sized growth (no doubling), trim and release.
+//!   number of free blocks, small and large requests in separate heaps, sized
+//!   growth (no doubling), trim and release.
 //! - [`FixedSizeResource`]: one block size, chunks of N blocks, O(1).
 //! - [`BinningResource`]: routes each size to a bin (fixed-size bins or any
 //!   resource), larger sizes to the upstream.

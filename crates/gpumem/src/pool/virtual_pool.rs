@@ -542,7 +542,7 @@ impl VirtualPool {
         {
             return Ok(x);
         }
-        if a.lanes.steal(&mut a.heap, lane, stream, needed as u64)? {
+        if a.lanes.steal(&mut a.heap, 0, lane, stream, needed as u64)? {
             if let Some(x) = a.heap.allocate_best(lane, bytes as u64, alignment as u64) {
                 return Ok(x);
             }
