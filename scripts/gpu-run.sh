@@ -74,9 +74,9 @@ PY
 fi
 
 if want plot; then
-  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching,vpool -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
   note "plot svg: rc=$?"
-  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching,vpool -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
   note "plot png: rc=$?"
 fi
 
