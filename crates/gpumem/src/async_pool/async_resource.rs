@@ -23,9 +23,8 @@ use std::ops::Deref;
 use super::attributes::MemPool;
 use super::{map_not_supported, require_pools};
 use crate::device::Device;
-use crate::driver::{AllocationType, DevicePtr, HandleType, Location, PoolProps};
-use crate::resource::{MemoryResource, Properties};
-use crate::stream::Stream;
+use crate::driver::{AllocationType, HandleType, Location, PoolProps};
+use crate::resource::Properties;
 use crate::{Error, Result};
 
 /// A memory resource over a CUDA memory pool: the device's default pool or one
@@ -263,28 +262,4 @@ impl Deref for AsyncResource {
     }
 }
 
-impl MemoryResource for AsyncResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(bytes, alignment, stream)
-    }
-
-    #[inline]
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        _bytes: usize,
-        _alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.pool.deallocate(ptr, stream)
-    }
-
-    fn device(&self) -> &Device {
-        self.pool.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.pool.properties()
-    }
-}
+super::forward_to_pool!(AsyncResource);

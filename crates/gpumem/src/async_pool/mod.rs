@@ -46,6 +46,44 @@
 //! # }
 //! ```
 
+/// Implements `MemoryResource` for a type that derefs to a [`MemPool`] by
+/// forwarding to the pool (the resources differ only in who owns the pool).
+macro_rules! forward_to_pool {
+    ($t:ty) => {
+        impl $crate::resource::MemoryResource for $t {
+            #[inline]
+            fn allocate(
+                &self,
+                bytes: usize,
+                alignment: usize,
+                stream: &$crate::Stream,
+            ) -> $crate::Result<$crate::DevicePtr> {
+                self.pool().allocate(bytes, alignment, stream)
+            }
+
+            #[inline]
+            fn deallocate(
+                &self,
+                ptr: $crate::DevicePtr,
+                _bytes: usize,
+                _alignment: usize,
+                stream: &$crate::Stream,
+            ) -> $crate::Result<()> {
+                self.pool().deallocate(ptr, stream)
+            }
+
+            fn device(&self) -> &$crate::Device {
+                self.pool().device()
+            }
+
+            fn properties(&self) -> $crate::resource::Properties {
+                self.pool().properties()
+            }
+        }
+    };
+}
+use forward_to_pool;
+
 mod access;
 mod async_resource;
 mod attributes;

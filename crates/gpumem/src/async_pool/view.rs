@@ -13,9 +13,8 @@ use std::ops::Deref;
 use super::attributes::MemPool;
 use super::require_pools;
 use crate::device::Device;
-use crate::driver::{DevicePtr, HandleType, Location, RawPool};
-use crate::resource::{MemoryResource, Properties};
-use crate::stream::Stream;
+use crate::driver::{HandleType, Location, RawPool};
+use crate::resource::Properties;
 use crate::Result;
 
 /// A resource over a pool it does not own. Dereferences to its [`MemPool`].
@@ -74,28 +73,4 @@ impl Deref for AsyncViewResource {
     }
 }
 
-impl MemoryResource for AsyncViewResource {
-    #[inline]
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(bytes, alignment, stream)
-    }
-
-    #[inline]
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        _bytes: usize,
-        _alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.pool.deallocate(ptr, stream)
-    }
-
-    fn device(&self) -> &Device {
-        self.pool.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.pool.properties()
-    }
-}
+super::forward_to_pool!(AsyncViewResource);

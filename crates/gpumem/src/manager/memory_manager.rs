@@ -164,18 +164,32 @@ impl MemoryManager {
 
     // ----- settings -----
 
+    /// The settings, for a change allowed only before the first allocation
+    /// `started` records; `what` names the change for the error.
+    fn settings_before(
+        &self,
+        started: &AtomicBool,
+        what: &str,
+    ) -> Result<MutexGuard<'_, Settings>> {
+        self.check_open()?;
+        let s = lock(&self.settings);
+        if started.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "{what} cannot change after the first allocation it governs"
+            )));
+        }
+        Ok(s)
+    }
+
     /// Sets the pinned pool's size: `bytes` are pinned at the first pinned
     /// allocation and the pool never grows past them. Without it the pool
     /// grows on demand in 32 MiB regions. Only before the first pinned
     /// allocation; afterwards [`Error::InvalidArgument`].
     pub fn set_pinned_pool_size(&self, bytes: usize) -> Result<()> {
-        self.check_open()?;
-        let mut s = lock(&self.settings);
-        if self.pinned_started.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(format!(
-                "the pinned pool size cannot change after the first pinned allocation (asked for {bytes} bytes)"
-            )));
-        }
+        let mut s = self.settings_before(
+            &self.pinned_started,
+            &format!("the pinned pool size (asked for {bytes} bytes)"),
+        )?;
         s.pinned_size = Some(bytes);
         Ok(())
     }
@@ -185,13 +199,10 @@ impl MemoryManager {
     /// `bytes` and capped there). Without it: grow on demand, keep everything. Only before the first
     /// device allocation; afterwards [`Error::InvalidArgument`].
     pub fn set_device_pool_size(&self, bytes: usize) -> Result<()> {
-        self.check_open()?;
-        let mut s = lock(&self.settings);
-        if self.device_started.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(format!(
-                "the device pool size cannot change after the first device allocation (asked for {bytes} bytes)"
-            )));
-        }
+        let mut s = self.settings_before(
+            &self.device_started,
+            &format!("the device pool size (asked for {bytes} bytes)"),
+        )?;
         s.device_size = Some(bytes);
         Ok(())
     }
@@ -202,13 +213,10 @@ impl MemoryManager {
     /// stream-ordered pools is accepted: the effective mode is then `Pool`
     /// ([`MemoryManager::device_allocator_mode_reason`] says why).
     pub fn set_device_allocator_mode(&self, mode: DeviceAllocatorMode) -> Result<()> {
-        self.check_open()?;
-        let mut s = lock(&self.settings);
-        if self.device_started.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument(format!(
-                "the device allocator mode cannot change after the first device allocation (asked for {mode})"
-            )));
-        }
+        let mut s = self.settings_before(
+            &self.device_started,
+            &format!("the device allocator mode (asked for {mode})"),
+        )?;
         s.mode = mode;
         Ok(())
     }
