@@ -1,7 +1,8 @@
 //! Replays RMM allocation logs through a [`VirtualPool`] on the simulated
 //! device (address-only, 80 GiB) and prints, per trace and pass, the peak
 //! physical memory reserved over the peak live bytes, the VMM driver calls
-//! made, the driver time they would cost on an H100 (DESIGN.md §1) per trace
+//! made, the driver time they would cost on an H100 (measured by
+//! `examples/vmm_costs.rs`, below) per trace
 //! event, and the measured bookkeeping time per event.
 //!
 //! ```text
@@ -10,9 +11,13 @@
 //! ```
 //!
 //! Pass 1 is cold (every page created); later passes replay the same trace
-//! through the same pool (warm). Driver costs used: cuMemCreate 12 µs,
-//! cuMemMap 1.6 µs and cuMemRelease 11 µs per 2 MiB page, cuMemSetAccess
-//! 33 µs and cuMemUnmap 18 µs per call, cuMemAddressReserve 22 µs.
+//! through the same pool (warm). Driver costs used (H100, driver 580; see
+//! `examples/vmm_costs.rs`): cuMemCreate 12 µs, cuMemMap 1.6 µs and
+//! cuMemRelease 11 µs per 2 MiB page; cuMemSetAccess 18 µs per call plus
+//! 25 µs per mapping in its range, cuMemUnmap 9 µs per call plus 17 µs per
+//! mapping (the pool maps one physical allocation per page, so a mapping is a
+//! page); cuMemAddressReserve 22 µs. Batching pages into one call saves only
+//! the per-call part: on the H100 the cost follows the mappings covered.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -178,9 +183,9 @@ fn main() {
         "bk ns/op: wall time per event less the simulator's time in VMM calls ({sim_call:.0} ns per call, measured)"
     );
     println!(
-        "{:<16} {:>4} {:>6} {:>9} {:>9} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8}",
+        "{:<16} {:>4} {:>6} {:>9} {:>9} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8}",
         "trace", "pass", "events", "live GB", "resv GB", "ratio",
-        "create", "pages", "map", "access", "unmap", "release",
+        "create", "pages", "map", "access", "unmap", "unmapped", "release",
         "drv ns/op", "bk ns/op", "total"
     );
     for path in traces {
@@ -213,17 +218,23 @@ fn main() {
             let created = st.pages_created - st0.pages_created;
             let released = st.pages_released - st0.pages_released;
             let scale = page as f64 / (2u64 << 20) as f64;
+            // Pages mapped and unmapped in the pass (one mapping each).
+            let mapped_pages = d[1];
+            let unmapped_pages = ((st0.mapped / st.page_size) as u64 + mapped_pages)
+                - (st.mapped / st.page_size) as u64;
             let drv_us = created as f64 * 12.0 * scale
-                + d[1] as f64 * 1.6 * scale
-                + d[2] as f64 * 33.0
-                + d[3] as f64 * 18.0
+                + mapped_pages as f64 * 1.6 * scale
+                + d[2] as f64 * 18.0
+                + mapped_pages as f64 * 25.0
+                + d[3] as f64 * 9.0
+                + unmapped_pages as f64 * 17.0
                 + released as f64 * 11.0 * scale
                 + d[5] as f64 * 22.0;
             let drv = drv_us * 1000.0 / events.len() as f64;
             let sim_calls: u64 = d.iter().sum();
             let bk = (ns as f64 - sim_calls as f64 * sim_call).max(0.0) / events.len() as f64;
             println!(
-                "{:<16} {:>4} {:>6} {:>9.3} {:>9.3} {:>6.3} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9.1} {:>8.1} {:>8.1}",
+                "{:<16} {:>4} {:>6} {:>9.3} {:>9.3} {:>6.3} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>7} {:>9.1} {:>8.1} {:>8.1}",
                 name,
                 pass,
                 events.len(),
@@ -235,6 +246,7 @@ fn main() {
                 d[1],
                 d[2],
                 d[3],
+                unmapped_pages,
                 d[4],
                 drv,
                 bk,

@@ -102,6 +102,55 @@ fn small_and_large_blocks_map_only_what_they_cover() {
 }
 
 #[test]
+fn a_multi_page_run_maps_with_one_set_access_and_moves_with_one_unmap() {
+    let (device, sim) = sim(80 << 30);
+    let config = VirtualPoolConfig {
+        slack_permille: 0,
+        maximum_physical: Some(22 * 2 * MIB),
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    assert_eq!(p.page_size(), 2 * MIB);
+    // 20 new pages: 20 maps, one set-access over the run.
+    let (maps, access) = (sim.call_count("cuMemMap"), sim.call_count("cuMemSetAccess"));
+    let a = p.allocate(40 * MIB, 256, &s).unwrap();
+    assert_eq!(sim.call_count("cuMemMap"), maps + 20);
+    assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
+    // A page-sized block right after it fences its hole in.
+    let fence = p.allocate(2 * MIB, 256, &s).unwrap();
+    p.deallocate(a, 40 * MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(p.stats().idle_mapped, 40 * MIB);
+    // A larger block cannot use the hole: the 20 idle pages move under it
+    // with one cuMemUnmap (the rest is created), and one set-access.
+    let (unmaps, access) = (
+        sim.call_count("cuMemUnmap"),
+        sim.call_count("cuMemSetAccess"),
+    );
+    let b = p.allocate(42 * MIB, 256, &s).unwrap();
+    assert_ne!(b, a);
+    assert_eq!(
+        sim.call_count("cuMemUnmap"),
+        unmaps + 1,
+        "one unmap per run"
+    );
+    assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
+    let st = p.stats();
+    assert_eq!((st.idle_mapped, st.reserved), (0, 22 * 2 * MIB), "{st:?}");
+    p.check_invariants().unwrap();
+    // Freed and trimmed: the 21-page run goes with one unmap too.
+    p.deallocate(b, 42 * MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    let unmaps = sim.call_count("cuMemUnmap");
+    assert_eq!(p.trim().unwrap(), 42 * MIB);
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
+    p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
 fn physical_pages_move_to_where_they_are_needed() {
     // A device of 32 pages: blocks far apart in address space share them.
     let (device, sim) = sim(64 * MIB);

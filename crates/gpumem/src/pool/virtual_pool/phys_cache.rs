@@ -2,10 +2,11 @@
 //! by `cuMemCreate` (one or more pages each) and the cache of their pages that
 //! are not mapped anywhere.
 //!
-//! A chunk's pages are mapped one page per `cuMemMap` (with an offset into the
-//! chunk), so they can be unmapped and re-mapped under other addresses one by
-//! one. A chunk goes back to the driver (`cuMemRelease`) only when all its
-//! pages sit in the cache. Costs: take and put are O(1); releasing chunks is
+//! A chunk's pages are mapped one page per `cuMemMap`, so they can be
+//! unmapped and re-mapped under other addresses one by one (CUDA maps only
+//! from offset 0, so chunks are one page each: `PAGES_PER_HANDLE`). A chunk
+//! goes back to the driver (`cuMemRelease`) only when all its pages sit in
+//! the cache. Costs: take and put are O(1); releasing chunks is
 //! O(cached pages).
 
 use super::page_table::PhysPage;
