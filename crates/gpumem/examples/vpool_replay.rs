@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p gpumem --example vpool_replay -- [--passes N] \
-//!     [--small BYTES] [--slack PERMILLE] [trace.rmm.csv ...]
+//!     [--small BYTES] [--slack PERMILLE] [--extent PAGES] [trace.rmm.csv ...]
 //! ```
 //!
 //! Pass 1 is cold (every page created); later passes replay the same trace
@@ -15,9 +15,12 @@
 //! `examples/vmm_costs.rs`): cuMemCreate 12 µs, cuMemMap 1.6 µs and
 //! cuMemRelease 11 µs per 2 MiB page; cuMemSetAccess 18 µs per call plus
 //! 25 µs per mapping in its range, cuMemUnmap 9 µs per call plus 17 µs per
-//! mapping (the pool maps one physical allocation per page, so a mapping is a
-//! page); cuMemAddressReserve 22 µs. Batching pages into one call saves only
-//! the per-call part: on the H100 the cost follows the mappings covered.
+//! mapping (a mapping is one extent, one physical allocation of one or more
+//! pages mapped whole); cuMemAddressReserve 22 µs. Batching mappings into one
+//! call saves only the per-call part: on the H100 the cost follows the
+//! mappings covered. cuMemCreate, cuMemMap and cuMemRelease are charged per
+//! page (measured at one page; conservative for multi-page extents, whose map
+//! was measured at 1-6 µs per call up to 256 pages).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -169,14 +172,17 @@ fn main() {
     if let Some(c) = take("--slack").and_then(|v| v.parse().ok()) {
         config.slack_permille = c;
     }
+    if let Some(c) = take("--extent").and_then(|v| v.parse().ok()) {
+        config.max_extent_pages = c;
+    }
     let traces: Vec<String> = if args.is_empty() {
         DEFAULT_TRACES.iter().map(|s| s.to_string()).collect()
     } else {
         args
     };
     println!(
-        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}",
-        config.small_limit, config.slack_permille
+        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}, max_extent_pages {}",
+        config.small_limit, config.slack_permille, config.max_extent_pages
     );
     let sim_call = sim_ns_per_call();
     println!(
@@ -218,16 +224,16 @@ fn main() {
             let created = st.pages_created - st0.pages_created;
             let released = st.pages_released - st0.pages_released;
             let scale = page as f64 / (2u64 << 20) as f64;
-            // Pages mapped and unmapped in the pass (one mapping each).
-            let mapped_pages = d[1];
-            let unmapped_pages = ((st0.mapped / st.page_size) as u64 + mapped_pages)
-                - (st.mapped / st.page_size) as u64;
+            // Mappings (extents) made and unmapped, and pages mapped, in the pass.
+            let maps = st.mappings_made - st0.mappings_made;
+            let unmaps = st.mappings_unmapped - st0.mappings_unmapped;
+            let mapped_pages = st.pages_mapped - st0.pages_mapped;
             let drv_us = created as f64 * 12.0 * scale
                 + mapped_pages as f64 * 1.6 * scale
                 + d[2] as f64 * 18.0
-                + mapped_pages as f64 * 25.0
+                + maps as f64 * 25.0
                 + d[3] as f64 * 9.0
-                + unmapped_pages as f64 * 17.0
+                + unmaps as f64 * 17.0
                 + released as f64 * 11.0 * scale
                 + d[5] as f64 * 22.0;
             let drv = drv_us * 1000.0 / events.len() as f64;
@@ -246,7 +252,7 @@ fn main() {
                 d[1],
                 d[2],
                 d[3],
-                unmapped_pages,
+                unmaps,
                 d[4],
                 drv,
                 bk,

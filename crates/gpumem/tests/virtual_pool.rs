@@ -107,16 +107,23 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_with_one_unmap() {
     let config = VirtualPoolConfig {
         slack_permille: 0,
         maximum_physical: Some(22 * 2 * MIB),
+        max_extent_pages: 32,
         ..VirtualPoolConfig::default()
     };
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(p.page_size(), 2 * MIB);
-    // 20 new pages: 20 maps, one set-access over the run.
-    let (maps, access) = (sim.call_count("cuMemMap"), sim.call_count("cuMemSetAccess"));
+    // 20 new pages: one 20-page extent, one create, one map, one set-access.
+    let (creates, maps, access) = (
+        sim.call_count("cuMemCreate"),
+        sim.call_count("cuMemMap"),
+        sim.call_count("cuMemSetAccess"),
+    );
     let a = p.allocate(40 * MIB, 256, &s).unwrap();
-    assert_eq!(sim.call_count("cuMemMap"), maps + 20);
+    assert_eq!(sim.call_count("cuMemCreate"), creates + 1);
+    assert_eq!(sim.call_count("cuMemMap"), maps + 1);
     assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
+    assert_eq!(p.stats().chunks, 1);
     // A page-sized block right after it fences its hole in.
     let fence = p.allocate(2 * MIB, 256, &s).unwrap();
     p.deallocate(a, 40 * MIB, 256, &s).unwrap();
@@ -146,6 +153,48 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_with_one_unmap() {
     assert_eq!(p.trim().unwrap(), 42 * MIB);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
     p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
+    let (device, sim) = sim(80 << 30);
+    let p = pool(&device);
+    let s = device.create_stream().unwrap();
+    let k = p.config().max_extent_pages;
+    assert!(k >= 4);
+    let bytes = k * p.page_size();
+    let calls =
+        |sim: &SimDriver| ["cuMemCreate", "cuMemMap", "cuMemSetAccess"].map(|c| sim.call_count(c));
+    // A k-page block: one physical allocation mapped once, one set-access.
+    let before = calls(&sim);
+    let a = p.allocate(bytes, 256, &s).unwrap();
+    let after = calls(&sim);
+    assert_eq!(after, before.map(|c| c + 1), "one create, map, set-access");
+    let st = p.stats();
+    assert_eq!((st.chunks, st.mapped, st.mappings_made), (1, bytes, 1));
+    // Freed, and half of it re-used: the extent is partly live.
+    p.deallocate(a, bytes, 256, &s).unwrap();
+    let half = p.allocate(bytes / 2, 256, &s).unwrap();
+    assert_eq!(half, a, "same-stream reuse at once");
+    assert_eq!(calls(&sim), after, "no driver call");
+    s.synchronize().unwrap();
+    assert_eq!(p.stats().idle_mapped, bytes / 2);
+    // A partly idle extent cannot be split: nothing is given back.
+    let unmaps = sim.call_count("cuMemUnmap");
+    assert_eq!(p.trim().unwrap(), 0);
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps);
+    assert_eq!(sim.physical_bytes(), bytes);
+    p.check_invariants().unwrap();
+    // Wholly idle: it goes, whole, with one unmap and one release.
+    p.deallocate(half, bytes / 2, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    let releases = sim.call_count("cuMemRelease");
+    assert_eq!(p.trim().unwrap(), bytes);
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
+    assert_eq!(sim.call_count("cuMemRelease"), releases + 1);
+    assert_eq!(p.stats().mappings_unmapped, 1);
     drop(p);
     assert_all_back(&sim);
 }
@@ -282,7 +331,13 @@ fn maximum_physical_is_a_limit() {
 #[test]
 fn a_failed_mapping_is_undone_entirely() {
     let (device, sim) = sim(80 << 30);
-    let p = pool(&device);
+    // Extents of two pages: the 8-page block takes four maps, so the third
+    // fails after two succeeded.
+    let config = VirtualPoolConfig {
+        max_extent_pages: 2,
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
         p.trim().unwrap(); // nothing mapped: the next allocation maps

@@ -14,45 +14,55 @@
 //!   further range is reserved if an area ever runs out.
 //! - *Pages* (`page_table`): every granularity page counts its live blocks.
 //!   Allocating a block whose pages are all mapped touches no driver call;
-//!   otherwise the unmapped runs get physical pages and are mapped page by
-//!   page (`cuMemMap`), then made accessible with one `cuMemSetAccess` per
-//!   run and device, all or nothing.
+//!   otherwise each unmapped run gets physical *extents* mapped under it,
+//!   then is made accessible with one `cuMemSetAccess` per run and device,
+//!   all or nothing.
+//! - *Extents* (`phys_cache`): CUDA maps a physical allocation only from
+//!   offset 0, so a `cuMemCreate` allocation is mapped whole (one `cuMemMap`)
+//!   under consecutive pages, and moves or is released whole. A run that needs
+//!   new memory gets one extent of up to `max_extent_pages` pages (default 8)
+//!   per that many pages, so a k-page block costs one create, one map and one
+//!   set-access for k up to 8. An extent is unmapped only when all its pages
+//!   are idle: a partly idle extent stays where it is (what caps its size).
 //! - *Placement*: the heap's choice is best fit within the size class first
 //!   (a freed block is re-used by the next request of its size), and with
 //!   one stream a free also takes in the untouched space beside it, so a
 //!   repeating workload re-uses the same, mapped addresses. A large block that
 //!   would still need 16 or more new pages looks for a free place with
 //!   mapped pages instead.
-//! - *Physical pages* (`phys_cache`): taken from the cache of unmapped pages;
-//!   when it is empty and the pool holds more than `slack_permille` over the
-//!   live peak, idle mapped pages (no live block, and every stream that freed
-//!   a block on them seen complete since: a query, or an event recorded by an
-//!   earlier attempt) are unmapped, longest runs first (one `cuMemUnmap` per
-//!   run), and re-mapped where needed; otherwise new memory is created
-//!   (`cuMemCreate`, one page per call: CUDA maps a handle only from offset 0). Idle pages stay
+//! - *Physical memory*: cached extents that fit the run are re-mapped first;
+//!   then, while the pool holds no more than `slack_permille` over the live
+//!   peak, new extents are created; beyond it, whole idle extents (no live
+//!   block on any of their pages, and every stream that freed a block on them
+//!   seen complete since: a query, or an event recorded by an earlier
+//!   attempt) are unmapped, from the longest idle runs first (one
+//!   `cuMemUnmap` per run of adjacent extents), re-mapped where they fit, and
+//!   the rest released before new extents are created. Idle extents stay
 //!   mapped while nothing needs them, so the steady state of a repeating
 //!   workload makes no driver call. On a busy GPU, pages freed by work still
 //!   in flight cannot move yet: the reserve can exceed the live bytes by what
 //!   is in flight.
-//! - *Giving back*: cached pages above `release_threshold` bytes, and all of
-//!   them on [`VirtualPool::trim`], are released (`cuMemRelease`) once their
-//!   whole chunk is cached.
+//! - *Giving back*: cached extents above `release_threshold` bytes, and all
+//!   of them on [`VirtualPool::trim`], are released (`cuMemRelease`).
 //! - *Out of memory*: when `cuMemCreate` fails, the pool waits for every
-//!   stream that freed blocks, unmaps every idle page into the cache and
-//!   retries page by page; then it undoes the call's mappings, returns the
-//!   pages to the cache and fails with [`Error::OutOfMemory`] (requested,
+//!   stream that freed blocks, unmaps every wholly idle extent into the cache
+//!   and retries with one-page extents; then it undoes the call's mappings,
+//!   returns their extents to the cache and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
 //! Costs: the fast path is one lock, one lane lookup, the TLSF operation and
 //! one page-table entry per page of the block (tens of ns). Driver costs on
 //! an H100 (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs,
-//! `cuMemMap` 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page;
-//! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its range,
-//! `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. Calls are already
-//! one per run (set-access per run of newly mapped pages and device, unmap
-//! per run of pages reclaimed together), but as every page is its own
-//! mapping, a page that moves costs about 45 µs whatever the batching, and a
-//! cold page about 40 µs.
+//! `cuMemMap` 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at
+//! one page); `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping
+//! in its range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. The
+//! mapping, not the page, is what costs, hence extents: a cold 8-page run is
+//! one mapping (about 43 µs of set-access instead of 218), and an idle 8-page
+//! extent moves with one unmap and one set-access. Replayed on the simulator
+//! with these costs (`examples/vpool_replay.rs`, estimated driver ns per
+//! event, reserved/live peak), one-page extents vs 8-page extents: resnet50
+//! cold 6,207 vs 3,088 (1.003 both), warm 0 both; gpt2 cold 33,900 vs 11,468,
+//! warm 19,463 vs 4,918 (1.030 vs 1.043).
 
 mod page_table;
 mod phys_cache;
@@ -72,12 +82,6 @@ use crate::{Error, FreeError, OomInfo, Result};
 /// Largest alignment a [`VirtualPool`] serves.
 pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 
-/// Pages per physical allocation (`cuMemCreate`). CUDA maps a physical
-/// allocation only from offset 0 (`cuMemMap`'s offset "must currently be
-/// zero"; the H100 driver answers CUDA_ERROR_NOT_SUPPORTED otherwise), so a page
-/// that moves to another address on its own must be its own allocation.
-const PAGES_PER_HANDLE: usize = 1;
-
 /// Configuration of a [`VirtualPool`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualPoolConfig {
@@ -92,6 +96,12 @@ pub struct VirtualPoolConfig {
     /// fewer unmap/map/set-access calls; 0 moves pages as soon as no cached
     /// page is left.
     pub slack_permille: usize,
+    /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
+    /// `cuMemMap`); 1 gives every page its own allocation (default 8).
+    /// Larger extents mean fewer mappings (a mapping costs about 25 µs of
+    /// `cuMemSetAccess` and 17 µs of `cuMemUnmap` on an H100), but an extent
+    /// moves only when all its pages are idle.
+    pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
     pub release_threshold: usize,
@@ -110,6 +120,7 @@ impl Default for VirtualPoolConfig {
             va_multiple: 2,
             small_limit: 1 << 20,
             slack_permille: 30,
+            max_extent_pages: 8,
             release_threshold: 0,
             maximum_physical: None,
             peers: Vec::new(),
@@ -156,6 +167,12 @@ pub struct VirtualPoolStats {
     /// Large blocks placed elsewhere than the heap's first choice because
     /// fewer new pages were needed there.
     pub relocations: u64,
+    /// Mappings made so far (`cuMemMap` calls: one per extent mapped).
+    pub mappings_made: u64,
+    /// Mappings unmapped so far (extents covered by `cuMemUnmap` calls).
+    pub mappings_unmapped: u64,
+    /// Pages mapped so far, all mappings together.
+    pub pages_mapped: u64,
 }
 
 /// A physical chunk exported for another process.
@@ -199,6 +216,9 @@ struct State {
     pages_created: u64,
     pages_released: u64,
     relocations: u64,
+    mappings_made: u64,
+    mappings_unmapped: u64,
+    pages_mapped: u64,
 }
 
 impl State {
@@ -330,6 +350,9 @@ impl VirtualPool {
             pages_created: 0,
             pages_released: 0,
             relocations: 0,
+            mappings_made: 0,
+            mappings_unmapped: 0,
+            pages_mapped: 0,
         };
         st.pages.add_segment(base.0, total as u64);
         let parts = [
@@ -395,6 +418,9 @@ impl VirtualPool {
             pages_created: st.pages_created,
             pages_released: st.pages_released,
             relocations: st.relocations,
+            mappings_made: st.mappings_made,
+            mappings_unmapped: st.mappings_unmapped,
+            pages_mapped: st.pages_mapped,
         }
     }
 
@@ -496,6 +522,28 @@ impl VirtualPool {
             }
         }
         st.pages.check(&live)?;
+        // Every extent is mapped whole, in order, or not at all.
+        for (p, pp) in st.pages.mapped() {
+            let n = st.phys.pages(pp.chunk);
+            let start = p.idx.checked_sub(pp.index as usize);
+            let whole = start.is_some_and(|s0| {
+                (0..n).all(|i| {
+                    st.pages
+                        .phys_at(PageRef {
+                            seg: p.seg,
+                            idx: s0 + i,
+                        })
+                        .is_some_and(|q| q.chunk == pp.chunk && q.index as usize == i)
+                })
+            });
+            if !whole {
+                return Err(format!(
+                    "page {:#x}: extent {} is not mapped whole",
+                    st.pages.addr(p),
+                    pp.chunk
+                ));
+            }
+        }
         let cached = st.phys.cached_pages();
         if st.pages.mapped_pages() + cached != st.phys.total_pages() {
             return Err(format!(
@@ -641,26 +689,88 @@ impl VirtualPool {
         Some(moved)
     }
 
-    /// Unmaps up to `want` idle pages whose freeing streams are complete,
-    /// longest runs first, into the cache. Returns the pages unmapped.
+    /// Unmaps whole idle extents whose freeing streams are complete into the
+    /// cache until at least `want` pages are cached by it (all of them for
+    /// `usize::MAX`): largest that fit in what is still wanted first, then the
+    /// smallest that cover the rest. Adjacent extents go with one
+    /// `cuMemUnmap`. Returns the pages unmapped.
     fn reclaim(&self, st: &mut State, want: usize) -> Result<usize> {
         if want == 0 || st.pages.idle_pages() == 0 {
             return Ok(0);
         }
         st.streams.begin_pass();
-        let State { pages, streams, .. } = st;
+        let State {
+            pages,
+            streams,
+            phys,
+            ..
+        } = st;
+        // Longest runs of reclaimable idle pages first (fewest calls, and
+        // the pages least likely to be wanted back where they are); the
+        // extents lying wholly within them.
         let mut runs = pages.reclaimable_runs(streams);
-        // Longest runs first: fewest `cuMemUnmap` calls.
         runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        let mut chosen: Vec<(PageRef, usize)> = Vec::new();
+        // Extents larger than what was still wanted when met.
+        let mut larger: Vec<(PageRef, usize)> = Vec::new();
+        let mut got = 0;
+        'runs: for (r, n) in runs {
+            let end = r.idx + n;
+            let mut idx = r.idx;
+            while idx < end {
+                if got >= want {
+                    break 'runs;
+                }
+                let Some(pp) = pages.phys_at(PageRef { seg: r.seg, idx }) else {
+                    idx += 1;
+                    continue;
+                };
+                let start = idx - pp.index as usize;
+                let len = phys.pages(pp.chunk).max(1);
+                if start >= r.idx && start + len <= end {
+                    let e = (
+                        PageRef {
+                            seg: r.seg,
+                            idx: start,
+                        },
+                        len,
+                    );
+                    if want == usize::MAX || got + len <= want {
+                        got += len;
+                        chosen.push(e);
+                    } else {
+                        larger.push(e);
+                    }
+                }
+                idx = start + len;
+            }
+        }
+        // The smallest of the larger ones cover the rest.
+        larger.sort_by_key(|&(_, n)| n);
+        for e in larger {
+            if got >= want {
+                break;
+            }
+            got += e.1;
+            chosen.push(e);
+        }
+        chosen.sort_by_key(|&(p, _)| (p.seg, p.idx));
+        // Adjacent extents: one call; (first page, pages, extents).
+        let mut runs: Vec<(PageRef, usize, u64)> = Vec::new();
+        for (p, n) in chosen {
+            match runs.last_mut() {
+                Some((r, m, k)) if r.seg == p.seg && r.idx + *m == p.idx => {
+                    *m += n;
+                    *k += 1;
+                }
+                _ => runs.push((p, n, 1)),
+            }
+        }
         let driver = self.device.driver();
         let g = self.gran;
         let mut got = 0;
         let mut first_err = None;
-        for (r, n) in runs {
-            if got >= want {
-                break;
-            }
-            let n = n.min(want - got);
+        for (r, n, k) in runs {
             let addr = st.pages.addr(r);
             match driver.vmm_unmap(DevicePtr(addr), n * g) {
                 Ok(()) => {
@@ -669,10 +779,13 @@ impl VirtualPool {
                             seg: r.seg,
                             idx: r.idx + i,
                         };
-                        if let Some(phys) = st.pages.set_unmapped(p) {
-                            st.phys.put(phys);
+                        if let Some(pp) = st.pages.set_unmapped(p) {
+                            if pp.index == 0 {
+                                st.phys.put(pp.chunk);
+                            }
                         }
                     }
+                    st.mappings_unmapped += k;
                     got += n;
                 }
                 Err(e) => {
@@ -686,7 +799,7 @@ impl VirtualPool {
         }
     }
 
-    /// Releases whole cached chunks until at most `keep` bytes stay cached.
+    /// Releases whole cached extents until at most `keep` bytes stay cached.
     /// Returns the bytes released.
     fn release_cached(&self, st: &mut State, keep: usize) -> usize {
         let driver = self.device.driver();
@@ -701,10 +814,11 @@ impl VirtualPool {
         released
     }
 
-    /// Creates up to `n` pages (one handle of [`PAGES_PER_HANDLE`]) into the cache. Returns the pages
-    /// created, or the driver's error.
-    fn create(&self, st: &mut State, n: usize) -> Result<usize> {
-        let mut n = n.min(PAGES_PER_HANDLE);
+    /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
+    /// leaves less room), not cached. Returns its index, or the driver's
+    /// error.
+    fn create(&self, st: &mut State, n: usize) -> Result<u32> {
+        let mut n = n.max(1);
         if let Some(max) = self.config.maximum_physical {
             let room = (max / self.gran).saturating_sub(st.phys.total_pages());
             if room == 0 {
@@ -717,66 +831,147 @@ impl VirtualPool {
             n * self.gran,
             self.handle_type,
         )?;
-        st.phys.add_chunk(h, n as u32);
+        let c = st.phys.add_chunk(h, n as u32);
         st.pages_created += n as u64;
         let reserved = st.phys.total_pages() * self.gran;
         st.peak_reserved = st.peak_reserved.max(reserved);
+        Ok(c)
+    }
+
+    /// Maps extent `c` whole at page `idx` of `seg` (one `cuMemMap`); on
+    /// failure it goes to the cache.
+    fn map_extent(
+        &self,
+        st: &mut State,
+        seg: usize,
+        idx: usize,
+        c: u32,
+        done: &mut Vec<(usize, u32)>,
+    ) -> Result<usize> {
+        let n = st.phys.pages(c);
+        let addr = st.pages.addr(PageRef { seg, idx });
+        if let Err(e) =
+            self.device
+                .driver()
+                .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(c))
+        {
+            st.phys.put(c);
+            return Err(e);
+        }
+        for i in 0..n {
+            let p = PageRef { seg, idx: idx + i };
+            let pp = PhysPage {
+                chunk: c,
+                index: i as u32,
+            };
+            st.pages.set_mapped(p, pp);
+        }
+        st.mappings_made += 1;
+        st.pages_mapped += n as u64;
+        done.push((idx, c));
         Ok(n)
     }
 
-    /// Gets `n` physical pages out of the cache, filling it by reclaiming idle
-    /// pages and creating memory, waiting for freeing streams on
-    /// out-of-memory. On failure the cache holds what was gathered.
-    fn obtain(&self, st: &mut State, n: usize, requested: usize) -> Result<Vec<PhysPage>> {
-        let short = |st: &State| n.saturating_sub(st.phys.cached_pages());
+    /// Fills the fronts of `pieces` (first page, pages still unbacked) with
+    /// cached extents that fit.
+    fn fill_from_cache(
+        &self,
+        st: &mut State,
+        seg: usize,
+        pieces: &mut [(usize, usize)],
+        done: &mut Vec<(usize, u32)>,
+    ) -> Result<()> {
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let Some(c) = st.phys.take_fitting(piece.1) else {
+                    break;
+                };
+                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backs the rest of every piece with new extents of at most `max`
+    /// pages (one extent per piece when memory allows).
+    fn create_into(
+        &self,
+        st: &mut State,
+        seg: usize,
+        pieces: &mut [(usize, usize)],
+        max: usize,
+        done: &mut Vec<(usize, u32)>,
+    ) -> Result<()> {
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let c = self.create(st, piece.1.min(max).min(self.config.max_extent_pages))?;
+                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backs the unmapped `runs` of `seg`: cached extents that fit, then new
+    /// extents (one per run) within the slack over the live peak, else whole
+    /// idle extents unmapped and re-mapped, then new extents; on
+    /// out-of-memory it waits for every freeing stream, takes every idle
+    /// extent and retries page by page. Extents mapped are listed in `done`.
+    fn back_runs(
+        &self,
+        st: &mut State,
+        seg: usize,
+        runs: &[(usize, usize)],
+        requested: usize,
+        done: &mut Vec<(usize, u32)>,
+    ) -> Result<()> {
+        let mut pieces = runs.to_vec();
+        let short = |p: &[(usize, usize)]| p.iter().map(|x| x.1).sum::<usize>();
+        self.fill_from_cache(st, seg, &mut pieces, done)?;
         // Within the slack over the live peak, new memory is made rather than
-        // idle pages moved: fewer driver calls for the same leanness target.
+        // idle extents moved: fewer driver calls for the same leanness target.
         let budget = (st.peak_live.max(st.live_bytes()) / 1000)
             .saturating_mul(1000 + self.config.slack_permille);
         let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
-        if short(st) > 0 && short(st) <= room {
-            while short(st) > 0 {
-                match self.create(st, short(st)) {
-                    Ok(_) => {}
-                    Err(e) if e.is_oom() => break,
-                    Err(e) => return Err(e),
-                }
+        let mut oom = false;
+        if short(&pieces) > 0 && short(&pieces) <= room {
+            match self.create_into(st, seg, &mut pieces, usize::MAX, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => oom = true,
+                Err(e) => return Err(e),
             }
         }
-        if short(st) > 0 {
-            self.reclaim(st, short(st))?;
-        }
-        let mut oom = false;
-        while short(st) > 0 {
-            match self.create(st, short(st)) {
-                Ok(_) => {}
-                Err(e) if e.is_oom() => {
-                    oom = true;
-                    break;
-                }
+        if short(&pieces) > 0 && !oom {
+            self.reclaim(st, short(&pieces))?;
+            self.fill_from_cache(st, seg, &mut pieces, done)?;
+            // What fits nowhere here goes back before new memory is made.
+            self.release_cached(st, self.config.release_threshold);
+            match self.create_into(st, seg, &mut pieces, usize::MAX, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => oom = true,
                 Err(e) => return Err(e),
             }
         }
         if oom {
-            // Wait for pending unmaps, take every idle page, retry page by page.
+            // Wait for pending unmaps, take every idle extent, retry page by page.
             st.streams.synchronize_all(&self.device)?;
             self.reclaim(st, usize::MAX)?;
-            while short(st) > 0 {
-                match self.create(st, 1) {
-                    Ok(_) => {}
-                    Err(e) if e.is_oom() => {
-                        self.release_cached(st, self.config.release_threshold);
-                        return Err(self.oom(st, requested));
-                    }
-                    Err(e) => return Err(e),
-                }
+            self.fill_from_cache(st, seg, &mut pieces, done)?;
+            self.release_cached(st, 0);
+            match self.create_into(st, seg, &mut pieces, 1, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => return Err(self.oom(st, requested)),
+                Err(e) => return Err(e),
             }
         }
-        Ok((0..n).filter_map(|_| st.phys.take()).collect())
+        Ok(())
     }
 
-    /// Maps physical pages under the unmapped pages `first..=last` of `seg`,
-    /// all or nothing.
+    /// Maps physical memory under the unmapped pages `first..=last` of
+    /// `seg`, all or nothing.
     #[cold]
     fn map_missing(
         &self,
@@ -787,44 +982,10 @@ impl VirtualPool {
         requested: usize,
     ) -> Result<()> {
         let runs = st.pages.unmapped_runs(seg, first, last);
-        let n: usize = runs.iter().map(|r| r.1).sum();
-        let mut phys = self.obtain(st, n, requested)?.into_iter();
         let driver = self.device.driver();
         let g = self.gran;
-        let mut done: Vec<(usize, usize)> = Vec::new();
-        let mut result = Ok(());
-        'runs: for &(start, count) in &runs {
-            for i in 0..count {
-                let p = PageRef {
-                    seg,
-                    idx: start + i,
-                };
-                let Some(pp) = phys.next() else {
-                    result = Err(self.oom(st, requested));
-                    break 'runs;
-                };
-                let addr = st.pages.addr(p);
-                match driver.vmm_map(
-                    DevicePtr(addr),
-                    g,
-                    pp.index as usize * g,
-                    st.phys.handle(pp),
-                ) {
-                    Ok(()) => {
-                        st.pages.set_mapped(p, pp);
-                        match done.last_mut() {
-                            Some((f, c)) if *f + *c == p.idx => *c += 1,
-                            _ => done.push((p.idx, 1)),
-                        }
-                    }
-                    Err(e) => {
-                        st.phys.put(pp);
-                        result = Err(e);
-                        break 'runs;
-                    }
-                }
-            }
-        }
+        let mut done: Vec<(usize, u32)> = Vec::new();
+        let mut result = self.back_runs(st, seg, &runs, requested, &mut done);
         if result.is_ok() {
             'access: for &(start, count) in &runs {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
@@ -840,22 +1001,19 @@ impl VirtualPool {
                 }
             }
         }
-        // Pages obtained and not mapped go back to the cache.
-        for pp in phys {
-            st.phys.put(pp);
-        }
         if let Err(e) = result {
-            for (start, count) in done {
+            for (start, c) in done {
+                let n = st.phys.pages(c);
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
-                if driver.vmm_unmap(addr, count * g).is_ok() {
-                    for i in 0..count {
-                        if let Some(pp) = st.pages.set_unmapped(PageRef {
+                if driver.vmm_unmap(addr, n * g).is_ok() {
+                    for i in 0..n {
+                        st.pages.set_unmapped(PageRef {
                             seg,
                             idx: start + i,
-                        }) {
-                            st.phys.put(pp);
-                        }
+                        });
                     }
+                    st.mappings_unmapped += 1;
+                    st.phys.put(c);
                 }
             }
             self.release_cached(st, self.config.release_threshold);

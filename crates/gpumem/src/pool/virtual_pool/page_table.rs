@@ -20,7 +20,7 @@ use crate::driver::STREAM_PER_THREAD;
 use crate::pool::stream_lanes::PtrMap;
 use crate::stream::{Event, Stream};
 
-/// A physical page: page `index` of physical chunk `chunk`.
+/// A physical page: page `index` of extent (physical allocation) `chunk`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PhysPage {
     pub(super) chunk: u32,
@@ -315,6 +315,15 @@ impl PageTable {
             }
         }
         runs
+    }
+
+    /// What is mapped at `p`, if anything.
+    pub(super) fn phys_at(&self, p: PageRef) -> Option<PhysPage> {
+        let e = &self.segs[p.seg].pages[p.idx];
+        (e.chunk != UNMAPPED).then_some(PhysPage {
+            chunk: e.chunk,
+            index: e.index,
+        })
     }
 
     /// Every mapped page in address order.
