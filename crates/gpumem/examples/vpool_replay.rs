@@ -100,8 +100,23 @@ fn replay(
             .or_insert_with(|| device.create_stream().expect("stream"));
     }
     let (mut cur, mut peak) = (0usize, 0usize);
+    let step: usize = std::env::var("VPOOL_STEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     let t0 = Instant::now();
-    for ev in events {
+    for (i, ev) in events.iter().enumerate() {
+        if i % step == 0 {
+            let st = pool.stats();
+            eprintln!(
+                "  event {i}: mappings {} aliases {} reloc {} fresh {} va-mapped GB {:.2}",
+                st.mappings_made,
+                st.aliases_made,
+                st.relocations,
+                st.fresh_ranges,
+                st.mapped as f64 / 1e9
+            );
+        }
         match *ev {
             Ev::Alloc { ptr, size, stream } => {
                 let s = &streams[&stream];
@@ -194,6 +209,7 @@ fn main() {
         "create", "pages", "map", "access", "unmap", "unmapped", "release",
         "drv ns/op", "bk ns/op", "total"
     );
+    let verbose = std::env::var_os("VPOOL_VERBOSE").is_some();
     for path in traces {
         let events = match parse(&path) {
             Ok(e) => e,
@@ -258,6 +274,18 @@ fn main() {
                 bk,
                 drv + bk
             );
+            if verbose {
+                println!(
+                    "    aliases {} reloc {} fresh {} va-mapped GB {:.2} aliased GB {:.2} chunks {} va GB {:.0}",
+                    st.aliases_made - st0.aliases_made,
+                    st.relocations - st0.relocations,
+                    st.fresh_ranges - st0.fresh_ranges,
+                    st.mapped as f64 / 1e9,
+                    st.aliased as f64 / 1e9,
+                    st.chunks,
+                    st.virtual_reserved as f64 / 1e9
+                );
+            }
         }
         pool.check_invariants().expect("invariants");
         drop(pool);

@@ -102,7 +102,7 @@ fn small_and_large_blocks_map_only_what_they_cover() {
 }
 
 #[test]
-fn a_multi_page_run_maps_with_one_set_access_and_moves_with_one_unmap() {
+fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     let (device, sim) = sim(80 << 30);
     let config = VirtualPoolConfig {
         slack_permille: 0,
@@ -129,29 +129,33 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_with_one_unmap() {
     p.deallocate(a, 40 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     assert_eq!(p.stats().idle_mapped, 40 * MIB);
-    // A larger block cannot use the hole: the 20 idle pages move under it
-    // with one cuMemUnmap (the rest is created), and one set-access.
-    let (unmaps, access) = (
+    // A larger block cannot use the hole: the 20 idle pages are mapped
+    // under it too (an alias: one cuMemMap, no unmap; they stay mapped at
+    // the hole), one page is created, and one set-access covers the run.
+    let (unmaps, maps, access) = (
         sim.call_count("cuMemUnmap"),
+        sim.call_count("cuMemMap"),
         sim.call_count("cuMemSetAccess"),
     );
     let b = p.allocate(42 * MIB, 256, &s).unwrap();
     assert_ne!(b, a);
-    assert_eq!(
-        sim.call_count("cuMemUnmap"),
-        unmaps + 1,
-        "one unmap per run"
-    );
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps, "aliased, not moved");
+    assert_eq!(sim.call_count("cuMemMap"), maps + 2);
     assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
     let st = p.stats();
-    assert_eq!((st.idle_mapped, st.reserved), (0, 22 * 2 * MIB), "{st:?}");
+    assert_eq!(
+        (st.reserved, st.aliased, st.aliases_made),
+        (22 * 2 * MIB, 40 * MIB, 1),
+        "{st:?}"
+    );
     p.check_invariants().unwrap();
-    // Freed and trimmed: the 21-page run goes with one unmap too.
+    // Freed and trimmed: each idle run goes with one unmap (the hole's
+    // alias, and b's run of two mappings), then both extents are released.
     p.deallocate(b, 42 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     let unmaps = sim.call_count("cuMemUnmap");
     assert_eq!(p.trim().unwrap(), 42 * MIB);
-    assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 2);
     p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
     drop(p);
     assert_all_back(&sim);
@@ -463,7 +467,7 @@ fn physical_chunks_export_as_file_descriptors() {
 #[test]
 fn data_survives_across_re_mapped_pages() {
     // A backed device: blocks of growing sizes force idle pages to be
-    // unmapped and re-mapped under other addresses between rounds.
+    // mapped under other addresses (aliases) between rounds.
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(64 * MIB));
     let p = pool(&device);
     let s = device.create_stream().unwrap();
@@ -483,7 +487,7 @@ fn data_survives_across_re_mapped_pages() {
         }
         p.check_invariants().unwrap();
     }
-    assert!(sim.call_count("cuMemUnmap") > 0, "pages moved");
+    assert!(p.stats().aliases_made > 0, "pages moved: {:?}", p.stats());
     let st = p.stats();
     assert_eq!(
         st.pages_created * p.page_size() as u64,
@@ -491,6 +495,85 @@ fn data_survives_across_re_mapped_pages() {
     );
     assert_eq!(sim.data_stats().faults, 0);
     drop(keep);
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn aliased_memory_is_never_handed_out_twice() {
+    // A backed device of 24 pages and no slack: every round's large block
+    // must take the pages of blocks freed elsewhere, while the smaller ones
+    // come back to addresses whose pages another alias may hold.
+    let (device, sim) = Device::sim_with_driver(SimConfig::backed(48 * MIB));
+    let config = VirtualPoolConfig {
+        slack_permille: 0,
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let mut live: Vec<(DeviceBuffer<u8, &VirtualPool>, Vec<u8>)> = Vec::new();
+    for round in 0..40u64 {
+        let len = match round % 4 {
+            0 => 30 * MIB,
+            1 => 6 * MIB + 300,
+            2 => 10 * MIB,
+            _ => 3 * MIB + 77,
+        };
+        while live.iter().map(|(b, _)| b.len()).sum::<usize>() + len > 40 * MIB {
+            live.remove(0);
+        }
+        let data = common::random_bytes(len, round);
+        let buf = DeviceBuffer::from_slice(&data, &p, &s).unwrap();
+        live.push((buf, data));
+        for (b, d) in &live {
+            assert_eq!(&b.to_vec().unwrap(), d, "round {round}");
+        }
+        p.check_invariants().unwrap();
+        assert!(sim.physical_bytes() <= 48 * MIB);
+    }
+    assert!(p.stats().aliases_made > 0, "{:?}", p.stats());
+    assert_eq!(sim.data_stats().faults, 0);
+    drop(live);
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
+fn memory_freed_on_a_busy_stream_is_not_aliased_for_another() {
+    let (device, sim) = sim(80 << 30);
+    let config = VirtualPoolConfig {
+        slack_permille: 0,
+        ..VirtualPoolConfig::default()
+    };
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let a = DeviceBuffer::<u8, _>::new(20 * MIB, &p, &s).unwrap();
+    let fence = p.allocate(2 * MIB, 256, &s).unwrap();
+    sim.hold(s.raw());
+    a.memset_async(7).unwrap(); // pending on s
+    drop(a);
+    // t needs 11 pages: a's 10 are still in use by s's work, so they are
+    // not mapped for t; new memory is made.
+    let before = p.stats();
+    let b = p.allocate(22 * MIB, 256, &t).unwrap();
+    let st = p.stats();
+    assert_eq!(st.aliases_made, before.aliases_made, "{st:?}");
+    assert_eq!(st.reserved, before.reserved + 22 * MIB, "{st:?}");
+    p.check_invariants().unwrap();
+    p.deallocate(b, 22 * MIB, 256, &t).unwrap();
+    // Once s is done, the same request on t may take a's pages.
+    sim.release(s.raw());
+    s.synchronize().unwrap();
+    t.synchronize().unwrap();
+    let c = p.allocate(44 * MIB, 256, &t).unwrap();
+    assert!(p.stats().aliases_made > before.aliases_made);
+    p.check_invariants().unwrap();
+    p.deallocate(c, 44 * MIB, 256, &t).unwrap();
+    p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
+    assert_eq!(sim.data_stats().faults, 0);
     drop(p);
     assert_all_back(&sim);
 }

@@ -13,63 +13,75 @@
 //!   query finds the freeing stream idle or after waiting on one event. A
 //!   further range is reserved if an area ever runs out.
 //! - *Pages* (`page_table`): every granularity page counts its live blocks.
-//!   Allocating a block whose pages are all mapped touches no driver call;
-//!   otherwise each unmapped run gets physical *extents* mapped under it,
-//!   then is made accessible with one `cuMemSetAccess` per run and device,
-//!   all or nothing.
+//!   Allocating a block whose pages are all mapped, and own their physical
+//!   pages (below), touches no driver call; otherwise each unmapped run gets
+//!   physical *extents* mapped under it, then is made accessible with one
+//!   `cuMemSetAccess` per run and device, all or nothing.
 //! - *Extents* (`phys_cache`): CUDA maps a physical allocation only from
 //!   offset 0, so a `cuMemCreate` allocation is mapped whole (one `cuMemMap`)
-//!   under consecutive pages, and moves or is released whole. A run that needs
-//!   new memory gets one extent of up to `max_extent_pages` pages (default 8)
-//!   per that many pages, so a k-page block costs one create, one map and one
-//!   set-access for k up to 8. An extent is unmapped only when all its pages
-//!   are idle: a partly idle extent stays where it is (what caps its size).
+//!   under consecutive pages. A run that needs new memory gets one extent of
+//!   up to `max_extent_pages` pages (default 8) per that many pages, so a
+//!   k-page block costs one create, one map and one set-access for k up to 8.
+//! - *Aliases*: CUDA lets one physical allocation be mapped under several
+//!   virtual ranges at once, and a write through one is seen through the
+//!   others once the writing operation has completed. So memory never has to
+//!   be unmapped to go where it is needed: an idle extent is mapped under the
+//!   new run as well, and its old mapping stays. Every physical page has one
+//!   *owner*, the virtual page through which blocks may use it; a block is
+//!   handed out only over pages that own their memory, so no two live blocks
+//!   share a physical byte. A page takes its memory back from another alias
+//!   when the owner there has no live block and every stream that freed a
+//!   block on it (other than the taker, whose order protects it) is known
+//!   done. A repeating workload thus soon finds every alias it needs already
+//!   mapped: its steady state makes no driver call while physical memory
+//!   keeps following the live bytes.
 //! - *Placement*: the heap's choice is best fit within the size class first
 //!   (a freed block is re-used by the next request of its size), and with
 //!   one stream a free also takes in the untouched space beside it, so a
-//!   repeating workload re-uses the same, mapped addresses. A large block that
-//!   would still need 16 or more new pages looks for a free place with
-//!   mapped pages instead.
-//! - *Physical memory*: cached extents that fit the run are re-mapped first;
-//!   then, while the pool holds no more than `slack_permille` over the live
-//!   peak, new extents are created; beyond it, whole idle extents (no live
-//!   block on any of their pages, and every stream that freed a block on them
-//!   seen complete since: a query, or an event recorded by an earlier
-//!   attempt) are unmapped, from the longest idle runs first (one
-//!   `cuMemUnmap` per run of adjacent extents), re-mapped where they fit, and
-//!   the rest released before new extents are created. Idle extents stay
-//!   mapped while nothing needs them, so the steady state of a repeating
-//!   workload makes no driver call. On a busy GPU, pages freed by work still
-//!   in flight cannot move yet: the reserve can exceed the live bytes by what
-//!   is in flight.
-//! - *Giving back*: cached extents above `release_threshold` bytes, and all
-//!   of them on [`VirtualPool::trim`], are released (`cuMemRelease`).
+//!   repeating workload re-uses the same addresses. A block whose pages are
+//!   held through another alias (a *conflict*), or a large block that would
+//!   need [`RELOCATE_MIN_PAGES`] or more new pages, looks among up to 64 free
+//!   places for one without conflicts needing the fewest new pages; if every
+//!   place conflicts, it goes to a newly reserved range. Small requests and
+//!   large ones keep their own memory (small blocks share pages, so aliases
+//!   between the two would conflict at every turn).
+//! - *Physical memory* for a run, in order: cached (unmapped) extents that
+//!   fit; idle extents mapped elsewhere that fit, as aliases; new extents,
+//!   while the pool holds no more than `slack_permille` over the live peak;
+//!   beyond it, idle extents that fit nowhere are unmapped everywhere (every
+//!   stream that freed a block at any of their mappings seen complete: a
+//!   query, or an event recorded by an earlier attempt) and released, then
+//!   new extents are created. On a busy GPU, pages freed by work still in
+//!   flight cannot pass to another stream yet: the reserve can exceed the
+//!   live bytes by what is in flight.
+//! - *Giving back*: [`VirtualPool::trim`] unmaps every idle mapping whose
+//!   freeing streams are done and releases extents mapped nowhere; cached
+//!   extents above `release_threshold` bytes are released after each
+//!   mapping call.
 //! - *Out of memory*: when `cuMemCreate` fails, the pool waits for every
-//!   stream that freed blocks, unmaps every wholly idle extent into the cache
-//!   and retries with one-page extents; then it undoes the call's mappings,
-//!   returns their extents to the cache and fails with [`Error::OutOfMemory`] (requested,
+//!   stream that freed blocks, unmaps every idle mapping, releases what is
+//!   then mapped nowhere and retries with one-page extents; then it undoes
+//!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
 //! Costs: the fast path is one lock, one lane lookup, the TLSF operation and
-//! one page-table entry per page of the block (tens of ns). Driver costs on
-//! an H100 (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs,
-//! `cuMemMap` 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at
-//! one page); `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping
-//! in its range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. The
-//! mapping, not the page, is what costs, hence extents: a cold 8-page run is
-//! one mapping (about 43 µs of set-access instead of 218), and an idle 8-page
-//! extent moves with one unmap and one set-access. Replayed on the simulator
-//! with these costs (`examples/vpool_replay.rs`, estimated driver ns per
-//! event, reserved/live peak), one-page extents vs 8-page extents: resnet50
-//! cold 6,207 vs 3,088 (1.003 both), warm 0 both; gpt2 cold 33,900 vs 11,468,
-//! warm 19,463 vs 4,918 (1.030 vs 1.043).
+//! one page-table entry per page of the block, plus its physical page's
+//! owner on a page's first user (tens of ns). Driver costs on an H100
+//! (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs, `cuMemMap`
+//! 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at one page);
+//! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its
+//! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
+//! costs one map and its share of one set-access, once; after that, memory
+//! changes place between the same addresses for nothing. Replayed on the
+//! simulator with these costs (`examples/vpool_replay.rs`): see the README
+//! of the latest `bench/results/*vpool*` run.
 
 mod page_table;
 mod phys_cache;
 
 use std::sync::{Mutex, MutexGuard};
 
-use self::page_table::{FreeStreams, PageRef, PageTable, PhysPage};
+use self::page_table::{Acquired, FreeStreams, PageRef, PageTable, PhysPage};
 use self::phys_cache::PhysCache;
 use super::heap_lanes::HeapLanes;
 use crate::device::Device;
@@ -142,6 +154,10 @@ pub struct VirtualPoolStats {
     pub mapped: usize,
     /// Mapped bytes under no live block (kept mapped for re-use).
     pub idle_mapped: usize,
+    /// Of `mapped`, the bytes that are second (or later) mappings of
+    /// physical memory mapped elsewhere too: *aliases*, kept so memory that
+    /// changes place in a repeating workload needs no driver call.
+    pub aliased: usize,
     /// Physical pages unmapped and cached for re-mapping.
     pub cached_pages: usize,
     /// Bytes of those pages.
@@ -173,6 +189,12 @@ pub struct VirtualPoolStats {
     pub mappings_unmapped: u64,
     /// Pages mapped so far, all mappings together.
     pub pages_mapped: u64,
+    /// Of `mappings_made`, the aliases: extents mapped at a further place
+    /// while staying mapped where they were.
+    pub aliases_made: u64,
+    /// Blocks placed in fresh address space because every free place with
+    /// mapped pages conflicted.
+    pub fresh_ranges: u64,
 }
 
 /// A physical chunk exported for another process.
@@ -191,7 +213,7 @@ pub struct PhysExport {
 /// free place with fewer (measured on the traces: smaller blocks gain less
 /// driver time than the search costs, and moving them unsettles layouts that
 /// otherwise repeat without any driver call).
-const RELOCATE_MIN_PAGES: usize = 16;
+const RELOCATE_MIN_PAGES: usize = 4;
 
 const SMALL: usize = 0;
 const LARGE: usize = 1;
@@ -219,6 +241,8 @@ struct State {
     mappings_made: u64,
     mappings_unmapped: u64,
     pages_mapped: u64,
+    aliases_made: u64,
+    fresh_ranges: u64,
 }
 
 impl State {
@@ -228,11 +252,17 @@ impl State {
 
     #[inline]
     fn arena_of(&self, addr: u64) -> Option<usize> {
-        self.ranges
-            .iter()
-            .find(|&&(s, e, _)| addr >= s && addr < e)
-            .map(|&(_, _, a)| a)
+        ranges_arena(&self.ranges, addr)
     }
+}
+
+/// The arena whose range holds `addr`.
+#[inline]
+fn ranges_arena(ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
+    ranges
+        .iter()
+        .find(|&&(s, e, _)| addr >= s && addr < e)
+        .map(|&(_, _, a)| a)
 }
 
 /// A stream-ordered pool on CUDA virtual memory management: physical pages
@@ -353,6 +383,8 @@ impl VirtualPool {
             mappings_made: 0,
             mappings_unmapped: 0,
             pages_mapped: 0,
+            aliases_made: 0,
+            fresh_ranges: 0,
         };
         st.pages.add_segment(base.0, total as u64);
         let parts = [
@@ -406,6 +438,13 @@ impl VirtualPool {
             peak_reserved: st.peak_reserved,
             mapped: st.pages.mapped_pages() * g,
             idle_mapped: st.pages.idle_pages() * g,
+            aliased: (st.pages.mapped_pages()
+                - st.phys
+                    .chunks()
+                    .filter(|(_, c)| !c.at.is_empty())
+                    .map(|(_, c)| c.pages as usize)
+                    .sum::<usize>())
+                * g,
             cached_pages: st.phys.cached_pages(),
             cached: st.phys.cached_pages() * g,
             chunks: st.phys.chunk_count(),
@@ -421,6 +460,8 @@ impl VirtualPool {
             mappings_made: st.mappings_made,
             mappings_unmapped: st.mappings_unmapped,
             pages_mapped: st.pages_mapped,
+            aliases_made: st.aliases_made,
+            fresh_ranges: st.fresh_ranges,
         }
     }
 
@@ -521,7 +562,7 @@ impl VirtualPool {
                 }
             }
         }
-        st.pages.check(&live)?;
+        st.pages.check(&live, &st.phys)?;
         // Every extent is mapped whole, in order, or not at all.
         for (p, pp) in st.pages.mapped() {
             let n = st.phys.pages(pp.chunk);
@@ -544,15 +585,54 @@ impl VirtualPool {
                 ));
             }
         }
-        let cached = st.phys.cached_pages();
-        if st.pages.mapped_pages() + cached != st.phys.total_pages() {
+        // Each extent's list of mappings matches the table; an extent is
+        // cached exactly when it is mapped nowhere.
+        let mut mapped = 0;
+        for (c, ch) in st.phys.chunks() {
+            for &at in &ch.at {
+                let p = PageRef {
+                    seg: (at >> 40) as usize,
+                    idx: (at & ((1 << 40) - 1)) as usize,
+                };
+                if st.pages.phys_at(p) != Some(PhysPage { chunk: c, index: 0 }) {
+                    return Err(format!("extent {c}: no mapping at {:#x}", st.pages.addr(p)));
+                }
+            }
+            if ch.at.is_empty() != st.phys.is_cached(c) {
+                return Err(format!(
+                    "extent {c}: {} mappings but cached {}",
+                    ch.at.len(),
+                    st.phys.is_cached(c)
+                ));
+            }
+            mapped += ch.at.len() * ch.pages as usize;
+        }
+        if mapped != st.pages.mapped_pages() {
             return Err(format!(
-                "{} mapped + {cached} cached pages != {} physical pages",
-                st.pages.mapped_pages(),
-                st.phys.total_pages()
+                "{mapped} pages mapped by extents, {} in the table",
+                st.pages.mapped_pages()
             ));
         }
         Ok(())
+    }
+
+    /// [`PageTable::acquire`] with the stream-safety answer of `stream`.
+    #[inline]
+    fn acquire(
+        st: &mut State,
+        (seg, first, last): (usize, usize, usize),
+        stream: &Stream,
+    ) -> Acquired {
+        let State {
+            pages,
+            phys,
+            streams,
+            ..
+        } = st;
+        pages.acquire(seg, first, last, phys, |mask, tick| {
+            let own = streams.own_bit(stream);
+            streams.safe_for(own, mask, tick)
+        })
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {
@@ -603,6 +683,23 @@ impl VirtualPool {
         }
         // Out of addresses that are safe now: reserve another range (address
         // space is cheap; waiting for other streams is not).
+        self.reserve_range(st, which, needed, bytes)?;
+        st.arenas[which]
+            .heap
+            .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
+            .ok_or_else(|| self.oom(st, bytes))
+    }
+
+    /// Reserves another virtual range of at least `needed` bytes for arena
+    /// `which` and adds it to its heap (in the global lane).
+    #[cold]
+    fn reserve_range(
+        &self,
+        st: &mut State,
+        which: usize,
+        needed: usize,
+        bytes: usize,
+    ) -> Result<crate::suballoc::RegionId> {
         let base_size = if which == SMALL {
             self.capacity / 2
         } else {
@@ -617,29 +714,56 @@ impl VirtualPool {
             Err(e) if e.is_oom() => return Err(self.oom(st, bytes)),
             Err(e) => return Err(e),
         };
-        if let Err(e) = st.arenas[which].heap.add_region(base.0, size as u64) {
-            let _ = self.device.driver().vmm_free_address(base, size);
-            return Err(Error::InvalidArgument(format!(
-                "virtual pool: unusable range at {:#x}: {e}",
-                base.0
-            )));
-        }
+        let id = match st.arenas[which].heap.add_region(base.0, size as u64) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.device.driver().vmm_free_address(base, size);
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: unusable range at {:#x}: {e}",
+                    base.0
+                )));
+            }
+        };
         st.reservations.push((base.0, size));
         st.ranges.push((base.0, base.0 + size as u64, which));
         st.pages.add_segment(base.0, size as u64);
+        Ok(id)
+    }
+
+    /// A block at the start of a newly reserved range: nothing is mapped
+    /// there, so nothing conflicts.
+    #[cold]
+    fn fresh_block(
+        &self,
+        st: &mut State,
+        which: usize,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<crate::suballoc::Allocation> {
+        let needed = bytes
+            .checked_next_multiple_of(self.gran)
+            .and_then(|b| b.checked_add(alignment.max(256)))
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let id = self.reserve_range(st, which, needed, bytes)?;
+        st.fresh_ranges += 1;
+        let first = st.arenas[which].heap.region_blocks(id).next();
+        let (block, b) = first.ok_or_else(|| self.oom(st, bytes))?;
+        let at = b.addr.next_multiple_of(alignment.max(256) as u64);
         st.arenas[which]
             .heap
-            .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
+            .allocate_from(block, at, bytes as u64)
             .ok_or_else(|| self.oom(st, bytes))
     }
 
-    /// For a large block needing at least [`RELOCATE_MIN_PAGES`] new pages, a
-    /// place that needs fewer than `blk` (whose pages are `pages`): the free
-    /// blocks of the stream's lane and of the global
-    /// lane that fit are tried at their start and their end, and the place
-    /// with the fewest unmapped pages wins. Taken out of the heap when better
-    /// than `blk` (which the caller gives back). Slow path only: bounded
-    /// by `PLACEMENT_CANDIDATES` blocks.
+    /// A better place than `blk` (whose pages are `pages`, not acquired):
+    /// when `blk` conflicts (see [`PageTable::acquire`]), any place without
+    /// conflicts; else, for a large block needing at least
+    /// [`RELOCATE_MIN_PAGES`] new pages, a place that needs fewer. The free
+    /// blocks of the stream's lane and of the global lane that fit are tried
+    /// at their start and their end; places with conflicts are skipped and
+    /// the fewest unmapped pages wins. Taken out of the heap when better than
+    /// `blk` (which the caller gives back). Slow path only: bounded by
+    /// `PLACEMENT_CANDIDATES` blocks.
     #[cold]
     fn better_placement(
         &self,
@@ -649,11 +773,16 @@ impl VirtualPool {
         blk: &crate::suballoc::Allocation,
         pages: (usize, usize, usize),
         alignment: usize,
+        conflict: bool,
     ) -> Option<crate::suballoc::Allocation> {
         const PLACEMENT_CANDIDATES: usize = 64;
         let (seg, first, last) = pages;
-        let mut best_n = st.pages.count_unmapped(seg, first, last);
-        if which != LARGE || best_n < RELOCATE_MIN_PAGES {
+        let mut best_n = if conflict {
+            usize::MAX
+        } else {
+            st.pages.count_unmapped(seg, first, last)
+        };
+        if !conflict && (which != LARGE || best_n < RELOCATE_MIN_PAGES) {
             return None;
         }
         let size = blk.size;
@@ -673,7 +802,7 @@ impl VirtualPool {
                         continue;
                     };
                     let n = st.pages.count_unmapped(s2, f2, l2);
-                    if n < best_n {
+                    if n < best_n && st.pages.count_conflicts(s2, f2, l2, &st.phys) == 0 {
                         best_n = n;
                         best = Some((id, at));
                         if n == 0 {
@@ -781,7 +910,7 @@ impl VirtualPool {
                         };
                         if let Some(pp) = st.pages.set_unmapped(p) {
                             if pp.index == 0 {
-                                st.phys.put(pp.chunk);
+                                st.phys.unmapped_at(pp.chunk, PageTable::pack(p.seg, p.idx));
                             }
                         }
                     }
@@ -855,9 +984,12 @@ impl VirtualPool {
                 .driver()
                 .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(c))
         {
-            st.phys.put(c);
+            if st.phys.chunk(c).is_some_and(|ch| ch.at.is_empty()) {
+                st.phys.put(c);
+            }
             return Err(e);
         }
+        st.phys.mapped_at(c, PageTable::pack(seg, idx));
         for i in 0..n {
             let p = PageRef { seg, idx: idx + i };
             let pp = PhysPage {
@@ -865,6 +997,9 @@ impl VirtualPool {
                 index: i as u32,
             };
             st.pages.set_mapped(p, pp);
+            if st.pages.users(p) > 0 {
+                st.phys.state_mut(c, i as u32).owner = PageTable::pack(seg, idx + i);
+            }
         }
         st.mappings_made += 1;
         st.pages_mapped += n as u64;
@@ -894,6 +1029,124 @@ impl VirtualPool {
         Ok(())
     }
 
+    /// Maps idle extents that stay mapped elsewhere (aliases) under the
+    /// fronts of `pieces`, largest that fit first: no new memory and no
+    /// unmap, and the old mappings stay for when the memory is wanted back
+    /// there. An extent qualifies when no page of it is in use through any
+    /// mapping and its frees are safe for the stream of `own`.
+    fn alias_idle(
+        &self,
+        st: &mut State,
+        seg: usize,
+        pieces: &mut [(usize, usize)],
+        own: u64,
+        done: &mut Vec<(usize, u32)>,
+    ) -> Result<()> {
+        let longest = pieces.iter().map(|p| p.1).max().unwrap_or(0);
+        if longest == 0 {
+            return Ok(());
+        }
+        let mut cands: Vec<(usize, u32)> = Vec::new();
+        // Small and large areas keep their own memory: small blocks share
+        // pages, so memory passing between them would conflict at every turn.
+        let target = st.arena_of(st.pages.addr(PageRef {
+            seg,
+            idx: pieces[0].0,
+        }));
+        {
+            let State {
+                pages,
+                phys,
+                streams,
+                ranges,
+                ..
+            } = &mut *st;
+            for (c, ch) in phys.chunks() {
+                if ch.at.is_empty() || ch.pages as usize > longest || !pages.extent_idle(c, phys) {
+                    continue;
+                }
+                let home = pages.addr(PageTable::unpack(ch.at[0]));
+                if (ranges_arena(ranges, home) == Some(SMALL)) != (target == Some(SMALL)) {
+                    continue;
+                }
+                if ch
+                    .state
+                    .iter()
+                    .all(|x| x.mask == 0 || streams.safe_for(own, x.mask, x.tick))
+                {
+                    cands.push((ch.pages as usize, c));
+                }
+            }
+        }
+        cands.sort_by_key(|&(n, c)| (std::cmp::Reverse(n), c));
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let Some(k) = cands.iter().position(|&(n, _)| n <= piece.1) else {
+                    break;
+                };
+                let (_, c) = cands.remove(k);
+                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                st.aliases_made += 1;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmaps every mapping of whole idle extents (no page in use through
+    /// any mapping, every stream that freed a block at any of them known
+    /// done) into the cache, largest first, until at least `want` pages are
+    /// cached by it. Returns the pages cached.
+    fn uncover_idle(&self, st: &mut State, want: usize) -> Result<usize> {
+        st.streams.begin_pass();
+        let mut cands: Vec<(usize, u32, Vec<u64>)> = Vec::new();
+        {
+            let State {
+                pages,
+                phys,
+                streams,
+                ..
+            } = &mut *st;
+            for (c, ch) in phys.chunks() {
+                if ch.at.is_empty() || !pages.extent_idle(c, phys) {
+                    continue;
+                }
+                let quiet = ch.at.iter().all(|&at| {
+                    (0..u64::from(ch.pages)).all(|i| {
+                        let (mask, tick) = pages.free_mark(PageTable::unpack(at + i));
+                        mask == 0 || streams.complete(mask, tick)
+                    })
+                });
+                if quiet {
+                    cands.push((ch.pages as usize, c, ch.at.clone()));
+                }
+            }
+        }
+        cands.sort_by_key(|&(n, c, _)| (std::cmp::Reverse(n), c));
+        let driver = self.device.driver();
+        let mut got = 0;
+        for (n, c, at) in cands {
+            if got >= want {
+                break;
+            }
+            for a in at {
+                let p = PageTable::unpack(a);
+                driver.vmm_unmap(DevicePtr(st.pages.addr(p)), n * self.gran)?;
+                for i in 0..n {
+                    st.pages.set_unmapped(PageRef {
+                        seg: p.seg,
+                        idx: p.idx + i,
+                    });
+                }
+                st.mappings_unmapped += 1;
+                st.phys.unmapped_at(c, a);
+            }
+            got += n;
+        }
+        Ok(got)
+    }
+
     /// Backs the rest of every piece with new extents of at most `max`
     /// pages (one extent per piece when memory allows).
     fn create_into(
@@ -915,9 +1168,10 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// Backs the unmapped `runs` of `seg`: cached extents that fit, then new
-    /// extents (one per run) within the slack over the live peak, else whole
-    /// idle extents unmapped and re-mapped, then new extents; on
+    /// Backs the unmapped `runs` of `seg`: cached extents that fit, idle
+    /// extents mapped elsewhere that fit (aliased), then new extents (one per
+    /// run) within the slack over the live peak; beyond it, idle extents that
+    /// fit nowhere here are unmapped everywhere and released first; on
     /// out-of-memory it waits for every freeing stream, takes every idle
     /// extent and retries page by page. Extents mapped are listed in `done`.
     fn back_runs(
@@ -926,11 +1180,13 @@ impl VirtualPool {
         seg: usize,
         runs: &[(usize, usize)],
         requested: usize,
+        own: u64,
         done: &mut Vec<(usize, u32)>,
     ) -> Result<()> {
         let mut pieces = runs.to_vec();
         let short = |p: &[(usize, usize)]| p.iter().map(|x| x.1).sum::<usize>();
         self.fill_from_cache(st, seg, &mut pieces, done)?;
+        self.alias_idle(st, seg, &mut pieces, own, done)?;
         // Within the slack over the live peak, new memory is made rather than
         // idle extents moved: fewer driver calls for the same leanness target.
         let budget = (st.peak_live.max(st.live_bytes()) / 1000)
@@ -945,7 +1201,7 @@ impl VirtualPool {
             }
         }
         if short(&pieces) > 0 && !oom {
-            self.reclaim(st, short(&pieces))?;
+            self.uncover_idle(st, short(&pieces))?;
             self.fill_from_cache(st, seg, &mut pieces, done)?;
             // What fits nowhere here goes back before new memory is made.
             self.release_cached(st, self.config.release_threshold);
@@ -980,12 +1236,13 @@ impl VirtualPool {
         first: usize,
         last: usize,
         requested: usize,
+        own: u64,
     ) -> Result<()> {
         let runs = st.pages.unmapped_runs(seg, first, last);
         let driver = self.device.driver();
         let g = self.gran;
         let mut done: Vec<(usize, u32)> = Vec::new();
-        let mut result = self.back_runs(st, seg, &runs, requested, &mut done);
+        let mut result = self.back_runs(st, seg, &runs, requested, own, &mut done);
         if result.is_ok() {
             'access: for &(start, count) in &runs {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
@@ -1013,7 +1270,7 @@ impl VirtualPool {
                         });
                     }
                     st.mappings_unmapped += 1;
-                    st.phys.put(c);
+                    st.phys.unmapped_at(c, PageTable::pack(seg, start));
                 }
             }
             self.release_cached(st, self.config.release_threshold);
@@ -1058,19 +1315,40 @@ impl MemoryResource for VirtualPool {
                 blk.addr
             )));
         };
-        if !st.pages.acquire(seg, first, last) {
-            if let Some(better) =
-                self.better_placement(st, which, lane, &blk, (seg, first, last), alignment)
-            {
-                st.pages.unacquire(seg, first, last);
+        let mut got = Self::acquire(st, (seg, first, last), stream);
+        let relocate = got.conflict
+            || (!got.all_mapped
+                && which == LARGE
+                && st.pages.count_unmapped(seg, first, last) >= RELOCATE_MIN_PAGES);
+        if relocate {
+            st.pages.unacquire(seg, first, last);
+            if let Some(better) = self.better_placement(
+                st,
+                which,
+                lane,
+                &blk,
+                (seg, first, last),
+                alignment,
+                got.conflict,
+            ) {
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 blk = better;
                 (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
-                st.pages.acquire(seg, first, last);
+            }
+            got = Self::acquire(st, (seg, first, last), stream);
+            if got.conflict {
+                // Every free place conflicts: fresh address space.
+                st.pages.unacquire(seg, first, last);
+                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                blk = self.fresh_block(st, which, bytes, alignment)?;
+                (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
+                got = Self::acquire(st, (seg, first, last), stream);
+                debug_assert!(!got.conflict);
             }
         }
-        if st.pages.count_unmapped(seg, first, last) > 0 {
-            if let Err(e) = self.map_missing(st, seg, first, last, bytes) {
+        if !got.all_mapped {
+            let own = st.streams.own_bit(stream);
+            if let Err(e) = self.map_missing(st, seg, first, last, bytes, own) {
                 st.pages.unacquire(seg, first, last);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 if e.is_oom() {
@@ -1119,7 +1397,7 @@ impl MemoryResource for VirtualPool {
         .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
         if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
-            st.pages.release(seg, first, last, bit, tick);
+            st.pages.release(seg, first, last, bit, tick, &mut st.phys);
         }
         Ok(())
     }

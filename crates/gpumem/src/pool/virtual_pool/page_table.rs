@@ -10,11 +10,17 @@
 //! [`FreeStreams`]). Idle pages are tracked in a bitmap per range, so finding
 //! them costs a scan of one bit per page, on slow paths only.
 //!
+//! A mapped page is usable by a block only while it *owns* its physical page
+//! (see [`PhysCache`]): taking a page whose physical page another alias owns
+//! with live blocks is a *conflict*, and the pool places the block elsewhere.
+//!
 //! Costs: allocate and free touch one entry per page of the block (O(1) for
-//! blocks within a page), no allocation, no driver call.
+//! blocks within a page), plus the physical page's owner on a page's first
+//! user; no allocation, no driver call.
 
 use std::thread::ThreadId;
 
+use super::phys_cache::{PhysCache, NO_OWNER};
 use crate::device::Device;
 use crate::driver::STREAM_PER_THREAD;
 use crate::pool::stream_lanes::PtrMap;
@@ -70,6 +76,16 @@ pub(super) struct Segment {
 pub(super) struct PageRef {
     pub(super) seg: usize,
     pub(super) idx: usize,
+}
+
+/// What [`PageTable::acquire`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Acquired {
+    /// Every page is mapped.
+    pub(super) all_mapped: bool,
+    /// Some mapped page's physical page is in use through another alias (or
+    /// was freed there by a stream not known done): the block cannot stay.
+    pub(super) conflict: bool,
 }
 
 /// The pages of every reserved range.
@@ -155,21 +171,116 @@ impl PageTable {
         }
     }
 
-    /// A block now covers pages `first..=last` of `seg`: counts it as a user.
-    /// Returns true when every page is already mapped (the fast path).
+    /// A page reference packed in a `u64` (segment << 40 | page).
     #[inline]
-    pub(super) fn acquire(&mut self, seg: usize, first: usize, last: usize) -> bool {
-        let mut all_mapped = true;
+    pub(super) fn pack(seg: usize, idx: usize) -> u64 {
+        ((seg as u64) << 40) | idx as u64
+    }
+
+    /// The page a packed reference names.
+    #[inline]
+    pub(super) fn unpack(packed: u64) -> PageRef {
+        PageRef {
+            seg: (packed >> 40) as usize,
+            idx: (packed & ((1 << 40) - 1)) as usize,
+        }
+    }
+
+    /// The frees recorded on page `p` since it was last mapped: stream mask
+    /// and tick.
+    pub(super) fn free_mark(&self, p: PageRef) -> (u64, u64) {
+        let e = &self.segs[p.seg].pages[p.idx];
+        (e.mask, e.tick)
+    }
+
+    /// Live blocks on the page `packed` refers to.
+    #[inline]
+    fn users_packed(&self, packed: u64) -> u32 {
+        self.segs[(packed >> 40) as usize].pages[(packed & ((1 << 40) - 1)) as usize].users
+    }
+
+    /// True when the physical page under mapped page `idx` of `seg` could
+    /// pass to it now: its owner is this page, nobody, or a page with no
+    /// live block.
+    #[inline]
+    fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
+        let p = &self.segs[seg].pages[idx];
+        let owner = phys.state(p.chunk, p.index).owner;
+        owner == Self::pack(seg, idx) || owner == NO_OWNER || self.users_packed(owner) == 0
+    }
+
+    /// A block now covers pages `first..=last` of `seg`: counts it as a user
+    /// and makes each mapped page the owner of its physical page. `safe`
+    /// answers whether frees recorded as `(mask, tick)` on a physical page
+    /// that passes from another alias are done as far as the caller's stream
+    /// is concerned. On a conflict the counts stay (undo them with
+    /// [`PageTable::unacquire`]).
+    #[inline]
+    pub(super) fn acquire(
+        &mut self,
+        seg: usize,
+        first: usize,
+        last: usize,
+        phys: &mut PhysCache,
+        mut safe: impl FnMut(u64, u64) -> bool,
+    ) -> Acquired {
+        let mut out = Acquired {
+            all_mapped: true,
+            conflict: false,
+        };
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users += 1;
-            let mapped = p.chunk != UNMAPPED;
-            if p.users == 1 && mapped {
-                self.set_idle(seg, idx, false);
+            if p.chunk == UNMAPPED {
+                out.all_mapped = false;
+                continue;
             }
-            all_mapped &= mapped;
+            if p.users > 1 {
+                continue; // already owned through this page
+            }
+            let (c, i) = (p.chunk, p.index);
+            self.set_idle(seg, idx, false);
+            let me = Self::pack(seg, idx);
+            let st = *phys.state(c, i);
+            if st.owner == me {
+                continue;
+            }
+            if (st.owner == NO_OWNER || self.users_packed(st.owner) == 0)
+                && (st.mask == 0 || safe(st.mask, st.tick))
+            {
+                phys.state_mut(c, i).owner = me;
+            } else {
+                out.conflict = true;
+            }
         }
-        all_mapped
+        out
+    }
+
+    /// How many mapped pages among `first..=last` of `seg` (where no block
+    /// lives) are backed by physical pages in use through another alias.
+    pub(super) fn count_conflicts(
+        &self,
+        seg: usize,
+        first: usize,
+        last: usize,
+        phys: &PhysCache,
+    ) -> usize {
+        (first..=last)
+            .filter(|&idx| {
+                let p = &self.segs[seg].pages[idx];
+                p.chunk != UNMAPPED && p.users == 0 && !self.phys_free_for(seg, idx, phys)
+            })
+            .count()
+    }
+
+    /// True when every page of extent `c` is free to pass to another alias
+    /// (no owner with live blocks), ignoring stream safety.
+    pub(super) fn extent_idle(&self, c: u32, phys: &PhysCache) -> bool {
+        phys.chunk(c).is_some_and(|ch| {
+            ch.state
+                .iter()
+                .all(|s| s.owner == NO_OWNER || self.users_packed(s.owner) == 0)
+        })
     }
 
     /// Undoes [`PageTable::acquire`] for a block that was never handed out.
@@ -186,7 +297,15 @@ impl PageTable {
     /// A block on pages `first..=last` was freed by stream slot bit `bit` at
     /// `tick`.
     #[inline]
-    pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
+    pub(super) fn release(
+        &mut self,
+        seg: usize,
+        first: usize,
+        last: usize,
+        bit: u64,
+        tick: u64,
+        phys: &mut PhysCache,
+    ) {
         for w in first / 64..=last / 64 {
             self.segs[seg].word_tick[w] = tick;
         }
@@ -195,10 +314,21 @@ impl PageTable {
             p.users -= 1;
             p.mask |= bit;
             p.tick = tick;
-            if p.users == 0 && p.chunk != UNMAPPED {
-                self.set_idle(seg, idx, true);
+            if p.chunk != UNMAPPED {
+                let (c, i, idle) = (p.chunk, p.index, p.users == 0);
+                let st = phys.state_mut(c, i);
+                st.mask |= bit;
+                st.tick = tick;
+                if idle {
+                    self.set_idle(seg, idx, true);
+                }
             }
         }
+    }
+
+    /// Live blocks on page `p`.
+    pub(super) fn users(&self, p: PageRef) -> u32 {
+        self.segs[p.seg].pages[p.idx].users
     }
 
     /// How many of pages `first..=last` of `seg` are unmapped: a popcount
@@ -344,7 +474,7 @@ impl PageTable {
     /// Checks the table against the live blocks `[addr, addr + size)`: each
     /// page's user count is the number of live blocks on it, every page under
     /// a live block is mapped, and the idle bitmap and counters agree.
-    pub(super) fn check(&self, live: &[(u64, u64)]) -> Result<(), String> {
+    pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
         let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.pages.len()]).collect();
         for &(addr, size) in live {
             let (seg, first, last) = self
@@ -367,6 +497,11 @@ impl PageTable {
                 let is_mapped = p.chunk != UNMAPPED;
                 if p.users > 0 && !is_mapped {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
+                }
+                if p.users > 0 && phys.state(p.chunk, p.index).owner != Self::pack(seg, idx) {
+                    return Err(format!(
+                        "page {addr:#x} has live blocks but does not own its physical page"
+                    ));
                 }
                 let bit = s.idle[idx / 64] & (1 << (idx % 64)) != 0;
                 if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
@@ -467,6 +602,29 @@ impl FreeStreams {
         };
         self.by_id.insert(stream.id().0, slot as u32);
         slot as u32
+    }
+
+    /// The slot bit of `stream` when it is the only stream on that bit
+    /// (frees by it need no check before it re-uses their memory), else 0.
+    #[inline]
+    pub(super) fn own_bit(&self, stream: &Stream) -> u64 {
+        match self.by_id.get(&stream.id().0) {
+            Some(&s) if self.slots.len() <= 64 => 1u64 << s,
+            _ => 0,
+        }
+    }
+
+    /// True when frees `(mask, tick)` on memory about to be used by the
+    /// stream of `own` (see [`FreeStreams::own_bit`]) are safe to follow:
+    /// the stream's own frees are ordered before its new work, the others
+    /// must be known done (a query at most, never a wait).
+    pub(super) fn safe_for(&mut self, own: u64, mask: u64, tick: u64) -> bool {
+        let others = mask & !own;
+        if others == 0 || tick <= self.floor {
+            return true;
+        }
+        self.begin_pass();
+        self.complete(others, tick)
     }
 
     /// Every free with a tick at or below this is known to have run.

@@ -1,21 +1,46 @@
 //! The physical memory of a [`VirtualPool`](super::VirtualPool): extents made
-//! by `cuMemCreate` (one or more pages each) and the cache of extents that
-//! are not mapped anywhere.
+//! by `cuMemCreate` (one or more pages each), where each is mapped, who owns
+//! each of its pages, and the cache of extents mapped nowhere.
 //!
 //! CUDA maps a physical allocation only from offset 0, so an extent is
-//! mapped whole, with one `cuMemMap`, under a run of consecutive pages, and
-//! moves or goes back whole: a partly idle extent stays where it is until all
-//! its pages are idle. A cached extent is re-mapped under a run at least as
-//! long as it. Costs: put and [`PhysCache::take_fitting`] are O(cached
-//! extents), which stay few (beyond `release_threshold` they are released
-//! after every mapping call).
+//! mapped whole, with one `cuMemMap`, under a run of consecutive pages. It
+//! may be mapped at several runs at once (*aliases*: CUDA allows one
+//! allocation under several virtual ranges, and makes writes through one
+//! visible through the others once the writing operation completes). Each
+//! physical page has one *owner*, the virtual page through which blocks may
+//! use it; the pool hands out a block only over pages it owns, so no two
+//! live blocks ever share a physical byte. A page passes to another alias
+//! only when its owner has no live block and every stream that freed a
+//! block on it (other than the taker's) is known to be done (`mask`,
+//! `tick`, as in the page table). Costs: put and
+//! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
 use crate::driver::RawPhys;
+
+/// No owner (a packed page reference never takes this value).
+pub(super) const NO_OWNER: u64 = u64::MAX;
+
+/// Who may use one physical page, and who freed blocks on it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PhysPageState {
+    /// The virtual page (packed: segment << 40 | page) that owns it, or
+    /// [`NO_OWNER`].
+    pub(super) owner: u64,
+    /// Stream slots (mod 64) that freed blocks on it, through any alias,
+    /// since it was last known quiet.
+    pub(super) mask: u64,
+    /// Tick of the last such free.
+    pub(super) tick: u64,
+}
 
 /// One `cuMemCreate` allocation (an extent).
 pub(super) struct Chunk {
     pub(super) handle: RawPhys,
     pub(super) pages: u32,
+    /// Where it is mapped: the first virtual page (packed) of each mapping.
+    pub(super) at: Vec<u64>,
+    /// Per page: owner and frees.
+    pub(super) state: Vec<PhysPageState>,
 }
 
 /// Extents and the cache of unmapped ones.
@@ -47,10 +72,22 @@ impl PhysCache {
         self.chunks.len() - self.vacant.len()
     }
 
-    /// Records a new extent of `pages` pages, not cached (about to be
-    /// mapped); returns its index.
+    /// Records a new extent of `pages` pages, mapped nowhere and not cached
+    /// (about to be mapped); returns its index.
     pub(super) fn add_chunk(&mut self, handle: RawPhys, pages: u32) -> u32 {
-        let chunk = Chunk { handle, pages };
+        let chunk = Chunk {
+            handle,
+            pages,
+            at: Vec::new(),
+            state: vec![
+                PhysPageState {
+                    owner: NO_OWNER,
+                    mask: 0,
+                    tick: 0,
+                };
+                pages as usize
+            ],
+        };
         self.total_pages += pages as usize;
         match self.vacant.pop() {
             Some(c) => {
@@ -71,6 +108,29 @@ impl PhysCache {
             .map_or(0, |c| c.pages as usize)
     }
 
+    /// Extent `c`.
+    pub(super) fn chunk(&self, c: u32) -> Option<&Chunk> {
+        self.chunks.get(c as usize).and_then(Option::as_ref)
+    }
+
+    /// The state of page `i` of extent `c`.
+    #[inline]
+    pub(super) fn state_mut(&mut self, c: u32, i: u32) -> &mut PhysPageState {
+        &mut self.chunks[c as usize]
+            .as_mut()
+            .expect("mapped extent exists")
+            .state[i as usize]
+    }
+
+    /// The state of page `i` of extent `c`.
+    #[inline]
+    pub(super) fn state(&self, c: u32, i: u32) -> &PhysPageState {
+        &self.chunks[c as usize]
+            .as_ref()
+            .expect("mapped extent exists")
+            .state[i as usize]
+    }
+
     /// Takes the largest cached extent of at most `max` pages.
     pub(super) fn take_fitting(&mut self, max: usize) -> Option<u32> {
         let (i, _) = self
@@ -85,7 +145,37 @@ impl PhysCache {
         Some(c)
     }
 
-    /// Puts an unmapped extent in the cache.
+    /// Records a new mapping of extent `c` starting at virtual page `at`
+    /// (packed). The extent must not be in the cache.
+    pub(super) fn mapped_at(&mut self, c: u32, at: u64) {
+        if let Some(ch) = self.chunks[c as usize].as_mut() {
+            ch.at.push(at);
+        }
+    }
+
+    /// Records that the mapping of extent `c` at `at` is gone; an extent
+    /// mapped nowhere any more goes to the cache. Owners at that mapping
+    /// (`first` is its packed first page) are cleared.
+    pub(super) fn unmapped_at(&mut self, c: u32, at: u64) {
+        let Some(ch) = self.chunks[c as usize].as_mut() else {
+            return;
+        };
+        if let Some(i) = ch.at.iter().position(|&a| a == at) {
+            ch.at.swap_remove(i);
+        }
+        for (i, s) in ch.state.iter_mut().enumerate() {
+            if s.owner == at + i as u64 {
+                s.owner = NO_OWNER;
+            }
+        }
+        if ch.at.is_empty() {
+            self.cached_pages += ch.pages as usize;
+            self.free.push(c);
+        }
+    }
+
+    /// Puts an extent that was taken from the cache (or just made) and never
+    /// mapped back in the cache.
     pub(super) fn put(&mut self, c: u32) {
         self.cached_pages += self.pages(c);
         self.free.push(c);
@@ -102,6 +192,11 @@ impl PhysCache {
             .iter()
             .enumerate()
             .filter_map(|(i, c)| c.as_ref().map(|c| (i as u32, c)))
+    }
+
+    /// True when extent `c` is in the cache.
+    pub(super) fn is_cached(&self, c: u32) -> bool {
+        self.free.contains(&c)
     }
 
     /// Takes cached extents out, largest first, until at most `keep_pages`
