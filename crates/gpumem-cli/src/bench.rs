@@ -2,9 +2,11 @@
 //!
 //! Each (workload, allocator) pair runs `repeats` times; every repeat builds
 //! the allocator afresh (so pools pay for their growth), runs the timed loop
-//! and frees everything. With `warm`, each repeat first runs the workload once
-//! untimed on the same allocator, so the timed run measures the steady state
-//! (RMM's own benchmarks pre-size their pools the same way); records say which. The reported `ns_per_op` is the median over repeats;
+//! and frees everything. With `warm`, each repeat first runs the workload
+//! untimed on the same allocator (`warm_passes` times, default once), so the
+//! timed run measures the steady state (RMM's own benchmarks pre-size their
+//! pools the same way); records say which. The reported `ns_per_op` is the
+//! median over repeats;
 //! `peak_reserved` is the most the allocator held from the driver in any
 //! repeat, and `peak_live` the most the workload had allocated at once.
 
@@ -12,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
-use gpumem::{Backend, Device};
+use gpumem::{Backend, Device, Stream};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
@@ -80,8 +82,10 @@ pub struct BenchConfig {
     pub holes: usize,
     /// `replay`: the trace.
     pub trace: Option<PathBuf>,
-    /// Run each workload once untimed on the same allocator before timing it.
+    /// Run each workload untimed on the same allocator before timing it.
     pub warm: bool,
+    /// How many untimed runs `warm` makes (at least one).
+    pub warm_passes: usize,
 }
 
 impl Default for BenchConfig {
@@ -103,6 +107,7 @@ impl Default for BenchConfig {
             thread_max_size: 4 << 20,
             seed: 42,
             warm: false,
+            warm_passes: 1,
             threads: 8,
             holes: 4096,
             trace: None,
@@ -161,6 +166,9 @@ pub struct BenchRecord {
     /// True when the timed run followed an untimed run of the same workload on
     /// the same allocator (steady state); false when it includes growth.
     pub warm: bool,
+    /// Untimed runs before the timed one (0 when cold).
+    #[serde(default)]
+    pub warm_passes: usize,
     /// Median over repeats of nanoseconds per operation (allocate or free);
     /// null when the run failed.
     pub ns_per_op: Option<f64>,
@@ -294,28 +302,36 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
     })
 }
 
+/// The streams one repeat uses, made once so its warm-up and timed runs
+/// share them (a program keeps its streams across iterations).
+fn repeat_streams(device: &Device, prep: &Prepared) -> gpumem::Result<Vec<Stream>> {
+    match prep {
+        Prepared::Replay(p) => workload::replay_streams(device, p),
+        Prepared::Threads(_) => Ok(Vec::new()),
+        _ => Ok(vec![device.create_stream()?]),
+    }
+}
+
 fn run_once(
     alloc: &Allocator,
     device: &Device,
     cfg: &BenchConfig,
     prep: &Prepared,
+    streams: &[Stream],
 ) -> gpumem::Result<Timed> {
     let r = &*alloc.resource;
+    let one = || {
+        streams
+            .first()
+            .cloned()
+            .map_or_else(|| device.create_stream(), Ok)
+    };
     match prep {
-        Prepared::Same => {
-            let s = device.create_stream()?;
-            workload::run_same(r, device, &s, cfg.size, cfg.iters)
-        }
-        Prepared::Random(seq) => {
-            let s = device.create_stream()?;
-            workload::run_sequence(r, device, &s, seq)
-        }
+        Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters),
+        Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq),
         Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs),
-        Prepared::Holes => {
-            let s = device.create_stream()?;
-            workload::run_holes(r, device, &s, cfg.holes, cfg.iters)
-        }
-        Prepared::Replay(p) => workload::run_replay(r, device, p, None),
+        Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters),
+        Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None),
     }
 }
 
@@ -374,10 +390,13 @@ pub fn run(
                 let result = (|| -> gpumem::Result<(Timed, usize)> {
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
+                    let streams = repeat_streams(device, &prep)?;
                     if cfg.warm {
-                        run_once(&alloc, device, cfg, &prep)?;
+                        for _ in 0..cfg.warm_passes.max(1) {
+                            run_once(&alloc, device, cfg, &prep, &streams)?;
+                        }
                     }
-                    let t = run_once(&alloc, device, cfg, &prep)?;
+                    let t = run_once(&alloc, device, cfg, &prep, &streams)?;
                     let peak = alloc.reserve.peak()?;
                     Ok((t, peak))
                 })();
@@ -421,6 +440,7 @@ pub fn run(
                 device: ctx.device_kind.clone(),
                 device_name: ctx.device_name.clone(),
                 warm: cfg.warm,
+                warm_passes: if cfg.warm { cfg.warm_passes.max(1) } else { 0 },
                 ns_per_op: ok.then(|| median(&mut ns)),
                 ns_per_op_min: ok.then(|| ns[0]),
                 ns_per_op_max: ok.then(|| ns[ns.len() - 1]),

@@ -120,6 +120,9 @@ struct BenchArgs {
     /// allocator before the timed run (default: cold, growth included).
     #[arg(long)]
     warm: bool,
+    /// Like --warm, with this many untimed runs first.
+    #[arg(long, value_name = "N")]
+    warm_passes: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -137,6 +140,9 @@ struct ReplayArgs {
     /// Time the steady state: replay once untimed on the same allocator first.
     #[arg(long)]
     warm: bool,
+    /// Like --warm, with this many untimed replays first.
+    #[arg(long, value_name = "N")]
+    warm_passes: Option<usize>,
     /// Also write gpumem's own RMM log of the replay (through the
     /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
     /// FILE's stem.ALLOC.ext for each of several.
@@ -287,7 +293,8 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         threads: a.threads.max(1),
         holes: a.holes,
         trace: a.trace,
-        warm: a.warm,
+        warm: a.warm || a.warm_passes.is_some(),
+        warm_passes: a.warm_passes.unwrap_or(1).max(1),
     };
     allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
@@ -300,7 +307,7 @@ fn replay_traces(
     traces: &[PathBuf],
     alloc: &[String],
     repeats: usize,
-    warm: bool,
+    warm_passes: usize,
     json: bool,
 ) -> Result<()> {
     for path in traces {
@@ -320,7 +327,8 @@ fn replay_traces(
             workloads: vec![Workload::Replay],
             repeats: repeats.max(1),
             trace: Some(path.clone()),
-            warm,
+            warm: warm_passes > 0,
+            warm_passes: warm_passes.max(1),
             ..BenchConfig::default()
         };
         run_bench(t, &cfg, alloc, json)?;
@@ -336,7 +344,11 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
         std::slice::from_ref(&a.trace),
         &a.alloc.alloc,
         a.repeats,
-        a.warm,
+        match (a.warm_passes, a.warm) {
+            (Some(n), _) => n.max(1),
+            (None, true) => 1,
+            (None, false) => 0,
+        },
         a.json,
     )?;
     if let Some(log) = &a.log {
@@ -446,5 +458,5 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
         return Ok(());
     }
-    replay_traces(&t, &traces, &[], 3, false, false)
+    replay_traces(&t, &traces, &[], 3, 0, false)
 }

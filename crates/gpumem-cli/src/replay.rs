@@ -181,7 +181,7 @@ pub fn timeline(
             t.reserved.push(reserved);
         }
     };
-    run_replay(&*alloc.resource, device, prep, Some(&mut sample))?;
+    run_replay(&*alloc.resource, device, prep, None, Some(&mut sample))?;
     if let Some(e) = err {
         return Err(e.into());
     }
@@ -215,7 +215,7 @@ pub fn write_log(
     path: &Path,
 ) -> anyhow::Result<usize> {
     let logger = LoggingAdaptor::new(alloc.resource.clone(), path)?;
-    run_replay(&logger, device, prep, None)?;
+    run_replay(&logger, device, prep, None, None)?;
     logger.flush()?;
     drop(logger);
     let rows = trace::read_file(path)

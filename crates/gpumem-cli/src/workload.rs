@@ -353,8 +353,18 @@ pub fn run_threads(
     })
 }
 
-/// Replays a prepared trace through `r`, timed: one stream per distinct trace
-/// stream, made beforehand. Frees what the trace leaves live afterwards.
+/// Streams for replaying `prep`: one per distinct trace stream. A caller
+/// that replays a trace several times on one allocator passes the same
+/// streams each time, as the traced program kept its streams.
+pub fn replay_streams(device: &Device, prep: &PreparedReplay) -> gpumem::Result<Vec<Stream>> {
+    (0..prep.streams.len().max(1))
+        .map(|_| device.create_stream())
+        .collect()
+}
+
+/// Replays a prepared trace through `r`, timed, on `streams` (from
+/// [`replay_streams`]; made when `None`). Frees what the trace leaves live
+/// afterwards.
 /// `on_step`, when given, is called after every operation with its index
 /// (used for timelines; it is inside the timed loop, so only untimed callers
 /// pass one).
@@ -362,11 +372,17 @@ pub fn run_replay(
     r: &dyn MemoryResource,
     device: &Device,
     prep: &PreparedReplay,
+    streams: Option<&[Stream]>,
     mut on_step: Option<&mut dyn FnMut(usize)>,
 ) -> gpumem::Result<Timed> {
-    let streams: Vec<Stream> = (0..prep.streams.len().max(1))
-        .map(|_| device.create_stream())
-        .collect::<gpumem::Result<_>>()?;
+    let made;
+    let streams = match streams {
+        Some(s) if s.len() >= prep.streams.len().max(1) => s,
+        _ => {
+            made = replay_streams(device, prep)?;
+            &made[..]
+        }
+    };
     let mut table = vec![DevicePtr::NULL; prep.slots];
     let mut sizes = vec![0usize; prep.slots];
     let mut slot_stream = vec![0u16; prep.slots];
@@ -400,7 +416,7 @@ pub fn run_replay(
     }
     let synced = device.synchronize();
     let elapsed = start.elapsed();
-    let freed = free_all(r, &mut table, &sizes, &streams, &slot_stream);
+    let freed = free_all(r, &mut table, &sizes, streams, &slot_stream);
     result?;
     synced?;
     freed?;

@@ -82,6 +82,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         holes: 8,
         trace: Some(trace.to_path_buf()),
         warm: false,
+        warm_passes: 1,
     }
 }
 
@@ -112,6 +113,7 @@ fn warm_runs_are_marked_and_measured() {
     let ctx = RunContext::new(sim()).unwrap();
     let cfg = BenchConfig {
         warm: true,
+        warm_passes: 3,
         workloads: vec![Workload::Random, Workload::Replay],
         ..tiny_config(&trace)
     };
@@ -120,9 +122,11 @@ fn warm_runs_are_marked_and_measured() {
     assert_eq!(records.len(), 4);
     for r in &records {
         assert!(r.warm && r.error.is_none(), "{r:?}");
+        assert_eq!(r.warm_passes, 3, "{r:?}");
         assert!(r.ns_per_op.unwrap() > 0.0);
         let line = serde_json::to_string(r).unwrap();
         assert!(line.contains("\"warm\":true"), "{line}");
+        assert!(line.contains("\"warm_passes\":3"), "{line}");
     }
 }
 
@@ -218,7 +222,8 @@ fn replay_of_a_real_trace_through_cuda_holds_exactly_the_live_bytes() {
     let device = sim();
     for spec in allocators::select(&[]).unwrap() {
         let alloc = (spec.build)(&device).unwrap();
-        let t = gpumem_cli::workload::run_replay(&*alloc.resource, &device, &prep, None).unwrap();
+        let t =
+            gpumem_cli::workload::run_replay(&*alloc.resource, &device, &prep, None, None).unwrap();
         assert_eq!(t.ops, 10_172);
         let peak = alloc.reserve.peak().unwrap();
         assert!(peak >= prep.peak_live, "{}: {peak}", spec.name);

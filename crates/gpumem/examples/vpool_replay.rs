@@ -231,6 +231,10 @@ fn main() {
         for pass in 1..=passes {
             let before = counts(&sim);
             let st0 = pool.stats();
+            if std::env::var_os("VPOOL_FRESH_STREAMS").is_some() {
+                // As `gpumem replay` does: new streams for every pass.
+                streams.clear();
+            }
             let (ns, peak) = replay(&pool, &device, &events, &mut streams);
             peak_live = peak_live.max(peak);
             let after = counts(&sim);

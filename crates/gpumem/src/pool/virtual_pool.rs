@@ -606,6 +606,13 @@ impl VirtualPool {
                 ));
             }
             mapped += ch.at.len() * ch.pages as usize;
+            let busy = st.pages.busy_pages(c, &st.phys);
+            if busy != ch.busy {
+                return Err(format!(
+                    "extent {c}: {} busy pages counted, {busy} found",
+                    ch.busy
+                ));
+            }
         }
         if mapped != st.pages.mapped_pages() {
             return Err(format!(
@@ -755,7 +762,7 @@ impl VirtualPool {
             .ok_or_else(|| self.oom(st, bytes))
     }
 
-    /// A better place than `blk` (whose pages are `pages`, not acquired):
+    /// A better place than `blk` (its pages not acquired):
     /// when `blk` conflicts (see [`PageTable::acquire`]), any place without
     /// conflicts; else, for a large block needing at least
     /// [`RELOCATE_MIN_PAGES`] new pages, a place that needs fewer. The free
@@ -771,12 +778,11 @@ impl VirtualPool {
         which: usize,
         lane: LaneId,
         blk: &crate::suballoc::Allocation,
-        pages: (usize, usize, usize),
         alignment: usize,
         conflict: bool,
     ) -> Option<crate::suballoc::Allocation> {
         const PLACEMENT_CANDIDATES: usize = 64;
-        let (seg, first, last) = pages;
+        let (seg, first, last) = st.pages.range(blk.addr, blk.size)?;
         let mut best_n = if conflict {
             usize::MAX
         } else {
@@ -788,9 +794,17 @@ impl VirtualPool {
         let size = blk.size;
         let align = alignment.max(256) as u64;
         let mut best: Option<(crate::suballoc::BlockId, u64)> = None;
-        let heap = &st.arenas[which].heap;
-        'lanes: for l in [lane, LaneId::GLOBAL] {
-            for (id, addr, bsize) in heap.free_blocks_at_least(l, size, PLACEMENT_CANDIDATES) {
+        let State {
+            arenas,
+            pages,
+            phys,
+            ..
+        } = &*st;
+        let heap = &arenas[which].heap;
+        let mut seen = 0;
+        for l in [lane, LaneId::GLOBAL] {
+            heap.for_each_free_at_least(l, size, |id, addr, bsize| {
+                seen += 1;
                 let end = addr + bsize;
                 let start = addr.next_multiple_of(align);
                 let tail = (end - size) & !(align - 1);
@@ -798,19 +812,24 @@ impl VirtualPool {
                     if at < addr || at + size > end {
                         continue;
                     }
-                    let Some((s2, f2, l2)) = st.pages.range(at, size) else {
+                    let Some((s2, f2, l2)) = pages.range(at, size) else {
                         continue;
                     };
-                    let n = st.pages.count_unmapped(s2, f2, l2);
-                    if n < best_n && st.pages.count_conflicts(s2, f2, l2, &st.phys) == 0 {
+                    let n = pages.count_unmapped(s2, f2, l2);
+                    if n < best_n && !pages.has_conflict(s2, f2, l2, phys) {
                         best_n = n;
                         best = Some((id, at));
                         if n == 0 {
-                            break 'lanes;
+                            return false;
                         }
                     }
                 }
+                seen < PLACEMENT_CANDIDATES
+            });
+            if best_n == 0 {
+                break;
             }
+            seen = 0;
         }
         let (id, at) = best?;
         let moved = st.arenas[which].heap.allocate_from(id, at, size)?;
@@ -908,7 +927,7 @@ impl VirtualPool {
                             seg: r.seg,
                             idx: r.idx + i,
                         };
-                        if let Some(pp) = st.pages.set_unmapped(p) {
+                        if let Some(pp) = st.pages.set_unmapped(p, &mut st.phys) {
                             if pp.index == 0 {
                                 st.phys.unmapped_at(pp.chunk, PageTable::pack(p.seg, p.idx));
                             }
@@ -998,7 +1017,7 @@ impl VirtualPool {
             };
             st.pages.set_mapped(p, pp);
             if st.pages.users(p) > 0 {
-                st.phys.state_mut(c, i as u32).owner = PageTable::pack(seg, idx + i);
+                st.pages.own_new(p, &mut st.phys);
             }
         }
         st.mappings_made += 1;
@@ -1062,18 +1081,14 @@ impl VirtualPool {
                 ..
             } = &mut *st;
             for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || ch.pages as usize > longest || !pages.extent_idle(c, phys) {
+                if ch.at.is_empty() || ch.pages as usize > longest || ch.busy > 0 {
                     continue;
                 }
                 let home = pages.addr(PageTable::unpack(ch.at[0]));
                 if (ranges_arena(ranges, home) == Some(SMALL)) != (target == Some(SMALL)) {
                     continue;
                 }
-                if ch
-                    .state
-                    .iter()
-                    .all(|x| x.mask == 0 || streams.safe_for(own, x.mask, x.tick))
-                {
+                if ch.mask == 0 || streams.safe_for(own, ch.mask, ch.tick) {
                     cands.push((ch.pages as usize, c));
                 }
             }
@@ -1109,7 +1124,7 @@ impl VirtualPool {
                 ..
             } = &mut *st;
             for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || !pages.extent_idle(c, phys) {
+                if ch.at.is_empty() || ch.busy > 0 {
                     continue;
                 }
                 let quiet = ch.at.iter().all(|&at| {
@@ -1134,10 +1149,13 @@ impl VirtualPool {
                 let p = PageTable::unpack(a);
                 driver.vmm_unmap(DevicePtr(st.pages.addr(p)), n * self.gran)?;
                 for i in 0..n {
-                    st.pages.set_unmapped(PageRef {
-                        seg: p.seg,
-                        idx: p.idx + i,
-                    });
+                    st.pages.set_unmapped(
+                        PageRef {
+                            seg: p.seg,
+                            idx: p.idx + i,
+                        },
+                        &mut st.phys,
+                    );
                 }
                 st.mappings_unmapped += 1;
                 st.phys.unmapped_at(c, a);
@@ -1264,10 +1282,13 @@ impl VirtualPool {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
                 if driver.vmm_unmap(addr, n * g).is_ok() {
                     for i in 0..n {
-                        st.pages.set_unmapped(PageRef {
-                            seg,
-                            idx: start + i,
-                        });
+                        st.pages.set_unmapped(
+                            PageRef {
+                                seg,
+                                idx: start + i,
+                            },
+                            &mut st.phys,
+                        );
                     }
                     st.mappings_unmapped += 1;
                     st.phys.unmapped_at(c, PageTable::pack(seg, start));
@@ -1321,16 +1342,10 @@ impl MemoryResource for VirtualPool {
                 && which == LARGE
                 && st.pages.count_unmapped(seg, first, last) >= RELOCATE_MIN_PAGES);
         if relocate {
-            st.pages.unacquire(seg, first, last);
-            if let Some(better) = self.better_placement(
-                st,
-                which,
-                lane,
-                &blk,
-                (seg, first, last),
-                alignment,
-                got.conflict,
-            ) {
+            st.pages.unacquire(seg, first, last, &mut st.phys);
+            if let Some(better) =
+                self.better_placement(st, which, lane, &blk, alignment, got.conflict)
+            {
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 blk = better;
                 (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
@@ -1338,7 +1353,7 @@ impl MemoryResource for VirtualPool {
             got = Self::acquire(st, (seg, first, last), stream);
             if got.conflict {
                 // Every free place conflicts: fresh address space.
-                st.pages.unacquire(seg, first, last);
+                st.pages.unacquire(seg, first, last, &mut st.phys);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 blk = self.fresh_block(st, which, bytes, alignment)?;
                 (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
@@ -1349,7 +1364,7 @@ impl MemoryResource for VirtualPool {
         if !got.all_mapped {
             let own = st.streams.own_bit(stream);
             if let Err(e) = self.map_missing(st, seg, first, last, bytes, own) {
-                st.pages.unacquire(seg, first, last);
+                st.pages.unacquire(seg, first, last, &mut st.phys);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 if e.is_oom() {
                     // The numbers without the block that could not be backed.

@@ -625,17 +625,31 @@ impl LaneHeap {
         max: usize,
     ) -> Vec<(BlockId, u64, u64)> {
         let mut out = Vec::new();
+        self.for_each_free_at_least(lane, size, |id, addr, bsize| {
+            out.push((id, addr, bsize));
+            out.len() < max
+        });
+        out
+    }
+
+    /// Calls `f(block, address, size)` on the free blocks of `lane` of at
+    /// least `size` bytes (rounded up to 256), smallest size classes first,
+    /// until it returns false. O(non-empty classes + blocks visited).
+    pub fn for_each_free_at_least(
+        &self,
+        lane: LaneId,
+        size: u64,
+        mut f: impl FnMut(BlockId, u64, u64) -> bool,
+    ) {
         let Some(size) = round_to_granule(size) else {
-            return out;
+            return;
         };
         if let Ok(t) = self.lane(lane) {
             t.for_each_at_least(&self.arena, size.max(GRANULE), |i| {
                 let b = &self.arena[i];
-                out.push((BlockId(i), b.addr, b.size));
-                out.len() < max
+                f(BlockId(i), b.addr, b.size)
             });
         }
-        out
     }
 
     /// Takes `[at, at + size)` (size rounded up to 256; `at` a multiple of

@@ -243,17 +243,26 @@ impl Tlsf {
     /// 256), smallest classes first, until `f` returns false.
     pub fn for_each_at_least(&self, arena: &BlockArena, size: u64, mut f: impl FnMut(u32) -> bool) {
         let first = insert_class(size).index();
-        for (ci, &h) in self.heads.iter().enumerate().skip(first) {
-            let (fl, sl) = (ci / SL_COUNT, ci % SL_COUNT);
-            if self.fl_bitmap & (1 << fl) == 0 || self.sl_bitmap[fl] & (1 << sl) == 0 {
-                continue;
+        let (fl0, sl0) = (first / SL_COUNT, first % SL_COUNT);
+        // Only the non-empty classes, through the bitmaps.
+        let mut fls = self.fl_bitmap & (u64::MAX << fl0);
+        while fls != 0 {
+            let fl = fls.trailing_zeros() as usize;
+            fls &= fls - 1;
+            let mut sls = self.sl_bitmap[fl];
+            if fl == fl0 {
+                sls &= u32::MAX << sl0;
             }
-            let mut i = h;
-            while i != NIL {
-                if arena[i].size >= size && !f(i) {
-                    return;
+            while sls != 0 {
+                let sl = sls.trailing_zeros() as usize;
+                sls &= sls - 1;
+                let mut i = self.heads[fl * SL_COUNT + sl];
+                while i != NIL {
+                    if arena[i].size >= size && !f(i) {
+                        return;
+                    }
+                    i = arena[i].next_free;
                 }
-                i = arena[i].next_free;
             }
         }
     }

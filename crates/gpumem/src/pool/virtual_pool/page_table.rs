@@ -43,6 +43,8 @@ struct Page {
     chunk: u32,
     /// Page within the chunk.
     index: u32,
+    /// This page owns its physical page (always so while it has users).
+    owns: bool,
     /// Stream slots (mod 64) that freed blocks on the page since it was last
     /// known quiet.
     mask: u64,
@@ -54,6 +56,7 @@ const EMPTY: Page = Page {
     users: 0,
     chunk: UNMAPPED,
     index: 0,
+    owns: false,
     mask: 0,
     tick: 0,
 };
@@ -205,8 +208,11 @@ impl PageTable {
     #[inline]
     fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
         let p = &self.segs[seg].pages[idx];
-        let owner = phys.state(p.chunk, p.index).owner;
-        owner == Self::pack(seg, idx) || owner == NO_OWNER || self.users_packed(owner) == 0
+        if p.owns {
+            return true;
+        }
+        let owner = phys.owner(p.chunk, p.index);
+        owner == NO_OWNER || self.users_packed(owner) == 0
     }
 
     /// A block now covers pages `first..=last` of `seg`: counts it as a user
@@ -228,6 +234,8 @@ impl PageTable {
             all_mapped: true,
             conflict: false,
         };
+        // Busy pages are counted per run of one extent.
+        let (mut run_chunk, mut run_busy) = (UNMAPPED, 0i32);
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users += 1;
@@ -238,57 +246,114 @@ impl PageTable {
             if p.users > 1 {
                 continue; // already owned through this page
             }
-            let (c, i) = (p.chunk, p.index);
+            let (c, owns) = (p.chunk, p.owns);
             self.set_idle(seg, idx, false);
-            let me = Self::pack(seg, idx);
-            let st = *phys.state(c, i);
-            if st.owner == me {
+            if !owns && !self.take_over(seg, idx, phys, &mut safe) {
+                out.conflict = true;
                 continue;
             }
-            if (st.owner == NO_OWNER || self.users_packed(st.owner) == 0)
-                && (st.mask == 0 || safe(st.mask, st.tick))
-            {
-                phys.state_mut(c, i).owner = me;
-            } else {
-                out.conflict = true;
+            if c != run_chunk {
+                if run_busy != 0 {
+                    phys.add_busy(run_chunk, run_busy);
+                }
+                (run_chunk, run_busy) = (c, 0);
             }
+            run_busy += 1;
+        }
+        if run_busy != 0 {
+            phys.add_busy(run_chunk, run_busy);
         }
         out
     }
 
-    /// How many mapped pages among `first..=last` of `seg` (where no block
-    /// lives) are backed by physical pages in use through another alias.
-    pub(super) fn count_conflicts(
+    /// Makes mapped page `idx` of `seg` the owner of its physical page when
+    /// the current owner has no live block and `safe` accepts the extent's
+    /// frees; false (nothing changed) otherwise.
+    #[cold]
+    fn take_over(
+        &mut self,
+        seg: usize,
+        idx: usize,
+        phys: &mut PhysCache,
+        safe: &mut impl FnMut(u64, u64) -> bool,
+    ) -> bool {
+        let (c, i) = {
+            let p = &self.segs[seg].pages[idx];
+            (p.chunk, p.index)
+        };
+        let owner = phys.owner(c, i);
+        if owner != NO_OWNER && self.users_packed(owner) > 0 {
+            return false;
+        }
+        let ch = phys.chunk_mut(c);
+        if ch.mask != 0 && !safe(ch.mask, ch.tick) {
+            return false;
+        }
+        ch.owner[i as usize] = Self::pack(seg, idx);
+        if owner != NO_OWNER {
+            let o = Self::unpack(owner);
+            self.segs[o.seg].pages[o.idx].owns = false;
+        }
+        self.segs[seg].pages[idx].owns = true;
+        true
+    }
+
+    /// Makes page `p`, just mapped under a live block, the owner of its
+    /// physical page (a new mapping: no other page can be using it).
+    pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
+        let e = &self.segs[p.seg].pages[p.idx];
+        let (c, i) = (e.chunk, e.index);
+        let owner = phys.owner(c, i);
+        if owner != NO_OWNER {
+            let o = Self::unpack(owner);
+            self.segs[o.seg].pages[o.idx].owns = false;
+        }
+        phys.chunk_mut(c).owner[i as usize] = Self::pack(p.seg, p.idx);
+        self.segs[p.seg].pages[p.idx].owns = true;
+        phys.add_busy(c, 1);
+    }
+
+    /// True when a mapped page among `first..=last` of `seg` (where no block
+    /// lives) is backed by a physical page in use through another alias.
+    pub(super) fn has_conflict(
         &self,
         seg: usize,
         first: usize,
         last: usize,
         phys: &PhysCache,
-    ) -> usize {
-        (first..=last)
-            .filter(|&idx| {
-                let p = &self.segs[seg].pages[idx];
-                p.chunk != UNMAPPED && p.users == 0 && !self.phys_free_for(seg, idx, phys)
-            })
-            .count()
+    ) -> bool {
+        (first..=last).any(|idx| {
+            let p = &self.segs[seg].pages[idx];
+            p.chunk != UNMAPPED && p.users == 0 && !self.phys_free_for(seg, idx, phys)
+        })
     }
 
-    /// True when every page of extent `c` is free to pass to another alias
-    /// (no owner with live blocks), ignoring stream safety.
-    pub(super) fn extent_idle(&self, c: u32, phys: &PhysCache) -> bool {
-        phys.chunk(c).is_some_and(|ch| {
-            ch.state
+    /// Pages of extent `c` whose owner has live blocks, counted from the
+    /// page states (for checks; the pool keeps the count in the extent).
+    pub(super) fn busy_pages(&self, c: u32, phys: &PhysCache) -> u32 {
+        phys.chunk(c).map_or(0, |ch| {
+            ch.owner
                 .iter()
-                .all(|s| s.owner == NO_OWNER || self.users_packed(s.owner) == 0)
+                .filter(|&&o| o != NO_OWNER && self.users_packed(o) > 0)
+                .count() as u32
         })
     }
 
     /// Undoes [`PageTable::acquire`] for a block that was never handed out.
-    pub(super) fn unacquire(&mut self, seg: usize, first: usize, last: usize) {
+    pub(super) fn unacquire(
+        &mut self,
+        seg: usize,
+        first: usize,
+        last: usize,
+        phys: &mut PhysCache,
+    ) {
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users -= 1;
             if p.users == 0 && p.chunk != UNMAPPED {
+                if p.owns {
+                    phys.add_busy(p.chunk, -1);
+                }
                 self.set_idle(seg, idx, true);
             }
         }
@@ -309,20 +374,33 @@ impl PageTable {
         for w in first / 64..=last / 64 {
             self.segs[seg].word_tick[w] = tick;
         }
+        // Frees and busy pages are recorded per run of one extent.
+        let (mut run_chunk, mut run_idle) = (UNMAPPED, 0i32);
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users -= 1;
             p.mask |= bit;
             p.tick = tick;
-            if p.chunk != UNMAPPED {
-                let (c, i, idle) = (p.chunk, p.index, p.users == 0);
-                let st = phys.state_mut(c, i);
-                st.mask |= bit;
-                st.tick = tick;
-                if idle {
-                    self.set_idle(seg, idx, true);
-                }
+            if p.chunk == UNMAPPED {
+                continue;
             }
+            let (c, idle) = (p.chunk, p.users == 0);
+            if c != run_chunk {
+                if run_chunk != UNMAPPED {
+                    phys.freed(run_chunk, bit, tick);
+                    phys.add_busy(run_chunk, -run_idle);
+                }
+                (run_chunk, run_idle) = (c, 0);
+            }
+            if idle {
+                // A page with users owns its memory: it is idle now.
+                run_idle += 1;
+                self.set_idle(seg, idx, true);
+            }
+        }
+        if run_chunk != UNMAPPED {
+            phys.freed(run_chunk, bit, tick);
+            phys.add_busy(run_chunk, -run_idle);
         }
     }
 
@@ -381,11 +459,16 @@ impl PageTable {
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
-    pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
+    pub(super) fn set_unmapped(&mut self, p: PageRef, phys: &mut PhysCache) -> Option<PhysPage> {
         let e = &mut self.segs[p.seg].pages[p.idx];
         if e.chunk == UNMAPPED {
             return None;
         }
+        if e.users > 0 {
+            // Only a mapping being undone under its own block.
+            phys.add_busy(e.chunk, -1);
+        }
+        e.owns = false;
         let phys = PhysPage {
             chunk: e.chunk,
             index: e.index,
@@ -498,10 +581,13 @@ impl PageTable {
                 if p.users > 0 && !is_mapped {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
                 }
-                if p.users > 0 && phys.state(p.chunk, p.index).owner != Self::pack(seg, idx) {
+                if p.users > 0 && !p.owns {
                     return Err(format!(
                         "page {addr:#x} has live blocks but does not own its physical page"
                     ));
+                }
+                if is_mapped && p.owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
+                    return Err(format!("page {addr:#x}: owns flag is wrong"));
                 }
                 let bit = s.idle[idx / 64] & (1 << (idx % 64)) != 0;
                 if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
@@ -530,6 +616,9 @@ struct FreeStream {
     thread: Option<ThreadId>,
     /// Every free on this stream with a tick at or below this has run.
     idle_tick: u64,
+    /// Tick of this stream's latest free (all its frees have run once
+    /// `idle_tick` reaches it).
+    last_free: u64,
     /// An event recorded on the stream and the tick it covers.
     pending: Option<(Event, u64)>,
     /// The reclaim pass that last asked the driver about this stream.
@@ -577,6 +666,9 @@ impl FreeStreams {
             None => self.add(stream),
         };
         self.tick += 1;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.last_free = self.tick;
+        }
         (1u64 << (slot % 64), self.tick)
     }
 
@@ -587,6 +679,7 @@ impl FreeStreams {
             thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
             // Nothing was freed on it before: complete up to now.
             idle_tick: self.tick,
+            last_free: 0,
             pending: None,
             asked_in: 0,
         };
@@ -641,10 +734,17 @@ impl FreeStreams {
     }
 
     fn min_idle_tick(&self) -> u64 {
+        // A stream known idle since its latest free is done up to now.
         self.slots
             .iter()
             .flatten()
-            .map(|s| s.idle_tick)
+            .map(|s| {
+                if s.idle_tick >= s.last_free {
+                    self.tick
+                } else {
+                    s.idle_tick
+                }
+            })
             .min()
             .unwrap_or(self.tick)
     }
@@ -686,7 +786,7 @@ impl FreeStreams {
         let Some(s) = self.slots[slot].as_mut() else {
             return true;
         };
-        if s.idle_tick >= tick {
+        if s.idle_tick >= tick.min(s.last_free) {
             return true;
         }
         if s.asked_in == pass {

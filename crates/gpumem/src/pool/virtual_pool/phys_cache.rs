@@ -11,8 +11,9 @@
 //! use it; the pool hands out a block only over pages it owns, so no two
 //! live blocks ever share a physical byte. A page passes to another alias
 //! only when its owner has no live block and every stream that freed a
-//! block on it (other than the taker's) is known to be done (`mask`,
-//! `tick`, as in the page table). Costs: put and
+//! block on the extent (other than the taker's) is known to be done
+//! (`mask`, `tick`, as in the page table, kept per extent: coarser, and one
+//! update per free). Costs: put and
 //! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
 use crate::driver::RawPhys;
@@ -20,27 +21,21 @@ use crate::driver::RawPhys;
 /// No owner (a packed page reference never takes this value).
 pub(super) const NO_OWNER: u64 = u64::MAX;
 
-/// Who may use one physical page, and who freed blocks on it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PhysPageState {
-    /// The virtual page (packed: segment << 40 | page) that owns it, or
-    /// [`NO_OWNER`].
-    pub(super) owner: u64,
-    /// Stream slots (mod 64) that freed blocks on it, through any alias,
-    /// since it was last known quiet.
-    pub(super) mask: u64,
-    /// Tick of the last such free.
-    pub(super) tick: u64,
-}
-
 /// One `cuMemCreate` allocation (an extent).
 pub(super) struct Chunk {
     pub(super) handle: RawPhys,
     pub(super) pages: u32,
     /// Where it is mapped: the first virtual page (packed) of each mapping.
     pub(super) at: Vec<u64>,
-    /// Per page: owner and frees.
-    pub(super) state: Vec<PhysPageState>,
+    /// Per page: the virtual page (packed: segment << 40 | page) that owns
+    /// it, or [`NO_OWNER`].
+    pub(super) owner: Vec<u64>,
+    /// Pages whose owner has live blocks (the extent is idle at 0).
+    pub(super) busy: u32,
+    /// Stream slots (mod 64) that freed blocks on it, through any mapping,
+    /// since it was last known quiet, and the tick of the last such free.
+    pub(super) mask: u64,
+    pub(super) tick: u64,
 }
 
 /// Extents and the cache of unmapped ones.
@@ -79,14 +74,10 @@ impl PhysCache {
             handle,
             pages,
             at: Vec::new(),
-            state: vec![
-                PhysPageState {
-                    owner: NO_OWNER,
-                    mask: 0,
-                    tick: 0,
-                };
-                pages as usize
-            ],
+            busy: 0,
+            owner: vec![NO_OWNER; pages as usize],
+            mask: 0,
+            tick: 0,
         };
         self.total_pages += pages as usize;
         match self.vacant.pop() {
@@ -113,22 +104,37 @@ impl PhysCache {
         self.chunks.get(c as usize).and_then(Option::as_ref)
     }
 
-    /// The state of page `i` of extent `c`.
+    /// Extent `c`, which must exist.
     #[inline]
-    pub(super) fn state_mut(&mut self, c: u32, i: u32) -> &mut PhysPageState {
-        &mut self.chunks[c as usize]
+    pub(super) fn chunk_mut(&mut self, c: u32) -> &mut Chunk {
+        self.chunks[c as usize]
             .as_mut()
             .expect("mapped extent exists")
-            .state[i as usize]
     }
 
-    /// The state of page `i` of extent `c`.
+    /// Records frees on extent `c` by stream slot bit `bit` at `tick`.
     #[inline]
-    pub(super) fn state(&self, c: u32, i: u32) -> &PhysPageState {
-        &self.chunks[c as usize]
+    pub(super) fn freed(&mut self, c: u32, bit: u64, tick: u64) {
+        let ch = self.chunk_mut(c);
+        ch.mask |= bit;
+        ch.tick = tick;
+    }
+
+    /// Adds `d` (±1) to the busy pages of extent `c`.
+    #[inline]
+    pub(super) fn add_busy(&mut self, c: u32, d: i32) {
+        if let Some(ch) = self.chunks[c as usize].as_mut() {
+            ch.busy = ch.busy.wrapping_add_signed(d);
+        }
+    }
+
+    /// The owner of page `i` of extent `c`.
+    #[inline]
+    pub(super) fn owner(&self, c: u32, i: u32) -> u64 {
+        self.chunks[c as usize]
             .as_ref()
             .expect("mapped extent exists")
-            .state[i as usize]
+            .owner[i as usize]
     }
 
     /// Takes the largest cached extent of at most `max` pages.
@@ -163,9 +169,9 @@ impl PhysCache {
         if let Some(i) = ch.at.iter().position(|&a| a == at) {
             ch.at.swap_remove(i);
         }
-        for (i, s) in ch.state.iter_mut().enumerate() {
-            if s.owner == at + i as u64 {
-                s.owner = NO_OWNER;
+        for (i, o) in ch.owner.iter_mut().enumerate() {
+            if *o == at + i as u64 {
+                *o = NO_OWNER;
             }
         }
         if ch.at.is_empty() {
