@@ -95,7 +95,23 @@ fi
 
 if want vpool && [[ -x bin/vpool_data ]]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 bin/vpool_data >"$out/logs/vpool-memcheck.txt" 2>&1
-  note "vpool_data under memcheck: rc=$? | $(grep -E 'ERROR SUMMARY' "$out/logs/vpool-memcheck.txt" | tail -1)"
+  note "vpool_data under memcheck: rc=$? | $(grep -E 'ERROR SUMMARY' "$out/logs/vpool-memcheck.txt" | tail -1) | $(grep -E '^checked' "$out/logs/vpool-memcheck.txt" | tail -1)"
+  # The steady state of a repeating workload: five untimed replays first.
+  for tr in traces/*.csv; do
+    bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
+  done
+  note "replay steady (5 warm passes): lines=$(wc -l <"$out/replay-steady.jsonl")"
+  python3 - "$out" <<'PY' | while read -r l; do note "$l"; done
+import json, sys
+for f in ("replay-cold", "replay-warm", "replay-steady"):
+    try:
+        rows = [json.loads(l) for l in open(f"{sys.argv[1]}/{f}.jsonl")]
+    except OSError:
+        continue
+    for r in rows:
+        if r["alloc"] == "vpool":
+            print(f"{f} vpool {r['params'].split()[0]} ns/op {r['ns_per_op']:.1f} res/live {r['reserved_over_live']:.3f}")
+PY
 fi
 
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"

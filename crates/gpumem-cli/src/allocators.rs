@@ -177,6 +177,15 @@ impl ReserveProbe {
         }
     }
 
+    /// For a [`VirtualPool`], the `cuMemMap` calls it has made so far (a
+    /// steady state makes none); `None` for the others.
+    pub fn mappings_made(&self) -> Option<u64> {
+        match self {
+            ReserveProbe::Virtual(v) => Some(v.stats().mappings_made),
+            _ => None,
+        }
+    }
+
     /// Highest bytes held since the last [`ReserveProbe::reset_peak`].
     pub fn peak(&self) -> gpumem::Result<usize> {
         match self {

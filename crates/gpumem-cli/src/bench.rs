@@ -169,6 +169,10 @@ pub struct BenchRecord {
     /// Untimed runs before the timed one (0 when cold).
     #[serde(default)]
     pub warm_passes: usize,
+    /// VirtualPool only: the most `cuMemMap` calls one timed run made
+    /// (0 once a repeating workload's aliases are all in place).
+    #[serde(default)]
+    pub vmm_mappings: Option<u64>,
     /// Median over repeats of nanoseconds per operation (allocate or free);
     /// null when the run failed.
     pub ns_per_op: Option<f64>,
@@ -385,9 +389,10 @@ pub fn run(
             let mut times = Vec::with_capacity(repeats);
             let mut ops = 0;
             let mut peak_reserved: Option<u64> = Some(0);
+            let mut vmm_mappings: Option<u64> = None;
             let mut error = None;
             for _ in 0..repeats {
-                let result = (|| -> gpumem::Result<(Timed, usize)> {
+                let result = (|| -> gpumem::Result<(Timed, usize, Option<u64>)> {
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
                     let streams = repeat_streams(device, &prep)?;
@@ -396,16 +401,19 @@ pub fn run(
                             run_once(&alloc, device, cfg, &prep, &streams)?;
                         }
                     }
+                    let m0 = alloc.reserve.mappings_made();
                     let t = run_once(&alloc, device, cfg, &prep, &streams)?;
                     let peak = alloc.reserve.peak()?;
-                    Ok((t, peak))
+                    let maps = m0.zip(alloc.reserve.mappings_made()).map(|(a, b)| b - a);
+                    Ok((t, peak, maps))
                 })();
                 progress.inc(1);
                 match result {
-                    Ok((t, peak)) => {
+                    Ok((t, peak, maps)) => {
                         times.push(t);
                         ops = t.ops;
                         peak_reserved = peak_reserved.map(|p| p.max(peak as u64));
+                        vmm_mappings = maps.map(|m| m.max(vmm_mappings.unwrap_or(0)));
                     }
                     Err(e) => {
                         error = Some(e.to_string());
@@ -441,6 +449,7 @@ pub fn run(
                 device_name: ctx.device_name.clone(),
                 warm: cfg.warm,
                 warm_passes: if cfg.warm { cfg.warm_passes.max(1) } else { 0 },
+                vmm_mappings,
                 ns_per_op: ok.then(|| median(&mut ns)),
                 ns_per_op_min: ok.then(|| ns[0]),
                 ns_per_op_max: ok.then(|| ns[ns.len() - 1]),

@@ -1,8 +1,8 @@
 //! Data test of [`VirtualPool`] for a real GPU (run it under
 //! `compute-sanitizer --tool memcheck`): writes patterns into blocks whose
-//! pages are unmapped and re-mapped under other addresses between rounds,
-//! reads them back, and exits 0 only if every byte matches and all memory
-//! went back.
+//! physical pages move under other addresses between rounds (mapped there
+//! as aliases, or unmapped and re-mapped), reads them back, and exits 0
+//! only if every byte matches, pages did move and all memory went back.
 //!
 //! ```text
 //! GPUMEM_DEVICE=cuda cargo run --release -p gpumem --example vpool_data
@@ -88,28 +88,26 @@ fn run() -> Result<(), String> {
     }
     let st = pool.stats();
     println!(
-        "checked {checked} bytes; peak physical {} MiB, pages created {}, released {}",
+        "checked {checked} bytes; peak physical {} MiB, pages created {}, released {}, aliases {}, mappings unmapped {}",
         st.peak_reserved / MIB,
         st.pages_created,
-        st.pages_released
+        st.pages_released,
+        st.aliases_made,
+        st.mappings_unmapped
     );
+    if st.aliases_made + st.mappings_unmapped == 0 {
+        return Err("no page moved".into());
+    }
     drop(keep);
     for s in &streams {
         s.synchronize().map_err(|e| e.to_string())?;
     }
     drop(pool);
     if let Some(sim) = sim {
-        let moved = sim.call_count("cuMemUnmap");
-        println!(
-            "simulator: {moved} unmaps, {} faults",
-            sim.data_stats().faults
-        );
+        println!("simulator: {} faults", sim.data_stats().faults);
         if sim.data_stats().faults != 0 || sim.physical_bytes() != 0 || sim.reserved_va_bytes() != 0
         {
             return Err("simulator: faults or memory left behind".into());
-        }
-        if moved == 0 {
-            return Err("no page was re-mapped".into());
         }
     }
     Ok(())

@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! cargo run --release -p gpumem --example vpool_replay -- [--passes N] \
-//!     [--small BYTES] [--slack PERMILLE] [--extent PAGES] [trace.rmm.csv ...]
+//!     [--small BYTES] [--slack PERMILLE] [--extent PAGES] [--alias-ratio N] \
+//!     [trace.rmm.csv ...]
 //! ```
 //!
 //! Pass 1 is cold (every page created); later passes replay the same trace
@@ -190,6 +191,9 @@ fn main() {
     if let Some(c) = take("--extent").and_then(|v| v.parse().ok()) {
         config.max_extent_pages = c;
     }
+    if let Some(c) = take("--alias-ratio").and_then(|v| v.parse().ok()) {
+        config.max_alias_ratio = c;
+    }
     let traces: Vec<String> = if args.is_empty() {
         DEFAULT_TRACES.iter().map(|s| s.to_string()).collect()
     } else {
@@ -280,8 +284,9 @@ fn main() {
             );
             if verbose {
                 println!(
-                    "    aliases {} reloc {} fresh {} va-mapped GB {:.2} aliased GB {:.2} chunks {} va GB {:.0}",
+                    "    aliases {} collected {} reloc {} fresh {} va-mapped GB {:.2} aliased GB {:.2} chunks {} va GB {:.0}",
                     st.aliases_made - st0.aliases_made,
+                    st.aliases_collected - st0.aliases_collected,
                     st.relocations - st0.relocations,
                     st.fresh_ranges - st0.fresh_ranges,
                     st.mapped as f64 / 1e9,

@@ -117,6 +117,11 @@ pub struct VirtualPoolConfig {
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
     pub release_threshold: usize,
+    /// Most alias pages kept mapped, in multiples of the physical pages
+    /// mapped (default 8); beyond it, idle aliases are unmapped. A training
+    /// step's memory may change place several times, each a mapping kept
+    /// for the next step (GPT-2's steady state keeps about 3.6).
+    pub max_alias_ratio: usize,
     /// Most physical bytes the pool may hold; `None` for no limit.
     pub maximum_physical: Option<usize>,
     /// Other devices granted read-write access to every mapped page.
@@ -134,6 +139,7 @@ impl Default for VirtualPoolConfig {
             slack_permille: 30,
             max_extent_pages: 8,
             release_threshold: 0,
+            max_alias_ratio: 8,
             maximum_physical: None,
             peers: Vec::new(),
             ipc: false,
@@ -192,6 +198,9 @@ pub struct VirtualPoolStats {
     /// Of `mappings_made`, the aliases: extents mapped at a further place
     /// while staying mapped where they were.
     pub aliases_made: u64,
+    /// Idle aliases unmapped to bound the aliases kept (see
+    /// [`VirtualPoolConfig::max_alias_ratio`]) or the address space.
+    pub aliases_collected: u64,
     /// Blocks placed in fresh address space because every free place with
     /// mapped pages conflicted.
     pub fresh_ranges: u64,
@@ -213,6 +222,10 @@ pub struct PhysExport {
 /// free place with fewer (measured on the traces: smaller blocks gain less
 /// driver time than the search costs, and moving them unsettles layouts that
 /// otherwise repeat without any driver call).
+/// Address space reserved, in multiples of the device's memory, beyond which
+/// conflicts are resolved by collecting idle aliases before reserving more.
+const VA_SCARCE_MULTIPLE: usize = 16;
+
 const RELOCATE_MIN_PAGES: usize = 4;
 
 const SMALL: usize = 0;
@@ -242,6 +255,7 @@ struct State {
     mappings_unmapped: u64,
     pages_mapped: u64,
     aliases_made: u64,
+    aliases_collected: u64,
     fresh_ranges: u64,
 }
 
@@ -384,6 +398,7 @@ impl VirtualPool {
             mappings_unmapped: 0,
             pages_mapped: 0,
             aliases_made: 0,
+            aliases_collected: 0,
             fresh_ranges: 0,
         };
         st.pages.add_segment(base.0, total as u64);
@@ -461,6 +476,7 @@ impl VirtualPool {
             mappings_unmapped: st.mappings_unmapped,
             pages_mapped: st.pages_mapped,
             aliases_made: st.aliases_made,
+            aliases_collected: st.aliases_collected,
             fresh_ranges: st.fresh_ranges,
         }
     }
@@ -735,6 +751,78 @@ impl VirtualPool {
         st.ranges.push((base.0, base.0 + size as u64, which));
         st.pages.add_segment(base.0, size as u64);
         Ok(id)
+    }
+
+    /// Unmaps idle aliases: mappings of extents mapped elsewhere too whose
+    /// pages have no live block, own no physical page (the memory is in use
+    /// or kept through another mapping) and were freed by streams known
+    /// done. Unmapped pages conflict with nothing, so this bounds both the
+    /// aliases kept and the address space conflicts would otherwise take.
+    /// Returns the mappings unmapped.
+    #[cold]
+    fn collect_aliases(&self, st: &mut State) -> Result<u64> {
+        st.streams.begin_pass();
+        let mut victims: Vec<(u32, u64, usize)> = Vec::new();
+        {
+            let State {
+                pages,
+                phys,
+                streams,
+                ..
+            } = &mut *st;
+            for (c, ch) in phys.chunks() {
+                let mut left = ch.at.len();
+                for &at in &ch.at {
+                    if left < 2 {
+                        break; // the last mapping stays
+                    }
+                    let quiet = (0..u64::from(ch.pages)).all(|i| {
+                        let p = PageTable::unpack(at + i);
+                        let (mask, tick) = pages.free_mark(p);
+                        pages.users(p) == 0
+                            && !pages.owns(p)
+                            && (mask == 0 || streams.complete(mask, tick))
+                    });
+                    if quiet {
+                        victims.push((c, at, ch.pages as usize));
+                        left -= 1;
+                    }
+                }
+            }
+        }
+        let driver = self.device.driver();
+        let mut n = 0;
+        for (c, at, len) in victims {
+            let p = PageTable::unpack(at);
+            driver.vmm_unmap(DevicePtr(st.pages.addr(p)), len * self.gran)?;
+            for i in 0..len {
+                st.pages.set_unmapped(
+                    PageRef {
+                        seg: p.seg,
+                        idx: p.idx + i,
+                    },
+                    &mut st.phys,
+                );
+            }
+            st.phys.unmapped_at(c, at);
+            st.mappings_unmapped += 1;
+            n += 1;
+        }
+        st.aliases_collected += n;
+        Ok(n)
+    }
+
+    /// True when the address space reserved has reached
+    /// [`VA_SCARCE_MULTIPLE`] times the device's memory.
+    fn va_is_scarce(&self, st: &State) -> bool {
+        st.reservations.iter().map(|r| r.1).sum::<usize>()
+            >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
+    }
+
+    /// Pages mapped as aliases (beyond one mapping per mapped extent).
+    fn alias_pages(st: &State) -> usize {
+        let mapped_phys = st.phys.total_pages() - st.phys.cached_pages();
+        st.pages.mapped_pages().saturating_sub(mapped_phys)
     }
 
     /// A block at the start of a newly reserved range: nothing is mapped
@@ -1261,6 +1349,16 @@ impl VirtualPool {
         let g = self.gran;
         let mut done: Vec<(usize, u32)> = Vec::new();
         let mut result = self.back_runs(st, seg, &runs, requested, own, &mut done);
+        if result.is_ok()
+            && Self::alias_pages(st)
+                > self
+                    .config
+                    .max_alias_ratio
+                    .saturating_mul(st.phys.total_pages())
+        {
+            // Collected after the new mappings (which own their pages).
+            result = self.collect_aliases(st).map(|_| ());
+        }
         if result.is_ok() {
             'access: for &(start, count) in &runs {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
@@ -1351,6 +1449,19 @@ impl MemoryResource for VirtualPool {
                 (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
             }
             got = Self::acquire(st, (seg, first, last), stream);
+            if got.conflict && self.va_is_scarce(st) {
+                // Idle aliases unmapped conflict with nothing: try again.
+                st.pages.unacquire(seg, first, last, &mut st.phys);
+                self.collect_aliases(st)?;
+                if let Some(better) = self.better_placement(st, which, lane, &blk, alignment, true)
+                {
+                    let _ = st.arenas[which].heap.free(blk.addr, lane);
+                    blk = better;
+                    (seg, first, last) =
+                        st.pages.range(blk.addr, blk.size).expect("inside a range");
+                }
+                got = Self::acquire(st, (seg, first, last), stream);
+            }
             if got.conflict {
                 // Every free place conflicts: fresh address space.
                 st.pages.unacquire(seg, first, last, &mut st.phys);

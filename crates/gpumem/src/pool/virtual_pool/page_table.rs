@@ -404,6 +404,11 @@ impl PageTable {
         }
     }
 
+    /// True when page `p` owns its physical page.
+    pub(super) fn owns(&self, p: PageRef) -> bool {
+        self.segs[p.seg].pages[p.idx].owns
+    }
+
     /// Live blocks on page `p`.
     pub(super) fn users(&self, p: PageRef) -> u32 {
         self.segs[p.seg].pages[p.idx].users
