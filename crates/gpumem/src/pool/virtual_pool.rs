@@ -790,22 +790,9 @@ impl VirtualPool {
                 }
             }
         }
-        let driver = self.device.driver();
         let mut n = 0;
         for (c, at, len) in victims {
-            let p = PageTable::unpack(at);
-            driver.vmm_unmap(DevicePtr(st.pages.addr(p)), len * self.gran)?;
-            for i in 0..len {
-                st.pages.set_unmapped(
-                    PageRef {
-                        seg: p.seg,
-                        idx: p.idx + i,
-                    },
-                    &mut st.phys,
-                );
-            }
-            st.phys.unmapped_at(c, at);
-            st.mappings_unmapped += 1;
+            self.unmap_mapping(st, c, at, len)?;
             n += 1;
         }
         st.aliases_collected += n;
@@ -817,6 +804,25 @@ impl VirtualPool {
     fn va_is_scarce(&self, st: &State) -> bool {
         st.reservations.iter().map(|r| r.1).sum::<usize>()
             >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
+    }
+
+    /// Unmaps the mapping of extent `c` (of `len` pages) at packed page `at`
+    /// (one `cuMemUnmap`); an extent left mapped nowhere goes to the cache.
+    fn unmap_mapping(&self, st: &mut State, c: u32, at: u64, len: usize) -> Result<()> {
+        let p = PageTable::unpack(at);
+        self.device
+            .driver()
+            .vmm_unmap(DevicePtr(st.pages.addr(p)), len * self.gran)?;
+        for i in 0..len {
+            let q = PageRef {
+                seg: p.seg,
+                idx: p.idx + i,
+            };
+            st.pages.set_unmapped(q, &mut st.phys);
+        }
+        st.phys.unmapped_at(c, at);
+        st.mappings_unmapped += 1;
+        Ok(())
     }
 
     /// Pages mapped as aliases (beyond one mapping per mapped extent).
@@ -1227,26 +1233,13 @@ impl VirtualPool {
             }
         }
         cands.sort_by_key(|&(n, c, _)| (std::cmp::Reverse(n), c));
-        let driver = self.device.driver();
         let mut got = 0;
         for (n, c, at) in cands {
             if got >= want {
                 break;
             }
             for a in at {
-                let p = PageTable::unpack(a);
-                driver.vmm_unmap(DevicePtr(st.pages.addr(p)), n * self.gran)?;
-                for i in 0..n {
-                    st.pages.set_unmapped(
-                        PageRef {
-                            seg: p.seg,
-                            idx: p.idx + i,
-                        },
-                        &mut st.phys,
-                    );
-                }
-                st.mappings_unmapped += 1;
-                st.phys.unmapped_at(c, a);
+                self.unmap_mapping(st, c, a, n)?;
             }
             got += n;
         }
