@@ -7,8 +7,8 @@
 //! counter bumped by every free). A mapped page with no user is *idle*: it is
 //! kept mapped (re-using it costs no driver call) and may be unmapped once
 //! every stream of its mask has been seen complete at or after its tick (see
-//! [`FreeStreams`]). Idle pages are tracked in a bitmap per range, so finding
-//! them costs a scan of one bit per page, on slow paths only.
+//! [`FreeStreams`]). Idle pages are found by scanning the mapped bitmap and
+//! the user counts, on slow paths only; the fast paths keep no idle index.
 //!
 //! A mapped page is usable by a block only while it *owns* its physical page
 //! (see [`PhysCache`]): taking a page whose physical page another alias owns
@@ -61,13 +61,27 @@ const EMPTY: Page = Page {
     tick: 0,
 };
 
+impl Segment {
+    /// Bits of word `w` (64 pages): mapped with no live block.
+    fn idle_word(&self, w: usize) -> u64 {
+        let mut word = self.mapped[w];
+        let mut bits = word;
+        while bits != 0 {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if self.pages[w * 64 + b].users > 0 {
+                word &= !(1 << b);
+            }
+        }
+        word
+    }
+}
+
 /// One reserved virtual range.
 pub(super) struct Segment {
     pub(super) base: u64,
     pub(super) bytes: u64,
     pages: Vec<Page>,
-    /// Bit per page: mapped and no user.
-    idle: Vec<u64>,
     /// Bit per page: mapped.
     mapped: Vec<u64>,
     /// Per 64 pages: the tick of the latest free on any of them.
@@ -95,7 +109,6 @@ pub(super) struct Acquired {
 pub(super) struct PageTable {
     shift: u32,
     pub(super) segs: Vec<Segment>,
-    idle_pages: usize,
     mapped_pages: usize,
 }
 
@@ -105,7 +118,6 @@ impl PageTable {
         Self {
             shift: gran.trailing_zeros(),
             segs: Vec::new(),
-            idle_pages: 0,
             mapped_pages: 0,
         }
     }
@@ -117,7 +129,6 @@ impl PageTable {
             base,
             bytes,
             pages: vec![EMPTY; n],
-            idle: vec![0; n.div_ceil(64)],
             mapped: vec![0; n.div_ceil(64)],
             word_tick: vec![0; n.div_ceil(64)],
         });
@@ -128,9 +139,16 @@ impl PageTable {
         self.mapped_pages
     }
 
-    /// Mapped pages with no live block.
+    /// Mapped pages with no live block (a scan: slow paths and stats).
     pub(super) fn idle_pages(&self) -> usize {
-        self.idle_pages
+        self.segs
+            .iter()
+            .map(|s| {
+                (0..s.mapped.len())
+                    .map(|w| s.idle_word(w).count_ones() as usize)
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// The segment and first and last page of `[addr, addr + size)` (size > 0),
@@ -157,21 +175,6 @@ impl PageTable {
     /// Address of a page.
     pub(super) fn addr(&self, p: PageRef) -> u64 {
         self.segs[p.seg].base + ((p.idx as u64) << self.shift)
-    }
-
-    #[inline]
-    fn set_idle(&mut self, seg: usize, idx: usize, on: bool) {
-        let w = &mut self.segs[seg].idle[idx / 64];
-        let bit = 1u64 << (idx % 64);
-        if on {
-            debug_assert_eq!(*w & bit, 0);
-            *w |= bit;
-            self.idle_pages += 1;
-        } else {
-            debug_assert_ne!(*w & bit, 0);
-            *w &= !bit;
-            self.idle_pages -= 1;
-        }
     }
 
     /// A page reference packed in a `u64` (segment << 40 | page).
@@ -247,7 +250,6 @@ impl PageTable {
                 continue; // already owned through this page
             }
             let (c, owns) = (p.chunk, p.owns);
-            self.set_idle(seg, idx, false);
             if !owns && !self.take_over(seg, idx, phys, &mut safe) {
                 out.conflict = true;
                 continue;
@@ -354,7 +356,6 @@ impl PageTable {
                 if p.owns {
                     phys.add_busy(p.chunk, -1);
                 }
-                self.set_idle(seg, idx, true);
             }
         }
     }
@@ -395,7 +396,6 @@ impl PageTable {
             if idle {
                 // A page with users owns its memory: it is idle now.
                 run_idle += 1;
-                self.set_idle(seg, idx, true);
             }
         }
         if run_chunk != UNMAPPED {
@@ -455,12 +455,8 @@ impl PageTable {
         debug_assert_eq!(e.chunk, UNMAPPED);
         e.chunk = phys.chunk;
         e.index = phys.index;
-        let idle = e.users == 0;
         self.segs[p.seg].mapped[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
-        if idle {
-            self.set_idle(p.seg, p.idx, true);
-        }
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
@@ -481,12 +477,8 @@ impl PageTable {
         e.chunk = UNMAPPED;
         e.mask = 0;
         e.tick = 0;
-        let idle = e.users == 0;
         self.segs[p.seg].mapped[p.idx / 64] &= !(1 << (p.idx % 64));
         self.mapped_pages -= 1;
-        if idle {
-            self.set_idle(p.seg, p.idx, false);
-        }
         Some(phys)
     }
 
@@ -496,7 +488,8 @@ impl PageTable {
     pub(super) fn reclaimable_runs(&self, streams: &mut FreeStreams) -> Vec<(PageRef, usize)> {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for (seg, s) in self.segs.iter().enumerate() {
-            for (w, &word) in s.idle.iter().enumerate() {
+            for w in 0..s.mapped.len() {
+                let word = s.idle_word(w);
                 if word == 0 {
                     continue;
                 }
@@ -561,7 +554,8 @@ impl PageTable {
 
     /// Checks the table against the live blocks `[addr, addr + size)`: each
     /// page's user count is the number of live blocks on it, every page under
-    /// a live block is mapped, and the idle bitmap and counters agree.
+    /// a live block is mapped and owns its physical page, and the mapped
+    /// bitmap and counter agree.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
         let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.pages.len()]).collect();
         for &(addr, size) in live {
@@ -572,7 +566,7 @@ impl PageTable {
                 *u += 1;
             }
         }
-        let (mut mapped, mut idle) = (0, 0);
+        let mut mapped = 0;
         for (seg, s) in self.segs.iter().enumerate() {
             for (idx, p) in s.pages.iter().enumerate() {
                 let addr = s.base + ((idx as u64) << self.shift);
@@ -594,21 +588,16 @@ impl PageTable {
                 if is_mapped && p.owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
                     return Err(format!("page {addr:#x}: owns flag is wrong"));
                 }
-                let bit = s.idle[idx / 64] & (1 << (idx % 64)) != 0;
                 if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
                     return Err(format!("page {addr:#x}: mapped bit is wrong"));
                 }
-                if bit != (is_mapped && p.users == 0) {
-                    return Err(format!("page {addr:#x}: idle bit {bit} is wrong"));
-                }
                 mapped += usize::from(is_mapped);
-                idle += usize::from(bit);
             }
         }
-        if mapped != self.mapped_pages || idle != self.idle_pages {
+        if mapped != self.mapped_pages {
             return Err(format!(
-                "counters: {} mapped / {} idle recorded, {mapped} / {idle} found",
-                self.mapped_pages, self.idle_pages
+                "counters: {} mapped recorded, {mapped} found",
+                self.mapped_pages
             ));
         }
         Ok(())
