@@ -352,10 +352,8 @@ impl PageTable {
         for idx in first..=last {
             let p = &mut self.segs[seg].pages[idx];
             p.users -= 1;
-            if p.users == 0 && p.chunk != UNMAPPED {
-                if p.owns {
-                    phys.add_busy(p.chunk, -1);
-                }
+            if p.users == 0 && p.chunk != UNMAPPED && p.owns {
+                phys.add_busy(p.chunk, -1);
             }
         }
     }
