@@ -109,6 +109,8 @@ impl Lane {
 #[derive(Default)]
 pub(crate) struct HeapLanes {
     by_stream: PtrMap<LaneId>,
+    /// The last stream looked up and its lane (stream ids are never reused).
+    last: Option<(u64, LaneId)>,
     /// Lane index → its stream (index 0, the global lane, has none).
     lanes: Vec<Option<Lane>>,
 }
@@ -118,6 +120,7 @@ impl HeapLanes {
     pub(crate) fn new() -> Self {
         Self {
             by_stream: PtrMap::default(),
+            last: None,
             lanes: vec![None],
         }
     }
@@ -131,7 +134,13 @@ impl HeapLanes {
     #[inline]
     pub(crate) fn lane_of(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
         let id = stream.id().0;
+        if let Some((last, lane)) = self.last {
+            if last == id {
+                return Ok(lane);
+            }
+        }
         if let Some(&lane) = self.by_stream.get(&id) {
+            self.last = Some((id, lane));
             return Ok(lane);
         }
         let lane = create_lane(heaps.heaps_mut())?;
@@ -223,6 +232,9 @@ impl HeapLanes {
             }
             if let Some(l) = self.lanes[idx].take() {
                 self.by_stream.retain(|_, v| *v != lane);
+                if self.last.is_some_and(|(_, l)| l == lane) {
+                    self.last = None;
+                }
                 drop(l);
             }
         }

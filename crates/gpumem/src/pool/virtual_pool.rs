@@ -20,8 +20,8 @@
 //! - *Extents* (`phys_cache`): CUDA maps a physical allocation only from
 //!   offset 0, so a `cuMemCreate` allocation is mapped whole (one `cuMemMap`)
 //!   under consecutive pages. A run that needs new memory gets one extent of
-//!   up to `max_extent_pages` pages (default 8) per that many pages, so a
-//!   k-page block costs one create, one map and one set-access for k up to 8.
+//!   up to `max_extent_pages` pages (default 6) per that many pages, so a
+//!   k-page block costs one create, one map and one set-access for k up to 6.
 //! - *Aliases*: CUDA lets one physical allocation be mapped under several
 //!   virtual ranges at once, and a write through one is seen through the
 //!   others once the writing operation has completed. So memory never has to
@@ -109,10 +109,14 @@ pub struct VirtualPoolConfig {
     /// page is left.
     pub slack_permille: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
-    /// `cuMemMap`); 1 gives every page its own allocation (default 8).
+    /// `cuMemMap`); 1 gives every page its own allocation (default 6).
     /// Larger extents mean fewer mappings (a mapping costs about 25 µs of
-    /// `cuMemSetAccess` and 17 µs of `cuMemUnmap` on an H100), but an extent
-    /// moves only when all its pages are idle.
+    /// `cuMemSetAccess` on an H100), but an extent can serve elsewhere only
+    /// when all its pages are idle and only under a run at least as long.
+    /// Chosen on the simulator's replays of the two shared traces
+    /// (`examples/vpool_replay.rs --extent N`): 6 pages kept both within 5%
+    /// of the live peak and reached a steady state with no driver call by
+    /// the fourth pass; 8 left GPT-2 at 1.052, 4 and 5 never settled.
     pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached chunks go back to the driver (default 0).
@@ -137,7 +141,7 @@ impl Default for VirtualPoolConfig {
             va_multiple: 2,
             small_limit: 1 << 20,
             slack_permille: 30,
-            max_extent_pages: 8,
+            max_extent_pages: 6,
             release_threshold: 0,
             max_alias_ratio: 8,
             maximum_physical: None,

@@ -622,6 +622,8 @@ struct FreeStream {
 pub(super) struct FreeStreams {
     slots: Vec<Option<FreeStream>>,
     by_id: PtrMap<u32>,
+    /// The last stream looked up and its slot (stream ids are never reused).
+    last: Option<(u64, u32)>,
     /// The tick of the latest free.
     pub(super) tick: u64,
     pass: u64,
@@ -637,6 +639,7 @@ impl FreeStreams {
         Self {
             slots: Vec::new(),
             by_id: PtrMap::default(),
+            last: None,
             tick: 0,
             pass: 0,
             floor: 0,
@@ -653,9 +656,16 @@ impl FreeStreams {
     #[inline]
     pub(super) fn on_free(&mut self, stream: &Stream) -> (u64, u64) {
         let id = stream.id().0;
-        let slot = match self.by_id.get(&id) {
-            Some(&s) => s,
-            None => self.add(stream),
+        let slot = match self.last {
+            Some((last, s)) if last == id => s,
+            _ => {
+                let s = match self.by_id.get(&id) {
+                    Some(&s) => s,
+                    None => self.add(stream),
+                };
+                self.last = Some((id, s));
+                s
+            }
         };
         self.tick += 1;
         if let Some(s) = self.slots[slot as usize].as_mut() {
@@ -857,6 +867,7 @@ impl FreeStreams {
             {
                 if let Some(s) = slot.take() {
                     self.by_id.remove(&s.stream.id().0);
+                    self.last = None;
                 }
             }
         }
