@@ -82,7 +82,7 @@ fi
 
 if want python && [[ -d python ]]; then
   export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
-  for conf in resource=pool resource=async resource=caching; do
+  for conf in resource=pool resource=async resource=caching resource=vpool; do
     for s in torch_resnet18_step torch_gpt2_step cupy_check; do
       log="$out/logs/py-$s-${conf#resource=}"
       GPUMEM_CONF=$conf python3 python/examples/$s.py >"$log.out" 2>"$log.err"

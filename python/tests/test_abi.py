@@ -144,7 +144,7 @@ def test_bad_conf_is_reported_and_defaults_serve():
 def test_other_resources_in_children():
     for conf in ["resource=caching,max_size=64MiB", "resource=binning,max_size=64MiB",
                  "resource=cuda,max_size=64MiB", "resource=async,max_size=64MiB",
-                 "resource=arena,initial_size=64MiB"]:
+                 "resource=arena,initial_size=64MiB", "resource=vpool,max_size=64MiB"]:
         r = _child(
             conf,
             "import gpumem\n"

@@ -6,9 +6,9 @@
 //!
 //! | key | values | default | meaning |
 //! |---|---|---|---|
-//! | `resource` | `pool`, `caching`, `binning`, `arena`, `async`, `cuda` | `pool` | what serves each device (see below) |
+//! | `resource` | `pool`, `caching`, `binning`, `arena`, `async`, `vpool`, `cuda` | `pool` | what serves each device (see below) |
 //! | `initial_size` | size | `0` | bytes the pool takes up front (`pool`, `binning`, `async`); `arena`: the arena's size |
-//! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device; past it, allocations fail (NULL) |
+//! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
 //!
@@ -19,7 +19,9 @@
 //! (`ArenaResource`: one region taken whole at the start, of `initial_size`
 //! bytes, else `max_size`, else half the device's free memory); `async`
 //! CUDA's stream-ordered pool (`AsyncResource`, `cudaMallocAsync`), with
-//! `max_size` as the pool's maximum size.
+//! `max_size` as the pool's maximum size; `vpool` gpumem's pool on virtual
+//! memory (`VirtualPool`: physical pages only under live blocks, moved by
+//! aliasing), with `max_size` as its most physical memory.
 //!
 //! Sizes: a number (decimals allowed) with an optional unit: `B`; `K`, `KiB`,
 //! `M`, `MiB`, `G`, `GiB`, `T`, `TiB` (powers of 1024); `KB`, `MB`, `GB`, `TB`
@@ -48,18 +50,21 @@ pub enum ResourceKind {
     Arena,
     /// `AsyncResource`: CUDA's stream-ordered pool (`cudaMallocAsync`).
     Async,
+    /// `VirtualPool`: CUDA virtual memory, pages mapped under live blocks.
+    Virtual,
     /// Plain `cuMemAlloc`/`cuMemFree`.
     Cuda,
 }
 
 impl ResourceKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [ResourceKind; 6] = [
+    pub const ALL: [ResourceKind; 7] = [
         ResourceKind::Pool,
         ResourceKind::Caching,
         ResourceKind::Binning,
         ResourceKind::Arena,
         ResourceKind::Async,
+        ResourceKind::Virtual,
         ResourceKind::Cuda,
     ];
 
@@ -71,6 +76,7 @@ impl ResourceKind {
             ResourceKind::Binning => "binning",
             ResourceKind::Arena => "arena",
             ResourceKind::Async => "async",
+            ResourceKind::Virtual => "vpool",
             ResourceKind::Cuda => "cuda",
         }
     }

@@ -12,6 +12,7 @@
 //! | `binning` (`BinningResource` over `PoolResource`) | the inner pool's `reserved_bytes` | counted at the pool's upstream | bins' `release`, then the pool's |
 //! | `arena` (`ArenaResource`) | the arena's size, taken whole up front | counted at its upstream | stream arenas' cached superblocks go back to the global arena; the device gets nothing back |
 //! | `async` (`AsyncResource`, CUDA's pool) | the pool's `ReservedMemCurrent` | the pool's `ReservedMemHigh` (reset by `reset_peak`) | synchronize the device, then `cuMemPoolTrimTo(0)` |
+//! | `vpool` (`VirtualPool`) | physical bytes held (mapped or cached) | the pool's `peak_reserved` (reset by `reset_peak`) | `release`: every page not under a live block goes back |
 //! | `cuda` (`cuMemAlloc`) | live bytes (nothing is cached) | counted at the driver | nothing to give back |
 //!
 //! "Counted at the upstream" means a [`StatisticsAdaptor`] sits between the
@@ -24,7 +25,7 @@ use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, PoolConfig,
-    PoolResource,
+    PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, Result};
@@ -163,6 +164,24 @@ impl Served for AsyncResource {
     }
 }
 
+impl Served for VirtualPool {
+    fn kind(&self) -> ResourceKind {
+        ResourceKind::Virtual
+    }
+    fn reserved_bytes(&self) -> usize {
+        VirtualPool::reserved_bytes(self)
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.stats().peak_reserved
+    }
+    fn reset_peak_reserved(&self) {
+        self.reset_peaks();
+    }
+    fn empty_cache(&self) -> Result<usize> {
+        self.release()
+    }
+}
+
 impl Served for LimitingAdaptor<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Cuda
@@ -221,6 +240,13 @@ pub fn build(conf: &Conf, device: &Device) -> Result<Box<dyn Served>> {
             };
             Box::new(ArenaResource::with_config(upstream(), config)?)
         }
+        ResourceKind::Virtual => Box::new(VirtualPool::new(
+            device.clone(),
+            VirtualPoolConfig {
+                maximum_physical: conf.max_size,
+                ..VirtualPoolConfig::default()
+            },
+        )?),
         ResourceKind::Async => Box::new(
             AsyncResource::builder(device.clone())
                 .initial_size(conf.initial_size)
