@@ -101,13 +101,14 @@ fn replay(
             .or_insert_with(|| device.create_stream().expect("stream"));
     }
     let (mut cur, mut peak) = (0usize, 0usize);
-    let step: usize = std::env::var("VPOOL_STEP")
+    // VPOOL_STEP=N: print the pool's counters every N events (stderr).
+    let step: Option<usize> = std::env::var("VPOOL_STEP")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(usize::MAX);
+        .filter(|&n| n > 0);
     let t0 = Instant::now();
     for (i, ev) in events.iter().enumerate() {
-        if i % step == 0 {
+        if step.is_some_and(|n| i % n == 0) {
             let st = pool.stats();
             eprintln!(
                 "  event {i}: mappings {} aliases {} reloc {} fresh {} va-mapped GB {:.2}",
@@ -213,6 +214,7 @@ fn main() {
         "create", "pages", "map", "access", "unmap", "unmapped", "release",
         "drv ns/op", "bk ns/op", "total"
     );
+    // VPOOL_VERBOSE: a second line per pass with the alias counters.
     let verbose = std::env::var_os("VPOOL_VERBOSE").is_some();
     for path in traces {
         let events = match parse(&path) {
@@ -236,7 +238,7 @@ fn main() {
             let before = counts(&sim);
             let st0 = pool.stats();
             if std::env::var_os("VPOOL_FRESH_STREAMS").is_some() {
-                // As `gpumem replay` does: new streams for every pass.
+                // New streams for every pass (a program that keeps none).
                 streams.clear();
             }
             let (ns, peak) = replay(&pool, &device, &events, &mut streams);
