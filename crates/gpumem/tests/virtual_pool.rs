@@ -1,8 +1,10 @@
 //! VirtualPool on the simulated device: the shared resource suite, the model
 //! harness with the ordering oracle, page-table properties under held streams
 //! (no page unmapped under pending work), out-of-memory with reclaim,
-//! all-or-nothing mapping under injected faults, peers, IPC export, and data
-//! written across re-mapped pages.
+//! all-or-nothing mapping under injected faults, peers, IPC export, data
+//! written across re-mapped and aliased pages, and a property test that
+//! pending work on held streams never lands in another block's memory,
+//! whichever address it was issued through.
 
 mod common;
 
@@ -620,6 +622,72 @@ fn vop() -> impl Strategy<Value = VOp> {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pending_work_never_lands_in_another_block(ops in prop::collection::vec(vop(), 1..100)) {
+        // Backed memory and no slack, so pages move between blocks (aliases)
+        // while streams are held. Each block is filled with its own byte on
+        // its own stream: memory handed to another block while a held
+        // stream's fill is still pending would be overwritten when that
+        // stream runs, through whichever address it was filled by.
+        let (device, sim) = Device::sim_with_driver(SimConfig::backed(32 * MIB));
+        let config = VirtualPoolConfig { slack_permille: 0, ..VirtualPoolConfig::default() };
+        let p = VirtualPool::new(device.clone(), config).unwrap();
+        let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let checker = device.create_stream().unwrap();
+        let mut live: Vec<(DeviceBuffer<u8, &VirtualPool>, usize, u8)> = Vec::new();
+        let (mut next, mut held) = (0u8, [false; 3]);
+        for op in &ops {
+            match *op {
+                VOp::Alloc { stream, bytes } => {
+                    match DeviceBuffer::<u8, _>::new(bytes.min(8 * MIB), &p, &streams[stream]) {
+                        Ok(b) => {
+                            next = next % 250 + 1;
+                            b.memset_async(next).unwrap();
+                            live.push((b, stream, next));
+                        }
+                        Err(e) if e.is_oom() => {}
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                }
+                VOp::Free { pick, stream } => {
+                    if live.is_empty() { continue; }
+                    let (mut b, owner, _) = live.swap_remove(pick % live.len());
+                    if owner != stream {
+                        streams[stream].wait_for(&streams[owner]).unwrap();
+                    }
+                    b.set_stream(&streams[stream]);
+                    drop(b);
+                }
+                VOp::Touch { pick } => {
+                    let n = live.len().max(1);
+                    if let Some((b, _, v)) = live.get_mut(pick % n) {
+                        next = next % 250 + 1;
+                        b.memset_async(next).unwrap();
+                        *v = next;
+                    }
+                }
+                VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
+                VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
+                VOp::Trim => { p.trim().unwrap(); }
+            }
+            p.check_invariants().map_err(TestCaseError::fail)?;
+        }
+        for (s, h) in streams.iter().zip(held) {
+            if h { sim.release(s.raw()); }
+        }
+        for s in &streams { s.synchronize().unwrap(); }
+        for (b, _, v) in &mut live {
+            b.set_stream(&checker);
+            let got = b.to_vec().unwrap();
+            prop_assert!(got.iter().all(|x| x == v), "a block lost its bytes to pending work elsewhere");
+        }
+        prop_assert_eq!(sim.data_stats().faults, 0);
+        prop_assert!(p.stats().peak_reserved <= 32 * MIB);
+        drop(live);
+        drop(p);
+        prop_assert_eq!(sim.physical_bytes(), 0);
+    }
 
     #[test]
     fn virtual_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
