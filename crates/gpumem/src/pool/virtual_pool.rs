@@ -160,9 +160,10 @@ pub struct VirtualPoolStats {
     pub reserved: usize,
     /// Highest `reserved` so far.
     pub peak_reserved: usize,
-    /// Physical bytes mapped.
+    /// Virtual bytes with physical memory mapped under them (a physical
+    /// page mapped at two places counts twice; see `aliased`).
     pub mapped: usize,
-    /// Mapped bytes under no live block (kept mapped for re-use).
+    /// Mapped virtual bytes under no live block (kept mapped for re-use).
     pub idle_mapped: usize,
     /// Of `mapped`, the bytes that are second (or later) mappings of
     /// physical memory mapped elsewhere too: *aliases*, kept so memory that
