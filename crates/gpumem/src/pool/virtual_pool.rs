@@ -72,9 +72,11 @@
 //! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its
 //! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
 //! costs one map and its share of one set-access, once; after that, memory
-//! changes place between the same addresses for nothing. Replayed on the
-//! simulator with these costs (`examples/vpool_replay.rs`): see the README
-//! of the latest `bench/results/*vpool*` run.
+//! changes place between the same addresses for nothing. Measured on the
+//! H100 (`bench/results/2026-11-21-h100-run7-vpool-aliases`): the two shared
+//! training traces replayed after five untimed replays cost 137 and 143 ns
+//! per operation with no driver call, at 1.015 and 1.041 of the live peak;
+//! the first replays pay for the aliases they create (about 27 µs each).
 
 mod page_table;
 mod phys_cache;
