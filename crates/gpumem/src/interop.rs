@@ -1,7 +1,7 @@
 //! Interop with cudarc 0.19: gpumem buffers in cudarc copies and kernel
 //! launches, and streams shared between the two.
 //!
-//! [`DeviceBuffer`] implements cudarc's [`DeviceSlice`], [`DevicePtr`] and
+//! [`DeviceBuffer`] implements cudarc's [`DeviceSlice`], [`DevicePtr`](cudarc::driver::DevicePtr) and
 //! [`DevicePtrMut`], and `&DeviceBuffer` / `&mut DeviceBuffer` are kernel
 //! arguments ([`PushKernelArg`]) passing the device pointer.
 //!
