@@ -659,8 +659,9 @@ impl VirtualPool {
             streams,
             ..
         } = st;
+        let mut own = None;
         pages.acquire(seg, first, last, phys, |mask, tick| {
-            let own = streams.own_bit(stream);
+            let own = *own.get_or_insert_with(|| streams.own_bit(stream));
             streams.safe_for(own, mask, tick)
         })
     }
@@ -785,7 +786,7 @@ impl VirtualPool {
                     }
                     let quiet = (0..u64::from(ch.pages)).all(|i| {
                         let p = PageTable::unpack(at + i);
-                        let (mask, tick) = pages.free_mark(p);
+                        let (mask, tick) = pages.free_mark(p, phys);
                         pages.users(p) == 0
                             && !pages.owns(p)
                             && (mask == 0 || streams.complete(mask, tick))
@@ -957,7 +958,7 @@ impl VirtualPool {
         // Longest runs of reclaimable idle pages first (fewest calls, and
         // the pages least likely to be wanted back where they are); the
         // extents lying wholly within them.
-        let mut runs = pages.reclaimable_runs(streams);
+        let mut runs = pages.reclaimable_runs(streams, phys);
         runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let mut chosen: Vec<(PageRef, usize)> = Vec::new();
         // Extents larger than what was still wanted when met.
@@ -1230,7 +1231,7 @@ impl VirtualPool {
                 }
                 let quiet = ch.at.iter().all(|&at| {
                     (0..u64::from(ch.pages)).all(|i| {
-                        let (mask, tick) = pages.free_mark(PageTable::unpack(at + i));
+                        let (mask, tick) = pages.free_mark(PageTable::unpack(at + i), phys);
                         mask == 0 || streams.complete(mask, tick)
                     })
                 });

@@ -1,13 +1,13 @@
 //! The page table of a [`VirtualPool`](super::VirtualPool): one entry per
 //! granularity-sized page of every reserved virtual range.
 //!
-//! Each page counts the live blocks on it (`users`), names the physical page
-//! mapped there (if any), and remembers who freed blocks on it since it was
-//! last known quiet: a mask of stream slots and the tick of the last free (a
-//! counter bumped by every free). A mapped page with no user is *idle*: it is
+//! Each page counts the live blocks on it (`users`) and names the physical
+//! page mapped there (if any). A mapped page with no user is *idle*: it is
 //! kept mapped (re-using it costs no driver call) and may be unmapped once
-//! every stream of its mask has been seen complete at or after its tick (see
-//! [`FreeStreams`]). Idle pages are found by scanning the mapped bitmap and
+//! every stream that freed a block on its extent (a mask of stream slots and
+//! the tick of the last free, a counter bumped by every free, kept per
+//! extent: it covers every mapping of the extent, so it is conservative for
+//! each) has been seen complete at or after that tick (see [`FreeStreams`]). Idle pages are found by scanning the mapped bitmap and
 //! the user counts, on slow paths only; the fast paths keep no idle index.
 //!
 //! A mapped page is usable by a block only while it *owns* its physical page
@@ -45,11 +45,6 @@ struct Page {
     index: u32,
     /// This page owns its physical page (always so while it has users).
     owns: bool,
-    /// Stream slots (mod 64) that freed blocks on the page since it was last
-    /// known quiet.
-    mask: u64,
-    /// Tick of the last free on the page.
-    tick: u64,
 }
 
 const EMPTY: Page = Page {
@@ -57,8 +52,6 @@ const EMPTY: Page = Page {
     chunk: UNMAPPED,
     index: 0,
     owns: false,
-    mask: 0,
-    tick: 0,
 };
 
 impl Segment {
@@ -84,8 +77,6 @@ pub(super) struct Segment {
     pages: Vec<Page>,
     /// Bit per page: mapped.
     mapped: Vec<u64>,
-    /// Per 64 pages: the tick of the latest free on any of them.
-    word_tick: Vec<u64>,
 }
 
 /// Page `idx` of segment `seg`.
@@ -130,7 +121,6 @@ impl PageTable {
             bytes,
             pages: vec![EMPTY; n],
             mapped: vec![0; n.div_ceil(64)],
-            word_tick: vec![0; n.div_ceil(64)],
         });
     }
 
@@ -192,11 +182,14 @@ impl PageTable {
         }
     }
 
-    /// The frees recorded on page `p` since it was last mapped: stream mask
-    /// and tick.
-    pub(super) fn free_mark(&self, p: PageRef) -> (u64, u64) {
+    /// The frees recorded on the extent mapped at `p` (through any of its
+    /// mappings): stream mask and tick; none for an unmapped page.
+    pub(super) fn free_mark(&self, p: PageRef, phys: &PhysCache) -> (u64, u64) {
         let e = &self.segs[p.seg].pages[p.idx];
-        (e.mask, e.tick)
+        match phys.chunk(e.chunk) {
+            Some(ch) if e.chunk != UNMAPPED => (ch.mask, ch.tick),
+            _ => (0, 0),
+        }
     }
 
     /// Live blocks on the page `packed` refers to.
@@ -237,30 +230,46 @@ impl PageTable {
             all_mapped: true,
             conflict: false,
         };
-        // Busy pages are counted per run of one extent.
+        // Busy pages are counted per run of one extent. The pages are walked
+        // as one slice, left only to take a physical page over (rare).
         let (mut run_chunk, mut run_busy) = (UNMAPPED, 0i32);
-        for idx in first..=last {
-            let p = &mut self.segs[seg].pages[idx];
-            p.users += 1;
-            if p.chunk == UNMAPPED {
-                out.all_mapped = false;
-                continue;
-            }
-            if p.users > 1 {
-                continue; // already owned through this page
-            }
-            let (c, owns) = (p.chunk, p.owns);
-            if !owns && !self.take_over(seg, idx, phys, &mut safe) {
-                out.conflict = true;
-                continue;
-            }
-            if c != run_chunk {
-                if run_busy != 0 {
-                    phys.add_busy(run_chunk, run_busy);
+        let mut idx = first;
+        while idx <= last {
+            let mut take = None;
+            for (k, p) in self.segs[seg].pages[idx..=last].iter_mut().enumerate() {
+                p.users += 1;
+                if p.chunk == UNMAPPED {
+                    out.all_mapped = false;
+                    continue;
                 }
-                (run_chunk, run_busy) = (c, 0);
+                if p.users > 1 {
+                    continue; // already owned through this page
+                }
+                if !p.owns {
+                    take = Some((idx + k, p.chunk));
+                    break;
+                }
+                if p.chunk != run_chunk {
+                    if run_busy != 0 {
+                        phys.add_busy(run_chunk, run_busy);
+                    }
+                    (run_chunk, run_busy) = (p.chunk, 0);
+                }
+                run_busy += 1;
             }
-            run_busy += 1;
+            let Some((at, c)) = take else { break };
+            if self.take_over(seg, at, phys, &mut safe) {
+                if c != run_chunk {
+                    if run_busy != 0 {
+                        phys.add_busy(run_chunk, run_busy);
+                    }
+                    (run_chunk, run_busy) = (c, 0);
+                }
+                run_busy += 1;
+            } else {
+                out.conflict = true;
+            }
+            idx = at + 1;
         }
         if run_busy != 0 {
             phys.add_busy(run_chunk, run_busy);
@@ -370,16 +379,10 @@ impl PageTable {
         tick: u64,
         phys: &mut PhysCache,
     ) {
-        for w in first / 64..=last / 64 {
-            self.segs[seg].word_tick[w] = tick;
-        }
         // Frees and busy pages are recorded per run of one extent.
         let (mut run_chunk, mut run_idle) = (UNMAPPED, 0i32);
-        for idx in first..=last {
-            let p = &mut self.segs[seg].pages[idx];
+        for p in self.segs[seg].pages[first..=last].iter_mut() {
             p.users -= 1;
-            p.mask |= bit;
-            p.tick = tick;
             if p.chunk == UNMAPPED {
                 continue;
             }
@@ -473,17 +476,18 @@ impl PageTable {
             index: e.index,
         };
         e.chunk = UNMAPPED;
-        e.mask = 0;
-        e.tick = 0;
         self.segs[p.seg].mapped[p.idx / 64] &= !(1 << (p.idx % 64));
         self.mapped_pages -= 1;
         Some(phys)
     }
 
-    /// The runs of idle pages whose freeing streams are all known complete,
-    /// in address order: (first page, pages). Words of 64 pages freed no
-    /// later than every stream's known progress are taken whole.
-    pub(super) fn reclaimable_runs(&self, streams: &mut FreeStreams) -> Vec<(PageRef, usize)> {
+    /// The runs of idle pages whose extents' freeing streams are all known
+    /// complete, in address order: (first page, pages).
+    pub(super) fn reclaimable_runs(
+        &self,
+        streams: &mut FreeStreams,
+        phys: &PhysCache,
+    ) -> Vec<(PageRef, usize)> {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for (seg, s) in self.segs.iter().enumerate() {
             for w in 0..s.mapped.len() {
@@ -491,20 +495,18 @@ impl PageTable {
                 if word == 0 {
                     continue;
                 }
-                let ok = if s.word_tick[w] <= streams.floor() {
-                    word
-                } else {
-                    let (mut ok, mut bits) = (0u64, word);
-                    while bits != 0 {
-                        let b = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        let p = &s.pages[w * 64 + b];
-                        if streams.complete(p.mask, p.tick) {
-                            ok |= 1 << b;
-                        }
+                let (mut ok, mut bits) = (0u64, word);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let p = &s.pages[w * 64 + b];
+                    let quiet = phys
+                        .chunk(p.chunk)
+                        .is_none_or(|ch| ch.mask == 0 || streams.complete(ch.mask, ch.tick));
+                    if quiet {
+                        ok |= 1 << b;
                     }
-                    ok
-                };
+                }
                 let mut bits = ok;
                 while bits != 0 {
                     let start = bits.trailing_zeros() as usize;
@@ -703,8 +705,13 @@ impl FreeStreams {
     /// (frees by it need no check before it re-uses their memory), else 0.
     #[inline]
     pub(super) fn own_bit(&self, stream: &Stream) -> u64 {
-        match self.by_id.get(&stream.id().0) {
-            Some(&s) if self.slots.len() <= 64 => 1u64 << s,
+        let id = stream.id().0;
+        let slot = match self.last {
+            Some((last, s)) if last == id => Some(s),
+            _ => self.by_id.get(&id).copied(),
+        };
+        match slot {
+            Some(s) if self.slots.len() <= 64 => 1u64 << s,
             _ => 0,
         }
     }
@@ -720,12 +727,6 @@ impl FreeStreams {
         }
         self.begin_pass();
         self.complete(others, tick)
-    }
-
-    /// Every free with a tick at or below this is known to have run.
-    #[inline]
-    pub(super) fn floor(&self) -> u64 {
-        self.floor
     }
 
     /// Starts a reclaim pass: each stream is asked about at most once per pass.
