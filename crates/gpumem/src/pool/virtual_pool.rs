@@ -73,10 +73,11 @@
 //! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
 //! costs one map and its share of one set-access, once; after that, memory
 //! changes place between the same addresses for nothing. Measured on the
-//! H100 (`bench/results/2026-11-21-h100-run7-vpool-aliases`): the two shared
-//! training traces replayed after five untimed replays cost 137 and 143 ns
-//! per operation with no driver call, at 1.015 and 1.041 of the live peak;
-//! the first replays pay for the aliases they create (about 27 µs each).
+//! H100 (`bench/results/2026-11-21-h100-run{7,9,10}*`): the two shared
+//! training traces replayed after five untimed replays cost 137 to 242 ns
+//! per operation (by process; PoolResource 65 to 100) with no driver call,
+//! at 1.015 and 1.041 of the live peak; the first replays pay for the
+//! aliases they create (about 27 µs each).
 
 mod page_table;
 mod phys_cache;
