@@ -106,10 +106,10 @@ pub struct VirtualPoolConfig {
     /// Requests up to this many bytes go to the small area (default 1 MiB).
     pub small_limit: usize,
     /// Physical memory the pool may create beyond its live peak, in
-    /// thousandths of that peak, before it moves idle mapped pages instead
-    /// (default 30: up to 3% over the live peak). Slack trades leanness for
-    /// fewer unmap/map/set-access calls; 0 moves pages as soon as no cached
-    /// page is left.
+    /// thousandths of that peak (default 30: up to 3% over the live peak),
+    /// when no cached or idle extent fits a run. Beyond it, idle extents
+    /// that fit nowhere are released before new ones are made, so the pool
+    /// stays near its live peak; 0 makes new memory only in their place.
     pub slack_permille: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
     /// `cuMemMap`); 1 gives every page its own allocation (default 6).
@@ -125,9 +125,10 @@ pub struct VirtualPoolConfig {
     /// it, whole cached chunks go back to the driver (default 0).
     pub release_threshold: usize,
     /// Most alias pages kept mapped, in multiples of the physical pages
-    /// mapped (default 8); beyond it, idle aliases are unmapped. A training
-    /// step's memory may change place several times, each a mapping kept
-    /// for the next step (GPT-2's steady state keeps about 3.6).
+    /// (default 8); beyond it, idle aliases are unmapped. A training step's
+    /// memory may change place several times, each a mapping kept for the
+    /// next step (GPT-2's steady state keeps about 3.5 alias pages per
+    /// physical page).
     pub max_alias_ratio: usize,
     /// Most physical bytes the pool may hold; `None` for no limit.
     pub maximum_physical: Option<usize>,
