@@ -12,7 +12,10 @@
 //! ```
 //!
 //! Pass 1 is cold (every page created); later passes replay the same trace
-//! through the same pool (warm). Driver costs used (H100, driver 580; see
+//! through the same pool (warm), on the same streams. Environment:
+//! `VPOOL_VERBOSE` adds a line per pass with the alias counters,
+//! `VPOOL_STEP=N` prints the counters every N events, `VPOOL_FRESH_STREAMS`
+//! makes new streams for every pass. Driver costs used (H100, driver 580; see
 //! `examples/vmm_costs.rs`): cuMemCreate 12 µs, cuMemMap 1.6 µs and
 //! cuMemRelease 11 µs per 2 MiB page; cuMemSetAccess 18 µs per call plus
 //! 25 µs per mapping in its range, cuMemUnmap 9 µs per call plus 17 µs per
