@@ -227,14 +227,14 @@ pub struct PhysExport {
     pub mappings: Vec<(DevicePtr, usize)>,
 }
 
-/// A large block that would need at least this many new pages looks for a
-/// free place with fewer (measured on the traces: smaller blocks gain less
-/// driver time than the search costs, and moving them unsettles layouts that
-/// otherwise repeat without any driver call).
 /// Address space reserved, in multiples of the device's memory, beyond which
 /// conflicts are resolved by collecting idle aliases before reserving more.
 const VA_SCARCE_MULTIPLE: usize = 16;
 
+/// A large block that would need at least this many new pages looks for a
+/// free place with fewer (on the simulator's replays of the shared traces,
+/// 4 let resnet50 settle by its second pass; 8, 16 and 32 settled later or
+/// left more mappings in the first passes).
 const RELOCATE_MIN_PAGES: usize = 4;
 
 const SMALL: usize = 0;
@@ -462,13 +462,7 @@ impl VirtualPool {
             peak_reserved: st.peak_reserved,
             mapped: st.pages.mapped_pages() * g,
             idle_mapped: st.pages.idle_pages() * g,
-            aliased: (st.pages.mapped_pages()
-                - st.phys
-                    .chunks()
-                    .filter(|(_, c)| !c.at.is_empty())
-                    .map(|(_, c)| c.pages as usize)
-                    .sum::<usize>())
-                * g,
+            aliased: Self::alias_pages(&st) * g,
             cached_pages: st.phys.cached_pages(),
             cached: st.phys.cached_pages() * g,
             chunks: st.phys.chunk_count(),
@@ -615,10 +609,7 @@ impl VirtualPool {
         let mut mapped = 0;
         for (c, ch) in st.phys.chunks() {
             for &at in &ch.at {
-                let p = PageRef {
-                    seg: (at >> 40) as usize,
-                    idx: (at & ((1 << 40) - 1)) as usize,
-                };
+                let p = PageTable::unpack(at);
                 if st.pages.phys_at(p) != Some(PhysPage { chunk: c, index: 0 }) {
                     return Err(format!("extent {c}: no mapping at {:#x}", st.pages.addr(p)));
                 }
@@ -646,6 +637,20 @@ impl VirtualPool {
             ));
         }
         Ok(())
+    }
+
+    /// Gives `blk` (taken from lane `lane`, its pages not acquired) back to
+    /// the heap and makes `new` the block; returns `new`'s pages.
+    fn swap_block(
+        st: &mut State,
+        which: usize,
+        lane: LaneId,
+        blk: &mut crate::suballoc::Allocation,
+        new: crate::suballoc::Allocation,
+    ) -> (usize, usize, usize) {
+        let _ = st.arenas[which].heap.free(blk.addr, lane);
+        *blk = new;
+        st.pages.range(blk.addr, blk.size).expect("inside a range")
     }
 
     /// [`PageTable::acquire`] with the stream-safety answer of `stream`.
@@ -781,19 +786,20 @@ impl VirtualPool {
                 ..
             } = &mut *st;
             for (c, ch) in phys.chunks() {
+                // The extent's frees cover all its mappings.
+                if ch.at.len() < 2 || !(ch.mask == 0 || streams.complete(ch.mask, ch.tick)) {
+                    continue;
+                }
                 let mut left = ch.at.len();
                 for &at in &ch.at {
                     if left < 2 {
                         break; // the last mapping stays
                     }
-                    let quiet = (0..u64::from(ch.pages)).all(|i| {
+                    let unused = (0..u64::from(ch.pages)).all(|i| {
                         let p = PageTable::unpack(at + i);
-                        let (mask, tick) = pages.free_mark(p, phys);
-                        pages.users(p) == 0
-                            && !pages.owns(p)
-                            && (mask == 0 || streams.complete(mask, tick))
+                        pages.users(p) == 0 && !pages.owns(p)
                     });
-                    if quiet {
+                    if unused {
                         victims.push((c, at, ch.pages as usize));
                         left -= 1;
                     }
@@ -1221,23 +1227,13 @@ impl VirtualPool {
         st.streams.begin_pass();
         let mut cands: Vec<(usize, u32, Vec<u64>)> = Vec::new();
         {
-            let State {
-                pages,
-                phys,
-                streams,
-                ..
-            } = &mut *st;
+            let State { phys, streams, .. } = &mut *st;
             for (c, ch) in phys.chunks() {
                 if ch.at.is_empty() || ch.busy > 0 {
                     continue;
                 }
-                let quiet = ch.at.iter().all(|&at| {
-                    (0..u64::from(ch.pages)).all(|i| {
-                        let (mask, tick) = pages.free_mark(PageTable::unpack(at + i), phys);
-                        mask == 0 || streams.complete(mask, tick)
-                    })
-                });
-                if quiet {
+                // The extent's frees cover all its mappings.
+                if ch.mask == 0 || streams.complete(ch.mask, ch.tick) {
                     cands.push((ch.pages as usize, c, ch.at.clone()));
                 }
             }
@@ -1447,9 +1443,7 @@ impl MemoryResource for VirtualPool {
             if let Some(better) =
                 self.better_placement(st, which, lane, &blk, alignment, got.conflict)
             {
-                let _ = st.arenas[which].heap.free(blk.addr, lane);
-                blk = better;
-                (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
+                (seg, first, last) = Self::swap_block(st, which, lane, &mut blk, better);
             }
             got = Self::acquire(st, (seg, first, last), stream);
             if got.conflict && self.va_is_scarce(st) {
@@ -1458,10 +1452,7 @@ impl MemoryResource for VirtualPool {
                 self.collect_aliases(st)?;
                 if let Some(better) = self.better_placement(st, which, lane, &blk, alignment, true)
                 {
-                    let _ = st.arenas[which].heap.free(blk.addr, lane);
-                    blk = better;
-                    (seg, first, last) =
-                        st.pages.range(blk.addr, blk.size).expect("inside a range");
+                    (seg, first, last) = Self::swap_block(st, which, lane, &mut blk, better);
                 }
                 got = Self::acquire(st, (seg, first, last), stream);
             }

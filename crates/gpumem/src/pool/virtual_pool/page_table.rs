@@ -7,8 +7,9 @@
 //! every stream that freed a block on its extent (a mask of stream slots and
 //! the tick of the last free, a counter bumped by every free, kept per
 //! extent: it covers every mapping of the extent, so it is conservative for
-//! each) has been seen complete at or after that tick (see [`FreeStreams`]). Idle pages are found by scanning the mapped bitmap and
-//! the user counts, on slow paths only; the fast paths keep no idle index.
+//! each) has been seen complete at or after that tick (see [`FreeStreams`]).
+//! Idle pages are found by scanning the mapped bitmap and the user counts,
+//! on slow paths only; the fast paths keep no idle index.
 //!
 //! A mapped page is usable by a block only while it *owns* its physical page
 //! (see [`PhysCache`]): taking a page whose physical page another alias owns
@@ -67,6 +68,32 @@ impl Segment {
             }
         }
         word
+    }
+}
+
+/// Pages that became busy in a run of one extent, added to its count when
+/// the run ends (one extent lookup per run rather than per page).
+struct BusyRun {
+    chunk: u32,
+    pages: i32,
+}
+
+impl BusyRun {
+    #[inline]
+    fn add(&mut self, chunk: u32, phys: &mut PhysCache) {
+        if chunk != self.chunk {
+            self.flush(phys);
+            self.chunk = chunk;
+        }
+        self.pages += 1;
+    }
+
+    #[inline]
+    fn flush(&mut self, phys: &mut PhysCache) {
+        if self.pages != 0 {
+            phys.add_busy(self.chunk, self.pages);
+            self.pages = 0;
+        }
     }
 }
 
@@ -182,20 +209,11 @@ impl PageTable {
         }
     }
 
-    /// The frees recorded on the extent mapped at `p` (through any of its
-    /// mappings): stream mask and tick; none for an unmapped page.
-    pub(super) fn free_mark(&self, p: PageRef, phys: &PhysCache) -> (u64, u64) {
-        let e = &self.segs[p.seg].pages[p.idx];
-        match phys.chunk(e.chunk) {
-            Some(ch) if e.chunk != UNMAPPED => (ch.mask, ch.tick),
-            _ => (0, 0),
-        }
-    }
-
     /// Live blocks on the page `packed` refers to.
     #[inline]
     fn users_packed(&self, packed: u64) -> u32 {
-        self.segs[(packed >> 40) as usize].pages[(packed & ((1 << 40) - 1)) as usize].users
+        let p = Self::unpack(packed);
+        self.segs[p.seg].pages[p.idx].users
     }
 
     /// True when the physical page under mapped page `idx` of `seg` could
@@ -232,7 +250,10 @@ impl PageTable {
         };
         // Busy pages are counted per run of one extent. The pages are walked
         // as one slice, left only to take a physical page over (rare).
-        let (mut run_chunk, mut run_busy) = (UNMAPPED, 0i32);
+        let mut run = BusyRun {
+            chunk: UNMAPPED,
+            pages: 0,
+        };
         let mut idx = first;
         while idx <= last {
             let mut take = None;
@@ -249,31 +270,17 @@ impl PageTable {
                     take = Some((idx + k, p.chunk));
                     break;
                 }
-                if p.chunk != run_chunk {
-                    if run_busy != 0 {
-                        phys.add_busy(run_chunk, run_busy);
-                    }
-                    (run_chunk, run_busy) = (p.chunk, 0);
-                }
-                run_busy += 1;
+                run.add(p.chunk, phys);
             }
             let Some((at, c)) = take else { break };
             if self.take_over(seg, at, phys, &mut safe) {
-                if c != run_chunk {
-                    if run_busy != 0 {
-                        phys.add_busy(run_chunk, run_busy);
-                    }
-                    (run_chunk, run_busy) = (c, 0);
-                }
-                run_busy += 1;
+                run.add(c, phys);
             } else {
                 out.conflict = true;
             }
             idx = at + 1;
         }
-        if run_busy != 0 {
-            phys.add_busy(run_chunk, run_busy);
-        }
+        run.flush(phys);
         out
     }
 
@@ -300,28 +307,29 @@ impl PageTable {
         if ch.mask != 0 && !safe(ch.mask, ch.tick) {
             return false;
         }
-        ch.owner[i as usize] = Self::pack(seg, idx);
-        if owner != NO_OWNER {
-            let o = Self::unpack(owner);
+        self.set_owner(PageRef { seg, idx }, phys);
+        true
+    }
+
+    /// Makes mapped page `p` the owner of its physical page, in its entry,
+    /// the physical page's and the previous owner's.
+    fn set_owner(&mut self, p: PageRef, phys: &mut PhysCache) {
+        let e = &self.segs[p.seg].pages[p.idx];
+        let (c, i) = (e.chunk, e.index);
+        let slot = &mut phys.chunk_mut(c).owner[i as usize];
+        let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
+        if old != NO_OWNER {
+            let o = Self::unpack(old);
             self.segs[o.seg].pages[o.idx].owns = false;
         }
-        self.segs[seg].pages[idx].owns = true;
-        true
+        self.segs[p.seg].pages[p.idx].owns = true;
     }
 
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
-        let e = &self.segs[p.seg].pages[p.idx];
-        let (c, i) = (e.chunk, e.index);
-        let owner = phys.owner(c, i);
-        if owner != NO_OWNER {
-            let o = Self::unpack(owner);
-            self.segs[o.seg].pages[o.idx].owns = false;
-        }
-        phys.chunk_mut(c).owner[i as usize] = Self::pack(p.seg, p.idx);
-        self.segs[p.seg].pages[p.idx].owns = true;
-        phys.add_busy(c, 1);
+        self.set_owner(p, phys);
+        phys.add_busy(self.segs[p.seg].pages[p.idx].chunk, 1);
     }
 
     /// True when a mapped page among `first..=last` of `seg` (where no block
