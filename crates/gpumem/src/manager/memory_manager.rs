@@ -196,8 +196,9 @@ impl MemoryManager {
 
     /// Sets the device pool's size: `bytes` are reserved at the first device
     /// allocation and the pool never grows past them (CUDA's pool: primed with
-    /// `bytes` and capped there). Without it: grow on demand, keep everything. Only before the first
-    /// device allocation; afterwards [`Error::InvalidArgument`].
+    /// `bytes` and capped there). Without it: grow on demand, keep everything.
+    /// Only before the first device allocation; afterwards
+    /// [`Error::InvalidArgument`].
     pub fn set_device_pool_size(&self, bytes: usize) -> Result<()> {
         let mut s = self.settings_before(
             &self.device_started,
