@@ -172,7 +172,7 @@ impl Served for VirtualPool {
         VirtualPool::reserved_bytes(self)
     }
     fn peak_reserved_bytes(&self) -> usize {
-        self.stats().peak_reserved
+        self.peak_reserved_bytes()
     }
     fn reset_peak_reserved(&self) {
         self.reset_peaks();

@@ -190,7 +190,7 @@ impl ReserveProbe {
     pub fn peak(&self) -> gpumem::Result<usize> {
         match self {
             ReserveProbe::Counter(c) => Ok(c.peak()),
-            ReserveProbe::Virtual(v) => Ok(v.stats().peak_reserved),
+            ReserveProbe::Virtual(v) => Ok(v.peak_reserved_bytes()),
             ReserveProbe::Pool { device, pool } => Ok(device
                 .driver()
                 .mempool_get_attr(*pool, PoolAttr::ReservedMemHigh)?

@@ -497,6 +497,12 @@ impl VirtualPool {
         self.lock().phys.total_pages() * self.gran
     }
 
+    /// Highest physical bytes held since creation or the last
+    /// [`VirtualPool::reset_peaks`] (O(1); [`VirtualPool::stats`] scans pages).
+    pub fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
     /// Bytes in blocks handed out.
     pub fn live_bytes(&self) -> usize {
         self.lock().live_bytes()
