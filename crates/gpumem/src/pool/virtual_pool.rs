@@ -628,13 +628,6 @@ impl VirtualPool {
                 ));
             }
             mapped += ch.at.len() * ch.pages as usize;
-            let busy = st.pages.busy_pages(c, &st.phys);
-            if busy != ch.busy {
-                return Err(format!(
-                    "extent {c}: {} busy pages counted, {busy} found",
-                    ch.busy
-                ));
-            }
         }
         if mapped != st.pages.mapped_pages() {
             return Err(format!(
@@ -803,7 +796,7 @@ impl VirtualPool {
                     }
                     let unused = (0..u64::from(ch.pages)).all(|i| {
                         let p = PageTable::unpack(at + i);
-                        pages.users(p) == 0 && !pages.owns(p)
+                        !pages.busy(p) && !pages.owns(p)
                     });
                     if unused {
                         victims.push((c, at, ch.pages as usize));
@@ -840,7 +833,7 @@ impl VirtualPool {
                 seg: p.seg,
                 idx: p.idx + i,
             };
-            st.pages.set_unmapped(q, &mut st.phys);
+            st.pages.set_unmapped(q);
         }
         st.phys.unmapped_at(c, at);
         st.mappings_unmapped += 1;
@@ -1043,7 +1036,7 @@ impl VirtualPool {
                             seg: r.seg,
                             idx: r.idx + i,
                         };
-                        if let Some(pp) = st.pages.set_unmapped(p, &mut st.phys) {
+                        if let Some(pp) = st.pages.set_unmapped(p) {
                             if pp.index == 0 {
                                 st.phys.unmapped_at(pp.chunk, PageTable::pack(p.seg, p.idx));
                             }
@@ -1132,7 +1125,7 @@ impl VirtualPool {
                 index: i as u32,
             };
             st.pages.set_mapped(p, pp);
-            if st.pages.users(p) > 0 {
+            if st.pages.busy(p) {
                 st.pages.own_new(p, &mut st.phys);
             }
         }
@@ -1197,7 +1190,7 @@ impl VirtualPool {
                 ..
             } = &mut *st;
             for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || ch.pages as usize > longest || ch.busy > 0 {
+                if ch.at.is_empty() || ch.pages as usize > longest || pages.extent_busy(c, phys) {
                     continue;
                 }
                 let home = pages.addr(PageTable::unpack(ch.at[0]));
@@ -1233,9 +1226,14 @@ impl VirtualPool {
         st.streams.begin_pass();
         let mut cands: Vec<(usize, u32, Vec<u64>)> = Vec::new();
         {
-            let State { phys, streams, .. } = &mut *st;
+            let State {
+                pages,
+                phys,
+                streams,
+                ..
+            } = &mut *st;
             for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || ch.busy > 0 {
+                if ch.at.is_empty() || pages.extent_busy(c, phys) {
                     continue;
                 }
                 // The extent's frees cover all its mappings.
@@ -1385,13 +1383,10 @@ impl VirtualPool {
                 let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
                 if driver.vmm_unmap(addr, n * g).is_ok() {
                     for i in 0..n {
-                        st.pages.set_unmapped(
-                            PageRef {
-                                seg,
-                                idx: start + i,
-                            },
-                            &mut st.phys,
-                        );
+                        st.pages.set_unmapped(PageRef {
+                            seg,
+                            idx: start + i,
+                        });
                     }
                     st.mappings_unmapped += 1;
                     st.phys.unmapped_at(c, PageTable::pack(seg, start));
@@ -1445,7 +1440,7 @@ impl MemoryResource for VirtualPool {
                 && which == LARGE
                 && st.pages.count_unmapped(seg, first, last) >= RELOCATE_MIN_PAGES);
         if relocate {
-            st.pages.unacquire(seg, first, last, &mut st.phys);
+            st.pages.unacquire(seg, first, last);
             if let Some(better) =
                 self.better_placement(st, which, lane, &blk, alignment, got.conflict)
             {
@@ -1454,7 +1449,7 @@ impl MemoryResource for VirtualPool {
             got = Self::acquire(st, (seg, first, last), stream);
             if got.conflict && self.va_is_scarce(st) {
                 // Idle aliases unmapped conflict with nothing: try again.
-                st.pages.unacquire(seg, first, last, &mut st.phys);
+                st.pages.unacquire(seg, first, last);
                 self.collect_aliases(st)?;
                 if let Some(better) = self.better_placement(st, which, lane, &blk, alignment, true)
                 {
@@ -1464,7 +1459,7 @@ impl MemoryResource for VirtualPool {
             }
             if got.conflict {
                 // Every free place conflicts: fresh address space.
-                st.pages.unacquire(seg, first, last, &mut st.phys);
+                st.pages.unacquire(seg, first, last);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 blk = self.fresh_block(st, which, bytes, alignment)?;
                 (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
@@ -1475,7 +1470,7 @@ impl MemoryResource for VirtualPool {
         if !got.all_mapped {
             let own = st.streams.own_bit(stream);
             if let Err(e) = self.map_missing(st, seg, first, last, bytes, own) {
-                st.pages.unacquire(seg, first, last, &mut st.phys);
+                st.pages.unacquire(seg, first, last);
                 let _ = st.arenas[which].heap.free(blk.addr, lane);
                 if e.is_oom() {
                     // The numbers without the block that could not be backed.

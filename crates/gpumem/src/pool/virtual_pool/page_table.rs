@@ -1,23 +1,27 @@
 //! The page table of a [`VirtualPool`](super::VirtualPool): one entry per
 //! granularity-sized page of every reserved virtual range.
 //!
-//! Each page counts the live blocks on it (`users`) and names the physical
-//! page mapped there (if any). A mapped page with no user is *idle*: it is
-//! kept mapped (re-using it costs no driver call) and may be unmapped once
-//! every stream that freed a block on its extent (a mask of stream slots and
-//! the tick of the last free, a counter bumped by every free, kept per
-//! extent: it covers every mapping of the extent, so it is conservative for
-//! each) has been seen complete at or after that tick (see [`FreeStreams`]).
-//! Idle pages are found by scanning the mapped bitmap and the user counts,
-//! on slow paths only; the fast paths keep no idle index.
+//! Each page names the physical page mapped there (if any). Three bitmaps
+//! per range say which pages are *mapped*, which *own* their physical page
+//! (see [`PhysCache`]) and which are *busy* (some live block lies on them).
+//! A mapped page that is not busy is *idle*: it is kept mapped (re-using it
+//! costs no driver call) and may be unmapped once every stream that freed a
+//! block on its extent (a mask of stream slots and the tick of the last free,
+//! kept per extent: it covers every mapping of the extent, so it is
+//! conservative for each) has been seen complete at or after that tick (see
+//! [`FreeStreams`]).
 //!
-//! A mapped page is usable by a block only while it *owns* its physical page
-//! (see [`PhysCache`]): taking a page whose physical page another alias owns
-//! with live blocks is a *conflict*, and the pool places the block elsewhere.
+//! A block's first and last page may be shared with other blocks, so they
+//! count their blocks (`users`); the pages strictly between are the block's
+//! alone and only carry the busy bit. A block is handed out only over pages
+//! that own their physical page: taking a page whose physical page another
+//! alias owns with live blocks is a *conflict*, and the pool places the
+//! block elsewhere.
 //!
-//! Costs: allocate and free touch one entry per page of the block (O(1) for
-//! blocks within a page), plus the physical page's owner on a page's first
-//! user; no allocation, no driver call.
+//! Costs: allocate and free touch the block's two boundary entries, a few
+//! bitmap words, and (on free) one entry per extent under the block; pages
+//! that must take their memory over from another alias are handled one by
+//! one, off the fast path. No allocation, no driver call.
 
 use std::thread::ThreadId;
 
@@ -38,63 +42,50 @@ const UNMAPPED: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Page {
-    /// Live blocks on the page.
+    /// Live blocks that begin or end on the page (pages strictly inside a
+    /// block are not counted: they have the busy bit only).
     users: u32,
     /// Chunk of the physical page mapped here, or `UNMAPPED`.
     chunk: u32,
     /// Page within the chunk.
     index: u32,
-    /// This page owns its physical page (always so while it has users).
-    owns: bool,
 }
 
 const EMPTY: Page = Page {
     users: 0,
     chunk: UNMAPPED,
     index: 0,
-    owns: false,
 };
 
-impl Segment {
-    /// Bits of word `w` (64 pages): mapped with no live block.
-    fn idle_word(&self, w: usize) -> u64 {
-        let mut word = self.mapped[w];
-        let mut bits = word;
-        while bits != 0 {
-            let b = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if self.pages[w * 64 + b].users > 0 {
-                word &= !(1 << b);
-            }
-        }
-        word
+/// Bit `idx` of a bitmap.
+#[inline]
+fn bit(map: &[u64], idx: usize) -> bool {
+    map[idx / 64] & (1 << (idx % 64)) != 0
+}
+
+/// The mask of bits `lo..=hi` (both within one word).
+#[inline]
+fn word_mask(lo: usize, hi: usize) -> u64 {
+    (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
+}
+
+/// Calls `f(word, mask)` for each word of bits `first..=last`.
+#[inline]
+fn words(first: usize, last: usize, mut f: impl FnMut(usize, u64)) {
+    let (w0, w1) = (first / 64, last / 64);
+    for w in w0..=w1 {
+        let lo = if w == w0 { first % 64 } else { 0 };
+        let hi = if w == w1 { last % 64 } else { 63 };
+        f(w, word_mask(lo, hi));
     }
 }
 
-/// Pages that became busy in a run of one extent, added to its count when
-/// the run ends (one extent lookup per run rather than per page).
-struct BusyRun {
-    chunk: u32,
-    pages: i32,
-}
-
-impl BusyRun {
-    #[inline]
-    fn add(&mut self, chunk: u32, phys: &mut PhysCache) {
-        if chunk != self.chunk {
-            self.flush(phys);
-            self.chunk = chunk;
-        }
-        self.pages += 1;
-    }
-
-    #[inline]
-    fn flush(&mut self, phys: &mut PhysCache) {
-        if self.pages != 0 {
-            phys.add_busy(self.chunk, self.pages);
-            self.pages = 0;
-        }
-    }
+/// True when bits `first..=last` of `map` are all set.
+#[inline]
+fn all_set(map: &[u64], first: usize, last: usize) -> bool {
+    let mut all = true;
+    words(first, last, |w, m| all &= map[w] & m == m);
+    all
 }
 
 /// One reserved virtual range.
@@ -104,6 +95,54 @@ pub(super) struct Segment {
     pages: Vec<Page>,
     /// Bit per page: mapped.
     mapped: Vec<u64>,
+    /// Bit per page: owns its physical page (always so while busy).
+    owns: Vec<u64>,
+    /// Bit per page: some live block lies on it.
+    busy: Vec<u64>,
+}
+
+impl Segment {
+    /// Bits of word `w` (64 pages): mapped with no live block.
+    fn idle_word(&self, w: usize) -> u64 {
+        self.mapped[w] & !self.busy[w]
+    }
+
+    /// Marks a block on pages `first..=last` live.
+    #[inline]
+    fn mark(&mut self, first: usize, last: usize) {
+        self.pages[first].users += 1;
+        self.busy[first / 64] |= 1 << (first % 64);
+        if last > first {
+            self.pages[last].users += 1;
+            self.busy[last / 64] |= 1 << (last % 64);
+            if last > first + 1 {
+                let busy = &mut self.busy;
+                words(first + 1, last - 1, |w, m| {
+                    debug_assert_eq!(busy[w] & m, 0, "a block's inner page is shared");
+                    busy[w] |= m;
+                });
+            }
+        }
+    }
+
+    /// Marks the block on pages `first..=last` gone.
+    #[inline]
+    fn unmark(&mut self, first: usize, last: usize) {
+        for idx in [first, last] {
+            let p = &mut self.pages[idx];
+            p.users -= 1;
+            if p.users == 0 {
+                self.busy[idx / 64] &= !(1 << (idx % 64));
+            }
+            if last == first {
+                break;
+            }
+        }
+        if last > first + 1 {
+            let busy = &mut self.busy;
+            words(first + 1, last - 1, |w, m| busy[w] &= !m);
+        }
+    }
 }
 
 /// Page `idx` of segment `seg`.
@@ -143,11 +182,14 @@ impl PageTable {
     /// Adds a reserved range (base and bytes multiples of the page size).
     pub(super) fn add_segment(&mut self, base: u64, bytes: u64) {
         let n = (bytes >> self.shift) as usize;
+        let words = n.div_ceil(64);
         self.segs.push(Segment {
             base,
             bytes,
             pages: vec![EMPTY; n],
-            mapped: vec![0; n.div_ceil(64)],
+            mapped: vec![0; words],
+            owns: vec![0; words],
+            busy: vec![0; words],
         });
     }
 
@@ -156,7 +198,7 @@ impl PageTable {
         self.mapped_pages
     }
 
-    /// Mapped pages with no live block (a scan: slow paths and stats).
+    /// Mapped pages with no live block (a scan of the bitmaps).
     pub(super) fn idle_pages(&self) -> usize {
         self.segs
             .iter()
@@ -209,11 +251,11 @@ impl PageTable {
         }
     }
 
-    /// Live blocks on the page `packed` refers to.
+    /// True when a live block lies on the page `packed` refers to.
     #[inline]
-    fn users_packed(&self, packed: u64) -> u32 {
+    fn busy_packed(&self, packed: u64) -> bool {
         let p = Self::unpack(packed);
-        self.segs[p.seg].pages[p.idx].users
+        bit(&self.segs[p.seg].busy, p.idx)
     }
 
     /// True when the physical page under mapped page `idx` of `seg` could
@@ -221,22 +263,47 @@ impl PageTable {
     /// live block.
     #[inline]
     fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
-        let p = &self.segs[seg].pages[idx];
-        if p.owns {
+        let s = &self.segs[seg];
+        if bit(&s.owns, idx) {
             return true;
         }
+        let p = &s.pages[idx];
         let owner = phys.owner(p.chunk, p.index);
-        owner == NO_OWNER || self.users_packed(owner) == 0
+        owner == NO_OWNER || !self.busy_packed(owner)
     }
 
-    /// A block now covers pages `first..=last` of `seg`: counts it as a user
-    /// and makes each mapped page the owner of its physical page. `safe`
-    /// answers whether frees recorded as `(mask, tick)` on a physical page
-    /// that passes from another alias are done as far as the caller's stream
-    /// is concerned. On a conflict the counts stay (undo them with
+    /// A block now covers pages `first..=last` of `seg`: marks it live and
+    /// makes each mapped page the owner of its physical page. `safe` answers
+    /// whether frees recorded as `(mask, tick)` on a physical page that
+    /// passes from another alias are done as far as the caller's stream is
+    /// concerned. On a conflict the marks stay (undo them with
     /// [`PageTable::unacquire`]).
     #[inline]
     pub(super) fn acquire(
+        &mut self,
+        seg: usize,
+        first: usize,
+        last: usize,
+        phys: &mut PhysCache,
+        safe: impl FnMut(u64, u64) -> bool,
+    ) -> Acquired {
+        let s = &mut self.segs[seg];
+        let ready = all_set(&s.owns, first, last);
+        s.mark(first, last);
+        if ready {
+            return Acquired {
+                all_mapped: true,
+                conflict: false,
+            };
+        }
+        self.take_pages(seg, first, last, phys, safe)
+    }
+
+    /// The pages of a just-marked block that do not own their memory:
+    /// unmapped ones are reported, mapped ones take their physical page over
+    /// where they can (see [`PageTable::take_over`]).
+    #[cold]
+    fn take_pages(
         &mut self,
         seg: usize,
         first: usize,
@@ -248,46 +315,23 @@ impl PageTable {
             all_mapped: true,
             conflict: false,
         };
-        // Busy pages are counted per run of one extent. The pages are walked
-        // as one slice, left only to take a physical page over (rare).
-        let mut run = BusyRun {
-            chunk: UNMAPPED,
-            pages: 0,
-        };
-        let mut idx = first;
-        while idx <= last {
-            let mut take = None;
-            for (k, p) in self.segs[seg].pages[idx..=last].iter_mut().enumerate() {
-                p.users += 1;
-                if p.chunk == UNMAPPED {
-                    out.all_mapped = false;
-                    continue;
-                }
-                if p.users > 1 {
-                    continue; // already owned through this page
-                }
-                if !p.owns {
-                    take = Some((idx + k, p.chunk));
-                    break;
-                }
-                run.add(p.chunk, phys);
+        for idx in first..=last {
+            let s = &self.segs[seg];
+            if bit(&s.owns, idx) {
+                continue;
             }
-            let Some((at, c)) = take else { break };
-            if self.take_over(seg, at, phys, &mut safe) {
-                run.add(c, phys);
-            } else {
+            if !bit(&s.mapped, idx) {
+                out.all_mapped = false;
+            } else if !self.take_over(seg, idx, phys, &mut safe) {
                 out.conflict = true;
             }
-            idx = at + 1;
         }
-        run.flush(phys);
         out
     }
 
     /// Makes mapped page `idx` of `seg` the owner of its physical page when
     /// the current owner has no live block and `safe` accepts the extent's
     /// frees; false (nothing changed) otherwise.
-    #[cold]
     fn take_over(
         &mut self,
         seg: usize,
@@ -300,7 +344,7 @@ impl PageTable {
             (p.chunk, p.index)
         };
         let owner = phys.owner(c, i);
-        if owner != NO_OWNER && self.users_packed(owner) > 0 {
+        if owner != NO_OWNER && self.busy_packed(owner) {
             return false;
         }
         let ch = phys.chunk_mut(c);
@@ -311,8 +355,8 @@ impl PageTable {
         true
     }
 
-    /// Makes mapped page `p` the owner of its physical page, in its entry,
-    /// the physical page's and the previous owner's.
+    /// Makes mapped page `p` the owner of its physical page, in its bit,
+    /// the physical page's entry and the previous owner's bit.
     fn set_owner(&mut self, p: PageRef, phys: &mut PhysCache) {
         let e = &self.segs[p.seg].pages[p.idx];
         let (c, i) = (e.chunk, e.index);
@@ -320,16 +364,15 @@ impl PageTable {
         let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
         if old != NO_OWNER {
             let o = Self::unpack(old);
-            self.segs[o.seg].pages[o.idx].owns = false;
+            self.segs[o.seg].owns[o.idx / 64] &= !(1 << (o.idx % 64));
         }
-        self.segs[p.seg].pages[p.idx].owns = true;
+        self.segs[p.seg].owns[p.idx / 64] |= 1 << (p.idx % 64);
     }
 
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
         self.set_owner(p, phys);
-        phys.add_busy(self.segs[p.seg].pages[p.idx].chunk, 1);
     }
 
     /// True when a mapped page among `first..=last` of `seg` (where no block
@@ -341,42 +384,34 @@ impl PageTable {
         last: usize,
         phys: &PhysCache,
     ) -> bool {
-        (first..=last).any(|idx| {
-            let p = &self.segs[seg].pages[idx];
-            p.chunk != UNMAPPED && p.users == 0 && !self.phys_free_for(seg, idx, phys)
-        })
+        let s = &self.segs[seg];
+        let mut unowned = false;
+        words(first, last, |w, m| {
+            unowned |= s.mapped[w] & !s.owns[w] & m != 0;
+        });
+        unowned
+            && (first..=last).any(|idx| {
+                bit(&s.mapped, idx) && !bit(&s.busy, idx) && !self.phys_free_for(seg, idx, phys)
+            })
     }
 
-    /// Pages of extent `c` whose owner has live blocks, counted from the
-    /// page states (for checks; the pool keeps the count in the extent).
-    pub(super) fn busy_pages(&self, c: u32, phys: &PhysCache) -> u32 {
-        phys.chunk(c).map_or(0, |ch| {
+    /// True when some page of extent `c` is in use through the alias that
+    /// owns it.
+    pub(super) fn extent_busy(&self, c: u32, phys: &PhysCache) -> bool {
+        phys.chunk(c).is_some_and(|ch| {
             ch.owner
                 .iter()
-                .filter(|&&o| o != NO_OWNER && self.users_packed(o) > 0)
-                .count() as u32
+                .any(|&o| o != NO_OWNER && self.busy_packed(o))
         })
     }
 
     /// Undoes [`PageTable::acquire`] for a block that was never handed out.
-    pub(super) fn unacquire(
-        &mut self,
-        seg: usize,
-        first: usize,
-        last: usize,
-        phys: &mut PhysCache,
-    ) {
-        for idx in first..=last {
-            let p = &mut self.segs[seg].pages[idx];
-            p.users -= 1;
-            if p.users == 0 && p.chunk != UNMAPPED && p.owns {
-                phys.add_busy(p.chunk, -1);
-            }
-        }
+    pub(super) fn unacquire(&mut self, seg: usize, first: usize, last: usize) {
+        self.segs[seg].unmark(first, last);
     }
 
     /// A block on pages `first..=last` was freed by stream slot bit `bit` at
-    /// `tick`.
+    /// `tick`: records the free on each extent under it.
     #[inline]
     pub(super) fn release(
         &mut self,
@@ -387,54 +422,40 @@ impl PageTable {
         tick: u64,
         phys: &mut PhysCache,
     ) {
-        // Frees and busy pages are recorded per run of one extent.
-        let (mut run_chunk, mut run_idle) = (UNMAPPED, 0i32);
-        for p in self.segs[seg].pages[first..=last].iter_mut() {
-            p.users -= 1;
+        let s = &mut self.segs[seg];
+        s.unmark(first, last);
+        // One step per extent: its mapping here runs from page `idx - index`
+        // over the extent's pages.
+        let mut idx = first;
+        while idx <= last {
+            let p = &s.pages[idx];
             if p.chunk == UNMAPPED {
+                idx += 1;
                 continue;
             }
-            let (c, idle) = (p.chunk, p.users == 0);
-            if c != run_chunk {
-                if run_chunk != UNMAPPED {
-                    phys.freed(run_chunk, bit, tick);
-                    phys.add_busy(run_chunk, -run_idle);
-                }
-                (run_chunk, run_idle) = (c, 0);
-            }
-            if idle {
-                // A page with users owns its memory: it is idle now.
-                run_idle += 1;
-            }
-        }
-        if run_chunk != UNMAPPED {
-            phys.freed(run_chunk, bit, tick);
-            phys.add_busy(run_chunk, -run_idle);
+            let len = phys.freed(p.chunk, bit, tick);
+            idx = idx - p.index as usize + len.max(1);
         }
     }
 
     /// True when page `p` owns its physical page.
     pub(super) fn owns(&self, p: PageRef) -> bool {
-        self.segs[p.seg].pages[p.idx].owns
+        bit(&self.segs[p.seg].owns, p.idx)
     }
 
-    /// Live blocks on page `p`.
-    pub(super) fn users(&self, p: PageRef) -> u32 {
-        self.segs[p.seg].pages[p.idx].users
+    /// True when a live block lies on page `p`.
+    pub(super) fn busy(&self, p: PageRef) -> bool {
+        bit(&self.segs[p.seg].busy, p.idx)
     }
 
     /// How many of pages `first..=last` of `seg` are unmapped: a popcount
     /// per 64 pages.
     pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
-        let words = &self.segs[seg].mapped;
-        let (w0, w1) = (first / 64, last / 64);
+        let map = &self.segs[seg].mapped;
         let mut mapped = 0;
-        for (w, &word) in words.iter().enumerate().take(w1 + 1).skip(w0) {
-            let lo = if w == w0 { first % 64 } else { 0 };
-            let hi = if w == w1 { last % 64 } else { 63 };
-            let mask = (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
-            mapped += (word & mask).count_ones() as usize;
-        }
+        words(first, last, |w, m| {
+            mapped += (map[w] & m).count_ones() as usize
+        });
         last - first + 1 - mapped
     }
 
@@ -448,7 +469,7 @@ impl PageTable {
     ) -> Vec<(usize, usize)> {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for idx in first..=last {
-            if self.segs[seg].pages[idx].chunk == UNMAPPED {
+            if !bit(&self.segs[seg].mapped, idx) {
                 match runs.last_mut() {
                     Some((f, n)) if *f + *n == idx => *n += 1,
                     _ => runs.push((idx, 1)),
@@ -460,33 +481,34 @@ impl PageTable {
 
     /// Records that `phys` is now mapped at `p`.
     pub(super) fn set_mapped(&mut self, p: PageRef, phys: PhysPage) {
-        let e = &mut self.segs[p.seg].pages[p.idx];
+        let s = &mut self.segs[p.seg];
+        let e = &mut s.pages[p.idx];
         debug_assert_eq!(e.chunk, UNMAPPED);
         e.chunk = phys.chunk;
         e.index = phys.index;
-        self.segs[p.seg].mapped[p.idx / 64] |= 1 << (p.idx % 64);
+        s.mapped[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
-    pub(super) fn set_unmapped(&mut self, p: PageRef, phys: &mut PhysCache) -> Option<PhysPage> {
-        let e = &mut self.segs[p.seg].pages[p.idx];
+    pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
+        let s = &mut self.segs[p.seg];
+        let e = &mut s.pages[p.idx];
         if e.chunk == UNMAPPED {
             return None;
         }
-        if e.users > 0 {
-            // Only a mapping being undone under its own block.
-            phys.add_busy(e.chunk, -1);
-        }
-        e.owns = false;
-        let phys = PhysPage {
+        let pp = PhysPage {
             chunk: e.chunk,
             index: e.index,
         };
         e.chunk = UNMAPPED;
-        self.segs[p.seg].mapped[p.idx / 64] &= !(1 << (p.idx % 64));
+        let (w, b) = (p.idx / 64, 1u64 << (p.idx % 64));
+        // The extent's owner entry goes with its mapping record
+        // (`PhysCache::unmapped_at`).
+        s.owns[w] &= !b;
+        s.mapped[w] &= !b;
         self.mapped_pages -= 1;
-        Some(phys)
+        Some(pp)
     }
 
     /// The runs of idle pages whose extents' freeing streams are all known
@@ -561,17 +583,27 @@ impl PageTable {
     }
 
     /// Checks the table against the live blocks `[addr, addr + size)`: each
-    /// page's user count is the number of live blocks on it, every page under
-    /// a live block is mapped and owns its physical page, and the mapped
-    /// bitmap and counter agree.
+    /// page's count is the number of live blocks beginning or ending on it,
+    /// a page is busy exactly when a live block lies on it, every busy page
+    /// is mapped and owns its physical page, and the bitmaps and counter
+    /// agree with the entries and the extents.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
         let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.pages.len()]).collect();
+        let mut busy: Vec<Vec<bool>> = self
+            .segs
+            .iter()
+            .map(|s| vec![false; s.pages.len()])
+            .collect();
         for &(addr, size) in live {
             let (seg, first, last) = self
                 .range(addr, size)
                 .ok_or_else(|| format!("live block {addr:#x}+{size} outside every range"))?;
-            for u in &mut users[seg][first..=last] {
-                *u += 1;
+            users[seg][first] += 1;
+            if last > first {
+                users[seg][last] += 1;
+            }
+            for b in &mut busy[seg][first..=last] {
+                *b = true;
             }
         }
         let mut mapped = 0;
@@ -580,23 +612,30 @@ impl PageTable {
                 let addr = s.base + ((idx as u64) << self.shift);
                 if p.users != users[seg][idx] {
                     return Err(format!(
-                        "page {addr:#x}: {} users counted, {} live blocks on it",
+                        "page {addr:#x}: {} users counted, {} live blocks begin or end on it",
                         p.users, users[seg][idx]
                     ));
                 }
+                if bit(&s.busy, idx) != busy[seg][idx] {
+                    return Err(format!("page {addr:#x}: busy bit is wrong"));
+                }
                 let is_mapped = p.chunk != UNMAPPED;
-                if p.users > 0 && !is_mapped {
+                let owns = bit(&s.owns, idx);
+                if busy[seg][idx] && !is_mapped {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
                 }
-                if p.users > 0 && !p.owns {
+                if busy[seg][idx] && !owns {
                     return Err(format!(
                         "page {addr:#x} has live blocks but does not own its physical page"
                     ));
                 }
-                if is_mapped && p.owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
-                    return Err(format!("page {addr:#x}: owns flag is wrong"));
+                if owns && !is_mapped {
+                    return Err(format!("page {addr:#x} owns memory but is unmapped"));
                 }
-                if (s.mapped[idx / 64] & (1 << (idx % 64)) != 0) != is_mapped {
+                if is_mapped && owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
+                    return Err(format!("page {addr:#x}: owns bit is wrong"));
+                }
+                if bit(&s.mapped, idx) != is_mapped {
                     return Err(format!("page {addr:#x}: mapped bit is wrong"));
                 }
                 mapped += usize::from(is_mapped);

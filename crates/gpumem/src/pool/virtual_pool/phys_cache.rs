@@ -30,8 +30,6 @@ pub(super) struct Chunk {
     /// Per page: the virtual page (packed: segment << 40 | page) that owns
     /// it, or [`NO_OWNER`].
     pub(super) owner: Vec<u64>,
-    /// Pages whose owner has live blocks (the extent is idle at 0).
-    pub(super) busy: u32,
     /// Stream slots (mod 64) that freed blocks on it, through any mapping,
     /// since it was last known quiet, and the tick of the last such free.
     pub(super) mask: u64,
@@ -74,7 +72,6 @@ impl PhysCache {
             handle,
             pages,
             at: Vec::new(),
-            busy: 0,
             owner: vec![NO_OWNER; pages as usize],
             mask: 0,
             tick: 0,
@@ -112,20 +109,14 @@ impl PhysCache {
             .expect("mapped extent exists")
     }
 
-    /// Records frees on extent `c` by stream slot bit `bit` at `tick`.
+    /// Records frees on extent `c` by stream slot bit `bit` at `tick`;
+    /// returns its pages.
     #[inline]
-    pub(super) fn freed(&mut self, c: u32, bit: u64, tick: u64) {
+    pub(super) fn freed(&mut self, c: u32, bit: u64, tick: u64) -> usize {
         let ch = self.chunk_mut(c);
         ch.mask |= bit;
         ch.tick = tick;
-    }
-
-    /// Adds `d` (±1) to the busy pages of extent `c`.
-    #[inline]
-    pub(super) fn add_busy(&mut self, c: u32, d: i32) {
-        if let Some(ch) = self.chunks[c as usize].as_mut() {
-            ch.busy = ch.busy.wrapping_add_signed(d);
-        }
+        ch.pages as usize
     }
 
     /// The owner of page `i` of extent `c`.
