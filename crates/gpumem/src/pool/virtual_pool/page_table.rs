@@ -301,7 +301,8 @@ impl PageTable {
 
     /// The pages of a just-marked block that do not own their memory:
     /// unmapped ones are reported, mapped ones take their physical page over
-    /// where they can (see [`PageTable::take_over`]).
+    /// where its owner has no live block and `safe` accepts the extent's
+    /// frees (asked once per extent), one extent mapping at a time.
     #[cold]
     fn take_pages(
         &mut self,
@@ -315,44 +316,50 @@ impl PageTable {
             all_mapped: true,
             conflict: false,
         };
-        for idx in first..=last {
+        let mut idx = first;
+        while idx <= last {
             let s = &self.segs[seg];
             if bit(&s.owns, idx) {
+                idx += 1;
                 continue;
             }
             if !bit(&s.mapped, idx) {
                 out.all_mapped = false;
-            } else if !self.take_over(seg, idx, phys, &mut safe) {
-                out.conflict = true;
+                idx += 1;
+                continue;
             }
+            // The extent's mapping here: pages `base..base + n`.
+            let (c, i) = (s.pages[idx].chunk, s.pages[idx].index as usize);
+            let base = idx - i;
+            let ch = phys.chunk_mut(c);
+            let end = (base + ch.pages as usize - 1).min(last);
+            let (mask, tick) = (ch.mask, ch.tick);
+            let mut frees_ok = None;
+            for j in idx..=end {
+                let s = &self.segs[seg];
+                if bit(&s.owns, j) {
+                    continue;
+                }
+                let slot = j - base;
+                let owner = phys.chunk_mut(c).owner[slot];
+                if owner != NO_OWNER && self.busy_packed(owner) {
+                    out.conflict = true;
+                    continue;
+                }
+                if mask != 0 && !*frees_ok.get_or_insert_with(|| safe(mask, tick)) {
+                    out.conflict = true;
+                    continue;
+                }
+                phys.chunk_mut(c).owner[slot] = Self::pack(seg, j);
+                if owner != NO_OWNER {
+                    let o = Self::unpack(owner);
+                    self.segs[o.seg].owns[o.idx / 64] &= !(1 << (o.idx % 64));
+                }
+                self.segs[seg].owns[j / 64] |= 1 << (j % 64);
+            }
+            idx = end + 1;
         }
         out
-    }
-
-    /// Makes mapped page `idx` of `seg` the owner of its physical page when
-    /// the current owner has no live block and `safe` accepts the extent's
-    /// frees; false (nothing changed) otherwise.
-    fn take_over(
-        &mut self,
-        seg: usize,
-        idx: usize,
-        phys: &mut PhysCache,
-        safe: &mut impl FnMut(u64, u64) -> bool,
-    ) -> bool {
-        let (c, i) = {
-            let p = &self.segs[seg].pages[idx];
-            (p.chunk, p.index)
-        };
-        let owner = phys.owner(c, i);
-        if owner != NO_OWNER && self.busy_packed(owner) {
-            return false;
-        }
-        let ch = phys.chunk_mut(c);
-        if ch.mask != 0 && !safe(ch.mask, ch.tick) {
-            return false;
-        }
-        self.set_owner(PageRef { seg, idx }, phys);
-        true
     }
 
     /// Makes mapped page `p` the owner of its physical page, in its bit,
