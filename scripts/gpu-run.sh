@@ -101,6 +101,12 @@ if want vpool && [[ -x bin/vpool_data ]]; then
     bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
   done
   note "replay steady (5 warm passes): lines=$(wc -l <"$out/replay-steady.jsonl")"
+  # The steady state differs from process to process: five more each.
+  for i in 1 2 3 4 5; do
+    for tr in traces/*.csv; do
+      bin/gpumem --device "$dev" replay "$tr" --alloc pool,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady-procs.jsonl" 2>>"$out/logs/replay.err"
+    done
+  done
   python3 - "$out" <<'PY' | while read -r l; do note "$l"; done
 import json, sys
 for f in ("replay-cold", "replay-warm", "replay-steady"):
@@ -111,6 +117,16 @@ for f in ("replay-cold", "replay-warm", "replay-steady"):
     for r in rows:
         if r["alloc"] == "vpool":
             print(f"{f} vpool {r['params'].split()[0]} ns/op {r['ns_per_op']:.1f} res/live {r['reserved_over_live']:.3f}")
+try:
+    rows = [json.loads(l) for l in open(f"{sys.argv[1]}/replay-steady-procs.jsonl")]
+except OSError:
+    rows = []
+by = {}
+for r in rows:
+    by.setdefault((r["alloc"], r["params"].split()[0]), []).append(r["ns_per_op"])
+for (a, t), v in sorted(by.items()):
+    v.sort()
+    print(f"replay-steady {len(v)} processes {a} {t} ns/op min {v[0]:.1f} median {v[len(v) // 2]:.1f} max {v[-1]:.1f}")
 PY
 fi
 
