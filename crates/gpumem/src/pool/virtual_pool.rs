@@ -64,19 +64,21 @@
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
-//! Costs: the fast path is one lock, one lane lookup, the TLSF operation and
-//! one page-table entry per page of the block, plus its physical page's
-//! owner on a page's first user (tens of ns). Driver costs on an H100
+//! Costs: the fast path is one lock, one lane lookup, the TLSF operation, a
+//! few bitmap words and the block's two boundary page entries, plus one
+//! extent entry per extent under the block on free; pages that take their
+//! memory over from another alias cost one owner switch each (tens of ns in
+//! all). Driver costs on an H100
 //! (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs, `cuMemMap`
 //! 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at one page);
 //! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its
 //! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
 //! costs one map and its share of one set-access, once; after that, memory
 //! changes place between the same addresses for nothing. Measured on the
-//! H100 (`bench/results/2026-11-21-h100-run{7,9,10}*`): the two shared
-//! training traces replayed after five untimed replays cost 137 to 242 ns
-//! per operation (by process; PoolResource 65 to 100) with no driver call,
-//! at 1.015 and 1.041 of the live peak; the first replays pay for the
+//! H100 (`bench/results/2026-11-21-h100-run12-vpool-bitmaps`): the two shared
+//! training traces replayed after five untimed replays cost 108 to 170 ns
+//! per operation (by process; PoolResource 70 to 108) with no driver call,
+//! at 1.013 and 1.042 of the live peak; the first replays pay for the
 //! aliases they create (about 27 µs each).
 
 mod page_table;
