@@ -506,7 +506,7 @@ impl LaneHeap {
             _ => return None,
         };
         let arena = &mut self.arena;
-        let mut i = if best {
+        let i = if best {
             t.take_best(arena, needed)?
         } else {
             t.take(arena, needed)?
@@ -515,10 +515,25 @@ impl LaneHeap {
         // Cannot overflow: align - 1 < needed <= block size, and the block ends
         // within u64.
         let aligned = (addr + (align - 1)) & !(align - 1);
-        if aligned != addr {
-            match split(arena, i, aligned - addr) {
+        self.carve(lane, i, aligned, size)
+    }
+
+    /// Hands out `[at, at + size)` of free block `i`, already taken out of
+    /// lane `lane`'s index (`at` and `size` granule multiples, the range
+    /// inside the block): the space before and after goes back to that
+    /// lane. `None` (the block back in the index) when the front cannot be
+    /// split off.
+    #[inline(always)]
+    fn carve(&mut self, lane: LaneId, mut i: u32, at: u64, size: u64) -> Option<Allocation> {
+        let t = self.lanes[lane.0 as usize]
+            .as_mut()
+            .expect("the block's lane");
+        let arena = &mut self.arena;
+        let addr = arena[i].addr;
+        if at != addr {
+            match split(arena, i, at - addr) {
                 Some(j) => {
-                    // The padding keeps its lane; its neighbours are not free
+                    // The front keeps its lane; its neighbours are not free
                     // in this lane (they would have been merged with it).
                     t.insert(arena, i);
                     i = j;
@@ -537,10 +552,10 @@ impl LaneHeap {
         }
         arena[i].set_used();
         let bsize = arena[i].size;
-        self.used.insert(aligned, i);
+        self.used.insert(at, i);
         self.used_bytes += bsize;
         Some(Allocation {
-            addr: aligned,
+            addr: at,
             size: bsize,
             block: BlockId(i),
         })
@@ -667,36 +682,8 @@ impl LaneHeap {
             return None;
         }
         let t = self.lanes.get_mut(lane.0 as usize)?.as_mut()?;
-        let arena = &mut self.arena;
-        let mut i = block.0;
-        t.remove(arena, i);
-        if at != b.addr {
-            match split(arena, i, at - b.addr) {
-                Some(j) => {
-                    t.insert(arena, i);
-                    i = j;
-                }
-                None => {
-                    t.insert(arena, i);
-                    return None;
-                }
-            }
-        }
-        if arena[i].size - size >= self.min_split {
-            if let Some(k) = split(arena, i, size) {
-                arena[k].lane = lane.0;
-                t.insert(arena, k);
-            }
-        }
-        arena[i].set_used();
-        let bsize = arena[i].size;
-        self.used.insert(at, i);
-        self.used_bytes += bsize;
-        Some(Allocation {
-            addr: at,
-            size: bsize,
-            block: BlockId(i),
-        })
+        t.remove(&mut self.arena, block.0);
+        self.carve(lane, block.0, at, size)
     }
 
     /// The used block starting at `addr`. O(1).

@@ -334,41 +334,30 @@ impl PageTable {
             let ch = phys.chunk_mut(c);
             let end = (base + ch.pages as usize - 1).min(last);
             let (mask, tick) = (ch.mask, ch.tick);
+            let owners = &mut ch.owner;
             let mut frees_ok = None;
             for j in idx..=end {
-                let s = &self.segs[seg];
-                if bit(&s.owns, j) {
+                if bit(&self.segs[seg].owns, j) {
                     continue;
                 }
-                let slot = j - base;
-                let owner = phys.chunk_mut(c).owner[slot];
-                if owner != NO_OWNER && self.busy_packed(owner) {
+                let old = owners[j - base];
+                if (old != NO_OWNER && self.busy_packed(old))
+                    || (mask != 0 && !*frees_ok.get_or_insert_with(|| safe(mask, tick)))
+                {
                     out.conflict = true;
                     continue;
                 }
-                if mask != 0 && !*frees_ok.get_or_insert_with(|| safe(mask, tick)) {
-                    out.conflict = true;
-                    continue;
-                }
-                phys.chunk_mut(c).owner[slot] = Self::pack(seg, j);
-                if owner != NO_OWNER {
-                    let o = Self::unpack(owner);
-                    self.segs[o.seg].owns[o.idx / 64] &= !(1 << (o.idx % 64));
-                }
-                self.segs[seg].owns[j / 64] |= 1 << (j % 64);
+                owners[j - base] = Self::pack(seg, j);
+                self.move_owns_bit(old, PageRef { seg, idx: j });
             }
             idx = end + 1;
         }
         out
     }
 
-    /// Makes mapped page `p` the owner of its physical page, in its bit,
-    /// the physical page's entry and the previous owner's bit.
-    fn set_owner(&mut self, p: PageRef, phys: &mut PhysCache) {
-        let e = &self.segs[p.seg].pages[p.idx];
-        let (c, i) = (e.chunk, e.index);
-        let slot = &mut phys.chunk_mut(c).owner[i as usize];
-        let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
+    /// Moves the owns bit from page `old` (packed, or [`NO_OWNER`]) to `p`.
+    #[inline]
+    fn move_owns_bit(&mut self, old: u64, p: PageRef) {
         if old != NO_OWNER {
             let o = Self::unpack(old);
             self.segs[o.seg].owns[o.idx / 64] &= !(1 << (o.idx % 64));
@@ -379,7 +368,10 @@ impl PageTable {
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
-        self.set_owner(p, phys);
+        let e = &self.segs[p.seg].pages[p.idx];
+        let slot = &mut phys.chunk_mut(e.chunk).owner[e.index as usize];
+        let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
+        self.move_owns_bit(old, p);
     }
 
     /// True when a mapped page among `first..=last` of `seg` (where no block
