@@ -20,6 +20,7 @@ want() { [[ ",$parts," == *",$1,"* ]]; }
 date=$(date -u +%Y-%m-%d)
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/logs/nvidia-smi.txt"
+{ grep -m1 'model name' /proc/cpuinfo; nproc; cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null; } >"$out/logs/host.txt" 2>&1
 
 if want tests; then
   ./run-tests.sh "$out/logs/tests" > "$out/logs/tests-summary.txt" 2>&1
@@ -101,10 +102,11 @@ if want vpool && [[ -x bin/vpool_data ]]; then
     bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
   done
   note "replay steady (5 warm passes): lines=$(wc -l <"$out/replay-steady.jsonl")"
-  # The steady state differs from process to process: five more each.
-  for i in 1 2 3 4 5; do
+  # The steady state differs from pool to pool (each repeat builds a fresh
+  # one): eight more processes of 15 repeats each.
+  for i in 1 2 3 4 5 6 7 8; do
     for tr in traces/*.csv; do
-      bin/gpumem --device "$dev" replay "$tr" --alloc pool,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady-procs.jsonl" 2>>"$out/logs/replay.err"
+      bin/gpumem --device "$dev" replay "$tr" --alloc pool,vpool --repeats 15 --warm-passes 5 --json >>"$out/replay-steady-procs.jsonl" 2>>"$out/logs/replay.err"
     done
   done
   python3 - "$out" <<'PY' | while read -r l; do note "$l"; done
@@ -126,7 +128,7 @@ for r in rows:
     by.setdefault((r["alloc"], r["params"].split()[0]), []).append(r["ns_per_op"])
 for (a, t), v in sorted(by.items()):
     v.sort()
-    print(f"replay-steady {len(v)} processes {a} {t} ns/op min {v[0]:.1f} median {v[len(v) // 2]:.1f} max {v[-1]:.1f}")
+    print(f"replay-steady {len(v)} processes {a} {t} ns/op min {v[0]:.1f} median {v[len(v) // 2]:.1f} max {v[-1]:.1f} | {' '.join(f'{x:.0f}' for x in v)}")
 PY
 fi
 

@@ -454,6 +454,7 @@ impl VirtualPool {
         self.gran
     }
 
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
         super::stream_lanes::lock(&self.state)
     }
@@ -560,7 +561,7 @@ impl VirtualPool {
             index[c as usize] = out.len();
             out.push(PhysExport {
                 fd,
-                bytes: chunk.pages as usize * self.gran,
+                bytes: st.phys.pages(c) * self.gran,
                 mappings: Vec::new(),
             });
         }
@@ -632,7 +633,7 @@ impl VirtualPool {
                     st.phys.is_cached(c)
                 ));
             }
-            mapped += ch.at.len() * ch.pages as usize;
+            mapped += ch.at.len() * st.phys.pages(c);
         }
         if mapped != st.pages.mapped_pages() {
             return Err(format!(
@@ -791,7 +792,8 @@ impl VirtualPool {
             } = &mut *st;
             for (c, ch) in phys.chunks() {
                 // The extent's frees cover all its mappings.
-                if ch.at.len() < 2 || !(ch.mask == 0 || streams.complete(ch.mask, ch.tick)) {
+                let e = phys.extent(c);
+                if ch.at.len() < 2 || !e.quiet(|m, t| streams.complete(m, t)) {
                     continue;
                 }
                 let mut left = ch.at.len();
@@ -799,12 +801,12 @@ impl VirtualPool {
                     if left < 2 {
                         break; // the last mapping stays
                     }
-                    let unused = (0..u64::from(ch.pages)).all(|i| {
+                    let unused = (0..u64::from(e.pages)).all(|i| {
                         let p = PageTable::unpack(at + i);
                         !pages.busy(p) && !pages.owns(p)
                     });
                     if unused {
-                        victims.push((c, at, ch.pages as usize));
+                        victims.push((c, at, e.pages as usize));
                         left -= 1;
                     }
                 }
@@ -1195,15 +1197,16 @@ impl VirtualPool {
                 ..
             } = &mut *st;
             for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || ch.pages as usize > longest || pages.extent_busy(c, phys) {
+                let e = phys.extent(c);
+                if ch.at.is_empty() || e.pages as usize > longest || pages.extent_busy(c, phys) {
                     continue;
                 }
                 let home = pages.addr(PageTable::unpack(ch.at[0]));
                 if (ranges_arena(ranges, home) == Some(SMALL)) != (target == Some(SMALL)) {
                     continue;
                 }
-                if ch.mask == 0 || streams.safe_for(own, ch.mask, ch.tick) {
-                    cands.push((ch.pages as usize, c));
+                if e.quiet(|m, t| streams.safe_for(own, m, t)) {
+                    cands.push((e.pages as usize, c));
                 }
             }
         }
@@ -1242,8 +1245,9 @@ impl VirtualPool {
                     continue;
                 }
                 // The extent's frees cover all its mappings.
-                if ch.mask == 0 || streams.complete(ch.mask, ch.tick) {
-                    cands.push((ch.pages as usize, c, ch.at.clone()));
+                let e = phys.extent(c);
+                if e.quiet(|m, t| streams.complete(m, t)) {
+                    cands.push((e.pages as usize, c, ch.at.clone()));
                 }
             }
         }

@@ -4,6 +4,9 @@
 //! Each page names the physical page mapped there (if any). Three bitmaps
 //! per range say which pages are *mapped*, which *own* their physical page
 //! (see [`PhysCache`]) and which are *busy* (some live block lies on them).
+//! Pages are kept 64 to a group, each group's three bitmap words beside its
+//! entries, so an operation on a page touches one place in memory rather
+//! than four arrays.
 //! A mapped page that is not busy is *idle*: it is kept mapped (re-using it
 //! costs no driver call) and may be unmapped once every stream that freed a
 //! block on its extent (a mask of stream slots and the tick of the last free,
@@ -19,13 +22,16 @@
 //! block elsewhere.
 //!
 //! Costs: allocate and free touch the block's two boundary entries, a few
-//! bitmap words, and (on free) one entry per extent under the block; pages
-//! that must take their memory over from another alias are handled one by
-//! one, off the fast path. No allocation, no driver call.
+//! bitmap words, and (on free) one dense extent record per extent under the
+//! block. Pages that must take their memory over from another alias are
+//! handled off the fast path, an extent mapping at a time: when the whole
+//! run passes from one other idle mapping (the usual case) its bitmaps move
+//! a word at a time, else page by page. No allocation, no driver call.
 
+use std::ops::{Index, IndexMut};
 use std::thread::ThreadId;
 
-use super::phys_cache::{PhysCache, NO_OWNER};
+use super::phys_cache::{Extent, PhysCache, NO_OWNER};
 use crate::device::Device;
 use crate::driver::STREAM_PER_THREAD;
 use crate::pool::stream_lanes::PtrMap;
@@ -57,9 +63,50 @@ const EMPTY: Page = Page {
     index: 0,
 };
 
+/// Which of a segment's bitmaps: mapped, owns its physical page, busy.
+const MAPPED: usize = 0;
+const OWNS: usize = 1;
+const BUSY: usize = 2;
+
+/// 64 consecutive pages: their three bitmap words beside their entries, so
+/// that an operation on a page touches one place in memory.
+#[derive(Clone)]
+struct Group {
+    /// Words of the [`MAPPED`], [`OWNS`] and [`BUSY`] bitmaps.
+    bits: [u64; 3],
+    pages: [Page; 64],
+}
+
+const EMPTY_GROUP: Group = Group {
+    bits: [0; 3],
+    pages: [EMPTY; 64],
+};
+
+/// One bitmap of a segment, a word per group (`G` is `&[Group]` to read,
+/// `&mut [Group]` to write).
+struct Bits<G> {
+    groups: G,
+    k: usize,
+}
+
+impl<G: AsRef<[Group]>> Index<usize> for Bits<G> {
+    type Output = u64;
+    #[inline]
+    fn index(&self, w: usize) -> &u64 {
+        &self.groups.as_ref()[w].bits[self.k]
+    }
+}
+
+impl<G: AsRef<[Group]> + AsMut<[Group]>> IndexMut<usize> for Bits<G> {
+    #[inline]
+    fn index_mut(&mut self, w: usize) -> &mut u64 {
+        &mut self.groups.as_mut()[w].bits[self.k]
+    }
+}
+
 /// Bit `idx` of a bitmap.
 #[inline]
-fn bit(map: &[u64], idx: usize) -> bool {
+fn bit(map: &impl Index<usize, Output = u64>, idx: usize) -> bool {
     map[idx / 64] & (1 << (idx % 64)) != 0
 }
 
@@ -80,9 +127,50 @@ fn words(first: usize, last: usize, mut f: impl FnMut(usize, u64)) {
     }
 }
 
+/// The first clear bit of `map` among `from..=last`, if any.
+#[inline]
+fn next_clear(map: &impl Index<usize, Output = u64>, from: usize, last: usize) -> Option<usize> {
+    if from > last {
+        return None;
+    }
+    let (mut w, w1) = (from / 64, last / 64);
+    let mut clear = !map[w] & (u64::MAX << (from % 64));
+    loop {
+        if clear != 0 {
+            let idx = w * 64 + clear.trailing_zeros() as usize;
+            return (idx <= last).then_some(idx);
+        }
+        w += 1;
+        if w > w1 {
+            return None;
+        }
+        clear = !map[w];
+    }
+}
+
+/// True when some bit among `first..=last` of `map` is set.
+#[inline]
+fn any_set(map: &impl Index<usize, Output = u64>, first: usize, last: usize) -> bool {
+    let mut any = false;
+    words(first, last, |w, m| any |= map[w] & m != 0);
+    any
+}
+
+/// Sets (`on`) or clears bits `first..=last` of `map`.
+#[inline]
+fn set_bits(map: &mut impl IndexMut<usize, Output = u64>, first: usize, last: usize, on: bool) {
+    words(first, last, |w, m| {
+        if on {
+            map[w] |= m;
+        } else {
+            map[w] &= !m;
+        }
+    });
+}
+
 /// True when bits `first..=last` of `map` are all set.
 #[inline]
-fn all_set(map: &[u64], first: usize, last: usize) -> bool {
+fn all_set(map: &impl Index<usize, Output = u64>, first: usize, last: usize) -> bool {
     let mut all = true;
     words(first, last, |w, m| all &= map[w] & m == m);
     all
@@ -92,31 +180,69 @@ fn all_set(map: &[u64], first: usize, last: usize) -> bool {
 pub(super) struct Segment {
     pub(super) base: u64,
     pub(super) bytes: u64,
-    pages: Vec<Page>,
-    /// Bit per page: mapped.
-    mapped: Vec<u64>,
-    /// Bit per page: owns its physical page (always so while busy).
-    owns: Vec<u64>,
-    /// Bit per page: some live block lies on it.
-    busy: Vec<u64>,
+    /// Pages in the range.
+    len: usize,
+    /// The pages, 64 to a group. Bitmaps: [`MAPPED`], [`OWNS`] (owns its
+    /// physical page; always so while busy), [`BUSY`] (some live block lies
+    /// on it).
+    groups: Vec<Group>,
 }
 
 impl Segment {
+    /// Bitmap `k`.
+    #[inline]
+    fn bits(&self, k: usize) -> Bits<&[Group]> {
+        Bits {
+            groups: &self.groups,
+            k,
+        }
+    }
+
+    /// Bitmap `k`, writable.
+    #[inline]
+    fn bits_mut(&mut self, k: usize) -> Bits<&mut [Group]> {
+        Bits {
+            groups: &mut self.groups,
+            k,
+        }
+    }
+
+    /// The entry of page `idx`.
+    #[inline]
+    fn page(&self, idx: usize) -> &Page {
+        &self.groups[idx / 64].pages[idx % 64]
+    }
+
+    /// The entry of page `idx`, writable.
+    #[inline]
+    fn page_mut(&mut self, idx: usize) -> &mut Page {
+        &mut self.groups[idx / 64].pages[idx % 64]
+    }
+
+    /// The entries of every page, in order.
+    fn pages(&self) -> impl Iterator<Item = &Page> + '_ {
+        self.groups
+            .iter()
+            .flat_map(|g| g.pages.iter())
+            .take(self.len)
+    }
+
     /// Bits of word `w` (64 pages): mapped with no live block.
     fn idle_word(&self, w: usize) -> u64 {
-        self.mapped[w] & !self.busy[w]
+        let b = &self.groups[w].bits;
+        b[MAPPED] & !b[BUSY]
     }
 
     /// Marks a block on pages `first..=last` live.
     #[inline]
     fn mark(&mut self, first: usize, last: usize) {
-        self.pages[first].users += 1;
-        self.busy[first / 64] |= 1 << (first % 64);
+        self.page_mut(first).users += 1;
+        self.bits_mut(BUSY)[first / 64] |= 1 << (first % 64);
         if last > first {
-            self.pages[last].users += 1;
-            self.busy[last / 64] |= 1 << (last % 64);
+            self.page_mut(last).users += 1;
+            self.bits_mut(BUSY)[last / 64] |= 1 << (last % 64);
             if last > first + 1 {
-                let busy = &mut self.busy;
+                let mut busy = self.bits_mut(BUSY);
                 words(first + 1, last - 1, |w, m| {
                     debug_assert_eq!(busy[w] & m, 0, "a block's inner page is shared");
                     busy[w] |= m;
@@ -129,17 +255,17 @@ impl Segment {
     #[inline]
     fn unmark(&mut self, first: usize, last: usize) {
         for idx in [first, last] {
-            let p = &mut self.pages[idx];
+            let p = self.page_mut(idx);
             p.users -= 1;
             if p.users == 0 {
-                self.busy[idx / 64] &= !(1 << (idx % 64));
+                self.bits_mut(BUSY)[idx / 64] &= !(1 << (idx % 64));
             }
             if last == first {
                 break;
             }
         }
         if last > first + 1 {
-            let busy = &mut self.busy;
+            let mut busy = self.bits_mut(BUSY);
             words(first + 1, last - 1, |w, m| busy[w] &= !m);
         }
     }
@@ -182,14 +308,11 @@ impl PageTable {
     /// Adds a reserved range (base and bytes multiples of the page size).
     pub(super) fn add_segment(&mut self, base: u64, bytes: u64) {
         let n = (bytes >> self.shift) as usize;
-        let words = n.div_ceil(64);
         self.segs.push(Segment {
             base,
             bytes,
-            pages: vec![EMPTY; n],
-            mapped: vec![0; words],
-            owns: vec![0; words],
-            busy: vec![0; words],
+            len: n,
+            groups: vec![EMPTY_GROUP; n.div_ceil(64)],
         });
     }
 
@@ -203,7 +326,7 @@ impl PageTable {
         self.segs
             .iter()
             .map(|s| {
-                (0..s.mapped.len())
+                (0..s.groups.len())
                     .map(|w| s.idle_word(w).count_ones() as usize)
                     .sum::<usize>()
             })
@@ -255,7 +378,7 @@ impl PageTable {
     #[inline]
     fn busy_packed(&self, packed: u64) -> bool {
         let p = Self::unpack(packed);
-        bit(&self.segs[p.seg].busy, p.idx)
+        bit(&self.segs[p.seg].bits(BUSY), p.idx)
     }
 
     /// True when the physical page under mapped page `idx` of `seg` could
@@ -264,10 +387,10 @@ impl PageTable {
     #[inline]
     fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
         let s = &self.segs[seg];
-        if bit(&s.owns, idx) {
+        if bit(&s.bits(OWNS), idx) {
             return true;
         }
-        let p = &s.pages[idx];
+        let p = s.page(idx);
         let owner = phys.owner(p.chunk, p.index);
         owner == NO_OWNER || !self.busy_packed(owner)
     }
@@ -288,7 +411,7 @@ impl PageTable {
         safe: impl FnMut(u64, u64) -> bool,
     ) -> Acquired {
         let s = &mut self.segs[seg];
-        let ready = all_set(&s.owns, first, last);
+        let ready = all_set(&s.bits(OWNS), first, last);
         s.mark(first, last);
         if ready {
             return Acquired {
@@ -302,7 +425,8 @@ impl PageTable {
     /// The pages of a just-marked block that do not own their memory:
     /// unmapped ones are reported, mapped ones take their physical page over
     /// where its owner has no live block and `safe` accepts the extent's
-    /// frees (asked once per extent), one extent mapping at a time.
+    /// frees (asked once per extent), one extent mapping at a time. Owned
+    /// pages are skipped a bitmap word at a time.
     #[cold]
     fn take_pages(
         &mut self,
@@ -316,43 +440,78 @@ impl PageTable {
             all_mapped: true,
             conflict: false,
         };
-        let mut idx = first;
-        while idx <= last {
+        let mut from = first;
+        while let Some(idx) = next_clear(&self.segs[seg].bits(OWNS), from, last) {
             let s = &self.segs[seg];
-            if bit(&s.owns, idx) {
-                idx += 1;
-                continue;
-            }
-            if !bit(&s.mapped, idx) {
+            if !bit(&s.bits(MAPPED), idx) {
                 out.all_mapped = false;
-                idx += 1;
+                from = idx + 1;
                 continue;
             }
             // The extent's mapping here: pages `base..base + n`.
-            let (c, i) = (s.pages[idx].chunk, s.pages[idx].index as usize);
+            let (c, i) = (s.page(idx).chunk, s.page(idx).index as usize);
             let base = idx - i;
-            let ch = phys.chunk_mut(c);
-            let end = (base + ch.pages as usize - 1).min(last);
-            let (mask, tick) = (ch.mask, ch.tick);
-            let owners = &mut ch.owner;
+            let Extent { mask, tick, pages } = phys.extent(c);
+            let end = (base + pages as usize - 1).min(last);
             let mut frees_ok = None;
-            for j in idx..=end {
-                if bit(&self.segs[seg].owns, j) {
-                    continue;
+            if let Some(old) = Self::run_owner(&phys.chunk_mut(c).owner[idx - base..=end - base]) {
+                // The usual case: the whole run passes from one other idle
+                // mapping of the extent, so the bitmaps move a word at a
+                // time. Otherwise page by page, below.
+                let o = Self::unpack(old);
+                let o_last = o.idx + (end - idx);
+                if self.all_clear(seg, idx, end)
+                    && !any_set(&self.segs[o.seg].bits(BUSY), o.idx, o_last)
+                {
+                    let ok = *frees_ok.get_or_insert_with(|| mask == 0 || safe(mask, tick));
+                    if ok {
+                        let owners = &mut phys.chunk_mut(c).owner[idx - base..=end - base];
+                        for (k, slot) in owners.iter_mut().enumerate() {
+                            *slot = Self::pack(seg, idx + k);
+                        }
+                        set_bits(&mut self.segs[o.seg].bits_mut(OWNS), o.idx, o_last, false);
+                        set_bits(&mut self.segs[seg].bits_mut(OWNS), idx, end, true);
+                        from = end + 1;
+                        continue;
+                    }
                 }
-                let old = owners[j - base];
+            }
+            let owners = &mut phys.chunk_mut(c).owner;
+            let mut j = idx;
+            while let Some(k) = next_clear(&self.segs[seg].bits(OWNS), j, end) {
+                j = k + 1;
+                let old = owners[k - base];
                 if (old != NO_OWNER && self.busy_packed(old))
                     || (mask != 0 && !*frees_ok.get_or_insert_with(|| safe(mask, tick)))
                 {
                     out.conflict = true;
                     continue;
                 }
-                owners[j - base] = Self::pack(seg, j);
-                self.move_owns_bit(old, PageRef { seg, idx: j });
+                owners[k - base] = Self::pack(seg, k);
+                self.move_owns_bit(old, PageRef { seg, idx: k });
             }
-            idx = end + 1;
+            from = end + 1;
         }
         out
+    }
+
+    /// The packed first page of the one run of consecutive pages that owns
+    /// every physical page of `owners` (consecutive pages of an extent), or
+    /// `None` when they have no owner or several.
+    #[inline]
+    fn run_owner(owners: &[u64]) -> Option<u64> {
+        let first = *owners.first()?;
+        let contiguous = owners
+            .iter()
+            .enumerate()
+            .all(|(k, &o)| o == first.wrapping_add(k as u64));
+        (first != NO_OWNER && contiguous).then_some(first)
+    }
+
+    /// True when none of pages `first..=last` of `seg` owns its memory.
+    #[inline]
+    fn all_clear(&self, seg: usize, first: usize, last: usize) -> bool {
+        !any_set(&self.segs[seg].bits(OWNS), first, last)
     }
 
     /// Moves the owns bit from page `old` (packed, or [`NO_OWNER`]) to `p`.
@@ -360,15 +519,15 @@ impl PageTable {
     fn move_owns_bit(&mut self, old: u64, p: PageRef) {
         if old != NO_OWNER {
             let o = Self::unpack(old);
-            self.segs[o.seg].owns[o.idx / 64] &= !(1 << (o.idx % 64));
+            self.segs[o.seg].bits_mut(OWNS)[o.idx / 64] &= !(1 << (o.idx % 64));
         }
-        self.segs[p.seg].owns[p.idx / 64] |= 1 << (p.idx % 64);
+        self.segs[p.seg].bits_mut(OWNS)[p.idx / 64] |= 1 << (p.idx % 64);
     }
 
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
-        let e = &self.segs[p.seg].pages[p.idx];
+        let e = self.segs[p.seg].page(p.idx);
         let slot = &mut phys.chunk_mut(e.chunk).owner[e.index as usize];
         let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
         self.move_owns_bit(old, p);
@@ -384,14 +543,19 @@ impl PageTable {
         phys: &PhysCache,
     ) -> bool {
         let s = &self.segs[seg];
-        let mut unowned = false;
+        let mut conflict = false;
+        // Only mapped pages that neither own their memory nor are busy can
+        // conflict: visit those bits alone.
         words(first, last, |w, m| {
-            unowned |= s.mapped[w] & !s.owns[w] & m != 0;
+            let b = &s.groups[w].bits;
+            let mut bits = b[MAPPED] & !b[OWNS] & !b[BUSY] & m;
+            while bits != 0 && !conflict {
+                let idx = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                conflict = !self.phys_free_for(seg, idx, phys);
+            }
         });
-        unowned
-            && (first..=last).any(|idx| {
-                bit(&s.mapped, idx) && !bit(&s.busy, idx) && !self.phys_free_for(seg, idx, phys)
-            })
+        conflict
     }
 
     /// True when some page of extent `c` is in use through the alias that
@@ -423,34 +587,35 @@ impl PageTable {
     ) {
         let s = &mut self.segs[seg];
         s.unmark(first, last);
-        // One step per extent: its mapping here runs from page `idx - index`
-        // over the extent's pages.
+        // One step per extent: its mapping here runs from page `index`
+        // before this one over the extent's pages.
         let mut idx = first;
         while idx <= last {
-            let p = &s.pages[idx];
-            if p.chunk == UNMAPPED {
-                idx += 1;
-                continue;
-            }
-            let len = phys.freed(p.chunk, bit, tick);
-            idx = idx - p.index as usize + len.max(1);
+            let p = s.page(idx);
+            idx += if p.chunk == UNMAPPED {
+                1
+            } else {
+                phys.freed(p.chunk, bit, tick)
+                    .saturating_sub(p.index as usize)
+                    .max(1)
+            };
         }
     }
 
     /// True when page `p` owns its physical page.
     pub(super) fn owns(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].owns, p.idx)
+        bit(&self.segs[p.seg].bits(OWNS), p.idx)
     }
 
     /// True when a live block lies on page `p`.
     pub(super) fn busy(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].busy, p.idx)
+        bit(&self.segs[p.seg].bits(BUSY), p.idx)
     }
 
     /// How many of pages `first..=last` of `seg` are unmapped: a popcount
     /// per 64 pages.
     pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
-        let map = &self.segs[seg].mapped;
+        let map = self.segs[seg].bits(MAPPED);
         let mut mapped = 0;
         words(first, last, |w, m| {
             mapped += (map[w] & m).count_ones() as usize
@@ -468,7 +633,7 @@ impl PageTable {
     ) -> Vec<(usize, usize)> {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for idx in first..=last {
-            if !bit(&self.segs[seg].mapped, idx) {
+            if !bit(&self.segs[seg].bits(MAPPED), idx) {
                 match runs.last_mut() {
                     Some((f, n)) if *f + *n == idx => *n += 1,
                     _ => runs.push((idx, 1)),
@@ -481,18 +646,18 @@ impl PageTable {
     /// Records that `phys` is now mapped at `p`.
     pub(super) fn set_mapped(&mut self, p: PageRef, phys: PhysPage) {
         let s = &mut self.segs[p.seg];
-        let e = &mut s.pages[p.idx];
+        let e = s.page_mut(p.idx);
         debug_assert_eq!(e.chunk, UNMAPPED);
         e.chunk = phys.chunk;
         e.index = phys.index;
-        s.mapped[p.idx / 64] |= 1 << (p.idx % 64);
+        s.bits_mut(MAPPED)[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
     pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
         let s = &mut self.segs[p.seg];
-        let e = &mut s.pages[p.idx];
+        let e = s.page_mut(p.idx);
         if e.chunk == UNMAPPED {
             return None;
         }
@@ -504,8 +669,9 @@ impl PageTable {
         let (w, b) = (p.idx / 64, 1u64 << (p.idx % 64));
         // The extent's owner entry goes with its mapping record
         // (`PhysCache::unmapped_at`).
-        s.owns[w] &= !b;
-        s.mapped[w] &= !b;
+        let bits = &mut s.groups[w].bits;
+        bits[OWNS] &= !b;
+        bits[MAPPED] &= !b;
         self.mapped_pages -= 1;
         Some(pp)
     }
@@ -519,7 +685,7 @@ impl PageTable {
     ) -> Vec<(PageRef, usize)> {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for (seg, s) in self.segs.iter().enumerate() {
-            for w in 0..s.mapped.len() {
+            for w in 0..s.groups.len() {
                 let word = s.idle_word(w);
                 if word == 0 {
                     continue;
@@ -528,10 +694,8 @@ impl PageTable {
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    let p = &s.pages[w * 64 + b];
-                    let quiet = phys
-                        .chunk(p.chunk)
-                        .is_none_or(|ch| ch.mask == 0 || streams.complete(ch.mask, ch.tick));
+                    let p = &s.groups[w].pages[b];
+                    let quiet = phys.extent(p.chunk).quiet(|m, t| streams.complete(m, t));
                     if quiet {
                         ok |= 1 << b;
                     }
@@ -559,7 +723,7 @@ impl PageTable {
 
     /// What is mapped at `p`, if anything.
     pub(super) fn phys_at(&self, p: PageRef) -> Option<PhysPage> {
-        let e = &self.segs[p.seg].pages[p.idx];
+        let e = self.segs[p.seg].page(p.idx);
         (e.chunk != UNMAPPED).then_some(PhysPage {
             chunk: e.chunk,
             index: e.index,
@@ -569,7 +733,7 @@ impl PageTable {
     /// Every mapped page in address order.
     pub(super) fn mapped(&self) -> impl Iterator<Item = (PageRef, PhysPage)> + '_ {
         self.segs.iter().enumerate().flat_map(|(seg, s)| {
-            s.pages.iter().enumerate().filter_map(move |(idx, p)| {
+            s.pages().enumerate().filter_map(move |(idx, p)| {
                 (p.chunk != UNMAPPED).then_some((
                     PageRef { seg, idx },
                     PhysPage {
@@ -587,12 +751,8 @@ impl PageTable {
     /// is mapped and owns its physical page, and the bitmaps and counter
     /// agree with the entries and the extents.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
-        let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.pages.len()]).collect();
-        let mut busy: Vec<Vec<bool>> = self
-            .segs
-            .iter()
-            .map(|s| vec![false; s.pages.len()])
-            .collect();
+        let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.len]).collect();
+        let mut busy: Vec<Vec<bool>> = self.segs.iter().map(|s| vec![false; s.len]).collect();
         for &(addr, size) in live {
             let (seg, first, last) = self
                 .range(addr, size)
@@ -607,7 +767,7 @@ impl PageTable {
         }
         let mut mapped = 0;
         for (seg, s) in self.segs.iter().enumerate() {
-            for (idx, p) in s.pages.iter().enumerate() {
+            for (idx, p) in s.pages().enumerate() {
                 let addr = s.base + ((idx as u64) << self.shift);
                 if p.users != users[seg][idx] {
                     return Err(format!(
@@ -615,11 +775,11 @@ impl PageTable {
                         p.users, users[seg][idx]
                     ));
                 }
-                if bit(&s.busy, idx) != busy[seg][idx] {
+                if bit(&s.bits(BUSY), idx) != busy[seg][idx] {
                     return Err(format!("page {addr:#x}: busy bit is wrong"));
                 }
                 let is_mapped = p.chunk != UNMAPPED;
-                let owns = bit(&s.owns, idx);
+                let owns = bit(&s.bits(OWNS), idx);
                 if busy[seg][idx] && !is_mapped {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
                 }
@@ -634,7 +794,7 @@ impl PageTable {
                 if is_mapped && owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
                     return Err(format!("page {addr:#x}: owns bit is wrong"));
                 }
-                if bit(&s.mapped, idx) != is_mapped {
+                if bit(&s.bits(MAPPED), idx) != is_mapped {
                     return Err(format!("page {addr:#x}: mapped bit is wrong"));
                 }
                 mapped += usize::from(is_mapped);

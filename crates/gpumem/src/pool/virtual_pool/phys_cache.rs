@@ -21,25 +21,43 @@ use crate::driver::RawPhys;
 /// No owner (a packed page reference never takes this value).
 pub(super) const NO_OWNER: u64 = u64::MAX;
 
-/// One `cuMemCreate` allocation (an extent).
+/// One `cuMemCreate` allocation (an extent): its handle and mappings.
 pub(super) struct Chunk {
     pub(super) handle: RawPhys,
-    pub(super) pages: u32,
     /// Where it is mapped: the first virtual page (packed) of each mapping.
     pub(super) at: Vec<u64>,
     /// Per page: the virtual page (packed: segment << 40 | page) that owns
     /// it, or [`NO_OWNER`].
     pub(super) owner: Vec<u64>,
+}
+
+/// What every free on an extent touches, kept in a dense array apart from
+/// the extent's lists (a free walks one entry per extent under its block).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Extent {
     /// Stream slots (mod 64) that freed blocks on it, through any mapping,
     /// since it was last known quiet, and the tick of the last such free.
     pub(super) mask: u64,
     pub(super) tick: u64,
+    /// Its pages (0 for a vacant index).
+    pub(super) pages: u32,
+}
+
+impl Extent {
+    /// True when no free on it is recorded, or `done(mask, tick)` says the
+    /// recorded ones have run.
+    #[inline]
+    pub(super) fn quiet(&self, done: impl FnOnce(u64, u64) -> bool) -> bool {
+        self.mask == 0 || done(self.mask, self.tick)
+    }
 }
 
 /// Extents and the cache of unmapped ones.
 #[derive(Default)]
 pub(super) struct PhysCache {
     chunks: Vec<Option<Chunk>>,
+    /// Per chunk index: its [`Extent`] record.
+    extents: Vec<Extent>,
     vacant: Vec<u32>,
     /// Extents not mapped anywhere.
     free: Vec<u32>,
@@ -70,30 +88,37 @@ impl PhysCache {
     pub(super) fn add_chunk(&mut self, handle: RawPhys, pages: u32) -> u32 {
         let chunk = Chunk {
             handle,
-            pages,
             at: Vec::new(),
             owner: vec![NO_OWNER; pages as usize],
-            mask: 0,
-            tick: 0,
+        };
+        let extent = Extent {
+            pages,
+            ..Extent::default()
         };
         self.total_pages += pages as usize;
         match self.vacant.pop() {
             Some(c) => {
                 self.chunks[c as usize] = Some(chunk);
+                self.extents[c as usize] = extent;
                 c
             }
             None => {
                 self.chunks.push(Some(chunk));
+                self.extents.push(extent);
                 (self.chunks.len() - 1) as u32
             }
         }
     }
 
-    /// Pages of extent `c`.
+    /// Pages of extent `c` (0 when there is none).
     pub(super) fn pages(&self, c: u32) -> usize {
-        self.chunks[c as usize]
-            .as_ref()
-            .map_or(0, |c| c.pages as usize)
+        self.extent(c).pages as usize
+    }
+
+    /// The record of extent `c` (empty when there is none).
+    #[inline]
+    pub(super) fn extent(&self, c: u32) -> Extent {
+        self.extents.get(c as usize).copied().unwrap_or_default()
     }
 
     /// Extent `c`.
@@ -113,10 +138,10 @@ impl PhysCache {
     /// returns its pages.
     #[inline]
     pub(super) fn freed(&mut self, c: u32, bit: u64, tick: u64) -> usize {
-        let ch = self.chunk_mut(c);
-        ch.mask |= bit;
-        ch.tick = tick;
-        ch.pages as usize
+        let e = &mut self.extents[c as usize];
+        e.mask |= bit;
+        e.tick = tick;
+        e.pages as usize
     }
 
     /// The owner of page `i` of extent `c`.
@@ -166,7 +191,7 @@ impl PhysCache {
             }
         }
         if ch.at.is_empty() {
-            self.cached_pages += ch.pages as usize;
+            self.cached_pages += self.extents[c as usize].pages as usize;
             self.free.push(c);
         }
     }
@@ -213,10 +238,11 @@ impl PhysCache {
                 continue;
             }
             let chunk = self.chunks[c as usize].take().expect("cached extent");
-            self.cached_pages -= chunk.pages as usize;
-            self.total_pages -= chunk.pages as usize;
+            let pages = std::mem::take(&mut self.extents[c as usize]).pages;
+            self.cached_pages -= pages as usize;
+            self.total_pages -= pages as usize;
             self.vacant.push(c);
-            out.push((chunk.handle, chunk.pages));
+            out.push((chunk.handle, pages));
         }
         self.free = kept;
         out
