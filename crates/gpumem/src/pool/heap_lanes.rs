@@ -133,12 +133,16 @@ impl HeapLanes {
     /// The lane of `stream`, created on first use (in every heap).
     #[inline]
     pub(crate) fn lane_of(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
-        let id = stream.id().0;
-        if let Some((last, lane)) = self.last {
-            if last == id {
-                return Ok(lane);
-            }
+        match self.last {
+            Some((last, lane)) if last == stream.id().0 => Ok(lane),
+            _ => self.lane_of_slow(heaps, stream),
         }
+    }
+
+    /// [`HeapLanes::lane_of`] for a stream other than the last one seen.
+    #[cold]
+    fn lane_of_slow(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
+        let id = stream.id().0;
         if let Some(&lane) = self.by_stream.get(&id) {
             self.last = Some((id, lane));
             return Ok(lane);

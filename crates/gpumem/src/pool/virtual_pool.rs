@@ -64,11 +64,11 @@
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
-//! Costs: the fast path is one lock, one lane lookup, the TLSF operation, a
-//! few bitmap words and the block's two boundary page entries, plus one
-//! extent entry per extent under the block on free; pages that take their
-//! memory over from another alias cost one owner switch each (tens of ns in
-//! all). Driver costs on an H100
+//! Costs: the fast path is one lock, one lane lookup, the TLSF operation,
+//! the block's two boundary page entries and a few words of their groups of
+//! 64 pages (bitmaps, and on free the frees record); pages that take their
+//! memory over from another alias move a whole extent mapping at a time
+//! (tens of ns in all). Driver costs on an H100
 //! (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs, `cuMemMap`
 //! 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at one page);
 //! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its
@@ -672,9 +672,10 @@ impl VirtualPool {
             ..
         } = st;
         let mut own = None;
-        pages.acquire(seg, first, last, phys, |mask, tick| {
+        pages.acquire(seg, first, last, phys, |frees| {
             let own = *own.get_or_insert_with(|| streams.own_bit(stream));
-            streams.safe_for(own, mask, tick)
+            // With no other stream's frees anywhere, the record is moot.
+            !streams.others_freed(own) || frees().quiet(|m, t| streams.safe_for(own, m, t))
         })
     }
 
@@ -793,7 +794,8 @@ impl VirtualPool {
             for (c, ch) in phys.chunks() {
                 // The extent's frees cover all its mappings.
                 let e = phys.extent(c);
-                if ch.at.len() < 2 || !e.quiet(|m, t| streams.complete(m, t)) {
+                let frees = pages.extent_frees(c, phys);
+                if ch.at.len() < 2 || !frees.quiet(|m, t| streams.complete(m, t)) {
                     continue;
                 }
                 let mut left = ch.at.len();
@@ -842,7 +844,7 @@ impl VirtualPool {
             };
             st.pages.set_unmapped(q);
         }
-        st.phys.unmapped_at(c, at);
+        st.pages.unmapped_at(c, at, &mut st.phys);
         st.mappings_unmapped += 1;
         Ok(())
     }
@@ -1045,7 +1047,8 @@ impl VirtualPool {
                         };
                         if let Some(pp) = st.pages.set_unmapped(p) {
                             if pp.index == 0 {
-                                st.phys.unmapped_at(pp.chunk, PageTable::pack(p.seg, p.idx));
+                                let at = PageTable::pack(p.seg, p.idx);
+                                st.pages.unmapped_at(pp.chunk, at, &mut st.phys);
                             }
                         }
                     }
@@ -1205,7 +1208,10 @@ impl VirtualPool {
                 if (ranges_arena(ranges, home) == Some(SMALL)) != (target == Some(SMALL)) {
                     continue;
                 }
-                if e.quiet(|m, t| streams.safe_for(own, m, t)) {
+                if pages
+                    .extent_frees(c, phys)
+                    .quiet(|m, t| streams.safe_for(own, m, t))
+                {
                     cands.push((e.pages as usize, c));
                 }
             }
@@ -1246,7 +1252,10 @@ impl VirtualPool {
                 }
                 // The extent's frees cover all its mappings.
                 let e = phys.extent(c);
-                if e.quiet(|m, t| streams.complete(m, t)) {
+                if pages
+                    .extent_frees(c, phys)
+                    .quiet(|m, t| streams.complete(m, t))
+                {
                     cands.push((e.pages as usize, c, ch.at.clone()));
                 }
             }
@@ -1398,7 +1407,8 @@ impl VirtualPool {
                         });
                     }
                     st.mappings_unmapped += 1;
-                    st.phys.unmapped_at(c, PageTable::pack(seg, start));
+                    st.pages
+                        .unmapped_at(c, PageTable::pack(seg, start), &mut st.phys);
                 }
             }
             self.release_cached(st, self.config.release_threshold);
@@ -1527,7 +1537,7 @@ impl MemoryResource for VirtualPool {
         .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
         if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
-            st.pages.release(seg, first, last, bit, tick, &mut st.phys);
+            st.pages.release(seg, first, last, bit, tick);
         }
         Ok(())
     }

@@ -9,10 +9,11 @@
 //! than four arrays.
 //! A mapped page that is not busy is *idle*: it is kept mapped (re-using it
 //! costs no driver call) and may be unmapped once every stream that freed a
-//! block on its extent (a mask of stream slots and the tick of the last free,
-//! kept per extent: it covers every mapping of the extent, so it is
-//! conservative for each) has been seen complete at or after that tick (see
-//! [`FreeStreams`]).
+//! block on its extent has been seen complete at or after that free (see
+//! [`FreeStreams`]). Frees are recorded per group of 64 pages ([`Frees`]: a
+//! mask of stream slots and the tick of the last free); an extent's record
+//! is the union over the groups under each of its mappings (coarser than
+//! the extent, so conservative), plus what it kept from mappings gone.
 //!
 //! A block's first and last page may be shared with other blocks, so they
 //! count their blocks (`users`); the pages strictly between are the block's
@@ -21,17 +22,18 @@
 //! alias owns with live blocks is a *conflict*, and the pool places the
 //! block elsewhere.
 //!
-//! Costs: allocate and free touch the block's two boundary entries, a few
-//! bitmap words, and (on free) one dense extent record per extent under the
-//! block. Pages that must take their memory over from another alias are
-//! handled off the fast path, an extent mapping at a time: when the whole
-//! run passes from one other idle mapping (the usual case) its bitmaps move
-//! a word at a time, else page by page. No allocation, no driver call.
+//! Costs: allocate and free touch the block's two boundary entries and a
+//! few group words (bitmaps; on free, the frees record). Pages that must
+//! take their memory over from another alias are handled off the fast path,
+//! an extent mapping at a time: when the whole run passes from one other
+//! idle mapping (the usual case) its bitmaps move a word at a time, else
+//! page by page; the extent's frees are looked at only when a stream other
+//! than the taker's ever freed a block. No allocation, no driver call.
 
 use std::ops::{Index, IndexMut};
 use std::thread::ThreadId;
 
-use super::phys_cache::{Extent, PhysCache, NO_OWNER};
+use super::phys_cache::{Frees, PhysCache, NO_OWNER};
 use crate::device::Device;
 use crate::driver::STREAM_PER_THREAD;
 use crate::pool::stream_lanes::PtrMap;
@@ -74,11 +76,15 @@ const BUSY: usize = 2;
 struct Group {
     /// Words of the [`MAPPED`], [`OWNS`] and [`BUSY`] bitmaps.
     bits: [u64; 3],
+    /// Frees of blocks on these pages (a free records itself once per group
+    /// under its block, not once per extent).
+    frees: Frees,
     pages: [Page; 64],
 }
 
 const EMPTY_GROUP: Group = Group {
     bits: [0; 3],
+    frees: Frees { mask: 0, tick: 0 },
     pages: [EMPTY; 64],
 };
 
@@ -116,8 +122,10 @@ fn word_mask(lo: usize, hi: usize) -> u64 {
     (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
 }
 
-/// Calls `f(word, mask)` for each word of bits `first..=last`.
-#[inline]
+/// Calls `f(word, mask)` for each word of bits `first..=last` (always
+/// inlined: with the closure in place, one or two words cost a few
+/// instructions).
+#[inline(always)]
 fn words(first: usize, last: usize, mut f: impl FnMut(usize, u64)) {
     let (w0, w1) = (first / 64, last / 64);
     for w in w0..=w1 {
@@ -397,7 +405,7 @@ impl PageTable {
 
     /// A block now covers pages `first..=last` of `seg`: marks it live and
     /// makes each mapped page the owner of its physical page. `safe` answers
-    /// whether frees recorded as `(mask, tick)` on a physical page that
+    /// whether the frees (given on demand) recorded on a physical page that
     /// passes from another alias are done as far as the caller's stream is
     /// concerned. On a conflict the marks stay (undo them with
     /// [`PageTable::unacquire`]).
@@ -408,7 +416,7 @@ impl PageTable {
         first: usize,
         last: usize,
         phys: &mut PhysCache,
-        safe: impl FnMut(u64, u64) -> bool,
+        safe: impl FnMut(&dyn Fn() -> Frees) -> bool,
     ) -> Acquired {
         let s = &mut self.segs[seg];
         let ready = all_set(&s.bits(OWNS), first, last);
@@ -434,7 +442,7 @@ impl PageTable {
         first: usize,
         last: usize,
         phys: &mut PhysCache,
-        mut safe: impl FnMut(u64, u64) -> bool,
+        mut safe: impl FnMut(&dyn Fn() -> Frees) -> bool,
     ) -> Acquired {
         let mut out = Acquired {
             all_mapped: true,
@@ -451,8 +459,7 @@ impl PageTable {
             // The extent's mapping here: pages `base..base + n`.
             let (c, i) = (s.page(idx).chunk, s.page(idx).index as usize);
             let base = idx - i;
-            let Extent { mask, tick, pages } = phys.extent(c);
-            let end = (base + pages as usize - 1).min(last);
+            let end = (base + phys.pages(c) - 1).min(last);
             let mut frees_ok = None;
             if let Some(old) = Self::run_owner(&phys.chunk_mut(c).owner[idx - base..=end - base]) {
                 // The usual case: the whole run passes from one other idle
@@ -463,7 +470,7 @@ impl PageTable {
                 if self.all_clear(seg, idx, end)
                     && !any_set(&self.segs[o.seg].bits(BUSY), o.idx, o_last)
                 {
-                    let ok = *frees_ok.get_or_insert_with(|| mask == 0 || safe(mask, tick));
+                    let ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
                     if ok {
                         let owners = &mut phys.chunk_mut(c).owner[idx - base..=end - base];
                         for (k, slot) in owners.iter_mut().enumerate() {
@@ -476,13 +483,14 @@ impl PageTable {
                     }
                 }
             }
+            let frees = self.extent_frees(c, phys);
             let owners = &mut phys.chunk_mut(c).owner;
             let mut j = idx;
             while let Some(k) = next_clear(&self.segs[seg].bits(OWNS), j, end) {
                 j = k + 1;
                 let old = owners[k - base];
                 if (old != NO_OWNER && self.busy_packed(old))
-                    || (mask != 0 && !*frees_ok.get_or_insert_with(|| safe(mask, tick)))
+                    || !*frees_ok.get_or_insert_with(|| safe(&|| frees))
                 {
                     out.conflict = true;
                     continue;
@@ -574,32 +582,41 @@ impl PageTable {
     }
 
     /// A block on pages `first..=last` was freed by stream slot bit `bit` at
-    /// `tick`: records the free on each extent under it.
+    /// `tick`: marks it gone and records the free on each group of 64 pages
+    /// under it.
     #[inline]
-    pub(super) fn release(
-        &mut self,
-        seg: usize,
-        first: usize,
-        last: usize,
-        bit: u64,
-        tick: u64,
-        phys: &mut PhysCache,
-    ) {
+    pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
         let s = &mut self.segs[seg];
         s.unmark(first, last);
-        // One step per extent: its mapping here runs from page `index`
-        // before this one over the extent's pages.
-        let mut idx = first;
-        while idx <= last {
-            let p = s.page(idx);
-            idx += if p.chunk == UNMAPPED {
-                1
-            } else {
-                phys.freed(p.chunk, bit, tick)
-                    .saturating_sub(p.index as usize)
-                    .max(1)
-            };
+        for g in &mut s.groups[first / 64..=last / 64] {
+            g.frees.add(bit, tick);
         }
+    }
+
+    /// The frees recorded on the `n` pages from `p`.
+    pub(super) fn frees_on(&self, p: PageRef, n: usize) -> Frees {
+        self.segs[p.seg].groups[p.idx / 64..=(p.idx + n.max(1) - 1) / 64]
+            .iter()
+            .fold(Frees::default(), |f, g| f.union(g.frees))
+    }
+
+    /// Every free on extent `c` that its memory may still be subject to:
+    /// those through its current mappings (their groups' records: coarser
+    /// than the extent, so conservative) and those kept from mappings gone.
+    pub(super) fn extent_frees(&self, c: u32, phys: &PhysCache) -> Frees {
+        let (kept, n) = (phys.extent(c).frees, phys.pages(c));
+        phys.chunk(c).map_or(kept, |ch| {
+            ch.at
+                .iter()
+                .fold(kept, |f, &at| f.union(self.frees_on(Self::unpack(at), n)))
+        })
+    }
+
+    /// Records that the mapping of extent `c` at `at` (packed first page) is
+    /// gone, its frees kept by the extent (see [`PhysCache::unmapped_at`]).
+    pub(super) fn unmapped_at(&self, c: u32, at: u64, phys: &mut PhysCache) {
+        let frees = self.frees_on(Self::unpack(at), phys.pages(c));
+        phys.unmapped_at(c, at, frees);
     }
 
     /// True when page `p` owns its physical page.
@@ -695,7 +712,9 @@ impl PageTable {
                     let b = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     let p = &s.groups[w].pages[b];
-                    let quiet = phys.extent(p.chunk).quiet(|m, t| streams.complete(m, t));
+                    let quiet = self
+                        .extent_frees(p.chunk, phys)
+                        .quiet(|m, t| streams.complete(m, t));
                     if quiet {
                         ok |= 1 << b;
                     }
@@ -834,6 +853,8 @@ pub(super) struct FreeStreams {
     last: Option<(u64, u32)>,
     /// The tick of the latest free.
     pub(super) tick: u64,
+    /// Every slot bit that ever freed a block.
+    ever: u64,
     pass: u64,
     /// Every free with a tick at or below this has run (all streams).
     floor: u64,
@@ -849,6 +870,7 @@ impl FreeStreams {
             by_id: PtrMap::default(),
             last: None,
             tick: 0,
+            ever: 0,
             pass: 0,
             floor: 0,
             refloor: false,
@@ -879,7 +901,9 @@ impl FreeStreams {
         if let Some(s) = self.slots[slot as usize].as_mut() {
             s.last_free = self.tick;
         }
-        (1u64 << (slot % 64), self.tick)
+        let bit = 1u64 << (slot % 64);
+        self.ever |= bit;
+        (bit, self.tick)
     }
 
     #[cold]
@@ -920,6 +944,14 @@ impl FreeStreams {
             Some(s) if self.slots.len() <= 64 => 1u64 << s,
             _ => 0,
         }
+    }
+
+    /// True when a stream slot other than `own` (see
+    /// [`FreeStreams::own_bit`]) ever freed a block: when none did, all frees
+    /// are the caller stream's own, ordered before its new work.
+    #[inline]
+    pub(super) fn others_freed(&self, own: u64) -> bool {
+        self.ever & !own != 0
     }
 
     /// True when frees `(mask, tick)` on memory about to be used by the

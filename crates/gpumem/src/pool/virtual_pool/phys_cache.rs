@@ -12,8 +12,8 @@
 //! live blocks ever share a physical byte. A page passes to another alias
 //! only when its owner has no live block and every stream that freed a
 //! block on the extent (other than the taker's) is known to be done
-//! (`mask`, `tick`, as in the page table, kept per extent: coarser, and one
-//! update per free). Costs: put and
+//! ([`Frees`]: recorded by the page table per 64 pages under each mapping,
+//! kept by the extent when a mapping goes). Costs: put and
 //! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
 use crate::driver::RawPhys;
@@ -31,25 +31,48 @@ pub(super) struct Chunk {
     pub(super) owner: Vec<u64>,
 }
 
-/// What every free on an extent touches, kept in a dense array apart from
-/// the extent's lists (a free walks one entry per extent under its block).
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Extent {
-    /// Stream slots (mod 64) that freed blocks on it, through any mapping,
-    /// since it was last known quiet, and the tick of the last such free.
+/// Frees recorded on some memory: the stream slots (mod 64) that freed
+/// blocks there and the tick of the latest such free (no reset: a mask only
+/// grows, so the record is conservative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Frees {
     pub(super) mask: u64,
     pub(super) tick: u64,
-    /// Its pages (0 for a vacant index).
-    pub(super) pages: u32,
 }
 
-impl Extent {
-    /// True when no free on it is recorded, or `done(mask, tick)` says the
-    /// recorded ones have run.
+impl Frees {
+    /// Adds a free by stream slot bit `bit` at `tick` (ticks only grow).
+    #[inline]
+    pub(super) fn add(&mut self, bit: u64, tick: u64) {
+        self.mask |= bit;
+        self.tick = tick;
+    }
+
+    /// The union of two records.
+    #[inline]
+    pub(super) fn union(self, o: Frees) -> Frees {
+        Frees {
+            mask: self.mask | o.mask,
+            tick: self.tick.max(o.tick),
+        }
+    }
+
+    /// True when nothing is recorded, or `done(mask, tick)` says the
+    /// recorded frees have run.
     #[inline]
     pub(super) fn quiet(&self, done: impl FnOnce(u64, u64) -> bool) -> bool {
         self.mask == 0 || done(self.mask, self.tick)
     }
+}
+
+/// The small, dense part of an extent: its size and the frees made through
+/// mappings it no longer has (frees through its current mappings are kept
+/// by the page table, per 64 pages; see `PageTable::extent_frees`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Extent {
+    pub(super) frees: Frees,
+    /// Its pages (0 for a vacant index).
+    pub(super) pages: u32,
 }
 
 /// Extents and the cache of unmapped ones.
@@ -134,16 +157,6 @@ impl PhysCache {
             .expect("mapped extent exists")
     }
 
-    /// Records frees on extent `c` by stream slot bit `bit` at `tick`;
-    /// returns its pages.
-    #[inline]
-    pub(super) fn freed(&mut self, c: u32, bit: u64, tick: u64) -> usize {
-        let e = &mut self.extents[c as usize];
-        e.mask |= bit;
-        e.tick = tick;
-        e.pages as usize
-    }
-
     /// The owner of page `i` of extent `c`.
     #[inline]
     pub(super) fn owner(&self, c: u32, i: u32) -> u64 {
@@ -175,13 +188,18 @@ impl PhysCache {
         }
     }
 
-    /// Records that the mapping of extent `c` at `at` is gone; an extent
-    /// mapped nowhere any more goes to the cache. Owners at that mapping
-    /// (`first` is its packed first page) are cleared.
-    pub(super) fn unmapped_at(&mut self, c: u32, at: u64) {
+    /// Records that the mapping of extent `c` at `at` is gone, with
+    /// `frees`, those recorded where it was mapped, kept by the extent; an
+    /// extent mapped nowhere any more goes to the cache. Owners at that
+    /// mapping (`at` is its packed first page) are cleared.
+    pub(super) fn unmapped_at(&mut self, c: u32, at: u64, frees: Frees) {
         let Some(ch) = self.chunks[c as usize].as_mut() else {
             return;
         };
+        // The paths that unmap wait for these frees first; kept all the same
+        // in case the memory is mapped again elsewhere.
+        let e = &mut self.extents[c as usize];
+        e.frees = e.frees.union(frees);
         if let Some(i) = ch.at.iter().position(|&a| a == at) {
             ch.at.swap_remove(i);
         }
