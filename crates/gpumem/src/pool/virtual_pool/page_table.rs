@@ -483,15 +483,15 @@ impl PageTable {
                     }
                 }
             }
-            let frees = self.extent_frees(c, phys);
+            // Asked before the loop (the owner list is borrowed in it); the
+            // record itself is looked at only when another stream ever freed.
+            let frees_ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
             let owners = &mut phys.chunk_mut(c).owner;
             let mut j = idx;
             while let Some(k) = next_clear(&self.segs[seg].bits(OWNS), j, end) {
                 j = k + 1;
                 let old = owners[k - base];
-                if (old != NO_OWNER && self.busy_packed(old))
-                    || !*frees_ok.get_or_insert_with(|| safe(&|| frees))
-                {
+                if (old != NO_OWNER && self.busy_packed(old)) || !frees_ok {
                     out.conflict = true;
                     continue;
                 }
