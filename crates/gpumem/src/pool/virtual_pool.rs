@@ -75,11 +75,12 @@
 //! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
 //! costs one map and its share of one set-access, once; after that, memory
 //! changes place between the same addresses for nothing. Measured on the
-//! H100 (`bench/results/2026-11-21-h100-run12-vpool-bitmaps`): the two shared
-//! training traces replayed after five untimed replays cost 108 to 170 ns
-//! per operation (by process; PoolResource 70 to 108) with no driver call,
-//! at 1.013 and 1.042 of the live peak; the first replays pay for the
-//! aliases they create (about 27 µs each).
+//! H100 (`bench/results/2026-11-21-h100-run13-vpool-groups`, 20 processes
+//! per trace): the two shared training traces replayed after five untimed
+//! replays cost 66 to 122 ns (resnet50, median 72) and 80 to 137 ns (gpt2,
+//! median 88) per operation, PoolResource 57 to 92, with no driver call, at
+//! 1.013 and 1.042 of the live peak; the first replays pay for the aliases
+//! they create (about 27 µs each).
 
 mod page_table;
 mod phys_cache;
