@@ -680,6 +680,52 @@ impl VirtualPool {
         })
     }
 
+    /// The block at `blk` (its pages acquired) conflicts with another alias
+    /// (`conflict`) or needs many new pages: gives its pages up and places it
+    /// better (another free place, after collecting idle aliases when
+    /// address space is scarce, or fresh address space); returns the new
+    /// acquisition and pages. Off the fast path.
+    #[cold]
+    fn place_elsewhere(
+        &self,
+        st: &mut State,
+        (which, lane): (usize, LaneId),
+        blk: &mut crate::suballoc::Allocation,
+        (bytes, alignment): (usize, usize),
+        stream: &Stream,
+        conflict: bool,
+    ) -> Result<(Acquired, (usize, usize, usize))> {
+        let (mut seg, mut first, mut last) =
+            st.pages.range(blk.addr, blk.size).expect("inside a range");
+        st.pages.unacquire(seg, first, last);
+        if let Some(better) = self.better_placement(st, which, lane, blk, alignment, conflict) {
+            (seg, first, last) = Self::swap_block(st, which, lane, blk, better);
+        }
+        let mut got = Self::acquire(st, (seg, first, last), stream);
+        if got.conflict && self.va_is_scarce(st) {
+            // Idle aliases unmapped conflict with nothing: try again.
+            st.pages.unacquire(seg, first, last);
+            if let Err(e) = self.collect_aliases(st) {
+                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                return Err(e);
+            }
+            if let Some(better) = self.better_placement(st, which, lane, blk, alignment, true) {
+                (seg, first, last) = Self::swap_block(st, which, lane, blk, better);
+            }
+            got = Self::acquire(st, (seg, first, last), stream);
+        }
+        if got.conflict {
+            // Every free place conflicts: fresh address space.
+            st.pages.unacquire(seg, first, last);
+            let _ = st.arenas[which].heap.free(blk.addr, lane);
+            *blk = self.fresh_block(st, which, bytes, alignment)?;
+            (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
+            got = Self::acquire(st, (seg, first, last), stream);
+            debug_assert!(!got.conflict);
+        }
+        Ok((got, (seg, first, last)))
+    }
+
     fn oom(&self, st: &State, requested: usize) -> Error {
         let largest = st
             .arenas
@@ -1460,32 +1506,14 @@ impl MemoryResource for VirtualPool {
                 && which == LARGE
                 && st.pages.count_unmapped(seg, first, last) >= RELOCATE_MIN_PAGES);
         if relocate {
-            st.pages.unacquire(seg, first, last);
-            if let Some(better) =
-                self.better_placement(st, which, lane, &blk, alignment, got.conflict)
-            {
-                (seg, first, last) = Self::swap_block(st, which, lane, &mut blk, better);
-            }
-            got = Self::acquire(st, (seg, first, last), stream);
-            if got.conflict && self.va_is_scarce(st) {
-                // Idle aliases unmapped conflict with nothing: try again.
-                st.pages.unacquire(seg, first, last);
-                self.collect_aliases(st)?;
-                if let Some(better) = self.better_placement(st, which, lane, &blk, alignment, true)
-                {
-                    (seg, first, last) = Self::swap_block(st, which, lane, &mut blk, better);
-                }
-                got = Self::acquire(st, (seg, first, last), stream);
-            }
-            if got.conflict {
-                // Every free place conflicts: fresh address space.
-                st.pages.unacquire(seg, first, last);
-                let _ = st.arenas[which].heap.free(blk.addr, lane);
-                blk = self.fresh_block(st, which, bytes, alignment)?;
-                (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
-                got = Self::acquire(st, (seg, first, last), stream);
-                debug_assert!(!got.conflict);
-            }
+            (got, (seg, first, last)) = self.place_elsewhere(
+                st,
+                (which, lane),
+                &mut blk,
+                (bytes, alignment),
+                stream,
+                got.conflict,
+            )?;
         }
         if !got.all_mapped {
             let own = st.streams.own_bit(stream);
