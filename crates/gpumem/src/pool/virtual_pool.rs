@@ -75,12 +75,13 @@
 //! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
 //! costs one map and its share of one set-access, once; after that, memory
 //! changes place between the same addresses for nothing. Measured on the
-//! H100 (`bench/results/2026-11-21-h100-run13-vpool-groups`, 20 processes
-//! per trace): the two shared training traces replayed after five untimed
-//! replays cost 66 to 122 ns (resnet50, median 72) and 80 to 137 ns (gpt2,
-//! median 88) per operation, PoolResource 57 to 92, with no driver call, at
-//! 1.013 and 1.042 of the live peak; the first replays pay for the aliases
-//! they create (about 27 µs each).
+//! H100 (`bench/results/2026-11-21-h100-run14-vpool-place-elsewhere`, 20
+//! processes per trace): the two shared training traces replayed after five
+//! untimed replays cost 70 to 126 ns (resnet50) and 85 to 141 ns (gpt2) per
+//! operation, PoolResource 58 to 106 (the host's CPU runs in a fast and a
+//! slow state, see run 13), with no driver call, at 1.013 and 1.042 of the
+//! live peak; the first replays pay for the aliases they create (about
+//! 27 µs each).
 
 mod page_table;
 mod phys_cache;
