@@ -82,9 +82,8 @@ pub struct BenchConfig {
     pub holes: usize,
     /// `replay`: the trace.
     pub trace: Option<PathBuf>,
-    /// Run each workload untimed on the same allocator before timing it.
-    pub warm: bool,
-    /// How many untimed runs `warm` makes (at least one).
+    /// Untimed runs of each workload on the same allocator before the timed
+    /// one (0: cold, growth included).
     pub warm_passes: usize,
 }
 
@@ -106,8 +105,7 @@ impl Default for BenchConfig {
             max_size: 64 << 20,
             thread_max_size: 4 << 20,
             seed: 42,
-            warm: false,
-            warm_passes: 1,
+            warm_passes: 0,
             threads: 8,
             holes: 4096,
             trace: None,
@@ -396,10 +394,8 @@ pub fn run(
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
                     let streams = repeat_streams(device, &prep)?;
-                    if cfg.warm {
-                        for _ in 0..cfg.warm_passes.max(1) {
-                            run_once(&alloc, device, cfg, &prep, &streams)?;
-                        }
+                    for _ in 0..cfg.warm_passes {
+                        run_once(&alloc, device, cfg, &prep, &streams)?;
                     }
                     let m0 = alloc.reserve.mappings_made();
                     let t = run_once(&alloc, device, cfg, &prep, &streams)?;
@@ -447,8 +443,8 @@ pub fn run(
                 workload: w.name().to_string(),
                 device: ctx.device_kind.clone(),
                 device_name: ctx.device_name.clone(),
-                warm: cfg.warm,
-                warm_passes: if cfg.warm { cfg.warm_passes.max(1) } else { 0 },
+                warm: cfg.warm_passes > 0,
+                warm_passes: cfg.warm_passes,
                 vmm_mappings,
                 ns_per_op: ok.then(|| median(&mut ns)),
                 ns_per_op_min: ok.then(|| ns[0]),

@@ -262,6 +262,15 @@ fn run_bench(
     Ok(records)
 }
 
+/// Untimed runs before the timed one from `--warm` and `--warm-passes N`
+/// (which implies `--warm`, with at least one run).
+fn warm_passes(warm: bool, passes: Option<usize>) -> usize {
+    match passes {
+        Some(n) => n.max(1),
+        None => usize::from(warm),
+    }
+}
+
 fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if a.list_allocators {
         for s in ALLOCATORS {
@@ -293,8 +302,7 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         threads: a.threads.max(1),
         holes: a.holes,
         trace: a.trace,
-        warm: a.warm || a.warm_passes.is_some(),
-        warm_passes: a.warm_passes.unwrap_or(1).max(1),
+        warm_passes: warm_passes(a.warm, a.warm_passes),
     };
     allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
@@ -327,8 +335,7 @@ fn replay_traces(
             workloads: vec![Workload::Replay],
             repeats: repeats.max(1),
             trace: Some(path.clone()),
-            warm: warm_passes > 0,
-            warm_passes: warm_passes.max(1),
+            warm_passes,
             ..BenchConfig::default()
         };
         run_bench(t, &cfg, alloc, json)?;
@@ -344,11 +351,7 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
         std::slice::from_ref(&a.trace),
         &a.alloc.alloc,
         a.repeats,
-        match (a.warm_passes, a.warm) {
-            (Some(n), _) => n.max(1),
-            (None, true) => 1,
-            (None, false) => 0,
-        },
+        warm_passes(a.warm, a.warm_passes),
         a.json,
     )?;
     if let Some(log) = &a.log {

@@ -81,8 +81,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         threads: 2,
         holes: 8,
         trace: Some(trace.to_path_buf()),
-        warm: false,
-        warm_passes: 1,
+        warm_passes: 0,
     }
 }
 
@@ -112,7 +111,6 @@ fn warm_runs_are_marked_and_measured() {
     std::fs::write(&trace, SMALL_TRACE).unwrap();
     let ctx = RunContext::new(sim()).unwrap();
     let cfg = BenchConfig {
-        warm: true,
         warm_passes: 3,
         workloads: vec![Workload::Random, Workload::Replay],
         ..tiny_config(&trace)

@@ -257,8 +257,6 @@ struct State {
     arenas: [Arena; ARENAS],
     /// Virtual ranges given to the arenas: (start, end, arena).
     ranges: Vec<(u64, u64, usize)>,
-    /// Reservations: (base, bytes).
-    reservations: Vec<(u64, usize)>,
     pages: PageTable,
     phys: PhysCache,
     streams: FreeStreams,
@@ -283,6 +281,43 @@ impl State {
     #[inline]
     fn arena_of(&self, addr: u64) -> Option<usize> {
         ranges_arena(&self.ranges, addr)
+    }
+
+    /// The extents mapped somewhere with no page in use through any mapping
+    /// that `fits(pages, arena of its first mapping)` accepts and whose
+    /// frees (asked last: they may query streams) `quiet(streams, mask,
+    /// tick)` finds done: (pages, extent), largest first.
+    fn idle_extents(
+        &mut self,
+        mut fits: impl FnMut(usize, Option<usize>) -> bool,
+        mut quiet: impl FnMut(&mut FreeStreams, u64, u64) -> bool,
+    ) -> Vec<(usize, u32)> {
+        let State {
+            pages,
+            phys,
+            streams,
+            ranges,
+            ..
+        } = self;
+        let mut out = Vec::new();
+        for (c, ch) in phys.chunks() {
+            let Some(&first) = ch.at.first() else {
+                continue;
+            };
+            let n = phys.pages(c);
+            let home = ranges_arena(ranges, pages.addr(PageTable::unpack(first)));
+            if !fits(n, home) || pages.extent_busy(c, phys) {
+                continue;
+            }
+            if pages
+                .extent_frees(c, phys)
+                .quiet(|m, t| quiet(streams, m, t))
+            {
+                out.push((n, c));
+            }
+        }
+        out.sort_by_key(|&(n, c)| (std::cmp::Reverse(n), c));
+        out
     }
 }
 
@@ -401,7 +436,6 @@ impl VirtualPool {
                 lanes: HeapLanes::new(),
             }),
             ranges: Vec::new(),
-            reservations: vec![(base.0, total)],
             pages: PageTable::new(gran as u64),
             phys: PhysCache::default(),
             streams: FreeStreams::new(),
@@ -477,7 +511,7 @@ impl VirtualPool {
             live: st.live_bytes(),
             peak_live: st.peak_live,
             live_blocks: st.arenas.iter().map(|a| a.heap.used_blocks()).sum(),
-            virtual_reserved: st.reservations.iter().map(|r| r.1).sum(),
+            virtual_reserved: st.pages.reserved_bytes(),
             page_size: g,
             streams: st.streams.len(),
             pages_created: st.pages_created,
@@ -816,7 +850,6 @@ impl VirtualPool {
                 )));
             }
         };
-        st.reservations.push((base.0, size));
         st.ranges.push((base.0, base.0 + size as u64, which));
         st.pages.add_segment(base.0, size as u64);
         Ok(id)
@@ -874,8 +907,7 @@ impl VirtualPool {
     /// True when the address space reserved has reached
     /// [`VA_SCARCE_MULTIPLE`] times the device's memory.
     fn va_is_scarce(&self, st: &State) -> bool {
-        st.reservations.iter().map(|r| r.1).sum::<usize>()
-            >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
+        st.pages.reserved_bytes() >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
     }
 
     /// Unmaps the mapping of extent `c` (of `len` pages) at packed page `at`
@@ -1232,39 +1264,16 @@ impl VirtualPool {
         if longest == 0 {
             return Ok(());
         }
-        let mut cands: Vec<(usize, u32)> = Vec::new();
         // Small and large areas keep their own memory: small blocks share
         // pages, so memory passing between them would conflict at every turn.
-        let target = st.arena_of(st.pages.addr(PageRef {
+        let small = st.arena_of(st.pages.addr(PageRef {
             seg,
             idx: pieces[0].0,
-        }));
-        {
-            let State {
-                pages,
-                phys,
-                streams,
-                ranges,
-                ..
-            } = &mut *st;
-            for (c, ch) in phys.chunks() {
-                let e = phys.extent(c);
-                if ch.at.is_empty() || e.pages as usize > longest || pages.extent_busy(c, phys) {
-                    continue;
-                }
-                let home = pages.addr(PageTable::unpack(ch.at[0]));
-                if (ranges_arena(ranges, home) == Some(SMALL)) != (target == Some(SMALL)) {
-                    continue;
-                }
-                if pages
-                    .extent_frees(c, phys)
-                    .quiet(|m, t| streams.safe_for(own, m, t))
-                {
-                    cands.push((e.pages as usize, c));
-                }
-            }
-        }
-        cands.sort_by_key(|&(n, c)| (std::cmp::Reverse(n), c));
+        })) == Some(SMALL);
+        let mut cands = st.idle_extents(
+            |n, arena| n <= longest && (arena == Some(SMALL)) == small,
+            |streams, m, t| streams.safe_for(own, m, t),
+        );
         for piece in pieces.iter_mut() {
             while piece.1 > 0 {
                 let Some(k) = cands.iter().position(|&(n, _)| n <= piece.1) else {
@@ -1286,34 +1295,13 @@ impl VirtualPool {
     /// cached by it. Returns the pages cached.
     fn uncover_idle(&self, st: &mut State, want: usize) -> Result<usize> {
         st.streams.begin_pass();
-        let mut cands: Vec<(usize, u32, Vec<u64>)> = Vec::new();
-        {
-            let State {
-                pages,
-                phys,
-                streams,
-                ..
-            } = &mut *st;
-            for (c, ch) in phys.chunks() {
-                if ch.at.is_empty() || pages.extent_busy(c, phys) {
-                    continue;
-                }
-                // The extent's frees cover all its mappings.
-                let e = phys.extent(c);
-                if pages
-                    .extent_frees(c, phys)
-                    .quiet(|m, t| streams.complete(m, t))
-                {
-                    cands.push((e.pages as usize, c, ch.at.clone()));
-                }
-            }
-        }
-        cands.sort_by_key(|&(n, c, _)| (std::cmp::Reverse(n), c));
+        let cands = st.idle_extents(|_, _| true, |streams, m, t| streams.complete(m, t));
         let mut got = 0;
-        for (n, c, at) in cands {
+        for (n, c) in cands {
             if got >= want {
                 break;
             }
+            let at = st.phys.chunk(c).map_or_else(Vec::new, |ch| ch.at.clone());
             for a in at {
                 self.unmap_mapping(st, c, a, n)?;
             }
@@ -1616,8 +1604,9 @@ impl Drop for VirtualPool {
                 eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
             }
         }
-        for &(base, bytes) in &st.reservations {
-            if let Err(e) = driver.vmm_free_address(DevicePtr(base), bytes) {
+        for seg in &st.pages.segs {
+            if let Err(e) = driver.vmm_free_address(DevicePtr(seg.base), seg.bytes as usize) {
+                let base = seg.base;
                 eprintln!("gpumem: VirtualPool could not free address range {base:#x}: {e}");
             }
         }

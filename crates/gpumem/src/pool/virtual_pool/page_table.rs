@@ -324,6 +324,11 @@ impl PageTable {
         });
     }
 
+    /// Bytes of every reserved range.
+    pub(super) fn reserved_bytes(&self) -> usize {
+        self.segs.iter().map(|s| s.bytes as usize).sum()
+    }
+
     /// Pages mapped.
     pub(super) fn mapped_pages(&self) -> usize {
         self.mapped_pages
@@ -408,8 +413,9 @@ impl PageTable {
     /// whether the frees (given on demand) recorded on a physical page that
     /// passes from another alias are done as far as the caller's stream is
     /// concerned. On a conflict the marks stay (undo them with
-    /// [`PageTable::unacquire`]).
-    #[inline]
+    /// [`PageTable::unacquire`]). Always inlined: it is the allocation fast
+    /// path's core, a bitmap test and two entries.
+    #[inline(always)]
     pub(super) fn acquire(
         &mut self,
         seg: usize,
