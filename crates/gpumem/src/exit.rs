@@ -31,6 +31,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once, Weak};
 
+use crate::Result;
+
 static EXITING: AtomicBool = AtomicBool::new(false);
 static HOOK: Once = Once::new();
 static HOOK_OK: AtomicBool = AtomicBool::new(false);
@@ -61,6 +63,27 @@ pub fn install_hook() -> bool {
         HOOK_OK.store(register_atexit(), Ordering::Release);
     });
     HOOK_OK.load(Ordering::Acquire)
+}
+
+/// Gives something back to the driver from a `Drop` (destroys a handle,
+/// frees memory): nothing once the process is exiting (the rule above);
+/// otherwise `call`, tried a second time if it fails, so a transient failure
+/// loses nothing; a second failure is reported on stderr as `what` and the
+/// thing is left to the process's end. Returns whether it was given back.
+pub(crate) fn give_back(
+    what: impl FnOnce() -> String,
+    mut call: impl FnMut() -> Result<()>,
+) -> bool {
+    if process_is_exiting() {
+        return false;
+    }
+    match call().or_else(|_| call()) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("gpumem: could not give back {}: {e}", what());
+            false
+        }
+    }
 }
 
 /// Runs `hook.at_exit()` when the process exits, if `hook` is still alive then.

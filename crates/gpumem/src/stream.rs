@@ -42,11 +42,10 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        // At process exit the driver may be gone: leak the handle instead.
-        if self.owned && !crate::exit::process_is_exiting() {
-            // Work already enqueued still completes; a failure here leaves
-            // nothing to recover.
-            let _ = self.device.driver().stream_destroy(self.raw);
+        // Work already enqueued still completes.
+        if self.owned {
+            let (driver, raw) = (self.device.driver(), self.raw);
+            crate::exit::give_back(|| format!("stream {raw:#x}"), || driver.stream_destroy(raw));
         }
     }
 }
@@ -210,9 +209,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if crate::exit::process_is_exiting() {
-            return;
-        }
-        let _ = self.device.driver().event_destroy(self.raw);
+        let (driver, raw) = (self.device.driver(), self.raw);
+        crate::exit::give_back(|| format!("event {raw:#x}"), || driver.event_destroy(raw));
     }
 }

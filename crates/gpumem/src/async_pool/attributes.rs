@@ -261,12 +261,18 @@ impl MemPool {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
-        match self
-            .device
-            .driver()
-            .mem_alloc_from_pool_async(bytes, self.raw, stream.raw())
-        {
+        let driver = self.device.driver();
+        match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
             Ok(p) => Ok(p),
+            // Memory freed on other streams returns to the pool only when
+            // their frees have run: wait for them and try once more.
+            Err(e) if e.is_oom() && self.device.synchronize().is_ok() => {
+                match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
+                    Ok(p) => Ok(p),
+                    Err(e) if e.is_oom() => Err(self.oom(bytes, e)),
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) if e.is_oom() => Err(self.oom(bytes, e)),
             Err(e) => Err(e),
         }
@@ -300,10 +306,14 @@ impl MemPool {
 
 impl Drop for MemPool {
     fn drop(&mut self) {
+        // Live allocations keep the pool's memory until they are freed (the
+        // driver destroys it then).
         if self.owned {
-            // Live allocations keep the pool's memory until they are freed (the
-            // driver destroys it then); a failure here leaves nothing to recover.
-            let _ = self.device.driver().mempool_destroy(self.raw);
+            let (driver, raw) = (self.device.driver(), self.raw);
+            crate::exit::give_back(
+                || format!("memory pool {raw:#x}"),
+                || driver.mempool_destroy(raw),
+            );
         }
     }
 }

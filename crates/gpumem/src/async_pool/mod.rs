@@ -17,6 +17,11 @@
 //!   ([`AsyncResource::import_fd`], [`ImportedPool`]), and pass descriptors over
 //!   Unix sockets ([`ipc::send_fd`], [`ipc::recv_fd`]).
 //!
+//! Out of memory: memory freed on a stream goes back to the pool only when
+//! the free has run, so a failed allocation synchronizes the device and is
+//! tried once more (as PyTorch's `cudaMallocAsync` backend does) before it
+//! is [`Error::OutOfMemory`].
+//!
 //! Devices or drivers without memory pools, and pools asking for a handle
 //! type or allocation type the device lacks, give [`Error::Unsupported`] naming
 //! the feature, never a panic.

@@ -726,6 +726,9 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
 
 impl<U: MemoryResource> Drop for ArenaResource<U> {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return; // the driver may be gone: leak (see `crate::exit`)
+        }
         let arenas: Vec<_> = {
             let mut reg = self.core.lock_registry();
             reg.by_key.clear();
@@ -742,8 +745,12 @@ impl<U: MemoryResource> Drop for ArenaResource<U> {
                 c.retain(|(r, _, _)| *r != self.core.uid);
             }
         });
-        let _ = self
-            .upstream
-            .deallocate_sync(self.region, self.core.size, DEFAULT_ALIGNMENT);
+        crate::exit::give_back(
+            || format!("ArenaResource region {:#x}", self.region.0),
+            || {
+                self.upstream
+                    .deallocate_sync(self.region, self.core.size, DEFAULT_ALIGNMENT)
+            },
+        );
     }
 }

@@ -469,14 +469,21 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
 
 impl<U: MemoryResource> Drop for CachingPool<U> {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return; // the driver may be gone: leak (see `crate::exit`)
+        }
         // Large blocks still live belong to the pool's upstream: give them back
         // (the chunks go back when the slab drops).
         let large = std::mem::take(&mut *lock(&self.large));
         for (p, bytes) in large {
-            let _ = self
-                .slab
-                .upstream()
-                .deallocate_sync(DevicePtr(p), bytes, DEFAULT_ALIGNMENT);
+            crate::exit::give_back(
+                || format!("CachingPool block {p:#x}"),
+                || {
+                    self.slab
+                        .upstream()
+                        .deallocate_sync(DevicePtr(p), bytes, DEFAULT_ALIGNMENT)
+                },
+            );
         }
     }
 }

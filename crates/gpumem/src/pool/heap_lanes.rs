@@ -162,8 +162,10 @@ impl HeapLanes {
     }
 
     /// Moves the free blocks of every lane whose stream is known idle to the
-    /// global lane (except `keep`), in every heap. Never blocks.
-    pub(crate) fn settle(&self, heap: &mut impl Heaps, keep: Option<LaneId>) -> Result<()> {
+    /// global lane (except `keep`), in every heap. Never blocks, never fails:
+    /// a stream that cannot be queried keeps its blocks, unless a device
+    /// synchronize proves it done.
+    pub(crate) fn settle(&self, heap: &mut impl Heaps, keep: Option<LaneId>) {
         for idx in 1..self.lanes.len() {
             let lane = LaneId(idx as u32);
             if Some(lane) == keep || heap.lane_free_total(lane) == 0 {
@@ -176,16 +178,12 @@ impl HeapLanes {
             let idle = match l.stream.is_idle() {
                 Ok(idle) => idle,
                 // A foreign stream that can no longer be queried: make sure.
-                Err(_) => {
-                    l.stream.device().synchronize()?;
-                    true
-                }
+                Err(_) => l.stream.device().synchronize().is_ok(),
             };
             if idle {
                 heap.move_lane_all(lane, LaneId::GLOBAL);
             }
         }
-        Ok(())
     }
 
     /// Waits for every stream with free blocks and moves all of them to the
@@ -247,7 +245,10 @@ impl HeapLanes {
     /// Hands the blocks of another stream's lane that has a block of `needed`
     /// bytes in heap number `which` (0 for a single heap) to `lane`, after
     /// making `stream` wait for that stream's work. The wait covers every
-    /// block the victim freed, so its lane moves in every heap.
+    /// block the victim freed, so its lane moves in every heap. Returns
+    /// whether blocks moved. A driver error on the way (creating or recording
+    /// the event, or the wait) moves nothing and is not an error: stealing is
+    /// an optimisation, and the caller goes on to grow instead.
     pub(crate) fn steal(
         &mut self,
         heap: &mut impl Heaps,
@@ -255,7 +256,7 @@ impl HeapLanes {
         lane: LaneId,
         stream: &Stream,
         needed: u64,
-    ) -> Result<bool> {
+    ) -> bool {
         let target = &heap.heaps()[which];
         let victim = (1..self.lanes.len()).map(|i| LaneId(i as u32)).find(|&l| {
             l != lane
@@ -265,19 +266,24 @@ impl HeapLanes {
                 && target.largest_free(l) >= needed
         });
         let Some(victim) = victim else {
-            return Ok(false);
+            return false;
         };
         let l = self.lanes[victim.0 as usize]
             .as_mut()
             .expect("victim has a lane");
         if l.event.is_none() {
-            l.event = Some(Event::new(l.stream.device())?);
+            match Event::new(l.stream.device()) {
+                Ok(ev) => l.event = Some(ev),
+                Err(_) => return false,
+            }
         }
         let ev = l.event.as_ref().expect("just made");
-        ev.record(&l.stream)?;
-        stream.wait_event(ev)?;
+        // A record without the wait is harmless: the blocks stay the victim's.
+        if ev.record(&l.stream).is_err() || stream.wait_event(ev).is_err() {
+            return false;
+        }
         heap.move_lane_all(victim, lane);
-        Ok(true)
+        true
     }
 
     /// Waits for the work of every stream with a lane (used before memory

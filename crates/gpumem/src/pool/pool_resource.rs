@@ -169,6 +169,9 @@ struct State {
     lanes: HeapLanes,
     /// Upstream allocation of each region: base → bytes.
     regions: PtrMap<usize>,
+    /// Bytes asked of the upstream by growths in flight: the lock is not held
+    /// across upstream calls, and these count against `maximum_size`.
+    growing: usize,
     peak_reserved: usize,
     peak_live: usize,
 }
@@ -239,6 +242,7 @@ impl<U: MemoryResource> PoolResource<U> {
                 heaps: std::array::from_fn(|_| LaneHeap::new()),
                 lanes: HeapLanes::new(),
                 regions: PtrMap::default(),
+                growing: 0,
                 peak_reserved: 0,
                 peak_live: 0,
             }),
@@ -246,8 +250,7 @@ impl<U: MemoryResource> PoolResource<U> {
         if pool.config.initial_size > 0 {
             let bytes = pool.config.initial_size.next_multiple_of(256);
             let class = pool.class_of(bytes);
-            let mut st = pool.lock();
-            pool.add_region(&mut st, class, bytes)?;
+            pool.grow(pool.lock(), class, bytes).1?;
         }
         Ok(pool)
     }
@@ -333,8 +336,8 @@ impl<U: MemoryResource> PoolResource<U> {
     /// safe, without waiting for any stream. Returns the bytes given back.
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
-        self.settle(&mut st, None)?;
-        self.release_free_regions(&mut st)
+        self.settle(&mut st, None);
+        self.release_free_regions(st).1
     }
 
     /// Waits for every stream with free blocks, then gives back every region
@@ -342,7 +345,7 @@ impl<U: MemoryResource> PoolResource<U> {
     pub fn release(&self) -> Result<usize> {
         let mut st = self.lock();
         self.settle_blocking(&mut st)?;
-        self.release_free_regions(&mut st)
+        self.release_free_regions(st).1
     }
 
     /// The lane of `stream`, created on first use (the same number in both
@@ -352,7 +355,7 @@ impl<U: MemoryResource> PoolResource<U> {
         st.lanes.lane_of(&mut st.heaps, stream)
     }
 
-    fn settle(&self, st: &mut State, keep: Option<LaneId>) -> Result<()> {
+    fn settle(&self, st: &mut State, keep: Option<LaneId>) {
         st.lanes.settle(&mut st.heaps, keep)
     }
 
@@ -369,47 +372,100 @@ impl<U: MemoryResource> PoolResource<U> {
         lane: LaneId,
         stream: &Stream,
         needed: u64,
-    ) -> Result<bool> {
+    ) -> bool {
         st.lanes.steal(&mut st.heaps, class, lane, stream, needed)
     }
 
     /// Takes a region of `bytes` from the upstream into the global lane of
-    /// heap `class`.
-    fn add_region(&self, st: &mut State, class: usize, bytes: usize) -> Result<()> {
+    /// heap `class`. The lock is released across the upstream call, so an
+    /// upstream that calls back into this pool (a failure callback that
+    /// releases it, say) cannot deadlock; the guard comes back re-taken.
+    fn grow<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        class: usize,
+        bytes: usize,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
         if let Some(max) = self.config.maximum_size {
-            if st.reserved().saturating_add(bytes) > max {
-                return Err(self.oom(st, bytes));
+            if st
+                .reserved()
+                .saturating_add(st.growing)
+                .saturating_add(bytes)
+                > max
+            {
+                let e = self.oom(&st, bytes);
+                return (st, Err(e));
             }
         }
-        let base = self.upstream.allocate_sync(bytes, 256)?;
+        st.growing += bytes;
+        drop(st);
+        let got = self.upstream.allocate_sync(bytes, 256);
+        let mut st = self.lock();
+        st.growing -= bytes;
+        let base = match got {
+            Ok(base) => base,
+            Err(e) => return (st, Err(e)),
+        };
         if let Err(e) = st.heaps[class].add_region(base.0, bytes as u64) {
+            drop(st);
             let _ = self.upstream.deallocate_sync(base, bytes, 256);
-            return Err(Error::InvalidArgument(format!(
+            let e = Error::InvalidArgument(format!(
                 "upstream returned an unusable region at {:#x}: {e}",
                 base.0
-            )));
+            ));
+            return (self.lock(), Err(e));
         }
         st.regions.insert(base.0, bytes);
         st.peak_reserved = st.peak_reserved.max(st.reserved());
-        Ok(())
+        (st, Ok(()))
     }
 
-    /// Gives every entirely free region of both heaps back to the upstream.
+    /// Gives every entirely free region of both heaps back to the upstream,
+    /// without holding the lock across the upstream calls. A region the
+    /// upstream refuses stays the pool's, free in its heap, so nothing is
+    /// lost; the first such error is returned once every region was tried.
     /// Returns the bytes given back.
-    fn release_free_regions(&self, st: &mut State) -> Result<usize> {
-        let mut released = 0;
-        for heap in &mut st.heaps {
+    fn release_free_regions<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, Result<usize>) {
+        let mut taken = Vec::new();
+        let s = &mut *st;
+        for (class, heap) in s.heaps.iter_mut().enumerate() {
             let free: Vec<_> = heap.free_regions().map(|(id, _, _)| id).collect();
             for id in free {
-                let Ok((base, _)) = heap.remove_region(id) else {
-                    continue;
-                };
-                let bytes = st.regions.remove(&base).expect("region was recorded");
-                self.upstream.deallocate_sync(DevicePtr(base), bytes, 256)?;
-                released += bytes;
+                if let Ok((base, _)) = heap.remove_region(id) {
+                    let bytes = s.regions.remove(&base).expect("region was recorded");
+                    taken.push((class, base, bytes));
+                }
             }
         }
-        Ok(released)
+        if taken.is_empty() {
+            return (st, Ok(0));
+        }
+        drop(st);
+        let mut released = 0;
+        let mut first_err = None;
+        taken.retain(|&(_, base, bytes)| {
+            match self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
+                Ok(()) => {
+                    released += bytes;
+                    false
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    true
+                }
+            }
+        });
+        let mut st = self.lock();
+        for (class, base, bytes) in taken {
+            // Removed a moment ago and still the pool's: it fits back.
+            if st.heaps[class].add_region(base, bytes as u64).is_ok() {
+                st.regions.insert(base, bytes);
+            }
+        }
+        (st, first_err.map_or(Ok(released), Err))
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {
@@ -444,12 +500,14 @@ impl<U: MemoryResource> PoolResource<U> {
         Some(DevicePtr(a.addr))
     }
 
+    /// Allocation when both of the stream's lanes missed: settle, steal,
+    /// grow, then reclaim (see the module documentation). Takes the guard:
+    /// growth releases the lock across the upstream call.
     #[cold]
-    fn allocate_slow(
-        &self,
-        st: &mut State,
+    fn allocate_slow<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
         class: usize,
-        lane: LaneId,
         stream: &Stream,
         bytes: usize,
         alignment: usize,
@@ -457,51 +515,81 @@ impl<U: MemoryResource> PoolResource<U> {
         let needed = bytes
             .checked_next_multiple_of(256)
             .and_then(|b| b.checked_add(alignment.max(256) - 256))
-            .ok_or_else(|| self.oom(st, bytes))?;
-        self.settle(st, Some(lane))?;
-        if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
+            .ok_or_else(|| self.oom(&st, bytes))?;
+        let lane = self.lane_of(&mut st, stream)?;
+        self.settle(&mut st, Some(lane));
+        if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
-        if self.steal(st, class, lane, stream, needed as u64)? {
-            if let Some(p) = Self::take(st, class, lane, bytes, alignment) {
+        if self.steal(&mut st, class, lane, stream, needed as u64) {
+            if let Some(p) = Self::take(&mut st, class, lane, bytes, alignment) {
                 return Ok(p);
             }
         }
         let region = self
             .region_in(class, needed)
-            .ok_or_else(|| self.oom(st, bytes))?;
-        match self.add_region(st, class, region) {
+            .ok_or_else(|| self.oom(&st, bytes))?;
+        let (g, grown) = self.grow(st, class, region);
+        st = g;
+        match grown {
+            // Another thread may have taken the new region meanwhile: any
+            // block that fits will do, else go on to reclaim.
             Ok(()) => {
-                return Self::take(st, class, LaneId::GLOBAL, bytes, alignment)
-                    .ok_or_else(|| self.oom(st, bytes))
+                if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
+                    return Ok(p);
+                }
             }
             Err(e) if e.is_oom() => {}
             Err(e) => return Err(e),
         }
         // Reclaim: wait for every stream's frees, give back free regions, retry.
-        self.settle_blocking(st)?;
-        if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
+        self.settle_blocking(&mut st)?;
+        if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
         // Segregation yields to memory pressure: a free block of the other
         // heap serves before any region is given back (a pool of fixed size,
         // initial = maximum, serves every size from its one region).
-        if let Some(p) = Self::take(st, 1 - class, LaneId::GLOBAL, bytes, alignment) {
+        if let Some(p) = Self::take(&mut st, 1 - class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
-        self.release_free_regions(st)?;
+        // A region the upstream refuses to take back stays free in the pool;
+        // growing may still succeed, so its error is not the answer here.
+        let (g, _) = self.release_free_regions(st);
+        st = g;
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
-            match self.add_region(st, class, size) {
+            let (g, grown) = self.grow(st, class, size);
+            st = g;
+            match grown {
                 Ok(()) => {
-                    return Self::take(st, class, LaneId::GLOBAL, bytes, alignment)
-                        .ok_or_else(|| self.oom(st, bytes))
+                    if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
+                        return Ok(p);
+                    }
                 }
                 Err(e) if e.is_oom() => continue,
                 Err(e) => return Err(e),
             }
         }
-        Err(self.oom(st, bytes))
+        Err(self.oom(&st, bytes))
+    }
+
+    /// After a growth: a block from the global lane of `class`, or from the
+    /// stream's own lane (the lock was released, so the lane is looked up
+    /// again).
+    fn take_any(
+        &self,
+        st: &mut State,
+        class: usize,
+        stream: &Stream,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<Option<DevicePtr>> {
+        if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
+            return Ok(Some(p));
+        }
+        let lane = self.lane_of(st, stream)?;
+        Ok(Self::take(st, class, lane, bytes, alignment))
     }
 }
 
@@ -520,7 +608,7 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
-        self.allocate_slow(&mut st, class, lane, stream, bytes, alignment)
+        self.allocate_slow(st, class, stream, bytes, alignment)
     }
 
     #[inline]
@@ -584,9 +672,10 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
         // Work still using pool memory must finish before the regions go back.
         st.lanes.synchronize_all(self.upstream.device());
         for (&base, &bytes) in st.regions.iter() {
-            if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
-                eprintln!("gpumem: PoolResource could not return region {base:#x}: {e}");
-            }
+            crate::exit::give_back(
+                || format!("PoolResource region {base:#x}"),
+                || self.upstream.deallocate_sync(DevicePtr(base), bytes, 256),
+            );
         }
         st.regions.clear();
     }

@@ -381,8 +381,8 @@ impl<U: MemoryResource> Slab<U> {
                 first_err.get_or_insert(e);
             }
         }
-        let mut to_free: Vec<(u64, usize)> = Vec::new();
-        for c in self.classes.iter() {
+        let mut to_free: Vec<(u64, usize, usize)> = Vec::new();
+        for (ci, c) in self.classes.iter().enumerate() {
             let block = c.spec.block as u64;
             let mut st = lock(&c.state);
             st.free.settle();
@@ -417,27 +417,48 @@ impl<U: MemoryResource> Slab<U> {
                 st.chunks.remove(&base);
                 st.reserved -= len;
             }
-            to_free.extend(freed);
+            to_free.extend(freed.into_iter().map(|(base, len)| (base, len, ci)));
         }
         if !to_free.is_empty() {
             let mut index = crate::pool::stream_lanes::write_lock(&self.index);
-            for (base, _) in &to_free {
+            for (base, _, _) in &to_free {
                 index.remove(base);
             }
         }
         let mut bytes = 0;
-        for (base, len) in to_free {
-            if let Err(e) = self
+        for (base, len, class) in to_free {
+            match self
                 .upstream
                 .deallocate_sync(DevicePtr(base), len, DEFAULT_ALIGNMENT)
             {
-                first_err.get_or_insert(e);
+                Ok(()) => {
+                    self.unreserve_budget(len);
+                    bytes += len;
+                }
+                Err(e) => {
+                    // Still ours: its blocks go back to the free list.
+                    self.restore_chunk(class, base, len);
+                    first_err.get_or_insert(e);
+                }
             }
-            self.unreserve_budget(len);
-            bytes += len;
         }
         self.streams.prune();
         first_err.map_or(Ok(bytes), Err)
+    }
+
+    /// Puts back a chunk of entirely free blocks that [`Slab::release`] took
+    /// off the books and the upstream refused to take back.
+    #[cold]
+    fn restore_chunk(&self, class: usize, base: u64, len: usize) {
+        crate::pool::stream_lanes::write_lock(&self.index).insert(base, (len, class));
+        let c = &self.classes[class];
+        let block = c.spec.block as u64;
+        let mut st = lock(&c.state);
+        st.chunks.insert(base, len);
+        st.reserved += len;
+        for p in (base..base + len as u64).step_by(block as usize) {
+            st.free.push_ready(p);
+        }
     }
 
     /// Bytes held from the upstream by the classes (and whatever else
@@ -507,6 +528,9 @@ impl ClassState {
 
 impl<U: MemoryResource> Drop for Slab<U> {
     fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            return; // the driver may be gone: leak (see `crate::exit`)
+        }
         if self.cfg.stream_ordered {
             // Blocks freed on streams may still be in use by their work.
             let _ = self.streams.synchronize_all();
@@ -516,9 +540,13 @@ impl<U: MemoryResource> Drop for Slab<U> {
             let chunks = std::mem::take(&mut st.chunks);
             st.free = FreeBlocks::default();
             for (base, len) in chunks {
-                let _ = self
-                    .upstream
-                    .deallocate_sync(DevicePtr(base), len, DEFAULT_ALIGNMENT);
+                crate::exit::give_back(
+                    || format!("chunk {base:#x}"),
+                    || {
+                        self.upstream
+                            .deallocate_sync(DevicePtr(base), len, DEFAULT_ALIGNMENT)
+                    },
+                );
                 self.reserved.fetch_sub(len, Ordering::AcqRel);
             }
         }

@@ -556,7 +556,10 @@ impl VirtualPool {
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
         self.reclaim(&mut st, usize::MAX)?;
-        Ok(self.release_cached(&mut st, 0))
+        match self.release_cached(&mut st, 0) {
+            (_, Some(e)) => Err(e),
+            (bytes, None) => Ok(bytes),
+        }
     }
 
     /// Waits for every stream that freed blocks, then trims: all physical
@@ -569,7 +572,10 @@ impl VirtualPool {
         }
         st.streams.prune();
         self.reclaim(&mut st, usize::MAX)?;
-        Ok(self.release_cached(&mut st, 0))
+        match self.release_cached(&mut st, 0) {
+            (_, Some(e)) => Err(e),
+            (bytes, None) => Ok(bytes),
+        }
     }
 
     /// Exports every physical chunk as a POSIX file descriptor (the pool must
@@ -795,14 +801,14 @@ impl VirtualPool {
             .and_then(|b| b.checked_add(alignment.max(256) - 256))
             .ok_or_else(|| self.oom(st, bytes))?;
         let a = &mut st.arenas[which];
-        a.lanes.settle(&mut a.heap, Some(lane))?;
+        a.lanes.settle(&mut a.heap, Some(lane));
         if let Some(x) = a
             .heap
             .allocate_best(LaneId::GLOBAL, bytes as u64, alignment as u64)
         {
             return Ok(x);
         }
-        if a.lanes.steal(&mut a.heap, 0, lane, stream, needed as u64)? {
+        if a.lanes.steal(&mut a.heap, 0, lane, stream, needed as u64) {
             if let Some(x) = a.heap.allocate_best(lane, bytes as u64, alignment as u64) {
                 return Ok(x);
             }
@@ -1147,18 +1153,24 @@ impl VirtualPool {
     }
 
     /// Releases whole cached extents until at most `keep` bytes stay cached.
-    /// Returns the bytes released.
-    fn release_cached(&self, st: &mut State, keep: usize) -> usize {
+    /// An extent the driver refuses to release stays cached (a later trim,
+    /// release or the drop tries again). Returns the bytes released, and the
+    /// first error.
+    fn release_cached(&self, st: &mut State, keep: usize) -> (usize, Option<Error>) {
         let driver = self.device.driver();
         let mut released = 0;
+        let mut first_err = None;
         for (h, pages) in st.phys.take_releasable(keep / self.gran) {
             if let Err(e) = driver.vmm_release(h) {
-                eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
+                let c = st.phys.add_chunk(h, pages);
+                st.phys.put(c);
+                first_err.get_or_insert(e);
+                continue;
             }
             released += pages as usize * self.gran;
             st.pages_released += u64::from(pages);
         }
-        released
+        (released, first_err)
     }
 
     /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
@@ -1595,20 +1607,22 @@ impl Drop for VirtualPool {
         }
         for (r, n) in runs {
             let addr = st.pages.addr(r);
-            if let Err(e) = driver.vmm_unmap(DevicePtr(addr), n * g) {
-                eprintln!("gpumem: VirtualPool could not unmap {addr:#x}: {e}");
-            }
+            crate::exit::give_back(
+                || format!("VirtualPool mapping at {addr:#x}"),
+                || driver.vmm_unmap(DevicePtr(addr), n * g),
+            );
         }
         for (_, c) in st.phys.chunks() {
-            if let Err(e) = driver.vmm_release(c.handle) {
-                eprintln!("gpumem: VirtualPool could not release physical memory: {e}");
-            }
+            crate::exit::give_back(
+                || "VirtualPool physical memory".into(),
+                || driver.vmm_release(c.handle),
+            );
         }
         for seg in &st.pages.segs {
-            if let Err(e) = driver.vmm_free_address(DevicePtr(seg.base), seg.bytes as usize) {
-                let base = seg.base;
-                eprintln!("gpumem: VirtualPool could not free address range {base:#x}: {e}");
-            }
+            crate::exit::give_back(
+                || format!("VirtualPool address range {:#x}", seg.base),
+                || driver.vmm_free_address(DevicePtr(seg.base), seg.bytes as usize),
+            );
         }
     }
 }

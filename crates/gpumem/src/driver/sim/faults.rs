@@ -128,6 +128,13 @@ impl Faults {
         self.calls.get(call).copied().unwrap_or(0)
     }
 
+    /// Every call name counted so far with its count, sorted by name.
+    pub(super) fn counts(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self.calls.iter().map(|(&k, &n)| (k, n)).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Disarms every fault (counters stay).
     pub(super) fn clear(&mut self) {
         self.fail_allocs.clear();

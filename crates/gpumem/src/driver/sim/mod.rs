@@ -464,6 +464,17 @@ impl SimDriver {
         self.lock().faults.count(call)
     }
 
+    /// Every driver function called so far (failed calls included) with its
+    /// number of calls, sorted by name: what a fault sweep iterates over.
+    pub fn call_counts(&self) -> Vec<(&'static str, u64)> {
+        self.lock().faults.counts()
+    }
+
+    /// Driver calls of any kind so far.
+    pub fn total_calls(&self) -> u64 {
+        self.lock().faults.counts().iter().map(|&(_, n)| n).sum()
+    }
+
     /// Disarms every injected fault.
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
