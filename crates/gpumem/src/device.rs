@@ -38,7 +38,10 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// Device `ordinal` of `driver`; fails if the ordinal does not exist.
+    /// The first device made installs gpumem's exit and fork hooks
+    /// ([`crate::exit`], [`crate::fork`]).
     pub fn new(driver: Arc<dyn Driver>, ordinal: u32) -> Result<Self> {
+        crate::exit::install_hook();
         let count = driver.device_count()?;
         if ordinal >= count {
             return Err(Error::NoSuchDevice {
@@ -63,6 +66,7 @@ impl Device {
     /// Like [`Device::sim`], also returning the simulated driver for test control
     /// (pausing streams, fault injection, accounting).
     pub fn sim_with_driver(config: SimConfig) -> (Self, Arc<SimDriver>) {
+        crate::exit::install_hook();
         let sim = Arc::new(SimDriver::new(config));
         let driver: Arc<dyn Driver> = sim.clone();
         (Self { driver, ordinal: 0 }, sim)

@@ -61,6 +61,8 @@ pub fn process_is_exiting() -> bool {
 pub fn install_hook() -> bool {
     HOOK.call_once(|| {
         HOOK_OK.store(register_atexit(), Ordering::Release);
+        // The fork handler goes in at the same moment: from the first use on.
+        crate::fork::register();
     });
     HOOK_OK.load(Ordering::Acquire)
 }

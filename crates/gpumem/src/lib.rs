@@ -8,6 +8,7 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod exit;
+pub mod fork;
 pub mod interop;
 pub mod manager;
 pub mod pool;

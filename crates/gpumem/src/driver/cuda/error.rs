@@ -48,6 +48,10 @@ pub fn error_name(res: CUresult) -> String {
 
 /// The error for a failed call that is not an allocation.
 pub(super) fn to_error(res: CUresult, call: &'static str) -> Error {
+    if crate::fork::in_forked_child() {
+        // The driver's code would only puzzle: say why nothing works here.
+        return crate::fork::forked_error();
+    }
     match res {
         CUresult::CUDA_ERROR_NOT_SUPPORTED => Error::Unsupported {
             feature: format!(
