@@ -1,0 +1,323 @@
+//! Concurrent stress with data checks, for every pool.
+//!
+//! 16 threads, each on its own stream, allocate blocks of log-uniform sizes
+//! (256 B to 512 KiB) from one pool held to a small limit, so out-of-memory
+//! comes often and concurrently. Every block is filled with a pattern that
+//! names its thread and number, then handed to the next thread, which checks
+//! the whole block and frees it, half the time on its own stream (the
+//! cross-stream path), half on the allocating one. A block whose pattern
+//! changed means two live blocks shared memory; overlapping address ranges
+//! are also checked on every allocation. After the run every pool holds no
+//! live bytes.
+//!
+//! `GPUMEM_STRESS_SECS` sets the seconds per pool (default 1: the suite's
+//! ten-second version over all pools); on the GPU, `GPUMEM_DEVICE=cuda` and
+//! a longer time. Each test prints its figures: threads, operations,
+//! seconds, out-of-memory errors, bytes verified.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::suite::LiveSet;
+use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
+use gpumem::async_pool::AsyncResource;
+use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+use gpumem::pool::{
+    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
+    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{Device, DeviceBuffer, Stream};
+use rand::{Rng, SeedableRng};
+
+const THREADS: usize = 16;
+/// Bytes each pool may hold: small, so 16 threads run it out of memory.
+const LIMIT: usize = 16 << 20;
+/// Blocks a thread holds at most before it frees one.
+const HELD: usize = 8;
+
+type Mr = Arc<dyn MemoryResource>;
+type Buf = DeviceBuffer<u8, Mr>;
+
+/// A block in flight between threads: its buffer and the seed of its pattern.
+struct Block {
+    buf: Buf,
+    seed: u64,
+}
+
+/// The pattern of a block: a cheap generator seeded by (thread, number).
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// What every thread shares: the pool, its device, the deadline, the live
+/// ranges and the figures.
+struct Shared {
+    mr: Mr,
+    device: Device,
+    until: Instant,
+    live: LiveSet,
+    fig: Figures,
+}
+
+#[derive(Default)]
+struct Figures {
+    ops: AtomicU64,
+    ooms: AtomicU64,
+    bytes_verified: AtomicU64,
+}
+
+fn seconds() -> f64 {
+    std::env::var("GPUMEM_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&s: &f64| s > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// Checks a block's contents, then frees it (on `stream` when given).
+fn check_and_free(b: Block, stream: Option<&Stream>, live: &LiveSet, fig: &Figures) {
+    let mut got = vec![0u8; b.buf.len()];
+    b.buf.copy_to_host(&mut got).expect("copy to host");
+    if got != pattern(b.seed, got.len()) {
+        let first = got
+            .iter()
+            .zip(pattern(b.seed, got.len()))
+            .position(|(a, b)| *a != b)
+            .unwrap_or(0);
+        panic!(
+            "block {:#x} ({} bytes) was overwritten at byte {first}: two live blocks shared memory",
+            b.buf.as_device_ptr().0,
+            got.len()
+        );
+    }
+    fig.bytes_verified
+        .fetch_add(got.len() as u64, Ordering::Relaxed);
+    let mut buf = b.buf;
+    if let Some(s) = stream {
+        // The copy above synchronized the old stream: ordering holds.
+        buf.set_stream(s);
+    }
+    live.remove(buf.as_device_ptr());
+    drop(buf);
+    fig.ops.fetch_add(1, Ordering::Relaxed);
+}
+
+fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>) {
+    let (live, fig) = (&sh.live, &sh.fig);
+    let stream = sh.device.create_stream().expect("stream");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+    let mut held: Vec<Block> = Vec::new();
+    let mut n = 0u64;
+    while Instant::now() < sh.until {
+        // Blocks from the previous thread: check, then free on this stream
+        // or the allocating one.
+        while let Ok(b) = inbox.try_recv() {
+            let own = rng.random_bool(0.5);
+            check_and_free(b, own.then_some(&stream), live, fig);
+        }
+        if held.len() >= HELD || rng.random_bool(0.3) {
+            if let Some(b) = held.pop() {
+                // Hand it on; if the next thread is gone, check and free here.
+                if let Err(e) = next.send(b) {
+                    check_and_free(e.0, None, live, fig);
+                }
+            }
+            continue;
+        }
+        let len = 2f64.powf(rng.random_range(8.0..19.0)) as usize;
+        match Buf::new(len, sh.mr.clone(), &stream) {
+            Ok(mut buf) => {
+                live.insert(buf.as_device_ptr(), len);
+                n += 1;
+                let seed = (t as u64) << 40 | n;
+                buf.copy_from_host(&pattern(seed, len))
+                    .expect("copy to device");
+                held.push(Block { buf, seed });
+                fig.ops.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) if e.is_oom() => {
+                fig.ooms.fetch_add(1, Ordering::Relaxed);
+                // Make room: check and free one of ours.
+                if let Some(b) = held.pop() {
+                    check_and_free(b, None, live, fig);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            Err(e) => panic!("thread {t}: allocation of {len} bytes failed: {e}"),
+        }
+    }
+    // No more sends: the next thread's drain below ends once this drops.
+    drop(next);
+    for b in held {
+        check_and_free(b, None, live, fig);
+    }
+    // Drain what the previous thread sent until it is gone.
+    for b in inbox {
+        check_and_free(b, None, live, fig);
+    }
+}
+
+/// Runs the stress over `mr`; returns the live bytes it reports at the end
+/// through `live_after`.
+fn stress(name: &str, mr: Mr, device: &Device, live_after: impl Fn() -> usize) {
+    let secs = seconds();
+    let start = Instant::now();
+    let sh = Arc::new(Shared {
+        mr,
+        device: device.clone(),
+        until: start + Duration::from_secs_f64(secs),
+        live: LiveSet::default(),
+        fig: Figures::default(),
+    });
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| channel()).unzip();
+    let mut handles = Vec::new();
+    for (t, inbox) in receivers.into_iter().enumerate() {
+        let next = senders[(t + 1) % THREADS].clone();
+        let sh = sh.clone();
+        handles.push(std::thread::spawn(move || worker(t, &sh, inbox, next)));
+    }
+    drop(senders);
+    for h in handles {
+        h.join().expect("a stress thread panicked");
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let fig = &sh.fig;
+    device.synchronize().unwrap();
+    let ops = fig.ops.load(Ordering::Relaxed);
+    let ooms = fig.ooms.load(Ordering::Relaxed);
+    let verified = fig.bytes_verified.load(Ordering::Relaxed);
+    println!(
+        "stress: {name}: {THREADS} threads, {ops} operations, {elapsed:.1} s, \
+         {ooms} out-of-memory, {verified} bytes verified"
+    );
+    assert!(ops > 0 && verified > 0, "{name}: the stress did work");
+    assert_eq!(
+        live_after(),
+        0,
+        "{name}: live bytes after every block was freed"
+    );
+}
+
+fn device() -> Device {
+    common::device(true).0
+}
+
+#[test]
+fn stress_pool_resource() {
+    let d = device();
+    let config = PoolConfig {
+        maximum_size: Some(LIMIT),
+        ..PoolConfig::default()
+    };
+    let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
+    stress("PoolResource", mr.clone(), &d, || mr.live_bytes());
+}
+
+#[test]
+fn stress_caching_pool() {
+    let d = device();
+    let config = CachingPoolConfig {
+        max_pool_size: LIMIT,
+        ..CachingPoolConfig::default()
+    };
+    let mr = Arc::new(CachingPool::with_upstream(DeviceResource::new(d.clone()), config).unwrap());
+    stress("CachingPool", mr.clone(), &d, || mr.live_bytes());
+}
+
+#[test]
+fn stress_fixed_size() {
+    let d = device();
+    let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
+    let mr = Arc::new(FixedSizeResource::with_blocks_per_chunk(up, 512 << 10, 4).unwrap());
+    stress("FixedSizeResource", mr.clone(), &d, || mr.live_bytes());
+}
+
+#[test]
+fn stress_binning() {
+    let d = device();
+    let config = PoolConfig {
+        maximum_size: Some(LIMIT),
+        ..PoolConfig::default()
+    };
+    let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
+    let mr = Arc::new(BinningResource::with_fixed_bins(pool, 8, 16).unwrap());
+    stress("BinningResource", mr.clone(), &d, || mr.live_bytes());
+}
+
+#[test]
+fn stress_arena() {
+    let d = device();
+    let mr = Arc::new(
+        ArenaResource::with_config(
+            DeviceResource::new(d.clone()),
+            ArenaConfig::with_size(LIMIT),
+        )
+        .unwrap(),
+    );
+    stress("ArenaResource", mr.clone(), &d, || mr.stats().live);
+}
+
+#[test]
+fn stress_virtual_pool() {
+    let d = device();
+    let config = VirtualPoolConfig {
+        maximum_physical: Some(LIMIT),
+        ..VirtualPoolConfig::default()
+    };
+    let mr = Arc::new(VirtualPool::new(d.clone(), config).unwrap());
+    stress("VirtualPool", mr.clone(), &d, || mr.live_bytes());
+    mr.check_invariants().unwrap();
+}
+
+#[test]
+fn stress_async_resource() {
+    let d = device();
+    let mr = Arc::new(
+        AsyncResource::builder(d.clone())
+            .max_size(LIMIT)
+            .build()
+            .unwrap(),
+    );
+    stress("AsyncResource", mr.clone(), &d, || {
+        mr.used_current().unwrap()
+    });
+}
+
+#[test]
+fn stress_pinned_pool() {
+    let d = device();
+    let config = PinnedPoolConfig {
+        maximum_size: Some(LIMIT),
+        ..PinnedPoolConfig::default()
+    };
+    let mr = Arc::new(PinnedPool::new(d.clone(), config).unwrap());
+    stress("PinnedPool", mr.clone(), &d, || mr.stats().live);
+}
+
+#[test]
+fn stress_statistics_over_a_pool() {
+    let d = device();
+    let config = PoolConfig {
+        maximum_size: Some(LIMIT),
+        ..PoolConfig::default()
+    };
+    let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
+    let mr = Arc::new(StatisticsAdaptor::new(pool));
+    stress("StatisticsAdaptor<PoolResource>", mr.clone(), &d, || {
+        mr.stats().allocated_bytes.current as usize
+    });
+}
