@@ -1527,7 +1527,7 @@ impl MemoryResource for VirtualPool {
     fn deallocate(
         &self,
         ptr: DevicePtr,
-        _bytes: usize,
+        bytes: usize,
         _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -1546,11 +1546,12 @@ impl MemoryResource for VirtualPool {
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space
         // beside it, so the pool stays compact; with several, that would make
-        // the others wait for this one (steal) to get addresses.
+        // the others wait for this one (steal) to get addresses. The heap
+        // checks the size against the block (its 256-byte granules).
         let size = if a.lanes.len() <= 1 {
-            a.heap.free_absorbing(ptr.0, lane)
+            a.heap.free_absorbing_sized(ptr.0, lane, bytes as u64)
         } else {
-            a.heap.free(ptr.0, lane)
+            a.heap.free_sized(ptr.0, lane, bytes as u64)
         }
         .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
