@@ -22,8 +22,7 @@
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::handed_out::HandedOut;
-use crate::resource::{MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{HandedOut, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{check_alignment, Error, FreeError, OomInfo, Result};
 

@@ -12,8 +12,7 @@
 
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, Location, PoolAttr, RawPool};
-use crate::resource::handed_out::HandedOut;
-use crate::resource::{validate_request, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{validate_request, HandedOut, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, Result};
 

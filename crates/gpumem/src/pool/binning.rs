@@ -23,9 +23,8 @@ use std::sync::Arc;
 use super::fixed_size::FixedSizeResource;
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::handed_out::HandedOut;
 use crate::resource::{
-    validate_request, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
+    validate_request, HandedOut, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
 use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};

@@ -3,7 +3,7 @@
 //! baseline and the usual upstream of the pools.
 //!
 //! The resource knows what it handed out (a sharded table, see
-//! [`HandedOut`](super::handed_out)): a free of another allocator's pointer,
+//! [`HandedOut`](super::HandedOut)): a free of another allocator's pointer,
 //! a second free or a free with another size is [`Error::InvalidFree`] and
 //! never reaches `cuMemFree`. That costs one table insert and one remove
 //! (tens of ns) per allocation, next to the driver's tens of µs.

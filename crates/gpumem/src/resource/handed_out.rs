@@ -13,10 +13,10 @@
 //! Cost: 16 shards, each a mutex around a hash map; a pointer's shard is a
 //! multiply and a shift of its address. One insert per allocation and one
 //! remove per free, tens of nanoseconds uncontended, against the 50 µs or
-//! more of the driver call they guard. Each shard remembers its last
-//! [`FREED_HISTORY`] freed pointers, so a second free is reported as a double
-//! free rather than an unknown pointer (a pointer handed out again is live,
-//! and found live first).
+//! more of the driver call they guard. Each shard remembers its last 32
+//! freed pointers, so a second free is reported as a double free rather than
+//! an unknown pointer (a pointer handed out again is live, and found live
+//! first).
 
 use std::sync::Mutex;
 
@@ -27,7 +27,7 @@ use crate::{Error, FreeError};
 /// Shards of the table (a power of two).
 const SHARDS: usize = 16;
 /// Freed pointers each shard remembers to name double frees.
-pub(crate) const FREED_HISTORY: usize = 32;
+const FREED_HISTORY: usize = 32;
 
 struct Shard<V> {
     /// Pointer → (bytes asked for, what the resource keeps with it).
@@ -48,9 +48,30 @@ impl<V> Default for Shard<V> {
     }
 }
 
-/// Blocks handed out: pointer → bytes and a value (see the module
-/// documentation).
-pub(crate) struct HandedOut<V = ()> {
+impl<V> Shard<V> {
+    /// Accounts for `ptr` (of `bytes`), just removed from `live`.
+    #[inline]
+    fn forget(&mut self, ptr: u64, bytes: usize) {
+        self.bytes -= bytes;
+        self.freed[self.next_freed] = ptr;
+        self.next_freed = (self.next_freed + 1) % FREED_HISTORY;
+    }
+
+    /// Why `ptr`, not live, cannot be freed.
+    fn not_live(&self, ptr: u64) -> FreeError {
+        if ptr != 0 && self.freed.contains(&ptr) {
+            FreeError::DoubleFree
+        } else {
+            FreeError::Unknown
+        }
+    }
+}
+
+/// Blocks handed out: pointer → bytes and a value kept with them. See the
+/// module documentation; the driver resources, the async pools, binning's
+/// direct allocations and the aligned adaptor use one, and so can any
+/// allocator that must refuse bad frees (the C ABI's CuPy entry points do).
+pub struct HandedOut<V = ()> {
     shards: Box<[Mutex<Shard<V>>]>,
 }
 
@@ -81,7 +102,7 @@ impl<V> HandedOut<V> {
 
     /// Records `ptr`, handed out for `bytes`, with `value`.
     #[inline]
-    pub(crate) fn insert(&self, ptr: DevicePtr, bytes: usize, value: V) {
+    pub fn insert(&self, ptr: DevicePtr, bytes: usize, value: V) {
         let mut s = self.shard(ptr.0);
         if let Some((old, _)) = s.live.insert(ptr.0, (bytes, value)) {
             // Handed out twice by the layer below: keep the count honest.
@@ -94,37 +115,50 @@ impl<V> HandedOut<V> {
     /// returns its value. Otherwise the reason as [`Error::InvalidFree`], and
     /// the table is unchanged.
     #[inline]
-    pub(crate) fn take(&self, ptr: DevicePtr, bytes: usize) -> Result<V, Error> {
+    pub fn take(&self, ptr: DevicePtr, bytes: usize) -> Result<V, Error> {
         let mut s = self.shard(ptr.0);
         let reason = match s.live.get(&ptr.0) {
             Some(&(recorded, _)) if recorded == bytes => {
                 let (_, v) = s.live.remove(&ptr.0).expect("just found");
-                s.bytes -= bytes;
-                let i = s.next_freed;
-                s.freed[i] = ptr.0;
-                s.next_freed = (i + 1) % FREED_HISTORY;
+                s.forget(ptr.0, bytes);
                 return Ok(v);
             }
             Some(&(allocated, _)) => FreeError::SizeMismatch {
                 allocated,
                 freed: bytes,
             },
-            None if ptr.0 != 0 && s.freed.contains(&ptr.0) => FreeError::DoubleFree,
-            None => FreeError::Unknown,
+            None => s.not_live(ptr.0),
         };
         Err(Error::InvalidFree { ptr: ptr.0, reason })
     }
 
+    /// Takes `ptr` out whatever size it was handed out for, and returns that
+    /// size and its value: for frees that carry no size (CuPy's). A pointer
+    /// not live is [`Error::InvalidFree`] (`DoubleFree` when freed recently).
+    pub fn take_any(&self, ptr: DevicePtr) -> Result<(usize, V), Error> {
+        let mut s = self.shard(ptr.0);
+        match s.live.remove(&ptr.0) {
+            Some((bytes, v)) => {
+                s.forget(ptr.0, bytes);
+                Ok((bytes, v))
+            }
+            None => Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: s.not_live(ptr.0),
+            }),
+        }
+    }
+
     /// Puts back a block [`HandedOut::take`] returned, whose free then failed
     /// below (the memory is still held).
-    pub(crate) fn restore(&self, ptr: DevicePtr, bytes: usize, value: V) {
+    pub fn restore(&self, ptr: DevicePtr, bytes: usize, value: V) {
         self.insert(ptr, bytes, value);
     }
 
     /// Takes `ptr` out (checked as by [`HandedOut::take`]) and frees it with
     /// `free`; when `free` fails the block is put back, still live.
     #[inline]
-    pub(crate) fn free_with(
+    pub fn free_with(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -135,24 +169,29 @@ impl<V> HandedOut<V> {
     }
 
     /// The bytes `ptr` was handed out for, if it is live.
-    pub(crate) fn bytes_of(&self, ptr: DevicePtr) -> Option<usize> {
+    pub fn bytes_of(&self, ptr: DevicePtr) -> Option<usize> {
         self.shard(ptr.0).live.get(&ptr.0).map(|&(b, _)| b)
     }
 
-    /// True when `ptr` was freed recently (see [`FREED_HISTORY`]) and not
-    /// handed out again.
-    pub(crate) fn recently_freed(&self, ptr: DevicePtr) -> bool {
+    /// True when `ptr` was freed recently (the last 32 frees of its shard)
+    /// and not handed out again.
+    pub fn recently_freed(&self, ptr: DevicePtr) -> bool {
         let s = self.shard(ptr.0);
         ptr.0 != 0 && !s.live.contains_key(&ptr.0) && s.freed.contains(&ptr.0)
     }
 
     /// Blocks live.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).live.len()).sum()
     }
 
+    /// True when no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Bytes live, as asked for.
-    pub(crate) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.shards.iter().map(|s| lock(s).bytes).sum()
     }
 }
@@ -192,6 +231,16 @@ mod tests {
         assert!(!t.recently_freed(p));
         t.restore(DevicePtr(0x30_0000), 512, 2);
         assert_eq!((t.len(), t.bytes()), (2, 768));
+        // Without a size: whatever it was handed out for.
+        assert_eq!(t.take_any(DevicePtr(0x30_0000)), Ok((512, 2)));
+        assert_eq!(
+            t.take_any(DevicePtr(0x30_0000)),
+            Err(Error::InvalidFree {
+                ptr: 0x30_0000,
+                reason: FreeError::DoubleFree
+            })
+        );
+        assert!(!t.is_empty());
     }
 
     #[test]

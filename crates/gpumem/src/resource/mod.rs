@@ -50,7 +50,7 @@
 
 mod callback;
 mod device;
-pub(crate) mod handed_out;
+mod handed_out;
 mod managed;
 mod pinned;
 mod sam_headroom;
@@ -58,6 +58,7 @@ mod system;
 
 pub use callback::CallbackResource;
 pub use device::DeviceResource;
+pub use handed_out::HandedOut;
 pub use managed::ManagedResource;
 pub use pinned::PinnedHostResource;
 pub use sam_headroom::SamHeadroomResource;

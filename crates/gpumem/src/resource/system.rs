@@ -4,7 +4,7 @@
 //! properties say whether this device can.
 //!
 //! Each allocation is a zeroed heap buffer kept in the table of what was
-//! handed out ([`HandedOut`](super::handed_out)), so a free of a pointer this
+//! handed out ([`HandedOut`](super::HandedOut)), so a free of a pointer this
 //! resource never handed out, a double free or a size mismatch is an error
 //! value rather than undefined behaviour.
 
