@@ -44,7 +44,10 @@
 //!    largest-free bytes.
 //!
 //! Costs: the fast path is one uncontended lock, one stream-to-lane lookup and
-//! the TLSF operation (tens of ns); no driver call, no event. Growth costs one
+//! the TLSF operation (tens of ns); no driver call, no event. A free is
+//! checked against the block the same lookup finds: a pointer that starts no
+//! used block, or a size that does not round up to the block's 256-byte
+//! granules, is [`Error::InvalidFree`] and frees nothing. Growth costs one
 //! upstream allocation (`cuMemAlloc`: 40–75 µs on an H100).
 //!
 //! Growth does not double: RMM's doubling reserves 1.37–3.37× the live peak on

@@ -64,6 +64,11 @@
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
+//! Bad frees: a free is checked against the block the heap finds for it (its
+//! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
+//! that starts no used block, a second free or another size is
+//! [`Error::InvalidFree`] and frees nothing.
+//!
 //! Costs: the fast path is one lock, one lane lookup, the TLSF operation,
 //! the block's two boundary page entries and a few words of their groups of
 //! 64 pages (bitmaps, and on free the frees record); pages that take their

@@ -27,8 +27,9 @@
 //!   a block), a pointer already freed, or a size other than the one
 //!   allocated. Resources that record the requested size compare it exactly
 //!   (the driver resources, the slab pools [`FixedSizeResource`],
-//!   [`CachingPool`] and [`BinningResource`]'s bins, the async pools, the
-//!   tracking adaptor); pools that record only the block compare at its
+//!   [`CachingPool`] and [`BinningResource`]'s bins and direct allocations,
+//!   the async pools, the tracking adaptor, the aligned adaptor's
+//!   over-aligned blocks); pools that record only the block compare at its
 //!   granularity: [`PoolResource`] and [`VirtualPool`] accept any size that
 //!   rounds up to the block's 256-byte granules, [`ArenaResource`] any size in
 //!   the same granules (small blocks) or superblocks (large blocks), and their
@@ -37,9 +38,12 @@
 //!   `DoubleFree` where the resource can still tell (a pool whose block is
 //!   free, a driver resource that freed the pointer recently), else `Unknown`.
 //!   [`CallbackResource`] leaves all this to its closures.
-//! - The alignment passed to `deallocate` is not checked (the pointer and the
-//!   size name the block); freeing on a stream other than the allocation's is
-//!   valid and ordered on the freeing stream.
+//! - The pointer and the size name the block: an alignment of at most 256
+//!   bytes passed to `deallocate` need not be the allocation's (the aligned
+//!   adaptor routes larger ones by it). Freeing on a stream other than the
+//!   allocation's is valid and ordered on the freeing stream.
+//! - The shared resource suite (`tests/common`) checks these rules on every
+//!   resource, bad frees included (its bad-free matrix).
 //!
 //! [`FixedSizeResource`]: crate::pool::FixedSizeResource
 //! [`CachingPool`]: crate::pool::CachingPool
