@@ -8,7 +8,10 @@ with ``GPUMEM_DEVICE`` (``cuda`` by default, ``sim`` for the simulated
 device), both before the first call.
 
 ``gpumem.torch.enable()`` and ``gpumem.cupy.enable()`` route PyTorch's and
-CuPy's allocations through it. The statistics below are per device ordinal.
+CuPy's allocations through it; both raise ``ValueError`` (from
+``check_config()``) when ``GPUMEM_CONF`` is invalid, before installing
+anything: an invalid configuration serves no allocation. The statistics below
+are per device ordinal.
 """
 
 import ctypes
@@ -23,6 +26,9 @@ __all__ = [
     "peak_reserved_bytes",
     "reset_peak",
     "empty_cache",
+    "bad_free_count",
+    "config_error",
+    "check_config",
 ]
 
 LIB_NAME = "libgpumem.so"
@@ -84,6 +90,8 @@ def library():
             "gpumem_peak_reserved_bytes": (sz, [i]),
             "gpumem_reset_peak": (None, [i]),
             "gpumem_empty_cache": (None, [i]),
+            "gpumem_bad_free_count": (ctypes.c_uint64, [i]),
+            "gpumem_config_error": (ctypes.c_char_p, []),
         }
         for name, (res, args) in sigs.items():
             f = getattr(lib, name)
@@ -121,3 +129,26 @@ def reset_peak(device=0):
 def empty_cache(device=0):
     """Gives the memory cached on `device` back to the driver."""
     library().gpumem_empty_cache(device)
+
+
+def bad_free_count(device=-1):
+    """Frees gpumem refused on `device` (pointers it did not hand out, second
+    frees, wrong sizes; each freed nothing); -1: all devices."""
+    return library().gpumem_bad_free_count(device)
+
+
+def config_error():
+    """Why GPUMEM_CONF is invalid (a str), or None when it is valid.
+
+    The library reads GPUMEM_CONF once, at its first call: this call, if it
+    is the first, so set GPUMEM_CONF before.
+    """
+    why = library().gpumem_config_error()
+    return None if why is None else why.decode("utf-8", "replace")
+
+
+def check_config():
+    """Raises ValueError naming every problem when GPUMEM_CONF is invalid."""
+    why = config_error()
+    if why is not None:
+        raise ValueError("gpumem: " + why)

@@ -25,6 +25,8 @@ import threading
 
 from . import (  # noqa: F401
     allocated_bytes,
+    bad_free_count,
+    check_config,
     empty_cache,
     library,
     library_path,
@@ -42,6 +44,7 @@ __all__ = [
     "peak_reserved_bytes",
     "reset_peak",
     "empty_cache",
+    "bad_free_count",
 ]
 
 
@@ -59,7 +62,9 @@ def _oom(cupy, size, device):
 
 def enable(stream_aware=False):
     """Makes gpumem CuPy's allocator (``cupy.cuda.set_allocator``); returns
-    the malloc function installed."""
+    the malloc function installed. Raises ValueError if GPUMEM_CONF is
+    invalid (nothing is installed)."""
+    check_config()
     cupy = _cupy()
     lib = library()
     if not stream_aware:

@@ -21,6 +21,8 @@ shows what a given PyTorch does.
 
 from . import (  # noqa: F401  (re-exported statistics)
     allocated_bytes as _allocated_bytes,
+    bad_free_count,
+    check_config,
     empty_cache as _empty_cache,
     library,
     library_path,
@@ -39,6 +41,7 @@ __all__ = [
     "peak_reserved_bytes",
     "reset_peak",
     "empty_cache",
+    "bad_free_count",
 ]
 
 _allocator = None
@@ -55,12 +58,14 @@ def _torch():
 def enable():
     """Makes gpumem PyTorch's CUDA allocator; returns the pluggable allocator.
 
-    Idempotent. Raises RuntimeError if CUDA was already initialised with
-    another allocator (allocations cannot move between allocators).
+    Idempotent. Raises ValueError if GPUMEM_CONF is invalid (nothing is
+    installed), RuntimeError if CUDA was already initialised with another
+    allocator (allocations cannot move between allocators).
     """
     global _allocator
     if _allocator is not None:
         return _allocator
+    check_config()
     torch = _torch()
     path = library_path()
     library()  # the same file, so the statistics read PyTorch's allocator

@@ -36,6 +36,8 @@ def test_library_exports_the_abi():
         "gpumem_peak_reserved_bytes",
         "gpumem_reset_peak",
         "gpumem_empty_cache",
+        "gpumem_bad_free_count",
+        "gpumem_config_error",
     ]:
         assert getattr(lib, name), name
     assert os.path.basename(gpumem.library_path()) == "libgpumem.so"
@@ -124,21 +126,58 @@ def _child(conf, code):
     )
 
 
-def test_bad_conf_is_reported_and_defaults_serve():
+def test_bad_conf_is_an_error_and_serves_nothing():
     r = _child(
         "resource=turbo,max_size=7OGiB,colour=red",
-        "import gpumem\n"
+        "import gpumem, gpumem.torch, gpumem.cupy\n"
+        "why = gpumem.config_error()\n"
+        "assert why.startswith('GPUMEM_CONF=\"resource=turbo,max_size=7OGiB,colour=red\" is invalid: '), why\n"
+        "for enable in (gpumem.check_config, gpumem.torch.enable, gpumem.cupy.enable):\n"
+        "    try:\n"
+        "        enable()\n"
+        "    except ValueError as e:\n"
+        "        assert 'unknown resource \"turbo\"' in str(e), e\n"
+        "    else:\n"
+        "        raise AssertionError(enable.__name__ + ' accepted a bad GPUMEM_CONF')\n"
         "lib = gpumem.library()\n"
-        "p = lib.gpumem_malloc(1 << 30, 0, None)\n"
-        "assert p, 'defaults: no limit'\n"
-        "lib.gpumem_free(p, 1 << 30, 0, None)\n"
+        "assert lib.gpumem_malloc(1 << 20, 0, None) is None, 'nothing is served'\n"
         "print('child ok')\n",
     )
     assert r.returncode == 0, r.stderr
-    assert "child ok" in r.stdout
-    assert 'gpumem: GPUMEM_CONF: unknown resource "turbo"' in r.stderr, r.stderr
-    assert "gpumem: GPUMEM_CONF: max_size:" in r.stderr, r.stderr
-    assert 'gpumem: GPUMEM_CONF: unknown key "colour"' in r.stderr, r.stderr
+    assert "child ok" in r.stdout, (r.stdout, r.stderr)
+    for needle in [
+        'gpumem: GPUMEM_CONF="resource=turbo,max_size=7OGiB,colour=red" is invalid: ',
+        'unknown resource "turbo" (expected one of pool, caching, binning, arena, async, vpool, cuda)',
+        "max_size: ",
+        'unknown key "colour"',
+        "every allocation returns NULL until it is fixed",
+        "allocation of 1048576 bytes refused",
+    ]:
+        assert needle in r.stderr, (needle, r.stderr)
+
+
+def test_valid_conf_has_no_error():
+    assert gpumem.config_error() is None
+    gpumem.check_config()
+
+
+def test_bad_frees_are_counted_and_free_nothing():
+    d = 5
+    assert gpumem.bad_free_count(d) == 0
+    p = lib.gpumem_malloc(4096, d, None)
+    q = lib.gpumem_malloc(4096, d, None)
+    assert p and q
+    lib.gpumem_free(p, 8192, d, None)  # wrong size
+    lib.gpumem_free(p + 256, 256, d, None)  # inside a block
+    assert gpumem.bad_free_count(d) == 2
+    assert gpumem.allocated_bytes(d) == 8192, "nothing was freed"
+    lib.gpumem_free(p, 4096, d, None)
+    lib.gpumem_free(p, 4096, d, None)  # second free
+    lib.gpumem_free(None, 4096, d, None)  # NULL: nothing, not counted
+    assert gpumem.bad_free_count(d) == 3
+    lib.gpumem_free(q, 4096, d, None)
+    assert gpumem.allocated_bytes(d) == 0
+    assert gpumem.bad_free_count(-1) >= 3
 
 
 def test_other_resources_in_children():
@@ -159,6 +198,7 @@ def test_other_resources_in_children():
         )
         assert r.returncode == 0 and "child ok" in r.stdout, (conf, r.stdout, r.stderr)
         assert "GPUMEM_CONF" not in r.stderr, (conf, r.stderr)
+        assert "bad free" not in r.stderr, (conf, r.stderr)
 
 
 def test_helpers_explain_missing_frameworks():

@@ -41,7 +41,8 @@ void *gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
 /**
  * Frees `ptr`, allocated by [`gpumem_malloc`] with this `size`, `device` and
  * `stream`, once the work enqueued on `stream` so far has run (PyTorch's
- * free function). NULL does nothing; a bad free is reported once and ignored.
+ * free function). NULL does nothing, whatever the size; a bad free frees
+ * nothing and is counted ([`gpumem_bad_free_count`]) and reported.
  */
 void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);
 
@@ -54,7 +55,7 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device);
 
 /**
  * Frees `ptr` from [`gpumem_cupy_malloc`] on `device` (CuPy's free). `param`
- * is ignored; NULL does nothing.
+ * is ignored; NULL does nothing; a bad free is counted and reported.
  */
 void gpumem_cupy_free(void *param, void *ptr, int device);
 
@@ -92,6 +93,22 @@ void gpumem_reset_peak(int device);
  * that freed it have finished their work (like `torch.cuda.empty_cache`).
  */
 void gpumem_empty_cache(int device);
+
+/**
+ * Frees refused on `device` since the start: pointers gpumem did not hand
+ * out, second frees, sizes other than the allocation's. Each freed nothing.
+ * A negative `device` gives the total over all devices (frees naming no
+ * valid device included).
+ */
+uint64_t gpumem_bad_free_count(int device);
+
+/**
+ * Why `GPUMEM_CONF` is invalid, as one line of text; NULL when it is valid.
+ * While it is invalid, every allocation returns NULL. The string lives as
+ * long as the process. Reading it reads the configuration (at the first call
+ * into the library), so call it after setting `GPUMEM_CONF`.
+ */
+const char *gpumem_config_error(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -16,27 +16,34 @@
 //!
 //! Errors never escape: a failed allocation returns NULL and is reported on
 //! stderr (the first [`MAX_OOM_REPORTS`], then a line saying the rest are
-//! not); a bad free is reported once and ignored.
+//! not); a bad free (a pointer not handed out, a second free, a wrong size)
+//! frees nothing, is counted per device ([`Allocator::bad_free_count`]) and
+//! reported the same way (the first [`MAX_BAD_FREE_REPORTS`]). An invalid
+//! `GPUMEM_CONF` serves nothing: every allocation returns NULL, reported, and
+//! [`Allocator::conf_error`] says why.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::{Driver, STREAM_LEGACY, STREAM_PER_THREAD};
-use gpumem::resource::{MemoryResource, DEFAULT_ALIGNMENT};
-use gpumem::{Device, DevicePtr, Stream};
+use gpumem::resource::{HandedOut, MemoryResource, DEFAULT_ALIGNMENT};
+use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
 
-use crate::conf::{self, Conf, ResourceKind};
+use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::served::{self, Served};
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
 pub const MAX_DEVICES: usize = 64;
 /// Out-of-memory reports printed per allocator before the rest are not.
 pub const MAX_OOM_REPORTS: u32 = 10;
+/// Bad-free reports printed per allocator before the rest are only counted.
+pub const MAX_BAD_FREE_REPORTS: u32 = 10;
 /// Environment variable choosing the backend: `cuda` (the default), `sim`
 /// or `auto` (CUDA when a GPU is there, else simulated).
 pub const DEVICE_ENV: &str = "GPUMEM_DEVICE";
@@ -112,8 +119,8 @@ struct DeviceState {
     per_thread: Stream,
     /// One wrapper per foreign stream handle.
     streams: RwLock<HashMap<u64, Stream>>,
-    /// Sizes of CuPy's allocations (its frees carry none).
-    sizes: Mutex<HashMap<u64, usize>>,
+    /// CuPy's allocations and their sizes (its frees carry none).
+    cupy: HandedOut,
 }
 
 static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
@@ -129,8 +136,13 @@ pub struct Allocator {
     conf: Conf,
     backend: Backend,
     devices: Box<[OnceLock<Option<DeviceState>>]>,
+    /// Why the configuration is invalid; the allocator then serves nothing.
+    conf_error: Option<CString>,
     oom_reports: AtomicU32,
-    bad_free_reported: AtomicBool,
+    /// Bad frees per device ordinal, and those naming no valid ordinal.
+    bad_frees: Box<[AtomicU64]>,
+    bad_frees_elsewhere: AtomicU64,
+    bad_free_reports: AtomicU32,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -150,24 +162,45 @@ impl Allocator {
             conf,
             backend,
             devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
+            conf_error: None,
             oom_reports: AtomicU32::new(0),
-            bad_free_reported: AtomicBool::new(false),
+            bad_frees: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
+            bad_frees_elsewhere: AtomicU64::new(0),
+            bad_free_reports: AtomicU32::new(0),
         }
     }
 
-    /// The allocator the environment asks for: `GPUMEM_CONF` (problems
-    /// reported on stderr) over the backend of `GPUMEM_DEVICE`.
-    pub fn from_env() -> Self {
-        let parsed = conf::from_env();
-        for p in &parsed.problems {
-            report(&format!("{}: {p}", conf::CONF_ENV));
+    /// An allocator for a parsed configuration: when it is invalid, one that
+    /// serves nothing and says why (reported on stderr now, and by
+    /// [`Allocator::conf_error`]).
+    pub fn from_parsed(parsed: Parsed, backend: Backend) -> Self {
+        let error = parsed.error();
+        let mut a = Self::new(parsed.conf, backend);
+        if let Some(e) = error {
+            report(&format!(
+                "{e}; every allocation returns NULL until it is fixed"
+            ));
+            // The text comes from a Rust string: no interior NUL.
+            a.conf_error = Some(CString::new(e.replace('\0', " ")).unwrap_or_default());
         }
-        Self::new(parsed.conf, Backend::from_env())
+        a
+    }
+
+    /// The allocator the environment asks for: `GPUMEM_CONF` over the
+    /// backend of `GPUMEM_DEVICE`.
+    pub fn from_env() -> Self {
+        Self::from_parsed(conf::from_env(), Backend::from_env())
     }
 
     /// The configuration in force.
     pub fn conf(&self) -> &Conf {
         &self.conf
+    }
+
+    /// Why the configuration is invalid (then every allocation returns
+    /// NULL); `None` when it is valid.
+    pub fn conf_error(&self) -> Option<&CStr> {
+        self.conf_error.as_deref()
     }
 
     /// The backend.
@@ -243,7 +276,7 @@ impl Allocator {
             device,
             stack: StatisticsAdaptor::new(served),
             streams: RwLock::new(HashMap::new()),
-            sizes: Mutex::new(HashMap::new()),
+            cupy: HandedOut::default(),
         })
     }
 
@@ -291,11 +324,38 @@ impl Allocator {
         }
     }
 
-    fn report_bad_free(&self, what: &str) {
-        if !self.bad_free_reported.swap(true, Ordering::Relaxed) {
-            report(&format!(
-                "{what}; ignored (further bad frees are ignored without a report)"
-            ));
+    /// Counts a bad free on `device` and reports it (the first
+    /// [`MAX_BAD_FREE_REPORTS`], then one line saying the rest are counted).
+    fn report_bad_free(&self, device: i32, what: &str) {
+        let counter = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.bad_frees.get(d))
+            .unwrap_or(&self.bad_frees_elsewhere);
+        counter.fetch_add(1, Ordering::Relaxed);
+        let n = self.bad_free_reports.fetch_add(1, Ordering::Relaxed);
+        if n < MAX_BAD_FREE_REPORTS {
+            report(&format!("{what}; nothing freed"));
+        } else if n == MAX_BAD_FREE_REPORTS {
+            report("further bad frees are not reported (gpumem_bad_free_count counts them)");
+        }
+    }
+
+    /// Bad frees refused on `device` (pointers not handed out, second frees,
+    /// wrong sizes); a negative `device` gives the total over all devices,
+    /// frees naming no valid device included.
+    pub fn bad_free_count(&self, device: i32) -> u64 {
+        match usize::try_from(device) {
+            Ok(d) => self
+                .bad_frees
+                .get(d)
+                .map_or(0, |c| c.load(Ordering::Relaxed)),
+            Err(_) => {
+                self.bad_frees
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum::<u64>()
+                    + self.bad_frees_elsewhere.load(Ordering::Relaxed)
+            }
         }
     }
 
@@ -307,6 +367,13 @@ impl Allocator {
             return DevicePtr::NULL;
         }
         if gpumem::exit::process_is_exiting() {
+            return DevicePtr::NULL;
+        }
+        if let Some(e) = &self.conf_error {
+            self.report_oom(&format!(
+                "device {device}: allocation of {size} bytes refused: {}; returning NULL",
+                e.to_string_lossy()
+            ));
             return DevicePtr::NULL;
         }
         let Some(st) = self.state(device) else {
@@ -325,22 +392,29 @@ impl Allocator {
     }
 
     /// Frees memory from [`Allocator::malloc`] with the size and stream it
-    /// was allocated with. NULL is ignored; a bad free is reported once.
+    /// was allocated with. NULL is ignored (whatever the size); a bad free
+    /// frees nothing and is counted and reported.
     pub fn free(&self, ptr: DevicePtr, size: usize, device: i32, stream: u64) {
         if ptr.is_null() || gpumem::exit::process_is_exiting() {
             return;
         }
         let Some(st) = self.built(device) else {
-            self.report_bad_free(&format!(
-                "free of {ptr:#x} on device {device}, where nothing was allocated"
-            ));
+            self.report_bad_free(
+                device,
+                &format!("free of {ptr:#x} on device {device}, where nothing was allocated"),
+            );
             return;
         };
         let s = self.stream(st, stream);
         if let Err(e) = st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, &s) {
-            self.report_bad_free(&format!(
-                "bad free of {ptr:#x} ({size} bytes) on device {device}: {e}"
-            ));
+            let why = match e {
+                Error::InvalidFree { reason, .. } => reason.to_string(),
+                e => e.to_string(),
+            };
+            self.report_bad_free(
+                device,
+                &format!("bad free of {ptr:#x} ({size} bytes) on device {device}: {why}"),
+            );
         }
     }
 
@@ -350,10 +424,7 @@ impl Allocator {
         let p = self.malloc(size, device, 0);
         if !p.is_null() {
             if let Some(st) = self.built(device) {
-                st.sizes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(p.0, size);
+                st.cupy.insert(p, size, ());
             }
         }
         p
@@ -364,17 +435,28 @@ impl Allocator {
         if ptr.is_null() || gpumem::exit::process_is_exiting() {
             return;
         }
-        let size = self.built(device).and_then(|st| {
-            st.sizes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&ptr.0)
-        });
-        match size {
-            Some(size) => self.free(ptr, size, device, 0),
-            None => self.report_bad_free(&format!(
-                "CuPy free of {ptr:#x} on device {device}, which gpumem_cupy_malloc did not hand out"
-            )),
+        let Some(st) = self.built(device) else {
+            self.report_bad_free(
+                device,
+                &format!("CuPy free of {ptr:#x} on device {device}, where nothing was allocated"),
+            );
+            return;
+        };
+        match st.cupy.take_any(ptr) {
+            Ok((size, ())) => self.free(ptr, size, device, 0),
+            Err(e) => {
+                let why = match e {
+                    Error::InvalidFree {
+                        reason: FreeError::DoubleFree,
+                        ..
+                    } => "already freed (double free)",
+                    _ => "not handed out by gpumem_cupy_malloc",
+                };
+                self.report_bad_free(
+                    device,
+                    &format!("CuPy free of {ptr:#x} on device {device}: {why}"),
+                );
+            }
         }
     }
 

@@ -27,9 +27,14 @@
 //! `M`, `MiB`, `G`, `GiB`, `T`, `TiB` (powers of 1024); `KB`, `MB`, `GB`, `TB`
 //! (powers of 1000). `70GiB`, `1.5G` and `512MB` are sizes.
 //!
-//! Bad input never stops the host program: an unknown key, a bad value or a
-//! key that means nothing for the chosen resource is reported on stderr as
-//! `gpumem: GPUMEM_CONF: ...` and ignored, so its default applies.
+//! A bad configuration is an error that cannot be missed, never a silent
+//! default: an unknown key, a value that is not valid for its key, entries
+//! that contradict each other, or a key that means nothing for the chosen
+//! resource make the whole configuration invalid. The library then serves
+//! nothing: it says so on stderr (`gpumem: GPUMEM_CONF="..." is invalid:
+//! ...`), every allocation returns NULL (reported), and
+//! `gpumem_config_error()` returns the text, which the Python helpers raise as
+//! `ValueError` before they install the allocator.
 
 use std::fmt;
 
@@ -83,6 +88,11 @@ impl ResourceKind {
 
     fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Every name, as a list for messages: `pool, caching, ..., cuda`.
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
     }
 }
 
@@ -191,19 +201,35 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes as usize)
 }
 
-/// A parsed configuration and the problems found on the way (each one line,
-/// without the `gpumem: GPUMEM_CONF: ` prefix). The configuration has the
-/// default for every entry that was reported.
+/// A parsed configuration and the problems found on the way (each a short
+/// phrase). Any problem makes the configuration invalid (see
+/// [`Parsed::error`]); `conf` then holds what could be read, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed {
-    /// The configuration to use.
+    /// The text parsed.
+    pub text: String,
+    /// The configuration, valid when there are no problems.
     pub conf: Conf,
-    /// What was wrong, one line each, in input order.
+    /// What was wrong, in input order.
     pub problems: Vec<String>,
 }
 
-/// Parses `GPUMEM_CONF`'s text. Never fails: problems are returned as lines
-/// and the affected entries keep their defaults.
+impl Parsed {
+    /// The configuration error, one line naming the text and every problem;
+    /// `None` when the configuration is valid.
+    pub fn error(&self) -> Option<String> {
+        (!self.problems.is_empty()).then(|| {
+            format!(
+                "{CONF_ENV}={:?} is invalid: {}",
+                self.text,
+                self.problems.join("; ")
+            )
+        })
+    }
+}
+
+/// Parses `GPUMEM_CONF`'s text. Problems are collected, not fatal here: the
+/// caller refuses a configuration with any ([`Parsed::error`]).
 pub fn parse(text: &str) -> Parsed {
     let mut conf = Conf::default();
     let mut problems = Vec::new();
@@ -216,7 +242,7 @@ pub fn parse(text: &str) -> Parsed {
             continue;
         }
         let Some((key, value)) = entry.split_once('=') else {
-            problems.push(format!("{entry:?} is not key=value; ignored"));
+            problems.push(format!("{entry:?} is not key=value"));
             continue;
         };
         let key = key.trim().to_ascii_lowercase();
@@ -228,8 +254,8 @@ pub fn parse(text: &str) -> Parsed {
                     Ok(())
                 }
                 None => Err(format!(
-                    "unknown resource {value:?} (expected one of pool, caching, binning, arena, async, cuda); using resource={}",
-                    Conf::default().resource
+                    "unknown resource {value:?} (expected one of {})",
+                    ResourceKind::names()
                 )),
             },
             "initial_size" => parse_size(&value).map(|v| {
@@ -279,46 +305,37 @@ pub fn parse(text: &str) -> Parsed {
             )),
         };
         if let Err(e) = result {
-            let msg = if e.contains(&key) || key == "resource" {
+            problems.push(if e.contains(&key) || key == "resource" {
                 e
             } else {
                 format!("{key}: {e}")
-            };
-            problems.push(if msg.contains("using resource=") {
-                msg
-            } else {
-                format!("{msg}; default used")
             });
         }
     }
     // Consistency, after every key is known.
     if conf.min_bin > conf.max_bin {
         problems.push(format!(
-            "min_bin {} exceeds max_bin {}; default bins used",
+            "min_bin {} exceeds max_bin {}",
             conf.min_bin, conf.max_bin
         ));
-        let d = Conf::default();
-        conf.min_bin = d.min_bin;
-        conf.max_bin = d.max_bin;
     }
     if let Some(max) = conf.max_size {
         if conf.initial_size > max {
             problems.push(format!(
-                "initial_size {} exceeds max_size {max}; initial_size=0 used",
+                "initial_size {} exceeds max_size {max}",
                 conf.initial_size
             ));
-            conf.initial_size = 0;
         }
     }
     if release_threshold_set && conf.resource != ResourceKind::Async {
         problems.push(format!(
-            "release_threshold means nothing for resource={} (only for async); ignored",
+            "release_threshold means nothing for resource={} (only for async)",
             conf.resource
         ));
     }
     if bins_set && conf.resource != ResourceKind::Binning {
         problems.push(format!(
-            "min_bin/max_bin mean nothing for resource={} (only for binning); ignored",
+            "min_bin/max_bin mean nothing for resource={} (only for binning)",
             conf.resource
         ));
     }
@@ -327,22 +344,27 @@ pub fn parse(text: &str) -> Parsed {
         && matches!(conf.resource, ResourceKind::Caching | ResourceKind::Cuda)
     {
         problems.push(format!(
-            "initial_size means nothing for resource={}; ignored",
+            "initial_size means nothing for resource={}",
             conf.resource
         ));
     }
-    Parsed { conf, problems }
+    Parsed {
+        text: text.to_string(),
+        conf,
+        problems,
+    }
 }
 
-/// Reads and parses `GPUMEM_CONF` (unset or not Unicode: the defaults; the
-/// latter is reported).
+/// Reads and parses `GPUMEM_CONF` (unset: the defaults; not Unicode: a
+/// problem).
 pub fn from_env() -> Parsed {
     match std::env::var(CONF_ENV) {
         Ok(s) => parse(&s),
         Err(std::env::VarError::NotPresent) => parse(""),
-        Err(std::env::VarError::NotUnicode(_)) => Parsed {
+        Err(std::env::VarError::NotUnicode(v)) => Parsed {
+            text: v.to_string_lossy().into_owned(),
             conf: Conf::default(),
-            problems: vec!["the value is not valid Unicode; defaults used".into()],
+            problems: vec!["the value is not valid Unicode".into()],
         },
     }
 }
@@ -399,38 +421,49 @@ mod tests {
     }
 
     #[test]
-    fn bad_entries_fall_back_and_say_why() {
+    fn bad_entries_are_errors_that_say_why() {
         let p = parse("resource=pol,max_size=7OGiB,colour=blue,initial_size=64MiB,junk");
-        assert_eq!(p.conf.resource, ResourceKind::Pool);
-        assert_eq!(p.conf.max_size, None);
-        assert_eq!(p.conf.initial_size, 64 << 20, "good entries still apply");
         assert_eq!(p.problems.len(), 4, "{:?}", p.problems);
-        assert!(p.problems[0].contains("unknown resource \"pol\""));
-        assert!(p.problems[0].contains("using resource=pool"));
+        assert_eq!(
+            p.problems[0],
+            "unknown resource \"pol\" (expected one of pool, caching, binning, arena, async, vpool, cuda)"
+        );
         assert!(p.problems[1].starts_with("max_size: "), "{}", p.problems[1]);
-        assert!(p.problems[1].ends_with("default used"));
         assert!(p.problems[2].contains("unknown key \"colour\""));
         assert!(p.problems[3].contains("not key=value"));
+        let e = p.error().expect("invalid");
+        assert!(
+            e.starts_with("GPUMEM_CONF=\"resource=pol,max_size=7OGiB,colour=blue,initial_size=64MiB,junk\" is invalid: unknown resource"),
+            "{e}"
+        );
+        for problem in &p.problems {
+            assert!(e.contains(problem.as_str()), "{e}");
+            assert!(!problem.contains("default") && !problem.contains("ignored"));
+        }
+        assert_eq!(parse("resource=vpool").error(), None);
     }
 
     #[test]
     fn inconsistent_entries() {
-        let p = parse("initial_size=2GiB,max_size=1GiB");
-        assert_eq!(p.conf.initial_size, 0);
-        assert_eq!(p.conf.max_size, Some(1 << 30));
-        assert!(p.problems[0].contains("exceeds max_size"));
-        let p = parse("resource=binning,min_bin=1MiB,max_bin=4KiB");
-        assert_eq!((p.conf.min_bin, p.conf.max_bin), (256, 1 << 20));
-        assert_eq!(p.problems.len(), 1);
-        let p = parse("min_bin=300");
-        assert!(p.problems[0].contains("power of two"), "{:?}", p.problems);
-        let p = parse("release_threshold=1G");
-        assert!(p.problems[0].contains("only for async"));
-        let p = parse("max_size=0");
-        assert_eq!(p.conf.max_size, None);
-        assert!(p.problems[0].contains("max_size=0"));
-        let p = parse("resource=cuda,initial_size=1G");
-        assert!(p.problems[0].contains("initial_size means nothing"));
+        for (text, says) in [
+            ("initial_size=2GiB,max_size=1GiB", "exceeds max_size"),
+            (
+                "resource=binning,min_bin=1MiB,max_bin=4KiB",
+                "exceeds max_bin",
+            ),
+            ("min_bin=300", "power of two"),
+            ("release_threshold=1G", "only for async"),
+            ("max_size=0", "max_size=0"),
+            (
+                "resource=cuda,initial_size=1G",
+                "initial_size means nothing",
+            ),
+        ] {
+            let p = parse(text);
+            assert_eq!(p.problems.len(), 1, "{text}: {:?}", p.problems);
+            assert!(p.problems[0].contains(says), "{text}: {:?}", p.problems);
+            assert!(p.error().is_some(), "{text}");
+        }
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! size_t gpumem_allocated_bytes(int device);        // and _peak_allocated_, _reserved_, _peak_reserved_
 //! void   gpumem_reset_peak(int device);
 //! void   gpumem_empty_cache(int device);
+//! uint64_t gpumem_bad_free_count(int device);       // frees refused (-1: all devices)
+//! const char *gpumem_config_error(void);            // NULL when GPUMEM_CONF is valid
 //! ```
 //!
 //! `gpumem_stream_t` is `void*`: pass a `cudaStream_t`/`CUstream` as it is
@@ -19,13 +21,18 @@
 //! Behaviour:
 //! - Configuration comes from `GPUMEM_CONF`, read once at the first call (see
 //!   [`conf`]); the backend from `GPUMEM_DEVICE` (`cuda`, the default; `sim`
-//!   for the simulated device, used by the tests; `auto`).
+//!   for the simulated device, used by the tests; `auto`). An invalid
+//!   `GPUMEM_CONF` is reported and serves nothing (every allocation returns
+//!   NULL); [`gpumem_config_error`] returns the reason.
 //! - Each device ordinal gets its own stack, built at its first allocation.
 //! - Zero-byte requests return NULL, as `cudaMalloc` does; PyTorch and CuPy
 //!   never dereference the pointer of an empty tensor or array, and freeing
 //!   NULL does nothing.
-//! - A failed allocation returns NULL and is reported on stderr; a bad free
-//!   is reported once and ignored; a negative size is a failed allocation.
+//! - A failed allocation returns NULL and is reported on stderr; a negative
+//!   size is a failed allocation. A bad free (a pointer gpumem did not hand
+//!   out, a second free, a size other than the allocation's) frees nothing,
+//!   is counted ([`gpumem_bad_free_count`]) and reported (the first ten,
+//!   then one line saying the rest are only counted).
 //!   Nothing unwinds across the C boundary: every function catches panics.
 //! - CuPy passes no stream: its memory is allocated and freed on the legacy
 //!   default stream, which CuPy's default stream is (the Python helper
@@ -40,7 +47,7 @@ pub mod allocator;
 pub mod conf;
 pub mod served;
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
@@ -116,7 +123,8 @@ pub extern "C" fn gpumem_malloc(
 
 /// Frees `ptr`, allocated by [`gpumem_malloc`] with this `size`, `device` and
 /// `stream`, once the work enqueued on `stream` so far has run (PyTorch's
-/// free function). NULL does nothing; a bad free is reported once and ignored.
+/// free function). NULL does nothing, whatever the size; a bad free frees
+/// nothing and is counted ([`gpumem_bad_free_count`]) and reported.
 #[no_mangle]
 pub extern "C" fn gpumem_free(
     ptr: *mut c_void,
@@ -149,7 +157,7 @@ pub extern "C" fn gpumem_cupy_malloc(
 }
 
 /// Frees `ptr` from [`gpumem_cupy_malloc`] on `device` (CuPy's free). `param`
-/// is ignored; NULL does nothing.
+/// is ignored; NULL does nothing; a bad free is counted and reported.
 #[no_mangle]
 pub extern "C" fn gpumem_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = param;
@@ -208,5 +216,29 @@ pub extern "C" fn gpumem_reset_peak(device: c_int) {
 pub extern "C" fn gpumem_empty_cache(device: c_int) {
     guard("gpumem_empty_cache", (), || {
         global().empty_cache(device);
+    })
+}
+
+/// Frees refused on `device` since the start: pointers gpumem did not hand
+/// out, second frees, sizes other than the allocation's. Each freed nothing.
+/// A negative `device` gives the total over all devices (frees naming no
+/// valid device included).
+#[no_mangle]
+pub extern "C" fn gpumem_bad_free_count(device: c_int) -> u64 {
+    guard("gpumem_bad_free_count", 0, || {
+        global().bad_free_count(device)
+    })
+}
+
+/// Why `GPUMEM_CONF` is invalid, as one line of text; NULL when it is valid.
+/// While it is invalid, every allocation returns NULL. The string lives as
+/// long as the process. Reading it reads the configuration (at the first call
+/// into the library), so call it after setting `GPUMEM_CONF`.
+#[no_mangle]
+pub extern "C" fn gpumem_config_error() -> *const c_char {
+    guard("gpumem_config_error", std::ptr::null(), || {
+        global()
+            .conf_error()
+            .map_or(std::ptr::null(), |e| e.as_ptr())
     })
 }

@@ -173,11 +173,12 @@ fn cupy_entry_points_remember_sizes() {
     assert_eq!(gpumem_allocated_bytes(d), 256);
     gpumem_cupy_free(param, b, d);
     assert_eq!(gpumem_allocated_bytes(d), 0);
-    // Twice, or never allocated: reported once, ignored.
+    // Twice, or never allocated: counted and reported, nothing freed.
     gpumem_cupy_free(param, b, d);
     gpumem_cupy_free(param, 0xdead_0000usize as *mut c_void, d);
     gpumem_cupy_free(param, null_mut(), d);
     assert_eq!(gpumem_allocated_bytes(d), 0);
+    assert_eq!(gpumem_bad_free_count(d), 2);
 }
 
 #[test]
@@ -242,13 +243,31 @@ fn edge_cases_return_null_or_do_nothing() {
     // PyTorch frees an empty tensor's NULL with size 0.
     let p = gpumem_malloc(0, d, null_mut());
     gpumem_free(p, 0, d, null_mut());
-    // Bad frees: reported once, ignored, and the allocator still works.
+    // Bad frees: counted, reported, nothing freed, and the allocator still
+    // works. NULL is not one.
+    assert_eq!(gpumem_bad_free_count(d), 0);
     gpumem_free(0x1000usize as *mut c_void, 256, d, null_mut());
     gpumem_free(0x1000usize as *mut c_void, 256, 1000, null_mut());
     gpumem_free(0x1000usize as *mut c_void, 256, 59, null_mut());
+    assert_eq!(gpumem_bad_free_count(d), 1);
+    assert_eq!(gpumem_bad_free_count(59), 1);
+    assert_eq!(
+        gpumem_bad_free_count(1000),
+        0,
+        "no such device: in the total"
+    );
+    assert!(gpumem_bad_free_count(-1) >= 3);
     let q = gpumem_malloc(256, d, null_mut());
     assert!(!q.is_null());
+    gpumem_free(q, 255, d, null_mut());
     gpumem_free(q, 256, d, null_mut());
+    gpumem_free(q, 256, d, null_mut());
+    assert_eq!(gpumem_bad_free_count(d), 3, "wrong size, then double free");
+    assert_eq!(gpumem_allocated_bytes(d), 0);
+    assert!(
+        gpumem_config_error().is_null(),
+        "the configuration is valid"
+    );
     // Statistics of devices never used (or out of range) are zero.
     for dev in [-1, 40, 1000] {
         assert_eq!(gpumem_allocated_bytes(dev), 0);

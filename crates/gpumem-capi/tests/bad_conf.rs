@@ -1,10 +1,14 @@
-//! A bad `GPUMEM_CONF` does not stop the host program: the library reports it
-//! on stderr and serves with the defaults. The check runs this test binary
-//! again as a child with the bad configuration and reads the child's stderr.
+//! A bad `GPUMEM_CONF` is an error that cannot be missed: the library says
+//! so on stderr, serves nothing (every allocation returns NULL, reported) and
+//! `gpumem_config_error()` returns the reason. The check runs this test
+//! binary again as a child with the bad configuration and reads the child's
+//! stderr.
 
+use std::ffi::CStr;
 use std::process::Command;
 
 const CHILD_ENV: &str = "GPUMEM_CAPI_TEST_CHILD";
+const BAD: &str = "resource=poool,max_size=lots,speed=11";
 
 /// The child's side: allocate through the C functions; any panic fails it.
 #[test]
@@ -12,18 +16,23 @@ fn child_allocates_under_bad_conf() {
     if std::env::var_os(CHILD_ENV).is_none() {
         return;
     }
-    let p = gpumem_capi::gpumem_malloc(1 << 20, 0, std::ptr::null_mut());
-    assert!(!p.is_null(), "defaults serve");
-    assert_eq!(gpumem_capi::gpumem_allocated_bytes(0), 1 << 20);
-    gpumem_capi::gpumem_free(p, 1 << 20, 0, std::ptr::null_mut());
-    let conf = gpumem_capi::global().conf();
-    assert_eq!(conf.resource, gpumem_capi::conf::ResourceKind::Pool);
-    assert_eq!(conf.max_size, None);
+    let why = gpumem_capi::gpumem_config_error();
+    assert!(!why.is_null(), "the configuration is invalid");
+    // SAFETY: a non-null result is a NUL-terminated string that lives as long
+    // as the process.
+    let why = unsafe { CStr::from_ptr(why) }.to_str().unwrap();
+    println!("WHY={why}");
+    for size in [1 << 20, 256] {
+        let p = gpumem_capi::gpumem_malloc(size, 0, std::ptr::null_mut());
+        assert!(p.is_null(), "nothing is served");
+    }
+    assert!(gpumem_capi::gpumem_cupy_malloc(std::ptr::null_mut(), 256, 0).is_null());
+    assert_eq!(gpumem_capi::gpumem_allocated_bytes(0), 0);
     println!("CHILD-OK");
 }
 
 #[test]
-fn bad_conf_is_reported_and_defaults_serve() {
+fn bad_conf_is_an_error_and_nothing_is_served() {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
         .args([
@@ -34,23 +43,34 @@ fn bad_conf_is_reported_and_defaults_serve() {
         ])
         .env(CHILD_ENV, "1")
         .env("GPUMEM_DEVICE", "sim")
-        .env("GPUMEM_CONF", "resource=poool,max_size=lots,speed=11")
+        .env("GPUMEM_CONF", BAD)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("CHILD-OK"), "child did not run:\n{stdout}");
-    for needle in [
-        "gpumem: GPUMEM_CONF: unknown resource \"poool\"",
-        "gpumem: GPUMEM_CONF: max_size: \"lots\" is not a size",
-        "gpumem: GPUMEM_CONF: unknown key \"speed\"",
-    ] {
-        assert!(
-            stderr.contains(needle),
-            "stderr lacks {needle:?}:\n{stderr}"
-        );
-    }
+    let why = format!(
+        "GPUMEM_CONF=\"{BAD}\" is invalid: unknown resource \"poool\" (expected one of \
+         pool, caching, binning, arena, async, vpool, cuda); max_size: \"lots\" is not a size"
+    );
+    assert!(stdout.contains(&format!("WHY={why}")), "{stdout}");
+    assert!(
+        stdout.contains("unknown key \"speed\" (known: resource,"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("gpumem: {why}")),
+        "stderr says it at once:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("every allocation returns NULL until it is fixed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("gpumem: device 0: allocation of 1048576 bytes refused: GPUMEM_CONF="),
+        "each refused allocation is reported:\n{stderr}"
+    );
 }
 
 #[test]

@@ -50,6 +50,8 @@ fn header_is_up_to_date() {
         "size_t gpumem_peak_reserved_bytes(int device);",
         "void gpumem_reset_peak(int device);",
         "void gpumem_empty_cache(int device);",
+        "uint64_t gpumem_bad_free_count(int device);",
+        "const char *gpumem_config_error(void);",
         "typedef void *gpumem_stream_t;",
     ] {
         assert!(
@@ -80,7 +82,9 @@ int use(cudaStream_t s) {
     gpumem_cupy_free(NULL, q, 0);
     gpumem_reset_peak(0);
     gpumem_empty_cache(0);
-    return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0));
+    const char *why = gpumem_config_error();
+    uint64_t bad = gpumem_bad_free_count(-1);
+    return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0) + bad + (why != NULL));
 }
 "#;
     for (compiler, file) in [("cc", "t.c"), ("c++", "t.cpp")] {

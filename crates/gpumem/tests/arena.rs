@@ -91,7 +91,7 @@ fn all_upstream_memory_back_on_drop() {
         let s = device.create_stream().unwrap();
         let a = mr.allocate(1000, 256, &s).unwrap();
         let b = mr.allocate(3 * MIB, 256, &s).unwrap();
-        assert_eq!(mr.stats().live, 1000 + 3 * MIB);
+        assert_eq!(mr.stats().live, 1024 + 3 * MIB, "granules and superblocks");
         mr.deallocate(a, 1000, 256, &s).unwrap();
         mr.deallocate(b, 3 * MIB, 256, &s).unwrap();
         assert_eq!(mr.stats().live, 0);
@@ -410,10 +410,23 @@ struct Live {
     stream: usize,
 }
 
+/// The bytes the arena counts live for a request: whole granules below the
+/// large threshold, whole superblocks at or above it.
+fn counted(bytes: usize, cfg: &ArenaConfig) -> usize {
+    let sb = cfg.superblock_size;
+    if bytes < cfg.large_threshold.unwrap_or(sb / 2) {
+        bytes.next_multiple_of(256)
+    } else {
+        bytes.next_multiple_of(sb)
+    }
+}
+
 fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) {
     let before = sim.device_bytes(0);
     {
-        let mr = ArenaResource::with_config(DeviceResource::new(device.clone()), cfg).unwrap();
+        let counted = |bytes| counted(bytes, &cfg);
+        let mr =
+            ArenaResource::with_config(DeviceResource::new(device.clone()), cfg.clone()).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let mut live: Vec<Live> = Vec::new();
         let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
@@ -449,7 +462,7 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
                                 bytes,
                                 stream,
                             });
-                            model_live += bytes;
+                            model_live += counted(bytes);
                         }
                         Err(e) => {
                             let info = e.oom_info().unwrap_or_else(|| panic!("{e}"));
@@ -473,7 +486,7 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
                     enqueue_work(&streams[on]);
                     mr.deallocate(l.ptr, l.bytes, 256, &streams[on]).unwrap();
                     ranges.remove(&l.ptr.0);
-                    model_live -= l.bytes;
+                    model_live -= counted(l.bytes);
                     freed.push((
                         l.ptr.0,
                         l.ptr.0 + l.bytes as u64,

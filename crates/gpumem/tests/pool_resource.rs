@@ -129,9 +129,21 @@ fn small_requests_do_not_split_a_large_free_block() {
     let m2 = pool.allocate(5 << 20, 256, &s).unwrap();
     pool.deallocate(m1, 3 << 20, 256, &s).unwrap();
     assert_eq!(pool.allocate(3 << 20, 256, &s).unwrap(), m1);
-    // A free with a wrong size still finds the block in the other heap.
-    pool.deallocate(smalls[0], 8 << 20, 256, &s).unwrap();
-    pool.deallocate(again, 100, 256, &s).unwrap();
+    // A free whose size names the other heap finds the block there and is
+    // refused: the size is not the block's. Nothing is freed.
+    let live = pool.live_bytes();
+    for (p, wrong, block) in [(smalls[0], 8 << 20, 4096), (again, 100, 100 << 20)] {
+        match pool.deallocate(p, wrong, 256, &s) {
+            Err(Error::InvalidFree {
+                reason: FreeError::SizeMismatch { allocated, freed },
+                ..
+            }) => assert_eq!((allocated, freed), (block, wrong)),
+            other => panic!("{p:#x} freed as {wrong}: {other:?}"),
+        }
+    }
+    assert_eq!(pool.live_bytes(), live);
+    pool.deallocate(smalls[0], 4096, 256, &s).unwrap();
+    pool.deallocate(again, 100 << 20, 256, &s).unwrap();
     for p in &smalls[1..] {
         pool.deallocate(*p, 4096, 256, &s).unwrap();
     }

@@ -6,19 +6,23 @@
 //! request's, if larger); smaller ones only to what the request asks. A request
 //! whose resulting alignment is above 256 bytes is over-allocated from the
 //! upstream by `alignment - 256` bytes and the first aligned address inside is
-//! handed out; a map from that address to the upstream's pointer lets the free
-//! go back to the upstream with the upstream's own pointer and size.
+//! handed out; a table from that address to the upstream's pointer lets the
+//! free go back to the upstream with the upstream's own pointer and size.
+//!
+//! Bad frees: an over-aligned free must name a live over-aligned allocation
+//! with its size, else it is [`Error::InvalidFree`] (a double free is named
+//! as one while the table remembers it) and nothing is freed. Other frees go
+//! to the upstream, which checks them; when it refuses one that is in fact an
+//! over-aligned allocation freed with a small size or alignment, the reason
+//! says so.
 //!
 //! Fast path: requests that need no more than 256-byte alignment are forwarded
-//! untouched (two comparisons). Over-aligned ones cost one hash-map insert and
-//! remove under a mutex, and `alignment - 256` bytes of upstream memory.
-
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+//! untouched (two comparisons). Over-aligned ones cost one table insert and
+//! remove (one of 16 mutexes), and `alignment - 256` bytes of upstream memory.
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{HandedOut, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{check_alignment, Error, FreeError, OomInfo, Result};
 
@@ -32,8 +36,8 @@ pub struct AlignedAdaptor<U> {
     upstream: U,
     alignment: usize,
     threshold: usize,
-    /// Aligned pointer → (upstream pointer, upstream bytes).
-    map: Mutex<HashMap<u64, (DevicePtr, usize)>>,
+    /// Aligned pointer → bytes asked for, (upstream pointer, upstream bytes).
+    over_aligned: HandedOut<(DevicePtr, usize)>,
 }
 
 impl<U: MemoryResource> AlignedAdaptor<U> {
@@ -50,7 +54,7 @@ impl<U: MemoryResource> AlignedAdaptor<U> {
             upstream,
             alignment,
             threshold,
-            map: Mutex::new(HashMap::new()),
+            over_aligned: HandedOut::default(),
         })
     }
 
@@ -71,7 +75,7 @@ impl<U: MemoryResource> AlignedAdaptor<U> {
 
     /// Over-aligned allocations outstanding.
     pub fn over_aligned_count(&self) -> usize {
-        self.lock().len()
+        self.over_aligned.len()
     }
 
     /// The alignment a request gets.
@@ -83,10 +87,23 @@ impl<U: MemoryResource> AlignedAdaptor<U> {
             alignment
         }
     }
+}
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (DevicePtr, usize)>> {
-        // One insert or remove per operation: never inconsistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+impl<U> AlignedAdaptor<U> {
+    /// The upstream refused a free of `ptr` (`err`); when `ptr` is an
+    /// over-aligned allocation freed with a size too small to be one, say so.
+    #[cold]
+    fn misrouted(&self, ptr: DevicePtr, bytes: usize, err: Error) -> Error {
+        match self.over_aligned.bytes_of(ptr) {
+            Some(allocated) if allocated != bytes => Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::SizeMismatch {
+                    allocated,
+                    freed: bytes,
+                },
+            },
+            _ => err,
+        }
     }
 }
 
@@ -115,7 +132,8 @@ impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
                 other => other,
             })?;
         let aligned = DevicePtr(base.0.next_multiple_of(align as u64));
-        self.lock().insert(aligned.0, (base, upstream_bytes));
+        self.over_aligned
+            .insert(aligned, bytes, (base, upstream_bytes));
         Ok(aligned)
     }
 
@@ -130,19 +148,15 @@ impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
             return Ok(());
         }
         if self.effective(bytes, alignment) <= DEFAULT_ALIGNMENT {
-            return self.upstream.deallocate(ptr, bytes, alignment, stream);
+            return match self.upstream.deallocate(ptr, bytes, alignment, stream) {
+                Err(e @ Error::InvalidFree { .. }) => Err(self.misrouted(ptr, bytes, e)),
+                other => other,
+            };
         }
-        let Some((base, upstream_bytes)) = self.lock().remove(&ptr.0) else {
-            return Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::Unknown,
-            });
-        };
-        self.upstream
-            .deallocate(base, upstream_bytes, DEFAULT_ALIGNMENT, stream)
-            .inspect_err(|_| {
-                // Still held upstream: keep the mapping so a retry can free it.
-                self.lock().insert(ptr.0, (base, upstream_bytes));
+        let upstream = &self.upstream;
+        self.over_aligned
+            .free_with(ptr, bytes, |&(base, upstream_bytes)| {
+                upstream.deallocate(base, upstream_bytes, DEFAULT_ALIGNMENT, stream)
             })
     }
 

@@ -18,7 +18,9 @@
 //! - Size: the bytes requested, in decimal.
 //!
 //! As in RMM, a free is logged before it is forwarded, and any upstream error
-//! on allocation is logged as `allocate failure`. Zero-byte requests and
+//! on allocation is logged as `allocate failure`. The log records the calls
+//! made: a free the upstream refuses (a bad free) is in it too, as a `free`
+//! row (a replay skips it when its pointer is not live). Zero-byte requests and
 //! requests with an invalid alignment never reach the upstream and are not
 //! logged.
 //!

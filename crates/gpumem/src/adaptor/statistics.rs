@@ -30,6 +30,13 @@
 //! top frame after the upstream call; no timers. Zero-byte requests and failed
 //! frees are not counted.
 //!
+//! A free counts the size the caller names, once the upstream has accepted
+//! it. Every gpumem resource refuses a free whose size is not the
+//! allocation's (see [`crate::resource`]), so `allocated_bytes` stays exact;
+//! a pool that compares sizes at the 256-byte granule accepts a size within
+//! the allocation's granule, which moves `requested_bytes` by less than 256
+//! bytes per such (wrong) free. Counters saturate rather than wrap.
+//!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
 
 use std::sync::{Mutex, MutexGuard};
@@ -56,27 +63,29 @@ pub struct Stat {
     pub freed: u64,
 }
 
+// Every update saturates: a size no allocation can have (a caller's bad
+// free accepted by a lenient upstream) must not wrap a counter or panic.
 impl Stat {
     #[inline]
     fn add(&mut self, n: u64) {
-        self.current += n as i64;
-        self.total += n;
+        self.current = self.current.saturating_add_unsigned(n);
+        self.total = self.total.saturating_add(n);
         self.peak = self.peak.max(self.current);
     }
 
     #[inline]
     fn sub(&mut self, n: u64) {
-        self.current -= n as i64;
-        self.freed += n;
+        self.current = self.current.saturating_sub_unsigned(n);
+        self.freed = self.freed.saturating_add(n);
     }
 
     /// Merges a popped child frame into this one: the child's changes apply on
     /// top of this frame's value at the push.
     fn merge_child(&mut self, child: &Stat) {
-        self.peak = self.peak.max(self.current + child.peak);
-        self.current += child.current;
-        self.total += child.total;
-        self.freed += child.freed;
+        self.peak = self.peak.max(self.current.saturating_add(child.peak));
+        self.current = self.current.saturating_add(child.current);
+        self.total = self.total.saturating_add(child.total);
+        self.freed = self.freed.saturating_add(child.freed);
     }
 }
 
@@ -268,7 +277,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         }
         match self.upstream.allocate(bytes, alignment, stream) {
             Ok(p) => {
-                let counted = granular_size(bytes).unwrap_or(bytes) as u64;
+                let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
                 let mut frames = self.lock();
                 if let Some(top) = frames.last_mut() {
                     top.stats.allocated_bytes.add(counted);
@@ -299,7 +308,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
             return Ok(());
         }
         self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        let counted = granular_size(bytes).unwrap_or(bytes) as u64;
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
         if let Some(top) = self.lock().last_mut() {
             top.stats.allocated_bytes.sub(counted);
             top.stats.requested_bytes.sub(bytes as u64);
@@ -337,6 +346,27 @@ mod tests {
                 freed: 100
             }
         );
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let mut s = Stat::default();
+        s.add(1024);
+        s.sub(u64::MAX);
+        s.sub(u64::MAX);
+        assert_eq!(s.current, i64::MIN);
+        assert_eq!(s.freed, u64::MAX);
+        s.add(u64::MAX);
+        s.add(u64::MAX);
+        assert_eq!(s.total, u64::MAX);
+        assert!(s.current > 0);
+        let mut parent = Stat {
+            current: i64::MAX,
+            peak: i64::MAX,
+            ..Stat::default()
+        };
+        parent.merge_child(&s);
+        assert_eq!(parent.peak, i64::MAX);
     }
 
     #[test]

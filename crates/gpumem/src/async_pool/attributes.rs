@@ -12,7 +12,7 @@
 
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, Location, PoolAttr, RawPool};
-use crate::resource::{validate_request, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{validate_request, HandedOut, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, Result};
 
@@ -73,6 +73,9 @@ pub struct MemPool {
     properties: Properties,
     max_size: usize,
     imported: bool,
+    /// Allocations made through this handle and not yet freed, so bad frees
+    /// are refused before `cuMemFreeAsync`.
+    handed_out: HandedOut,
 }
 
 impl std::fmt::Debug for MemPool {
@@ -109,6 +112,7 @@ impl MemPool {
             properties,
             max_size,
             imported: false,
+            handed_out: HandedOut::default(),
         }
     }
 
@@ -262,28 +266,36 @@ impl MemPool {
             return Ok(DevicePtr::NULL);
         }
         let driver = self.device.driver();
-        match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
-            Ok(p) => Ok(p),
+        let got = match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
             // Memory freed on other streams returns to the pool only when
             // their frees have run: wait for them and try once more.
             Err(e) if e.is_oom() && self.device.synchronize().is_ok() => {
-                match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
-                    Ok(p) => Ok(p),
-                    Err(e) if e.is_oom() => Err(self.oom(bytes, e)),
-                    Err(e) => Err(e),
-                }
+                driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw())
+            }
+            other => other,
+        };
+        match got {
+            Ok(p) => {
+                self.handed_out.insert(p, bytes, ());
+                Ok(p)
             }
             Err(e) if e.is_oom() => Err(self.oom(bytes, e)),
             Err(e) => Err(e),
         }
     }
 
-    /// Frees on `stream` (`cuMemFreeAsync`).
-    pub(crate) fn deallocate(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
+    /// Frees on `stream` (`cuMemFreeAsync`) an allocation of `bytes` made
+    /// through this handle. Anything else (another allocator's pointer, a
+    /// second free, another size) is [`Error::InvalidFree`] and the driver is
+    /// not called: one table insert and remove per allocation, a few percent
+    /// of the driver's microsecond.
+    pub(crate) fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
-        self.device.driver().mem_free_async(ptr, stream.raw())
+        self.handed_out.free_with(ptr, bytes, |_| {
+            self.device.driver().mem_free_async(ptr, stream.raw())
+        })
     }
 
     /// The driver's out-of-memory error, completed with what the pool knows.

@@ -70,11 +70,11 @@ macro_rules! forward_to_pool {
             fn deallocate(
                 &self,
                 ptr: $crate::DevicePtr,
-                _bytes: usize,
+                bytes: usize,
                 _alignment: usize,
                 stream: &$crate::Stream,
             ) -> $crate::Result<()> {
-                self.pool().deallocate(ptr, stream)
+                self.pool().deallocate(ptr, bytes, stream)
             }
 
             fn device(&self) -> &$crate::Device {

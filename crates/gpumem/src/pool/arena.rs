@@ -20,6 +20,15 @@
 //! [`Error::OutOfMemory`] carrying requested, reserved, live and largest-free
 //! bytes (and, if configured, a fragmentation report on stderr).
 //!
+//! # Bad frees
+//! A free is checked against the block the arena recorded: a small block's
+//! length in granules (in its superblock), a large block's length in
+//! superblocks (in the directory). A pointer that starts no live block, a
+//! second free, or a size that needs another number of granules (small) or
+//! superblocks (large) is [`Error::InvalidFree`] and frees nothing; a size
+//! within the same granules is the same block. The live count is kept in the
+//! same units, so no free can make it wrong.
+//!
 //! # Costs
 //! The fast path (a request served from the calling stream's arena) takes one
 //! uncontended mutex and two O(log n) tree descents: no driver call, no event,
@@ -151,7 +160,9 @@ impl ArenaConfig {
 pub struct ArenaStats {
     /// Bytes held from the upstream (the region).
     pub reserved: usize,
-    /// Bytes handed out and not yet freed, as requested.
+    /// Bytes in the blocks handed out and not yet freed: small blocks in
+    /// whole 256-byte granules, large ones in whole superblocks (what the
+    /// arena records, and checks a free against).
     pub live: usize,
     /// Largest block that could be handed out without waiting for another
     /// stream: the largest clean or cached run, or free block in a superblock.
@@ -209,6 +220,17 @@ enum Req {
     Small(u32),
     /// Whole superblocks.
     Large(u32),
+}
+
+impl Req {
+    /// Bytes of the block that serves the request.
+    #[inline]
+    fn block_bytes(self, core: &Core) -> usize {
+        match self {
+            Req::Small(g) => g as usize * GRANULE,
+            Req::Large(n) => (n as usize) << core.sb_shift,
+        }
+    }
 }
 
 enum Hit<R> {
@@ -347,14 +369,14 @@ impl Core {
         self.global.collect(synced);
     }
 
-    fn try_alloc(&self, req: Req, bytes: usize, stream: &Stream) -> Option<u64> {
+    fn try_alloc(&self, req: Req, stream: &Stream) -> Option<u64> {
         self.with_arena(stream, |_, st| {
             let p = match req {
                 Req::Small(g) => st.alloc_small(self, g, stream),
                 Req::Large(n) => st.alloc_large(self, n, stream),
             };
             if p.is_some() {
-                st.live += bytes;
+                st.live += req.block_bytes(self);
             }
             p
         })
@@ -543,6 +565,19 @@ impl<U: MemoryResource> ArenaResource<U> {
         Error::InvalidFree { ptr: ptr.0, reason }
     }
 
+    /// A refused free of `bytes`: a size mismatch names the bytes freed, not
+    /// their granules.
+    fn refused(ptr: DevicePtr, reason: FreeError, bytes: usize) -> Error {
+        let reason = match reason {
+            FreeError::SizeMismatch { allocated, .. } => FreeError::SizeMismatch {
+                allocated,
+                freed: bytes,
+            },
+            r => r,
+        };
+        Self::invalid(ptr, reason)
+    }
+
     fn free_small(
         &self,
         ptr: DevicePtr,
@@ -553,6 +588,9 @@ impl<U: MemoryResource> ArenaResource<U> {
         stream: &Stream,
     ) -> Result<()> {
         let core = &self.core;
+        // The superblock checks the granules against the block's; the live
+        // count is kept in the same granules, so it stays exact.
+        let block = Req::Small(g).block_bytes(core);
         let local = core.with_arena(stream, |a, st| {
             let w = core.global.dir.owner(idx);
             if w.arena() != a.uid {
@@ -563,12 +601,12 @@ impl<U: MemoryResource> ArenaResource<U> {
             };
             let r = st.free_small(core, slot, gran, g);
             if r.is_ok() {
-                st.live -= bytes;
+                st.live -= block;
             }
             Some(r)
         });
         if let Some(r) = local {
-            return r.map_err(|e| Self::invalid(ptr, e));
+            return r.map_err(|e| Self::refused(ptr, e, bytes));
         }
         // Allocated by another arena: a cross-stream (or cross-thread) free.
         for _ in 0..16 {
@@ -589,9 +627,9 @@ impl<U: MemoryResource> ArenaResource<U> {
                 st.defer_small(core, slot, gran, g, stream)
             };
             if r.is_ok() {
-                st.live -= bytes;
+                st.live -= block;
             }
-            return r.map_err(|e| Self::invalid(ptr, e));
+            return r.map_err(|e| Self::refused(ptr, e, bytes));
         }
         Err(Self::invalid(ptr, FreeError::Unknown))
     }
@@ -605,6 +643,8 @@ impl<U: MemoryResource> ArenaResource<U> {
         stream: &Stream,
     ) -> Result<()> {
         let core = &self.core;
+        // Checked and counted in whole superblocks (see `free_small`).
+        let block = Req::Large(n).block_bytes(core);
         let check = |w: OwnerWord| -> std::result::Result<(), FreeError> {
             match w.large_len() {
                 Some(l) if l == n => Ok(()),
@@ -624,7 +664,7 @@ impl<U: MemoryResource> ArenaResource<U> {
                 return Some(Err(e));
             }
             st.free_large(core, idx, n);
-            st.live -= bytes;
+            st.live -= block;
             Some(Ok(()))
         });
         if let Some(r) = local {
@@ -643,7 +683,7 @@ impl<U: MemoryResource> ArenaResource<U> {
                 continue;
             }
             st.disown_large(core, idx);
-            st.live -= bytes;
+            st.live -= block;
             moved = true;
             break;
         }
@@ -664,7 +704,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         let Some(req) = core.classify(bytes) else {
             return Err(core.oom(bytes));
         };
-        if let Some(p) = core.try_alloc(req, bytes, stream) {
+        if let Some(p) = core.try_alloc(req, stream) {
             return Ok(DevicePtr(p));
         }
         // Out of superblocks: collect every arena's free ones, then synchronize.
@@ -673,7 +713,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
                 break;
             }
             core.reclaim(synced);
-            if let Some(p) = core.try_alloc(req, bytes, stream) {
+            if let Some(p) = core.try_alloc(req, stream) {
                 return Ok(DevicePtr(p));
             }
         }

@@ -3,8 +3,13 @@
 //! Algorithm: bins are `(max_size, resource)` pairs sorted by `max_size`; a
 //! request of `bytes` goes to the first bin whose `max_size >= bytes` (a binary
 //! search over a handful of entries), larger requests to the upstream.
-//! Deallocation routes by size the same way, so the size passed to
-//! `deallocate` must be the size allocated (the resource contract). Bins are
+//! Deallocation routes by size the same way, and a pointer is only ever freed
+//! by the bin or upstream that handed it out: allocations taken straight from
+//! the upstream are recorded (a sharded table, one insert and remove on that
+//! path), so a free whose size names the upstream must name one of them, with
+//! its size; a free whose size names a bin is checked by the bin. A free that
+//! does not match is [`Error::InvalidFree`] (the reason found by asking the
+//! fixed-size bins and the table whose block it is) and frees nothing. Bins are
 //! usually [`FixedSizeResource`]s over the same upstream, one per power of two
 //! ([`BinningResource::add_fixed_bins`]), but any resource can be a bin.
 //!
@@ -13,17 +18,16 @@
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fixed_size::FixedSizeResource;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
-    validate_request, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
+    validate_request, HandedOut, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
 use crate::stream::Stream;
-use crate::{Error, OomInfo, Result};
+use crate::{Error, FreeError, OomInfo, Result};
 
 enum BinKind<U: MemoryResource + 'static> {
     Fixed(Arc<FixedSizeResource<Arc<U>>>),
@@ -64,8 +68,8 @@ impl<U: MemoryResource + 'static> Bin<U> {
 pub struct BinningResource<U: MemoryResource + 'static> {
     upstream: Arc<U>,
     bins: Vec<Bin<U>>,
-    /// Bytes live straight from the upstream.
-    direct_live: AtomicUsize,
+    /// Allocations taken straight from the upstream.
+    direct: HandedOut,
 }
 
 impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
@@ -83,7 +87,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         Self {
             upstream: Arc::new(upstream),
             bins: Vec::new(),
-            direct_live: AtomicUsize::new(0),
+            direct: HandedOut::default(),
         }
     }
 
@@ -206,15 +210,13 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// Bytes the fixed-size bins hold from the upstream, plus live bytes taken
     /// straight from it.
     pub fn reserved_bytes(&self) -> usize {
-        self.fixed().map(|f| f.reserved_bytes()).sum::<usize>()
-            + self.direct_live.load(Ordering::Acquire)
+        self.fixed().map(|f| f.reserved_bytes()).sum::<usize>() + self.direct.bytes()
     }
 
     /// Bytes callers hold from the fixed-size bins and the upstream (other
     /// bins are not counted).
     pub fn live_bytes(&self) -> usize {
-        self.fixed().map(|f| f.live_bytes()).sum::<usize>()
-            + self.direct_live.load(Ordering::Acquire)
+        self.fixed().map(|f| f.live_bytes()).sum::<usize>() + self.direct.bytes()
     }
 
     /// Bytes of free blocks in the fixed-size bins.
@@ -238,10 +240,77 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             Some(bin) => bin.resource().allocate(bytes, alignment, stream),
             None => {
                 let p = self.upstream.allocate(bytes, alignment, stream)?;
-                self.direct_live.fetch_add(bytes, Ordering::AcqRel);
+                self.direct.insert(p, bytes, ());
                 Ok(p)
             }
         }
+    }
+
+    /// Frees `ptr` where `bytes` routes it: the bin of that size, or the
+    /// upstream when it is one of the direct allocations, of that size.
+    /// `stream` `None`: no stream uses the memory any more.
+    #[inline]
+    fn free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        match self.bin_for(bytes) {
+            Some(bin) => {
+                let r = match stream {
+                    Some(s) => bin.resource().deallocate(ptr, bytes, alignment, s),
+                    None => bin.resource().deallocate_sync(ptr, bytes, alignment),
+                };
+                match r {
+                    Err(Error::InvalidFree {
+                        reason: FreeError::Unknown,
+                        ..
+                    }) => Err(self.misrouted(ptr, bytes)),
+                    other => other,
+                }
+            }
+            None => {
+                let up = &self.upstream;
+                let r = self.direct.free_with(ptr, bytes, |_| match stream {
+                    Some(s) => up.deallocate(ptr, bytes, alignment, s),
+                    None => up.deallocate_sync(ptr, bytes, alignment),
+                });
+                match r {
+                    // Not a live direct allocation: maybe a bin's block.
+                    Err(Error::InvalidFree {
+                        reason: FreeError::Unknown | FreeError::DoubleFree,
+                        ..
+                    }) => Err(self.misrouted(ptr, bytes)),
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// Why a free of `ptr` with `bytes` found no block where the size sent
+    /// it: the block is elsewhere (a direct allocation or another fixed bin's
+    /// block, allocated with another size), already free, or not ours.
+    #[cold]
+    fn misrouted(&self, ptr: DevicePtr, bytes: usize) -> Error {
+        let mismatch = |allocated| FreeError::SizeMismatch {
+            allocated,
+            freed: bytes,
+        };
+        let reason = if let Some(allocated) = self.direct.bytes_of(ptr) {
+            mismatch(allocated)
+        } else if let Some(state) = self.fixed().find_map(|f| f.lookup(ptr)) {
+            state.map_or(FreeError::DoubleFree, mismatch)
+        } else if self.direct.recently_freed(ptr) {
+            FreeError::DoubleFree
+        } else {
+            FreeError::Unknown
+        };
+        Error::InvalidFree { ptr: ptr.0, reason }
     }
 }
 
@@ -271,17 +340,7 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() && bytes == 0 {
-            return Ok(());
-        }
-        match self.bin_for(bytes) {
-            Some(bin) => bin.resource().deallocate(ptr, bytes, alignment, stream),
-            None => {
-                self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-                self.direct_live.fetch_sub(bytes, Ordering::AcqRel);
-                Ok(())
-            }
-        }
+        self.free(ptr, bytes, alignment, Some(stream))
     }
 
     fn device(&self) -> &Device {
@@ -293,16 +352,6 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
     }
 
     fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
-        if ptr.is_null() && bytes == 0 {
-            return Ok(());
-        }
-        match self.bin_for(bytes) {
-            Some(bin) => bin.resource().deallocate_sync(ptr, bytes, alignment),
-            None => {
-                self.upstream.deallocate_sync(ptr, bytes, alignment)?;
-                self.direct_live.fetch_sub(bytes, Ordering::AcqRel);
-                Ok(())
-            }
-        }
+        self.free(ptr, bytes, alignment, None)
     }
 }

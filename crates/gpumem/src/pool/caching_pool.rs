@@ -274,12 +274,18 @@ impl<U: MemoryResource> CachingPool<U> {
     }
 
     fn free(&self, ptr: DevicePtr, bytes: Option<usize>, stream: Option<&Stream>) -> Result<()> {
-        if ptr.is_null() && bytes.unwrap_or(0) == 0 {
+        if ptr.is_null() {
             return Ok(());
         }
         match bytes {
             Some(b) if b <= self.config.max_block_size => {
-                self.slab.deallocate(self.class_of(b), ptr, bytes, stream)
+                match self.slab.deallocate(self.class_of(b), ptr, bytes, stream) {
+                    Err(Error::InvalidFree {
+                        reason: FreeError::Unknown,
+                        ..
+                    }) => Err(self.misrouted(ptr, b)),
+                    other => other,
+                }
             }
             Some(b) => self.free_large(ptr, Some(b), stream),
             None => match self.slab.locate(ptr) {
@@ -332,10 +338,8 @@ impl<U: MemoryResource> CachingPool<U> {
     ) -> Result<()> {
         let mut large = lock(&self.large);
         let Some(&allocated) = large.get(&ptr.0) else {
-            return Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::Unknown,
-            });
+            drop(large);
+            return Err(self.misrouted(ptr, bytes.unwrap_or(0)));
         };
         if let Some(b) = bytes {
             if b != allocated {
@@ -359,6 +363,25 @@ impl<U: MemoryResource> CachingPool<U> {
         };
         self.slab.unreserve_budget(allocated);
         res
+    }
+
+    /// Why a free of `ptr` with `bytes` found no block where the size sent
+    /// it: a large block or a cached block of another class (allocated with
+    /// another size), a free cached block (a double free), or not ours.
+    #[cold]
+    fn misrouted(&self, ptr: DevicePtr, bytes: usize) -> Error {
+        let mismatch = |allocated| FreeError::SizeMismatch {
+            allocated,
+            freed: bytes,
+        };
+        let reason = match lock(&self.large).get(&ptr.0) {
+            Some(&allocated) => mismatch(allocated),
+            None => match self.slab.lookup(ptr) {
+                Some(state) => state.map_or(FreeError::DoubleFree, mismatch),
+                None => FreeError::Unknown,
+            },
+        };
+        Error::InvalidFree { ptr: ptr.0, reason }
     }
 
     /// Seals every stream's open batch of frees (one event per stream), checks

@@ -5,8 +5,10 @@
 //! documentation for the stream-ordering policy). Allocation and free are
 //! O(1): a lock, a pop or push on a double-ended queue, and an insert or
 //! remove in a hash map of live blocks (which makes bad frees errors, not
-//! corruption). Growth takes a chunk of `blocks_per_chunk` blocks from the
-//! upstream (a single block when the chunk does not fit). [`release`]
+//! corruption: a pointer that is not a live block, or a size other than the
+//! one allocated, frees nothing). Growth takes a chunk of
+//! `blocks_per_chunk` blocks from the upstream (a single block when the
+//! chunk does not fit). [`release`]
 //! gives back the chunks whose blocks are all free; drop gives back every
 //! chunk.
 //!
@@ -158,6 +160,13 @@ impl<U: MemoryResource> FixedSizeResource<U> {
     pub(crate) fn oom_info(&self, requested: usize) -> OomInfo {
         self.slab.oom_info(requested)
     }
+
+    /// What `ptr` is to this resource: `None` when it starts none of its
+    /// blocks, `Some(None)` for a free block, `Some(Some(bytes))` for a live
+    /// block allocated with `bytes`. A slow path, for diagnosing frees.
+    pub(crate) fn lookup(&self, ptr: DevicePtr) -> Option<Option<usize>> {
+        self.slab.lookup(ptr)
+    }
 }
 
 impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
@@ -182,7 +191,7 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() && bytes == 0 {
+        if ptr.is_null() {
             return Ok(());
         }
         self.slab.deallocate(0, ptr, Some(bytes), Some(stream))
@@ -212,7 +221,7 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
     }
 
     fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
-        if ptr.is_null() && bytes == 0 {
+        if ptr.is_null() {
             return Ok(());
         }
         self.slab.deallocate(0, ptr, Some(bytes), None)

@@ -50,7 +50,7 @@ mod fixed_size;
 mod heap_lanes;
 mod pool_resource;
 mod slab;
-mod stream_lanes;
+pub(crate) mod stream_lanes;
 mod virtual_pool;
 
 pub use arena::*;

@@ -44,7 +44,10 @@
 //!    largest-free bytes.
 //!
 //! Costs: the fast path is one uncontended lock, one stream-to-lane lookup and
-//! the TLSF operation (tens of ns); no driver call, no event. Growth costs one
+//! the TLSF operation (tens of ns); no driver call, no event. A free is
+//! checked against the block the same lookup finds: a pointer that starts no
+//! used block, or a size that does not round up to the block's 256-byte
+//! granules, is [`Error::InvalidFree`] and frees nothing. Growth costs one
 //! upstream allocation (`cuMemAlloc`: 40–75 µs on an H100).
 //!
 //! Growth does not double: RMM's doubling reserves 1.37–3.37× the live peak on
@@ -624,12 +627,16 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         }
         // The size names the heap; a wrong size costs one more lookup (the
         // heaps' regions are disjoint, so the other heap's miss is cheap).
+        // The heap checks the size against the block it finds (its 256-byte
+        // granules): a wrong size is refused and frees nothing.
         let class = self.class_of(bytes);
         let mut st = self.lock();
         let lane = self.lane_of(&mut st, stream)?;
-        match st.heaps[class].free(ptr.0, lane) {
+        match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
             Ok(_) => Ok(()),
-            Err(HeapError::UnknownAddress(_)) => Self::free_elsewhere(&mut st, class, ptr, lane),
+            Err(HeapError::UnknownAddress(_)) => {
+                Self::free_elsewhere(&mut st, class, ptr, bytes, lane)
+            }
             Err(e) => Err(heap_error(ptr, e)),
         }
     }
@@ -644,15 +651,22 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
 }
 
 impl<U: MemoryResource> PoolResource<U> {
-    /// Frees `ptr` in whichever heap other than `tried` knows it.
+    /// Frees `ptr` in whichever heap other than `tried` knows it (a block of
+    /// that heap freed with a size of the other is refused there).
     #[cold]
-    fn free_elsewhere(st: &mut State, tried: usize, ptr: DevicePtr, lane: LaneId) -> Result<()> {
+    fn free_elsewhere(
+        st: &mut State,
+        tried: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+        lane: LaneId,
+    ) -> Result<()> {
         let mut err = HeapError::UnknownAddress(ptr.0);
         for (c, h) in st.heaps.iter_mut().enumerate() {
             if c == tried {
                 continue;
             }
-            match h.free(ptr.0, lane) {
+            match h.free_sized(ptr.0, lane, bytes as u64) {
                 Ok(_) => return Ok(()),
                 Err(HeapError::UnknownAddress(_)) => {}
                 Err(e) => err = e,

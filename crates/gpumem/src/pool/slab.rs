@@ -335,6 +335,15 @@ impl<U: MemoryResource> Slab<U> {
             .then_some(class)
     }
 
+    /// What `ptr` is to this slab: `None` when it starts no block of it,
+    /// `Some(None)` for a free block, `Some(Some(bytes))` for a live block
+    /// allocated with `bytes`. For diagnosing frees routed elsewhere.
+    #[cold]
+    pub(crate) fn lookup(&self, ptr: DevicePtr) -> Option<Option<usize>> {
+        let class = self.locate(ptr)?;
+        Some(lock(&self.classes[class].state).live.get(&ptr.0).copied())
+    }
+
     #[cold]
     fn bad_free(&self, class: usize, ptr: DevicePtr, bytes: Option<usize>) -> Error {
         let reason = match self.locate(ptr) {

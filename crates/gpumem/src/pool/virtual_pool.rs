@@ -64,6 +64,11 @@
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
 //!
+//! Bad frees: a free is checked against the block the heap finds for it (its
+//! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
+//! that starts no used block, a second free or another size is
+//! [`Error::InvalidFree`] and frees nothing.
+//!
 //! Costs: the fast path is one lock, one lane lookup, the TLSF operation,
 //! the block's two boundary page entries and a few words of their groups of
 //! 64 pages (bitmaps, and on free the frees record); pages that take their
@@ -1539,7 +1544,7 @@ impl MemoryResource for VirtualPool {
     fn deallocate(
         &self,
         ptr: DevicePtr,
-        _bytes: usize,
+        bytes: usize,
         _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -1558,11 +1563,12 @@ impl MemoryResource for VirtualPool {
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space
         // beside it, so the pool stays compact; with several, that would make
-        // the others wait for this one (steal) to get addresses.
+        // the others wait for this one (steal) to get addresses. The heap
+        // checks the size against the block (its 256-byte granules).
         let size = if a.lanes.len() <= 1 {
-            a.heap.free_absorbing(ptr.0, lane)
+            a.heap.free_absorbing_sized(ptr.0, lane, bytes as u64)
         } else {
-            a.heap.free(ptr.0, lane)
+            a.heap.free_sized(ptr.0, lane, bytes as u64)
         }
         .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);

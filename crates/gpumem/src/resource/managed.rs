@@ -1,22 +1,38 @@
 //! `ManagedResource`: unified memory (`cuMemAllocManaged`), migrated between host
 //! and device on demand by the driver.
+//!
+//! Like [`DeviceResource`](super::DeviceResource), it knows what it handed
+//! out: foreign, double and wrong-size frees are errors and never reach
+//! `cuMemFree` (one table insert and remove per allocation).
 
+use std::sync::Arc;
+
+use super::handed_out::HandedOut;
 use super::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::stream::Stream;
 use crate::Result;
 
-/// Managed memory, attached globally.
+/// Managed memory, attached globally. Clones share what was handed out.
 #[derive(Debug, Clone)]
 pub struct ManagedResource {
     device: Device,
+    handed_out: Arc<HandedOut>,
 }
 
 impl ManagedResource {
     /// Managed memory allocated with `device` current.
     pub fn new(device: Device) -> Self {
-        Self { device }
+        Self {
+            device,
+            handed_out: Arc::default(),
+        }
+    }
+
+    /// Allocations handed out and not yet freed.
+    pub fn live_allocations(&self) -> usize {
+        self.handed_out.len()
     }
 }
 
@@ -25,22 +41,27 @@ impl MemoryResource for ManagedResource {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
-        self.device
+        let p = self
+            .device
             .driver()
-            .mem_alloc_managed(self.device.ordinal(), bytes)
+            .mem_alloc_managed(self.device.ordinal(), bytes)?;
+        self.handed_out.insert(p, bytes, ());
+        Ok(p)
     }
 
     fn deallocate(
         &self,
         ptr: DevicePtr,
-        _bytes: usize,
+        bytes: usize,
         _alignment: usize,
         _stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
-        self.device.driver().mem_free(self.device.ordinal(), ptr)
+        self.handed_out.free_with(ptr, bytes, |_| {
+            self.device.driver().mem_free(self.device.ordinal(), ptr)
+        })
     }
 
     fn device(&self) -> &Device {

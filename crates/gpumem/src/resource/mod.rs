@@ -10,7 +10,8 @@
 //!
 //! Rules every resource follows:
 //! - `allocate(0, ..)` returns [`DevicePtr::NULL`] without touching the upstream,
-//!   and `deallocate(DevicePtr::NULL, 0, ..)` does nothing.
+//!   and `deallocate(DevicePtr::NULL, n, ..)` does nothing and returns `Ok`,
+//!   whatever `n` (as C's `free(NULL)`; NULL is never a live allocation).
 //! - The alignment must be a power of two ([`Error::BadAlignment`] otherwise);
 //!   every resource serves alignments up to [`DEFAULT_ALIGNMENT`] (256 bytes);
 //!   larger ones are served where a resource says so, else
@@ -21,12 +22,39 @@
 //!   `s` means the memory is free once the work enqueued on `s` before the free has
 //!   run. Resources that are not stream-ordered (the driver's synchronous
 //!   allocators) ignore the stream.
-//! - Freeing a pointer with a size or alignment other than it was allocated with
-//!   is a caller error; resources that can detect it return
-//!   [`Error::InvalidFree`], as do the tracking and debug layers.
+//! - A bad free is refused with [`Error::InvalidFree`] and frees nothing: a
+//!   pointer the resource did not hand out (another allocator's, or one inside
+//!   a block), a pointer already freed, or a size other than the one
+//!   allocated. Resources that record the requested size compare it exactly
+//!   (the driver resources, the slab pools [`FixedSizeResource`],
+//!   [`CachingPool`] and [`BinningResource`]'s bins and direct allocations,
+//!   the async pools, the tracking adaptor, the aligned adaptor's
+//!   over-aligned blocks); pools that record only the block compare at its
+//!   granularity: [`PoolResource`] and [`VirtualPool`] accept any size that
+//!   rounds up to the block's 256-byte granules, [`ArenaResource`] any size in
+//!   the same granules (small blocks) or superblocks (large blocks), and their
+//!   statistics count those rounded blocks, so they stay exact. The reason
+//!   says what is wrong ([`FreeError`](crate::FreeError)); a second free is
+//!   `DoubleFree` where the resource can still tell (a pool whose block is
+//!   free, a driver resource that freed the pointer recently), else `Unknown`.
+//!   [`CallbackResource`] leaves all this to its closures.
+//! - The pointer and the size name the block: an alignment of at most 256
+//!   bytes passed to `deallocate` need not be the allocation's (the aligned
+//!   adaptor routes larger ones by it). Freeing on a stream other than the
+//!   allocation's is valid and ordered on the freeing stream.
+//! - The shared resource suite (`tests/common`) checks these rules on every
+//!   resource, bad frees included (its bad-free matrix).
+//!
+//! [`FixedSizeResource`]: crate::pool::FixedSizeResource
+//! [`CachingPool`]: crate::pool::CachingPool
+//! [`BinningResource`]: crate::pool::BinningResource
+//! [`PoolResource`]: crate::pool::PoolResource
+//! [`VirtualPool`]: crate::pool::VirtualPool
+//! [`ArenaResource`]: crate::pool::ArenaResource
 
 mod callback;
 mod device;
+mod handed_out;
 mod managed;
 mod pinned;
 mod sam_headroom;
@@ -34,6 +62,7 @@ mod system;
 
 pub use callback::CallbackResource;
 pub use device::DeviceResource;
+pub use handed_out::HandedOut;
 pub use managed::ManagedResource;
 pub use pinned::PinnedHostResource;
 pub use sam_headroom::SamHeadroomResource;

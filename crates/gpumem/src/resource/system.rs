@@ -3,33 +3,28 @@
 //! (HMM or ATS, "system allocated memory"), kernels can use it directly; the
 //! properties say whether this device can.
 //!
-//! Each allocation is a zeroed heap buffer kept in a table, so a free of a
-//! pointer this resource never handed out, a double free or a size mismatch is an
-//! error value rather than undefined behaviour.
+//! Each allocation is a zeroed heap buffer kept in the table of what was
+//! handed out ([`HandedOut`](super::HandedOut)), so a free of a pointer this
+//! resource never handed out, a double free or a size mismatch is an error
+//! value rather than undefined behaviour.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
+use super::handed_out::HandedOut;
 use super::{validate_request, MemoryResource, Properties};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::stream::Stream;
-use crate::{Error, FreeError, Result};
+use crate::{Error, Result};
 
 /// Largest alignment the system resource serves.
 pub const SYSTEM_MAX_ALIGNMENT: usize = 1 << 20;
-
-struct HostBlock {
-    /// Owns the memory; the pointer handed out lies inside it, aligned.
-    _storage: Vec<u8>,
-    bytes: usize,
-}
 
 /// Host memory from the global allocator.
 pub struct SystemResource {
     device: Device,
     device_accessible: bool,
-    live: Mutex<HashMap<u64, HostBlock>>,
+    /// Each block owns its storage; the pointer handed out lies inside it,
+    /// aligned.
+    live: HandedOut<Vec<u8>>,
 }
 
 impl std::fmt::Debug for SystemResource {
@@ -49,19 +44,13 @@ impl SystemResource {
         Ok(Self {
             device,
             device_accessible,
-            live: Mutex::new(HashMap::new()),
+            live: HandedOut::default(),
         })
     }
 
     /// Number of allocations not yet freed.
     pub fn live_allocations(&self) -> usize {
-        self.lock().len()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HostBlock>> {
-        // A panic while holding the lock cannot leave the table inconsistent
-        // (each operation is one insert or remove), so poisoning is ignored.
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+        self.live.len()
     }
 }
 
@@ -80,15 +69,9 @@ impl MemoryResource for SystemResource {
             .map_err(|_| Error::oom(bytes))?;
         storage.resize(total, 0);
         let base = storage.as_mut_ptr() as usize;
-        let addr = base.next_multiple_of(alignment) as u64;
-        self.lock().insert(
-            addr,
-            HostBlock {
-                _storage: storage,
-                bytes,
-            },
-        );
-        Ok(DevicePtr(addr))
+        let addr = DevicePtr(base.next_multiple_of(alignment) as u64);
+        self.live.insert(addr, bytes, storage);
+        Ok(addr)
     }
 
     fn deallocate(
@@ -101,24 +84,8 @@ impl MemoryResource for SystemResource {
         if ptr.is_null() {
             return Ok(());
         }
-        let mut live = self.lock();
-        match live.get(&ptr.0) {
-            None => Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::Unknown,
-            }),
-            Some(b) if b.bytes != bytes => Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::SizeMismatch {
-                    allocated: b.bytes,
-                    freed: bytes,
-                },
-            }),
-            Some(_) => {
-                live.remove(&ptr.0);
-                Ok(())
-            }
-        }
+        // Dropping the storage frees the memory.
+        self.live.take(ptr, bytes).map(drop)
     }
 
     fn device(&self) -> &Device {

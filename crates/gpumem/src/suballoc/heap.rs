@@ -117,6 +117,16 @@ pub enum HeapError {
     /// The block arena is full (2^32 − 2 blocks).
     #[error("too many blocks")]
     TooManyBlocks,
+    /// The address starts a used block of another size than the one freed.
+    #[error("address {addr:#x} is a block of {block} bytes, freed as {freed}")]
+    SizeMismatch {
+        /// Address freed.
+        addr: u64,
+        /// Bytes the block holds.
+        block: u64,
+        /// Bytes the free named.
+        freed: u64,
+    },
 }
 
 impl HeapError {
@@ -125,6 +135,10 @@ impl HeapError {
         match self {
             HeapError::UnknownAddress(_) => Some(crate::FreeError::Unknown),
             HeapError::DoubleFree(_) => Some(crate::FreeError::DoubleFree),
+            HeapError::SizeMismatch { block, freed, .. } => Some(crate::FreeError::SizeMismatch {
+                allocated: block as usize,
+                freed: freed as usize,
+            }),
             _ => None,
         }
     }
@@ -191,6 +205,37 @@ fn split(arena: &mut BlockArena, i: u32, at: u64) -> Option<u32> {
     arena[i].next_phys = j;
     arena[i].size = at;
     Some(j)
+}
+
+/// True when a used block of `block` bytes is what a request of `bytes`
+/// gets: the request rounded up to the granule, plus a remainder below
+/// `min_split` that was not split off. (A split fails only when the block
+/// arena is full, at 2^32 blocks.)
+#[inline(always)]
+fn block_holds(block: u64, bytes: u64, min_split: u64) -> bool {
+    bytes != 0
+        && round_to_granule(bytes).is_some_and(|need| need <= block && block - need < min_split)
+}
+
+/// After `addr` (block `i`, of `block` bytes) was taken out of `used` for a
+/// free of `bytes`: when that is not the block's size, puts it back (the
+/// block stays used) and says so.
+#[inline(always)]
+fn keep_if_wrong_size(
+    used: &mut AddrTable,
+    addr: u64,
+    i: u32,
+    block: u64,
+    bytes: Option<u64>,
+    min_split: u64,
+) -> Result<(), HeapError> {
+    match bytes {
+        Some(freed) if !block_holds(block, freed, min_split) => {
+            used.insert(addr, i);
+            Err(HeapError::SizeMismatch { addr, block, freed })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Merges `b` (the next block by address) into `a` and releases `b`'s slot.
@@ -567,6 +612,26 @@ impl LaneHeap {
     /// path that walks its region; nothing changes on error.
     #[inline]
     pub fn free(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
+        self.free_checked(addr, lane, None)
+    }
+
+    /// Like [`free`](Self::free), for a block that was allocated with `bytes`
+    /// bytes: a block of another size is [`HeapError::SizeMismatch`] and
+    /// stays used. Sizes compare as blocks do: `bytes` rounded up to 256 must
+    /// be the block's size, less any remainder below the minimum split. O(1),
+    /// the same lookup as `free`.
+    #[inline]
+    pub fn free_sized(&mut self, addr: u64, lane: LaneId, bytes: u64) -> Result<u64, HeapError> {
+        self.free_checked(addr, lane, Some(bytes))
+    }
+
+    #[inline(always)]
+    fn free_checked(
+        &mut self,
+        addr: u64,
+        lane: LaneId,
+        bytes: Option<u64>,
+    ) -> Result<u64, HeapError> {
         let t = match self.lanes.get_mut(lane.0 as usize) {
             Some(Some(t)) => t,
             _ => return Err(HeapError::NoSuchLane(lane)),
@@ -575,6 +640,7 @@ impl LaneHeap {
             return Err(self.diagnose_bad_free(addr));
         };
         let size = self.arena[i].size;
+        keep_if_wrong_size(&mut self.used, addr, i, size, bytes, self.min_split)?;
         self.used_bytes -= size;
         file_free(&mut self.arena, t, i, lane.0);
         Ok(size)
@@ -587,8 +653,30 @@ impl LaneHeap {
     /// so a one-stream workload does not spread over fresh addresses. O(1).
     #[inline]
     pub fn free_absorbing(&mut self, addr: u64, lane: LaneId) -> Result<u64, HeapError> {
+        self.free_absorbing_checked(addr, lane, None)
+    }
+
+    /// [`free_absorbing`](Self::free_absorbing) with the size check of
+    /// [`free_sized`](Self::free_sized).
+    #[inline]
+    pub fn free_absorbing_sized(
+        &mut self,
+        addr: u64,
+        lane: LaneId,
+        bytes: u64,
+    ) -> Result<u64, HeapError> {
+        self.free_absorbing_checked(addr, lane, Some(bytes))
+    }
+
+    #[inline(always)]
+    fn free_absorbing_checked(
+        &mut self,
+        addr: u64,
+        lane: LaneId,
+        bytes: Option<u64>,
+    ) -> Result<u64, HeapError> {
         if lane == LaneId::GLOBAL || lane.0 as usize >= self.lanes.len() {
-            return self.free(addr, lane);
+            return self.free_checked(addr, lane, bytes);
         }
         let (global, rest) = self.lanes.split_at_mut(1);
         let (Some(g), Some(Some(t))) = (global[0].as_mut(), rest.get_mut(lane.0 as usize - 1))
@@ -600,6 +688,7 @@ impl LaneHeap {
         };
         let arena = &mut self.arena;
         let size = arena[i].size;
+        keep_if_wrong_size(&mut self.used, addr, i, size, bytes, self.min_split)?;
         self.used_bytes -= size;
         let prev = arena[i].prev_phys;
         if prev != NIL && arena[prev].is_free_in(LaneId::GLOBAL.0) {

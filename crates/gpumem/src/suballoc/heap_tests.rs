@@ -434,3 +434,53 @@ fn allocate_from_carves_a_range_out_of_a_free_block() {
     assert_eq!(h.free(b.addr, G), Ok(1024));
     h.check_invariants().unwrap();
 }
+
+#[test]
+fn a_sized_free_must_name_the_blocks_granules() {
+    let (mut h, r) = heap_with(0x10000, MIB);
+    let a = h.allocate(G, 1000, 1).unwrap();
+    let lane = h.create_lane().unwrap();
+    let before = layout(&h, r);
+    for wrong in [0, 768, 1025, 40_000, u64::MAX] {
+        assert_eq!(
+            h.free_sized(a.addr, lane, wrong),
+            Err(HeapError::SizeMismatch {
+                addr: a.addr,
+                block: 1024,
+                freed: wrong
+            }),
+            "{wrong}"
+        );
+        assert_eq!(
+            h.free_absorbing_sized(a.addr, lane, wrong).unwrap_err(),
+            HeapError::SizeMismatch {
+                addr: a.addr,
+                block: 1024,
+                freed: wrong
+            }
+        );
+        assert_eq!(layout(&h, r), before, "nothing changed");
+        assert_eq!(h.used_bytes(), 1024);
+    }
+    assert_eq!(
+        HeapError::SizeMismatch {
+            addr: a.addr,
+            block: 1024,
+            freed: 40_000
+        }
+        .free_reason(),
+        Some(crate::FreeError::SizeMismatch {
+            allocated: 1024,
+            freed: 40_000
+        })
+    );
+    // Any size in the block's granules is the block.
+    assert_eq!(h.free_sized(a.addr, lane, 1001), Ok(1024));
+    assert_eq!(
+        h.free_sized(a.addr, lane, 1000),
+        Err(HeapError::DoubleFree(a.addr))
+    );
+    let b = h.allocate(G, 4096, 1).unwrap();
+    assert_eq!(h.free_absorbing_sized(b.addr, lane, 3841), Ok(4096));
+    h.check_invariants().unwrap();
+}

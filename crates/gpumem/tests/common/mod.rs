@@ -2,6 +2,7 @@
 //! suite that every memory resource must pass.
 #![allow(dead_code)]
 
+pub mod bad_free;
 pub mod model;
 pub mod suite;
 

@@ -87,7 +87,8 @@ pub(crate) struct ArenaState {
     quick: Vec<Vec<(u32, u32)>>,
     quick_count: usize,
     large_live: u64,
-    /// Bytes handed out from this arena and not yet freed (as requested).
+    /// Bytes of the blocks handed out from this arena and not yet freed
+    /// (granules and superblocks, see `ArenaStats::live`).
     pub(crate) live: usize,
 }
 
