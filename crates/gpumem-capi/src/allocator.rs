@@ -21,6 +21,11 @@
 //! reported the same way (the first [`MAX_BAD_FREE_REPORTS`]). An invalid
 //! `GPUMEM_CONF` serves nothing: every allocation returns NULL, reported, and
 //! [`Allocator::conf_error`] says why.
+//!
+//! In a child process forked after the first use (Python's `multiprocessing`
+//! and PyTorch's `DataLoader` fork by default), every call returns before
+//! it takes a lock: allocations return NULL with a message saying why and
+//! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -221,7 +226,12 @@ impl Allocator {
     }
 
     /// The state of `device` if it was built.
+    /// `None` in a child forked after first use: its locks may be held for
+    /// ever there (see [`gpumem::fork`]).
     fn built(&self, device: i32) -> Option<&DeviceState> {
+        if gpumem::fork::in_forked_child() {
+            return None;
+        }
         self.slot(device)?.get()?.as_ref()
     }
 
@@ -366,6 +376,14 @@ impl Allocator {
         if size == 0 {
             return DevicePtr::NULL;
         }
+        if gpumem::fork::in_forked_child() {
+            // Before any lock: one the parent held at the fork stays held here.
+            self.report_oom(&format!(
+                "device {device}: allocation of {size} bytes refused: {}; returning NULL",
+                gpumem::fork::forked_error()
+            ));
+            return DevicePtr::NULL;
+        }
         if gpumem::exit::process_is_exiting() {
             return DevicePtr::NULL;
         }
@@ -395,7 +413,7 @@ impl Allocator {
     /// was allocated with. NULL is ignored (whatever the size); a bad free
     /// frees nothing and is counted and reported.
     pub fn free(&self, ptr: DevicePtr, size: usize, device: i32, stream: u64) {
-        if ptr.is_null() || gpumem::exit::process_is_exiting() {
+        if ptr.is_null() || unusable() {
             return;
         }
         let Some(st) = self.built(device) else {
@@ -432,7 +450,7 @@ impl Allocator {
 
     /// CuPy's free: the size is the one [`Allocator::cupy_malloc`] remembered.
     pub fn cupy_free(&self, ptr: DevicePtr, device: i32) {
-        if ptr.is_null() || gpumem::exit::process_is_exiting() {
+        if ptr.is_null() || unusable() {
             return;
         }
         let Some(st) = self.built(device) else {
@@ -499,7 +517,7 @@ impl Allocator {
     /// Gives the cached memory of `device` back to the driver; returns the
     /// bytes given back (0 for a device not used yet; failures reported).
     pub fn empty_cache(&self, device: i32) -> usize {
-        if gpumem::exit::process_is_exiting() {
+        if unusable() {
             return 0;
         }
         match self.built(device).map(|s| s.stack.upstream().empty_cache()) {
@@ -511,4 +529,10 @@ impl Allocator {
             None => 0,
         }
     }
+}
+
+/// True once this process can no longer use its devices: it is exiting, or
+/// it is a child forked after gpumem's first use. Checked before any lock.
+fn unusable() -> bool {
+    gpumem::exit::process_is_exiting() || gpumem::fork::in_forked_child()
 }
