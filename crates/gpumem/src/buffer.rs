@@ -9,8 +9,10 @@
 //! the destination's stream like any kernel.
 
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
 use bytemuck::Pod;
+use cudarc::driver::CudaStream;
 
 use crate::driver::DevicePtr;
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
@@ -24,6 +26,10 @@ pub struct DeviceBuffer<T: Pod, R: MemoryResource = SharedResource> {
     len: usize,
     resource: R,
     stream: Stream,
+    /// The cudarc wrapper of `stream`, once cudarc asked for it
+    /// ([`DeviceSlice::stream`](cudarc::driver::DeviceSlice::stream) lends
+    /// it for as long as the buffer is borrowed).
+    pub(crate) cudarc_stream: OnceLock<Arc<CudaStream>>,
     _marker: PhantomData<T>,
 }
 
@@ -57,6 +63,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
             len,
             resource,
             stream: stream.clone(),
+            cudarc_stream: OnceLock::new(),
             _marker: PhantomData,
         })
     }
@@ -109,6 +116,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// uses the buffer must be ordered before later work on `stream` by the caller.
     pub fn set_stream(&mut self, stream: &Stream) {
         self.stream = stream.clone();
+        self.cudarc_stream = OnceLock::new();
     }
 
     /// The resource the memory came from.
