@@ -5,12 +5,17 @@
 //! `T` on the host. Copies that involve host memory come in two forms: safe ones
 //! that enqueue on the buffer's stream and wait for it, and `unsafe` asynchronous
 //! ones whose caller keeps the host memory alive until the stream reaches the
-//! copy. Device-to-device copies are asynchronous and safe: they are ordered on
+//! copy. A safe copy never returns, not even with an error, while its copy may
+//! still use the caller's memory: a failed wait is retried, and if the stream
+//! cannot be waited for at all the process aborts
+//! ([`DeviceBuffer::copy_to_host`] says why). Device-to-device copies are asynchronous and safe: they are ordered on
 //! the destination's stream like any kernel.
 
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
 use bytemuck::Pod;
+use cudarc::driver::CudaStream;
 
 use crate::driver::DevicePtr;
 use crate::resource::{MemoryResource, SharedResource, DEFAULT_ALIGNMENT};
@@ -24,6 +29,10 @@ pub struct DeviceBuffer<T: Pod, R: MemoryResource = SharedResource> {
     len: usize,
     resource: R,
     stream: Stream,
+    /// The cudarc wrapper of `stream`, once cudarc asked for it
+    /// ([`DeviceSlice::stream`](cudarc::driver::DeviceSlice::stream) lends
+    /// it for as long as the buffer is borrowed).
+    pub(crate) cudarc_stream: OnceLock<Arc<CudaStream>>,
     _marker: PhantomData<T>,
 }
 
@@ -35,6 +44,22 @@ impl<T: Pod, R: MemoryResource> std::fmt::Debug for DeviceBuffer<T, R> {
             .field("stream", &self.stream)
             .finish()
     }
+}
+
+/// Waits tried before a copy of caller memory that cannot be waited for
+/// aborts the process.
+const WAIT_TRIES: u32 = 3;
+
+/// The caller's memory would be returned while a copy may still use it, which
+/// safe code must never see: end the process instead.
+#[cold]
+fn abort_under_copy(e: &Error) -> ! {
+    eprintln!(
+        "gpumem: cannot wait for a copy into or out of caller memory ({e}); the CUDA \
+         context is broken and the copy may still run, so the process aborts rather \
+         than hand the memory back"
+    );
+    std::process::abort()
 }
 
 fn alignment_of<T>() -> usize {
@@ -57,6 +82,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
             len,
             resource,
             stream: stream.clone(),
+            cudarc_stream: OnceLock::new(),
             _marker: PhantomData,
         })
     }
@@ -109,6 +135,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// uses the buffer must be ordered before later work on `stream` by the caller.
     pub fn set_stream(&mut self, stream: &Stream) {
         self.stream = stream.clone();
+        self.cudarc_stream = OnceLock::new();
     }
 
     /// The resource the memory came from.
@@ -145,19 +172,42 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         }
     }
 
-    /// Copies `src` to the device and waits for the copy.
+    /// Copies `src` to the device and waits for the copy. It never returns
+    /// while the copy may still read `src`; see [`DeviceBuffer::copy_to_host`].
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
-        // SAFETY: `src` is borrowed until the stream is synchronized below, so the
-        // host memory outlives the copy.
+        // SAFETY: `src` is borrowed until the copy has run: `wait_for_copy`
+        // returns only then (or aborts the process).
         unsafe { self.copy_from_host_async(src)? };
-        self.stream.synchronize()
+        self.wait_for_copy()
     }
 
     /// Copies the buffer into `dst` and waits for the copy.
+    ///
+    /// It never returns while the copy may still write `dst`. If waiting
+    /// fails, it waits again (the error may be an earlier failure reported
+    /// late) and returns that first error once a wait succeeds. If every wait
+    /// fails, the CUDA context is broken and nothing can say whether the copy
+    /// will still run, so the process is aborted (with a message on stderr)
+    /// rather than give `dst` back to the caller under a copy.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
-        // SAFETY: `dst` is borrowed mutably until the stream is synchronized below.
+        // SAFETY: `dst` is borrowed mutably until the copy has run:
+        // `wait_for_copy` returns only then (or aborts the process).
         unsafe { self.copy_to_host_async(dst)? };
-        self.stream.synchronize()
+        self.wait_for_copy()
+    }
+
+    /// Waits for the copy into or out of caller memory just enqueued on the
+    /// buffer's stream (see [`DeviceBuffer::copy_to_host`]).
+    fn wait_for_copy(&self) -> Result<()> {
+        let Err(first) = self.stream.synchronize() else {
+            return Ok(());
+        };
+        for _ in 1..WAIT_TRIES {
+            if self.stream.synchronize().is_ok() {
+                return Err(first);
+            }
+        }
+        abort_under_copy(&first)
     }
 
     /// Copies the buffer into a new vector.

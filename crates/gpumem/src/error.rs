@@ -66,6 +66,39 @@ impl fmt::Display for OomInfo {
     }
 }
 
+/// The allocations that kept memory from being given back
+/// ([`Error::InUse`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveAllocations {
+    /// What refused, such as `PinnedPool`.
+    pub what: &'static str,
+    /// How many allocations are live.
+    pub count: usize,
+    /// Their bytes, as requested.
+    pub bytes: usize,
+    /// The first few, lowest address first: (pointer, requested bytes).
+    pub first: Vec<(u64, usize)>,
+}
+
+impl fmt::Display for LiveAllocations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.count == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} still has {} live allocation{s} ({} bytes): ",
+            self.what, self.count, self.bytes
+        )?;
+        for (i, (ptr, bytes)) in self.first.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{ptr:#x}+{bytes}")?;
+        }
+        if self.count > self.first.len() {
+            write!(f, " and {} more", self.count - self.first.len())?;
+        }
+        Ok(())
+    }
+}
+
 /// Every error gpumem returns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -135,6 +168,11 @@ pub enum Error {
     /// An argument is outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// Memory cannot be given back while allocations made from it are live
+    /// (freeing it would leave their owners reading freed memory).
+    #[error("{0}; free them first")]
+    InUse(Box<LiveAllocations>),
 
     /// The resource or manager has been shut down.
     #[error("{0} has been shut down")]

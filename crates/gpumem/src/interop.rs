@@ -16,12 +16,15 @@
 //! lists private): launch on the buffer's stream, or order the streams first
 //! ([`Stream::wait_for`]).
 //!
-//! [`DeviceSlice::stream`] returns a cudarc wrapper of the buffer's stream,
-//! made once per stream and kept for the life of the process together with a
-//! clone of the gpumem [`Stream`], so the handle stays valid while any clone
-//! of the wrapper may be used (a stream used this way is never destroyed
-//! before exit). A foreign stream ([`Stream::from_raw`]) stays its owner's to
-//! keep alive. On the simulated backend there is no cudarc stream:
+//! [`DeviceSlice::stream`] returns a cudarc wrapper of the buffer's stream
+//! (kept in the buffer once asked for). Wrappers come from one cache keyed
+//! by device and stream handle, so every device's legacy stream has its own.
+//! An entry keeps a clone of the gpumem [`Stream`] next to the wrapper, so the
+//! handle stays valid while any clone of the wrapper may be used; an entry
+//! whose wrapper and stream are referenced nowhere else is dropped when the
+//! next new stream is wrapped, so the cache holds only what is in use. A
+//! foreign stream ([`Stream::from_raw`]) stays its owner's to keep alive. On
+//! the simulated backend there is no cudarc stream:
 //! [`DeviceSlice::stream`] panics there (the trait cannot return an error);
 //! everything else returns errors or is never reached, since a `CudaStream`
 //! cannot exist without CUDA.
@@ -40,13 +43,48 @@ use crate::buffer::DeviceBuffer;
 use crate::device::Device;
 use crate::driver::{Backend, RawStream};
 use crate::resource::MemoryResource;
-use crate::stream::{Event, Stream, StreamId};
+use crate::stream::{Event, Stream};
 use crate::{Error, Result};
 
-type Streams = HashMap<StreamId, (Stream, &'static Arc<CudaStream>)>;
-
 static CONTEXTS: Mutex<Option<HashMap<u32, Arc<CudaContext>>>> = Mutex::new(None);
-static STREAMS: Mutex<Option<Streams>> = Mutex::new(None);
+static STREAMS: Mutex<Option<StreamCache<CudaStream>>> = Mutex::new(None);
+
+/// Wrappers `W` of streams, one per (device ordinal, stream handle), each
+/// with a clone of the gpumem stream it wraps.
+struct StreamCache<W> {
+    map: HashMap<(u32, RawStream), (Stream, Arc<W>)>,
+}
+
+impl<W> StreamCache<W> {
+    fn new() -> Self {
+        Self {
+            map: HashMap::new(),
+        }
+    }
+
+    /// The wrapper of `stream`, made by `wrap` on a miss (after dropping the
+    /// entries nothing else uses).
+    fn get_or_wrap(
+        &mut self,
+        stream: &Stream,
+        wrap: impl FnOnce() -> Result<Arc<W>>,
+    ) -> Result<Arc<W>> {
+        let key = (stream.device().ordinal(), stream.raw());
+        if let Some((_, w)) = self.map.get(&key) {
+            return Ok(w.clone());
+        }
+        self.prune();
+        let w = wrap()?;
+        self.map.insert(key, (stream.clone(), w.clone()));
+        Ok(w)
+    }
+
+    /// Drops the entries whose wrapper and stream are held only here.
+    fn prune(&mut self) {
+        self.map
+            .retain(|_, (s, w)| !(s.is_sole_handle() && Arc::strong_count(w) == 1));
+    }
+}
 
 /// cudarc's context for a CUDA `device`: the device's primary context, the
 /// one gpumem's CUDA backend uses. Made once per ordinal.
@@ -71,31 +109,24 @@ pub fn cudarc_context(device: &Device) -> Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// A cudarc wrapper of a gpumem stream (borrowed: cudarc never destroys it),
-/// made once per stream; the gpumem stream is kept alive until the process
-/// exits so the wrapper stays valid. [`Error::Unsupported`] on the simulated
-/// backend.
+/// A cudarc wrapper of a gpumem stream (borrowed: cudarc never destroys it).
+/// The same wrapper is returned while any clone of it is held; the gpumem
+/// stream is kept alive as long, so the wrapper stays valid.
+/// [`Error::Unsupported`] on the simulated backend.
 pub fn cudarc_stream(stream: &Stream) -> Result<Arc<CudaStream>> {
-    cudarc_stream_ref(stream).map(Arc::clone)
-}
-
-fn cudarc_stream_ref(stream: &Stream) -> Result<&'static Arc<CudaStream>> {
     let ctx = cudarc_context(stream.device())?;
     let mut g = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
-    let map = g.get_or_insert_with(HashMap::new);
-    if let Some((_, s)) = map.get(&stream.id()) {
-        return Ok(s);
-    }
-    // SAFETY: the handle is a live stream of this device's primary context
-    // (gpumem's CUDA backend works in primary contexts, and `ctx` is the same
-    // primary context); a clone of the gpumem `Stream` is stored next to the
-    // wrapper and never dropped, so the handle outlives every use of the
-    // wrapper; ordering with gpumem's work is handled by the trait impls
-    // below (see the module documentation).
-    let wrapped = unsafe { ctx.wrap_borrowed_stream(stream.raw() as CUstream) };
-    let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(wrapped));
-    map.insert(stream.id(), (stream.clone(), leaked));
-    Ok(leaked)
+    g.get_or_insert_with(StreamCache::new)
+        .get_or_wrap(stream, || {
+            // SAFETY: the handle is a live stream of this device's primary
+            // context (gpumem's CUDA backend works in primary contexts, and
+            // `ctx` is the same primary context); the cache keeps a clone of
+            // the gpumem `Stream` next to the wrapper until no clone of the
+            // wrapper is left, so the handle outlives every use of it;
+            // ordering with gpumem's work is handled by the trait impls below
+            // (see the module documentation).
+            Ok(unsafe { ctx.wrap_borrowed_stream(stream.raw() as CUstream) })
+        })
 }
 
 /// A gpumem handle to cudarc's stream (not owned: cudarc destroys it), so
@@ -132,8 +163,11 @@ impl<T: Pod, R: MemoryResource> DeviceSlice<T> for DeviceBuffer<T, R> {
     /// On the simulated backend, which has no cudarc stream (the trait gives
     /// no way to return an error). Use [`cudarc_stream`] for a fallible form.
     fn stream(&self) -> &Arc<CudaStream> {
-        match cudarc_stream_ref(DeviceBuffer::stream(self)) {
-            Ok(s) => s,
+        if let Some(s) = self.cudarc_stream.get() {
+            return s;
+        }
+        match cudarc_stream(DeviceBuffer::stream(self)) {
+            Ok(s) => self.cudarc_stream.get_or_init(|| s),
             Err(e) => panic!("gpumem DeviceBuffer used as a cudarc DeviceSlice: {e}"),
         }
     }
@@ -198,5 +232,52 @@ mod tests {
         let d = Device::sim(SimConfig::default());
         assert!(matches!(cudarc_context(&d), Err(Error::Unsupported { .. })));
         assert!(cudarc_stream(&d.create_stream().unwrap()).is_err());
+    }
+
+    /// The cache over stand-in wrappers (a cudarc stream needs CUDA).
+    fn wrap_count(cache: &mut StreamCache<u32>, stream: &Stream, made: &mut u32) -> Arc<u32> {
+        cache
+            .get_or_wrap(stream, || {
+                *made += 1;
+                Ok(Arc::new(*made))
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn each_device_legacy_stream_gets_its_own_wrapper() {
+        let d0 = Device::sim(SimConfig::multi(2));
+        let d1 = Device::new(d0.driver().clone(), 1).unwrap();
+        let (mut cache, mut made) = (StreamCache::new(), 0);
+        let w0 = wrap_count(&mut cache, &Stream::legacy(d0.clone()), &mut made);
+        let w1 = wrap_count(&mut cache, &Stream::legacy(d1), &mut made);
+        assert_ne!(w0, w1, "device 1's legacy stream got device 0's wrapper");
+        // The same device and handle share one, whichever gpumem stream asks.
+        let again = wrap_count(&mut cache, &Stream::legacy(d0), &mut made);
+        assert!(Arc::ptr_eq(&w0, &again));
+        assert_eq!(made, 2);
+    }
+
+    #[test]
+    fn entries_nothing_else_uses_are_dropped() {
+        let d = Device::sim(SimConfig::default());
+        let (mut cache, mut made) = (StreamCache::new(), 0);
+        let kept_stream = d.create_stream().unwrap();
+        let _kept = wrap_count(&mut cache, &kept_stream, &mut made);
+        let held_wrapper = wrap_count(&mut cache, &d.create_stream().unwrap(), &mut made);
+        for _ in 0..100 {
+            let s = d.create_stream().unwrap();
+            let w = wrap_count(&mut cache, &s, &mut made);
+            drop((s, w));
+        }
+        assert_eq!(made, 102);
+        // Kept: the stream still in use, and the wrapper still in use (its
+        // stream lives on in the cache); the last unused one waits for the
+        // next miss.
+        assert_eq!(cache.map.len(), 3, "the cache grew with unused streams");
+        drop(held_wrapper);
+        cache.prune();
+        assert_eq!(cache.map.len(), 1);
+        assert!(cache.map.contains_key(&(0, kept_stream.raw())));
     }
 }

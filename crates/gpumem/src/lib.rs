@@ -21,5 +21,5 @@ pub mod trace;
 pub use buffer::DeviceBuffer;
 pub use device::Device;
 pub use driver::{Backend, DevicePtr};
-pub use error::{check_alignment, Error, FreeError, OomInfo, Result};
+pub use error::{check_alignment, Error, FreeError, LiveAllocations, OomInfo, Result};
 pub use stream::{Event, Stream, StreamId};

@@ -11,7 +11,7 @@ use gpumem::manager::{
     DeviceAllocatorMode, MemoryManager, PinnedPool, PinnedPoolConfig, PlanPhase,
 };
 use gpumem::resource::{MemoryResource, Properties};
-use gpumem::{Device, DevicePtr, Error};
+use gpumem::{Device, DevicePtr, Error, FreeError};
 
 fn backed() -> (Device, Arc<gpumem::driver::sim::SimDriver>) {
     Device::sim_with_driver(SimConfig::backed(256 << 20))
@@ -145,6 +145,46 @@ fn pinned_data_round_trips_and_bad_ranges_are_errors() {
         Err(Error::InvalidFree { .. })
     ));
     pool.deallocate_sync(b, 4096, 256).unwrap();
+    device.driver().mem_free(0, dev).unwrap();
+}
+
+#[test]
+fn a_double_free_is_reported_as_one() {
+    let (device, sim) = backed();
+    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let reason = |r: gpumem::Result<()>| match r {
+        Err(Error::InvalidFree { reason, .. }) => reason,
+        other => panic!("{other:?}"),
+    };
+    // Freed at once (no copies), then freed again.
+    let a = pool.allocate_sync(4096, 256).unwrap();
+    let b = pool.allocate_sync(4096, 256).unwrap();
+    pool.deallocate_sync(a, 4096, 256).unwrap();
+    assert_eq!(
+        reason(pool.deallocate_sync(a, 4096, 256)),
+        FreeError::DoubleFree
+    );
+    // Freed while its copy is queued (pending), then freed again.
+    let stream = device.create_stream().unwrap();
+    let dev = device.driver().mem_alloc(0, 4096).unwrap();
+    let c = pool.allocate_sync(4096, 256).unwrap();
+    sim.hold(stream.raw());
+    pool.copy_to_device_async(dev, c, 4096, &stream).unwrap();
+    pool.deallocate_sync(c, 4096, 256).unwrap();
+    assert_eq!(
+        reason(pool.deallocate_sync(c, 4096, 256)),
+        FreeError::DoubleFree
+    );
+    // Never handed out: inside a block, or not the pool's at all.
+    assert_eq!(
+        reason(pool.deallocate_sync(b.offset(256), 256, 256)),
+        FreeError::Unknown
+    );
+    assert_eq!(
+        reason(pool.deallocate_sync(DevicePtr(0x1000), 1, 256)),
+        FreeError::Unknown
+    );
+    sim.release(stream.raw());
     device.driver().mem_free(0, dev).unwrap();
 }
 
@@ -312,12 +352,23 @@ fn shutdown_returns_everything_and_reports_outstanding() {
     let stream = device.create_stream().unwrap();
     let h = mm.allocate_pinned(1 << 20).unwrap();
     let d = mm.allocate_device(3000).unwrap();
-    let _kept = mm.allocate_pinned(5000).unwrap();
+    let kept = mm.allocate_pinned(5000).unwrap();
     mm.free_pinned(h).unwrap();
     sim.hold(stream.raw());
     let h2 = mm.allocate_pinned(4096).unwrap();
     mm.copy_to_device_async(d, h2, 3000, &stream).unwrap();
     assert!(sim.device_bytes(0) > 0 && sim.pinned_host_bytes() > 0);
+
+    // Live pinned memory: refused, naming it, and nothing changes.
+    let e = mm.shutdown().unwrap_err();
+    let Error::InUse(live) = &e else {
+        panic!("{e}")
+    };
+    assert_eq!((live.count, live.bytes), (2, 9096), "{e}");
+    assert!(live.first.contains(&(h2.0, 4096)), "{e}");
+    assert!(!mm.is_shut_down() && sim.pending_ops(stream.raw()) > 0);
+    mm.free_pinned(kept).unwrap();
+    mm.free_pinned(h2).unwrap();
 
     let r = mm.shutdown().unwrap();
     assert_eq!(
@@ -326,8 +377,7 @@ fn shutdown_returns_everything_and_reports_outstanding() {
         "shutdown waited for copies"
     );
     assert_eq!(r.outstanding_device, vec![(d, 3000)]);
-    assert_eq!(r.outstanding_pinned.len(), 2, "{r:?}");
-    assert!(r.outstanding_pinned.contains(&(h2, 4096)));
+    assert!(r.outstanding_pinned.is_empty(), "{r:?}");
     assert!(r.released_pinned_bytes >= 1 << 20 && r.released_device_bytes > 0);
     assert!(r.to_string().contains("outstanding"));
     device.synchronize().unwrap();

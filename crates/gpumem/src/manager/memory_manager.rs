@@ -6,14 +6,16 @@
 //! an [`Error::InvalidArgument`]. The manager records every device allocation
 //! (pointer → bytes, an ordered map under a mutex: ~100 ns per operation) so
 //! that frees need no size, copies can check that their device range is the
-//! manager's, and shutdown can report what was never freed.
+//! manager's, and shutdown can report what was never freed. Shutdown refuses
+//! while pinned memory is live ([`Error::InUse`]): safe code may hold
+//! references into it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use super::device_mode::{DeviceAllocatorMode, DeviceBackend};
-use super::pinned_pool::{PinnedPool, PinnedPoolConfig};
+use super::pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedRelease};
 use super::planned_pool::PlannedPool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -37,7 +39,9 @@ pub struct ShutdownReport {
     pub released_pinned_bytes: usize,
     /// Device bytes the device pool held when it was released.
     pub released_device_bytes: usize,
-    /// Pinned allocations never freed: (pointer, bytes).
+    /// Pinned allocations never freed: (pointer, bytes). Always empty from
+    /// [`MemoryManager::shutdown`], which refuses while any is live; filled by
+    /// [`MemoryManager::shutdown_unchecked`], whose release frees them.
     pub outstanding_pinned: Vec<(DevicePtr, usize)>,
     /// Device allocations never freed: (pointer, bytes). They were freed by
     /// the shutdown.
@@ -481,25 +485,49 @@ impl MemoryManager {
     /// freed; both pools give all their memory back to the driver. Returns what
     /// was released and what was still outstanding (also printed to stderr
     /// when anything was). A second call returns an empty report.
+    ///
+    /// Pinned memory is host memory that safe code may still hold references
+    /// into, so while pinned allocations are live (from
+    /// [`MemoryManager::allocate_pinned`], a collection in
+    /// [`MemoryManager::pinned_pool`], a [`PlannedPool`]'s layout) the call is
+    /// refused with [`Error::InUse`], which lists them, and nothing changes.
+    /// The same holds when waiting for the pinned pool's copies fails. See
+    /// [`MemoryManager::shutdown_unchecked`] to force it.
     pub fn shutdown(&self) -> Result<ShutdownReport> {
+        self.shutdown_with(PinnedPool::release_all)
+    }
+
+    /// [`MemoryManager::shutdown`] even while pinned allocations are live:
+    /// their memory is given back too ([`PinnedPool::release_all_unchecked`])
+    /// and they are listed in [`ShutdownReport::outstanding_pinned`].
+    ///
+    /// # Safety
+    /// As for [`PinnedPool::release_all_unchecked`]: no outstanding pinned
+    /// allocation may be used after the call (no reference into one, no copy
+    /// naming one, no drop of a collection or plan that owns one: leak those).
+    pub unsafe fn shutdown_unchecked(&self) -> Result<ShutdownReport> {
+        // SAFETY: forwarded to the caller.
+        self.shutdown_with(|p| unsafe { p.release_all_unchecked() })
+    }
+
+    fn shutdown_with(
+        &self,
+        release_pinned: impl FnOnce(&PinnedPool) -> Result<PinnedRelease>,
+    ) -> Result<ShutdownReport> {
         let _s = lock(&self.settings);
-        self.shut.store(true, Ordering::Release);
         let mut report = ShutdownReport::default();
-        let mut first_err = None;
-        let pinned = self
-            .pinned
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(p) = pinned {
-            match p.release_all() {
-                Ok(r) => {
-                    report.released_pinned_bytes = r.released_bytes;
-                    report.outstanding_pinned = r.outstanding;
-                }
-                Err(e) => first_err = Some(e),
+        {
+            let mut slot = self.pinned.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = &*slot {
+                // Refused (live allocations, a failed wait): nothing changed.
+                let r = release_pinned(p)?;
+                report.released_pinned_bytes = r.released_bytes;
+                report.outstanding_pinned = r.outstanding;
+                *slot = None;
             }
+            self.shut.store(true, Ordering::Release);
         }
+        let mut first_err = None;
         let backend = self
             .device_pool
             .write()

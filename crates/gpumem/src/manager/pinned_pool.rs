@@ -25,6 +25,17 @@
 //! processing pending blocks costs an event query per stream with sealed
 //! batches plus O(pending blocks).
 //!
+//! Soundness: safe code never reaches freed or concurrently written pinned
+//! memory. [`PinnedPool::release_all`] refuses while any allocation is live
+//! ([`Error::InUse`] names them; the forcing form is `unsafe`), and never
+//! frees memory a copy may still use. Copies check both sides: the host range
+//! must lie in one live block, a device-to-host copy may not write a block
+//! that safe code can reach (a collection's, a planned pool's layout), and
+//! the device side may not lie in the pool's own pinned memory (the driver
+//! would take it, since pinned memory is mapped for the device). A copy,
+//! once enqueued, is always noted on its block, even when its batch's event
+//! cannot be recorded.
+//!
 //! The pool is a [`MemoryResource`] (host- and device-accessible memory) and
 //! an [`allocator_api2::alloc::Allocator`], so collections can live in pinned
 //! memory:
@@ -53,7 +64,7 @@ use crate::driver::DevicePtr;
 use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
 use crate::stream::{Event, Stream, StreamId};
 use crate::suballoc::{LaneHeap, LaneId};
-use crate::{Error, OomInfo, Result};
+use crate::{Error, FreeError, LiveAllocations, OomInfo, Result};
 
 /// Copies a stream's batch may hold before the copy path seals it with an event.
 pub const COPY_BATCH: u32 = 32;
@@ -122,10 +133,26 @@ pub struct PinnedPoolStats {
 pub struct PinnedRelease {
     /// Bytes given back to the driver.
     pub released_bytes: usize,
-    /// Allocations still outstanding when the pool was released, as
-    /// (pointer, requested bytes); their memory is gone.
+    /// Allocations still live when the pool was released, as (pointer,
+    /// requested bytes); their memory is gone. Always empty from
+    /// [`PinnedPool::release_all`], which refuses while any is live; filled
+    /// by [`PinnedPool::release_all_unchecked`].
     pub outstanding: Vec<(DevicePtr, usize)>,
 }
+
+/// How a copy uses the pool's host range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostSide {
+    /// The device reads it (host to device).
+    Read,
+    /// The device writes it; refused where safe code can reach the range.
+    Written,
+    /// The device writes it; the caller excludes host access (`unsafe`).
+    WrittenUnchecked,
+}
+
+/// Live allocations an [`Error::InUse`] lists.
+const SHOWN_LIVE: usize = 4;
 
 /// A (stream, batch) pair: the block was used by a copy of that batch.
 type Use = (StreamId, u64);
@@ -137,9 +164,10 @@ struct LiveBlock {
     bytes: usize,
     /// Latest batch per stream whose copies used the block.
     uses: Vec<Use>,
-    /// Handed out through the `Allocator` interface: a collection owns it, so
-    /// safe code may read it and device-to-host copies into it are refused.
-    collection: bool,
+    /// Safe code may hold references into it (a collection owns it through
+    /// the `Allocator` interface, or a [`PlannedPool`](super::PlannedPool)
+    /// hands out slices of it), so safe copies into it are refused.
+    reachable: bool,
 }
 
 struct Pending {
@@ -417,12 +445,7 @@ impl PinnedPool {
         })
     }
 
-    fn allocate_block(
-        &self,
-        bytes: usize,
-        alignment: usize,
-        collection: bool,
-    ) -> Result<DevicePtr> {
+    fn allocate_block(&self, bytes: usize, alignment: usize, reachable: bool) -> Result<DevicePtr> {
         if !validate_request(bytes, alignment, PINNED_MAX_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
@@ -443,7 +466,7 @@ impl PinnedPool {
                 size: a.size,
                 bytes,
                 uses: Vec::new(),
-                collection,
+                reachable,
             },
         );
         Ok(DevicePtr(a.addr))
@@ -506,14 +529,13 @@ impl PinnedPool {
         }
         let mut st = self.lock();
         let st = &mut *st;
+        if st.shut {
+            return Err(Error::ShutDown("PinnedPool"));
+        }
         let Some(mut blk) = st.live.remove(&ptr.0) else {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
-                reason: if st.pending.iter().any(|p| p.addr == ptr.0) {
-                    crate::FreeError::DoubleFree
-                } else {
-                    crate::FreeError::Unknown
-                },
+                reason: Self::bad_free_reason(st, ptr.0),
             });
         };
         if let Some(s) = stream {
@@ -527,7 +549,10 @@ impl PinnedPool {
         for (sid, seq) in &blk.uses {
             if let Some(t) = st.tracks.get_mut(sid) {
                 if *seq == t.open_seq {
-                    recorded += u64::from(t.seal()?);
+                    // The free has happened either way: if the event cannot
+                    // be recorded, the batch stays open and the block waits
+                    // in the pending list until a later seal succeeds.
+                    recorded += u64::from(t.seal().unwrap_or(false));
                 }
             }
         }
@@ -544,6 +569,20 @@ impl PinnedPool {
         Ok(())
     }
 
+    /// Why `addr`, not a live block, cannot be freed.
+    #[cold]
+    fn bad_free_reason(st: &State, addr: u64) -> FreeError {
+        if st.pending.iter().any(|p| p.addr == addr) {
+            return FreeError::DoubleFree;
+        }
+        // Pending blocks are the heap's only used blocks that are not live,
+        // so the heap can tell a freed block from an address it never had.
+        st.heap
+            .diagnose_bad_free(addr)
+            .free_reason()
+            .unwrap_or(FreeError::Unknown)
+    }
+
     /// Finds the live block holding `[ptr, ptr + bytes)`.
     fn block_of(st: &mut State, ptr: DevicePtr, bytes: usize) -> Result<&mut LiveBlock> {
         let end = ptr.0.checked_add(bytes as u64);
@@ -556,21 +595,79 @@ impl PinnedPool {
         }
     }
 
-    fn note_copy(st: &mut State, base_ptr: DevicePtr, bytes: usize, stream: &Stream) -> Result<()> {
+    /// Refuses a device-side copy range that overlaps this pool's pinned
+    /// memory: the driver would accept it (pinned memory is mapped for the
+    /// device), and the copy would then read or write host memory that the
+    /// pool hands out, possibly under live references.
+    fn check_device_side(st: &State, ptr: DevicePtr, bytes: usize, role: &str) -> Result<()> {
+        let end = ptr.0.saturating_add(bytes as u64);
+        let overlaps = st
+            .regions
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&base, &len)| base + len as u64 > ptr.0);
+        if overlaps {
+            return Err(Error::InvalidArgument(format!(
+                "copy {role} {:#x}+{bytes} is pinned host memory of this pool, not device memory",
+                ptr.0
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks both sides of a copy between the pool block holding
+    /// `host..host+bytes` and device memory at `device`, enqueues it with
+    /// `enqueue` and notes it on the block, all under the pool's lock.
+    fn tracked_copy(
+        &self,
+        host: DevicePtr,
+        device: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+        side: HostSide,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let role = match side {
+            HostSide::Read => "destination",
+            HostSide::Written | HostSide::WrittenUnchecked => "source",
+        };
+        Self::check_device_side(&st, device, bytes, role)?;
+        if Self::block_of(&mut st, host, bytes)?.reachable && side == HostSide::Written {
+            return Err(Error::InvalidArgument(format!(
+                "host range {:#x}+{bytes} is reachable from safe code (a collection in pinned \
+                 memory or a planned pool's slices own it): a copy into it is refused; \
+                 use copy_to_host_async_unchecked",
+                host.0
+            )));
+        }
+        enqueue()?;
+        Self::note_copy(&mut st, host, stream);
+        Ok(())
+    }
+
+    /// Notes a copy enqueued on `stream` on the live block holding `host`, so
+    /// the block is not reused before the copy has run. Cannot fail: the copy
+    /// is already enqueued.
+    fn note_copy(st: &mut State, host: DevicePtr, stream: &Stream) {
         let t = st
             .tracks
             .entry(stream.id())
             .or_insert_with(|| Track::new(stream));
         t.open_copies += 1;
         let u = (stream.id(), t.open_seq);
-        let full = t.open_copies >= COPY_BATCH;
-        if full {
-            st.events_recorded += u64::from(t.seal()?);
+        if t.open_copies >= COPY_BATCH {
+            // If the event cannot be recorded, the batch stays open; a later
+            // copy, free or `process_pending` seals it.
+            st.events_recorded += u64::from(t.seal().unwrap_or(false));
         }
         st.copies += 1;
-        let b = Self::block_of(st, base_ptr, bytes)?;
-        add_use(&mut b.uses, u);
-        Ok(())
+        if let Some((_, b)) = st.live.range_mut(..=host.0).next_back() {
+            add_use(&mut b.uses, u);
+        }
     }
 
     /// Enqueues a copy of `bytes` from pinned memory of this pool at `src` to
@@ -578,7 +675,8 @@ impl PinnedPool {
     /// live allocation of the pool; the block is not reused before the copy
     /// has run, even if it is freed at once. Host writes to the range before
     /// the stream has run the copy change what is copied (the caller orders
-    /// them); `dst` is device memory the caller owns.
+    /// them). `dst` is device memory the caller owns; a `dst` inside this
+    /// pool's pinned memory is refused.
     pub fn copy_to_device_async(
         &self,
         dst: DevicePtr,
@@ -586,24 +684,22 @@ impl PinnedPool {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let mut st = self.lock();
-        Self::block_of(&mut st, src, bytes)?;
-        // SAFETY: `src..src+bytes` lies inside a live block of this pool (checked
-        // above under the lock); the block is not given back to the driver or
-        // reused until the event of this copy's batch has completed (noted below
-        // under the same lock), so the host range stays valid until the copy runs.
-        unsafe {
-            stream.device().driver().memcpy_htod_async(
-                dst,
-                src.as_mut_ptr::<u8>(),
-                bytes,
-                stream.raw(),
-            )?;
-        }
-        Self::note_copy(&mut st, src, bytes, stream)
+        self.tracked_copy(src, dst, bytes, stream, HostSide::Read, || {
+            // SAFETY: `src..src+bytes` lies inside a live block of this pool
+            // and `dst` outside its memory (both checked under the lock held
+            // around this call); the block is not given back to the driver or
+            // reused until the event of this copy's batch has completed (noted
+            // under the same lock), so the host range stays valid until the
+            // copy runs.
+            unsafe {
+                stream.device().driver().memcpy_htod_async(
+                    dst,
+                    src.as_mut_ptr::<u8>(),
+                    bytes,
+                    stream.raw(),
+                )
+            }
+        })
     }
 
     /// Enqueues a copy of `bytes` from device memory at `src` into pinned memory
@@ -611,9 +707,11 @@ impl PinnedPool {
     /// live allocation of the pool made through [`MemoryResource::allocate`]
     /// (host code reaches it only through `unsafe`
     /// [`PinnedPool::host_slice_mut`], whose contract orders it after the
-    /// copy). Memory owned by a collection (the `Allocator` interface) is
-    /// refused, since safe code could read it while the copy writes it: use
-    /// [`PinnedPool::copy_to_host_async_unchecked`] there.
+    /// copy). Memory that safe code can reach (a collection's, through the
+    /// `Allocator` interface, or a [`PlannedPool`](super::PlannedPool)'s
+    /// layout) is refused, since safe code could read it while the copy
+    /// writes it: use [`PinnedPool::copy_to_host_async_unchecked`] there. A
+    /// `src` inside this pool's pinned memory is refused.
     pub fn copy_to_host_async(
         &self,
         dst: DevicePtr,
@@ -621,27 +719,15 @@ impl PinnedPool {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        {
-            let mut st = self.lock();
-            if Self::block_of(&mut st, dst, bytes)?.collection {
-                return Err(Error::InvalidArgument(format!(
-                    "host range {:#x}+{bytes} belongs to a collection in pinned memory; \
-                     use copy_to_host_async_unchecked",
-                    dst.0
-                )));
-            }
-        }
-        // SAFETY: the range is a live block of this pool, not owned by a
-        // collection, so safe code holds no reference to it; unsafe readers
-        // must order their reads after the copy (host_slice_mut's contract).
-        unsafe { self.copy_to_host_async_unchecked(dst, src, bytes, stream) }
+        // SAFETY: `HostSide::Written` refuses a range safe code can reach, so
+        // no safe reference to it exists; unsafe readers order their reads
+        // after the copy (host_slice_mut's contract).
+        unsafe { self.copy_into(dst, src, bytes, stream, HostSide::Written) }
     }
 
     /// [`PinnedPool::copy_to_host_async`] into any live allocation of the pool,
-    /// collections included.
+    /// those safe code can reach included (the device side is checked the
+    /// same way).
     ///
     /// # Safety
     /// Nothing may read or write `dst..dst+bytes` on the host (no reference to
@@ -653,22 +739,37 @@ impl PinnedPool {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let mut st = self.lock();
-        Self::block_of(&mut st, dst, bytes)?;
-        // SAFETY: the range lies in a live block that is not reused until this
-        // copy's batch has completed; host access is excluded by the caller.
-        unsafe {
-            stream.device().driver().memcpy_dtoh_async(
-                dst.as_mut_ptr::<u8>(),
-                src,
-                bytes,
-                stream.raw(),
-            )?;
-        }
-        Self::note_copy(&mut st, dst, bytes, stream)
+        // SAFETY: forwarded to the caller.
+        unsafe { self.copy_into(dst, src, bytes, stream, HostSide::WrittenUnchecked) }
+    }
+
+    /// The device-to-host copy (`side` is `Written` or `WrittenUnchecked`).
+    ///
+    /// # Safety
+    /// With `WrittenUnchecked`, the caller excludes host access to the range
+    /// until the copy has run.
+    unsafe fn copy_into(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+        side: HostSide,
+    ) -> Result<()> {
+        self.tracked_copy(dst, src, bytes, stream, side, || {
+            // SAFETY: the range lies in a live block (checked under the lock
+            // held around this call) that is not reused until this copy's
+            // batch has completed; host access is excluded by the caller or,
+            // for memory safe code can reach, the copy was refused.
+            unsafe {
+                stream.device().driver().memcpy_dtoh_async(
+                    dst.as_mut_ptr::<u8>(),
+                    src,
+                    bytes,
+                    stream.raw(),
+                )
+            }
+        })
     }
 
     /// The host bytes `ptr..ptr+len` of a live allocation of this pool.
@@ -692,31 +793,80 @@ impl PinnedPool {
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_mut_ptr::<u8>(), len) })
     }
 
+    /// A block that safe code will reach through references (a
+    /// [`PlannedPool`](super::PlannedPool)'s layout): safe copies into it are
+    /// refused, as for collections.
+    pub(super) fn allocate_reachable(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        self.allocate_block(bytes, alignment, true)
+    }
+
     /// Waits for every pending copy, gives all memory back to the driver and
-    /// refuses further allocations ([`Error::ShutDown`]). Outstanding
-    /// allocations are reported; their memory is gone.
+    /// refuses further allocations and frees ([`Error::ShutDown`]).
+    ///
+    /// While allocations are live (a collection in the pool, a planned pool's
+    /// layout, a block from [`MemoryResource::allocate`]) it is refused with
+    /// [`Error::InUse`], which lists them, and nothing changes: their owners
+    /// would otherwise use freed memory. Free them first, or see
+    /// [`PinnedPool::release_all_unchecked`]. If waiting for the copies fails,
+    /// that error is returned and nothing is freed (a copy may still use the
+    /// memory); the call can be repeated.
     pub fn release_all(&self) -> Result<PinnedRelease> {
         let mut st = self.lock();
+        if !st.live.is_empty() {
+            return Err(Self::in_use(&st));
+        }
+        self.release_locked(&mut st)
+    }
+
+    /// [`PinnedPool::release_all`] even while allocations are live: their
+    /// memory is given back too; they are listed in
+    /// [`PinnedRelease::outstanding`], and freeing one later is refused
+    /// ([`Error::ShutDown`]).
+    ///
+    /// # Safety
+    /// No outstanding allocation may be used after the call: no reference into
+    /// one may be used, no copy may name one, and a collection that owns one
+    /// must not be touched again, its drop included (leak it with
+    /// [`std::mem::forget`]).
+    pub unsafe fn release_all_unchecked(&self) -> Result<PinnedRelease> {
+        self.release_locked(&mut self.lock())
+    }
+
+    #[cold]
+    fn in_use(st: &State) -> Error {
+        Error::InUse(Box::new(LiveAllocations {
+            what: "PinnedPool",
+            count: st.live.len(),
+            bytes: st.live.values().map(|b| b.bytes).sum(),
+            first: st
+                .live
+                .iter()
+                .take(SHOWN_LIVE)
+                .map(|(&a, b)| (a, b.bytes))
+                .collect(),
+        }))
+    }
+
+    /// Waits for the copies, then gives every region back, live blocks
+    /// included (the callers decide whether that is allowed).
+    fn release_locked(&self, st: &mut State) -> Result<PinnedRelease> {
+        // A copy not known complete may still read or write the regions.
+        Self::wait_locked(st)?;
         st.shut = true;
-        let waited = Self::wait_locked(&mut st);
-        let outstanding = st
-            .live
-            .iter()
-            .map(|(&a, b)| (DevicePtr(a), b.bytes))
+        let outstanding = std::mem::take(&mut st.live)
+            .into_iter()
+            .map(|(a, b)| (DevicePtr(a), b.bytes))
             .collect();
-        st.live.clear();
         st.pending.clear();
         st.tracks.clear();
         let mut released = 0;
-        let regions = std::mem::take(&mut st.regions);
-        for (base, bytes) in regions {
+        for (base, bytes) in std::mem::take(&mut st.regions) {
             if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
                 eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
             }
             released += bytes;
         }
         st.heap = LaneHeap::new();
-        waited?;
         Ok(PinnedRelease {
             released_bytes: released,
             outstanding,
@@ -796,10 +946,30 @@ unsafe impl Allocator for PinnedPool {
 }
 
 impl Drop for PinnedPool {
+    /// Gives everything back. Live blocks cannot be reached from safe code
+    /// any more (collections borrow or own the pool; plans and buffers hold
+    /// it), so they go too, with a note on stderr. If the pending copies
+    /// cannot be waited for, the memory is leaked rather than freed under
+    /// them.
     fn drop(&mut self) {
         if crate::exit::process_is_exiting() {
             return;
         }
-        let _ = self.release_all();
+        let mut st = self.lock();
+        match self.release_locked(&mut st) {
+            Ok(r) if !r.outstanding.is_empty() => {
+                let bytes: usize = r.outstanding.iter().map(|o| o.1).sum();
+                eprintln!(
+                    "gpumem: PinnedPool dropped with {} allocations ({bytes} bytes) never freed",
+                    r.outstanding.len()
+                );
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "gpumem: PinnedPool could not wait for its copies ({e}); \
+                 its {} pinned bytes are leaked rather than freed under them",
+                st.heap.region_bytes()
+            ),
+        }
     }
 }

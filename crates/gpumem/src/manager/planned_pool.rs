@@ -11,9 +11,13 @@
 //! Safety without aliasing: host slices borrow the plan (`host_slice` takes
 //! `&mut self`, `host_slices` hands every slice out at once, split from one
 //! slice, so they are disjoint by construction), and host access first waits
-//! for the streams of the plan's own asynchronous copies. Slots carry the
-//! plan's id and generation, so a slot of another plan or of a released
-//! layout is refused.
+//! for the streams of the plan's own asynchronous copies (a stream whose wait
+//! failed is waited for again next time). The pinned pool knows the layout is
+//! reachable from safe code: its safe copies into it
+//! ([`PinnedPool::copy_to_host_async`](super::PinnedPool::copy_to_host_async),
+//! the manager's) are refused, and while the plan holds its layout the pool
+//! and the manager refuse to shut down. Slots carry the plan's id and
+//! generation, so a slot of another plan or of a released layout is refused.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -242,7 +246,7 @@ impl PlannedPool {
         }
         let (h, d) = (host_total.unwrap_or(0), dev_total.unwrap_or(0));
         self.release_blocks()?;
-        let hp = self.pinned.allocate_sync(h, DEFAULT_ALIGNMENT)?;
+        let hp = self.pinned.allocate_reachable(h, DEFAULT_ALIGNMENT)?;
         let dp = match self.device.allocate_sync(d, DEFAULT_ALIGNMENT) {
             Ok(p) => p,
             Err(e) => {
@@ -316,9 +320,12 @@ impl PlannedPool {
             .ok_or_else(|| Error::InvalidArgument("no such device slot".into()))
     }
 
+    /// Waits for the streams of the plan's copies; a stream is forgotten only
+    /// once waited for, so after a failed wait host access still waits.
     fn wait_copies(&mut self) -> Result<()> {
-        for s in self.copy_streams.drain(..) {
+        while let Some(s) = self.copy_streams.last() {
             s.synchronize()?;
+            self.copy_streams.pop();
         }
         Ok(())
     }
@@ -425,9 +432,13 @@ impl PlannedPool {
             )));
         }
         let (dst, src) = (self.host_ptr(host)?, self.device_ptr(device)?);
-        // The plan's host memory is reached only through `&mut self` methods
-        // that wait for this stream first (see the module documentation).
-        self.pinned.copy_to_host_async(dst, src, d.bytes, stream)?;
+        // SAFETY: the plan's host memory is reached only through `&mut self`
+        // methods that wait for the plan's copy streams first (this one is
+        // noted below), and the pinned pool refuses safe copies into it.
+        unsafe {
+            self.pinned
+                .copy_to_host_async_unchecked(dst, src, d.bytes, stream)?;
+        }
         self.note_stream(stream);
         Ok(())
     }

@@ -705,8 +705,11 @@ impl LaneHeap {
         Ok(size)
     }
 
+    /// Why `addr` is not a used block: [`HeapError::DoubleFree`] when it
+    /// starts a free block, else [`HeapError::UnknownAddress`]. Meaningless
+    /// for a used block; for owners that check their own live records first.
     #[cold]
-    fn diagnose_bad_free(&self, addr: u64) -> HeapError {
+    pub fn diagnose_bad_free(&self, addr: u64) -> HeapError {
         if let Some(r) = self.region_of(addr) {
             for (_, b) in self.region_blocks(r) {
                 if b.addr == addr && matches!(b.state(), BlockState::Free { .. }) {
