@@ -27,6 +27,7 @@ use common::suite::LiveSet;
 use gpumem::adaptor::FailureCallbackAdaptor;
 use gpumem::async_pool::AsyncResource;
 use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
     PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
@@ -122,6 +123,16 @@ impl SweepPool for VirtualPool {
     }
 }
 
+impl SweepPool for PinnedPool {
+    fn trim(&self) -> Result<usize> {
+        PinnedPool::trim(self)
+    }
+    fn release(&self) -> Result<usize> {
+        self.wait_pending()?;
+        PinnedPool::trim(self)
+    }
+}
+
 impl SweepPool for AsyncResource {
     fn trim(&self) -> Result<usize> {
         self.trim_to(0).map(|_| 0)
@@ -201,6 +212,17 @@ fn subjects() -> Vec<Subject> {
                     d.clone(),
                     VirtualPoolConfig::default(),
                 )?))
+            },
+        },
+        Subject {
+            name: "PinnedPool",
+            max_request: 64 << 20,
+            make: |d| {
+                let config = PinnedPoolConfig {
+                    maximum_size: Some(CAPACITY / 2),
+                    ..PinnedPoolConfig::default()
+                };
+                Ok(Box::new(PinnedPool::new(d.clone(), config)?))
             },
         },
         Subject {
@@ -535,6 +557,7 @@ sweep_tests! {
     sweep_arena => "ArenaResource",
     sweep_virtual_pool => "VirtualPool",
     sweep_async_resource => "AsyncResource",
+    sweep_pinned_pool => "PinnedPool",
 }
 
 /// Finding 6: two pools share an upstream whose failure callback releases

@@ -24,14 +24,14 @@ fn pinned_pool_passes_the_suite() {
     assert_eq!(pool.properties(), Properties::HOST_AND_DEVICE);
     // PinnedPool frees by address whatever the size: back to `run_all` (the
     // bad-free matrix) once it refuses wrong sizes.
-    suite::run_all_but_bad_frees(Arc::new(pool));
+    suite::run_all(Arc::new(pool));
 }
 
 #[test]
 fn fixed_pinned_pool_passes_the_suite() {
     let (device, _) = common::device(true);
     let pool = PinnedPool::new(device, PinnedPoolConfig::fixed(64 << 20)).unwrap();
-    suite::run_all_but_bad_frees(Arc::new(pool));
+    suite::run_all(Arc::new(pool));
 }
 
 #[test]

@@ -348,8 +348,7 @@ impl MemoryManager {
 
     /// Frees pinned memory; it is reused once the copies that used it are done.
     pub fn free_pinned(&self, ptr: DevicePtr) -> Result<()> {
-        self.pinned_pool()?
-            .deallocate_sync(ptr, 0, DEFAULT_ALIGNMENT)
+        self.pinned_pool()?.free(ptr)
     }
 
     // ----- device memory -----

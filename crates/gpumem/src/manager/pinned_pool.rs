@@ -357,44 +357,69 @@ impl PinnedPool {
     }
 
     /// Gives every entirely free region back to the driver; returns the bytes.
-    fn trim_locked(&self, st: &mut State) -> usize {
-        let free: Vec<_> = st.heap.free_regions().collect();
+    /// Gives every entirely free region back to the driver. A region the
+    /// driver refuses to unpin stays the pool's, free. Returns the bytes
+    /// given back and the first error.
+    fn trim_locked(&self, st: &mut State) -> (usize, Option<Error>) {
+        let free: Vec<_> = st.heap.free_regions().map(|(id, _, _)| id).collect();
         let mut bytes = 0;
-        for (id, base, _) in free {
-            if let Ok((base, size)) = st.heap.remove_region(id) {
-                st.regions.remove(&base);
-                if let Err(e) = self
-                    .upstream
-                    .deallocate_sync(DevicePtr(base), size as usize, 256)
-                {
-                    eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
+        let mut first_err = None;
+        for id in free {
+            let Ok((base, size)) = st.heap.remove_region(id) else {
+                continue;
+            };
+            match self
+                .upstream
+                .deallocate_sync(DevicePtr(base), size as usize, 256)
+            {
+                Ok(()) => {
+                    st.regions.remove(&base);
+                    bytes += size as usize;
                 }
-                bytes += size as usize;
-            } else {
-                let _ = base;
+                Err(e) => {
+                    // Removed a moment ago: it fits back, free.
+                    let _ = st.heap.add_region(base, size);
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        bytes
+        (bytes, first_err)
     }
 
     /// Gives every entirely free region back to the driver (after processing
-    /// pending blocks); returns the bytes given back.
+    /// pending blocks); returns the bytes given back, or the first error
+    /// (what could be given back was).
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
-        Self::process_locked(&mut st)?;
-        Ok(self.trim_locked(&mut st))
+        let processed = Self::process_locked(&mut st);
+        let (bytes, err) = self.trim_locked(&mut st);
+        match (err, processed) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(_)) => Ok(bytes),
+        }
     }
 
+    /// Seals and polls every stream's batches, then frees the pending
+    /// blocks whose copies are done. A stream whose event fails keeps its
+    /// blocks pending; the others go on; the first error is returned after.
     fn process_locked(st: &mut State) -> Result<usize> {
         if st.pending.is_empty() && st.tracks.values().all(|t| t.sealed.is_empty()) {
             return Ok(0);
         }
+        let mut first_err = None;
         for t in st.tracks.values_mut() {
             if !st.pending.is_empty() {
                 // A pending block may wait for the open batch: seal it.
-                st.events_recorded += u64::from(t.seal()?);
+                match t.seal() {
+                    Ok(sealed) => st.events_recorded += u64::from(sealed),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
-            t.poll()?;
+            if let Err(e) = t.poll() {
+                first_err.get_or_insert(e);
+            }
         }
         let mut released = 0;
         let mut i = 0;
@@ -410,7 +435,7 @@ impl PinnedPool {
         st.tracks.retain(|_, t| {
             !(t.stream.is_sole_handle() && t.sealed.is_empty() && t.open_copies == 0)
         });
-        Ok(released)
+        first_err.map_or(Ok(released), Err)
     }
 
     /// Moves freed blocks whose copies have completed back to the free index;
@@ -454,7 +479,8 @@ impl PinnedPool {
             return Err(Error::ShutDown("PinnedPool"));
         }
         if !st.pending.is_empty() {
-            Self::process_locked(&mut st)?;
+            // Best effort: blocks whose copies cannot be checked stay pending.
+            let _ = Self::process_locked(&mut st);
         }
         let a = match self.find(&mut st, bytes, alignment)? {
             Some(a) => a,
@@ -482,9 +508,9 @@ impl PinnedPool {
         if let Some(a) = st.heap.allocate(LaneId::GLOBAL, size, align) {
             return Ok(Some(a));
         }
-        // 1. Wait for the copies that hold freed blocks back.
-        if !st.pending.is_empty() {
-            Self::wait_locked(st)?;
+        // 1. Wait for the copies that hold freed blocks back (if that
+        // fails, they stay pending and the pool grows instead).
+        if !st.pending.is_empty() && Self::wait_locked(st).is_ok() {
             if let Some(a) = st.heap.allocate(LaneId::GLOBAL, size, align) {
                 return Ok(Some(a));
             }
@@ -511,7 +537,7 @@ impl PinnedPool {
             Ok(()) => {}
             Err(e) if e.is_oom() => {
                 // 3. Unpin entirely free regions and try once more.
-                if self.trim_locked(st) == 0 {
+                if self.trim_locked(st).0 == 0 {
                     return Err(e);
                 }
                 self.add_region(st, needed)?;
@@ -523,7 +549,12 @@ impl PinnedPool {
 
     /// Frees a block, gating it on its copies and, when `stream` is given and
     /// busy, on the work enqueued on it so far.
-    fn free_block(&self, ptr: DevicePtr, stream: Option<&Stream>) -> Result<()> {
+    fn free_block(
+        &self,
+        ptr: DevicePtr,
+        bytes: Option<usize>,
+        stream: Option<&Stream>,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
@@ -538,6 +569,17 @@ impl PinnedPool {
                 reason: Self::bad_free_reason(st, ptr.0),
             });
         };
+        if let Some(bytes) = bytes.filter(|&b| b != blk.bytes) {
+            let allocated = blk.bytes;
+            st.live.insert(ptr.0, blk);
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: crate::FreeError::SizeMismatch {
+                    allocated,
+                    freed: bytes,
+                },
+            });
+        }
         if let Some(s) = stream {
             if s.raw() != 0 && !s.is_idle().unwrap_or(false) {
                 let t = st.tracks.entry(s.id()).or_insert_with(|| Track::new(s));
@@ -581,6 +623,13 @@ impl PinnedPool {
             .diagnose_bad_free(addr)
             .free_reason()
             .unwrap_or(FreeError::Unknown)
+    }
+
+    /// Frees a block knowing only its address (no stream uses it any more);
+    /// it is reused once the copies that used it are done. The
+    /// [`MemoryResource`] interface checks the size too.
+    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        self.free_block(ptr, None, None)
     }
 
     /// Finds the live block holding `[ptr, ptr + bytes)`.
@@ -861,10 +910,13 @@ impl PinnedPool {
         st.tracks.clear();
         let mut released = 0;
         for (base, bytes) in std::mem::take(&mut st.regions) {
-            if let Err(e) = self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
-                eprintln!("gpumem: PinnedPool could not unpin region {base:#x}: {e}");
+            let unpinned = crate::exit::give_back(
+                || format!("PinnedPool region {base:#x}"),
+                || self.upstream.deallocate_sync(DevicePtr(base), bytes, 256),
+            );
+            if unpinned {
+                released += bytes;
             }
-            released += bytes;
         }
         st.heap = LaneHeap::new();
         Ok(PinnedRelease {
@@ -891,11 +943,11 @@ impl MemoryResource for PinnedPool {
     fn deallocate(
         &self,
         ptr: DevicePtr,
-        _bytes: usize,
+        bytes: usize,
         _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        self.free_block(ptr, Some(stream))
+        self.free_block(ptr, Some(bytes), Some(stream))
     }
 
     fn device(&self) -> &Device {
@@ -911,8 +963,8 @@ impl MemoryResource for PinnedPool {
         self.allocate_block(bytes, alignment, false)
     }
 
-    fn deallocate_sync(&self, ptr: DevicePtr, _bytes: usize, _alignment: usize) -> Result<()> {
-        self.free_block(ptr, None)
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
+        self.free_block(ptr, Some(bytes), None)
     }
 }
 
@@ -939,7 +991,8 @@ unsafe impl Allocator for PinnedPool {
         if layout.size() == 0 {
             return;
         }
-        if let Err(e) = self.free_block(DevicePtr(ptr.as_ptr() as usize as u64), None) {
+        let p = DevicePtr(ptr.as_ptr() as usize as u64);
+        if let Err(e) = self.free_block(p, Some(layout.size()), None) {
             eprintln!("gpumem: PinnedPool Allocator free failed: {e}");
         }
     }

@@ -181,31 +181,22 @@ pub fn producer_consumer<R: MemoryResource + 'static>(
 /// among them), then the threaded ones on fresh streams of the resource's
 /// device, then the 1 PiB request.
 pub fn run_all<R: MemoryResource + 'static>(mr: Arc<R>) {
-    checks(mr, true, true);
+    checks(mr, true);
 }
 
 /// `run_all` without the 1 PiB request: for managed memory on a real GPU, where
 /// asking for more managed memory than the card has is not safe to try.
 pub fn run_all_but_huge<R: MemoryResource + 'static>(mr: Arc<R>) {
-    checks(mr, false, true);
+    checks(mr, false);
 }
 
-/// `run_all` without the bad-free matrix. Only for resources whose
-/// wrong-size frees are still being fixed (the manager's `PinnedPool`, issue
-/// 15): every other resource runs the matrix.
-pub fn run_all_but_bad_frees<R: MemoryResource + 'static>(mr: Arc<R>) {
-    checks(mr, true, false);
-}
-
-fn checks<R: MemoryResource + 'static>(mr: Arc<R>, huge: bool, bad_frees: bool) {
+fn checks<R: MemoryResource + 'static>(mr: Arc<R>, huge: bool) {
     let device = mr.device().clone();
     let stream = device.create_stream().unwrap();
     zero_bytes(&*mr, &stream);
     alignment(&*mr, &stream);
     sizes_do_not_overlap(&*mr, &stream);
-    if bad_frees {
-        super::bad_free::matrix(&*mr, None);
-    }
+    super::bad_free::matrix(&*mr, None);
     let streams = (0..8).map(|_| device.create_stream().unwrap()).collect();
     many_threads_many_streams(mr.clone(), streams);
     producer_consumer(
