@@ -65,7 +65,7 @@ pub struct PreparedReplay {
 /// Prepares `events` for replay (see the module documentation).
 pub fn prepare(events: &[TraceEvent]) -> anyhow::Result<PreparedReplay> {
     let mut p = PreparedReplay {
-        report: trace::check(events),
+        report: trace::check(events)?,
         ..PreparedReplay::default()
     };
     let mut stream_index: HashMap<u64, u16> = HashMap::new();

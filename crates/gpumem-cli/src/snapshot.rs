@@ -175,7 +175,7 @@ pub fn convert(
         });
     }
     stats.rows = out.len();
-    stats.report = trace::check(&out);
+    stats.report = trace::check(&out)?;
     Ok((out, stats))
 }
 

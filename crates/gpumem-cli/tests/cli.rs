@@ -436,7 +436,7 @@ fn command_line_bench_json_and_errors() {
         // The 7 calls the replay makes, and the free of the block the trace
         // leaks (0x2000), made after the replay.
         assert_eq!(ours.len(), 8, "{alloc}");
-        let r = gpumem::trace::check(&ours);
+        let r = gpumem::trace::check(&ours).unwrap();
         assert!(r.is_clean(), "{alloc}: {r}");
         assert_eq!(r.peak_live, 1048576 + 4096 + 65536);
         assert_eq!(r.streams, 3);
