@@ -19,6 +19,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::allocators::{Allocator, AllocatorSpec, CountingResource};
+use crate::outln;
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
 use crate::workload::{self, OpSequence, Timed};
@@ -371,7 +372,7 @@ pub fn run(
     cfg: &BenchConfig,
     specs: &[&AllocatorSpec],
     progress: &ProgressBar,
-    mut on_record: impl FnMut(&BenchRecord),
+    mut on_record: impl FnMut(&BenchRecord) -> Result<()>,
 ) -> Result<Vec<BenchRecord>> {
     let repeats = cfg.repeats.max(1);
     progress.set_length((cfg.workloads.len() * specs.len() * repeats) as u64);
@@ -463,7 +464,7 @@ pub fn run(
                 command: ctx.command.clone(),
                 error,
             };
-            on_record(&rec);
+            on_record(&rec)?;
             out.push(rec);
         }
     }
@@ -472,7 +473,7 @@ pub fn run(
 }
 
 /// Prints records as a table, one block per workload, allocators side by side.
-pub fn print_table(records: &[BenchRecord]) {
+pub fn print_table(records: &[BenchRecord]) -> Result<()> {
     let mut workloads: Vec<&str> = Vec::new();
     for r in records {
         if !workloads.contains(&r.workload.as_str()) {
@@ -488,18 +489,24 @@ pub fn print_table(records: &[BenchRecord]) {
     for w in workloads {
         let rows: Vec<&BenchRecord> = records.iter().filter(|r| r.workload == w).collect();
         let first = rows[0];
-        println!(
+        outln!(
             "\n{w}: {} (median of {} repeats)",
             first.params,
             rows.iter().map(|r| r.repeats).max().unwrap_or(0)
-        );
-        println!(
+        )?;
+        outln!(
             "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
-            "allocator", "ns/op", "min..max", "ops", "peak live", "peak reserved", "res/live"
-        );
+            "allocator",
+            "ns/op",
+            "min..max",
+            "ops",
+            "peak live",
+            "peak reserved",
+            "res/live"
+        )?;
         for r in rows {
             match (&r.error, r.ns_per_op) {
-                (None, Some(ns)) => println!(
+                (None, Some(ns)) => outln!(
                     "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
                     r.alloc,
                     fmt_count(ns),
@@ -514,13 +521,14 @@ pub fn print_table(records: &[BenchRecord]) {
                     r.reserved_over_live
                         .map(|x| format!("{x:.2}"))
                         .unwrap_or_else(|| "-".into()),
-                ),
-                (e, _) => println!(
+                )?,
+                (e, _) => outln!(
                     "  {:<name_w$} error: {}",
                     r.alloc,
                     e.as_deref().unwrap_or("no result")
-                ),
+                )?,
             }
         }
     }
+    Ok(())
 }

@@ -6,6 +6,7 @@
 pub mod allocators;
 pub mod bench;
 pub mod demo;
+pub mod output;
 pub mod plot;
 pub mod progress;
 pub mod replay;

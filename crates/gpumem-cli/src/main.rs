@@ -14,14 +14,14 @@ use gpumem_cli::allocators::{self, ALLOCATORS};
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{fmt_bytes, parse_size};
-use gpumem_cli::{demo, plot, progress, replay, snapshot};
+use gpumem_cli::{demo, outln, output, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
 /// information, a short side-by-side benchmark of every allocator and a replay
 /// of the traces found at --trace or in ./traces, ../shared/traces or
 /// gpu-bundle/traces.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(name = "gpumem", version, about)]
 struct Cli {
     /// Which device to run on: the real GPU, the simulated device, or auto
     /// (the GPU when present).
@@ -184,9 +184,19 @@ struct ConvertArgs {
 }
 
 fn main() {
-    let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("gpumem: error: {e:#}");
+    let result = match Cli::try_parse() {
+        Ok(cli) => run(cli),
+        // Help and version: printed here, as clap would print them ignoring
+        // a closed pipe or a full disk.
+        Err(e) if !e.use_stderr() => output::text(&e.render().to_string()).map_err(Into::into),
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = result.and_then(|()| Ok(output::flush()?)) {
+        if output::is_broken_pipe(&e) {
+            // The reader went away (`gpumem ... | head`): nothing to say.
+            std::process::exit(output::BROKEN_PIPE_STATUS);
+        }
+        output::errln(format_args!("gpumem: error: {e:#}"));
         std::process::exit(1);
     }
 }
@@ -197,17 +207,18 @@ fn measuring_target(choice: DeviceChoice, quiet: bool) -> Result<Target> {
     let t = target::open(choice, false)?;
     if !quiet {
         target::print_device_line(&t)?;
-        print_measures(&t);
+        print_measures(&t)?;
     }
     Ok(t)
 }
 
-fn print_measures(t: &Target) {
+fn print_measures(t: &Target) -> Result<()> {
     let what = match t.device.backend() {
         gpumem::Backend::Cuda => "real GPU allocations",
         gpumem::Backend::Sim => "bookkeeping only (simulated device: no GPU time)",
     };
-    println!("measuring: {what}");
+    outln!("measuring: {what}")?;
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -224,24 +235,16 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
         Some(Command::ConvertSnapshot(a)) => {
             let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
-            println!("{}: {s}", a.output.display());
+            outln!("{}: {s}", a.output.display())?;
             Ok(())
         }
         None => main_job(cli.device, cli.trace),
     }
 }
 
-fn print_records(records: &[BenchRecord], json: bool) {
-    if !json {
-        bench::print_table(records);
-    }
-}
-
-fn json_line(r: &BenchRecord) {
-    match serde_json::to_string(r) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("gpumem: cannot write JSON: {e}"),
-    }
+fn json_line(r: &BenchRecord) -> Result<()> {
+    let line = serde_json::to_string(r).context("writing a record as JSON")?;
+    Ok(outln!("{line}")?)
 }
 
 fn run_bench(
@@ -255,10 +258,13 @@ fn run_bench(
     let pb = progress::bar(0, json);
     let records = bench::run(&ctx, cfg, &specs, &pb, |r| {
         if json {
-            json_line(r)
+            json_line(r)?;
         }
+        Ok(())
     })?;
-    print_records(&records, json);
+    if !json {
+        bench::print_table(&records)?;
+    }
     Ok(records)
 }
 
@@ -274,7 +280,7 @@ fn warm_passes(warm: bool, passes: Option<usize>) -> usize {
 fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if a.list_allocators {
         for s in ALLOCATORS {
-            println!("{}", s.name);
+            outln!("{}", s.name)?;
         }
         return Ok(());
     }
@@ -323,12 +329,12 @@ fn replay_traces(
             .with_context(|| format!("reading trace {}", path.display()))?;
         let prep = replay::prepare(&events)?;
         if !json {
-            println!("\ntrace {}: {}", path.display(), prep.report);
+            outln!("\ntrace {}: {}", path.display(), prep.report)?;
             if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
-                println!(
+                outln!(
                     "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
                     prep.skipped_failures, prep.skipped_unknown_frees, prep.skipped_zero
-                );
+                )?;
             }
         }
         let cfg = BenchConfig {
@@ -364,11 +370,11 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
             let rows = replay::write_log(&alloc, &t.device, &prep, &path)
                 .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
             if !a.json {
-                println!(
+                outln!(
                     "log of the replay through {}: {} ({rows} rows)",
                     s.name,
                     path.display()
-                );
+                )?;
             }
         }
     }
@@ -406,14 +412,14 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
         t.device.backend()
     );
     plot::draw(&a.output, &title, &series, a.x, (w, h))?;
-    println!("wrote {}", a.output.display());
+    outln!("wrote {}", a.output.display())?;
     for (name, tl) in &series {
-        println!(
+        outln!(
             "  {name}: peak reserved {} (peak live {}, ratio {:.2})",
             fmt_bytes(tl.peak_reserved),
             fmt_bytes(prep.peak_live as u64),
             tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
-        );
+        )?;
     }
     Ok(())
 }
@@ -445,8 +451,8 @@ fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
 fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
     let t = target::open(choice, false)?;
     target::print_info(&t)?;
-    print_measures(&t);
-    println!("\nbench: every allocator, short same and random workloads");
+    print_measures(&t)?;
+    outln!("\nbench: every allocator, short same and random workloads")?;
     let cfg = BenchConfig {
         workloads: vec![Workload::Same, Workload::Random],
         repeats: 3,
@@ -458,7 +464,7 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
     run_bench(&t, &cfg, &[], false)?;
     let traces = find_traces(trace);
     if traces.is_empty() {
-        println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
+        outln!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)")?;
         return Ok(());
     }
     replay_traces(&t, &traces, &[], 3, 0, false)

@@ -3,6 +3,8 @@
 use gpumem::driver::sim::SimConfig;
 use gpumem::{Backend, Device};
 
+use crate::outln;
+
 /// The `--device` choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceChoice {
@@ -67,20 +69,20 @@ fn gib(bytes: usize) -> String {
 }
 
 /// Prints the one line that says which device runs and why, with its name.
-pub fn print_device_line(target: &Target) -> gpumem::Result<()> {
+pub fn print_device_line(target: &Target) -> anyhow::Result<()> {
     let d = &target.device;
     let kind = match d.backend() {
         Backend::Cuda => "cuda (real GPU)",
         Backend::Sim => "sim (simulated device: timings measure bookkeeping only)",
     };
-    println!("device: {kind}: {}", target.reason);
+    outln!("device: {kind}: {}", target.reason)?;
     let info = d.info()?;
-    println!("  [{}] {}", info.ordinal, info.name);
+    outln!("  [{}] {}", info.ordinal, info.name)?;
     Ok(())
 }
 
 /// Prints the device line and its features.
-pub fn print_info(target: &Target) -> gpumem::Result<()> {
+pub fn print_info(target: &Target) -> anyhow::Result<()> {
     let d = &target.device;
     let info = d.info()?;
     let mem = d.mem_info()?;
@@ -88,8 +90,8 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         Backend::Cuda => "cuda (real GPU)",
         Backend::Sim => "sim (simulated device: timings measure bookkeeping only)",
     };
-    println!("device: {kind}: {}", target.reason);
-    println!(
+    outln!("device: {kind}: {}", target.reason)?;
+    outln!(
         "  [{}] {}  compute {}.{}  memory {} total, {} free",
         info.ordinal,
         info.name,
@@ -97,9 +99,9 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         info.compute_capability.1,
         gib(mem.total),
         gib(mem.free)
-    );
+    )?;
     let yes = |b: bool| if b { "yes" } else { "no" };
-    println!(
+    outln!(
         "  memory pools: {}  virtual memory: {} (granularity {} KiB)  posix-fd IPC: {}  managed: {}  pageable access: {}",
         yes(info.memory_pools),
         yes(info.vmm),
@@ -110,6 +112,6 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         yes(info.posix_fd_ipc),
         yes(info.managed_memory),
         yes(info.pageable_memory_access)
-    );
+    )?;
     Ok(())
 }

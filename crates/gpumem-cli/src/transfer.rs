@@ -9,6 +9,7 @@ use gpumem::manager::MemoryManager;
 use gpumem::{Backend, Stream};
 
 use gpumem_cli::target::Target;
+use gpumem_cli::{outln, output};
 
 /// Options of the `transfer` subcommand.
 #[derive(clap::Args, Debug, Clone)]
@@ -81,7 +82,7 @@ fn time_copies(
 }
 
 /// Runs the benchmark on the target device.
-pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
+pub fn run(target: &Target, args: &TransferArgs) -> anyhow::Result<()> {
     let device = &target.device;
     let sim = device.backend() == Backend::Sim;
     let max = if sim {
@@ -91,10 +92,10 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
     };
     let min = args.min.clamp(1, max.max(1));
     if sim {
-        eprintln!(
+        output::errln(format_args!(
             "transfer: simulated device: these numbers time the simulator's host memcpy and \
              measure nothing meaningful about a GPU (run with --device cuda); sizes capped at 64 MiB"
-        );
+        ));
     }
     let name = device.info()?.name;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -107,15 +108,19 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
     let driver = device.driver().clone();
 
     if !args.json {
-        println!(
+        outln!(
             "device: {name} ({}); median of {} copies",
             device.backend(),
             args.repeats
-        );
-        println!(
+        )?;
+        outln!(
             "{:>12} {:>14} {:>14} {:>14} {:>14}",
-            "bytes", "h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable"
-        );
+            "bytes",
+            "h2d pinned",
+            "h2d pageable",
+            "d2h pinned",
+            "d2h pageable"
+        )?;
     }
     let mut size = min;
     while size <= max {
@@ -148,7 +153,7 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
                 let gbps = size as f64 / secs / 1e9;
                 row.push(gbps);
                 if args.json {
-                    println!(
+                    outln!(
                         "{{\"date\":\"{date}\",\"device\":{:?},\"backend\":\"{}\",\"command\":{:?},\
                          \"bench\":\"transfer\",\"direction\":\"{}\",\"memory\":\"{kind}\",\"bytes\":{size},\
                          \"repeats\":{},\"median_s\":{secs:.9},\"gb_per_s\":{gbps:.3}}}",
@@ -160,15 +165,19 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
                             Dir::D2H => "d2h",
                         },
                         args.repeats
-                    );
+                    )?;
                 }
             }
         }
         if !args.json {
-            println!(
+            outln!(
                 "{:>12} {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s",
-                size, row[0], row[1], row[2], row[3]
-            );
+                size,
+                row[0],
+                row[1],
+                row[2],
+                row[3]
+            )?;
         }
         match size.checked_mul(4) {
             Some(s) => size = s,

@@ -116,7 +116,7 @@ fn warm_runs_are_marked_and_measured() {
         ..tiny_config(&trace)
     };
     let specs = allocators::select(&["pool".into(), "cuda".into()]).unwrap();
-    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap();
+    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap();
     assert_eq!(records.len(), 4);
     for r in &records {
         assert!(r.warm && r.error.is_none(), "{r:?}");
@@ -138,7 +138,8 @@ fn bench_json_contract_in_process() {
     let specs = allocators::select(&[]).unwrap();
     let mut streamed = 0;
     let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {
-        streamed += 1
+        streamed += 1;
+        Ok(())
     })
     .unwrap();
     assert_eq!(records.len(), 5 * specs.len());
@@ -203,7 +204,7 @@ fn bench_workload_replay_needs_a_trace() {
         ..BenchConfig::default()
     };
     let specs = allocators::select(&[]).unwrap();
-    let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap_err();
+    let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();
     assert!(err.to_string().contains("--trace"), "{err}");
 }
 
@@ -349,9 +350,15 @@ fn plot_writes_svg_and_html_with_the_legend() {
 
 /// The `gpumem` binary: the one cargo built, or `GPUMEM_BIN` where the tests
 /// run away from the build tree (the GPU bundle).
-fn gpumem(args: &[&str]) -> std::process::Output {
+fn gpumem_command(args: &[&str]) -> Command {
     let bin = std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
-    Command::new(bin).args(args).output().unwrap()
+    let mut c = Command::new(bin);
+    c.args(args);
+    c
+}
+
+fn gpumem(args: &[&str]) -> std::process::Output {
+    gpumem_command(args).output().unwrap()
 }
 
 #[test]
@@ -469,4 +476,76 @@ fn command_line_bench_json_and_errors() {
     assert!(String::from_utf8(out.stderr)
         .unwrap()
         .contains("unknown allocator"));
+}
+
+/// A few quick runs that print to standard output.
+const PRINTING_RUNS: &[&[&str]] = &[
+    &["--help"],
+    &["bench", "--list-allocators"],
+    &["--device", "sim", "info"],
+    &[
+        "--device",
+        "sim",
+        "bench",
+        "--json",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "cuda",
+    ],
+    &[
+        "--device",
+        "sim",
+        "bench",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "cuda",
+    ],
+];
+
+/// The standard error of a failed run: one line, `gpumem: error: ...`.
+fn one_line_error(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "not one line: {err:?}");
+    assert!(err.starts_with("gpumem: error: "), "{err:?}");
+    err
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly_with_the_sigpipe_status() {
+    for args in PRINTING_RUNS {
+        // `gpumem ... | head -0`: the reading end is closed before any write.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = gpumem_command(args).stdout(writer).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_one_line_error() {
+    for args in PRINTING_RUNS {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = gpumem_command(args).stdout(full).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(
+            err.contains("writing to standard output") && err.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
 }
