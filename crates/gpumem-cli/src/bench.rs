@@ -114,6 +114,50 @@ impl Default for BenchConfig {
     }
 }
 
+impl BenchConfig {
+    /// Refuses parameters that make no sense, in the command's words: counts
+    /// of 0, an empty size range, threads without a step each.
+    pub fn check(&self) -> Result<()> {
+        let zero = [
+            ("--repeats", self.repeats),
+            ("--size", self.size),
+            ("--iters", self.iters),
+            ("--ops", self.ops),
+            ("--max-live", self.max_live),
+            ("--min-size", self.min_size),
+            ("--threads", self.threads),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            bail!("{name} 0: must be at least 1");
+        }
+        let has = |w| self.workloads.contains(&w);
+        if has(Workload::Random) && self.min_size > self.max_size {
+            bail!(
+                "--min-size {} is larger than --max-size {}",
+                fmt_bytes(self.min_size as u64),
+                fmt_bytes(self.max_size as u64)
+            );
+        }
+        if has(Workload::Threads) {
+            if self.min_size > self.thread_max_size {
+                bail!(
+                    "--min-size {} is larger than --thread-max-size {}",
+                    fmt_bytes(self.min_size as u64),
+                    fmt_bytes(self.thread_max_size as u64)
+                );
+            }
+            if self.ops < self.threads {
+                bail!(
+                    "--ops {} is fewer than --threads {}: each thread needs at least one step",
+                    self.ops,
+                    self.threads
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where and when the measurements are made, stamped on every record.
 #[derive(Debug, Clone)]
 pub struct RunContext {
@@ -279,7 +323,7 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
             cfg.seed,
         )),
         Workload::Threads => {
-            let n = cfg.threads.max(1);
+            let n = cfg.threads;
             Prepared::Threads(
                 (0..n)
                     .map(|t| {
@@ -374,7 +418,8 @@ pub fn run(
     progress: &ProgressBar,
     mut on_record: impl FnMut(&BenchRecord) -> Result<()>,
 ) -> Result<Vec<BenchRecord>> {
-    let repeats = cfg.repeats.max(1);
+    cfg.check()?;
+    let repeats = cfg.repeats;
     progress.set_length((cfg.workloads.len() * specs.len() * repeats) as u64);
     let device = &ctx.device;
     let _ = device.driver().set_current_device(device.ordinal());

@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use gpumem_cli::allocators::{self, ALLOCATORS};
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
-use gpumem_cli::units::{fmt_bytes, parse_size};
+use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
 use gpumem_cli::{demo, outln, output, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
@@ -55,10 +55,6 @@ enum Command {
     ConvertSnapshot(ConvertArgs),
 }
 
-fn size_arg(s: &str) -> Result<usize, String> {
-    parse_size(s)
-}
-
 #[derive(Args, Debug)]
 struct AllocArg {
     /// Allocators, comma-separated (default: all); see `gpumem bench --list-allocators`.
@@ -77,38 +73,38 @@ struct BenchArgs {
     /// replay when --trace is given).
     #[arg(long, value_delimiter = ',', value_enum)]
     workload: Vec<Workload>,
-    /// Runs per workload and allocator; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    /// Runs per workload and allocator (1 to 1000); the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = count_in(1..=1000))]
     repeats: usize,
     /// same: bytes per request (256, 4K, 1MiB, ...).
-    #[arg(long, default_value = "1MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "1MiB", value_parser = parse_nonzero_size)]
     size: usize,
-    /// same, holes: alloc/free pairs timed.
-    #[arg(long, default_value_t = 1000)]
+    /// same, holes: alloc/free pairs timed (1 to 10^9).
+    #[arg(long, default_value_t = 1000, value_parser = count_in(1..=1_000_000_000))]
     iters: usize,
-    /// random, threads: steps in all (threads split them).
-    #[arg(long, default_value_t = 10_000)]
+    /// random, threads: steps in all, threads split them (1 to 10^8).
+    #[arg(long, default_value_t = 10_000, value_parser = count_in(1..=100_000_000))]
     ops: usize,
-    /// random, threads: most blocks live at once (threads split them).
-    #[arg(long, default_value_t = 1000)]
+    /// random, threads: most blocks live at once, threads split them (1 to 10^7).
+    #[arg(long, default_value_t = 1000, value_parser = count_in(1..=10_000_000))]
     max_live: usize,
     /// random, threads: smallest request.
-    #[arg(long, default_value = "256", value_parser = size_arg)]
+    #[arg(long, default_value = "256", value_parser = parse_nonzero_size)]
     min_size: usize,
     /// random: largest request.
-    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "64MiB", value_parser = parse_nonzero_size)]
     max_size: usize,
     /// threads: largest request.
-    #[arg(long, default_value = "4MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "4MiB", value_parser = parse_nonzero_size)]
     thread_max_size: usize,
     /// Seed of the random sequences.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// threads: how many threads, each with its own stream.
-    #[arg(long, default_value_t = 8)]
+    /// threads: how many threads, each with its own stream (1 to 1024).
+    #[arg(long, default_value_t = 8, value_parser = count_in(1..=1024))]
     threads: usize,
-    /// holes: free holes left between live blocks before timing.
-    #[arg(long, default_value_t = 4096)]
+    /// holes: free holes left between live blocks before timing (0 to 10^7).
+    #[arg(long, default_value_t = 4096, value_parser = count_in(0..=10_000_000))]
     holes: usize,
     /// replay: the RMM log to replay.
     #[arg(long)]
@@ -120,8 +116,8 @@ struct BenchArgs {
     /// allocator before the timed run (default: cold, growth included).
     #[arg(long)]
     warm: bool,
-    /// Like --warm, with this many untimed runs first.
-    #[arg(long, value_name = "N")]
+    /// Like --warm, with this many untimed runs first (1 to 1000).
+    #[arg(long, value_name = "N", value_parser = count_in(1..=1000))]
     warm_passes: Option<usize>,
 }
 
@@ -131,8 +127,8 @@ struct ReplayArgs {
     trace: PathBuf,
     #[command(flatten)]
     alloc: AllocArg,
-    /// Runs per allocator; the median is reported.
-    #[arg(long, default_value_t = 1)]
+    /// Runs per allocator (1 to 1000); the median is reported.
+    #[arg(long, default_value_t = 1, value_parser = count_in(1..=1000))]
     repeats: usize,
     /// Print JSON lines instead of a table.
     #[arg(long)]
@@ -140,8 +136,8 @@ struct ReplayArgs {
     /// Time the steady state: replay once untimed on the same allocator first.
     #[arg(long)]
     warm: bool,
-    /// Like --warm, with this many untimed replays first.
-    #[arg(long, value_name = "N")]
+    /// Like --warm, with this many untimed replays first (1 to 1000).
+    #[arg(long, value_name = "N", value_parser = count_in(1..=1000))]
     warm_passes: Option<usize>,
     /// Also write gpumem's own RMM log of the replay (through the
     /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
@@ -162,9 +158,9 @@ struct PlotArgs {
     /// X axis: the event index or the trace's time.
     #[arg(long, value_enum, default_value_t = plot::XAxis::Index)]
     x: plot::XAxis,
-    /// Picture size in pixels, WIDTHxHEIGHT.
-    #[arg(long, default_value = "1200x700")]
-    size: String,
+    /// Picture size in pixels, WIDTHxHEIGHT, each 100 to 10000.
+    #[arg(long, default_value = "1200x700", value_parser = plot::parse_picture_size)]
+    size: (u32, u32),
 }
 
 #[derive(Args, Debug)]
@@ -269,12 +265,9 @@ fn run_bench(
 }
 
 /// Untimed runs before the timed one from `--warm` and `--warm-passes N`
-/// (which implies `--warm`, with at least one run).
+/// (which implies `--warm`; clap keeps N at least 1).
 fn warm_passes(warm: bool, passes: Option<usize>) -> usize {
-    match passes {
-        Some(n) => n.max(1),
-        None => usize::from(warm),
-    }
+    passes.unwrap_or(usize::from(warm))
 }
 
 fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
@@ -296,20 +289,21 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     }
     let cfg = BenchConfig {
         workloads,
-        repeats: a.repeats.max(1),
+        repeats: a.repeats,
         size: a.size,
         iters: a.iters,
         ops: a.ops,
         max_live: a.max_live,
-        min_size: a.min_size.max(1),
-        max_size: a.max_size.max(a.min_size),
-        thread_max_size: a.thread_max_size.max(a.min_size),
+        min_size: a.min_size,
+        max_size: a.max_size,
+        thread_max_size: a.thread_max_size,
         seed: a.seed,
-        threads: a.threads.max(1),
+        threads: a.threads,
         holes: a.holes,
         trace: a.trace,
         warm_passes: warm_passes(a.warm, a.warm_passes),
     };
+    cfg.check()?;
     allocators::select(&a.alloc.alloc)?;
     let t = measuring_target(choice, a.json)?;
     run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
@@ -339,7 +333,7 @@ fn replay_traces(
         }
         let cfg = BenchConfig {
             workloads: vec![Workload::Replay],
-            repeats: repeats.max(1),
+            repeats,
             trace: Some(path.clone()),
             warm_passes,
             ..BenchConfig::default()
@@ -382,11 +376,6 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
 }
 
 fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
-    let (w, h) = a
-        .size
-        .split_once('x')
-        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
-        .with_context(|| format!("--size {:?}: expected WIDTHxHEIGHT", a.size))?;
     let t = measuring_target(choice, false)?;
     let specs = allocators::select(&a.alloc.alloc)?;
     let events = gpumem::trace::read_file(&a.trace)
@@ -411,7 +400,7 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
             .unwrap_or_default(),
         t.device.backend()
     );
-    plot::draw(&a.output, &title, &series, a.x, (w, h))?;
+    plot::draw(&a.output, &title, &series, a.x, a.size)?;
     outln!("wrote {}", a.output.display())?;
     for (name, tl) in &series {
         outln!(

@@ -549,3 +549,118 @@ fn a_full_disk_is_a_one_line_error() {
         );
     }
 }
+
+#[test]
+fn numbers_that_make_no_sense_are_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(&trace, SMALL_TRACE).unwrap();
+    let trace = trace.to_str().unwrap();
+    let svg = dir.path().join("t.svg");
+    let svg = svg.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["bench", "--repeats", "0"],
+        &["bench", "--threads", "0"],
+        &["bench", "--threads", "100000"],
+        &["bench", "--iters", "0"],
+        &["bench", "--ops", "0"],
+        &["bench", "--ops", "99999999999"],
+        &["bench", "--size", "0"],
+        &["bench", "--max-live", "0"],
+        &["bench", "--min-size", "0"],
+        &["bench", "--holes", "99999999999"],
+        &["bench", "--warm-passes", "0"],
+        &["replay", trace, "--repeats", "0"],
+        &["replay", trace, "--warm-passes", "0"],
+        &["transfer", "--repeats", "0"],
+        &["transfer", "--min", "0"],
+        &["plot", trace, "-o", svg, "--size", "0x0"],
+        &["plot", trace, "-o", svg, "--size", "100000x100000"],
+        &["plot", trace, "-o", svg, "--size", "wide"],
+    ];
+    for args in cases {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        // clap's one-line error naming the option, then its usual hint.
+        let first = err.lines().next().unwrap_or_default();
+        let flag = args.iter().find(|a| a.starts_with("--")).unwrap();
+        assert!(
+            first.starts_with("error: invalid value") && first.contains(flag),
+            "{args:?}: {err}"
+        );
+    }
+    // Ranges that only make sense together: our own one-line errors.
+    let pairs: &[(&[&str], &str)] = &[
+        (
+            &[
+                "bench",
+                "--workload",
+                "random",
+                "--min-size",
+                "1M",
+                "--max-size",
+                "4K",
+            ],
+            "--min-size 1.00 MiB is larger than --max-size 4.00 KiB",
+        ),
+        (
+            &["bench", "--workload", "threads", "--min-size", "8M"],
+            "--min-size 8.00 MiB is larger than --thread-max-size 4.00 MiB",
+        ),
+        (
+            &[
+                "bench",
+                "--workload",
+                "threads",
+                "--ops",
+                "4",
+                "--threads",
+                "8",
+            ],
+            "--ops 4 is fewer than --threads 8",
+        ),
+        (
+            &["transfer", "--min", "2M", "--max", "1M"],
+            "--min 2.00 MiB is larger than --max 1.00 MiB",
+        ),
+    ];
+    for (args, msg) in pairs {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn bench_run_refuses_a_config_that_makes_no_sense() {
+    let ctx = RunContext::new(sim()).unwrap();
+    let specs = allocators::select(&["cuda".into()]).unwrap();
+    for (cfg, msg) in [
+        (
+            BenchConfig {
+                repeats: 0,
+                ..BenchConfig::default()
+            },
+            "--repeats 0",
+        ),
+        (
+            BenchConfig {
+                threads: 0,
+                ..BenchConfig::default()
+            },
+            "--threads 0",
+        ),
+        (
+            BenchConfig {
+                min_size: 1 << 30,
+                ..BenchConfig::default()
+            },
+            "--min-size 1.00 GiB is larger than --max-size",
+        ),
+    ] {
+        let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains(msg), "{err}");
+    }
+}
