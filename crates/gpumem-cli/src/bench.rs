@@ -10,7 +10,6 @@
 //! `peak_reserved` is the most the allocator held from the driver in any
 //! repeat, and `peak_live` the most the workload had allocated at once.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
@@ -81,8 +80,8 @@ pub struct BenchConfig {
     pub threads: usize,
     /// `holes`: how many holes.
     pub holes: usize,
-    /// `replay`: the trace.
-    pub trace: Option<PathBuf>,
+    /// `replay`: the trace, read and prepared ([`replay::load`]).
+    pub trace: Option<replay::Trace>,
     /// Untimed runs of each workload on the same allocator before the timed
     /// one (0: cold, growth included).
     pub warm_passes: usize,
@@ -254,7 +253,7 @@ enum Prepared {
     Random(OpSequence),
     Threads(Vec<Arc<OpSequence>>),
     Holes,
-    Replay(Box<PreparedReplay>),
+    Replay(Arc<PreparedReplay>),
 }
 
 impl Prepared {
@@ -299,11 +298,7 @@ fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
         ),
         (Workload::Replay, Prepared::Replay(p)) => format!(
             "trace={} events={} skipped={}",
-            cfg.trace
-                .as_ref()
-                .and_then(|t| t.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            cfg.trace.as_ref().map_or("", |t| t.name.as_str()),
             p.report.events,
             p.skipped_failures + p.skipped_unknown_frees + p.skipped_zero
         ),
@@ -339,12 +334,10 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
             )
         }
         Workload::Replay => {
-            let Some(path) = &cfg.trace else {
+            let Some(trace) = &cfg.trace else {
                 bail!("the replay workload needs --trace FILE");
             };
-            let events = gpumem::trace::read_file(path)
-                .with_context(|| format!("reading trace {}", path.display()))?;
-            Prepared::Replay(Box::new(replay::prepare(&events)?))
+            Prepared::Replay(trace.prep.clone())
         }
     })
 }
@@ -365,7 +358,7 @@ fn run_once(
     cfg: &BenchConfig,
     prep: &Prepared,
     streams: &[Stream],
-) -> gpumem::Result<Timed> {
+) -> Result<Timed> {
     let r = &*alloc.resource;
     let one = || {
         streams
@@ -373,13 +366,13 @@ fn run_once(
             .cloned()
             .map_or_else(|| device.create_stream(), Ok)
     };
-    match prep {
-        Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters),
-        Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq),
-        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs),
-        Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters),
-        Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None),
-    }
+    Ok(match prep {
+        Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters)?,
+        Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq)?,
+        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs)?,
+        Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters)?,
+        Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None)?,
+    })
 }
 
 /// Runs the threads workload once through a counter in front of a fresh
@@ -388,7 +381,7 @@ fn threads_peak_live(
     spec: &AllocatorSpec,
     device: &Device,
     seqs: &[Arc<OpSequence>],
-) -> gpumem::Result<u64> {
+) -> Result<u64> {
     let alloc = (spec.build)(device)?;
     let counter = Arc::new(CountingResource::new(alloc.resource.clone()));
     let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
@@ -436,7 +429,7 @@ pub fn run(
             let mut vmm_mappings: Option<u64> = None;
             let mut error = None;
             for _ in 0..repeats {
-                let result = (|| -> gpumem::Result<(Timed, usize, Option<u64>)> {
+                let result = (|| -> Result<(Timed, usize, Option<u64>)> {
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
                     let streams = repeat_streams(device, &prep)?;
@@ -458,7 +451,7 @@ pub fn run(
                         vmm_mappings = maps.map(|m| m.max(vmm_mappings.unwrap_or(0)));
                     }
                     Err(e) => {
-                        error = Some(e.to_string());
+                        error = Some(format!("{e:#}"));
                         progress.inc((repeats - times.len() - 1) as u64);
                         break;
                     }
@@ -473,7 +466,7 @@ pub fn run(
                 match threads_peak_live(spec, device, seqs) {
                     Ok(p) => peak_live = p,
                     Err(e) => {
-                        error = Some(format!("untimed live-peak run: {e}"));
+                        error = Some(format!("untimed live-peak run: {e:#}"));
                         ok = false;
                     }
                 }
@@ -517,6 +510,24 @@ pub fn run(
     Ok(out)
 }
 
+/// An error when any record is of a failed run, naming how many failed and
+/// the first failure: a run in which an allocator fails is a failed run,
+/// whatever the others did.
+pub fn check_records(records: &[BenchRecord]) -> Result<()> {
+    let failed: Vec<&BenchRecord> = records.iter().filter(|r| r.error.is_some()).collect();
+    if let Some(first) = failed.first() {
+        bail!(
+            "{} of {} runs failed; the first, {} / {}: {}",
+            failed.len(),
+            records.len(),
+            first.alloc,
+            first.workload,
+            first.error.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 /// Prints records as a table, one block per workload, allocators side by side.
 pub fn print_table(records: &[BenchRecord]) -> Result<()> {
     let mut workloads: Vec<&str> = Vec::new();
@@ -534,11 +545,15 @@ pub fn print_table(records: &[BenchRecord]) -> Result<()> {
     for w in workloads {
         let rows: Vec<&BenchRecord> = records.iter().filter(|r| r.workload == w).collect();
         let first = rows[0];
-        outln!(
-            "\n{w}: {} (median of {} repeats)",
-            first.params,
-            rows.iter().map(|r| r.repeats).max().unwrap_or(0)
-        )?;
+        let repeats = rows
+            .iter()
+            .filter(|r| r.error.is_none())
+            .map(|r| r.repeats)
+            .max();
+        match repeats {
+            Some(n) => outln!("\n{w}: {} (median of {n} repeats)", first.params)?,
+            None => outln!("\n{w}: {} (every allocator failed)", first.params)?,
+        }
         outln!(
             "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
             "allocator",

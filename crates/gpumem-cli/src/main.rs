@@ -229,11 +229,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Transfer(a)) => Ok(transfer::run(&target::open(cli.device, true)?, &a)?),
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
-        Some(Command::ConvertSnapshot(a)) => {
-            let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
-            outln!("{}: {s}", a.output.display())?;
-            Ok(())
-        }
+        Some(Command::ConvertSnapshot(a)) => cmd_convert(a),
         None => main_job(cli.device, cli.trace),
     }
 }
@@ -243,6 +239,8 @@ fn json_line(r: &BenchRecord) -> Result<()> {
     Ok(outln!("{line}")?)
 }
 
+/// Runs `cfg` and prints its records (a table, or JSON lines as they come).
+/// Failed runs are records too: see [`bench::check_records`].
 fn run_bench(
     t: &Target,
     cfg: &BenchConfig,
@@ -287,7 +285,8 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if workloads.contains(&Workload::Replay) && a.trace.is_none() {
         bail!("--workload replay needs --trace FILE");
     }
-    let cfg = BenchConfig {
+    allocators::select(&a.alloc.alloc)?;
+    let mut cfg = BenchConfig {
         workloads,
         repeats: a.repeats,
         size: a.size,
@@ -300,106 +299,109 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         seed: a.seed,
         threads: a.threads,
         holes: a.holes,
-        trace: a.trace,
+        trace: None,
         warm_passes: warm_passes(a.warm, a.warm_passes),
     };
     cfg.check()?;
-    allocators::select(&a.alloc.alloc)?;
+    if let (Some(path), true) = (&a.trace, cfg.workloads.contains(&Workload::Replay)) {
+        cfg.trace = Some(replay::load(path)?);
+    }
     let t = measuring_target(choice, a.json)?;
-    run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
-    Ok(())
+    let records = run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
+    bench::check_records(&records)
 }
 
-fn replay_traces(
+/// Replays `trace` through `alloc`, `repeats` times each, and prints the
+/// records (after the trace's own report, for a table).
+fn replay_trace(
     t: &Target,
-    traces: &[PathBuf],
+    trace: &replay::Trace,
     alloc: &[String],
     repeats: usize,
     warm_passes: usize,
     json: bool,
-) -> Result<()> {
-    for path in traces {
-        let events = gpumem::trace::read_file(path)
-            .with_context(|| format!("reading trace {}", path.display()))?;
-        let prep = replay::prepare(&events)?;
-        if !json {
-            outln!("\ntrace {}: {}", path.display(), prep.report)?;
-            if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
-                outln!(
-                    "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
-                    prep.skipped_failures, prep.skipped_unknown_frees, prep.skipped_zero
-                )?;
-            }
+) -> Result<Vec<BenchRecord>> {
+    let prep = &trace.prep;
+    if !json {
+        outln!("\ntrace {}: {}", trace.path.display(), prep.report)?;
+        if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
+            outln!(
+                "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
+                prep.skipped_failures,
+                prep.skipped_unknown_frees,
+                prep.skipped_zero
+            )?;
         }
-        let cfg = BenchConfig {
-            workloads: vec![Workload::Replay],
-            repeats,
-            trace: Some(path.clone()),
-            warm_passes,
-            ..BenchConfig::default()
-        };
-        run_bench(t, &cfg, alloc, json)?;
     }
-    Ok(())
+    let cfg = BenchConfig {
+        workloads: vec![Workload::Replay],
+        repeats,
+        trace: Some(trace.clone()),
+        warm_passes,
+        ..BenchConfig::default()
+    };
+    run_bench(t, &cfg, alloc, json)
 }
 
 fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
     let specs = allocators::select(&a.alloc.alloc)?;
+    let logs: Vec<PathBuf> = a
+        .log
+        .iter()
+        .flat_map(|log| {
+            specs
+                .iter()
+                .map(|s| replay::log_path(log, s.name, specs.len()))
+        })
+        .collect();
+    for path in &logs {
+        output::check_writable(path).context("--log")?;
+    }
+    let trace = replay::load(&a.trace)?;
     let t = measuring_target(choice, a.json)?;
-    replay_traces(
+    let records = replay_trace(
         &t,
-        std::slice::from_ref(&a.trace),
+        &trace,
         &a.alloc.alloc,
         a.repeats,
         warm_passes(a.warm, a.warm_passes),
         a.json,
     )?;
-    if let Some(log) = &a.log {
-        let events = gpumem::trace::read_file(&a.trace)
-            .with_context(|| format!("reading trace {}", a.trace.display()))?;
-        let prep = replay::prepare(&events)?;
-        for s in &specs {
-            let path = replay::log_path(log, s.name, specs.len());
-            let alloc = (s.build)(&t.device)?;
-            let rows = replay::write_log(&alloc, &t.device, &prep, &path)
-                .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
-            if !a.json {
-                outln!(
-                    "log of the replay through {}: {} ({rows} rows)",
-                    s.name,
-                    path.display()
-                )?;
-            }
+    bench::check_records(&records)?;
+    for (s, path) in specs.iter().zip(&logs) {
+        let alloc = (s.build)(&t.device)?;
+        let rows = replay::write_log(&alloc, &t.device, &trace.prep, path)
+            .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
+        if !a.json {
+            outln!(
+                "log of the replay through {}: {} ({rows} rows)",
+                s.name,
+                path.display()
+            )?;
         }
     }
     Ok(())
 }
 
 fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
-    let t = measuring_target(choice, false)?;
     let specs = allocators::select(&a.alloc.alloc)?;
-    let events = gpumem::trace::read_file(&a.trace)
-        .with_context(|| format!("reading trace {}", a.trace.display()))?;
-    let prep = replay::prepare(&events)?;
+    plot::Format::of(&a.output)?;
+    output::check_writable(&a.output)?;
+    let trace = replay::load(&a.trace)?;
+    let prep = &trace.prep;
+    let t = measuring_target(choice, false)?;
     let pb = progress::bar(specs.len() as u64, false);
     let mut series = Vec::new();
     for s in &specs {
         pb.set_message(s.name);
         let alloc = (s.build)(&t.device)?;
-        let tl = replay::timeline(&alloc, &t.device, &prep, 4000)
+        let tl = replay::timeline(&alloc, &t.device, prep, 4000)
             .with_context(|| format!("replaying through {}", s.name))?;
         series.push((s.name.to_string(), tl));
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let title = format!(
-        "{} on {}",
-        a.trace
-            .file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default(),
-        t.device.backend()
-    );
+    let title = format!("{} on {}", trace.name, t.device.backend());
     plot::draw(&a.output, &title, &series, a.x, a.size)?;
     outln!("wrote {}", a.output.display())?;
     for (name, tl) in &series {
@@ -410,6 +412,13 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
             tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
         )?;
     }
+    Ok(())
+}
+
+fn cmd_convert(a: ConvertArgs) -> Result<()> {
+    output::check_writable(&a.output)?;
+    let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
+    outln!("{}: {s}", a.output.display())?;
     Ok(())
 }
 
@@ -450,11 +459,14 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         max_live: 500,
         ..BenchConfig::default()
     };
-    run_bench(&t, &cfg, &[], false)?;
+    let mut records = run_bench(&t, &cfg, &[], false)?;
     let traces = find_traces(trace);
     if traces.is_empty() {
         outln!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)")?;
-        return Ok(());
     }
-    replay_traces(&t, &traces, &[], 3, 0, false)
+    for path in &traces {
+        let trace = replay::load(path)?;
+        records.extend(replay_trace(&t, &trace, &[], 3, 0, false)?);
+    }
+    bench::check_records(&records)
 }

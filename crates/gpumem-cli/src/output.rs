@@ -1,4 +1,5 @@
-//! Writing to standard output and standard error without panicking.
+//! Writing to standard output and standard error without panicking, and
+//! checking output files before the work that fills them.
 //!
 //! `println!` panics when standard output is a closed pipe (`gpumem bench |
 //! head -1`) or a full disk. Every line the command prints goes through
@@ -7,7 +8,11 @@
 //! [`BROKEN_PIPE_STATUS`] and reports any other failure as one line.
 
 use std::fmt;
+use std::fs::OpenOptions;
 use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::Context as _;
 
 /// Writes one line to standard output, like `println!`, returning
 /// `Result<(), StdoutError>` instead of panicking.
@@ -70,6 +75,24 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<StdoutError>()
             .is_some_and(|s| s.0.kind() == io::ErrorKind::BrokenPipe)
     })
+}
+
+/// Checks that `path` can be written, so that a bad output path fails the
+/// command before its timed work, not after: opens it for writing (creating
+/// it, leaving one that exists as it is) and removes it again if it did not
+/// exist.
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let existed = path.symlink_metadata().is_ok();
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 /// Writes one line to standard error; a failure to do so is dropped (there is

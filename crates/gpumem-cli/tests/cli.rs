@@ -80,7 +80,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         seed: 1,
         threads: 2,
         holes: 8,
-        trace: Some(trace.to_path_buf()),
+        trace: Some(replay::load(trace).unwrap()),
         warm_passes: 0,
     }
 }
@@ -663,4 +663,178 @@ fn bench_run_refuses_a_config_that_makes_no_sense() {
         let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();
         assert!(err.to_string().contains(msg), "{err}");
     }
+}
+
+/// A trace whose one allocation (200 GB) no allocator on the 80 GiB
+/// simulated device can serve.
+const OOM_TRACE: &str = "\
+Thread,Time,Action,Pointer,Size,Stream
+1,10:00:00.000001,allocate,0x1000,200000000000,0x0
+1,10:00:00.000002,free,0x1000,200000000000,0x0
+";
+
+#[test]
+fn a_failing_allocator_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = dir.path().join("oom.csv");
+    std::fs::write(&oom, OOM_TRACE).unwrap();
+    let oom = oom.to_str().unwrap();
+    let runs: &[&[&str]] = &[
+        &["replay", oom, "--alloc", "cuda,pool"],
+        &["replay", oom, "--alloc", "cuda,pool", "--json"],
+        &[
+            "bench",
+            "--workload",
+            "replay",
+            "--trace",
+            oom,
+            "--alloc",
+            "cuda,pool",
+        ],
+        &[
+            "bench",
+            "--workload",
+            "same",
+            "--size",
+            "100G",
+            "--iters",
+            "2",
+            "--alloc",
+            "pool",
+        ],
+        &[
+            "bench",
+            "--json",
+            "--workload",
+            "same",
+            "--size",
+            "100G",
+            "--iters",
+            "2",
+        ],
+        // The main job: its short bench passes, the replay fails.
+        &["--trace", oom],
+    ];
+    for args in runs {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains("failed"), "{args:?}: {err}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        // Labelled for what it is, not "invalid argument".
+        assert!(text.contains("out of memory"), "{args:?}: {text}");
+        assert!(!text.contains("invalid argument"), "{args:?}: {text}");
+        assert!(!text.contains("median of 0 repeats"), "{args:?}: {text}");
+    }
+    let out = gpumem(&["--device", "sim", "replay", oom, "--alloc", "cuda"]);
+    let err = one_line_error(&out);
+    assert!(err.contains("1 of 1 runs failed"), "{err}");
+    assert!(
+        err.contains("cuda") && err.contains("out of memory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_or_header_only_trace_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        ("empty.csv", ""),
+        ("header.csv", "Thread,Time,Action,Pointer,Size,Stream\n"),
+        (
+            "failures.csv",
+            "1,10:00:00.1,allocate failure,0x0,1099511627776,0x0\n",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let svg = dir.path().join("t.svg");
+        for args in [
+            &["replay", path][..],
+            &["bench", "--workload", "replay", "--trace", path],
+            &["plot", path, "-o", svg.to_str().unwrap()],
+        ] {
+            let out = gpumem(&[&["--device", "sim"], args].concat());
+            assert_eq!(out.status.code(), Some(1), "{name} {args:?}");
+            let err = one_line_error(&out);
+            assert!(
+                err.contains(name) && err.contains("nothing to replay"),
+                "{name} {args:?}: {err}"
+            );
+            assert!(!svg.exists());
+        }
+    }
+}
+
+#[test]
+fn output_paths_are_checked_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, SMALL_TRACE).unwrap();
+    let good = good.to_str().unwrap();
+    let not_a_pickle = dir.path().join("bad.pickle");
+    std::fs::write(&not_a_pickle, b"not a pickle").unwrap();
+    let nowhere = dir.path().join("no/such/dir/out");
+    let nowhere = nowhere.to_str().unwrap();
+    let gif = dir.path().join("t.gif");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "replay",
+                good,
+                "--alloc",
+                "cuda",
+                "--log",
+                &format!("{nowhere}.csv"),
+            ],
+            "--log: cannot write",
+        ),
+        (
+            &["plot", good, "-o", &format!("{nowhere}.svg")],
+            "cannot write",
+        ),
+        (
+            &["plot", good, "-o", gif.to_str().unwrap()],
+            "unknown picture format",
+        ),
+        (
+            &[
+                "convert-snapshot",
+                not_a_pickle.to_str().unwrap(),
+                "-o",
+                &format!("{nowhere}.csv"),
+            ],
+            "cannot write",
+        ),
+    ];
+    for (args, msg) in cases {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{args:?}: {err}");
+        // Nothing was replayed or timed: not even the device line came out.
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // A path that can be written is left as it was found (absent) by the
+    // check, here by a run that then fails.
+    let oom = dir.path().join("oom.csv");
+    std::fs::write(&oom, OOM_TRACE).unwrap();
+    let log = dir.path().join("log.csv");
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "replay",
+        oom.to_str().unwrap(),
+        "--alloc",
+        "cuda",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!log.exists());
 }
