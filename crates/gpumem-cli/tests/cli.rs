@@ -838,3 +838,168 @@ fn output_paths_are_checked_before_any_work() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!log.exists());
 }
+
+/// A protocol 2 pickle of lists nested `depth` deep: `[[[...]]]`.
+fn nested_lists(depth: usize) -> Vec<u8> {
+    let mut p = b"\x80\x02".to_vec();
+    p.extend(std::iter::repeat_n(b']', depth));
+    p.extend(std::iter::repeat_n(b'a', depth - 1));
+    p.push(b'.');
+    p
+}
+
+/// A pickle whose nesting hides in memo references: `n` empty lists, memoized,
+/// then each put in the next one, last first (so no list is deep when it is
+/// put in another), then the last list: `n` deep once references resolve.
+fn memo_chain(n: u32) -> Vec<u8> {
+    let mut p = b"\x80\x02".to_vec();
+    for i in 0..n {
+        p.push(b']');
+        p.push(b'r');
+        p.extend(i.to_le_bytes());
+        p.push(b'0');
+    }
+    for i in (0..n - 1).rev() {
+        p.push(b'j');
+        p.extend((i + 1).to_le_bytes());
+        p.push(b'j');
+        p.extend(i.to_le_bytes());
+        p.extend(b"a0");
+    }
+    p.push(b'j');
+    p.extend((n - 1).to_le_bytes());
+    p.push(b'.');
+    p
+}
+
+#[test]
+fn deep_or_endless_pickles_are_refused_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_csv = dir.path().join("out.csv");
+    let cases: &[(&str, Vec<u8>, &str)] = &[
+        (
+            "deep.pickle",
+            nested_lists(200_000),
+            "nested deeper than 100 levels",
+        ),
+        (
+            "memo.pickle",
+            memo_chain(100_000),
+            "nested deeper than 100 levels",
+        ),
+    ];
+    for (name, bytes, msg) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = gpumem(&[
+            "convert-snapshot",
+            path.to_str().unwrap(),
+            "-o",
+            out_csv.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{name}: {err}");
+    }
+    // An input without end is refused at its first byte.
+    let out = gpumem(&[
+        "convert-snapshot",
+        "/dev/zero",
+        "-o",
+        out_csv.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(err.contains("byte 0: opcode 0x00"), "{err}");
+}
+
+#[test]
+fn pickles_up_to_the_depth_limit_are_read() {
+    let limit = gpumem_cli::pickle_bounds::Limits::default().max_depth as usize;
+    // The deepest accepted pickle goes through serde-pickle on this test
+    // thread's stack (2 MiB) in a debug build.
+    let v = snapshot::read_pickle(&nested_lists(limit)).unwrap();
+    assert!(matches!(v, serde_pickle::Value::List(_)));
+    let err = snapshot::read_pickle(&nested_lists(limit + 1)).unwrap_err();
+    assert!(format!("{err:#}").contains("nested deeper"), "{err:#}");
+    assert!(snapshot::read_pickle(&memo_chain(limit as u32)).is_ok());
+    let err = snapshot::read_pickle(&memo_chain(limit as u32 + 1)).unwrap_err();
+    assert!(format!("{err:#}").contains("nested deeper"), "{err:#}");
+    // A list that holds itself, and a pickle cut short.
+    let err = snapshot::read_pickle(b"\x80\x02]q\x00h\x00a.").unwrap_err();
+    assert!(format!("{err:#}").contains("refers to itself"), "{err:#}");
+    let err = snapshot::read_pickle(&nested_lists(10)[..12]).unwrap_err();
+    assert!(format!("{err:#}").contains("ends early"), "{err:#}");
+}
+
+#[test]
+fn a_snapshot_on_standard_input_converts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_csv = dir.path().join("out.csv");
+    let out = gpumem_command(&["convert-snapshot", "-", "-o", out_csv.to_str().unwrap()])
+        .stdin(std::fs::File::open(data("snapshot_p4.pickle")).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&out_csv).unwrap();
+    assert_eq!(gpumem::trace::parse_str(&text).unwrap().len(), 9);
+}
+
+#[test]
+fn a_trace_on_standard_input_with_a_byte_order_mark_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_bom = dir.path().join("bom.csv");
+    std::fs::write(&with_bom, format!("\u{feff}{SMALL_TRACE}")).unwrap();
+    let svg = dir.path().join("t.svg");
+    let runs: &[&[&str]] = &[
+        &["replay", "-", "--alloc", "cuda"],
+        &[
+            "bench",
+            "--workload",
+            "replay",
+            "--trace",
+            "-",
+            "--alloc",
+            "cuda",
+        ],
+        &["plot", "-", "--alloc", "cuda", "-o", svg.to_str().unwrap()],
+    ];
+    for args in runs {
+        let out = gpumem_command(&[&["--device", "sim"], *args].concat())
+            .stdin(std::fs::File::open(&with_bom).unwrap())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("cuda"), "{args:?}: {text}");
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn an_endless_line_is_an_error_naming_it() {
+    let out = gpumem(&["--device", "sim", "replay", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("/dev/zero: line 1: longer than 4096 bytes"),
+        "{err}"
+    );
+    let out = gpumem_command(&["--device", "sim", "replay", "-"])
+        .stdin(std::fs::File::open("/dev/zero").unwrap())
+        .output()
+        .unwrap();
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("standard input: line 1: longer than 4096 bytes"),
+        "{err}"
+    );
+}
