@@ -17,7 +17,7 @@ use gpumem::{Backend, Device, Stream};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::allocators::{Allocator, AllocatorSpec, CountingResource};
+use crate::allocators::{Allocator, AllocatorSpec, CountingResource, ALLOCATORS};
 use crate::outln;
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
@@ -528,7 +528,16 @@ pub fn check_records(records: &[BenchRecord]) -> Result<()> {
     Ok(())
 }
 
-/// Prints records as a table, one block per workload, allocators side by side.
+/// The reserve note of the allocator named `alloc`, if it has one.
+fn reserve_note(alloc: &str) -> Option<&'static str> {
+    ALLOCATORS
+        .iter()
+        .find(|s| s.name == alloc)
+        .and_then(|s| s.reserve_note)
+}
+
+/// Prints records as a table, one block per workload, allocators side by side;
+/// allocators whose reserve is large by design get a `*` and a note under it.
 pub fn print_table(records: &[BenchRecord]) -> Result<()> {
     let mut workloads: Vec<&str> = Vec::new();
     for r in records {
@@ -579,7 +588,14 @@ pub fn print_table(records: &[BenchRecord]) -> Result<()> {
                     fmt_bytes(r.peak_live),
                     r.peak_reserved.map(fmt_bytes).unwrap_or_else(|| "-".into()),
                     r.reserved_over_live
-                        .map(|x| format!("{x:.2}"))
+                        .map(|x| {
+                            let mark = if reserve_note(&r.alloc).is_some() {
+                                "*"
+                            } else {
+                                ""
+                            };
+                            format!("{x:.2}{mark}")
+                        })
                         .unwrap_or_else(|| "-".into()),
                 )?,
                 (e, _) => outln!(
@@ -588,6 +604,13 @@ pub fn print_table(records: &[BenchRecord]) -> Result<()> {
                     e.as_deref().unwrap_or("no result")
                 )?,
             }
+        }
+    }
+    let mut noted: Vec<&str> = Vec::new();
+    for r in records {
+        if let (Some(note), false) = (reserve_note(&r.alloc), noted.contains(&r.alloc.as_str())) {
+            outln!("  * {note}")?;
+            noted.push(&r.alloc);
         }
     }
     Ok(())

@@ -219,7 +219,7 @@ fn print_measures(t: &Target) -> Result<()> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Some(Command::Info) => Ok(target::print_info(&target::open(cli.device, true)?)?),
+        Some(Command::Info) => Ok(target::print_info(&target::open(cli.device, false)?)?),
         Some(Command::Demo) => {
             let t = target::open(cli.device, true)?;
             target::print_info(&t)?;

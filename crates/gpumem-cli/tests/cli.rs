@@ -1003,3 +1003,50 @@ fn an_endless_line_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn info_shows_the_simulated_device_bench_and_replay_use() {
+    use gpumem_cli::target::{self, DeviceChoice};
+    let measured = target::open(DeviceChoice::Sim, false).unwrap();
+    let total = measured.device.mem_info().unwrap().total;
+    let shown = format!("{:.2} GiB total", total as f64 / (1u64 << 30) as f64);
+    let out = gpumem(&["--device", "sim", "info"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(&shown), "{shown:?} not in {text}");
+    // The demo's backed device is the same device, with host memory behind it.
+    let backed = target::open(DeviceChoice::Sim, true).unwrap();
+    assert_eq!(backed.device.mem_info().unwrap().total, total);
+}
+
+#[test]
+fn the_arena_s_reserve_is_explained_under_the_table() {
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "bench",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "arena,pool",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let arena = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("arena"))
+        .unwrap();
+    assert!(arena.ends_with('*'), "{arena}");
+    let pool = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("pool"))
+        .unwrap();
+    assert!(!pool.ends_with('*'), "{pool}");
+    assert!(
+        text.contains("* arena takes half the device's free memory up front, as RMM's arena does"),
+        "{text}"
+    );
+}
