@@ -447,6 +447,11 @@ fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
 }
 
 fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
+    // Every trace is read before anything is timed: a bad one fails at once.
+    let traces = find_traces(trace)
+        .iter()
+        .map(|p| replay::load(p))
+        .collect::<Result<Vec<_>>>()?;
     let t = target::open(choice, false)?;
     target::print_info(&t)?;
     print_measures(&t)?;
@@ -460,13 +465,11 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         ..BenchConfig::default()
     };
     let mut records = run_bench(&t, &cfg, &[], false)?;
-    let traces = find_traces(trace);
     if traces.is_empty() {
         outln!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)")?;
     }
-    for path in &traces {
-        let trace = replay::load(path)?;
-        records.extend(replay_trace(&t, &trace, &[], 3, 0, false)?);
+    for trace in &traces {
+        records.extend(replay_trace(&t, trace, &[], 3, 0, false)?);
     }
     bench::check_records(&records)
 }

@@ -144,7 +144,7 @@ fn draw_on<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing failed: {e:?}");
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(e)?;
     let xs = |t: &Timeline| -> Vec<f64> {
         match x_axis {

@@ -1050,3 +1050,39 @@ fn the_arena_s_reserve_is_explained_under_the_table() {
         "{text}"
     );
 }
+
+#[test]
+fn plot_refuses_picture_sizes_out_of_range_in_process() {
+    let events = gpumem::trace::parse_str(SMALL_TRACE).unwrap();
+    let prep = replay::prepare(&events).unwrap();
+    let device = sim();
+    let alloc = (allocators::select(&["cuda".into()]).unwrap()[0].build)(&device).unwrap();
+    let series = vec![(
+        "cuda".to_string(),
+        replay::timeline(&alloc, &device, &prep, 100).unwrap(),
+    )];
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["t.svg", "t.png"] {
+        let path = dir.path().join(file);
+        for size in [(0, 0), (1200, 50), (100_000, 100_000)] {
+            let err = plot::draw(&path, "t", &series, plot::XAxis::Index, size).unwrap_err();
+            assert!(err.to_string().contains("100 to 10000 pixels"), "{err}");
+            assert!(!path.exists(), "{file} {size:?}");
+        }
+    }
+    assert!(plot::parse_picture_size("1200x700").is_ok());
+    assert!(plot::parse_picture_size("99x700").is_err());
+}
+
+#[test]
+fn the_main_job_reads_its_traces_before_timing_anything() {
+    let out = gpumem(&["--device", "sim", "--trace", "/no/such/trace.csv"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(err.contains("/no/such/trace.csv"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
