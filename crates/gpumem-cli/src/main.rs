@@ -106,7 +106,7 @@ struct BenchArgs {
     /// holes: free holes left between live blocks before timing (0 to 10^7).
     #[arg(long, default_value_t = 4096, value_parser = count_in(0..=10_000_000))]
     holes: usize,
-    /// replay: the RMM log to replay.
+    /// replay: the RMM log to replay (`-`: standard input).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Print JSON lines instead of a table (no progress bar).
@@ -123,7 +123,8 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct ReplayArgs {
-    /// The RMM log (Thread,Time,Action,Pointer,Size,Stream).
+    /// The RMM log (Thread,Time,Action,Pointer,Size,Stream); `-` reads
+    /// standard input.
     trace: PathBuf,
     #[command(flatten)]
     alloc: AllocArg,
@@ -148,7 +149,7 @@ struct ReplayArgs {
 
 #[derive(Args, Debug)]
 struct PlotArgs {
-    /// The RMM log to replay.
+    /// The RMM log to replay (`-`: standard input).
     trace: PathBuf,
     #[command(flatten)]
     alloc: AllocArg,
@@ -165,7 +166,8 @@ struct PlotArgs {
 
 #[derive(Args, Debug)]
 struct ConvertArgs {
-    /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`).
+    /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`); `-` reads
+    /// standard input.
     snapshot: PathBuf,
     /// The RMM log to write.
     #[arg(short, long)]

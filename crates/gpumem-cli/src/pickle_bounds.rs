@@ -40,7 +40,8 @@ impl Default for Limits {
 /// A value on the pickle machine's stack or in its memo, as far as depth goes.
 #[derive(Debug, Clone, Default)]
 struct Node {
-    /// How deep it nests in itself: 0 for a scalar, 1 for `[]` or `[1]`.
+    /// How deep it nests in itself: 0 for a scalar (which stays one: adding
+    /// to it is an error), 1 for `[]` or `[1]`.
     depth: u32,
     /// The memo entries it refers to, each with how deep inside it the
     /// reference sits.
@@ -220,7 +221,11 @@ impl<'a, R: BufRead> Machine<'a, R> {
             match item {
                 Slot::Memo(id) => {
                     node.depth = node.depth.max(1);
-                    node.refs.push((id, 1));
+                    // A scalar's entry (a dict key, a file name) stays a
+                    // scalar: no need to follow it.
+                    if self.memo.get(&id).is_some_and(|n| n.depth > 0) {
+                        node.refs.push((id, 1));
+                    }
                 }
                 Slot::Value(v) => {
                     node.depth = node.depth.max(v.depth + 1);
@@ -252,23 +257,32 @@ impl<'a, R: BufRead> Machine<'a, R> {
     /// Adds `items` to the container on top of the stack (the memo entry,
     /// when the top refers to one).
     fn extend_top(&mut self, items: Vec<Slot>) -> Result<()> {
-        let mut top = match self.stack.last() {
-            Some(Slot::Value(n)) => n.clone(),
-            Some(Slot::Memo(id)) => self.resolve(Slot::Memo(*id))?,
+        let mut added = Node::default();
+        self.fill(&mut added, items)?;
+        let target = match self.stack.last_mut() {
+            Some(Slot::Value(n)) => Some(n),
+            Some(Slot::Memo(id)) => {
+                let id = *id;
+                self.memo.get_mut(&id)
+            }
             None => return self.fail("the pickle's stack runs empty"),
         };
-        self.fill(&mut top, items)?;
-        match self.stack.last_mut() {
-            Some(Slot::Memo(id)) => {
-                self.memo.insert(*id, top);
+        match target {
+            Some(n) if n.depth > 0 => {
+                n.depth = n.depth.max(added.depth);
+                n.refs.extend(added.refs);
+                Ok(())
             }
-            Some(slot) => *slot = Slot::Value(top),
-            None => unreachable!("checked above"),
+            _ => self.fail("adding items to something that is not a container"),
         }
-        Ok(())
     }
 
     fn memoize(&mut self, id: u32) -> Result<()> {
+        // Python's pickler never stores twice under one index; refusing it
+        // keeps every reference meaning what it meant when it was taken.
+        if self.memo.contains_key(&id) {
+            return self.fail(format_args!("memo entry {id} is stored twice"));
+        }
         let slot = self.pop()?;
         let node = self.resolve(slot)?;
         self.memo.insert(id, node);

@@ -930,6 +930,12 @@ fn pickles_up_to_the_depth_limit_are_read() {
     assert!(format!("{err:#}").contains("refers to itself"), "{err:#}");
     let err = snapshot::read_pickle(&nested_lists(10)[..12]).unwrap_err();
     assert!(format!("{err:#}").contains("ends early"), "{err:#}");
+    // What Python never writes: a memo index stored twice (a reference taken
+    // before would change meaning), items added to a number.
+    let err = snapshot::read_pickle(b"\x80\x02]q\x00]q\x00.").unwrap_err();
+    assert!(format!("{err:#}").contains("stored twice"), "{err:#}");
+    let err = snapshot::read_pickle(b"\x80\x02K\x01K\x02a.").unwrap_err();
+    assert!(format!("{err:#}").contains("not a container"), "{err:#}");
 }
 
 #[test]
