@@ -29,6 +29,9 @@ pub struct AllocatorSpec {
     pub name: &'static str,
     /// One line on what it is.
     pub about: &'static str,
+    /// Why its reserve does not follow the live bytes, when by design: printed
+    /// under tables, whose res/live it marks with `*`.
+    pub reserve_note: Option<&'static str>,
     /// Builds a fresh instance over the device.
     pub build: fn(&Device) -> gpumem::Result<Allocator>,
 }
@@ -38,11 +41,13 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     AllocatorSpec {
         name: "cuda",
         about: "cuMemAlloc/cuMemFree for every request (DeviceResource)",
+        reserve_note: None,
         build: |d| counted(d, |up| Ok(up)),
     },
     AllocatorSpec {
         name: "cuda-async",
         about: "AsyncResource: cuMemAllocAsync on the device's default pool, release threshold max",
+        reserve_note: None,
         build: |d| {
             let r = AsyncResource::default_pool(d.clone())?;
             r.set_release_threshold(u64::MAX)?;
@@ -56,16 +61,21 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     AllocatorSpec {
         name: "pool",
         about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes",
+        reserve_note: None,
         build: |d| counted(d, |up| Ok(Arc::new(PoolResource::with_defaults(up)?))),
     },
     AllocatorSpec {
         name: "arena",
         about: "ArenaResource: per-stream arenas of 1 MiB superblocks over half the device's free memory, taken up front",
+        reserve_note: Some(
+            "arena takes half the device's free memory up front, as RMM's arena does: its reserve does not follow the live bytes",
+        ),
         build: |d| counted(d, |up| Ok(Arc::new(ArenaResource::new(up)?))),
     },
     AllocatorSpec {
         name: "caching",
         about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, per-stream reuse",
+        reserve_note: None,
         build: |d| {
             counted(d, |up| {
                 Ok(Arc::new(CachingPool::with_upstream(
@@ -78,6 +88,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     AllocatorSpec {
         name: "vpool",
         about: "VirtualPool: VMM pages mapped only under live blocks and moved where needed (reserve = physical)",
+        reserve_note: None,
         build: |d| {
             let pool = Arc::new(VirtualPool::new(d.clone(), VirtualPoolConfig::default())?);
             Ok(Allocator::new(pool.clone(), ReserveProbe::Virtual(pool)))
@@ -86,6 +97,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     AllocatorSpec {
         name: "binning",
         about: "BinningResource: fixed-size bins 256 B..1 MiB over a PoolResource, which also serves larger requests (RMM's binning-over-pool)",
+        reserve_note: None,
         build: |d| {
             counted(d, |up| {
                 let pool = PoolResource::with_defaults(up)?;

@@ -10,7 +10,6 @@
 //! `peak_reserved` is the most the allocator held from the driver in any
 //! repeat, and `peak_live` the most the workload had allocated at once.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
@@ -18,7 +17,8 @@ use gpumem::{Backend, Device, Stream};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::allocators::{Allocator, AllocatorSpec, CountingResource};
+use crate::allocators::{Allocator, AllocatorSpec, CountingResource, ALLOCATORS};
+use crate::outln;
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
 use crate::workload::{self, OpSequence, Timed};
@@ -80,8 +80,8 @@ pub struct BenchConfig {
     pub threads: usize,
     /// `holes`: how many holes.
     pub holes: usize,
-    /// `replay`: the trace.
-    pub trace: Option<PathBuf>,
+    /// `replay`: the trace, read and prepared ([`replay::load`]).
+    pub trace: Option<replay::Trace>,
     /// Untimed runs of each workload on the same allocator before the timed
     /// one (0: cold, growth included).
     pub warm_passes: usize,
@@ -110,6 +110,50 @@ impl Default for BenchConfig {
             holes: 4096,
             trace: None,
         }
+    }
+}
+
+impl BenchConfig {
+    /// Refuses parameters that make no sense, in the command's words: counts
+    /// of 0, an empty size range, threads without a step each.
+    pub fn check(&self) -> Result<()> {
+        let zero = [
+            ("--repeats", self.repeats),
+            ("--size", self.size),
+            ("--iters", self.iters),
+            ("--ops", self.ops),
+            ("--max-live", self.max_live),
+            ("--min-size", self.min_size),
+            ("--threads", self.threads),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            bail!("{name} 0: must be at least 1");
+        }
+        let has = |w| self.workloads.contains(&w);
+        if has(Workload::Random) && self.min_size > self.max_size {
+            bail!(
+                "--min-size {} is larger than --max-size {}",
+                fmt_bytes(self.min_size as u64),
+                fmt_bytes(self.max_size as u64)
+            );
+        }
+        if has(Workload::Threads) {
+            if self.min_size > self.thread_max_size {
+                bail!(
+                    "--min-size {} is larger than --thread-max-size {}",
+                    fmt_bytes(self.min_size as u64),
+                    fmt_bytes(self.thread_max_size as u64)
+                );
+            }
+            if self.ops < self.threads {
+                bail!(
+                    "--ops {} is fewer than --threads {}: each thread needs at least one step",
+                    self.ops,
+                    self.threads
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -209,7 +253,7 @@ enum Prepared {
     Random(OpSequence),
     Threads(Vec<Arc<OpSequence>>),
     Holes,
-    Replay(Box<PreparedReplay>),
+    Replay(Arc<PreparedReplay>),
 }
 
 impl Prepared {
@@ -254,11 +298,7 @@ fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
         ),
         (Workload::Replay, Prepared::Replay(p)) => format!(
             "trace={} events={} skipped={}",
-            cfg.trace
-                .as_ref()
-                .and_then(|t| t.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            cfg.trace.as_ref().map_or("", |t| t.name.as_str()),
             p.report.events,
             p.skipped_failures + p.skipped_unknown_frees + p.skipped_zero
         ),
@@ -278,7 +318,7 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
             cfg.seed,
         )),
         Workload::Threads => {
-            let n = cfg.threads.max(1);
+            let n = cfg.threads;
             Prepared::Threads(
                 (0..n)
                     .map(|t| {
@@ -294,12 +334,10 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
             )
         }
         Workload::Replay => {
-            let Some(path) = &cfg.trace else {
+            let Some(trace) = &cfg.trace else {
                 bail!("the replay workload needs --trace FILE");
             };
-            let events = gpumem::trace::read_file(path)
-                .with_context(|| format!("reading trace {}", path.display()))?;
-            Prepared::Replay(Box::new(replay::prepare(&events)?))
+            Prepared::Replay(trace.prep.clone())
         }
     })
 }
@@ -320,7 +358,7 @@ fn run_once(
     cfg: &BenchConfig,
     prep: &Prepared,
     streams: &[Stream],
-) -> gpumem::Result<Timed> {
+) -> Result<Timed> {
     let r = &*alloc.resource;
     let one = || {
         streams
@@ -328,13 +366,13 @@ fn run_once(
             .cloned()
             .map_or_else(|| device.create_stream(), Ok)
     };
-    match prep {
-        Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters),
-        Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq),
-        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs),
-        Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters),
-        Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None),
-    }
+    Ok(match prep {
+        Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters)?,
+        Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq)?,
+        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs)?,
+        Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters)?,
+        Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None)?,
+    })
 }
 
 /// Runs the threads workload once through a counter in front of a fresh
@@ -343,7 +381,7 @@ fn threads_peak_live(
     spec: &AllocatorSpec,
     device: &Device,
     seqs: &[Arc<OpSequence>],
-) -> gpumem::Result<u64> {
+) -> Result<u64> {
     let alloc = (spec.build)(device)?;
     let counter = Arc::new(CountingResource::new(alloc.resource.clone()));
     let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
@@ -371,9 +409,10 @@ pub fn run(
     cfg: &BenchConfig,
     specs: &[&AllocatorSpec],
     progress: &ProgressBar,
-    mut on_record: impl FnMut(&BenchRecord),
+    mut on_record: impl FnMut(&BenchRecord) -> Result<()>,
 ) -> Result<Vec<BenchRecord>> {
-    let repeats = cfg.repeats.max(1);
+    cfg.check()?;
+    let repeats = cfg.repeats;
     progress.set_length((cfg.workloads.len() * specs.len() * repeats) as u64);
     let device = &ctx.device;
     let _ = device.driver().set_current_device(device.ordinal());
@@ -390,7 +429,7 @@ pub fn run(
             let mut vmm_mappings: Option<u64> = None;
             let mut error = None;
             for _ in 0..repeats {
-                let result = (|| -> gpumem::Result<(Timed, usize, Option<u64>)> {
+                let result = (|| -> Result<(Timed, usize, Option<u64>)> {
                     let alloc = (spec.build)(device)?;
                     alloc.reserve.reset_peak()?;
                     let streams = repeat_streams(device, &prep)?;
@@ -412,7 +451,7 @@ pub fn run(
                         vmm_mappings = maps.map(|m| m.max(vmm_mappings.unwrap_or(0)));
                     }
                     Err(e) => {
-                        error = Some(e.to_string());
+                        error = Some(format!("{e:#}"));
                         progress.inc((repeats - times.len() - 1) as u64);
                         break;
                     }
@@ -427,7 +466,7 @@ pub fn run(
                 match threads_peak_live(spec, device, seqs) {
                     Ok(p) => peak_live = p,
                     Err(e) => {
-                        error = Some(format!("untimed live-peak run: {e}"));
+                        error = Some(format!("untimed live-peak run: {e:#}"));
                         ok = false;
                     }
                 }
@@ -463,7 +502,7 @@ pub fn run(
                 command: ctx.command.clone(),
                 error,
             };
-            on_record(&rec);
+            on_record(&rec)?;
             out.push(rec);
         }
     }
@@ -471,8 +510,35 @@ pub fn run(
     Ok(out)
 }
 
-/// Prints records as a table, one block per workload, allocators side by side.
-pub fn print_table(records: &[BenchRecord]) {
+/// An error when any record is of a failed run, naming how many failed and
+/// the first failure: a run in which an allocator fails is a failed run,
+/// whatever the others did.
+pub fn check_records(records: &[BenchRecord]) -> Result<()> {
+    let failed: Vec<&BenchRecord> = records.iter().filter(|r| r.error.is_some()).collect();
+    if let Some(first) = failed.first() {
+        bail!(
+            "{} of {} runs failed; the first, {} / {}: {}",
+            failed.len(),
+            records.len(),
+            first.alloc,
+            first.workload,
+            first.error.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The reserve note of the allocator named `alloc`, if it has one.
+fn reserve_note(alloc: &str) -> Option<&'static str> {
+    ALLOCATORS
+        .iter()
+        .find(|s| s.name == alloc)
+        .and_then(|s| s.reserve_note)
+}
+
+/// Prints records as a table, one block per workload, allocators side by side;
+/// allocators whose reserve is large by design get a `*` and a note under it.
+pub fn print_table(records: &[BenchRecord]) -> Result<()> {
     let mut workloads: Vec<&str> = Vec::new();
     for r in records {
         if !workloads.contains(&r.workload.as_str()) {
@@ -488,18 +554,28 @@ pub fn print_table(records: &[BenchRecord]) {
     for w in workloads {
         let rows: Vec<&BenchRecord> = records.iter().filter(|r| r.workload == w).collect();
         let first = rows[0];
-        println!(
-            "\n{w}: {} (median of {} repeats)",
-            first.params,
-            rows.iter().map(|r| r.repeats).max().unwrap_or(0)
-        );
-        println!(
+        let repeats = rows
+            .iter()
+            .filter(|r| r.error.is_none())
+            .map(|r| r.repeats)
+            .max();
+        match repeats {
+            Some(n) => outln!("\n{w}: {} (median of {n} repeats)", first.params)?,
+            None => outln!("\n{w}: {} (every allocator failed)", first.params)?,
+        }
+        outln!(
             "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
-            "allocator", "ns/op", "min..max", "ops", "peak live", "peak reserved", "res/live"
-        );
+            "allocator",
+            "ns/op",
+            "min..max",
+            "ops",
+            "peak live",
+            "peak reserved",
+            "res/live"
+        )?;
         for r in rows {
             match (&r.error, r.ns_per_op) {
-                (None, Some(ns)) => println!(
+                (None, Some(ns)) => outln!(
                     "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
                     r.alloc,
                     fmt_count(ns),
@@ -512,15 +588,30 @@ pub fn print_table(records: &[BenchRecord]) {
                     fmt_bytes(r.peak_live),
                     r.peak_reserved.map(fmt_bytes).unwrap_or_else(|| "-".into()),
                     r.reserved_over_live
-                        .map(|x| format!("{x:.2}"))
+                        .map(|x| {
+                            let mark = if reserve_note(&r.alloc).is_some() {
+                                "*"
+                            } else {
+                                ""
+                            };
+                            format!("{x:.2}{mark}")
+                        })
                         .unwrap_or_else(|| "-".into()),
-                ),
-                (e, _) => println!(
+                )?,
+                (e, _) => outln!(
                     "  {:<name_w$} error: {}",
                     r.alloc,
                     e.as_deref().unwrap_or("no result")
-                ),
+                )?,
             }
         }
     }
+    let mut noted: Vec<&str> = Vec::new();
+    for r in records {
+        if let (Some(note), false) = (reserve_note(&r.alloc), noted.contains(&r.alloc.as_str())) {
+            outln!("  * {note}")?;
+            noted.push(&r.alloc);
+        }
+    }
+    Ok(())
 }

@@ -6,10 +6,11 @@ use std::time::Instant;
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::DeviceBuffer;
 
+use crate::outln;
 use crate::target::Target;
 
 /// Runs the demo on the target device.
-pub fn run(target: &Target) -> gpumem::Result<()> {
+pub fn run(target: &Target) -> anyhow::Result<()> {
     let device = &target.device;
     let stream = device.create_stream()?;
     let resource = DeviceResource::new(device.clone());
@@ -21,16 +22,14 @@ pub fn run(target: &Target) -> gpumem::Result<()> {
     let buf = DeviceBuffer::from_slice(&input, &resource, &stream)?;
     let back = buf.to_vec()?;
     let ok = back == input;
-    println!(
+    outln!(
         "demo: DeviceBuffer<u32> of {} MiB host->device->host: {}",
         buf.size_bytes() >> 20,
         if ok { "contents match" } else { "MISMATCH" }
-    );
+    )?;
     drop(buf);
     if !ok {
-        return Err(gpumem::Error::InvalidArgument(
-            "round trip returned different data".into(),
-        ));
+        anyhow::bail!("the round trip returned different data");
     }
 
     let iters = 200;
@@ -40,6 +39,6 @@ pub fn run(target: &Target) -> gpumem::Result<()> {
         resource.deallocate(p, 1 << 20, 256, &stream)?;
     }
     let ns = start.elapsed().as_nanos() as f64 / (2 * iters) as f64;
-    println!("demo: driver allocator (cuMemAlloc/cuMemFree, 1 MiB): {ns:.0} ns per operation");
+    outln!("demo: driver allocator (cuMemAlloc/cuMemFree, 1 MiB): {ns:.0} ns per operation")?;
     Ok(())
 }

@@ -6,6 +6,8 @@
 pub mod allocators;
 pub mod bench;
 pub mod demo;
+pub mod output;
+pub mod pickle_bounds;
 pub mod plot;
 pub mod progress;
 pub mod replay;

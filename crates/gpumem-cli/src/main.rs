@@ -13,15 +13,15 @@ use clap::{Args, Parser, Subcommand};
 use gpumem_cli::allocators::{self, ALLOCATORS};
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
-use gpumem_cli::units::{fmt_bytes, parse_size};
-use gpumem_cli::{demo, plot, progress, replay, snapshot};
+use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
+use gpumem_cli::{demo, outln, output, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
 /// information, a short side-by-side benchmark of every allocator and a replay
 /// of the traces found at --trace or in ./traces, ../shared/traces or
 /// gpu-bundle/traces.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(name = "gpumem", version, about)]
 struct Cli {
     /// Which device to run on: the real GPU, the simulated device, or auto
     /// (the GPU when present).
@@ -55,10 +55,6 @@ enum Command {
     ConvertSnapshot(ConvertArgs),
 }
 
-fn size_arg(s: &str) -> Result<usize, String> {
-    parse_size(s)
-}
-
 #[derive(Args, Debug)]
 struct AllocArg {
     /// Allocators, comma-separated (default: all); see `gpumem bench --list-allocators`.
@@ -77,40 +73,40 @@ struct BenchArgs {
     /// replay when --trace is given).
     #[arg(long, value_delimiter = ',', value_enum)]
     workload: Vec<Workload>,
-    /// Runs per workload and allocator; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    /// Runs per workload and allocator (1 to 1000); the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = count_in(1..=1000))]
     repeats: usize,
     /// same: bytes per request (256, 4K, 1MiB, ...).
-    #[arg(long, default_value = "1MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "1MiB", value_parser = parse_nonzero_size)]
     size: usize,
-    /// same, holes: alloc/free pairs timed.
-    #[arg(long, default_value_t = 1000)]
+    /// same, holes: alloc/free pairs timed (1 to 10^9).
+    #[arg(long, default_value_t = 1000, value_parser = count_in(1..=1_000_000_000))]
     iters: usize,
-    /// random, threads: steps in all (threads split them).
-    #[arg(long, default_value_t = 10_000)]
+    /// random, threads: steps in all, threads split them (1 to 10^8).
+    #[arg(long, default_value_t = 10_000, value_parser = count_in(1..=100_000_000))]
     ops: usize,
-    /// random, threads: most blocks live at once (threads split them).
-    #[arg(long, default_value_t = 1000)]
+    /// random, threads: most blocks live at once, threads split them (1 to 10^7).
+    #[arg(long, default_value_t = 1000, value_parser = count_in(1..=10_000_000))]
     max_live: usize,
     /// random, threads: smallest request.
-    #[arg(long, default_value = "256", value_parser = size_arg)]
+    #[arg(long, default_value = "256", value_parser = parse_nonzero_size)]
     min_size: usize,
     /// random: largest request.
-    #[arg(long, default_value = "64MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "64MiB", value_parser = parse_nonzero_size)]
     max_size: usize,
     /// threads: largest request.
-    #[arg(long, default_value = "4MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "4MiB", value_parser = parse_nonzero_size)]
     thread_max_size: usize,
     /// Seed of the random sequences.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// threads: how many threads, each with its own stream.
-    #[arg(long, default_value_t = 8)]
+    /// threads: how many threads, each with its own stream (1 to 1024).
+    #[arg(long, default_value_t = 8, value_parser = count_in(1..=1024))]
     threads: usize,
-    /// holes: free holes left between live blocks before timing.
-    #[arg(long, default_value_t = 4096)]
+    /// holes: free holes left between live blocks before timing (0 to 10^7).
+    #[arg(long, default_value_t = 4096, value_parser = count_in(0..=10_000_000))]
     holes: usize,
-    /// replay: the RMM log to replay.
+    /// replay: the RMM log to replay (`-`: standard input).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Print JSON lines instead of a table (no progress bar).
@@ -120,19 +116,20 @@ struct BenchArgs {
     /// allocator before the timed run (default: cold, growth included).
     #[arg(long)]
     warm: bool,
-    /// Like --warm, with this many untimed runs first.
-    #[arg(long, value_name = "N")]
+    /// Like --warm, with this many untimed runs first (1 to 1000).
+    #[arg(long, value_name = "N", value_parser = count_in(1..=1000))]
     warm_passes: Option<usize>,
 }
 
 #[derive(Args, Debug)]
 struct ReplayArgs {
-    /// The RMM log (Thread,Time,Action,Pointer,Size,Stream).
+    /// The RMM log (Thread,Time,Action,Pointer,Size,Stream); `-` reads
+    /// standard input.
     trace: PathBuf,
     #[command(flatten)]
     alloc: AllocArg,
-    /// Runs per allocator; the median is reported.
-    #[arg(long, default_value_t = 1)]
+    /// Runs per allocator (1 to 1000); the median is reported.
+    #[arg(long, default_value_t = 1, value_parser = count_in(1..=1000))]
     repeats: usize,
     /// Print JSON lines instead of a table.
     #[arg(long)]
@@ -140,8 +137,8 @@ struct ReplayArgs {
     /// Time the steady state: replay once untimed on the same allocator first.
     #[arg(long)]
     warm: bool,
-    /// Like --warm, with this many untimed replays first.
-    #[arg(long, value_name = "N")]
+    /// Like --warm, with this many untimed replays first (1 to 1000).
+    #[arg(long, value_name = "N", value_parser = count_in(1..=1000))]
     warm_passes: Option<usize>,
     /// Also write gpumem's own RMM log of the replay (through the
     /// LoggingAdaptor, in one extra untimed run): FILE for one allocator,
@@ -152,7 +149,7 @@ struct ReplayArgs {
 
 #[derive(Args, Debug)]
 struct PlotArgs {
-    /// The RMM log to replay.
+    /// The RMM log to replay (`-`: standard input).
     trace: PathBuf,
     #[command(flatten)]
     alloc: AllocArg,
@@ -162,14 +159,15 @@ struct PlotArgs {
     /// X axis: the event index or the trace's time.
     #[arg(long, value_enum, default_value_t = plot::XAxis::Index)]
     x: plot::XAxis,
-    /// Picture size in pixels, WIDTHxHEIGHT.
-    #[arg(long, default_value = "1200x700")]
-    size: String,
+    /// Picture size in pixels, WIDTHxHEIGHT, each 100 to 10000.
+    #[arg(long, default_value = "1200x700", value_parser = plot::parse_picture_size)]
+    size: (u32, u32),
 }
 
 #[derive(Args, Debug)]
 struct ConvertArgs {
-    /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`).
+    /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`); `-` reads
+    /// standard input.
     snapshot: PathBuf,
     /// The RMM log to write.
     #[arg(short, long)]
@@ -184,9 +182,19 @@ struct ConvertArgs {
 }
 
 fn main() {
-    let cli = Cli::parse();
-    if let Err(e) = run(cli) {
-        eprintln!("gpumem: error: {e:#}");
+    let result = match Cli::try_parse() {
+        Ok(cli) => run(cli),
+        // Help and version: printed here, as clap would print them ignoring
+        // a closed pipe or a full disk.
+        Err(e) if !e.use_stderr() => output::text(&e.render().to_string()).map_err(Into::into),
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = result.and_then(|()| Ok(output::flush()?)) {
+        if output::is_broken_pipe(&e) {
+            // The reader went away (`gpumem ... | head`): nothing to say.
+            std::process::exit(output::BROKEN_PIPE_STATUS);
+        }
+        output::errln(format_args!("gpumem: error: {e:#}"));
         std::process::exit(1);
     }
 }
@@ -197,22 +205,23 @@ fn measuring_target(choice: DeviceChoice, quiet: bool) -> Result<Target> {
     let t = target::open(choice, false)?;
     if !quiet {
         target::print_device_line(&t)?;
-        print_measures(&t);
+        print_measures(&t)?;
     }
     Ok(t)
 }
 
-fn print_measures(t: &Target) {
+fn print_measures(t: &Target) -> Result<()> {
     let what = match t.device.backend() {
         gpumem::Backend::Cuda => "real GPU allocations",
         gpumem::Backend::Sim => "bookkeeping only (simulated device: no GPU time)",
     };
-    println!("measuring: {what}");
+    outln!("measuring: {what}")?;
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Some(Command::Info) => Ok(target::print_info(&target::open(cli.device, true)?)?),
+        Some(Command::Info) => Ok(target::print_info(&target::open(cli.device, false)?)?),
         Some(Command::Demo) => {
             let t = target::open(cli.device, true)?;
             target::print_info(&t)?;
@@ -222,28 +231,18 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Transfer(a)) => Ok(transfer::run(&target::open(cli.device, true)?, &a)?),
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
-        Some(Command::ConvertSnapshot(a)) => {
-            let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
-            println!("{}: {s}", a.output.display());
-            Ok(())
-        }
+        Some(Command::ConvertSnapshot(a)) => cmd_convert(a),
         None => main_job(cli.device, cli.trace),
     }
 }
 
-fn print_records(records: &[BenchRecord], json: bool) {
-    if !json {
-        bench::print_table(records);
-    }
+fn json_line(r: &BenchRecord) -> Result<()> {
+    let line = serde_json::to_string(r).context("writing a record as JSON")?;
+    Ok(outln!("{line}")?)
 }
 
-fn json_line(r: &BenchRecord) {
-    match serde_json::to_string(r) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("gpumem: cannot write JSON: {e}"),
-    }
-}
-
+/// Runs `cfg` and prints its records (a table, or JSON lines as they come).
+/// Failed runs are records too: see [`bench::check_records`].
 fn run_bench(
     t: &Target,
     cfg: &BenchConfig,
@@ -255,26 +254,26 @@ fn run_bench(
     let pb = progress::bar(0, json);
     let records = bench::run(&ctx, cfg, &specs, &pb, |r| {
         if json {
-            json_line(r)
+            json_line(r)?;
         }
+        Ok(())
     })?;
-    print_records(&records, json);
+    if !json {
+        bench::print_table(&records)?;
+    }
     Ok(records)
 }
 
 /// Untimed runs before the timed one from `--warm` and `--warm-passes N`
-/// (which implies `--warm`, with at least one run).
+/// (which implies `--warm`; clap keeps N at least 1).
 fn warm_passes(warm: bool, passes: Option<usize>) -> usize {
-    match passes {
-        Some(n) => n.max(1),
-        None => usize::from(warm),
-    }
+    passes.unwrap_or(usize::from(warm))
 }
 
 fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if a.list_allocators {
         for s in ALLOCATORS {
-            println!("{}", s.name);
+            outln!("{}", s.name)?;
         }
         return Ok(());
     }
@@ -288,133 +287,140 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if workloads.contains(&Workload::Replay) && a.trace.is_none() {
         bail!("--workload replay needs --trace FILE");
     }
-    let cfg = BenchConfig {
+    allocators::select(&a.alloc.alloc)?;
+    let mut cfg = BenchConfig {
         workloads,
-        repeats: a.repeats.max(1),
+        repeats: a.repeats,
         size: a.size,
         iters: a.iters,
         ops: a.ops,
         max_live: a.max_live,
-        min_size: a.min_size.max(1),
-        max_size: a.max_size.max(a.min_size),
-        thread_max_size: a.thread_max_size.max(a.min_size),
+        min_size: a.min_size,
+        max_size: a.max_size,
+        thread_max_size: a.thread_max_size,
         seed: a.seed,
-        threads: a.threads.max(1),
+        threads: a.threads,
         holes: a.holes,
-        trace: a.trace,
+        trace: None,
         warm_passes: warm_passes(a.warm, a.warm_passes),
     };
-    allocators::select(&a.alloc.alloc)?;
+    cfg.check()?;
+    if let (Some(path), true) = (&a.trace, cfg.workloads.contains(&Workload::Replay)) {
+        cfg.trace = Some(replay::load(path)?);
+    }
     let t = measuring_target(choice, a.json)?;
-    run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
-    Ok(())
+    let records = run_bench(&t, &cfg, &a.alloc.alloc, a.json)?;
+    bench::check_records(&records)
 }
 
-fn replay_traces(
+/// Replays `trace` through `alloc`, `repeats` times each, and prints the
+/// records (after the trace's own report, for a table).
+fn replay_trace(
     t: &Target,
-    traces: &[PathBuf],
+    trace: &replay::Trace,
     alloc: &[String],
     repeats: usize,
     warm_passes: usize,
     json: bool,
-) -> Result<()> {
-    for path in traces {
-        let events = gpumem::trace::read_file(path)
-            .with_context(|| format!("reading trace {}", path.display()))?;
-        let prep = replay::prepare(&events)?;
-        if !json {
-            println!("\ntrace {}: {}", path.display(), prep.report);
-            if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
-                println!(
-                    "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
-                    prep.skipped_failures, prep.skipped_unknown_frees, prep.skipped_zero
-                );
-            }
+) -> Result<Vec<BenchRecord>> {
+    let prep = &trace.prep;
+    if !json {
+        outln!("\ntrace {}: {}", trace.path.display(), prep.report)?;
+        if prep.skipped_failures + prep.skipped_unknown_frees + prep.skipped_zero > 0 {
+            outln!(
+                "  skipped: {} failed allocations, {} frees of unknown pointers, {} zero-byte requests",
+                prep.skipped_failures,
+                prep.skipped_unknown_frees,
+                prep.skipped_zero
+            )?;
         }
-        let cfg = BenchConfig {
-            workloads: vec![Workload::Replay],
-            repeats: repeats.max(1),
-            trace: Some(path.clone()),
-            warm_passes,
-            ..BenchConfig::default()
-        };
-        run_bench(t, &cfg, alloc, json)?;
     }
-    Ok(())
+    let cfg = BenchConfig {
+        workloads: vec![Workload::Replay],
+        repeats,
+        trace: Some(trace.clone()),
+        warm_passes,
+        ..BenchConfig::default()
+    };
+    run_bench(t, &cfg, alloc, json)
 }
 
 fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
     let specs = allocators::select(&a.alloc.alloc)?;
+    let logs: Vec<PathBuf> = a
+        .log
+        .iter()
+        .flat_map(|log| {
+            specs
+                .iter()
+                .map(|s| replay::log_path(log, s.name, specs.len()))
+        })
+        .collect();
+    for path in &logs {
+        output::check_writable(path).context("--log")?;
+    }
+    let trace = replay::load(&a.trace)?;
     let t = measuring_target(choice, a.json)?;
-    replay_traces(
+    let records = replay_trace(
         &t,
-        std::slice::from_ref(&a.trace),
+        &trace,
         &a.alloc.alloc,
         a.repeats,
         warm_passes(a.warm, a.warm_passes),
         a.json,
     )?;
-    if let Some(log) = &a.log {
-        let events = gpumem::trace::read_file(&a.trace)
-            .with_context(|| format!("reading trace {}", a.trace.display()))?;
-        let prep = replay::prepare(&events)?;
-        for s in &specs {
-            let path = replay::log_path(log, s.name, specs.len());
-            let alloc = (s.build)(&t.device)?;
-            let rows = replay::write_log(&alloc, &t.device, &prep, &path)
-                .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
-            if !a.json {
-                println!(
-                    "log of the replay through {}: {} ({rows} rows)",
-                    s.name,
-                    path.display()
-                );
-            }
+    bench::check_records(&records)?;
+    for (s, path) in specs.iter().zip(&logs) {
+        let alloc = (s.build)(&t.device)?;
+        let rows = replay::write_log(&alloc, &t.device, &trace.prep, path)
+            .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
+        if !a.json {
+            outln!(
+                "log of the replay through {}: {} ({rows} rows)",
+                s.name,
+                path.display()
+            )?;
         }
     }
     Ok(())
 }
 
 fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
-    let (w, h) = a
-        .size
-        .split_once('x')
-        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
-        .with_context(|| format!("--size {:?}: expected WIDTHxHEIGHT", a.size))?;
-    let t = measuring_target(choice, false)?;
     let specs = allocators::select(&a.alloc.alloc)?;
-    let events = gpumem::trace::read_file(&a.trace)
-        .with_context(|| format!("reading trace {}", a.trace.display()))?;
-    let prep = replay::prepare(&events)?;
+    plot::Format::of(&a.output)?;
+    output::check_writable(&a.output)?;
+    let trace = replay::load(&a.trace)?;
+    let prep = &trace.prep;
+    let t = measuring_target(choice, false)?;
     let pb = progress::bar(specs.len() as u64, false);
     let mut series = Vec::new();
     for s in &specs {
         pb.set_message(s.name);
         let alloc = (s.build)(&t.device)?;
-        let tl = replay::timeline(&alloc, &t.device, &prep, 4000)
+        let tl = replay::timeline(&alloc, &t.device, prep, 4000)
             .with_context(|| format!("replaying through {}", s.name))?;
         series.push((s.name.to_string(), tl));
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let title = format!(
-        "{} on {}",
-        a.trace
-            .file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default(),
-        t.device.backend()
-    );
-    plot::draw(&a.output, &title, &series, a.x, (w, h))?;
-    println!("wrote {}", a.output.display());
+    let title = format!("{} on {}", trace.name, t.device.backend());
+    plot::draw(&a.output, &title, &series, a.x, a.size)?;
+    outln!("wrote {}", a.output.display())?;
     for (name, tl) in &series {
-        println!(
+        outln!(
             "  {name}: peak reserved {} (peak live {}, ratio {:.2})",
             fmt_bytes(tl.peak_reserved),
             fmt_bytes(prep.peak_live as u64),
             tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
-        );
+        )?;
     }
+    Ok(())
+}
+
+fn cmd_convert(a: ConvertArgs) -> Result<()> {
+    output::check_writable(&a.output)?;
+    let s = snapshot::convert_file(&a.snapshot, &a.output, a.device_index, a.free_on)?;
+    outln!("{}: {s}", a.output.display())?;
     Ok(())
 }
 
@@ -443,10 +449,15 @@ fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
 }
 
 fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
+    // Every trace is read before anything is timed: a bad one fails at once.
+    let traces = find_traces(trace)
+        .iter()
+        .map(|p| replay::load(p))
+        .collect::<Result<Vec<_>>>()?;
     let t = target::open(choice, false)?;
     target::print_info(&t)?;
-    print_measures(&t);
-    println!("\nbench: every allocator, short same and random workloads");
+    print_measures(&t)?;
+    outln!("\nbench: every allocator, short same and random workloads")?;
     let cfg = BenchConfig {
         workloads: vec![Workload::Same, Workload::Random],
         repeats: 3,
@@ -455,11 +466,12 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
         max_live: 500,
         ..BenchConfig::default()
     };
-    run_bench(&t, &cfg, &[], false)?;
-    let traces = find_traces(trace);
+    let mut records = run_bench(&t, &cfg, &[], false)?;
     if traces.is_empty() {
-        println!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)");
-        return Ok(());
+        outln!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)")?;
     }
-    replay_traces(&t, &traces, &[], 3, 0, false)
+    for trace in &traces {
+        records.extend(replay_trace(&t, trace, &[], 3, 0, false)?);
+    }
+    bench::check_records(&records)
 }

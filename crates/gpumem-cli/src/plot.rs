@@ -6,6 +6,7 @@
 //! Text needs a font: the first of `$GPUMEM_FONT` and the usual system sans
 //! fonts (DejaVu, Liberation, Noto, FreeSans, Arial) that exists is used.
 
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -23,6 +24,62 @@ pub enum XAxis {
     Index,
     /// The trace's time, in milliseconds from its first event.
     Time,
+}
+
+/// The picture formats [`draw`] writes, chosen by the file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `.svg`.
+    Svg,
+    /// `.html` or `.htm`: a minimal page around the SVG.
+    Html,
+    /// `.png`.
+    Png,
+}
+
+impl Format {
+    /// The format `path`'s extension names; an error lists the known ones.
+    pub fn of(path: &Path) -> Result<Format> {
+        let ext = path
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        match ext.as_str() {
+            "svg" => Ok(Format::Svg),
+            "html" | "htm" => Ok(Format::Html),
+            "png" => Ok(Format::Png),
+            _ => bail!(
+                "{}: unknown picture format (use .svg, .png or .html)",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Widths and heights [`draw`] accepts, in pixels: below, nothing readable
+/// fits; above, a PNG takes gigabytes (and plotters panics).
+pub const SIDES: RangeInclusive<u32> = 100..=10_000;
+
+/// Parses a picture size, `WIDTHxHEIGHT`, each within [`SIDES`].
+pub fn parse_picture_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .and_then(|(w, h)| Some((w.trim().parse().ok()?, h.trim().parse().ok()?)))
+        .ok_or_else(|| format!("{s:?}: expected WIDTHxHEIGHT in pixels, such as 1200x700"))?;
+    check_size((w, h)).map_err(|e| format!("{s:?}: {e}"))?;
+    Ok((w, h))
+}
+
+fn check_size((w, h): (u32, u32)) -> Result<(), String> {
+    if SIDES.contains(&w) && SIDES.contains(&h) {
+        Ok(())
+    } else {
+        Err(format!(
+            "width and height must be {} to {} pixels",
+            SIDES.start(),
+            SIDES.end()
+        ))
+    }
 }
 
 const FONT_PATHS: &[&str] = &[
@@ -87,7 +144,7 @@ fn draw_on<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing failed: {e:?}");
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(e)?;
     let xs = |t: &Timeline| -> Vec<f64> {
         match x_axis {
@@ -173,6 +230,7 @@ pub fn svg(
     x: XAxis,
     size: (u32, u32),
 ) -> Result<String> {
+    check_size(size).map_err(|e| anyhow!("picture size {}x{}: {e}", size.0, size.1))?;
     ensure_font()?;
     let mut buf = String::new();
     {
@@ -182,8 +240,8 @@ pub fn svg(
     Ok(buf)
 }
 
-/// Draws the chart to `path`, choosing the format by its extension:
-/// `.svg`, `.png` or `.html`.
+/// Draws the chart to `path`, choosing the format by its extension
+/// ([`Format::of`]), `size` pixels wide and high (each within [`SIDES`]).
 pub fn draw(
     path: &Path,
     title: &str,
@@ -191,30 +249,24 @@ pub fn draw(
     x: XAxis,
     size: (u32, u32),
 ) -> Result<()> {
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
+    let format = Format::of(path)?;
+    check_size(size).map_err(|e| anyhow!("picture size {}x{}: {e}", size.0, size.1))?;
     let write = |text: String| {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
     };
-    match ext.as_str() {
-        "svg" => write(svg(title, series, x, size)?),
-        "html" | "htm" => {
+    match format {
+        Format::Svg => write(svg(title, series, x, size)?),
+        Format::Html => {
             let body = svg(title, series, x, size)?;
             let title = title.replace('&', "&amp;").replace('<', "&lt;");
             write(format!(
                 "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n<body>\n{body}\n</body></html>\n"
             ))
         }
-        "png" => {
+        Format::Png => {
             ensure_font()?;
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw_on(root, title, series, x)
         }
-        _ => bail!(
-            "{}: unknown picture format (use .svg, .png or .html)",
-            path.display()
-        ),
     }
 }

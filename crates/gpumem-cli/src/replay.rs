@@ -8,10 +8,18 @@
 //! the trace is followed exactly. Rows the replay cannot follow are skipped and
 //! counted: `allocate failure` rows, frees of pointers that are not live, and
 //! zero-byte requests; a pointer handed out again while live leaves the earlier
-//! block allocated (freed after the replay).
+//! block allocated (freed after the replay). A trace with nothing left to
+//! replay is an error.
+//!
+//! [`load`] reads and prepares a trace once, from a file or from standard
+//! input (`-`), before anything is timed.
 
 use std::collections::HashMap;
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
 
 use gpumem::adaptor::LoggingAdaptor;
 
@@ -62,10 +70,11 @@ pub struct PreparedReplay {
     pub report: TraceReport,
 }
 
-/// Prepares `events` for replay (see the module documentation).
+/// Prepares `events` for replay (see the module documentation). An error when
+/// no operation is left to replay.
 pub fn prepare(events: &[TraceEvent]) -> anyhow::Result<PreparedReplay> {
     let mut p = PreparedReplay {
-        report: trace::check(events),
+        report: trace::check(events)?,
         ..PreparedReplay::default()
     };
     let mut stream_index: HashMap<u64, u16> = HashMap::new();
@@ -131,7 +140,63 @@ pub fn prepare(events: &[TraceEvent]) -> anyhow::Result<PreparedReplay> {
         p.live_after.push(live);
         p.peak_live = p.peak_live.max(live as usize);
     }
+    if p.ops.is_empty() {
+        if events.is_empty() {
+            bail!("nothing to replay: no events (an empty log, or a header only)");
+        }
+        bail!(
+            "nothing to replay: all {} events are skipped ({} failed allocations, {} frees of unknown pointers, {} zero-byte requests)",
+            events.len(),
+            p.skipped_failures,
+            p.skipped_unknown_frees,
+            p.skipped_zero
+        );
+    }
     Ok(p)
+}
+
+/// A trace read and prepared for replay.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Where it came from, for headings: the path, or `-` for standard input.
+    pub path: PathBuf,
+    /// Its file name (`stdin` for standard input), for records.
+    pub name: String,
+    /// The replay.
+    pub prep: Arc<PreparedReplay>,
+}
+
+/// Reads the RMM log at `path` (`-`: standard input) and prepares it for
+/// replay; errors name the path.
+pub fn load(path: &Path) -> anyhow::Result<Trace> {
+    let stdin = path == Path::new("-");
+    let events = if stdin {
+        trace::parse(io::stdin().lock())
+    } else {
+        trace::read_file(path)
+    };
+    let prep = events
+        .map_err(anyhow::Error::new)
+        .and_then(|events| prepare(&events))
+        .with_context(|| {
+            if stdin {
+                "trace on standard input".to_string()
+            } else {
+                format!("trace {}", path.display())
+            }
+        })?;
+    let name = if stdin {
+        "stdin".to_string()
+    } else {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string())
+    };
+    Ok(Trace {
+        path: path.to_path_buf(),
+        name,
+        prep: Arc::new(prep),
+    })
 }
 
 /// Live and reserved bytes after each operation of a replay through one

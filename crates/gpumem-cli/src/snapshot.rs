@@ -13,14 +13,20 @@
 //! The RMM log gets one row per request: thread 0 (snapshots do not record
 //! threads), the time of day of `time_us` (UTC), the action, the address, the
 //! size and the stream.
+//!
+//! The pickle is checked by [`pickle_bounds`] before serde-pickle reads it, so
+//! a hostile one (nested 100,000 deep, endless) is an error, not a crash.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io::BufReader;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use gpumem::trace::{self, Action, TraceEvent};
 use serde_pickle::{DeOptions, HashableValue, Value};
+
+use crate::pickle_bounds::{self, Limits};
 
 /// Which snapshot event becomes the RMM `free` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,10 +92,31 @@ fn as_list(v: &Value) -> Option<&[Value]> {
     }
 }
 
-/// Reads a snapshot pickle (any protocol 0–5) into a pickle value.
+/// Reads a snapshot pickle (any protocol 0–5) into a pickle value, within
+/// [`pickle_bounds`]' default limits.
 pub fn read_pickle(bytes: &[u8]) -> Result<Value> {
+    pickle_bounds::check(bytes, Limits::default()).context("not a readable pickle")?;
+    parse_checked(bytes)
+}
+
+/// serde-pickle on bytes [`pickle_bounds`] has accepted.
+fn parse_checked(bytes: &[u8]) -> Result<Value> {
     serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())
         .map_err(|e| anyhow!("not a readable pickle: {e}"))
+}
+
+/// Reads a snapshot pickle from the file at `path`, or from standard input
+/// for `-`, within [`pickle_bounds`]' default limits.
+pub fn read_pickle_file(path: &Path) -> Result<Value> {
+    let bytes = if path == Path::new("-") {
+        pickle_bounds::read(std::io::stdin().lock(), Limits::default())
+    } else {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+        pickle_bounds::read(BufReader::new(file), Limits::default())
+    };
+    let bytes = bytes.context("not a readable pickle")?;
+    parse_checked(&bytes)
 }
 
 /// Converts a snapshot value to RMM events. `device`: which device's trace
@@ -175,19 +202,18 @@ pub fn convert(
         });
     }
     stats.rows = out.len();
-    stats.report = trace::check(&out);
+    stats.report = trace::check(&out)?;
     Ok((out, stats))
 }
 
-/// Reads a snapshot pickle file and writes its RMM log.
+/// Reads a snapshot pickle file (`-`: standard input) and writes its RMM log.
 pub fn convert_file(
     input: &Path,
     output: &Path,
     device: Option<usize>,
     free_on: FreeOn,
 ) -> Result<ConvertStats> {
-    let bytes = std::fs::read(input).with_context(|| format!("reading {}", input.display()))?;
-    let value = read_pickle(&bytes).with_context(|| input.display().to_string())?;
+    let value = read_pickle_file(input).with_context(|| input.display().to_string())?;
     let (events, stats) = convert(&value, device, free_on)?;
     let file =
         std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;

@@ -3,6 +3,8 @@
 use gpumem::driver::sim::SimConfig;
 use gpumem::{Backend, Device};
 
+use crate::outln;
+
 /// The `--device` choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceChoice {
@@ -22,23 +24,18 @@ pub struct Target {
     pub reason: String,
 }
 
-/// Simulated device used by the command: 80 GiB of addresses, backed by host
-/// memory only for the small data checks of the demo.
+/// The simulated device every subcommand uses: 80 GiB, like an H100.
+/// `backed` puts host memory behind its device memory, allocated as it is
+/// used, for the demo's and transfer's content checks; without it the device
+/// is address-only, so traces with 14 GB peaks replay on a small machine.
 pub fn sim_config(backed: bool) -> SimConfig {
-    if backed {
-        SimConfig {
-            backed: true,
-            capacity: 1 << 30,
-            ..SimConfig::default()
-        }
-    } else {
-        SimConfig::default()
+    SimConfig {
+        backed,
+        ..SimConfig::default()
     }
 }
 
-/// Opens the device `choice` asks for. `backed` puts 1 GiB of host memory
-/// behind a simulated device (for the demo's content checks); without it the
-/// simulated device is address-only with 80 GiB, for benchmarks and replays.
+/// Opens the device `choice` asks for; `backed` as in [`sim_config`].
 pub fn open(choice: DeviceChoice, backed: bool) -> gpumem::Result<Target> {
     match choice {
         DeviceChoice::Cuda => Ok(Target {
@@ -67,20 +64,20 @@ fn gib(bytes: usize) -> String {
 }
 
 /// Prints the one line that says which device runs and why, with its name.
-pub fn print_device_line(target: &Target) -> gpumem::Result<()> {
+pub fn print_device_line(target: &Target) -> anyhow::Result<()> {
     let d = &target.device;
     let kind = match d.backend() {
         Backend::Cuda => "cuda (real GPU)",
         Backend::Sim => "sim (simulated device: timings measure bookkeeping only)",
     };
-    println!("device: {kind}: {}", target.reason);
+    outln!("device: {kind}: {}", target.reason)?;
     let info = d.info()?;
-    println!("  [{}] {}", info.ordinal, info.name);
+    outln!("  [{}] {}", info.ordinal, info.name)?;
     Ok(())
 }
 
 /// Prints the device line and its features.
-pub fn print_info(target: &Target) -> gpumem::Result<()> {
+pub fn print_info(target: &Target) -> anyhow::Result<()> {
     let d = &target.device;
     let info = d.info()?;
     let mem = d.mem_info()?;
@@ -88,8 +85,8 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         Backend::Cuda => "cuda (real GPU)",
         Backend::Sim => "sim (simulated device: timings measure bookkeeping only)",
     };
-    println!("device: {kind}: {}", target.reason);
-    println!(
+    outln!("device: {kind}: {}", target.reason)?;
+    outln!(
         "  [{}] {}  compute {}.{}  memory {} total, {} free",
         info.ordinal,
         info.name,
@@ -97,9 +94,9 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         info.compute_capability.1,
         gib(mem.total),
         gib(mem.free)
-    );
+    )?;
     let yes = |b: bool| if b { "yes" } else { "no" };
-    println!(
+    outln!(
         "  memory pools: {}  virtual memory: {} (granularity {} KiB)  posix-fd IPC: {}  managed: {}  pageable access: {}",
         yes(info.memory_pools),
         yes(info.vmm),
@@ -110,6 +107,6 @@ pub fn print_info(target: &Target) -> gpumem::Result<()> {
         yes(info.posix_fd_ipc),
         yes(info.managed_memory),
         yes(info.pageable_memory_access)
-    );
+    )?;
     Ok(())
 }

@@ -9,18 +9,21 @@ use gpumem::manager::MemoryManager;
 use gpumem::{Backend, Stream};
 
 use gpumem_cli::target::Target;
+use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
+use gpumem_cli::{outln, output};
 
 /// Options of the `transfer` subcommand.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TransferArgs {
     /// Smallest copy (bytes, or 1MiB, 64KiB, ...).
-    #[arg(long, default_value = "1MiB", value_parser = gpumem_cli::units::parse_size)]
+    #[arg(long, default_value = "1MiB", value_parser = parse_nonzero_size)]
     pub min: usize,
     /// Largest copy (capped at 64 MiB on the simulated device).
-    #[arg(long, default_value = "1GiB", value_parser = gpumem_cli::units::parse_size)]
+    #[arg(long, default_value = "1GiB", value_parser = parse_nonzero_size)]
     pub max: usize,
-    /// Timed copies per size, direction and memory kind (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    /// Timed copies per size, direction and memory kind, 1 to 1000 (the
+    /// median is reported).
+    #[arg(long, default_value_t = 5, value_parser = count_in(1..=1000))]
     pub repeats: usize,
     /// Write JSON lines (with date, device and command) instead of a table.
     #[arg(long)]
@@ -71,7 +74,7 @@ fn time_copies(
     copy()?;
     stream.synchronize()?;
     let mut t = Vec::with_capacity(repeats);
-    for _ in 0..repeats.max(1) {
+    for _ in 0..repeats {
         let start = Instant::now();
         copy()?;
         stream.synchronize()?;
@@ -81,7 +84,14 @@ fn time_copies(
 }
 
 /// Runs the benchmark on the target device.
-pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
+pub fn run(target: &Target, args: &TransferArgs) -> anyhow::Result<()> {
+    if args.min > args.max {
+        anyhow::bail!(
+            "--min {} is larger than --max {}",
+            fmt_bytes(args.min as u64),
+            fmt_bytes(args.max as u64)
+        );
+    }
     let device = &target.device;
     let sim = device.backend() == Backend::Sim;
     let max = if sim {
@@ -89,12 +99,12 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
     } else {
         args.max
     };
-    let min = args.min.clamp(1, max.max(1));
+    let min = args.min.min(max);
     if sim {
-        eprintln!(
+        output::errln(format_args!(
             "transfer: simulated device: these numbers time the simulator's host memcpy and \
              measure nothing meaningful about a GPU (run with --device cuda); sizes capped at 64 MiB"
-        );
+        ));
     }
     let name = device.info()?.name;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -107,15 +117,19 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
     let driver = device.driver().clone();
 
     if !args.json {
-        println!(
+        outln!(
             "device: {name} ({}); median of {} copies",
             device.backend(),
             args.repeats
-        );
-        println!(
+        )?;
+        outln!(
             "{:>12} {:>14} {:>14} {:>14} {:>14}",
-            "bytes", "h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable"
-        );
+            "bytes",
+            "h2d pinned",
+            "h2d pageable",
+            "d2h pinned",
+            "d2h pageable"
+        )?;
     }
     let mut size = min;
     while size <= max {
@@ -148,7 +162,7 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
                 let gbps = size as f64 / secs / 1e9;
                 row.push(gbps);
                 if args.json {
-                    println!(
+                    outln!(
                         "{{\"date\":\"{date}\",\"device\":{:?},\"backend\":\"{}\",\"command\":{:?},\
                          \"bench\":\"transfer\",\"direction\":\"{}\",\"memory\":\"{kind}\",\"bytes\":{size},\
                          \"repeats\":{},\"median_s\":{secs:.9},\"gb_per_s\":{gbps:.3}}}",
@@ -160,15 +174,19 @@ pub fn run(target: &Target, args: &TransferArgs) -> gpumem::Result<()> {
                             Dir::D2H => "d2h",
                         },
                         args.repeats
-                    );
+                    )?;
                 }
             }
         }
         if !args.json {
-            println!(
+            outln!(
                 "{:>12} {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s",
-                size, row[0], row[1], row[2], row[3]
-            );
+                size,
+                row[0],
+                row[1],
+                row[2],
+                row[3]
+            )?;
         }
         match size.checked_mul(4) {
             Some(s) => size = s,

@@ -1,6 +1,9 @@
 //! Sizes, counts and dates: parsing and printing.
 
+use std::ops::RangeInclusive;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::builder::TypedValueParser;
 
 /// Parses a byte size: a number with an optional binary suffix `K`, `M`, `G`,
 /// `T` (also written `KiB`, `KB`, `k`, ...): `256`, `4K`, `1MiB`, `1.5G`.
@@ -30,6 +33,21 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         v.checked_mul(1 << shift)
             .ok_or_else(|| format!("{s:?} is too large"))
     }
+}
+
+/// [`parse_size`] for options where 0 bytes makes no sense.
+pub fn parse_nonzero_size(s: &str) -> Result<usize, String> {
+    match parse_size(s)? {
+        0 => Err(format!("{s:?}: the size must be at least 1 byte")),
+        n => Ok(n),
+    }
+}
+
+/// A command-line parser for a count within `range`: clap refuses anything
+/// else with a one-line error that names the option and the range.
+pub fn count_in(range: RangeInclusive<u64>) -> impl TypedValueParser<Value = usize> {
+    // The ranges used are far below usize::MAX, even on 32 bits.
+    clap::value_parser!(u64).range(range).map(|n| n as usize)
 }
 
 /// Formats bytes with a binary unit: `512 B`, `64.0 KiB`, `3.04 GiB`.
@@ -114,6 +132,9 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("K").is_err());
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_nonzero_size("0").is_err());
+        assert_eq!(parse_nonzero_size("4K"), Ok(4096));
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(1 << 20), "1.00 MiB");
         assert_eq!(fmt_bytes(3_265_807_076), "3.04 GiB");

@@ -261,7 +261,7 @@ pub fn run_threads(
     r: &Arc<dyn MemoryResource>,
     device: &Device,
     seqs: &[Arc<OpSequence>],
-) -> gpumem::Result<Timed> {
+) -> anyhow::Result<Timed> {
     let n = seqs.len();
     let streams: Vec<Stream> = (0..n)
         .map(|_| device.create_stream())
@@ -279,7 +279,7 @@ pub fn run_threads(
             cleanup_line.clone(),
         );
         type Span = (Instant, Instant);
-        handles.push(std::thread::spawn(move || -> gpumem::Result<Span> {
+        handles.push(std::thread::spawn(move || -> anyhow::Result<Span> {
             let _ = device.driver().set_current_device(device.ordinal());
             let mut table = vec![DevicePtr::NULL; seq.slots];
             let mut sizes = vec![0usize; seq.slots];
@@ -324,14 +324,11 @@ pub fn run_threads(
     let synced = device.synchronize();
     let sync_time = t.elapsed();
     cleanup_line.wait();
-    let spans: Vec<gpumem::Result<(Instant, Instant)>> = handles
+    let spans: Vec<anyhow::Result<(Instant, Instant)>> = handles
         .into_iter()
         .map(|h| {
-            h.join().unwrap_or_else(|_| {
-                Err(gpumem::Error::InvalidArgument(
-                    "a bench thread panicked".into(),
-                ))
-            })
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked")))
         })
         .collect();
     let mut first = None::<Instant>;
@@ -374,7 +371,7 @@ pub fn run_replay(
     prep: &PreparedReplay,
     streams: Option<&[Stream]>,
     mut on_step: Option<&mut dyn FnMut(usize)>,
-) -> gpumem::Result<Timed> {
+) -> anyhow::Result<Timed> {
     let made;
     let streams = match streams {
         Some(s) if s.len() >= prep.streams.len().max(1) => s,
@@ -427,11 +424,12 @@ pub fn run_replay(
     })
 }
 
-/// Names the trace event behind a failed replay operation.
-fn event_error(e: gpumem::Error, op: usize, prep: &PreparedReplay) -> gpumem::Error {
+/// Names the trace event behind a failed replay operation; the error itself
+/// keeps its kind (out of memory, a driver failure, ...).
+fn event_error(e: gpumem::Error, op: usize, prep: &PreparedReplay) -> anyhow::Error {
     let o = &prep.ops[op];
-    gpumem::Error::InvalidArgument(format!(
-        "replay of trace event {} ({} of {} bytes) failed: {e}",
+    anyhow::Error::new(e).context(format!(
+        "trace event {} ({} of {} bytes)",
         prep.event_index[op],
         if o.alloc { "allocation" } else { "free" },
         o.size

@@ -80,7 +80,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         seed: 1,
         threads: 2,
         holes: 8,
-        trace: Some(trace.to_path_buf()),
+        trace: Some(replay::load(trace).unwrap()),
         warm_passes: 0,
     }
 }
@@ -116,7 +116,7 @@ fn warm_runs_are_marked_and_measured() {
         ..tiny_config(&trace)
     };
     let specs = allocators::select(&["pool".into(), "cuda".into()]).unwrap();
-    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap();
+    let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap();
     assert_eq!(records.len(), 4);
     for r in &records {
         assert!(r.warm && r.error.is_none(), "{r:?}");
@@ -138,7 +138,8 @@ fn bench_json_contract_in_process() {
     let specs = allocators::select(&[]).unwrap();
     let mut streamed = 0;
     let records = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {
-        streamed += 1
+        streamed += 1;
+        Ok(())
     })
     .unwrap();
     assert_eq!(records.len(), 5 * specs.len());
@@ -203,7 +204,7 @@ fn bench_workload_replay_needs_a_trace() {
         ..BenchConfig::default()
     };
     let specs = allocators::select(&[]).unwrap();
-    let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| {}).unwrap_err();
+    let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();
     assert!(err.to_string().contains("--trace"), "{err}");
 }
 
@@ -349,9 +350,15 @@ fn plot_writes_svg_and_html_with_the_legend() {
 
 /// The `gpumem` binary: the one cargo built, or `GPUMEM_BIN` where the tests
 /// run away from the build tree (the GPU bundle).
-fn gpumem(args: &[&str]) -> std::process::Output {
+fn gpumem_command(args: &[&str]) -> Command {
     let bin = std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
-    Command::new(bin).args(args).output().unwrap()
+    let mut c = Command::new(bin);
+    c.args(args);
+    c
+}
+
+fn gpumem(args: &[&str]) -> std::process::Output {
+    gpumem_command(args).output().unwrap()
 }
 
 #[test]
@@ -436,7 +443,7 @@ fn command_line_bench_json_and_errors() {
         // The 7 calls the replay makes, and the free of the block the trace
         // leaks (0x2000), made after the replay.
         assert_eq!(ours.len(), 8, "{alloc}");
-        let r = gpumem::trace::check(&ours);
+        let r = gpumem::trace::check(&ours).unwrap();
         assert!(r.is_clean(), "{alloc}: {r}");
         assert_eq!(r.peak_live, 1048576 + 4096 + 65536);
         assert_eq!(r.streams, 3);
@@ -469,4 +476,619 @@ fn command_line_bench_json_and_errors() {
     assert!(String::from_utf8(out.stderr)
         .unwrap()
         .contains("unknown allocator"));
+}
+
+/// A few quick runs that print to standard output.
+const PRINTING_RUNS: &[&[&str]] = &[
+    &["--help"],
+    &["bench", "--list-allocators"],
+    &["--device", "sim", "info"],
+    &[
+        "--device",
+        "sim",
+        "bench",
+        "--json",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "cuda",
+    ],
+    &[
+        "--device",
+        "sim",
+        "bench",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "cuda",
+    ],
+];
+
+/// The standard error of a failed run: one line, `gpumem: error: ...`.
+fn one_line_error(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "not one line: {err:?}");
+    assert!(err.starts_with("gpumem: error: "), "{err:?}");
+    err
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly_with_the_sigpipe_status() {
+    for args in PRINTING_RUNS {
+        // `gpumem ... | head -0`: the reading end is closed before any write.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = gpumem_command(args).stdout(writer).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_one_line_error() {
+    for args in PRINTING_RUNS {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = gpumem_command(args).stdout(full).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(
+            err.contains("writing to standard output") && err.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn numbers_that_make_no_sense_are_refused_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(&trace, SMALL_TRACE).unwrap();
+    let trace = trace.to_str().unwrap();
+    let svg = dir.path().join("t.svg");
+    let svg = svg.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["bench", "--repeats", "0"],
+        &["bench", "--threads", "0"],
+        &["bench", "--threads", "100000"],
+        &["bench", "--iters", "0"],
+        &["bench", "--ops", "0"],
+        &["bench", "--ops", "99999999999"],
+        &["bench", "--size", "0"],
+        &["bench", "--max-live", "0"],
+        &["bench", "--min-size", "0"],
+        &["bench", "--holes", "99999999999"],
+        &["bench", "--warm-passes", "0"],
+        &["replay", trace, "--repeats", "0"],
+        &["replay", trace, "--warm-passes", "0"],
+        &["transfer", "--repeats", "0"],
+        &["transfer", "--min", "0"],
+        &["plot", trace, "-o", svg, "--size", "0x0"],
+        &["plot", trace, "-o", svg, "--size", "100000x100000"],
+        &["plot", trace, "-o", svg, "--size", "wide"],
+    ];
+    for args in cases {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        // clap's one-line error naming the option, then its usual hint.
+        let first = err.lines().next().unwrap_or_default();
+        let flag = args.iter().find(|a| a.starts_with("--")).unwrap();
+        assert!(
+            first.starts_with("error: invalid value") && first.contains(flag),
+            "{args:?}: {err}"
+        );
+    }
+    // Ranges that only make sense together: our own one-line errors.
+    let pairs: &[(&[&str], &str)] = &[
+        (
+            &[
+                "bench",
+                "--workload",
+                "random",
+                "--min-size",
+                "1M",
+                "--max-size",
+                "4K",
+            ],
+            "--min-size 1.00 MiB is larger than --max-size 4.00 KiB",
+        ),
+        (
+            &["bench", "--workload", "threads", "--min-size", "8M"],
+            "--min-size 8.00 MiB is larger than --thread-max-size 4.00 MiB",
+        ),
+        (
+            &[
+                "bench",
+                "--workload",
+                "threads",
+                "--ops",
+                "4",
+                "--threads",
+                "8",
+            ],
+            "--ops 4 is fewer than --threads 8",
+        ),
+        (
+            &["transfer", "--min", "2M", "--max", "1M"],
+            "--min 2.00 MiB is larger than --max 1.00 MiB",
+        ),
+    ];
+    for (args, msg) in pairs {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn bench_run_refuses_a_config_that_makes_no_sense() {
+    let ctx = RunContext::new(sim()).unwrap();
+    let specs = allocators::select(&["cuda".into()]).unwrap();
+    for (cfg, msg) in [
+        (
+            BenchConfig {
+                repeats: 0,
+                ..BenchConfig::default()
+            },
+            "--repeats 0",
+        ),
+        (
+            BenchConfig {
+                threads: 0,
+                ..BenchConfig::default()
+            },
+            "--threads 0",
+        ),
+        (
+            BenchConfig {
+                min_size: 1 << 30,
+                ..BenchConfig::default()
+            },
+            "--min-size 1.00 GiB is larger than --max-size",
+        ),
+    ] {
+        let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains(msg), "{err}");
+    }
+}
+
+/// A trace whose one allocation (200 GB) no allocator on the 80 GiB
+/// simulated device can serve.
+const OOM_TRACE: &str = "\
+Thread,Time,Action,Pointer,Size,Stream
+1,10:00:00.000001,allocate,0x1000,200000000000,0x0
+1,10:00:00.000002,free,0x1000,200000000000,0x0
+";
+
+#[test]
+fn a_failing_allocator_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let oom = dir.path().join("oom.csv");
+    std::fs::write(&oom, OOM_TRACE).unwrap();
+    let oom = oom.to_str().unwrap();
+    let runs: &[&[&str]] = &[
+        &["replay", oom, "--alloc", "cuda,pool"],
+        &["replay", oom, "--alloc", "cuda,pool", "--json"],
+        &[
+            "bench",
+            "--workload",
+            "replay",
+            "--trace",
+            oom,
+            "--alloc",
+            "cuda,pool",
+        ],
+        &[
+            "bench",
+            "--workload",
+            "same",
+            "--size",
+            "100G",
+            "--iters",
+            "2",
+            "--alloc",
+            "pool",
+        ],
+        &[
+            "bench",
+            "--json",
+            "--workload",
+            "same",
+            "--size",
+            "100G",
+            "--iters",
+            "2",
+        ],
+        // The main job: its short bench passes, the replay fails.
+        &["--trace", oom],
+    ];
+    for args in runs {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains("failed"), "{args:?}: {err}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        // Labelled for what it is, not "invalid argument".
+        assert!(text.contains("out of memory"), "{args:?}: {text}");
+        assert!(!text.contains("invalid argument"), "{args:?}: {text}");
+        assert!(!text.contains("median of 0 repeats"), "{args:?}: {text}");
+    }
+    let out = gpumem(&["--device", "sim", "replay", oom, "--alloc", "cuda"]);
+    let err = one_line_error(&out);
+    assert!(err.contains("1 of 1 runs failed"), "{err}");
+    assert!(
+        err.contains("cuda") && err.contains("out of memory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_or_header_only_trace_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        ("empty.csv", ""),
+        ("header.csv", "Thread,Time,Action,Pointer,Size,Stream\n"),
+        (
+            "failures.csv",
+            "1,10:00:00.1,allocate failure,0x0,1099511627776,0x0\n",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let svg = dir.path().join("t.svg");
+        for args in [
+            &["replay", path][..],
+            &["bench", "--workload", "replay", "--trace", path],
+            &["plot", path, "-o", svg.to_str().unwrap()],
+        ] {
+            let out = gpumem(&[&["--device", "sim"], args].concat());
+            assert_eq!(out.status.code(), Some(1), "{name} {args:?}");
+            let err = one_line_error(&out);
+            assert!(
+                err.contains(name) && err.contains("nothing to replay"),
+                "{name} {args:?}: {err}"
+            );
+            assert!(!svg.exists());
+        }
+    }
+}
+
+#[test]
+fn output_paths_are_checked_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, SMALL_TRACE).unwrap();
+    let good = good.to_str().unwrap();
+    let not_a_pickle = dir.path().join("bad.pickle");
+    std::fs::write(&not_a_pickle, b"not a pickle").unwrap();
+    let nowhere = dir.path().join("no/such/dir/out");
+    let nowhere = nowhere.to_str().unwrap();
+    let gif = dir.path().join("t.gif");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "replay",
+                good,
+                "--alloc",
+                "cuda",
+                "--log",
+                &format!("{nowhere}.csv"),
+            ],
+            "--log: cannot write",
+        ),
+        (
+            &["plot", good, "-o", &format!("{nowhere}.svg")],
+            "cannot write",
+        ),
+        (
+            &["plot", good, "-o", gif.to_str().unwrap()],
+            "unknown picture format",
+        ),
+        (
+            &[
+                "convert-snapshot",
+                not_a_pickle.to_str().unwrap(),
+                "-o",
+                &format!("{nowhere}.csv"),
+            ],
+            "cannot write",
+        ),
+    ];
+    for (args, msg) in cases {
+        let out = gpumem(&[&["--device", "sim"], *args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{args:?}: {err}");
+        // Nothing was replayed or timed: not even the device line came out.
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // A path that can be written is left as it was found (absent) by the
+    // check, here by a run that then fails.
+    let oom = dir.path().join("oom.csv");
+    std::fs::write(&oom, OOM_TRACE).unwrap();
+    let log = dir.path().join("log.csv");
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "replay",
+        oom.to_str().unwrap(),
+        "--alloc",
+        "cuda",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!log.exists());
+}
+
+/// A protocol 2 pickle of lists nested `depth` deep: `[[[...]]]`.
+fn nested_lists(depth: usize) -> Vec<u8> {
+    let mut p = b"\x80\x02".to_vec();
+    p.extend(std::iter::repeat_n(b']', depth));
+    p.extend(std::iter::repeat_n(b'a', depth - 1));
+    p.push(b'.');
+    p
+}
+
+/// A pickle whose nesting hides in memo references: `n` empty lists, memoized,
+/// then each put in the next one, last first (so no list is deep when it is
+/// put in another), then the last list: `n` deep once references resolve.
+fn memo_chain(n: u32) -> Vec<u8> {
+    let mut p = b"\x80\x02".to_vec();
+    for i in 0..n {
+        p.push(b']');
+        p.push(b'r');
+        p.extend(i.to_le_bytes());
+        p.push(b'0');
+    }
+    for i in (0..n - 1).rev() {
+        p.push(b'j');
+        p.extend((i + 1).to_le_bytes());
+        p.push(b'j');
+        p.extend(i.to_le_bytes());
+        p.extend(b"a0");
+    }
+    p.push(b'j');
+    p.extend((n - 1).to_le_bytes());
+    p.push(b'.');
+    p
+}
+
+#[test]
+fn deep_or_endless_pickles_are_refused_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_csv = dir.path().join("out.csv");
+    let cases: &[(&str, Vec<u8>, &str)] = &[
+        (
+            "deep.pickle",
+            nested_lists(200_000),
+            "nested deeper than 100 levels",
+        ),
+        (
+            "memo.pickle",
+            memo_chain(100_000),
+            "nested deeper than 100 levels",
+        ),
+    ];
+    for (name, bytes, msg) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = gpumem(&[
+            "convert-snapshot",
+            path.to_str().unwrap(),
+            "-o",
+            out_csv.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = one_line_error(&out);
+        assert!(err.contains(msg), "{name}: {err}");
+    }
+    // An input without end is refused at its first byte.
+    let out = gpumem(&[
+        "convert-snapshot",
+        "/dev/zero",
+        "-o",
+        out_csv.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(err.contains("byte 0: opcode 0x00"), "{err}");
+}
+
+#[test]
+fn pickles_up_to_the_depth_limit_are_read() {
+    let limit = gpumem_cli::pickle_bounds::Limits::default().max_depth as usize;
+    // The deepest accepted pickle goes through serde-pickle on this test
+    // thread's stack (2 MiB) in a debug build.
+    let v = snapshot::read_pickle(&nested_lists(limit)).unwrap();
+    assert!(matches!(v, serde_pickle::Value::List(_)));
+    let err = snapshot::read_pickle(&nested_lists(limit + 1)).unwrap_err();
+    assert!(format!("{err:#}").contains("nested deeper"), "{err:#}");
+    assert!(snapshot::read_pickle(&memo_chain(limit as u32)).is_ok());
+    let err = snapshot::read_pickle(&memo_chain(limit as u32 + 1)).unwrap_err();
+    assert!(format!("{err:#}").contains("nested deeper"), "{err:#}");
+    // A list that holds itself, and a pickle cut short.
+    let err = snapshot::read_pickle(b"\x80\x02]q\x00h\x00a.").unwrap_err();
+    assert!(format!("{err:#}").contains("refers to itself"), "{err:#}");
+    let err = snapshot::read_pickle(&nested_lists(10)[..12]).unwrap_err();
+    assert!(format!("{err:#}").contains("ends early"), "{err:#}");
+    // What Python never writes: a memo index stored twice (a reference taken
+    // before would change meaning), items added to a number.
+    let err = snapshot::read_pickle(b"\x80\x02]q\x00]q\x00.").unwrap_err();
+    assert!(format!("{err:#}").contains("stored twice"), "{err:#}");
+    let err = snapshot::read_pickle(b"\x80\x02K\x01K\x02a.").unwrap_err();
+    assert!(format!("{err:#}").contains("not a container"), "{err:#}");
+}
+
+#[test]
+fn a_snapshot_on_standard_input_converts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_csv = dir.path().join("out.csv");
+    let out = gpumem_command(&["convert-snapshot", "-", "-o", out_csv.to_str().unwrap()])
+        .stdin(std::fs::File::open(data("snapshot_p4.pickle")).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&out_csv).unwrap();
+    assert_eq!(gpumem::trace::parse_str(&text).unwrap().len(), 9);
+}
+
+#[test]
+fn a_trace_on_standard_input_with_a_byte_order_mark_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_bom = dir.path().join("bom.csv");
+    std::fs::write(&with_bom, format!("\u{feff}{SMALL_TRACE}")).unwrap();
+    let svg = dir.path().join("t.svg");
+    let runs: &[&[&str]] = &[
+        &["replay", "-", "--alloc", "cuda"],
+        &[
+            "bench",
+            "--workload",
+            "replay",
+            "--trace",
+            "-",
+            "--alloc",
+            "cuda",
+        ],
+        &["plot", "-", "--alloc", "cuda", "-o", svg.to_str().unwrap()],
+    ];
+    for args in runs {
+        let out = gpumem_command(&[&["--device", "sim"], *args].concat())
+            .stdin(std::fs::File::open(&with_bom).unwrap())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("cuda"), "{args:?}: {text}");
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
+#[test]
+fn an_endless_line_is_an_error_naming_it() {
+    let out = gpumem(&["--device", "sim", "replay", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("/dev/zero: line 1: longer than 4096 bytes"),
+        "{err}"
+    );
+    let out = gpumem_command(&["--device", "sim", "replay", "-"])
+        .stdin(std::fs::File::open("/dev/zero").unwrap())
+        .output()
+        .unwrap();
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("standard input: line 1: longer than 4096 bytes"),
+        "{err}"
+    );
+}
+
+#[test]
+fn info_shows_the_simulated_device_bench_and_replay_use() {
+    use gpumem_cli::target::{self, DeviceChoice};
+    let measured = target::open(DeviceChoice::Sim, false).unwrap();
+    let total = measured.device.mem_info().unwrap().total;
+    let shown = format!("{:.2} GiB total", total as f64 / (1u64 << 30) as f64);
+    let out = gpumem(&["--device", "sim", "info"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(&shown), "{shown:?} not in {text}");
+    // The demo's backed device is the same device, with host memory behind it.
+    let backed = target::open(DeviceChoice::Sim, true).unwrap();
+    assert_eq!(backed.device.mem_info().unwrap().total, total);
+}
+
+#[test]
+fn the_arena_s_reserve_is_explained_under_the_table() {
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "bench",
+        "--workload",
+        "same",
+        "--iters",
+        "2",
+        "--repeats",
+        "1",
+        "--alloc",
+        "arena,pool",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let arena = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("arena"))
+        .unwrap();
+    assert!(arena.ends_with('*'), "{arena}");
+    let pool = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("pool"))
+        .unwrap();
+    assert!(!pool.ends_with('*'), "{pool}");
+    assert!(
+        text.contains("* arena takes half the device's free memory up front, as RMM's arena does"),
+        "{text}"
+    );
+}
+
+#[test]
+fn plot_refuses_picture_sizes_out_of_range_in_process() {
+    let events = gpumem::trace::parse_str(SMALL_TRACE).unwrap();
+    let prep = replay::prepare(&events).unwrap();
+    let device = sim();
+    let alloc = (allocators::select(&["cuda".into()]).unwrap()[0].build)(&device).unwrap();
+    let series = vec![(
+        "cuda".to_string(),
+        replay::timeline(&alloc, &device, &prep, 100).unwrap(),
+    )];
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["t.svg", "t.png"] {
+        let path = dir.path().join(file);
+        for size in [(0, 0), (1200, 50), (100_000, 100_000)] {
+            let err = plot::draw(&path, "t", &series, plot::XAxis::Index, size).unwrap_err();
+            assert!(err.to_string().contains("100 to 10000 pixels"), "{err}");
+            assert!(!path.exists(), "{file} {size:?}");
+        }
+    }
+    assert!(plot::parse_picture_size("1200x700").is_ok());
+    assert!(plot::parse_picture_size("99x700").is_err());
+}
+
+#[test]
+fn the_main_job_reads_its_traces_before_timing_anything() {
+    let out = gpumem(&["--device", "sim", "--trace", "/no/such/trace.csv"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(err.contains("/no/such/trace.csv"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

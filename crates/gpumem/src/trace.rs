@@ -14,9 +14,12 @@
 //! once freed.
 //!
 //! [`parse`] reads such a log into [`TraceEvent`]s (errors name the line and the
-//! column), [`check`] says whether it can be replayed (frees of unknown
-//! pointers, pointers handed out twice, size mismatches, leaks) and computes the
-//! peak of live bytes, and [`write_csv`] writes events back in the same format.
+//! column; a UTF-8 byte order mark before the first line is skipped; lines and
+//! the number of events are bounded by [`Limits`], so an endless input is an
+//! error, not an endless read), [`check`] says whether it can be replayed
+//! (frees of unknown pointers, pointers handed out twice, size mismatches,
+//! leaks) and computes the peak of live bytes, and [`write_csv`] writes events
+//! back in the same format.
 //!
 //! ```
 //! use gpumem::trace::{self, Action};
@@ -26,14 +29,14 @@
 //!            1,10:00:00.000002,free,0x1000,256,0x0\n";
 //! let events = trace::parse_str(log).unwrap();
 //! assert_eq!(events[1].action, Action::Free);
-//! let report = trace::check(&events);
+//! let report = trace::check(&events).unwrap();
 //! assert!(report.is_clean());
 //! assert_eq!(report.peak_live, 256);
 //! ```
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::path::Path;
 
 /// The header line RMM writes and [`write_csv`] writes.
@@ -160,7 +163,11 @@ fn parse_time(s: &str) -> Result<u64, String> {
     for i in 0..6 {
         us = us * 10 + frac.as_bytes().get(i).map_or(0, |b| u64::from(b - b'0'));
     }
-    Ok(((h * 60 + m) * 60 + sec) * 1_000_000 + us)
+    h.checked_mul(3600)
+        .and_then(|s| s.checked_add(m * 60 + sec))
+        .and_then(|s| s.checked_mul(1_000_000))
+        .and_then(|t| t.checked_add(us))
+        .ok_or_else(|| format!("{s:?} is too large a time (microseconds overflow 64 bits)"))
 }
 
 /// Formats microseconds since midnight as `HH:MM:SS.ffffff`.
@@ -235,13 +242,78 @@ fn parse_line(line_no: usize, line: &str) -> Result<TraceEvent, ParseError> {
     })
 }
 
-/// Parses an RMM log. The header line is optional; blank lines are skipped.
-/// The first malformed line is an error naming the line and the column.
+/// Bounds on what [`parse_with_limits`] reads, so that an input that is not an
+/// RMM log (a file without line breaks, `/dev/zero`, an endless stream) ends
+/// in an error instead of taking all memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest line, in bytes, without its line break. An RMM row is about
+    /// 100 bytes.
+    pub max_line_bytes: usize,
+    /// Most events (rows) read. Each takes 48 bytes, and a replay about as
+    /// much again.
+    pub max_events: usize,
+}
+
+impl Default for Limits {
+    /// 4 KiB lines and 2^25 (33.5 million) events: about 1.6 GB of events.
+    fn default() -> Self {
+        Self {
+            max_line_bytes: 4096,
+            max_events: 1 << 25,
+        }
+    }
+}
+
+/// Parses an RMM log within the default [`Limits`]. The header line is
+/// optional; blank lines are skipped; a UTF-8 byte order mark before the first
+/// line is skipped. The first malformed line is an error naming the line and
+/// the column.
 pub fn parse<R: BufRead>(reader: R) -> Result<Vec<TraceEvent>, ParseError> {
+    parse_with_limits(reader, Limits::default())
+}
+
+/// [`parse`] within `limits`: a longer line or one event too many is an error
+/// naming its line.
+pub fn parse_with_limits<R: BufRead>(
+    mut reader: R,
+    limits: Limits,
+) -> Result<Vec<TraceEvent>, ParseError> {
     let mut events = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line_no = i + 1;
-        let line = line.map_err(|e| err(line_no, None, format!("read failed: {e}")))?;
+    let mut buf = Vec::new();
+    let mut line_no = 0;
+    loop {
+        line_no += 1;
+        buf.clear();
+        // One byte past the limit tells a line of exactly the limit (and its
+        // line break) from a longer one, without reading the longer one whole.
+        let bound = limits.max_line_bytes.saturating_add(1) as u64;
+        let n = (&mut reader)
+            .take(bound)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| err(line_no, None, format!("read failed: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+        } else if buf.len() > limits.max_line_bytes {
+            return Err(err(
+                line_no,
+                None,
+                format!(
+                    "longer than {} bytes (an RMM log has short rows; is this one?)",
+                    limits.max_line_bytes
+                ),
+            ));
+        }
+        let line = std::str::from_utf8(&buf)
+            .map_err(|_| err(line_no, None, "not UTF-8 text (is this an RMM log?)"))?;
+        let line = if line_no == 1 {
+            line.strip_prefix('\u{feff}').unwrap_or(line)
+        } else {
+            line
+        };
         let line = line.trim();
         if line.is_empty() {
             continue;
@@ -252,6 +324,16 @@ pub fn parse<R: BufRead>(reader: R) -> Result<Vec<TraceEvent>, ParseError> {
                 return Err(err(1, None, format!("header {line:?} is not {HEADER:?}")));
             }
             continue;
+        }
+        if events.len() >= limits.max_events {
+            return Err(err(
+                line_no,
+                None,
+                format!(
+                    "more than {} events: too long a trace to replay",
+                    limits.max_events
+                ),
+            ));
         }
         events.push(parse_line(line_no, line)?);
     }
@@ -376,9 +458,35 @@ impl fmt::Display for TraceReport {
     }
 }
 
+/// Why [`check`] refused a trace: at some event the bytes live at once no
+/// longer fit in 64 bits, which no real program's trace does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverflowError {
+    /// Index of the allocation that overflowed (0-based, as
+    /// [`TraceReport::peak_event`]).
+    pub event: usize,
+    /// Bytes live before it.
+    pub live_bytes: usize,
+    /// Its size.
+    pub size: usize,
+}
+
+impl fmt::Display for OverflowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "event {}: an allocation of {} bytes with {} bytes live takes the live bytes past 64 bits",
+            self.event, self.size, self.live_bytes
+        )
+    }
+}
+
+impl std::error::Error for OverflowError {}
+
 /// Checks that a trace can be replayed and measures it: counts, anomalies, the
-/// peak of live bytes. Never fails; anomalies are counted.
-pub fn check(events: &[TraceEvent]) -> TraceReport {
+/// peak of live bytes. Anomalies are counted, not errors; the one error is live
+/// bytes that overflow 64 bits.
+pub fn check(events: &[TraceEvent]) -> Result<TraceReport, OverflowError> {
     let mut r = TraceReport {
         events: events.len(),
         ..TraceReport::default()
@@ -407,7 +515,11 @@ pub fn check(events: &[TraceEvent]) -> TraceReport {
                     r.live_pointer_reused += 1;
                     r.leaked += 1;
                 }
-                live_bytes += e.size;
+                live_bytes = live_bytes.checked_add(e.size).ok_or(OverflowError {
+                    event: i,
+                    live_bytes,
+                    size: e.size,
+                })?;
                 if live_bytes > r.peak_live {
                     r.peak_live = live_bytes;
                     r.peak_event = i;
@@ -435,7 +547,7 @@ pub fn check(events: &[TraceEvent]) -> TraceReport {
     r.leaked_bytes = live_bytes;
     r.threads = threads.len();
     r.streams = streams.len();
-    r
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -452,6 +564,11 @@ mod tests {
         assert!(parse_time("1:2").is_err());
         assert!(parse_time("00:61:00").is_err());
         assert!(parse_time("00:00:0x.1").is_err());
+        assert!(parse_time("5124095577:00:00").is_err());
+        assert_eq!(
+            parse_time("5124095575:00:00").unwrap(),
+            18_446_744_070_000_000_000
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ fn check_shared(name: &str, events: usize, peak_live: usize) {
     };
     let ev = trace::read_file(&path).unwrap();
     assert_eq!(ev.len(), events);
-    let r = trace::check(&ev);
+    let r = trace::check(&ev).unwrap();
     assert!(r.is_clean(), "{r}");
     assert_eq!(r.events, events);
     assert_eq!(r.allocations + r.frees + r.failures, events);
@@ -92,7 +92,7 @@ fn hand_written_multi_thread_log() {
     assert_eq!(ev[2].action, Action::AllocateFailure);
     assert_eq!(ev[2].size, 1 << 40);
     assert_eq!(ev[1].stream, 0xdeadbeef);
-    let r = trace::check(&ev);
+    let r = trace::check(&ev).unwrap();
     assert_eq!(r.allocations, 4);
     assert_eq!(r.frees, 4);
     assert_eq!(r.failures, 1);
@@ -116,7 +116,7 @@ fn live_pointer_handed_out_twice_and_size_mismatch() {
                1,00:00:00.3,free,0x100,99,0\n\
                1,00:00:00.0,free,0x100,20,0\n";
     let ev = trace::parse_str(log).unwrap();
-    let r = trace::check(&ev);
+    let r = trace::check(&ev).unwrap();
     assert_eq!(r.live_pointer_reused, 1);
     assert_eq!(r.size_mismatches, 1);
     assert_eq!(r.unknown_frees, 1);
@@ -168,4 +168,71 @@ fn write_then_parse_round_trips() {
     assert!(text.starts_with(trace::HEADER));
     assert!(text.contains("1,10:00:00.000003,allocate failure,0x0,1099511627776,0x0"));
     assert_eq!(trace::parse_str(&text).unwrap(), ev);
+}
+
+#[test]
+fn a_time_too_large_for_64_bits_is_an_error_naming_the_line() {
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+               1,99999999999999999:00:00.000001,allocate,0x1000,256,0x0\n";
+    let e = trace::parse_str(log).unwrap_err();
+    assert_eq!((e.line, e.column), (2, Some("Time")), "{e}");
+    assert!(e.message.contains("too large"), "{e}");
+}
+
+#[test]
+fn live_bytes_beyond_64_bits_are_refused_not_wrapped() {
+    let half = usize::MAX / 2 + 1;
+    let log = format!(
+        "1,10:00:00.1,allocate,0x1000,{half},0\n\
+         1,10:00:00.2,allocate,0x2000,{half},0\n"
+    );
+    let ev = trace::parse_str(&log).unwrap();
+    let e = trace::check(&ev).unwrap_err();
+    assert_eq!(e.event, 1);
+    assert!(e.to_string().starts_with("event 1:"), "{e}");
+    assert!(e.to_string().contains("64 bits"), "{e}");
+}
+
+#[test]
+fn a_line_without_end_is_an_error_naming_the_line() {
+    // An endless input with no line break (/dev/zero) stops at the limit.
+    let endless = std::io::BufReader::new(std::io::repeat(0));
+    let e = trace::parse(endless).unwrap_err();
+    assert_eq!(e.line, 1);
+    assert!(e.message.contains("longer than 4096 bytes"), "{e}");
+    // The same after a good line, and a line of exactly the limit is fine.
+    let ok_then_long = format!("{}\n{}\n", trace::HEADER, "x".repeat(5000));
+    let e = trace::parse_str(&ok_then_long).unwrap_err();
+    assert_eq!(e.line, 2);
+    assert!(e.message.contains("longer than"), "{e}");
+    let padded = format!(
+        "1,10:00:00.1,allocate,0x1000,256,0{}\n",
+        " ".repeat(4096 - 34)
+    );
+    assert_eq!(padded.len(), 4097);
+    assert_eq!(trace::parse_str(&padded).unwrap().len(), 1);
+}
+
+#[test]
+fn the_number_of_events_is_bounded() {
+    let limits = trace::Limits {
+        max_events: 2,
+        ..trace::Limits::default()
+    };
+    let e = trace::parse_with_limits(MULTI.as_bytes(), limits).unwrap_err();
+    // The header is line 1; the third event is on line 4.
+    assert_eq!(e.line, 4);
+    assert!(e.message.contains("more than 2 events"), "{e}");
+    assert!(trace::Limits::default().max_events >= 1 << 24);
+}
+
+#[test]
+fn a_byte_order_mark_before_the_header_is_accepted() {
+    let with_bom = format!("\u{feff}{MULTI}");
+    assert_eq!(
+        trace::parse_str(&with_bom).unwrap(),
+        trace::parse_str(MULTI).unwrap()
+    );
+    let no_header = "\u{feff}1,10:00:00.1,allocate,0x1000,256,0\n";
+    assert_eq!(trace::parse_str(no_header).unwrap().len(), 1);
 }
