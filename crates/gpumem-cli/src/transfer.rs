@@ -6,7 +6,8 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use gpumem::manager::MemoryManager;
-use gpumem::{Backend, Stream};
+use gpumem::resource::DeviceResource;
+use gpumem::{Backend, DeviceBuffer, Stream};
 
 use gpumem_cli::target::Target;
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
@@ -114,7 +115,7 @@ pub fn run(target: &Target, args: &TransferArgs) -> anyhow::Result<()> {
     let pinned = mm.allocate_pinned(max)?;
     let dev = mm.allocate_device(max)?;
     let mut pageable = vec![1u8; max];
-    let driver = device.driver().clone();
+    let device_memory = DeviceResource::new(device.clone());
 
     if !args.json {
         outln!(
@@ -133,6 +134,7 @@ pub fn run(target: &Target, args: &TransferArgs) -> anyhow::Result<()> {
     }
     let mut size = min;
     while size <= max {
+        let mut staging = DeviceBuffer::<u8, _>::new(size, &device_memory, &stream)?;
         let mut row = Vec::new();
         for dir in [Dir::H2D, Dir::D2H] {
             for kind in ["pinned", "pageable"] {
@@ -143,20 +145,13 @@ pub fn run(target: &Target, args: &TransferArgs) -> anyhow::Result<()> {
                     (Dir::D2H, "pinned") => time_copies(args.repeats, &stream, || {
                         mm.copy_to_host_async(pinned, dev, size, &stream)
                     })?,
+                    // The buffer's copies return only once the copy has run,
+                    // so the vector is never handed back under one.
                     (Dir::H2D, _) => time_copies(args.repeats, &stream, || {
-                        // SAFETY: `pageable` outlives the copy: time_copies
-                        // synchronizes the stream before returning, and nothing
-                        // touches the vector meanwhile.
-                        unsafe {
-                            driver.memcpy_htod_async(dev, pageable.as_ptr(), size, stream.raw())
-                        }
+                        staging.copy_from_host(&pageable[..size])
                     })?,
                     (Dir::D2H, _) => time_copies(args.repeats, &stream, || {
-                        // SAFETY: as above; the vector is borrowed mutably for
-                        // the whole timing and only the stream writes it.
-                        unsafe {
-                            driver.memcpy_dtoh_async(pageable.as_mut_ptr(), dev, size, stream.raw())
-                        }
+                        staging.copy_to_host(&mut pageable[..size])
                     })?,
                 };
                 let gbps = size as f64 / secs / 1e9;

@@ -177,6 +177,11 @@ pub enum Error {
     /// The resource or manager has been shut down.
     #[error("{0} has been shut down")]
     ShutDown(&'static str),
+
+    /// Reading or writing a file failed (a log, a trace): what was being
+    /// done and the operating system's message.
+    #[error("I/O error: {0}")]
+    Io(String),
 }
 
 /// Why a free was rejected.

@@ -585,6 +585,15 @@ fn logging_to_a_file_flushes_on_drop_and_threads_get_their_ids() {
 }
 
 #[test]
+fn logging_to_a_path_that_cannot_be_written_is_an_io_error() {
+    let Err(e) = LoggingAdaptor::new(Fake::new(1), "/nonexistent-dir/gpumem.csv") else {
+        panic!("a log in a missing directory was created");
+    };
+    assert!(matches!(e, Error::Io(_)), "{e:?}");
+    assert!(e.to_string().contains("/nonexistent-dir/gpumem.csv"), "{e}");
+}
+
+#[test]
 fn logging_from_env_uses_gpumem_log_file() {
     let path = std::env::temp_dir().join(format!("gpumem-env-log-{}.csv", std::process::id()));
     // Only this test reads or writes the variable.

@@ -79,7 +79,7 @@ fn logging_passes_the_suite() {
     // Every call is logged, the bad frees of the suite's bad-free matrix
     // (refused upstream) too: each allocation has its free, and no more
     // frees than the matrix's refused ones.
-    let report = gpumem::trace::check(&gpumem::trace::parse_str(&text).unwrap());
+    let report = gpumem::trace::check(&gpumem::trace::parse_str(&text).unwrap()).unwrap();
     assert_eq!(report.leaked, 0, "{report:?}");
     assert!(allocs <= frees && frees <= allocs + common::bad_free::CASES.len() + 2);
     assert_eq!(failures, 1);

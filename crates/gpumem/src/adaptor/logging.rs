@@ -214,9 +214,9 @@ impl Sink {
             None => "log writer".to_string(),
         };
         if let Some(e) = earlier {
-            return Err(Error::InvalidArgument(format!("writing {}: {e}", what())));
+            return Err(Error::Io(format!("writing {}: {e}", what())));
         }
-        r.map_err(|e| Error::InvalidArgument(format!("flushing {}: {e}", what())))
+        r.map_err(|e| Error::Io(format!("flushing {}: {e}", what())))
     }
 }
 
@@ -250,9 +250,8 @@ impl<U: MemoryResource> LoggingAdaptor<U> {
     /// Logs to the file at `path` (created or truncated), header first.
     pub fn new(upstream: U, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|e| {
-            Error::InvalidArgument(format!("cannot create log file {}: {e}", path.display()))
-        })?;
+        let file = File::create(path)
+            .map_err(|e| Error::Io(format!("cannot create log file {}: {e}", path.display())))?;
         Self::build(upstream, Box::new(file), Some(path.to_path_buf()))
     }
 
@@ -275,7 +274,7 @@ impl<U: MemoryResource> LoggingAdaptor<U> {
     fn build(upstream: U, writer: Box<dyn Write + Send>, path: Option<PathBuf>) -> Result<Self> {
         let mut writer = BufWriter::with_capacity(BUFFER_BYTES, writer);
         writeln!(writer, "{LOG_HEADER}")
-            .map_err(|e| Error::InvalidArgument(format!("cannot write the log header: {e}")))?;
+            .map_err(|e| Error::Io(format!("cannot write the log header: {e}")))?;
         let sink = Arc::new(Sink {
             out: Mutex::new(Out {
                 writer,
