@@ -5,11 +5,13 @@
 # (default ./out) and prints a short summary last.
 #
 # Usage: gpu-bundle/gpu-run.sh [OUT_DIR] [PARTS]   PARTS: comma list of
-#   tests,examples,bench,replay,plot,python,vpool (default: all)
+#   tests,stress,examples,bench,replay,plot,python,vpool,steady (default: all
+#   but steady, which is the short form of vpool's steady-state replays)
+# STRESS_SECS (default 20): seconds per pool of the stress part.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=${1:-out}
-parts=${2:-tests,examples,bench,replay,plot,python,vpool}
+parts=${2:-tests,stress,examples,bench,replay,plot,python,vpool}
 mkdir -p "$out/logs"
 dev=${GPUMEM_RUN_DEVICE:-cuda}   # sim: a dry run of this script on a CPU machine
 export GPUMEM_DEVICE=$dev
@@ -25,6 +27,16 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if want tests; then
   ./run-tests.sh "$out/logs/tests" > "$out/logs/tests-summary.txt" 2>&1
   note "tests: $(tail -1 "$out/logs/tests-summary.txt")"
+fi
+
+if want stress; then
+  # The concurrent stress of every pool and of the C ABI, longer than in CI.
+  for t in tests/stress-*; do
+    GPUMEM_STRESS_SECS=${STRESS_SECS:-20} "$t" --test-threads=1 --nocapture \
+      >"$out/logs/$(basename "$t").log" 2>&1
+    note "stress $(basename "$t" | cut -d- -f1): rc=$?"
+  done
+  grep -h '^stress:' "$out"/logs/stress-*.log | tee "$out/stress.txt" | while read -r l; do note "$l"; done
 fi
 
 run_example() { # name, expectation
@@ -92,6 +104,20 @@ if want python && [[ -d python ]]; then
       note "python $s ($conf): rc=$rc | $(tail -1 "$log.out")"
     done
   done
+fi
+
+if want steady; then
+  # Two processes per trace of the steady state (five untimed replays first).
+  for i in 1 2; do
+    for tr in traces/*.csv; do
+      bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 9 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
+    done
+  done
+  python3 - "$out/replay-steady.jsonl" <<'PY' | while read -r l; do note "$l"; done
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    print(f"steady {r['alloc']} {r['params'].split()[0]} ns/op {r['ns_per_op']:.1f} res/live {r['reserved_over_live']:.3f}")
+PY
 fi
 
 if want vpool && [[ -x bin/vpool_data ]]; then
