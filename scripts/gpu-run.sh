@@ -36,7 +36,8 @@ if want stress; then
       >"$out/logs/$(basename "$t").log" 2>&1
     note "stress $(basename "$t" | cut -d- -f1): rc=$?"
   done
-  grep -h '^stress:' "$out"/logs/stress-*.log | tee "$out/stress.txt" | while read -r l; do note "$l"; done
+  grep -ho 'stress: .*bytes verified' "$out"/logs/stress-*.log >"$out/stress.txt"
+  while read -r l; do note "$l"; done <"$out/stress.txt"
 fi
 
 run_example() { # name, expectation
@@ -113,11 +114,12 @@ if want steady; then
       bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 9 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
     done
   done
-  python3 - "$out/replay-steady.jsonl" <<'PY' | while read -r l; do note "$l"; done
+  python3 - "$out/replay-steady.jsonl" >"$out/logs/steady.txt" <<'PY'
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):
     print(f"steady {r['alloc']} {r['params'].split()[0]} ns/op {r['ns_per_op']:.1f} res/live {r['reserved_over_live']:.3f}")
 PY
+  while read -r l; do note "$l"; done <"$out/logs/steady.txt"
 fi
 
 if want vpool && [[ -x bin/vpool_data ]]; then
@@ -135,7 +137,7 @@ if want vpool && [[ -x bin/vpool_data ]]; then
       bin/gpumem --device "$dev" replay "$tr" --alloc pool,vpool --repeats 15 --warm-passes 5 --json >>"$out/replay-steady-procs.jsonl" 2>>"$out/logs/replay.err"
     done
   done
-  python3 - "$out" <<'PY' | while read -r l; do note "$l"; done
+  python3 - "$out" >"$out/logs/vpool-summary.txt" <<'PY'
 import json, sys
 for f in ("replay-cold", "replay-warm", "replay-steady"):
     try:
@@ -156,6 +158,7 @@ for (a, t), v in sorted(by.items()):
     v.sort()
     print(f"replay-steady {len(v)} processes {a} {t} ns/op min {v[0]:.1f} median {v[len(v) // 2]:.1f} max {v[-1]:.1f} | {' '.join(f'{x:.0f}' for x in v)}")
 PY
+  while read -r l; do note "$l"; done <"$out/logs/vpool-summary.txt"
 fi
 
 tar -czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"
