@@ -15,7 +15,12 @@ const ROLE: &str = "GPUMEM_CAPI_FORK_ROLE";
 
 /// The forking process: allocate, fork, and in the child allocate and free.
 fn forking_process() {
-    let a = Allocator::new(Conf::default(), Backend::sim());
+    // GPUMEM_DEVICE=cuda: the parent has initialised CUDA before the fork.
+    let backend = match std::env::var("GPUMEM_DEVICE").as_deref() {
+        Ok("cuda") => Backend::Cuda,
+        _ => Backend::sim(),
+    };
+    let a = Allocator::new(Conf::default(), backend);
     let p = a.malloc(1 << 20, 0, 0);
     assert!(!p.is_null(), "the parent allocates");
     // SAFETY: the child calls the allocator (which returns before any lock

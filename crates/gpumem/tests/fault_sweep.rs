@@ -531,9 +531,10 @@ fn sweep(subject: &Subject) -> (usize, u64) {
     functions.sort_unstable();
     functions.dedup();
     eprintln!(
-        "fault sweep: {}: {} driver functions, {points} injection points",
+        "fault sweep: {}: {} driver functions, {points} injection points ({})",
         subject.name,
-        functions.len()
+        functions.len(),
+        functions.join(", ")
     );
     (functions.len(), points)
 }
