@@ -13,7 +13,6 @@
 //! `GPUMEM_DEVICE=cuda` runs the same on the GPU, and `GPUMEM_STRESS_SECS`
 //! sets the seconds per resource (default 1).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +24,10 @@ use gpumem_capi::conf::parse;
 use gpumem_capi::{Allocator, Backend};
 use rand::{Rng, SeedableRng};
 
+#[path = "../../gpumem/tests/common/pattern.rs"]
+mod pattern;
+use pattern::{pattern, seconds, Figures};
+
 const THREADS: usize = 16;
 const HELD: usize = 8;
 const DEV: i32 = 0;
@@ -35,25 +38,6 @@ struct Block {
     bytes: usize,
     stream: u64,
     seed: u64,
-}
-
-#[derive(Default)]
-struct Figures {
-    ops: AtomicU64,
-    ooms: AtomicU64,
-    bytes_verified: AtomicU64,
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The backend and its driver: a backed simulated device, or the GPU.
@@ -94,8 +78,7 @@ fn check(driver: &dyn Driver, b: &Block, fig: &Figures) {
         b.ptr.0,
         b.bytes
     );
-    fig.bytes_verified
-        .fetch_add(b.bytes as u64, Ordering::Relaxed);
+    fig.verified(b.bytes);
 }
 
 struct Shared {
@@ -109,7 +92,7 @@ impl Shared {
     fn check_and_free(&self, b: Block) {
         check(&*self.driver, &b, &self.fig);
         self.a.free(b.ptr, b.bytes, DEV, b.stream);
-        self.fig.ops.fetch_add(1, Ordering::Relaxed);
+        self.fig.op();
     }
 }
 
@@ -132,7 +115,7 @@ fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>, st
         let bytes = 2f64.powf(rng.random_range(8.0..19.0)) as usize;
         let ptr = sh.a.malloc(bytes, DEV, stream);
         if ptr.is_null() {
-            sh.fig.ooms.fetch_add(1, Ordering::Relaxed);
+            sh.fig.oom();
             match held.pop() {
                 Some(b) => sh.check_and_free(b),
                 None => std::thread::yield_now(),
@@ -148,7 +131,7 @@ fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>, st
         };
         write(&*sh.driver, &b);
         held.push(b);
-        sh.fig.ops.fetch_add(1, Ordering::Relaxed);
+        sh.fig.op();
     }
     drop(next);
     for b in held {
@@ -160,11 +143,7 @@ fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>, st
 }
 
 fn stress(kind: &str) {
-    let secs: f64 = std::env::var("GPUMEM_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&s: &f64| s > 0.0)
-        .unwrap_or(1.0);
+    let secs = seconds();
     let text = format!("resource={kind},max_size=16MiB");
     let parsed = parse(&text);
     assert_eq!(parsed.error(), None);
@@ -191,17 +170,7 @@ fn stress(kind: &str) {
         h.join().expect("a stress thread panicked");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let fig = &sh.fig;
-    let (ops, ooms, verified) = (
-        fig.ops.load(Ordering::Relaxed),
-        fig.ooms.load(Ordering::Relaxed),
-        fig.bytes_verified.load(Ordering::Relaxed),
-    );
-    println!(
-        "stress: C ABI {text}: {THREADS} threads, {ops} operations, {elapsed:.1} s, \
-         {ooms} out-of-memory, {verified} bytes verified"
-    );
-    assert!(ops > 0 && verified > 0, "{kind}: the stress did work");
+    sh.fig.report(&format!("C ABI {text}"), THREADS, elapsed);
     assert_eq!(
         sh.a.allocated_bytes(DEV),
         0,

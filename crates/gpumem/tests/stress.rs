@@ -17,11 +17,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::pattern::{pattern, seconds, Figures};
 use common::suite::LiveSet;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::async_pool::AsyncResource;
@@ -49,19 +49,6 @@ struct Block {
     seed: u64,
 }
 
-/// The pattern of a block: a cheap generator seeded by (thread, number).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// What every thread shares: the pool, its device, the deadline, the live
 /// ranges and the figures.
 struct Shared {
@@ -70,21 +57,6 @@ struct Shared {
     until: Instant,
     live: LiveSet,
     fig: Figures,
-}
-
-#[derive(Default)]
-struct Figures {
-    ops: AtomicU64,
-    ooms: AtomicU64,
-    bytes_verified: AtomicU64,
-}
-
-fn seconds() -> f64 {
-    std::env::var("GPUMEM_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&s: &f64| s > 0.0)
-        .unwrap_or(1.0)
 }
 
 /// Checks a block's contents, then frees it (on `stream` when given).
@@ -103,8 +75,7 @@ fn check_and_free(b: Block, stream: Option<&Stream>, live: &LiveSet, fig: &Figur
             got.len()
         );
     }
-    fig.bytes_verified
-        .fetch_add(got.len() as u64, Ordering::Relaxed);
+    fig.verified(got.len());
     let mut buf = b.buf;
     if let Some(s) = stream {
         // The copy above synchronized the old stream: ordering holds.
@@ -112,7 +83,7 @@ fn check_and_free(b: Block, stream: Option<&Stream>, live: &LiveSet, fig: &Figur
     }
     live.remove(buf.as_device_ptr());
     drop(buf);
-    fig.ops.fetch_add(1, Ordering::Relaxed);
+    fig.op();
 }
 
 fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>) {
@@ -146,10 +117,10 @@ fn worker(t: usize, sh: &Shared, inbox: Receiver<Block>, next: Sender<Block>) {
                 buf.copy_from_host(&pattern(seed, len))
                     .expect("copy to device");
                 held.push(Block { buf, seed });
-                fig.ops.fetch_add(1, Ordering::Relaxed);
+                fig.op();
             }
             Err(e) if e.is_oom() => {
-                fig.ooms.fetch_add(1, Ordering::Relaxed);
+                fig.oom();
                 // Make room: check and free one of ours.
                 if let Some(b) = held.pop() {
                     check_and_free(b, None, live, fig);
@@ -195,16 +166,8 @@ fn stress(name: &str, mr: Mr, device: &Device, live_after: impl Fn() -> usize) {
         h.join().expect("a stress thread panicked");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let fig = &sh.fig;
     device.synchronize().unwrap();
-    let ops = fig.ops.load(Ordering::Relaxed);
-    let ooms = fig.ooms.load(Ordering::Relaxed);
-    let verified = fig.bytes_verified.load(Ordering::Relaxed);
-    println!(
-        "stress: {name}: {THREADS} threads, {ops} operations, {elapsed:.1} s, \
-         {ooms} out-of-memory, {verified} bytes verified"
-    );
-    assert!(ops > 0 && verified > 0, "{name}: the stress did work");
+    sh.fig.report(name, THREADS, elapsed);
     assert_eq!(
         live_after(),
         0,

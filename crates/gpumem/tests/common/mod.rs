@@ -4,6 +4,7 @@
 
 pub mod bad_free;
 pub mod model;
+pub mod pattern;
 pub mod suite;
 
 use std::sync::Arc;
