@@ -273,20 +273,16 @@ impl<U: MemoryResource> CachingPool<U> {
         self.free(ptr, bytes, Some(stream))
     }
 
+    #[inline]
     fn free(&self, ptr: DevicePtr, bytes: Option<usize>, stream: Option<&Stream>) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         match bytes {
-            Some(b) if b <= self.config.max_block_size => {
-                match self.slab.deallocate(self.class_of(b), ptr, bytes, stream) {
-                    Err(Error::InvalidFree {
-                        reason: FreeError::Unknown,
-                        ..
-                    }) => Err(self.misrouted(ptr, b)),
-                    other => other,
-                }
-            }
+            Some(b) if b <= self.config.max_block_size => self
+                .slab
+                .deallocate(self.class_of(b), ptr, bytes, stream)
+                .map_err(|e| self.explain(e, ptr, b)),
             Some(b) => self.free_large(ptr, Some(b), stream),
             None => match self.slab.locate(ptr) {
                 Some(class) => self.slab.deallocate(class, ptr, None, stream),
@@ -363,6 +359,20 @@ impl<U: MemoryResource> CachingPool<U> {
         };
         self.slab.unreserve_budget(allocated);
         res
+    }
+
+    /// The error of a refused free of a cached size: an unknown pointer is
+    /// looked up elsewhere ([`CachingPool::misrouted`]).
+    #[cold]
+    #[inline(never)]
+    fn explain(&self, e: Error, ptr: DevicePtr, bytes: usize) -> Error {
+        match e {
+            Error::InvalidFree {
+                reason: FreeError::Unknown,
+                ..
+            } => self.misrouted(ptr, bytes),
+            other => other,
+        }
     }
 
     /// Why a free of `ptr` with `bytes` found no block where the size sent

@@ -214,6 +214,8 @@ impl<U: MemoryResource> std::fmt::Debug for PoolResource<U> {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
     Error::InvalidFree {
         ptr: ptr.0,

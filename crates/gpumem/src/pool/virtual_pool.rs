@@ -378,6 +378,8 @@ impl std::fmt::Debug for VirtualPool {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
     Error::InvalidFree {
         ptr: ptr.0,

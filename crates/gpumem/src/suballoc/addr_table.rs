@@ -96,7 +96,7 @@ impl AddrTable {
     }
 
     /// Removes `key` and returns its value, if present.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: u64) -> Option<u32> {
         if key == EMPTY {
             return None;

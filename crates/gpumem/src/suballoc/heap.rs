@@ -231,11 +231,18 @@ fn keep_if_wrong_size(
 ) -> Result<(), HeapError> {
     match bytes {
         Some(freed) if !block_holds(block, freed, min_split) => {
-            used.insert(addr, i);
-            Err(HeapError::SizeMismatch { addr, block, freed })
+            Err(put_back(used, addr, i, block, freed))
         }
         _ => Ok(()),
     }
+}
+
+/// The wrong-size branch of [`keep_if_wrong_size`], out of the free path.
+#[cold]
+#[inline(never)]
+fn put_back(used: &mut AddrTable, addr: u64, i: u32, block: u64, freed: u64) -> HeapError {
+    used.insert(addr, i);
+    HeapError::SizeMismatch { addr, block, freed }
 }
 
 /// Merges `b` (the next block by address) into `a` and releases `b`'s slot.

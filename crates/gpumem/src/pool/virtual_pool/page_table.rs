@@ -590,7 +590,7 @@ impl PageTable {
     /// A block on pages `first..=last` was freed by stream slot bit `bit` at
     /// `tick`: marks it gone and records the free on each group of 64 pages
     /// under it.
-    #[inline]
+    #[inline(always)]
     pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
         let s = &mut self.segs[seg];
         s.unmark(first, last);
