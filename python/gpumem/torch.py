@@ -1,28 +1,52 @@
-"""Route PyTorch's CUDA allocations through gpumem.
+"""gpumem as PyTorch's CUDA allocator.
 
 Call ``enable()`` before PyTorch's first CUDA allocation (best: right after
-``import torch``, before anything touches ``cuda``)::
+``import torch``)::
 
+    import torch
     import gpumem.torch
-    gpumem.torch.enable()
+    gpumem.torch.enable(resource="vpool")   # settings as in GPUMEM_CONF
 
-It uses ``torch.cuda.memory.CUDAPluggableAllocator`` with libgpumem.so's
-``gpumem_malloc``/``gpumem_free``. PyTorch's own memory statistics
-(``torch.cuda.memory_allocated`` and friends) and ``torch.cuda.empty_cache``
-do not reach a pluggable allocator; use the functions of this module instead.
+Two modes replace PyTorch's allocator, ``gpumem.torch.mode()`` says which one
+is active:
 
-Out of memory: gpumem returns NULL and prints ``gpumem: device N: allocation
-of ... failed`` on stderr. PyTorch 2.11 does not check the NULL: the tensor
-gets data pointer 0 and the first operation on it raises ``RuntimeError: The
-tensor has a non-zero number of elements, but its data is not allocated
-yet`` (not ``torch.cuda.OutOfMemoryError``). ``examples/torch_oom_probe.py``
-shows what a given PyTorch does.
+- ``"native"`` (the default): a small C++ allocator (``csrc/
+  torch_allocator.cpp``) built against the installed PyTorch with PyTorch's
+  own extension builder the first time (cached afterwards, in
+  ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``), installed as
+  PyTorch's CUDA allocator. Everything PyTorch users rely on works:
+  ``torch.OutOfMemoryError`` (gpumem first gives its cache back and retries
+  once), ``torch.cuda.memory_stats()`` and the functions built on it,
+  ``empty_cache``, ``set_per_process_memory_fraction``,
+  ``Tensor.record_stream``, ``cudnn.benchmark`` (``cacheInfo``) and
+  ``torch.cuda.memory._snapshot()``. CUDA graph capture and CUDA IPC of
+  tensors raise an error that names the MemPool mode.
+- ``"pluggable"``: ``torch.cuda.memory.CUDAPluggableAllocator`` over
+  ``gpumem_malloc``/``gpumem_free``, used when the native allocator cannot be
+  built (no compiler, another PyTorch version: ``enable()`` warns and says
+  why, ``native_error()`` keeps it) or when asked for. PyTorch's statistics,
+  ``empty_cache`` and ``cacheInfo`` do not reach it (``cudnn.benchmark``
+  fails), and an out-of-memory returns a null tensor: use native.
+
+A third way keeps PyTorch's allocator and routes one region of code through
+gpumem: ``pool = gpumem.torch.mempool()`` returns a ``torch.cuda.MemPool``
+whose segments come from gpumem; ``with torch.cuda.use_mem_pool(pool): ...``
+allocates there. PyTorch's caching allocator stays in charge (statistics,
+graphs, out-of-memory errors all work) and asks gpumem only for segments.
+
+``GPUMEM_TORCH_MODE=native|pluggable`` chooses the mode when ``enable()`` is
+called without one.
 """
+
+import ctypes
+import os
+import warnings
 
 from . import (  # noqa: F401  (re-exported statistics)
     allocated_bytes as _allocated_bytes,
     bad_free_count,
     check_config,
+    configure,
     empty_cache as _empty_cache,
     library,
     library_path,
@@ -35,6 +59,9 @@ from . import (  # noqa: F401  (re-exported statistics)
 __all__ = [
     "enable",
     "is_enabled",
+    "mode",
+    "native_error",
+    "mempool",
     "allocated_bytes",
     "peak_allocated_bytes",
     "reserved_bytes",
@@ -44,7 +71,27 @@ __all__ = [
     "bad_free_count",
 ]
 
-_allocator = None
+MODE_ENV = "GPUMEM_TORCH_MODE"
+
+# The C ABI functions the native allocator calls, in the order of
+# `struct gpumem_torch_api` in csrc/torch_allocator.cpp.
+_API = (
+    "malloc",
+    "free",
+    "last_error",
+    "get_device_stats",
+    "reset_peak_stats",
+    "reset_accumulated_stats",
+    "empty_cache",
+    "set_memory_fraction",
+    "get_memory_fraction",
+    "record_stream",
+    "snapshot",
+)
+
+_mode = None
+_native_error = None
+_keep = []  # objects that must outlive the process's allocations
 
 
 def _torch():
@@ -55,36 +102,149 @@ def _torch():
     return torch
 
 
-def enable():
-    """Makes gpumem PyTorch's CUDA allocator; returns the pluggable allocator.
+class _ApiTable(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in _API]
 
-    Idempotent. Raises ValueError if GPUMEM_CONF is invalid (nothing is
-    installed), RuntimeError if CUDA was already initialised with another
-    allocator (allocations cannot move between allocators).
+
+def _build_native():
+    """Builds (or finds cached) the native allocator; returns its path."""
+    from torch.utils import cpp_extension
+
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "torch_allocator.cpp")
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"the native allocator's source is missing: {source}")
+    # Without an architecture list the builder asks the GPU for its compute
+    # capability, which initialises CUDA, after which PyTorch's allocator can
+    # no longer be replaced. The source is plain C++ (no device code), so the
+    # list only has to be there.
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    try:
+        return cpp_extension.load(
+            name="gpumem_torch_allocator",
+            sources=[source],
+            extra_cflags=["-O2"],
+            with_cuda=True,
+            is_python_module=False,
+            verbose=bool(os.environ.get("GPUMEM_VERBOSE_BUILD")),
+        )
+    finally:
+        if arch is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+
+
+def _install_native():
+    lib = library()
+    missing = [n for n in _API if not hasattr(lib, "gpumem_" + n)]
+    if missing:
+        raise RuntimeError(
+            f"{library_path()} lacks {', '.join('gpumem_' + n for n in missing)} (an older build?)"
+        )
+    table = _ApiTable(*[ctypes.cast(getattr(lib, "gpumem_" + n), ctypes.c_void_p).value for n in _API])
+    native = ctypes.CDLL(_build_native())
+    native.gpumem_torch_install.argtypes = [ctypes.POINTER(_ApiTable), ctypes.c_char_p, ctypes.c_size_t]
+    native.gpumem_torch_install.restype = ctypes.c_int
+    error = ctypes.create_string_buffer(1024)
+    if native.gpumem_torch_install(ctypes.byref(table), error, len(error)) != 0:
+        raise RuntimeError(error.value.decode(errors="replace"))
+    _keep.extend([native, table])
+
+
+def _install_pluggable():
+    torch = _torch()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpumem_malloc", "gpumem_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    _keep.append(alloc)
+
+
+def _before_cuda(torch, what):
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            f"gpumem.torch.{what}() must run before PyTorch initialises CUDA (its first "
+            "CUDA tensor, or torch.cuda.init()): allocations cannot move between allocators"
+        )
+
+
+def enable(mode=None, **settings):
+    """Makes gpumem PyTorch's CUDA allocator; returns the mode installed.
+
+    ``mode``: ``"native"`` (raise if it cannot be built), ``"pluggable"``, or
+    ``None``: ``GPUMEM_TORCH_MODE``, else native with a fallback to pluggable
+    (with a warning that says why). ``settings`` are GPUMEM_CONF's keys
+    (``resource="vpool"``, ``max_size="70GiB"``, ``log="job.csv"``, ...).
+
+    Idempotent once installed. Raises ValueError for an invalid configuration
+    (nothing is installed), RuntimeError if CUDA was already initialised with
+    PyTorch's allocator.
     """
-    global _allocator
-    if _allocator is not None:
-        return _allocator
+    global _mode, _native_error
+    if _mode is not None:
+        return _mode
+    if settings:
+        configure(**settings)
     check_config()
     torch = _torch()
-    path = library_path()
-    library()  # the same file, so the statistics read PyTorch's allocator
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_malloc", "gpumem_free")
-    try:
-        torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        raise RuntimeError(
-            "gpumem.torch.enable() must run before PyTorch initialises CUDA "
-            "(its first CUDA tensor, or torch.cuda.init()); PyTorch already uses "
-            "its own allocator in this process: " + str(e)
-        ) from e
-    _allocator = alloc
-    return alloc
+    _before_cuda(torch, "enable")
+    want = mode or os.environ.get(MODE_ENV, "").strip().lower() or None
+    if want not in (None, "native", "pluggable"):
+        raise ValueError(f"gpumem.torch.enable: mode {want!r}: expected 'native' or 'pluggable'")
+    if want in (None, "native"):
+        try:
+            _install_native()
+            _mode = "native"
+            return _mode
+        except Exception as e:  # noqa: BLE001  (any build or install failure)
+            if want == "native":
+                raise RuntimeError(f"gpumem's native PyTorch allocator is unavailable: {e}") from e
+            _native_error = str(e)
+            warnings.warn(
+                "gpumem: the native PyTorch allocator is unavailable, using the pluggable one "
+                f"(no memory_stats, cudnn.benchmark or OutOfMemoryError): {e}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    _install_pluggable()
+    _mode = "pluggable"
+    return _mode
+
+
+def mode():
+    """``"native"`` or ``"pluggable"`` once ``enable()`` succeeded, else None."""
+    return _mode
+
+
+def native_error():
+    """Why the native allocator could not be used (None if it was, or not tried)."""
+    return _native_error
 
 
 def is_enabled():
     """True once enable() has succeeded in this process."""
-    return _allocator is not None
+    return _mode is not None
+
+
+def mempool(**settings):
+    """A ``torch.cuda.MemPool`` whose segments come from gpumem.
+
+    For programs that keep PyTorch's allocator and route a region of code
+    through gpumem::
+
+        pool = gpumem.torch.mempool(resource="vpool")
+        with torch.cuda.use_mem_pool(pool):
+            kv_cache = torch.empty(...)
+
+    PyTorch's caching allocator stays in charge of the pool (it caches on top
+    and asks gpumem for segments), so statistics, CUDA graphs and
+    ``torch.OutOfMemoryError`` work as with PyTorch alone. ``settings`` as in
+    ``enable()``; they configure gpumem for the whole process.
+    """
+    if settings:
+        configure(**settings)
+    check_config()
+    torch = _torch()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "gpumem_malloc", "gpumem_free")
+    _keep.append(alloc)
+    return torch.cuda.MemPool(alloc.allocator())
 
 
 def _device(device):

@@ -1,0 +1,196 @@
+"""PyTorch training under PyTorch's allocator and under gpumem, side by side.
+
+    python3 python/bench/torch_allocators.py speed  --out results.jsonl
+    python3 python/bench/torch_allocators.py batch  --out results.jsonl --free-gib 6
+
+Every configuration runs in a fresh process (this script calling itself with
+``child``). Configurations: ``torch`` (PyTorch's caching allocator),
+``native:RESOURCE`` and ``pluggable:RESOURCE`` (gpumem.torch.enable),
+``mempool:RESOURCE`` (gpumem.torch.mempool around the training loop).
+
+- speed: GPT-2 small (8 x 1024 tokens, AdamW) and ResNet-50 (batch 64,
+  224 x 224, SGD), bf16 autocast: seconds per iteration over 20 iterations
+  after 5 warm-up ones, and peak reserved memory (PyTorch's
+  max_memory_reserved where it works, gpumem's own peak otherwise).
+- batch: with all but --free-gib GiB of the GPU taken by a raw cudaMalloc
+  ballast (CuPy's runtime.malloc), the largest batch of 1024-token sequences
+  of GPT-2 small that trains one step, found in one process by doubling and
+  bisection, catching torch.OutOfMemoryError.
+
+Each result is one JSON line with date, device and command.
+"""
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIGS = ["torch", "native:pool", "native:vpool", "pluggable:pool", "mempool:vpool"]
+
+
+def setup(config):
+    """Installs the allocator of `config`; returns a function that makes the
+    context each training loop runs in (the MemPool's, or none)."""
+    import torch
+
+    kind, _, resource = config.partition(":")
+    if kind == "torch":
+        return contextlib.nullcontext
+    import gpumem.torch as gt
+
+    if kind in ("native", "pluggable"):
+        got = gt.enable(mode=kind, resource=resource)
+        assert got == kind, (got, kind)
+        return contextlib.nullcontext
+    pool = gt.mempool(resource=resource)
+    return lambda: torch.cuda.use_mem_pool(pool)
+
+
+def peak_reserved(config):
+    import torch
+
+    if config.startswith("pluggable"):
+        import gpumem
+
+        return gpumem.peak_reserved_bytes(0)
+    return torch.cuda.max_memory_reserved()
+
+
+def gpt2(batch, seq=1024):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, 50257, (batch, seq), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def resnet50(batch=64):
+    import torch
+    import torchvision
+
+    model = torchvision.models.resnet50().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def child_speed(config, model):
+    import torch
+
+    make_ctx = setup(config)
+    with make_ctx():
+        step = gpt2(8) if model == "gpt2" else resnet50()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(20):
+            loss = step()
+        torch.cuda.synchronize()
+        secs = (time.perf_counter() - t) / 20
+    return {"bench": "speed", "model": model, "s_per_iter": secs, "loss": loss.item(),
+            "peak_reserved": peak_reserved(config), "max_allocated": torch.cuda.max_memory_allocated()
+            if not config.startswith("pluggable") else None}
+
+
+def child_batch(config, free_gib):
+    import cupy
+    import torch
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    ballast = cupy.cuda.runtime.malloc(max(0, free - int(free_gib * (1 << 30))))
+    make_ctx = setup(config)
+    tried, ooms = [], 0
+
+    def fits(b):
+        nonlocal ooms
+        try:
+            with make_ctx():
+                step = gpt2(b)
+                step()
+                torch.cuda.synchronize()
+            ok = True
+        except torch.OutOfMemoryError:
+            ooms += 1
+            ok = False
+        step = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        tried.append((b, ok))
+        return ok
+
+    lo, hi = 0, 1
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    cupy.cuda.runtime.free(ballast)
+    return {"bench": "batch", "free_gib": free_gib, "largest_batch": lo, "tries": tried, "ooms": ooms}
+
+
+def run(kind, configs, out, extra):
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    date = datetime.date.today().isoformat()
+    command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    jobs = [(c, m) for c in configs for m in (["gpt2", "resnet50"] if kind == "speed" else ["gpt2"])]
+    for config, model in jobs:
+        p = subprocess.run([sys.executable, __file__, "child", kind, config, model, str(extra)],
+                           capture_output=True, text=True, timeout=900)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        row = json.loads(lines[-1][7:]) if lines else {"bench": kind, "model": model,
+                                                         "error": (p.stderr or p.stdout)[-800:]}
+        row.update({"date": date, "device": device, "command": command, "config": config, "rc": p.returncode})
+        line = json.dumps(row)
+        print(line, flush=True)
+        if out:
+            with open(out, "a") as f:
+                f.write(line + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["speed", "batch", "child"])
+    ap.add_argument("rest", nargs="*")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--out")
+    ap.add_argument("--free-gib", type=float, default=6.0)
+    a = ap.parse_args()
+    if a.what == "child":
+        kind, config, model, extra = a.rest
+        r = child_speed(config, model) if kind == "speed" else child_batch(config, float(extra))
+        print("RESULT " + json.dumps(r), flush=True)
+        return
+    run(a.what, a.configs.split(","), a.out, a.free_gib)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""gpumem as PyTorch's allocator, on a GPU: each case in a fresh process.
+
+Skipped without PyTorch or a GPU (CI has neither); the GPU run
+(scripts/gpu-run.sh) runs it for every resource. What each case shows:
+
+- cudnn.benchmark: ResNet-18 training steps succeed (cacheInfo works).
+- statistics: torch.cuda.memory_stats and the functions built on it work and
+  agree with gpumem's own counters; empty_cache gives memory back.
+- out of memory: a 1 PiB request raises torch.OutOfMemoryError, and the
+  process goes on (a 1 MiB tensor and a kernel on it work).
+- record_stream: a block freed while a kernel on another stream still uses it
+  is not handed out before that kernel is done.
+- memory fraction: allocations past the cap raise OutOfMemoryError, and fit
+  again once the cap is raised.
+- snapshot: torch.cuda.memory._snapshot() lists gpumem's segments and live
+  blocks, and memory_viz turns it into HTML.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+RESOURCES = ["pool", "caching", "vpool", "async"]
+GIB = 1 << 30
+
+PRELUDE = """
+import json, os, sys
+import torch
+import gpumem, gpumem.torch as gt
+mode = gt.enable(mode=os.environ["CASE_MODE"], resource=os.environ["CASE_RESOURCE"])
+out = {"mode": mode}
+def done():
+    print("RESULT " + json.dumps(out))
+"""
+
+CASES = {
+    "cudnn": """
+import torchvision
+torch.backends.cudnn.benchmark = True
+m = torchvision.models.resnet18().cuda()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(32, 3, 224, 224, device="cuda")
+y = torch.randint(0, 1000, (32,), device="cuda")
+for _ in range(3):
+    loss = torch.nn.functional.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+out["loss"] = loss.item()
+done()
+""",
+    "basic": """
+x = torch.randn(1 << 20, device="cuda")
+out["sum_ok"] = abs((x * 0 + 2).sum().item() - 2 * (1 << 20)) < 1
+done()
+""",
+    "stats": """
+d = torch.cuda.current_device()
+xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (1000, 1 << 20, 40 << 20, 300 << 20)]
+torch.cuda.synchronize()
+s = torch.cuda.memory_stats()
+out["allocated"] = torch.cuda.memory_allocated()
+out["gpumem_allocated"] = gpumem.allocated_bytes(d)
+out["reserved"] = torch.cuda.memory_reserved()
+out["gpumem_reserved"] = gpumem.reserved_bytes(d)
+out["max_reserved"] = torch.cuda.max_memory_reserved()
+out["gpumem_peak_reserved"] = gpumem.peak_reserved_bytes(d)
+out["alloc_count"] = s["allocation.all.current"]
+out["keys"] = sorted(k for k in s if k.startswith(("allocated_bytes.all", "reserved_bytes.all", "active_bytes.all")))
+del xs[3]
+torch.cuda.reset_peak_memory_stats()
+out["max_after_reset"] = torch.cuda.max_memory_allocated()
+out["allocated_after_reset"] = torch.cuda.memory_allocated()
+torch.cuda.reset_accumulated_memory_stats()
+out["freed_after_reset"] = torch.cuda.memory_stats()["allocated_bytes.all.freed"]
+out["summary_lines"] = len(torch.cuda.memory_summary().splitlines())
+before = torch.cuda.memory_reserved()
+torch.cuda.empty_cache()
+out["reserved_before_empty"] = before
+out["reserved_after_empty"] = torch.cuda.memory_reserved()
+done()
+""",
+    "oom": """
+try:
+    torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    out["raised"] = None
+except torch.OutOfMemoryError as e:
+    out["raised"] = "OutOfMemoryError"
+    out["message"] = str(e)[:300]
+out["num_ooms"] = torch.cuda.memory_stats()["num_ooms"]
+y = torch.ones(1 << 18, device="cuda") * 2
+out["after"] = y.sum().item()
+done()
+""",
+    "record_stream": """
+n = 64 << 20
+side = torch.cuda.Stream()
+x = torch.zeros(n, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+ptr = x.data_ptr()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(200_000_000)   # about 0.1 s of GPU time before the write
+    x.add_(1)
+x.record_stream(side)
+del x
+z = torch.full((n,), 7, dtype=torch.uint8, device="cuda")
+same = z.data_ptr() == ptr
+torch.cuda.synchronize()
+out["same_address"] = same
+out["intact"] = bool((z == 7).all().item())
+done()
+""",
+    "fraction": """
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(0.1)
+out["fraction"] = torch.cuda.get_per_process_memory_fraction() if hasattr(torch.cuda, "get_per_process_memory_fraction") else None
+a = torch.empty(int(total * 0.05), dtype=torch.uint8, device="cuda")
+try:
+    b = torch.empty(int(total * 0.08), dtype=torch.uint8, device="cuda")
+    out["past_cap"] = "allocated"
+except torch.OutOfMemoryError:
+    out["past_cap"] = "OutOfMemoryError"
+torch.cuda.set_per_process_memory_fraction(0.5)
+b = torch.empty(int(total * 0.08), dtype=torch.uint8, device="cuda")
+out["after_raise"] = "allocated"
+done()
+""",
+    "snapshot": """
+import pickle, tempfile
+from torch.cuda import _memory_viz
+xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (5000, 3 << 20, 30 << 20)]
+snap = torch.cuda.memory._snapshot()
+segs = snap["segments"]
+blocks = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated"]
+out["segments"] = len(segs)
+out["live_blocks"] = len(blocks)
+out["tiled"] = all(sum(b["size"] for b in s["blocks"]) == s["total_size"] for s in segs)
+path = os.path.join(tempfile.mkdtemp(), "snapshot.pickle")
+torch.cuda.memory._dump_snapshot(path)
+with open(path, "rb") as f:
+    html = _memory_viz.segment_plot(pickle.load(f))
+out["html_bytes"] = len(html)
+html_out = os.environ.get("CASE_HTML")
+if html_out:
+    with open(html_out, "w") as f:
+        f.write(html)
+done()
+""",
+}
+
+
+def run_case(case, resource, mode="native", extra_env=None, timeout=300):
+    env = dict(os.environ, CASE_MODE=mode, CASE_RESOURCE=resource)
+    env.pop("GPUMEM_CONF", None)
+    env.update(extra_env or {})
+    p = subprocess.run(
+        [sys.executable, "-c", PRELUDE + CASES[case]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"{case} on {resource}: rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_cudnn_benchmark_trains(resource):
+    r = run_case("cudnn", resource)
+    assert r["mode"] == "native"
+    assert r["loss"] == r["loss"]  # not NaN
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_statistics_agree_with_gpumem(resource):
+    r = run_case("stats", resource)
+    assert r["allocated"] == r["gpumem_allocated"] > 340 << 20
+    assert r["reserved"] == r["gpumem_reserved"] >= r["allocated"]
+    assert r["max_reserved"] == r["gpumem_peak_reserved"] >= r["reserved"]
+    assert r["alloc_count"] >= 4
+    for k in ("allocated_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.all.current"):
+        assert k in r["keys"]
+    assert r["max_after_reset"] == r["allocated_after_reset"]
+    assert r["freed_after_reset"] == 0
+    assert r["summary_lines"] > 10
+    assert r["reserved_after_empty"] < r["reserved_before_empty"]
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_out_of_memory_raises_and_the_process_goes_on(resource):
+    r = run_case("oom", resource)
+    assert r["raised"] == "OutOfMemoryError", r
+    assert "gpumem" in r["message"]
+    assert r["num_ooms"] >= 1
+    assert r["after"] == 2 * (1 << 18)
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_record_stream_keeps_a_block_until_the_other_stream_is_done(resource):
+    r = run_case("record_stream", resource)
+    assert r["intact"], r
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_memory_fraction_is_enforced(resource):
+    r = run_case("fraction", resource)
+    assert r["past_cap"] == "OutOfMemoryError", r
+    assert r["after_raise"] == "allocated"
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_snapshot_renders(resource):
+    html = os.environ.get("GPUMEM_SNAPSHOT_HTML_DIR")
+    extra = {"CASE_HTML": os.path.join(html, f"snapshot-{resource}.html")} if html else None
+    r = run_case("snapshot", resource, extra_env=extra)
+    assert r["segments"] >= 1 and r["live_blocks"] >= 3, r
+    assert r["tiled"]
+    assert r["html_bytes"] > 1000
+
+
+def test_the_pluggable_mode_still_serves():
+    r = run_case("basic", "pool", mode="pluggable")
+    assert r["mode"] == "pluggable" and r["sum_ok"]
