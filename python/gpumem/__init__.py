@@ -1,25 +1,37 @@
-"""gpumem from Python: load libgpumem.so and read its statistics.
+"""gpumem from Python: load libgpumem.so, configure it, read its statistics.
 
-The shared library is found, in order, at ``$GPUMEM_LIB``; next to this
-package (``gpumem/libgpumem.so``); in ``$CARGO_TARGET_DIR/{release,debug}``;
-in the repository's ``target/{release,debug}``. Configure it with
-``GPUMEM_CONF`` (read once, at the first allocation) and choose the backend
-with ``GPUMEM_DEVICE`` (``cuda`` by default, ``sim`` for the simulated
-device), both before the first call.
+The shared library is found, in order, at ``$GPUMEM_LIB``; inside this
+package (``gpumem/libgpumem.so``, where ``pip install`` puts it); in
+``$CARGO_TARGET_DIR/{release,debug}``; in the repository's
+``target/{release,debug}``. Choose the backend with ``GPUMEM_DEVICE``
+(``cuda`` by default, ``sim`` for the simulated device) before the first
+call.
 
-``gpumem.torch.enable()`` and ``gpumem.cupy.enable()`` route PyTorch's and
-CuPy's allocations through it; both raise ``ValueError`` (from
-``check_config()``) when ``GPUMEM_CONF`` is invalid, before installing
-anything: an invalid configuration serves no allocation. The statistics below
-are per device ordinal.
+Configure it with ``configure(resource="vpool", max_size="40GiB")`` (the keys
+of ``GPUMEM_CONF``, which it overrides) before the first allocation, or with
+``GPUMEM_CONF``, read at the first call when ``configure`` was not called.
+``gpumem.torch.enable()`` and ``gpumem.cupy.enable()`` take the same
+settings and route PyTorch's and CuPy's allocations through it; both raise
+``ValueError`` for an invalid configuration, before installing anything: an
+invalid configuration serves no allocation. The statistics below are per
+device ordinal.
 """
 
 import ctypes
+import difflib
 import os
+
+from . import _abi
 
 __all__ = [
     "library_path",
     "library",
+    "include_dir",
+    "configure",
+    "conf_text",
+    "SETTINGS",
+    "device_stats",
+    "last_error",
     "allocated_bytes",
     "peak_allocated_bytes",
     "reserved_bytes",
@@ -66,39 +78,144 @@ def library_path():
                 break
         else:
             raise FileNotFoundError(
-                "gpumem: libgpumem.so not found; set GPUMEM_LIB to its path "
-                "(build it with `cargo build --release -p gpumem-cdylib`). Tried: "
+                "gpumem: libgpumem.so not found; install the package with "
+                "`pip install ./python` (it builds the library inside), or set "
+                "GPUMEM_LIB to a libgpumem.so built with "
+                "`cargo build --release -p gpumem-cdylib`. Tried: "
                 + ", ".join(tried)
             )
     return _lib_path
 
 
 def library():
-    """The loaded library (a ctypes.CDLL with argument and result types set)."""
+    """The loaded library (a ctypes.CDLL with argument and result types set;
+    see gpumem._abi for the structures of its newer functions)."""
     global _lib
     if _lib is None:
         lib = ctypes.CDLL(library_path())
-        vp, ssz, sz, i = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_int
-        sigs = {
-            "gpumem_malloc": (vp, [ssz, i, vp]),
-            "gpumem_free": (None, [vp, ssz, i, vp]),
-            "gpumem_cupy_malloc": (vp, [vp, sz, i]),
-            "gpumem_cupy_free": (None, [vp, vp, i]),
-            "gpumem_allocated_bytes": (sz, [i]),
-            "gpumem_peak_allocated_bytes": (sz, [i]),
-            "gpumem_reserved_bytes": (sz, [i]),
-            "gpumem_peak_reserved_bytes": (sz, [i]),
-            "gpumem_reset_peak": (None, [i]),
-            "gpumem_empty_cache": (None, [i]),
-            "gpumem_bad_free_count": (ctypes.c_uint64, [i]),
-            "gpumem_config_error": (ctypes.c_char_p, []),
-        }
-        for name, (res, args) in sigs.items():
-            f = getattr(lib, name)
-            f.restype = res
-            f.argtypes = args
+        _abi.declare(lib)
         _lib = lib
     return _lib
+
+
+def include_dir():
+    """The folder holding gpumem.h, the C ABI's header: inside the installed
+    package, else the repository's crates/gpumem-capi/include."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "include")
+    if os.path.isfile(os.path.join(installed, "gpumem.h")):
+        return installed
+    return os.path.join(os.path.dirname(os.path.dirname(here)), "crates", "gpumem-capi", "include")
+
+
+# The keys of GPUMEM_CONF (crates/gpumem-capi/src/conf.rs documents them).
+SETTINGS = ("resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin", "log")
+
+
+def conf_text(**settings):
+    """The GPUMEM_CONF text for `settings` (the keyword arguments of
+    ``configure``), e.g. ``conf_text(resource="vpool", max_size=1 << 30)`` is
+    ``"resource=vpool,max_size=1073741824"``.
+
+    Checks what can be checked without the library: raises ValueError for an
+    unknown key (naming the closest one), a value that is not an int, a str,
+    a path or None, a negative int, or a value with a comma. None leaves the
+    key at its default. The library checks the values themselves.
+    """
+    parts = []
+    for key, value in settings.items():
+        if key not in SETTINGS:
+            close = difflib.get_close_matches(key, SETTINGS, n=1)
+            hint = ' (did you mean "%s"?)' % close[0] if close else ""
+            raise ValueError(
+                'gpumem: unknown setting "%s"%s; the settings are %s'
+                % (key, hint, ", ".join(SETTINGS))
+            )
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, str, os.PathLike)):
+            raise ValueError(
+                "gpumem: %s=%r: expected bytes as an int, a string (\"40GiB\", "
+                "\"none\", a name or a path) or None" % (key, value)
+            )
+        if isinstance(value, int) and value < 0:
+            raise ValueError("gpumem: %s=%d: a size cannot be negative" % (key, value))
+        text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        if "," in text:
+            raise ValueError(
+                "gpumem: %s=%r: GPUMEM_CONF separates settings with commas, so a "
+                "value cannot hold one" % (key, text)
+            )
+        parts.append("%s=%s" % (key, text))
+    return ",".join(parts)
+
+
+def configure(**settings):
+    """Configures gpumem for this process; returns the GPUMEM_CONF text used.
+
+    The keyword arguments are GPUMEM_CONF's keys (SETTINGS): ``resource``,
+    ``initial_size``, ``max_size``, ``release_threshold``, ``min_bin``,
+    ``max_bin`` and ``log`` (a file to write the RMM CSV log of every
+    allocation to). Values are ints (bytes), strings (``"40GiB"``,
+    ``"none"``, ``"vpool"``, a path) or None (the default). They replace
+    GPUMEM_CONF as a whole.
+
+    Call it before the first allocation; afterwards only the configuration in
+    force is accepted again. Raises ValueError, with the library's reason, for
+    an unknown key, a bad value, or a different configuration after the first
+    allocation; nothing changes then.
+    """
+    text = conf_text(**settings)
+    lib = _newer("gpumem_configure")
+    if lib.gpumem_configure(os.fsencode(text)) != 0:
+        why = lib.gpumem_config_error()
+        raise ValueError(
+            "gpumem: "
+            + (why.decode("utf-8", "replace") if why else 'configuration "%s" refused' % text)
+        )
+    return text
+
+
+def device_stats(device=0):
+    """`device`'s statistics as a dict with torch.cuda.memory_stats()'s key
+    names: ``"<stat>.all.<current|peak|allocated|freed>"`` for allocation,
+    segment, active, allocated_bytes, requested_bytes, reserved_bytes and
+    active_bytes; num_alloc_retries, num_ooms, num_device_alloc,
+    num_device_free; and ``largest_free_block`` (bytes of the largest request
+    served now without growing; PyTorch's cacheInfo). A device not used yet
+    reads zeros. Raises ValueError for a device out of range (0 to 63).
+    """
+    lib = _newer("gpumem_get_device_stats")
+    raw = _abi.DeviceStats()
+    if lib.gpumem_get_device_stats(device, ctypes.byref(raw)) != 0:
+        raise ValueError("gpumem: device %d is out of range (0 to 63)" % device)
+    stats = {}
+    for name in _abi.STAT_FIELDS:
+        stat = getattr(raw, name)
+        for part, _ in _abi.Stat._fields_:
+            stats["%s.all.%s" % (name, part)] = getattr(stat, part)
+    for name in _abi.COUNTER_FIELDS:
+        stats[name] = getattr(raw, name)
+    return dict(sorted(stats.items()))
+
+
+def last_error():
+    """Why this thread's last allocation failed (a str: out of memory with the
+    requested, reserved, live and largest free bytes, or another error), or
+    None when it did not fail."""
+    why = _newer("gpumem_last_error").gpumem_last_error()
+    return None if why is None else why.decode("utf-8", "replace")
+
+
+def _newer(name):
+    """The library, which must have `name` (one of issue 16's functions)."""
+    lib = library()
+    if not hasattr(lib, name):
+        raise RuntimeError(
+            "gpumem: %s has no %s: it was built from an older gpumem; rebuild "
+            "it (pip install ./python)" % (library_path(), name)
+        )
+    return lib
 
 
 def allocated_bytes(device=0):

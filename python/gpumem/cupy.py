@@ -1,7 +1,11 @@
 """Route CuPy's device allocations through gpumem.
 
     import gpumem.cupy
-    gpumem.cupy.enable()
+    gpumem.cupy.enable()                     # GPUMEM_CONF, or gpumem.configure()'s
+    gpumem.cupy.enable(resource="vpool", max_size="40GiB")   # the same, configured here
+
+The keyword arguments are those of ``gpumem.configure`` (GPUMEM_CONF's keys).
+PyTorch and CuPy in one process share gpumem's pool of each device.
 
 Two modes:
 
@@ -27,6 +31,7 @@ from . import (  # noqa: F401
     allocated_bytes,
     bad_free_count,
     check_config,
+    configure,
     empty_cache,
     library,
     library_path,
@@ -60,11 +65,18 @@ def _oom(cupy, size, device):
     return cupy.cuda.memory.OutOfMemoryError(size, allocated_bytes(device), 0)
 
 
-def enable(stream_aware=False):
+def enable(stream_aware=False, **settings):
     """Makes gpumem CuPy's allocator (``cupy.cuda.set_allocator``); returns
-    the malloc function installed. Raises ValueError if GPUMEM_CONF is
-    invalid (nothing is installed)."""
-    check_config()
+    the malloc function installed.
+
+    `settings`, when given, configure gpumem first (``gpumem.configure``);
+    else GPUMEM_CONF does. Raises ValueError for an invalid configuration
+    (nothing is installed), ImportError without CuPy.
+    """
+    if settings:
+        configure(**settings)
+    else:
+        check_config()
     cupy = _cupy()
     lib = library()
     if not stream_aware:
