@@ -339,7 +339,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     }
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
-    #[inline]
+    #[inline(always)]
     fn count_free(&self, bytes: usize, side: Side) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
         if let Some(top) = self.lock().last_mut() {
