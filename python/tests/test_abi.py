@@ -38,6 +38,15 @@ def test_library_exports_the_abi():
         "gpumem_empty_cache",
         "gpumem_bad_free_count",
         "gpumem_config_error",
+        "gpumem_configure",
+        "gpumem_last_error",
+        "gpumem_get_device_stats",
+        "gpumem_reset_peak_stats",
+        "gpumem_reset_accumulated_stats",
+        "gpumem_set_memory_fraction",
+        "gpumem_get_memory_fraction",
+        "gpumem_record_stream",
+        "gpumem_snapshot",
     ]:
         assert getattr(lib, name), name
     assert os.path.basename(gpumem.library_path()) == "libgpumem.so"
@@ -199,6 +208,52 @@ def test_other_resources_in_children():
         assert r.returncode == 0 and "child ok" in r.stdout, (conf, r.stdout, r.stderr)
         assert "GPUMEM_CONF" not in r.stderr, (conf, r.stderr)
         assert "bad free" not in r.stderr, (conf, r.stderr)
+
+
+class Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("current", "peak", "allocated", "freed")]
+
+
+class DeviceStats(ctypes.Structure):
+    _fields_ = [
+        (n, Stat)
+        for n in (
+            "allocation",
+            "segment",
+            "active",
+            "allocated_bytes",
+            "requested_bytes",
+            "reserved_bytes",
+            "active_bytes",
+        )
+    ] + [
+        (n, ctypes.c_int64)
+        for n in (
+            "num_alloc_retries",
+            "num_ooms",
+            "num_device_alloc",
+            "num_device_free",
+            "largest_free_block",
+        )
+    ]
+
+
+def test_device_stats_and_last_error_from_the_shared_library():
+    d = 7
+    lib.gpumem_last_error.restype = ctypes.c_char_p
+    lib.gpumem_get_device_stats.argtypes = [ctypes.c_int, ctypes.POINTER(DeviceStats)]
+    p = lib.gpumem_malloc(3 * MIB, d, None)
+    assert lib.gpumem_last_error() is None
+    assert lib.gpumem_malloc(1 << 50, d, None) is None
+    why = lib.gpumem_last_error().decode()
+    assert "out of memory" in why and "requested 1125899906842624 bytes" in why, why
+    s = DeviceStats()
+    assert lib.gpumem_get_device_stats(d, ctypes.byref(s)) == 0
+    assert s.allocation.current == 1 and s.allocated_bytes.current == 3 * MIB
+    assert s.reserved_bytes.current == gpumem.reserved_bytes(d)
+    assert (s.num_alloc_retries, s.num_ooms) == (1, 1)
+    assert lib.gpumem_get_device_stats(64, ctypes.byref(s)) == -1
+    lib.gpumem_free(p, 3 * MIB, d, None)
 
 
 def test_helpers_explain_missing_frameworks():

@@ -42,7 +42,7 @@
 //! it takes a lock: allocations return NULL with a message saying why and
 //! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::io::Write;
@@ -185,24 +185,26 @@ thread_local! {
     static LAST_STREAM: RefCell<Option<(u64, u32, u64, Stream)>> = const { RefCell::new(None) };
     /// Why this thread's last allocation through the C ABI failed.
     static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// `LAST_ERROR` holds a message: a plain flag (no destructor), so the
+    /// allocation path checks it without touching the message's slot.
+    static HAS_LAST_ERROR: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Keeps `msg` as the calling thread's last error.
 pub(crate) fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(c));
+    if LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(c)).is_ok() {
+        HAS_LAST_ERROR.set(true);
+    }
 }
 
 /// Forgets the calling thread's last error (an allocation begins).
 #[inline]
 fn clear_last_error() {
-    let _ = LAST_ERROR.try_with(|e| {
-        if let Ok(mut e) = e.try_borrow_mut() {
-            if e.is_some() {
-                *e = None;
-            }
-        }
-    });
+    if HAS_LAST_ERROR.get() {
+        HAS_LAST_ERROR.set(false);
+        let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = None);
+    }
 }
 
 /// The message of the calling thread's last failed allocation through
@@ -358,7 +360,7 @@ impl Allocator {
     /// configuration already in force is accepted. `Err` says why (also kept
     /// for [`Allocator::conf_error`]).
     pub fn configure(&self, text: &str) -> Result<(), String> {
-        let parsed = conf::parse(text).check_files();
+        let parsed = conf::parse(text);
         let what = format!("configuration {text:?}");
         let mut s = lock(&self.settings);
         if s.frozen {
@@ -375,6 +377,7 @@ impl Allocator {
             self.set_conf_error(Some(&why));
             return Err(why);
         }
+        let parsed = parsed.check_files();
         let error = parsed.error_as(&what);
         s.conf = parsed.conf;
         s.invalid = error.is_some();
@@ -682,6 +685,7 @@ impl Allocator {
 
     /// Frees, through `st`, memory from the allocation path: deferred when
     /// the block has recorded streams (see [`StreamUses`]).
+    #[inline]
     fn free_on(
         &self,
         st: &DeviceState,
