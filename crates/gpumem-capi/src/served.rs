@@ -37,7 +37,9 @@ use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, PoolConfig,
     PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment};
+use gpumem::resource::{
+    DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
+};
 use gpumem::{Device, DevicePtr, Result, Stream};
 
 use crate::conf::{Conf, ResourceKind};
@@ -121,6 +123,12 @@ fn upstream_segments(u: &Upstream) -> Vec<Segment> {
 
 fn set_upstream_limit(u: &Upstream, limit: Option<usize>) {
     u.upstream().set_limit(limit.unwrap_or(usize::MAX));
+}
+
+/// A driver allocation's size as its live block has it: rounded up to 256
+/// bytes, as [`LiveBlock`]s of driver allocations are.
+fn rounded(bytes: usize) -> usize {
+    bytes.next_multiple_of(DEFAULT_ALIGNMENT)
 }
 
 fn no_stream(blocks: Vec<LiveBlock>) -> Vec<(LiveBlock, u64)> {
@@ -437,7 +445,7 @@ impl Served for AsyncServed {
         no_stream(self.cuda().live_blocks())
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.cuda().allocation_size(ptr)
+        self.cuda().allocation_size(ptr).map(rounded)
     }
     fn set_limit(&self, limit: Option<usize>) {
         self.pool.set_limit(limit.unwrap_or(usize::MAX));
@@ -522,7 +530,7 @@ impl Served for Upstream {
         no_stream(self.upstream().upstream().live_blocks())
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.upstream().upstream().allocation_size(ptr)
+        self.upstream().upstream().allocation_size(ptr).map(rounded)
     }
     over_upstream!();
 }

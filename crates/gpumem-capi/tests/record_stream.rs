@@ -150,3 +150,23 @@ fn only_other_streams_and_live_blocks_count() {
     assert_eq!(a.allocated_bytes(0), 0);
     assert_eq!(stats(&a, 0).active.current, 0);
 }
+
+#[test]
+fn any_size_the_resource_rounds_defers() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        let (s1, s2) = streams(&a);
+        for n in [1000, 3 * MIB + 1] {
+            let p = a.malloc(n, 0, s1);
+            a.record_stream(p, 0, s2);
+            sim.hold(s2);
+            a.free(p, n, 0, s1);
+            assert_eq!(a.pending_frees(0), 1, "{kind}: {n} bytes");
+            assert_eq!(a.bad_free_count(0), 0, "{kind}: {n} bytes");
+            sim.release(s2);
+            a.empty_cache(0);
+            assert_eq!(stats(&a, 0).active.current, 0, "{kind}");
+        }
+    }
+}
