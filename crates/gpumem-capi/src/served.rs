@@ -108,17 +108,20 @@ fn upstream_stats(u: &Upstream) -> DriverStats {
     }
 }
 
-/// Each `cuMemAlloc` allocation the upstream holds is a segment.
-fn upstream_segments(u: &Upstream) -> Vec<Segment> {
-    u.upstream()
-        .upstream()
-        .live_blocks()
+/// Driver allocations, each its own segment.
+fn each_a_segment(blocks: Vec<LiveBlock>) -> Vec<Segment> {
+    blocks
         .into_iter()
         .map(|b| Segment {
             address: b.address,
             size: b.size,
         })
         .collect()
+}
+
+/// Each `cuMemAlloc` allocation the upstream holds is a segment.
+fn upstream_segments(u: &Upstream) -> Vec<Segment> {
+    each_a_segment(u.upstream().upstream().live_blocks())
 }
 
 fn set_upstream_limit(u: &Upstream, limit: Option<usize>) {
@@ -432,14 +435,7 @@ impl Served for AsyncServed {
         }
     }
     fn segments(&self) -> Vec<Segment> {
-        self.cuda()
-            .live_blocks()
-            .into_iter()
-            .map(|b| Segment {
-                address: b.address,
-                size: b.size,
-            })
-            .collect()
+        each_a_segment(self.cuda().live_blocks())
     }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
         no_stream(self.cuda().live_blocks())

@@ -318,12 +318,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        self.count_free(bytes, Side::Upstream);
-        Ok(())
+        self.free_through(ptr, bytes, alignment, stream, Side::Upstream)
     }
 
     /// Takes back a free counted by [`StatisticsAdaptor::begin_deferred_free`]
@@ -336,6 +331,25 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
             top.stats.requested_bytes.unsub(bytes as u64);
             top.stats.allocation.unsub(1);
         }
+    }
+
+    /// Frees `ptr` through the upstream and, once accepted, counts it on
+    /// `side`.
+    #[inline(always)]
+    fn free_through(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        side: Side,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+        self.count_free(bytes, side);
+        Ok(())
     }
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
@@ -405,12 +419,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        self.count_free(bytes, Side::Both);
-        Ok(())
+        self.free_through(ptr, bytes, alignment, stream, Side::Both)
     }
 
     fn device(&self) -> &Device {
