@@ -922,7 +922,7 @@ impl Allocator {
         slot.set(fraction);
         if let Some(st) = self.built(device) {
             let limit = self.limit_of(&st.conf, device as u32, st.total_memory);
-            st.stack.upstream().set_limit(limit);
+            st.stack.upstream().set_limit(limit, &st.conf);
         }
         Ok(())
     }

@@ -94,8 +94,10 @@ pub trait Served: MemoryResource {
     /// The size of the live block starting at `ptr`, if there is one.
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize>;
     /// Caps what the resource may hold from the driver (`None`: no cap);
-    /// requests that need more fail as out of memory.
-    fn set_limit(&self, limit: Option<usize>);
+    /// requests that need more fail as out of memory. `conf` is the
+    /// configuration it serves (`async` lowers the release threshold it
+    /// asks for to the cap).
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf);
 }
 
 fn upstream_stats(u: &Upstream) -> DriverStats {
@@ -189,7 +191,7 @@ macro_rules! over_upstream {
         fn segments(&self) -> Vec<Segment> {
             upstream_segments(self.up())
         }
-        fn set_limit(&self, limit: Option<usize>) {
+        fn set_limit(&self, limit: Option<usize>, _: &Conf) {
             set_upstream_limit(self.up(), limit)
         }
     };
@@ -355,60 +357,24 @@ impl Served for Tracked<ArenaResource<Upstream>> {
     over_upstream!();
 }
 
-/// CUDA's pool with a cap on the bytes live in it, and the release threshold
-/// the configuration asked for (lowered to the cap while one is set).
-pub struct AsyncServed {
-    pool: LimitingAdaptor<AsyncResource>,
-    release_threshold: u64,
-}
-
-impl MemoryResource for AsyncServed {
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(bytes, alignment, stream)
-    }
-
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.pool.deallocate(ptr, bytes, alignment, stream)
-    }
-
-    fn device(&self) -> &Device {
-        self.pool.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.pool.properties()
-    }
-}
-
-impl AsyncServed {
-    fn cuda(&self) -> &AsyncResource {
-        self.pool.upstream()
-    }
-}
-
-impl Served for AsyncServed {
+/// CUDA's pool with a cap on the bytes live in it.
+impl Served for LimitingAdaptor<AsyncResource> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Async
     }
     fn reserved_bytes(&self) -> usize {
-        self.cuda().reserved_current().unwrap_or(0)
+        self.upstream().reserved_current().unwrap_or(0)
     }
     fn peak_reserved_bytes(&self) -> usize {
-        self.cuda().reserved_high().unwrap_or(0)
+        self.upstream().reserved_high().unwrap_or(0)
     }
     fn reset_peak_reserved(&self) {
-        let _ = self.cuda().reset_reserved_high();
+        let _ = self.upstream().reset_reserved_high();
     }
     fn empty_cache(&self) -> Result<usize> {
         // Frees not yet complete keep their memory in the pool: wait for them
         // (as PyTorch's cudaMallocAsync backend does), then trim.
-        let cuda = self.cuda();
+        let cuda = self.upstream();
         let before = cuda.reserved_current()?;
         cuda.pool().device().synchronize()?;
         cuda.trim_to(0)?;
@@ -428,27 +394,26 @@ impl Served for AsyncServed {
         }
     }
     fn largest_free_block(&self) -> usize {
-        let cuda = self.cuda();
+        let cuda = self.upstream();
         match (cuda.reserved_current(), cuda.used_current()) {
             (Ok(r), Ok(u)) => r.saturating_sub(u),
             _ => 0,
         }
     }
     fn segments(&self) -> Vec<Segment> {
-        each_a_segment(self.cuda().live_blocks())
+        each_a_segment(self.upstream().live_blocks())
     }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(self.cuda().live_blocks())
+        no_stream(self.upstream().live_blocks())
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.cuda().allocation_size(ptr).map(rounded)
+        self.upstream().allocation_size(ptr).map(rounded)
     }
-    fn set_limit(&self, limit: Option<usize>) {
-        self.pool.set_limit(limit.unwrap_or(usize::MAX));
-        let threshold = limit.map_or(self.release_threshold, |l| {
-            self.release_threshold.min(l as u64)
-        });
-        if let Err(e) = self.cuda().set_release_threshold(threshold) {
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
+        LimitingAdaptor::set_limit(self, limit.unwrap_or(usize::MAX));
+        let wanted = conf.release_threshold;
+        let threshold = limit.map_or(wanted, |l| wanted.min(l as u64));
+        if let Err(e) = self.upstream().set_release_threshold(threshold) {
             crate::allocator::report(&format!(
                 "async: cannot set the release threshold to {threshold}: {e}"
             ));
@@ -504,7 +469,7 @@ impl Served for VirtualPool {
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         VirtualPool::live_block_size(self, ptr)
     }
-    fn set_limit(&self, limit: Option<usize>) {
+    fn set_limit(&self, limit: Option<usize>, _: &Conf) {
         self.set_maximum_physical(limit);
     }
 }
@@ -564,8 +529,8 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         self.upstream().live_block_size(ptr)
     }
-    fn set_limit(&self, limit: Option<usize>) {
-        self.upstream().set_limit(limit)
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
+        self.upstream().set_limit(limit, conf)
     }
 }
 
@@ -637,11 +602,8 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
                 .release_threshold(conf.release_threshold)
                 .max_size(conf.max_size.unwrap_or(0))
                 .build()?;
-            let served = AsyncServed {
-                pool: LimitingAdaptor::new(cuda, usize::MAX),
-                release_threshold: conf.release_threshold,
-            };
-            served.set_limit(limit);
+            let served = LimitingAdaptor::new(cuda, usize::MAX);
+            Served::set_limit(&served, limit, conf);
             Box::new(served)
         }
     };
