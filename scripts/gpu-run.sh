@@ -5,13 +5,13 @@
 # (default ./out) and prints a short summary last.
 #
 # Usage: gpu-bundle/gpu-run.sh [OUT_DIR] [PARTS]   PARTS: comma list of
-#   tests,stress,examples,bench,replay,plot,python,vpool,steady (default: all
-#   but steady, which is the short form of vpool's steady-state replays)
+#   tests,stress,examples,bench,replay,plot,python,torch,vpool,steady (default:
+#   all but steady, which is the short form of vpool's steady-state replays)
 # STRESS_SECS (default 20): seconds per pool of the stress part.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=${1:-out}
-parts=${2:-tests,stress,examples,bench,replay,plot,python,vpool}
+parts=${2:-tests,stress,examples,bench,replay,plot,python,torch,vpool}
 mkdir -p "$out/logs"
 dev=${GPUMEM_RUN_DEVICE:-cuda}   # sim: a dry run of this script on a CPU machine
 export GPUMEM_DEVICE=$dev
@@ -105,6 +105,32 @@ if want python && [[ -d python ]]; then
       note "python $s ($conf): rc=$rc | $(tail -1 "$log.out")"
     done
   done
+fi
+
+if want torch && [[ -d python ]]; then
+  # gpumem as PyTorch's allocator: the Python suite on the GPU (the C ABI
+  # parts with GPUMEM_DEVICE=cuda, the native allocator's cases each in a
+  # fresh process), then training side by side with PyTorch's allocator.
+  export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
+  mkdir -p "$out/logs/snapshots"
+  GPUMEM_SNAPSHOT_HTML_DIR=$out/logs/snapshots python3 -m pytest -q -p no:cacheprovider python/tests \
+    >"$out/logs/pytest.txt" 2>&1
+  note "pytest on the GPU: rc=$? | $(tail -1 "$out/logs/pytest.txt")"
+  cp "$out/logs/snapshots/snapshot-vpool.html" "$out/" 2>/dev/null
+  python3 python/bench/torch_allocators.py speed --out "$out/torch.jsonl" >"$out/logs/torch-speed.txt" 2>&1
+  python3 python/bench/torch_allocators.py batch --configs torch,native:pool,native:vpool,mempool:vpool \
+    --out "$out/torch.jsonl" >"$out/logs/torch-batch.txt" 2>&1
+  python3 - "$out/torch.jsonl" >"$out/logs/torch-summary.txt" <<'PY'
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    if "error" in r:
+        print(f"torch {r['bench']} {r['config']} {r.get('model', '')}: ERROR rc={r['rc']} {r['error'][-200:]!r}")
+    elif r["bench"] == "speed":
+        print(f"torch speed {r['model']} {r['config']}: {r['s_per_iter'] * 1000:.1f} ms/iter, peak reserved {r['peak_reserved'] / 2**30:.2f} GiB")
+    else:
+        print(f"torch batch {r['config']} ({r['free_gib']} GiB free): largest batch {r['largest_batch']}, {r['ooms']} OOMs caught")
+PY
+  while read -r l; do note "$l"; done <"$out/logs/torch-summary.txt"
 fi
 
 if want steady; then

@@ -7,7 +7,8 @@
  *          addressof(gpumem_cupy_free), owner).
  *
  * Configuration: GPUMEM_CONF="resource=pool,initial_size=1GiB,max_size=70GiB"
- * (read once, at the first call). gpumem_stream_t is a cudaStream_t / CUstream
+ * (read once, at the first call), or gpumem_configure() with the same text
+ * before the first allocation. gpumem_stream_t is a cudaStream_t / CUstream
  * passed as void*; 0 is the legacy default stream.
  */
 
@@ -26,6 +27,126 @@
  */
 typedef void *gpumem_stream_t;
 
+/**
+ * One statistic as PyTorch keeps it: the value now, its peak since the last
+ * peak reset, and the totals added and removed since the last reset of
+ * accumulated statistics.
+ */
+typedef struct gpumem_stat_t {
+  /**
+   * Value now.
+   */
+  int64_t current;
+  /**
+   * Highest value since the start or the last `gpumem_reset_peak_stats`.
+   */
+  int64_t peak;
+  /**
+   * Total added since the start or the last `gpumem_reset_accumulated_stats`.
+   */
+  int64_t allocated;
+  /**
+   * Total removed since the start or the last `gpumem_reset_accumulated_stats`.
+   */
+  int64_t freed;
+} gpumem_stat_t;
+
+/**
+ * Statistics of one device, with the names of `torch.cuda.memory_stats`
+ * (each `gpumem_stat_t` is PyTorch's `<name>.all.{current,peak,allocated,freed}`).
+ */
+typedef struct gpumem_device_stats_t {
+  /**
+   * Live allocations (count).
+   */
+  struct gpumem_stat_t allocation;
+  /**
+   * Segments held from the driver: regions, chunks, physical allocations (count).
+   */
+  struct gpumem_stat_t segment;
+  /**
+   * Live allocations plus freed blocks still waiting for a recorded stream (count).
+   */
+  struct gpumem_stat_t active;
+  /**
+   * Bytes of live allocations, each rounded up to 256 bytes.
+   */
+  struct gpumem_stat_t allocated_bytes;
+  /**
+   * Bytes asked for by the live allocations.
+   */
+  struct gpumem_stat_t requested_bytes;
+  /**
+   * Bytes held from the driver (the resource's reserve).
+   */
+  struct gpumem_stat_t reserved_bytes;
+  /**
+   * Bytes of the active blocks (rounded as `allocated_bytes`).
+   */
+  struct gpumem_stat_t active_bytes;
+  /**
+   * Allocations that failed, emptied the cache and retried.
+   */
+  int64_t num_alloc_retries;
+  /**
+   * Allocations that failed after the retry.
+   */
+  int64_t num_ooms;
+  /**
+   * Driver allocation calls (`cuMemAlloc`, `cuMemCreate`).
+   */
+  int64_t num_device_alloc;
+  /**
+   * Driver free calls (`cuMemFree`, `cuMemRelease`).
+   */
+  int64_t num_device_free;
+  /**
+   * Bytes of the largest request servable now without taking more from
+   * the driver (PyTorch's `cacheInfo`).
+   */
+  int64_t largest_free_block;
+} gpumem_device_stats_t;
+
+/**
+ * A segment of a snapshot: memory held from the driver.
+ */
+typedef struct gpumem_segment_t {
+  /**
+   * First byte.
+   */
+  uint64_t address;
+  /**
+   * Bytes.
+   */
+  uint64_t size;
+  /**
+   * The stream it belongs to; 0 where unknown or shared by all streams.
+   */
+  uint64_t stream;
+} gpumem_segment_t;
+
+/**
+ * A block of a snapshot: a live allocation.
+ */
+typedef struct gpumem_block_t {
+  /**
+   * The pointer handed out.
+   */
+  uint64_t address;
+  /**
+   * Bytes the block takes, as the resource rounds the request.
+   */
+  uint64_t size;
+  /**
+   * Bytes asked for (the size where the resource does not record it).
+   */
+  uint64_t requested;
+  /**
+   * The stream it was allocated on; 0 where unknown.
+   */
+  uint64_t stream;
+} gpumem_block_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -34,7 +155,9 @@ extern "C" {
  * Allocates `size` bytes on `device`, usable by work on `stream` at once
  * (PyTorch's `CUDAPluggableAllocator` allocation function). Returns NULL for
  * zero or negative sizes and when the request cannot be met (reported on
- * stderr).
+ * stderr; [`gpumem_last_error`] says why). Out of memory first gives the
+ * device's cached memory back (as [`gpumem_empty_cache`]) and retries once
+ * (counted in `num_alloc_retries`); a second failure counts in `num_ooms`.
  */
 void *gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
 
@@ -103,12 +226,109 @@ void gpumem_empty_cache(int device);
 uint64_t gpumem_bad_free_count(int device);
 
 /**
- * Why `GPUMEM_CONF` is invalid, as one line of text; NULL when it is valid.
- * While it is invalid, every allocation returns NULL. The string lives as
- * long as the process. Reading it reads the configuration (at the first call
- * into the library), so call it after setting `GPUMEM_CONF`.
+ * Why the configuration is invalid (`GPUMEM_CONF`, or the last
+ * [`gpumem_configure`]), or why the last [`gpumem_configure`] was refused,
+ * as one line of text; NULL otherwise. While the configuration is invalid,
+ * every allocation returns NULL. The string lives as long as the process.
+ * Reading it reads `GPUMEM_CONF` (at the first call into the library), so
+ * call it after setting the variable.
  */
 const char *gpumem_config_error(void);
+
+/**
+ * Sets the configuration (`GPUMEM_CONF`'s syntax, e.g.
+ * `"resource=vpool,max_size=40GiB"`) in place of `GPUMEM_CONF`'s, until the
+ * first allocation; afterwards only the configuration already in force is
+ * accepted (calling again with it is harmless). 0 on success; -1 when the
+ * text is invalid (nothing is served until a valid one is set) or a
+ * different configuration is in force: [`gpumem_config_error`] then says
+ * why. NULL is invalid.
+ *
+ * # Safety
+ * `conf` is NULL or a NUL-terminated string.
+ */
+int gpumem_configure(const char *conf);
+
+/**
+ * Why the calling thread's last [`gpumem_malloc`] (or
+ * [`gpumem_cupy_malloc`]) failed: out of memory with the requested,
+ * reserved and live bytes, the largest free block and the limit, or any
+ * other reason. NULL when that call did not fail. Valid until the thread's
+ * next allocation.
+ */
+const char *gpumem_last_error(void);
+
+/**
+ * Fills `*out` with the statistics of `device` in PyTorch's terms
+ * (`torch.cuda.memory_stats`). 0 on success (all zeros for a device not
+ * used yet); -1 for a device out of range (0..64) or a NULL `out`.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `gpumem_device_stats_t`.
+ */
+int gpumem_get_device_stats(int device, struct gpumem_device_stats_t *out);
+
+/**
+ * Sets every peak of `device` to its current value
+ * (`torch.cuda.reset_peak_memory_stats`).
+ */
+void gpumem_reset_peak_stats(int device);
+
+/**
+ * Sets every accumulated statistic of `device` to zero: the `allocated` and
+ * `freed` totals, `num_alloc_retries`, `num_ooms`, `num_device_alloc` and
+ * `num_device_free` (`torch.cuda.reset_accumulated_memory_stats`).
+ */
+void gpumem_reset_accumulated_stats(int device);
+
+/**
+ * Caps what the process holds from the driver on `device` at `fraction` of
+ * the device's memory (`torch.cuda.set_per_process_memory_fraction`):
+ * allocations that would need more fail (after the retry) as out of
+ * memory, with the limit in the message. 0 on success; -1 for a fraction
+ * outside (0, 1] or a device out of range.
+ */
+int gpumem_set_memory_fraction(int device, double fraction);
+
+/**
+ * The memory fraction in force on `device` (1.0 when never set).
+ */
+double gpumem_get_memory_fraction(int device);
+
+/**
+ * Notes that the live block at `ptr` (from [`gpumem_malloc`] on `device`)
+ * is also used by work on `stream` (`Tensor.record_stream`). When it is
+ * freed, its memory is not reused before the work enqueued on `stream` up
+ * to the free has run: one event is recorded on each such stream at the
+ * free, and the block goes back to the pool once they completed (checked on
+ * later allocations and frees, waited for by [`gpumem_empty_cache`]).
+ * Unknown pointers are reported and ignored.
+ */
+void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
+
+/**
+ * Copies up to `max_segments` of `device`'s segments (what it holds from the
+ * driver, in address order) to `segments` and up to `max_blocks` of its live
+ * blocks (in address order; size as the resource rounds it, requested as
+ * asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
+ * `*n_blocks` to the totals, so a caller can retry with larger arrays.
+ * Every live block lies inside one segment; a stream is 0 where unknown.
+ * 0 on success (nothing for a device not used yet); -1 for a device out of
+ * range. A NULL array is allowed with a maximum of 0; a NULL count is not
+ * written.
+ *
+ * # Safety
+ * `segments` holds `max_segments` writable entries and `blocks` holds
+ * `max_blocks` (either may be NULL when its maximum is 0); `n_segments` and
+ * `n_blocks` are NULL or writable.
+ */
+int gpumem_snapshot(int device,
+                    struct gpumem_segment_t *segments,
+                    size_t max_segments,
+                    size_t *n_segments,
+                    struct gpumem_block_t *blocks,
+                    size_t max_blocks,
+                    size_t *n_blocks);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -2,12 +2,27 @@
 //! functions use a global one) and any number in tests.
 //!
 //! Per device ordinal, a stack is built lazily at the first allocation on it:
-//! a [`StatisticsAdaptor`] (allocated bytes and their peak) over the resource
-//! chosen by `GPUMEM_CONF` (reserved bytes and their peak, see
-//! [`crate::served`]). Foreign stream handles are wrapped once each and kept
-//! in a per-device map, so a pool sees the same stream id for every call with
-//! the same handle and reuses blocks on it without events; a one-entry cache
-//! per thread skips the map's lock when a thread keeps using one stream.
+//! a [`StatisticsAdaptor`] (PyTorch's allocation, active, allocated,
+//! requested and active-bytes statistics) over the resource chosen by the
+//! configuration (reserve, segments and driver calls, see
+//! [`crate::served`]), with RMM's CSV log between them when the
+//! configuration asks for one. Foreign stream handles are wrapped once each
+//! and kept in a per-device map, so a pool sees the same stream id for every
+//! call with the same handle and reuses blocks on it without events; a
+//! one-entry cache per thread skips the map's lock when a thread keeps using
+//! one stream.
+//!
+//! The configuration comes from `GPUMEM_CONF`, or from
+//! [`Allocator::configure`] until the first allocation; from then on it is
+//! fixed. Out of memory behaves as PyTorch's allocator: the device's cache
+//! is emptied and the allocation retried once (counted in
+//! `num_alloc_retries`); a second failure is counted in `num_ooms` and its
+//! message (requested, reserved, live, largest free block, limit) kept for
+//! the thread ([`last_error`]). A memory fraction caps what a device holds
+//! from the driver ([`Allocator::set_memory_fraction`]);
+//! [`Allocator::record_stream`] defers a block's free until other streams'
+//! work is done ([`StreamUses`]); [`Allocator::snapshot`] lists segments and
+//! live blocks; [`Allocator::device_resource`] lends the stack to Rust code.
 //!
 //! Foreign streams must outlive the memory freed on them (PyTorch's and
 //! CuPy's streams do: PyTorch never destroys its pooled streams). A stream
@@ -19,29 +34,33 @@
 //! not); a bad free (a pointer not handed out, a second free, a wrong size)
 //! frees nothing, is counted per device ([`Allocator::bad_free_count`]) and
 //! reported the same way (the first [`MAX_BAD_FREE_REPORTS`]). An invalid
-//! `GPUMEM_CONF` serves nothing: every allocation returns NULL, reported, and
-//! [`Allocator::conf_error`] says why.
+//! configuration serves nothing: every allocation returns NULL, reported,
+//! and [`Allocator::conf_error`] says why.
 //!
 //! In a child process forked after the first use (Python's `multiprocessing`
 //! and PyTorch's `DataLoader` fork by default), every call returns before
 //! it takes a lock: allocations return NULL with a message saying why and
 //! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_char, CStr, CString};
 use std::io::Write;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use gpumem::adaptor::StatisticsAdaptor;
+use gpumem::adaptor::{LoggingAdaptor, StatisticsAdaptor};
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::{Driver, STREAM_LEGACY, STREAM_PER_THREAD};
-use gpumem::resource::{HandedOut, MemoryResource, DEFAULT_ALIGNMENT};
-use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
+use gpumem::resource::{
+    HandedOut, LiveBlock, MemoryResource, Properties, Segment, SharedResource, DEFAULT_ALIGNMENT,
+};
+use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::served::{self, Served};
+use crate::stream_uses::{Refused, Stack, StreamUses};
+use crate::types::gpumem_device_stats_t;
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
 pub const MAX_DEVICES: usize = 64;
@@ -119,13 +138,44 @@ impl Backend {
 /// The stack serving one device.
 struct DeviceState {
     device: Device,
-    stack: StatisticsAdaptor<Box<dyn Served>>,
+    /// The configuration it was built with (the one in force from then on).
+    conf: Conf,
+    /// Bytes of device memory, the base of the memory fraction.
+    total_memory: usize,
+    stack: Stack,
     legacy: Stream,
     per_thread: Stream,
     /// One wrapper per foreign stream handle.
     streams: RwLock<HashMap<u64, Stream>>,
     /// CuPy's allocations and their sizes (its frees carry none).
     cupy: HandedOut,
+    /// `record_stream`: recorded streams and deferred frees.
+    uses: StreamUses,
+    /// Allocations that failed, emptied the cache and retried.
+    retries: AtomicU64,
+    /// Allocations that failed after the retry.
+    ooms: AtomicU64,
+    /// The statistics at the last reset of accumulated statistics.
+    baseline: Mutex<gpumem_device_stats_t>,
+}
+
+/// What a device holds at one moment ([`Allocator::snapshot`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// What it holds from the driver, in address order.
+    pub segments: Vec<Segment>,
+    /// Its live blocks with the raw stream each was allocated on (0 where
+    /// unknown), in address order.
+    pub blocks: Vec<(LiveBlock, u64)>,
+}
+
+/// The configuration and whether it can still change.
+struct Settings {
+    conf: Conf,
+    /// The configuration in force is invalid: nothing is served.
+    invalid: bool,
+    /// A device was built with `conf`: it can no longer change.
+    frozen: bool,
 }
 
 static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
@@ -133,16 +183,66 @@ static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// The last foreign stream this thread used: (allocator, device, handle).
     static LAST_STREAM: RefCell<Option<(u64, u32, u64, Stream)>> = const { RefCell::new(None) };
+    /// Why this thread's last allocation through the C ABI failed.
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// `LAST_ERROR` holds a message: a plain flag (no destructor), so the
+    /// allocation path checks it without touching the message's slot.
+    static HAS_LAST_ERROR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keeps `msg` as the calling thread's last error.
+pub(crate) fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    if LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(c)).is_ok() {
+        HAS_LAST_ERROR.set(true);
+    }
+}
+
+/// Forgets the calling thread's last error (an allocation begins).
+#[inline]
+fn clear_last_error() {
+    if HAS_LAST_ERROR.get() {
+        HAS_LAST_ERROR.set(false);
+        let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = None);
+    }
+}
+
+/// The message of the calling thread's last failed allocation through
+/// [`Allocator::malloc`] or [`Allocator::cupy_malloc`] (of any allocator),
+/// as a pointer valid until the thread's next allocation; NULL when the last
+/// one did not fail.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+        .unwrap_or(std::ptr::null())
+}
+
+/// The calling thread's last allocation error as text, if its last
+/// allocation failed.
+pub fn last_error() -> Option<String> {
+    LAST_ERROR
+        .try_with(|e| {
+            e.borrow()
+                .as_ref()
+                .map(|c| c.to_string_lossy().into_owned())
+        })
+        .ok()
+        .flatten()
 }
 
 /// The C ABI's state: configuration, backend and the per-device stacks.
 pub struct Allocator {
     id: u64,
-    conf: Conf,
     backend: Backend,
+    settings: Mutex<Settings>,
+    /// `settings.invalid`, read by every allocation.
+    invalid: AtomicBool,
+    /// What [`Allocator::conf_error`] returns. Every message is kept for the
+    /// life of the process, so a pointer handed to C never dangles.
+    conf_error: Mutex<Option<&'static CStr>>,
     devices: Box<[OnceLock<Option<DeviceState>>]>,
-    /// Why the configuration is invalid; the allocator then serves nothing.
-    conf_error: Option<CString>,
+    /// The memory fraction of each device (1.0: none).
+    fractions: Box<[AtomicF64]>,
     oom_reports: AtomicU32,
     /// Bad frees per device ordinal, and those naming no valid ordinal.
     bad_frees: Box<[AtomicU64]>,
@@ -153,9 +253,34 @@ pub struct Allocator {
 impl std::fmt::Debug for Allocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocator")
-            .field("conf", &self.conf.to_string())
+            .field("conf", &self.conf().to_string())
             .field("backend", &self.backend)
             .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `fraction` × `total` bytes, rounded down.
+fn fraction_of(total: usize, fraction: f64) -> usize {
+    (total as f64 * fraction) as usize
+}
+
+/// An `f64` kept in an atomic (its bits).
+#[derive(Debug)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn new(v: f64) -> Self {
+        Self(AtomicU64::new(v.to_bits()))
+    }
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+    fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed)
     }
 }
 
@@ -164,10 +289,16 @@ impl Allocator {
     pub fn new(conf: Conf, backend: Backend) -> Self {
         Self {
             id: NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed),
-            conf,
             backend,
+            settings: Mutex::new(Settings {
+                conf,
+                invalid: false,
+                frozen: false,
+            }),
+            invalid: AtomicBool::new(false),
+            conf_error: Mutex::new(None),
             devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
-            conf_error: None,
+            fractions: (0..MAX_DEVICES).map(|_| AtomicF64::new(1.0)).collect(),
             oom_reports: AtomicU32::new(0),
             bad_frees: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
             bad_frees_elsewhere: AtomicU64::new(0),
@@ -180,13 +311,14 @@ impl Allocator {
     /// [`Allocator::conf_error`]).
     pub fn from_parsed(parsed: Parsed, backend: Backend) -> Self {
         let error = parsed.error();
-        let mut a = Self::new(parsed.conf, backend);
+        let a = Self::new(parsed.conf, backend);
         if let Some(e) = error {
             report(&format!(
                 "{e}; every allocation returns NULL until it is fixed"
             ));
-            // The text comes from a Rust string: no interior NUL.
-            a.conf_error = Some(CString::new(e.replace('\0', " ")).unwrap_or_default());
+            lock(&a.settings).invalid = true;
+            a.invalid.store(true, Ordering::Relaxed);
+            a.set_conf_error(Some(&e));
         }
         a
     }
@@ -198,14 +330,60 @@ impl Allocator {
     }
 
     /// The configuration in force.
-    pub fn conf(&self) -> &Conf {
-        &self.conf
+    pub fn conf(&self) -> Conf {
+        lock(&self.settings).conf.clone()
     }
 
-    /// Why the configuration is invalid (then every allocation returns
-    /// NULL); `None` when it is valid.
-    pub fn conf_error(&self) -> Option<&CStr> {
-        self.conf_error.as_deref()
+    /// Why the configuration in force is invalid (then every allocation
+    /// returns NULL), or why the last [`Allocator::configure`] was refused;
+    /// `None` otherwise. The text lives as long as the process.
+    pub fn conf_error(&self) -> Option<&'static CStr> {
+        *lock(&self.conf_error)
+    }
+
+    /// Sets what [`Allocator::conf_error`] returns.
+    pub(crate) fn set_conf_error(&self, msg: Option<&str>) {
+        let kept: Option<&'static CStr> = msg.map(|m| {
+            &*Box::leak(
+                CString::new(m.replace('\0', " "))
+                    .unwrap_or_default()
+                    .into_boxed_c_str(),
+            )
+        });
+        *lock(&self.conf_error) = kept;
+    }
+
+    /// Sets the configuration (`GPUMEM_CONF`'s syntax) in place of the one in
+    /// force. Before the first allocation any text is taken: a valid one is
+    /// served from then on, an invalid one serves nothing (as an invalid
+    /// `GPUMEM_CONF` does) until a valid one is set. After it, only the
+    /// configuration already in force is accepted. `Err` says why (also kept
+    /// for [`Allocator::conf_error`]).
+    pub fn configure(&self, text: &str) -> Result<(), String> {
+        let parsed = conf::parse(text);
+        let what = format!("configuration {text:?}");
+        let mut s = lock(&self.settings);
+        if s.frozen {
+            if parsed.problems.is_empty() && parsed.conf == s.conf {
+                self.set_conf_error(None);
+                return Ok(());
+            }
+            let why = parsed.error_as(&what).unwrap_or_else(|| {
+                format!(
+                    "{what} cannot be set: gpumem already serves \"{}\" (the configuration must be set before the first allocation)",
+                    s.conf
+                )
+            });
+            self.set_conf_error(Some(&why));
+            return Err(why);
+        }
+        let parsed = parsed.check_files();
+        let error = parsed.error_as(&what);
+        s.conf = parsed.conf;
+        s.invalid = error.is_some();
+        self.invalid.store(s.invalid, Ordering::Relaxed);
+        self.set_conf_error(error.as_deref());
+        error.map_or(Ok(()), Err)
     }
 
     /// The backend.
@@ -235,19 +413,39 @@ impl Allocator {
         self.slot(device)?.get()?.as_ref()
     }
 
-    /// The state of `device`, built on first use; `None` (reported once) when
-    /// the device cannot be served.
-    fn state(&self, device: i32) -> Option<&DeviceState> {
+    /// The state of `device`, built on first use; `Err` says why the device
+    /// cannot be served (reported once, when building failed).
+    fn state(&self, device: i32) -> Result<&DeviceState, String> {
         let Some(slot) = self.slot(device) else {
-            report(&format!(
-                "device {device} is out of range (0..{MAX_DEVICES}); returning NULL"
+            return Err(format!(
+                "device {device} is out of range (0..{MAX_DEVICES})"
             ));
-            return None;
         };
-        slot.get_or_init(|| self.build(device as u32)).as_ref()
+        slot.get_or_init(|| self.build(device as u32))
+            .as_ref()
+            .ok_or_else(|| format!("device {device} cannot be used (reported when first used)"))
+    }
+
+    /// The most `device` may hold from the driver: `max_size` and the memory
+    /// fraction, whichever is smaller; `None` for no limit.
+    fn limit_of(&self, conf: &Conf, device: u32, total_memory: usize) -> Option<usize> {
+        let fraction = self.fractions[device as usize].get();
+        let cap = (fraction < 1.0).then(|| fraction_of(total_memory, fraction));
+        match (conf.max_size, cap) {
+            (Some(m), Some(c)) => Some(m.min(c)),
+            (m, c) => m.or(c),
+        }
     }
 
     fn build(&self, ordinal: u32) -> Option<DeviceState> {
+        let conf = {
+            let mut s = lock(&self.settings);
+            if s.invalid {
+                return None;
+            }
+            s.frozen = true;
+            s.conf.clone()
+        };
         let device = match self.backend.device(ordinal) {
             Ok(d) => d,
             Err(e) => {
@@ -257,19 +455,20 @@ impl Allocator {
                 return None;
             }
         };
-        let served = match served::build(&self.conf, &device) {
+        let total_memory = device.mem_info().map_or(0, |m| m.total);
+        let limit = self.limit_of(&conf, ordinal, total_memory);
+        let served = match served::build(&conf, &device, limit) {
             Ok(s) => s,
             Err(e) => {
                 let fallback = Conf {
                     resource: ResourceKind::Pool,
                     initial_size: 0,
-                    ..self.conf.clone()
+                    ..conf.clone()
                 };
                 report(&format!(
-                    "device {ordinal}: cannot build {} ({e}); using {fallback}",
-                    self.conf
+                    "device {ordinal}: cannot build {conf} ({e}); using {fallback}"
                 ));
-                match served::build(&fallback, &device) {
+                match served::build(&fallback, &device, limit) {
                     Ok(s) => s,
                     Err(e) => {
                         report(&format!(
@@ -280,13 +479,23 @@ impl Allocator {
                 }
             }
         };
+        let served = match &conf.log {
+            Some(log) => with_log(served, &conf::log_path(log, ordinal))?,
+            None => served,
+        };
         Some(DeviceState {
             legacy: device.default_stream(),
             per_thread: device.per_thread_stream(),
             device,
+            conf,
+            total_memory,
             stack: StatisticsAdaptor::new(served),
             streams: RwLock::new(HashMap::new()),
             cupy: HandedOut::default(),
+            uses: StreamUses::default(),
+            retries: AtomicU64::new(0),
+            ooms: AtomicU64::new(0),
+            baseline: Mutex::new(gpumem_device_stats_t::default()),
         })
     }
 
@@ -334,20 +543,26 @@ impl Allocator {
         }
     }
 
-    /// Counts a bad free on `device` and reports it (the first
-    /// [`MAX_BAD_FREE_REPORTS`], then one line saying the rest are counted).
+    /// Reports a misuse (a bad free, an unknown pointer): the first
+    /// [`MAX_BAD_FREE_REPORTS`], then one line saying the rest are not.
+    fn report_misuse(&self, what: &str) {
+        let n = self.bad_free_reports.fetch_add(1, Ordering::Relaxed);
+        if n < MAX_BAD_FREE_REPORTS {
+            report(what);
+        } else if n == MAX_BAD_FREE_REPORTS {
+            report("further bad frees are not reported (gpumem_bad_free_count counts them)");
+        }
+    }
+
+    /// Counts a bad free on `device` and reports it (see
+    /// [`Allocator::report_misuse`]).
     fn report_bad_free(&self, device: i32, what: &str) {
         let counter = usize::try_from(device)
             .ok()
             .and_then(|d| self.bad_frees.get(d))
             .unwrap_or(&self.bad_frees_elsewhere);
         counter.fetch_add(1, Ordering::Relaxed);
-        let n = self.bad_free_reports.fetch_add(1, Ordering::Relaxed);
-        if n < MAX_BAD_FREE_REPORTS {
-            report(&format!("{what}; nothing freed"));
-        } else if n == MAX_BAD_FREE_REPORTS {
-            report("further bad frees are not reported (gpumem_bad_free_count counts them)");
-        }
+        self.report_misuse(&format!("{what}; nothing freed"));
     }
 
     /// Bad frees refused on `device` (pointers not handed out, second frees,
@@ -371,41 +586,145 @@ impl Allocator {
 
     /// Allocates `size` bytes on `device`, ordered on the raw stream handle
     /// `stream` (0: the legacy default stream). NULL for zero bytes, and on
-    /// failure (reported).
+    /// failure: reported, and kept as the thread's [`last_error`]. Out of
+    /// memory empties the device's cache and retries once first.
     pub fn malloc(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
+        clear_last_error();
         if size == 0 {
             return DevicePtr::NULL;
         }
-        if gpumem::fork::in_forked_child() {
-            // Before any lock: one the parent held at the fork stays held here.
-            self.report_oom(&format!(
-                "device {device}: allocation of {size} bytes refused: {}; returning NULL",
-                gpumem::fork::forked_error()
-            ));
-            return DevicePtr::NULL;
-        }
-        if gpumem::exit::process_is_exiting() {
-            return DevicePtr::NULL;
-        }
-        if let Some(e) = &self.conf_error {
-            self.report_oom(&format!(
-                "device {device}: allocation of {size} bytes refused: {}; returning NULL",
-                e.to_string_lossy()
-            ));
-            return DevicePtr::NULL;
-        }
-        let Some(st) = self.state(device) else {
-            return DevicePtr::NULL;
-        };
-        let s = self.stream(st, stream);
-        match st.stack.allocate(size, DEFAULT_ALIGNMENT, &s) {
+        match self.try_malloc(size, device, stream) {
             Ok(p) => p,
-            Err(e) => {
-                self.report_oom(&format!(
-                    "device {device}: allocation of {size} bytes failed ({e}); returning NULL"
-                ));
+            Err(msg) => {
+                set_last_error(&msg);
+                if !gpumem::exit::process_is_exiting() {
+                    self.report_oom(&format!("{msg}; returning NULL"));
+                }
                 DevicePtr::NULL
             }
+        }
+    }
+
+    fn try_malloc(&self, size: usize, device: i32, stream: u64) -> Result<DevicePtr, String> {
+        let refused = |why: &dyn std::fmt::Display| {
+            format!("device {device}: allocation of {size} bytes refused: {why}")
+        };
+        if gpumem::fork::in_forked_child() {
+            // Before any lock: one the parent held at the fork stays held here.
+            return Err(refused(&gpumem::fork::forked_error()));
+        }
+        if gpumem::exit::process_is_exiting() {
+            return Err(refused(&"the process is exiting"));
+        }
+        if self.invalid.load(Ordering::Relaxed) {
+            let why = self.conf_error().map(|e| e.to_string_lossy().into_owned());
+            return Err(refused(&why.unwrap_or_default()));
+        }
+        let st = self.state(device).map_err(|e| refused(&e))?;
+        let s = self.stream(st, stream);
+        self.allocate_on(st, size, DEFAULT_ALIGNMENT, &s)
+            .map_err(|e| {
+                format!(
+                    "device {device}: allocation of {size} bytes failed: {e}{}",
+                    self.fraction_note(st)
+                )
+            })
+    }
+
+    /// ", memory fraction F of T bytes" when a fraction is set on the device.
+    fn fraction_note(&self, st: &DeviceState) -> String {
+        let f = self.fractions[st.device.ordinal() as usize].get();
+        if f < 1.0 {
+            format!(" (memory fraction {f} of {} bytes)", st.total_memory)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The allocation path every entry point shares: deferred frees whose
+    /// streams are done go back first; out of memory empties the cache
+    /// (waiting for deferred frees) and retries once, then fails with what
+    /// the device holds.
+    fn allocate_on(
+        &self,
+        st: &DeviceState,
+        size: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
+        if st.uses.has_pending() {
+            self.poll_deferred(st);
+        }
+        match st.stack.allocate(size, alignment, stream) {
+            Err(e) if e.is_oom() => {}
+            other => return other,
+        }
+        st.retries.fetch_add(1, Ordering::Relaxed);
+        self.empty_cache_of(st);
+        match st.stack.allocate(size, alignment, stream) {
+            Err(e) if e.is_oom() => {
+                st.ooms.fetch_add(1, Ordering::Relaxed);
+                Err(self.oom_error(st, size))
+            }
+            other => other,
+        }
+    }
+
+    /// Out of memory on `st` for `size` bytes, with what the device holds.
+    fn oom_error(&self, st: &DeviceState, size: usize) -> Error {
+        let served = st.stack.upstream();
+        Error::oom_with(OomInfo {
+            requested: size,
+            device: Some(st.device.ordinal()),
+            reserved: Some(served.reserved_bytes()),
+            live: Some(st.stack.stats().allocated_bytes.current.max(0) as usize),
+            largest_free: Some(served.largest_free_block()),
+            limit: self.limit_of(&st.conf, st.device.ordinal(), st.total_memory),
+        })
+    }
+
+    /// Frees, through `st`, memory from the allocation path: deferred when
+    /// the block has recorded streams (see [`StreamUses`]).
+    #[inline]
+    fn free_on(
+        &self,
+        st: &DeviceState,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        if st.uses.any() {
+            let deferred = st.uses.defer_free(&st.stack, ptr, size, stream)?;
+            let r = if deferred {
+                Ok(())
+            } else {
+                st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
+            };
+            self.poll_deferred(st);
+            return r;
+        }
+        st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
+    }
+
+    /// Frees the deferred blocks whose streams are done; reports the frees
+    /// the resource refused.
+    fn poll_deferred(&self, st: &DeviceState) {
+        let refused = st.uses.poll(&st.stack);
+        self.report_refused(st, refused);
+    }
+
+    fn report_refused(&self, st: &DeviceState, refused: Vec<Refused>) {
+        let device = st.device.ordinal() as i32;
+        for r in refused {
+            self.report_bad_free(
+                device,
+                &format!(
+                    "bad free of {:#x} ({} bytes) on device {device} after its recorded streams: {}",
+                    r.ptr,
+                    r.size,
+                    free_reason(r.error)
+                ),
+            );
         }
     }
 
@@ -424,14 +743,13 @@ impl Allocator {
             return;
         };
         let s = self.stream(st, stream);
-        if let Err(e) = st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, &s) {
-            let why = match e {
-                Error::InvalidFree { reason, .. } => reason.to_string(),
-                e => e.to_string(),
-            };
+        if let Err(e) = self.free_on(st, ptr, size, &s) {
             self.report_bad_free(
                 device,
-                &format!("bad free of {ptr:#x} ({size} bytes) on device {device}: {why}"),
+                &format!(
+                    "bad free of {ptr:#x} ({size} bytes) on device {device}: {}",
+                    free_reason(e)
+                ),
             );
         }
     }
@@ -478,6 +796,34 @@ impl Allocator {
         }
     }
 
+    /// Notes that the live block at `ptr` on `device` is also used by work on
+    /// the raw stream `stream` (PyTorch's `Tensor.record_stream`): when it is
+    /// freed, it goes back to the pool only once that work is done (see
+    /// [`StreamUses`]). A pointer that is not a live block is reported and
+    /// ignored.
+    pub fn record_stream(&self, ptr: DevicePtr, device: i32, stream: u64) {
+        if ptr.is_null() || unusable() {
+            return;
+        }
+        let Some(st) = self.built(device) else {
+            self.report_misuse(&format!(
+                "record_stream of {ptr:#x} on device {device}, where nothing was allocated; ignored"
+            ));
+            return;
+        };
+        match st.stack.upstream().live_block_size(ptr) {
+            Some(size) => st.uses.record(ptr, size, self.stream(st, stream)),
+            None => self.report_misuse(&format!(
+                "record_stream of {ptr:#x} on device {device}: not a live allocation; ignored"
+            )),
+        }
+    }
+
+    /// Deferred frees of `device` waiting for their recorded streams.
+    pub fn pending_frees(&self, device: i32) -> usize {
+        self.built(device).map_or(0, |s| s.uses.pending_count())
+    }
+
     /// Bytes handed out on `device` and not freed (each allocation counted
     /// at 256-byte granularity); 0 for a device not used yet.
     pub fn allocated_bytes(&self, device: i32) -> usize {
@@ -506,7 +852,8 @@ impl Allocator {
             .map_or(0, |s| s.stack.upstream().peak_reserved_bytes())
     }
 
-    /// Resets both peaks of `device` to the current values.
+    /// Resets every peak of `device` to its current value (PyTorch's
+    /// `reset_peak_memory_stats`).
     pub fn reset_peak(&self, device: i32) {
         if let Some(s) = self.built(device) {
             s.stack.reset_peak();
@@ -514,20 +861,218 @@ impl Allocator {
         }
     }
 
-    /// Gives the cached memory of `device` back to the driver; returns the
-    /// bytes given back (0 for a device not used yet; failures reported).
+    /// The statistics of `device` in PyTorch's terms; all zero for a device
+    /// not used yet, `None` for one out of range.
+    pub fn device_stats(&self, device: i32) -> Option<gpumem_device_stats_t> {
+        self.slot(device)?;
+        let Some(st) = self.built(device) else {
+            return Some(gpumem_device_stats_t::default());
+        };
+        let now = Self::raw_stats(st);
+        Some(now.since(&lock(&st.baseline)))
+    }
+
+    /// The statistics with their totals since the stack was built.
+    fn raw_stats(st: &DeviceState) -> gpumem_device_stats_t {
+        let s = st.stack.stats();
+        let served = st.stack.upstream();
+        let d = served.driver_stats();
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        gpumem_device_stats_t {
+            allocation: s.allocation.into(),
+            segment: d.segments.unwrap_or(s.active).into(),
+            active: s.active.into(),
+            allocated_bytes: s.allocated_bytes.into(),
+            requested_bytes: s.requested_bytes.into(),
+            reserved_bytes: d.reserved.into(),
+            active_bytes: s.active_bytes.into(),
+            num_alloc_retries: count(st.retries.load(Ordering::Relaxed)),
+            num_ooms: count(st.ooms.load(Ordering::Relaxed)),
+            num_device_alloc: count(d.device_allocs),
+            num_device_free: count(d.device_frees),
+            largest_free_block: count(served.largest_free_block() as u64),
+        }
+    }
+
+    /// Restarts every accumulated statistic of `device` (totals allocated and
+    /// freed, retries, out-of-memory failures, driver calls) from zero
+    /// (PyTorch's `reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&self, device: i32) {
+        if let Some(st) = self.built(device) {
+            let now = Self::raw_stats(st);
+            *lock(&st.baseline) = now;
+        }
+    }
+
+    /// Caps what `device` holds from the driver at `fraction` of its memory
+    /// (with `max_size`, whichever is smaller); 1.0 removes the cap. `Err`
+    /// for a fraction outside (0, 1] or a device out of range.
+    pub fn set_memory_fraction(&self, device: i32, fraction: f64) -> Result<(), String> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(format!("memory fraction {fraction} is outside (0, 1]"));
+        }
+        let Some(slot) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.fractions.get(d))
+        else {
+            return Err(format!(
+                "device {device} is out of range (0..{MAX_DEVICES})"
+            ));
+        };
+        slot.set(fraction);
+        if let Some(st) = self.built(device) {
+            let limit = self.limit_of(&st.conf, device as u32, st.total_memory);
+            st.stack.upstream().set_limit(limit, &st.conf);
+        }
+        Ok(())
+    }
+
+    /// The memory fraction of `device` (1.0 when never set or out of range).
+    pub fn memory_fraction(&self, device: i32) -> f64 {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.fractions.get(d))
+            .map_or(1.0, AtomicF64::get)
+    }
+
+    /// What `device` holds now: its segments and its live blocks (with their
+    /// streams where known), each in address order; blocks whose free waits
+    /// for a recorded stream are not live. Empty for a device not used yet,
+    /// `None` for one out of range.
+    pub fn snapshot(&self, device: i32) -> Option<Snapshot> {
+        self.slot(device)?;
+        let Some(st) = self.built(device) else {
+            return Some(Snapshot::default());
+        };
+        let served = st.stack.upstream();
+        let mut blocks = served.live_blocks();
+        if st.uses.has_pending() {
+            let pending = st.uses.pending_ptrs();
+            blocks.retain(|(b, _)| !pending.contains(&b.address));
+        }
+        Some(Snapshot {
+            segments: served.segments(),
+            blocks,
+        })
+    }
+
+    /// Gives the cached memory of `device` back to the driver, after the
+    /// deferred frees' streams are done; returns the bytes given back (0 for
+    /// a device not used yet; failures reported).
     pub fn empty_cache(&self, device: i32) -> usize {
         if unusable() {
             return 0;
         }
-        match self.built(device).map(|s| s.stack.upstream().empty_cache()) {
-            Some(Ok(n)) => n,
-            Some(Err(e)) => {
-                report(&format!("device {device}: empty_cache: {e}"));
+        self.built(device).map_or(0, |st| self.empty_cache_of(st))
+    }
+
+    fn empty_cache_of(&self, st: &DeviceState) -> usize {
+        let refused = st.uses.wait_all(&st.stack);
+        self.report_refused(st, refused);
+        match st.stack.upstream().empty_cache() {
+            Ok(n) => n,
+            Err(e) => {
+                report(&format!("device {}: empty_cache: {e}", st.device.ordinal()));
                 0
             }
-            None => 0,
         }
+    }
+
+    /// The stack serving `device` as a resource Rust code in the same process
+    /// can allocate from: PyTorch, CuPy and Rust then share one pool per
+    /// device (memory freed by one is reused by the others). Allocations
+    /// through it take the same path as [`Allocator::malloc`] (statistics,
+    /// the retry on out of memory, `record_stream`), returning errors rather
+    /// than NULL. Builds the device's stack on first use; `None` when the
+    /// device cannot be served (out of range, an invalid configuration, a
+    /// forked child).
+    pub fn device_resource(&'static self, device: i32) -> Option<SharedResource> {
+        if unusable() || self.invalid.load(Ordering::Relaxed) {
+            return None;
+        }
+        let state = self.state(device).ok()?;
+        Some(Arc::new(DeviceHandle {
+            allocator: self,
+            state,
+        }))
+    }
+}
+
+/// Wraps `served` in a log of every allocation and free written to `path`;
+/// `None` (reported) when the file cannot be written.
+fn with_log(served: Box<dyn Served>, path: &std::path::Path) -> Option<Box<dyn Served>> {
+    let file = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => {
+            report(&format!(
+                "log: cannot create {} ({e}); its device serves nothing",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    match LoggingAdaptor::with_writer(served, file) {
+        Ok(l) => Some(Box::new(l)),
+        Err(e) => {
+            report(&format!(
+                "log: cannot write {} ({e}); its device serves nothing",
+                path.display()
+            ));
+            None
+        }
+    }
+}
+
+/// A free's refusal as a phrase.
+fn free_reason(e: Error) -> String {
+    match e {
+        Error::InvalidFree { reason, .. } => reason.to_string(),
+        e => e.to_string(),
+    }
+}
+
+/// One device's stack of an [`Allocator`], as a [`MemoryResource`].
+struct DeviceHandle {
+    allocator: &'static Allocator,
+    state: &'static DeviceState,
+}
+
+impl MemoryResource for DeviceHandle {
+    fn allocate(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
+        if gpumem::fork::in_forked_child() {
+            return Err(gpumem::fork::forked_error());
+        }
+        if gpumem::exit::process_is_exiting() {
+            return Err(Error::ShutDown("gpumem's C ABI (the process is exiting)"));
+        }
+        self.allocator
+            .allocate_on(self.state, bytes, alignment, stream)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        if ptr.is_null() || unusable() {
+            return Ok(());
+        }
+        self.allocator.free_on(self.state, ptr, bytes, stream)
+    }
+
+    fn device(&self) -> &Device {
+        &self.state.device
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::DEVICE
     }
 }
 

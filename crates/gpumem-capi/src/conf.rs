@@ -1,8 +1,10 @@
 //! `GPUMEM_CONF`: which resource serves the C ABI, and its sizes and limits.
 //!
 //! The form is `key=value,key=value`, read once, at the first call into the
-//! library. Keys and values are case-insensitive; spaces around them are
-//! ignored; an empty string (or no variable) gives every default.
+//! library; `gpumem_configure` sets it instead, in the same form, until the
+//! first allocation. Keys and values are case-insensitive (except the `log`
+//! file name); spaces around them are ignored; an empty string (or no
+//! variable) gives every default.
 //!
 //! | key | values | default | meaning |
 //! |---|---|---|---|
@@ -11,6 +13,7 @@
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
+//! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
 //! Resources: `pool` is gpumem's coalescing TLSF pool (`PoolResource`);
 //! `caching` the power-of-two caching pool (`CachingPool`); `binning`
@@ -27,6 +30,10 @@
 //! `M`, `MiB`, `G`, `GiB`, `T`, `TiB` (powers of 1024); `KB`, `MB`, `GB`, `TB`
 //! (powers of 1000). `70GiB`, `1.5G` and `512MB` are sizes.
 //!
+//! The log file is created when the configuration is read (a name that
+//! cannot be created makes the configuration invalid) and written from the
+//! first allocation on the device; lines are buffered and flushed at exit.
+//!
 //! A bad configuration is an error that cannot be missed, never a silent
 //! default: an unknown key, a value that is not valid for its key, entries
 //! that contradict each other, or a key that means nothing for the chosen
@@ -37,6 +44,7 @@
 //! `ValueError` before they install the allocator.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// Environment variable holding the configuration.
 pub const CONF_ENV: &str = "GPUMEM_CONF";
@@ -117,6 +125,9 @@ pub struct Conf {
     pub min_bin: usize,
     /// `binning` only: largest bin (a power of two, default 1 MiB).
     pub max_bin: usize,
+    /// Where to write RMM's CSV log of every allocation and free (device 0;
+    /// see [`log_path`] for the others); `None`: no log.
+    pub log: Option<PathBuf>,
 }
 
 impl Default for Conf {
@@ -128,6 +139,7 @@ impl Default for Conf {
             release_threshold: u64::MAX,
             min_bin: 256,
             max_bin: 1 << 20,
+            log: None,
         }
     }
 }
@@ -150,8 +162,26 @@ impl fmt::Display for Conf {
             }
             _ => {}
         }
+        if let Some(log) = &self.log {
+            write!(f, ",log={}", log.display())?;
+        }
         Ok(())
     }
+}
+
+/// The log file of `device` for the configured name `log`: the name itself
+/// for device 0, else the name with `-devN` before its extension.
+pub fn log_path(log: &Path, device: u32) -> PathBuf {
+    if device == 0 {
+        return log.to_path_buf();
+    }
+    let stem = log.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let name = match (stem, log.extension()) {
+        (Some(stem), Some(ext)) => format!("{stem}-dev{device}.{}", ext.to_string_lossy()),
+        (Some(stem), None) => format!("{stem}-dev{device}"),
+        (None, _) => format!("gpumem-dev{device}.csv"),
+    };
+    log.with_file_name(name)
 }
 
 /// Parses a size: a number with an optional unit (see the module
@@ -215,16 +245,33 @@ pub struct Parsed {
 }
 
 impl Parsed {
+    /// Checks what parsing cannot: that the log file can be created (it is,
+    /// empty, when it did not exist). A failure is one more problem.
+    pub fn check_files(mut self) -> Self {
+        if let Some(log) = &self.conf.log {
+            let opened = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(log);
+            if let Err(e) = opened {
+                self.problems
+                    .push(format!("log: cannot create {}: {e}", log.display()));
+            }
+        }
+        self
+    }
+
     /// The configuration error, one line naming the text and every problem;
     /// `None` when the configuration is valid.
     pub fn error(&self) -> Option<String> {
-        (!self.problems.is_empty()).then(|| {
-            format!(
-                "{CONF_ENV}={:?} is invalid: {}",
-                self.text,
-                self.problems.join("; ")
-            )
-        })
+        self.error_as(&format!("{CONF_ENV}={:?}", self.text))
+    }
+
+    /// [`Parsed::error`] naming the configuration `what` (such as
+    /// `GPUMEM_CONF="..."`) rather than the variable.
+    pub fn error_as(&self, what: &str) -> Option<String> {
+        (!self.problems.is_empty())
+            .then(|| format!("{what} is invalid: {}", self.problems.join("; ")))
     }
 }
 
@@ -246,8 +293,14 @@ pub fn parse(text: &str) -> Parsed {
             continue;
         };
         let key = key.trim().to_ascii_lowercase();
-        let value = value.trim().to_ascii_lowercase();
+        let raw_value = value.trim();
+        let value = raw_value.to_ascii_lowercase();
         let result: Result<(), String> = match key.as_str() {
+            "log" if raw_value.is_empty() => Err("log needs a file name".into()),
+            "log" => {
+                conf.log = Some(PathBuf::from(raw_value));
+                Ok(())
+            }
             "resource" => match ResourceKind::parse(&value) {
                 Some(k) => {
                     conf.resource = k;
@@ -301,7 +354,7 @@ pub fn parse(text: &str) -> Parsed {
                 Ok(())
             }),
             _ => Err(format!(
-                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin)"
+                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, log)"
             )),
         };
         if let Err(e) = result {
@@ -355,11 +408,11 @@ pub fn parse(text: &str) -> Parsed {
     }
 }
 
-/// Reads and parses `GPUMEM_CONF` (unset: the defaults; not Unicode: a
-/// problem).
+/// Reads and parses `GPUMEM_CONF` and checks its files (unset: the
+/// defaults; not Unicode: a problem).
 pub fn from_env() -> Parsed {
     match std::env::var(CONF_ENV) {
-        Ok(s) => parse(&s),
+        Ok(s) => parse(&s).check_files(),
         Err(std::env::VarError::NotPresent) => parse(""),
         Err(std::env::VarError::NotUnicode(v)) => Parsed {
             text: v.to_string_lossy().into_owned(),
@@ -464,6 +517,27 @@ mod tests {
             assert!(p.problems[0].contains(says), "{text}: {:?}", p.problems);
             assert!(p.error().is_some(), "{text}");
         }
+    }
+
+    #[test]
+    fn log_keeps_the_case_of_its_file_name() {
+        let p = parse("resource=pool, LOG = /tmp/Job Trace.csv ");
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert_eq!(p.conf.log, Some(PathBuf::from("/tmp/Job Trace.csv")));
+        assert_eq!(parse("log=").problems, vec!["log needs a file name"]);
+        let again = parse(&p.conf.to_string());
+        assert_eq!(again.conf, p.conf);
+        let p = parse("log=/no/such/dir/x.csv").check_files();
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert!(p.problems[0].starts_with("log: cannot create /no/such/dir/x.csv"));
+    }
+
+    #[test]
+    fn each_device_logs_to_its_own_file() {
+        let p = Path::new("/tmp/job.csv");
+        assert_eq!(log_path(p, 0), PathBuf::from("/tmp/job.csv"));
+        assert_eq!(log_path(p, 3), PathBuf::from("/tmp/job-dev3.csv"));
+        assert_eq!(log_path(Path::new("trace"), 1), PathBuf::from("trace-dev1"));
     }
 
     #[test]

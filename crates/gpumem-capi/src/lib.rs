@@ -12,7 +12,17 @@
 //! void   gpumem_reset_peak(int device);
 //! void   gpumem_empty_cache(int device);
 //! uint64_t gpumem_bad_free_count(int device);       // frees refused (-1: all devices)
-//! const char *gpumem_config_error(void);            // NULL when GPUMEM_CONF is valid
+//! int    gpumem_configure(const char *conf);        // GPUMEM_CONF's syntax, before the first allocation
+//! const char *gpumem_config_error(void);            // NULL when the configuration is valid
+//! const char *gpumem_last_error(void);              // why this thread's last gpumem_malloc failed
+//! int    gpumem_get_device_stats(int device, gpumem_device_stats_t *out);  // PyTorch's memory_stats
+//! void   gpumem_reset_peak_stats(int device);
+//! void   gpumem_reset_accumulated_stats(int device);
+//! int    gpumem_set_memory_fraction(int device, double fraction);
+//! double gpumem_get_memory_fraction(int device);
+//! void   gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
+//! int    gpumem_snapshot(int device, gpumem_segment_t *segments, size_t max_segments, size_t *n_segments,
+//!                        gpumem_block_t *blocks, size_t max_blocks, size_t *n_blocks);
 //! ```
 //!
 //! `gpumem_stream_t` is `void*`: pass a `cudaStream_t`/`CUstream` as it is
@@ -20,10 +30,17 @@
 //!
 //! Behaviour:
 //! - Configuration comes from `GPUMEM_CONF`, read once at the first call (see
-//!   [`conf`]); the backend from `GPUMEM_DEVICE` (`cuda`, the default; `sim`
-//!   for the simulated device, used by the tests; `auto`). An invalid
-//!   `GPUMEM_CONF` is reported and serves nothing (every allocation returns
-//!   NULL); [`gpumem_config_error`] returns the reason.
+//!   [`conf`]), or from [`gpumem_configure`] until the first allocation; the
+//!   backend from `GPUMEM_DEVICE` (`cuda`, the default; `sim` for the
+//!   simulated device, used by the tests; `auto`). An invalid configuration
+//!   is reported and serves nothing (every allocation returns NULL);
+//!   [`gpumem_config_error`] returns the reason.
+//! - Out of memory is PyTorch's: the device's cached memory goes back and
+//!   the allocation is retried once; then NULL, with the reason for
+//!   [`gpumem_last_error`].
+//! - Rust code linked into the same library shares the per-device stacks
+//!   through [`device_resource`]: one pool per device for PyTorch, CuPy and
+//!   Rust.
 //! - Each device ordinal gets its own stack, built at its first allocation.
 //! - Zero-byte requests return NULL, as `cudaMalloc` does; PyTorch and CuPy
 //!   never dereference the pointer of an empty tensor or array, and freeing
@@ -46,14 +63,18 @@
 pub mod allocator;
 pub mod conf;
 pub mod served;
+pub mod stream_uses;
+pub mod types;
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
+use gpumem::resource::SharedResource;
 use gpumem::DevicePtr;
 
-pub use allocator::{Allocator, Backend};
+pub use allocator::{Allocator, Backend, Snapshot};
+pub use types::{gpumem_block_t, gpumem_device_stats_t, gpumem_segment_t, gpumem_stat_t};
 
 /// A CUDA stream handle (`cudaStream_t`, `CUstream`), passed as `void*`.
 #[allow(non_camel_case_types)]
@@ -64,6 +85,14 @@ static GLOBAL: OnceLock<Allocator> = OnceLock::new();
 /// The process's allocator, made from the environment at the first call.
 pub fn global() -> &'static Allocator {
     GLOBAL.get_or_init(Allocator::from_env)
+}
+
+/// The stack the C ABI serves `device` with, as a resource for Rust code in
+/// the same process (built on first use): memory freed through the C ABI is
+/// reused by allocations through it and the other way round. `None` when the
+/// device cannot be served. See [`Allocator::device_resource`].
+pub fn device_resource(device: i32) -> Option<SharedResource> {
+    global().device_resource(device)
 }
 
 /// The simulated driver behind the global allocator when `GPUMEM_DEVICE=sim`
@@ -103,7 +132,9 @@ fn from_ptr(p: *mut c_void) -> DevicePtr {
 /// Allocates `size` bytes on `device`, usable by work on `stream` at once
 /// (PyTorch's `CUDAPluggableAllocator` allocation function). Returns NULL for
 /// zero or negative sizes and when the request cannot be met (reported on
-/// stderr).
+/// stderr; [`gpumem_last_error`] says why). Out of memory first gives the
+/// device's cached memory back (as [`gpumem_empty_cache`]) and retries once
+/// (counted in `num_alloc_retries`); a second failure counts in `num_ooms`.
 #[no_mangle]
 pub extern "C" fn gpumem_malloc(
     size: libc::ssize_t,
@@ -112,9 +143,9 @@ pub extern "C" fn gpumem_malloc(
 ) -> *mut c_void {
     guard("gpumem_malloc", std::ptr::null_mut(), || {
         let Ok(size) = usize::try_from(size) else {
-            allocator::report(&format!(
-                "gpumem_malloc: negative size {size}; returning NULL"
-            ));
+            let msg = format!("gpumem_malloc: negative size {size}");
+            allocator::report(&format!("{msg}; returning NULL"));
+            allocator::set_last_error(&msg);
             return std::ptr::null_mut();
         };
         to_ptr(global().malloc(size, device, stream as usize as u64))
@@ -230,10 +261,12 @@ pub extern "C" fn gpumem_bad_free_count(device: c_int) -> u64 {
     })
 }
 
-/// Why `GPUMEM_CONF` is invalid, as one line of text; NULL when it is valid.
-/// While it is invalid, every allocation returns NULL. The string lives as
-/// long as the process. Reading it reads the configuration (at the first call
-/// into the library), so call it after setting `GPUMEM_CONF`.
+/// Why the configuration is invalid (`GPUMEM_CONF`, or the last
+/// [`gpumem_configure`]), or why the last [`gpumem_configure`] was refused,
+/// as one line of text; NULL otherwise. While the configuration is invalid,
+/// every allocation returns NULL. The string lives as long as the process.
+/// Reading it reads `GPUMEM_CONF` (at the first call into the library), so
+/// call it after setting the variable.
 #[no_mangle]
 pub extern "C" fn gpumem_config_error() -> *const c_char {
     guard("gpumem_config_error", std::ptr::null(), || {
@@ -241,4 +274,203 @@ pub extern "C" fn gpumem_config_error() -> *const c_char {
             .conf_error()
             .map_or(std::ptr::null(), |e| e.as_ptr())
     })
+}
+
+/// Sets the configuration (`GPUMEM_CONF`'s syntax, e.g.
+/// `"resource=vpool,max_size=40GiB"`) in place of `GPUMEM_CONF`'s, until the
+/// first allocation; afterwards only the configuration already in force is
+/// accepted (calling again with it is harmless). 0 on success; -1 when the
+/// text is invalid (nothing is served until a valid one is set) or a
+/// different configuration is in force: [`gpumem_config_error`] then says
+/// why. NULL is invalid.
+///
+/// # Safety
+/// `conf` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_configure(conf: *const c_char) -> c_int {
+    guard("gpumem_configure", -1, || {
+        if conf.is_null() {
+            global().set_conf_error(Some("gpumem_configure: the configuration is NULL"));
+            return -1;
+        }
+        // SAFETY: the caller passes a NUL-terminated string (checked non-NULL).
+        let text = unsafe { CStr::from_ptr(conf) }.to_string_lossy();
+        match global().configure(&text) {
+            Ok(()) => 0,
+            Err(_) => -1,
+        }
+    })
+}
+
+/// Why the calling thread's last [`gpumem_malloc`] (or
+/// [`gpumem_cupy_malloc`]) failed: out of memory with the requested,
+/// reserved and live bytes, the largest free block and the limit, or any
+/// other reason. NULL when that call did not fail. Valid until the thread's
+/// next allocation.
+#[no_mangle]
+pub extern "C" fn gpumem_last_error() -> *const c_char {
+    guard(
+        "gpumem_last_error",
+        std::ptr::null(),
+        allocator::last_error_ptr,
+    )
+}
+
+/// Fills `*out` with the statistics of `device` in PyTorch's terms
+/// (`torch.cuda.memory_stats`). 0 on success (all zeros for a device not
+/// used yet); -1 for a device out of range (0..64) or a NULL `out`.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `gpumem_device_stats_t`.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_get_device_stats(
+    device: c_int,
+    out: *mut gpumem_device_stats_t,
+) -> c_int {
+    guard("gpumem_get_device_stats", -1, || {
+        if out.is_null() {
+            return -1;
+        }
+        match global().device_stats(device) {
+            Some(stats) => {
+                // SAFETY: the caller passes a writable struct (checked non-NULL).
+                unsafe { out.write(stats) };
+                0
+            }
+            None => -1,
+        }
+    })
+}
+
+/// Sets every peak of `device` to its current value
+/// (`torch.cuda.reset_peak_memory_stats`).
+#[no_mangle]
+pub extern "C" fn gpumem_reset_peak_stats(device: c_int) {
+    guard("gpumem_reset_peak_stats", (), || {
+        global().reset_peak(device)
+    })
+}
+
+/// Sets every accumulated statistic of `device` to zero: the `allocated` and
+/// `freed` totals, `num_alloc_retries`, `num_ooms`, `num_device_alloc` and
+/// `num_device_free` (`torch.cuda.reset_accumulated_memory_stats`).
+#[no_mangle]
+pub extern "C" fn gpumem_reset_accumulated_stats(device: c_int) {
+    guard("gpumem_reset_accumulated_stats", (), || {
+        global().reset_accumulated(device)
+    })
+}
+
+/// Caps what the process holds from the driver on `device` at `fraction` of
+/// the device's memory (`torch.cuda.set_per_process_memory_fraction`):
+/// allocations that would need more fail (after the retry) as out of
+/// memory, with the limit in the message. 0 on success; -1 for a fraction
+/// outside (0, 1] or a device out of range.
+#[no_mangle]
+pub extern "C" fn gpumem_set_memory_fraction(device: c_int, fraction: f64) -> c_int {
+    guard("gpumem_set_memory_fraction", -1, || {
+        match global().set_memory_fraction(device, fraction) {
+            Ok(()) => 0,
+            Err(e) => {
+                allocator::report(&format!("gpumem_set_memory_fraction: {e}"));
+                -1
+            }
+        }
+    })
+}
+
+/// The memory fraction in force on `device` (1.0 when never set).
+#[no_mangle]
+pub extern "C" fn gpumem_get_memory_fraction(device: c_int) -> f64 {
+    guard("gpumem_get_memory_fraction", 1.0, || {
+        global().memory_fraction(device)
+    })
+}
+
+/// Notes that the live block at `ptr` (from [`gpumem_malloc`] on `device`)
+/// is also used by work on `stream` (`Tensor.record_stream`). When it is
+/// freed, its memory is not reused before the work enqueued on `stream` up
+/// to the free has run: one event is recorded on each such stream at the
+/// free, and the block goes back to the pool once they completed (checked on
+/// later allocations and frees, waited for by [`gpumem_empty_cache`]).
+/// Unknown pointers are reported and ignored.
+#[no_mangle]
+pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, device: c_int, stream: gpumem_stream_t) {
+    guard("gpumem_record_stream", (), || {
+        global().record_stream(from_ptr(ptr), device, stream as usize as u64)
+    })
+}
+
+/// Copies up to `max_segments` of `device`'s segments (what it holds from the
+/// driver, in address order) to `segments` and up to `max_blocks` of its live
+/// blocks (in address order; size as the resource rounds it, requested as
+/// asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
+/// `*n_blocks` to the totals, so a caller can retry with larger arrays.
+/// Every live block lies inside one segment; a stream is 0 where unknown.
+/// 0 on success (nothing for a device not used yet); -1 for a device out of
+/// range. A NULL array is allowed with a maximum of 0; a NULL count is not
+/// written.
+///
+/// # Safety
+/// `segments` holds `max_segments` writable entries and `blocks` holds
+/// `max_blocks` (either may be NULL when its maximum is 0); `n_segments` and
+/// `n_blocks` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_snapshot(
+    device: c_int,
+    segments: *mut gpumem_segment_t,
+    max_segments: usize,
+    n_segments: *mut usize,
+    blocks: *mut gpumem_block_t,
+    max_blocks: usize,
+    n_blocks: *mut usize,
+) -> c_int {
+    guard("gpumem_snapshot", -1, || {
+        let Some(snapshot) = global().snapshot(device) else {
+            return -1;
+        };
+        let segs: Vec<gpumem_segment_t> = snapshot
+            .segments
+            .iter()
+            .map(|s| gpumem_segment_t {
+                address: s.address.0,
+                size: s.size as u64,
+                stream: 0,
+            })
+            .collect();
+        let live: Vec<gpumem_block_t> = snapshot
+            .blocks
+            .iter()
+            .map(|(b, stream)| gpumem_block_t {
+                address: b.address.0,
+                size: b.size as u64,
+                requested: b.requested.unwrap_or(b.size) as u64,
+                stream: *stream,
+            })
+            .collect();
+        // SAFETY: the caller passes arrays of the given lengths and writable
+        // counts (each checked non-NULL before use).
+        unsafe {
+            copy_out(&segs, segments, max_segments, n_segments);
+            copy_out(&live, blocks, max_blocks, n_blocks);
+        }
+        0
+    })
+}
+
+/// Copies up to `max` items to `dst` and writes the total to `*n`.
+///
+/// # Safety
+/// `dst` holds `max` writable items (or is NULL), `n` is NULL or writable.
+unsafe fn copy_out<T: Copy>(items: &[T], dst: *mut T, max: usize, n: *mut usize) {
+    if !dst.is_null() {
+        let k = items.len().min(max);
+        // SAFETY: `dst` has room for `max` >= `k` items (the caller's
+        // promise); `items` is a distinct Rust allocation.
+        unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), dst, k) };
+    }
+    if !n.is_null() {
+        // SAFETY: `n` is writable (the caller's promise).
+        unsafe { n.write(items.len()) };
+    }
 }

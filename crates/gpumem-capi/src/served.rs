@@ -1,39 +1,68 @@
 //! The resource that serves one device, and what the C ABI asks of it besides
-//! allocating: its reserve, the peak of that reserve, and giving cached memory
-//! back.
+//! allocating: its reserve and the driver calls behind it, giving cached
+//! memory back, a limit on what it holds from the driver, and what it holds
+//! now (segments, live blocks) for snapshots.
 //!
-//! [`Served`] is that small interface. Each resource reports its reserve
-//! honestly, from the numbers it keeps itself:
+//! [`Served`] is that interface. Each resource answers from the numbers it
+//! keeps itself:
 //!
-//! | resource | reserved | peak reserved | empty_cache |
-//! |---|---|---|---|
-//! | `pool` (`PoolResource`) | the pool's `reserved_bytes` | counted at its upstream | `release` |
-//! | `caching` (`CachingPool`) | the pool's `reserved_bytes` | counted at its upstream | `release` |
-//! | `binning` (`BinningResource` over `PoolResource`) | the inner pool's `reserved_bytes` | counted at the pool's upstream | bins' `release`, then the pool's |
-//! | `arena` (`ArenaResource`) | the arena's size, taken whole up front | counted at its upstream | stream arenas' cached superblocks go back to the global arena; the device gets nothing back |
-//! | `async` (`AsyncResource`, CUDA's pool) | the pool's `ReservedMemCurrent` | the pool's `ReservedMemHigh` (reset by `reset_peak`) | synchronize the device, then `cuMemPoolTrimTo(0)` |
-//! | `vpool` (`VirtualPool`) | physical bytes held (mapped or cached) | the pool's `peak_reserved` (reset by `reset_peak`) | `release`: every page not under a live block goes back |
-//! | `cuda` (`cuMemAlloc`) | live bytes (nothing is cached) | counted at the driver | nothing to give back |
+//! | resource | reserved (peak) | segments | live blocks | largest free block | limit (memory fraction) | empty_cache |
+//! |---|---|---|---|---|---|---|
+//! | `pool` | the pool's regions, counted at its upstream | its `cuMemAlloc` regions | the pool's used blocks (rounded sizes) | largest free block, any lane | at the upstream | `release` |
+//! | `caching` | its chunks and large blocks, counted at its upstream | its `cuMemAlloc` chunks and large blocks | class blocks with the bytes asked for | largest class with a free block | at the upstream | `release` |
+//! | `binning` | the inner pool's regions | the inner pool's regions | the bins' blocks and the direct allocations | the larger of the bins' and the pool's | at the pool's upstream | bins' `release`, then the pool's |
+//! | `arena` | its one region, taken whole up front | that region | tracked here (the arena cannot list them) | the arena's largest free run | at the upstream (the region is sized within it) | stream arenas' cached superblocks go back to the global arena; the device gets nothing back |
+//! | `async` | the pool's `ReservedMemCurrent` (`ReservedMemHigh`) | unknown: one per live block | the pool's allocations, as asked for | reserved minus used (an upper bound: the pool does not say in what pieces) | on the bytes live in the pool, and the release threshold lowered to it | synchronize the device, then `cuMemPoolTrimTo(0)` |
+//! | `vpool` | physical bytes held, mapped or cached (the pool's peak) | runs of mapped pages | the pool's used blocks (rounded sizes) | physical bytes under no live block | the pool's maximum physical | `release`: every page not under a live block goes back |
+//! | `cuda` | live `cuMemAlloc` bytes | one per allocation | the same | 0 (nothing cached) | at the upstream | nothing to give back |
 //!
-//! "Counted at the upstream" means a [`StatisticsAdaptor`] sits between the
-//! pool and `cuMemAlloc`: it sees every byte the pool takes and gives back,
-//! costs one short mutex per upstream call (growth and release only, never
-//! the pool's fast path) and its peak can be reset, which the pools' own
-//! high-water marks cannot.
+//! "At the upstream" means the resource takes memory through [`Upstream`]: a
+//! [`LimitingAdaptor`] whose limit can change at run time (the memory
+//! fraction) over `cuMemAlloc`, under a [`StatisticsAdaptor`] that counts
+//! what the resource holds (segments, bytes, driver calls; resettable
+//! peaks). Both touch only growth and release, never a pool's fast path.
+//!
+//! CUDA's pool (`async`) cannot list its memory nor say how often it asked
+//! the driver for more: its segments are reported one per live block (the
+//! stack's own count), its reserve totals and driver calls as 0, and its
+//! limit applies to the bytes live in it (what PyTorch's `cudaMallocAsync`
+//! backend enforces too) with the release threshold lowered to the limit so
+//! the pool keeps no more than that at a synchronization. Counting the live
+//! bytes costs one atomic update per allocation and free, next to the
+//! driver's microsecond.
 
-use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
+use gpumem::adaptor::{LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor};
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, PoolConfig,
     PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
-use gpumem::{Device, Result};
+use gpumem::resource::{
+    DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
+};
+use gpumem::{Device, DevicePtr, Result, Stream};
 
 use crate::conf::{Conf, ResourceKind};
 
-/// `cuMemAlloc` with its bytes counted: the upstream of every pool here.
-pub type Upstream = StatisticsAdaptor<DeviceResource>;
+/// `cuMemAlloc` under a limit that can change at run time, with what passes
+/// counted: the upstream of every resource here but `vpool` and `async`.
+pub type Upstream = StatisticsAdaptor<LimitingAdaptor<DeviceResource>>;
+
+/// What a resource holds from the driver, as PyTorch's statistics count it.
+/// Totals (`allocated`, `freed`, calls) only grow; the C ABI subtracts what
+/// they were at its last reset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Segments held (regions, chunks, physical allocations); `None` when
+    /// the resource cannot tell: count one per live block.
+    pub segments: Option<Stat>,
+    /// Bytes held from the driver.
+    pub reserved: Stat,
+    /// Driver allocation calls (`cuMemAlloc`, `cuMemCreate`).
+    pub device_allocs: u64,
+    /// Driver free calls (`cuMemFree`, `cuMemRelease`).
+    pub device_frees: u64,
+}
 
 /// What the C ABI needs from the resource serving a device, besides
 /// allocating and freeing.
@@ -45,55 +74,166 @@ pub trait Served: MemoryResource {
     /// Highest [`Served::reserved_bytes`] since creation or the last
     /// [`Served::reset_peak_reserved`].
     fn peak_reserved_bytes(&self) -> usize;
-    /// Sets the peak to the current reserve.
+    /// Sets the peaks of the reserve and of the segments to their current
+    /// values.
     fn reset_peak_reserved(&self);
     /// Gives cached memory back to the driver (waiting for the streams that
     /// freed it where needed); returns the bytes given back.
     fn empty_cache(&self) -> Result<usize>;
+    /// Segments, reserve and driver calls (see the module documentation).
+    fn driver_stats(&self) -> DriverStats;
+    /// The largest request the resource can serve now without taking more
+    /// from the driver (PyTorch's `cacheInfo`).
+    fn largest_free_block(&self) -> usize;
+    /// What the resource holds from the driver, in address order; every
+    /// live block lies inside one.
+    fn segments(&self) -> Vec<Segment>;
+    /// The blocks handed out, in address order, with their stream where the
+    /// resource knows it (else 0).
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)>;
+    /// The size of the live block starting at `ptr`, if there is one.
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize>;
+    /// Caps what the resource may hold from the driver (`None`: no cap);
+    /// requests that need more fail as out of memory. `conf` is the
+    /// configuration it serves (`async` lowers the release threshold it
+    /// asks for to the cap).
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf);
 }
 
-fn counted_now(u: &Upstream) -> usize {
-    u.stats().allocated_bytes.current.max(0) as usize
+fn upstream_stats(u: &Upstream) -> DriverStats {
+    let s = u.stats();
+    DriverStats {
+        segments: Some(s.active),
+        reserved: s.allocated_bytes,
+        device_allocs: s.active.total,
+        device_frees: s.active.freed,
+    }
 }
 
-fn counted_peak(u: &Upstream) -> usize {
-    u.stats().allocated_bytes.peak.max(0) as usize
+/// Driver allocations, each its own segment.
+fn each_a_segment(blocks: Vec<LiveBlock>) -> Vec<Segment> {
+    blocks
+        .into_iter()
+        .map(|b| Segment {
+            address: b.address,
+            size: b.size,
+        })
+        .collect()
+}
+
+/// Each `cuMemAlloc` allocation the upstream holds is a segment.
+fn upstream_segments(u: &Upstream) -> Vec<Segment> {
+    each_a_segment(u.upstream().upstream().live_blocks())
+}
+
+fn set_upstream_limit(u: &Upstream, limit: Option<usize>) {
+    u.upstream().set_limit(limit.unwrap_or(usize::MAX));
+}
+
+/// A driver allocation's size as its live block has it: rounded up to 256
+/// bytes, as [`LiveBlock`]s of driver allocations are.
+fn rounded(bytes: usize) -> usize {
+    bytes.next_multiple_of(DEFAULT_ALIGNMENT)
+}
+
+fn no_stream(blocks: Vec<LiveBlock>) -> Vec<(LiveBlock, u64)> {
+    blocks.into_iter().map(|b| (b, 0)).collect()
+}
+
+/// A resource that takes its memory through an [`Upstream`].
+trait OverUpstream {
+    fn up(&self) -> &Upstream;
+}
+
+impl OverUpstream for PoolResource<Upstream> {
+    fn up(&self) -> &Upstream {
+        self.upstream()
+    }
+}
+
+impl OverUpstream for CachingPool<Upstream> {
+    fn up(&self) -> &Upstream {
+        self.upstream()
+    }
+}
+
+impl OverUpstream for BinningResource<PoolResource<Upstream>> {
+    fn up(&self) -> &Upstream {
+        self.upstream().upstream()
+    }
+}
+
+impl OverUpstream for Tracked<ArenaResource<Upstream>> {
+    fn up(&self) -> &Upstream {
+        self.inner.upstream()
+    }
+}
+
+impl OverUpstream for Upstream {
+    fn up(&self) -> &Upstream {
+        self
+    }
+}
+
+/// The [`Served`] methods every resource over an [`Upstream`] answers from
+/// it: reserve peaks, driver numbers, segments and the limit.
+macro_rules! over_upstream {
+    () => {
+        fn peak_reserved_bytes(&self) -> usize {
+            self.up().stats().allocated_bytes.peak.max(0) as usize
+        }
+        fn reset_peak_reserved(&self) {
+            self.up().reset_peak();
+        }
+        fn driver_stats(&self) -> DriverStats {
+            upstream_stats(self.up())
+        }
+        fn segments(&self) -> Vec<Segment> {
+            upstream_segments(self.up())
+        }
+        fn set_limit(&self, limit: Option<usize>, _: &Conf) {
+            set_upstream_limit(self.up(), limit)
+        }
+    };
+}
+
+/// The [`Served`] methods a pool answers with its own methods of the same
+/// names (`reserved_bytes`, `largest_free_block`, `live_blocks`,
+/// `live_block_size`), giving cached memory back with `release`.
+macro_rules! pool_answers {
+    () => {
+        fn reserved_bytes(&self) -> usize {
+            Self::reserved_bytes(self)
+        }
+        fn empty_cache(&self) -> Result<usize> {
+            self.release()
+        }
+        fn largest_free_block(&self) -> usize {
+            Self::largest_free_block(self)
+        }
+        fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+            no_stream(Self::live_blocks(self))
+        }
+        fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+            Self::live_block_size(self, ptr)
+        }
+    };
 }
 
 impl Served for PoolResource<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Pool
     }
-    fn reserved_bytes(&self) -> usize {
-        PoolResource::reserved_bytes(self)
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        counted_peak(self.upstream())
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().reset_peak();
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        self.release()
-    }
+    pool_answers!();
+    over_upstream!();
 }
 
 impl Served for CachingPool<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Caching
     }
-    fn reserved_bytes(&self) -> usize {
-        CachingPool::reserved_bytes(self)
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        counted_peak(self.upstream())
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().reset_peak();
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        self.release()
-    }
+    pool_answers!();
+    over_upstream!();
 }
 
 impl Served for BinningResource<PoolResource<Upstream>> {
@@ -105,12 +245,6 @@ impl Served for BinningResource<PoolResource<Upstream>> {
         // given is the pool's reserve.
         PoolResource::reserved_bytes(self.upstream())
     }
-    fn peak_reserved_bytes(&self) -> usize {
-        counted_peak(self.upstream().upstream())
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().upstream().reset_peak();
-    }
     fn empty_cache(&self) -> Result<usize> {
         // Bins give their free chunks to the pool, the pool its free regions
         // to the driver: only the second is memory the device gets back.
@@ -118,49 +252,172 @@ impl Served for BinningResource<PoolResource<Upstream>> {
         let pool = self.upstream().release();
         bins.and(pool)
     }
+    fn largest_free_block(&self) -> usize {
+        BinningResource::largest_free_block(self).max(self.upstream().largest_free_block())
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        no_stream(BinningResource::live_blocks(self))
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        BinningResource::live_block_size(self, ptr)
+    }
+    over_upstream!();
 }
 
-impl Served for ArenaResource<Upstream> {
+/// A resource whose live blocks are recorded here because it cannot list
+/// them itself (the arena): pointer → (bytes asked for, raw stream). One
+/// sharded-table insert and remove per allocation and free.
+pub struct Tracked<R> {
+    inner: R,
+    live: HandedOut<u64>,
+}
+
+impl<R: MemoryResource> Tracked<R> {
+    /// Tracks what `inner` hands out from now on.
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            live: HandedOut::default(),
+        }
+    }
+
+    /// The tracked resource.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+}
+
+impl<R: MemoryResource> MemoryResource for Tracked<R> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        let p = self.inner.allocate(bytes, alignment, stream)?;
+        if !p.is_null() {
+            self.live.insert(p, bytes, stream.raw());
+        }
+        Ok(p)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        // The inner resource judges the free (the arena accepts any size in
+        // the block's granules); the record goes only once it is accepted.
+        self.inner.deallocate(ptr, bytes, alignment, stream)?;
+        let _ = self.live.take_any(ptr);
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        self.inner.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.inner.properties()
+    }
+}
+
+impl Served for Tracked<ArenaResource<Upstream>> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Arena
     }
     fn reserved_bytes(&self) -> usize {
-        self.reserved()
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        counted_peak(self.upstream())
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().reset_peak();
+        self.inner.reserved()
     }
     fn empty_cache(&self) -> Result<usize> {
         // The arena holds its one region for life: cached superblocks go back
         // to the global arena (so every stream can use them), not the device.
-        self.release_cached();
+        self.inner.release_cached();
         Ok(0)
     }
+    fn largest_free_block(&self) -> usize {
+        self.inner.stats().largest_free
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        self.live
+            .entries()
+            .into_iter()
+            .map(|(address, bytes, stream)| {
+                let size = self.inner.block_size_for(bytes).unwrap_or(bytes);
+                let block = LiveBlock {
+                    address,
+                    size,
+                    requested: Some(bytes),
+                };
+                (block, stream)
+            })
+            .collect()
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        let bytes = self.live.bytes_of(ptr)?;
+        Some(self.inner.block_size_for(bytes).unwrap_or(bytes))
+    }
+    over_upstream!();
 }
 
-impl Served for AsyncResource {
+/// CUDA's pool with a cap on the bytes live in it.
+impl Served for LimitingAdaptor<AsyncResource> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Async
     }
     fn reserved_bytes(&self) -> usize {
-        self.reserved_current().unwrap_or(0)
+        self.upstream().reserved_current().unwrap_or(0)
     }
     fn peak_reserved_bytes(&self) -> usize {
-        self.reserved_high().unwrap_or(0)
+        self.upstream().reserved_high().unwrap_or(0)
     }
     fn reset_peak_reserved(&self) {
-        let _ = self.reset_reserved_high();
+        let _ = self.upstream().reset_reserved_high();
     }
     fn empty_cache(&self) -> Result<usize> {
         // Frees not yet complete keep their memory in the pool: wait for them
         // (as PyTorch's cudaMallocAsync backend does), then trim.
-        let before = self.reserved_current()?;
-        self.pool().device().synchronize()?;
-        self.trim_to(0)?;
-        Ok(before.saturating_sub(self.reserved_current()?))
+        let cuda = self.upstream();
+        let before = cuda.reserved_current()?;
+        cuda.pool().device().synchronize()?;
+        cuda.trim_to(0)?;
+        Ok(before.saturating_sub(cuda.reserved_current()?))
+    }
+    fn driver_stats(&self) -> DriverStats {
+        DriverStats {
+            segments: None,
+            reserved: Stat {
+                current: self.reserved_bytes() as i64,
+                peak: self.peak_reserved_bytes() as i64,
+                total: 0,
+                freed: 0,
+            },
+            device_allocs: 0,
+            device_frees: 0,
+        }
+    }
+    fn largest_free_block(&self) -> usize {
+        let cuda = self.upstream();
+        match (cuda.reserved_current(), cuda.used_current()) {
+            (Ok(r), Ok(u)) => r.saturating_sub(u),
+            _ => 0,
+        }
+    }
+    fn segments(&self) -> Vec<Segment> {
+        each_a_segment(self.upstream().live_blocks())
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        no_stream(self.upstream().live_blocks())
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.upstream().allocation_size(ptr).map(rounded)
+    }
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
+        LimitingAdaptor::set_limit(self, limit.unwrap_or(usize::MAX));
+        let wanted = conf.release_threshold;
+        let threshold = limit.map_or(wanted, |l| wanted.min(l as u64));
+        if let Err(e) = self.upstream().set_release_threshold(threshold) {
+            crate::allocator::report(&format!(
+                "async: cannot set the release threshold to {threshold}: {e}"
+            ));
+        }
     }
 }
 
@@ -172,7 +429,7 @@ impl Served for VirtualPool {
         VirtualPool::reserved_bytes(self)
     }
     fn peak_reserved_bytes(&self) -> usize {
-        self.peak_reserved_bytes()
+        VirtualPool::peak_reserved_bytes(self)
     }
     fn reset_peak_reserved(&self) {
         self.reset_peaks();
@@ -180,36 +437,120 @@ impl Served for VirtualPool {
     fn empty_cache(&self) -> Result<usize> {
         self.release()
     }
+    fn driver_stats(&self) -> DriverStats {
+        let s = self.stats();
+        let page = s.page_size as u64;
+        DriverStats {
+            segments: Some(Stat {
+                current: s.chunks as i64,
+                peak: s.peak_chunks as i64,
+                total: s.chunks_created,
+                freed: s.chunks_released,
+            }),
+            reserved: Stat {
+                current: s.reserved as i64,
+                peak: s.peak_reserved as i64,
+                total: s.pages_created * page,
+                freed: s.pages_released * page,
+            },
+            device_allocs: s.chunks_created,
+            device_frees: s.chunks_released,
+        }
+    }
+    fn largest_free_block(&self) -> usize {
+        self.free_physical_bytes()
+    }
+    fn segments(&self) -> Vec<Segment> {
+        self.mapped_ranges()
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        no_stream(VirtualPool::live_blocks(self))
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        VirtualPool::live_block_size(self, ptr)
+    }
+    fn set_limit(&self, limit: Option<usize>, _: &Conf) {
+        self.set_maximum_physical(limit);
+    }
 }
 
-impl Served for LimitingAdaptor<Upstream> {
+impl Served for Upstream {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Cuda
     }
     fn reserved_bytes(&self) -> usize {
-        counted_now(self.upstream())
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        counted_peak(self.upstream())
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().reset_peak();
+        self.stats().allocated_bytes.current.max(0) as usize
     }
     fn empty_cache(&self) -> Result<usize> {
         Ok(0)
     }
+    fn largest_free_block(&self) -> usize {
+        0
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        no_stream(self.upstream().upstream().live_blocks())
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.upstream().upstream().allocation_size(ptr).map(rounded)
+    }
+    over_upstream!();
 }
 
-/// Builds the resource `conf` asks for on `device`. Kinds this build does not
-/// have are [`gpumem::Error::Unsupported`].
-pub fn build(conf: &Conf, device: &Device) -> Result<Box<dyn Served>> {
-    let upstream = || StatisticsAdaptor::new(DeviceResource::new(device.clone()));
+/// The log writes what the resource below it is asked; everything else is
+/// the resource's.
+impl Served for LoggingAdaptor<Box<dyn Served>> {
+    fn kind(&self) -> ResourceKind {
+        self.upstream().kind()
+    }
+    fn reserved_bytes(&self) -> usize {
+        self.upstream().reserved_bytes()
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.upstream().peak_reserved_bytes()
+    }
+    fn reset_peak_reserved(&self) {
+        self.upstream().reset_peak_reserved()
+    }
+    fn empty_cache(&self) -> Result<usize> {
+        self.upstream().empty_cache()
+    }
+    fn driver_stats(&self) -> DriverStats {
+        self.upstream().driver_stats()
+    }
+    fn largest_free_block(&self) -> usize {
+        self.upstream().largest_free_block()
+    }
+    fn segments(&self) -> Vec<Segment> {
+        self.upstream().segments()
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
+        self.upstream().live_blocks()
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.upstream().live_block_size(ptr)
+    }
+    fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
+        self.upstream().set_limit(limit, conf)
+    }
+}
+
+/// Builds the resource `conf` asks for on `device`, holding at most `limit`
+/// bytes from the driver (`None`: no cap; see [`Served::set_limit`]). Kinds
+/// this build does not have are [`gpumem::Error::Unsupported`]. The log, if
+/// any, is the caller's to add.
+pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<dyn Served>> {
+    let upstream = || {
+        StatisticsAdaptor::new(LimitingAdaptor::new(
+            DeviceResource::new(device.clone()),
+            limit.unwrap_or(usize::MAX),
+        ))
+    };
     let pool_config = || PoolConfig {
         initial_size: conf.initial_size,
         maximum_size: conf.max_size,
         ..PoolConfig::default()
     };
-    Ok(match conf.resource {
+    let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),
         ResourceKind::Caching => Box::new(CachingPool::with_upstream(
             upstream(),
@@ -226,33 +567,45 @@ pub fn build(conf: &Conf, device: &Device) -> Result<Box<dyn Served>> {
                 conf.max_bin.trailing_zeros(),
             )?)
         }
-        ResourceKind::Cuda => Box::new(LimitingAdaptor::new(
-            upstream(),
-            conf.max_size.unwrap_or(usize::MAX),
-        )),
+        ResourceKind::Cuda => Box::new(upstream()),
         ResourceKind::Arena => {
             // The arena takes its whole size up front: initial_size if given,
-            // else max_size, else half the device's free memory (RMM's default).
-            let size = Some(conf.initial_size).filter(|&s| s > 0).or(conf.max_size);
+            // else max_size, else half the device's free memory (RMM's
+            // default); never more than the limit.
+            let mut size = Some(conf.initial_size).filter(|&s| s > 0).or(conf.max_size);
+            if let Some(limit) = limit {
+                let wanted = match size {
+                    Some(s) => s,
+                    None => device.mem_info()?.free / 2,
+                };
+                size = Some(wanted.min(limit));
+            }
             let config = ArenaConfig {
                 arena_size: size,
                 ..ArenaConfig::default()
             };
-            Box::new(ArenaResource::with_config(upstream(), config)?)
+            Box::new(Tracked::new(ArenaResource::with_config(
+                upstream(),
+                config,
+            )?))
         }
         ResourceKind::Virtual => Box::new(VirtualPool::new(
             device.clone(),
             VirtualPoolConfig {
-                maximum_physical: conf.max_size,
+                maximum_physical: limit,
                 ..VirtualPoolConfig::default()
             },
         )?),
-        ResourceKind::Async => Box::new(
-            AsyncResource::builder(device.clone())
+        ResourceKind::Async => {
+            let cuda = AsyncResource::builder(device.clone())
                 .initial_size(conf.initial_size)
                 .release_threshold(conf.release_threshold)
                 .max_size(conf.max_size.unwrap_or(0))
-                .build()?,
-        ),
-    })
+                .build()?;
+            let served = LimitingAdaptor::new(cuda, usize::MAX);
+            Served::set_limit(&served, limit, conf);
+            Box::new(served)
+        }
+    };
+    Ok(served)
 }

@@ -2,7 +2,7 @@
 //! `GPUMEM_CONF=resource=pool,max_size=64MiB` (the configuration is read once
 //! per process, so each configuration has its own test binary).
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::Once;
 
@@ -34,6 +34,7 @@ mod dev {
     pub const CUPY: i32 = 4;
     pub const THREADS: i32 = 5;
     pub const EDGES: i32 = 6;
+    pub const TORCH: i32 = 7;
 }
 
 #[test]
@@ -276,4 +277,149 @@ fn edge_cases_return_null_or_do_nothing() {
         gpumem_reset_peak(dev);
         gpumem_empty_cache(dev);
     }
+}
+
+/// The functions PyTorch's native allocator calls, through C: statistics
+/// into the C struct, resets, the memory fraction, record_stream, snapshots
+/// into caller arrays (too small first), and the thread's last error.
+#[test]
+fn torch_entry_points_through_c() {
+    setup();
+    let d = dev::TORCH;
+    let read = |d| {
+        let mut s = gpumem_device_stats_t::default();
+        // SAFETY: a writable struct.
+        let rc = unsafe { gpumem_get_device_stats(d, &mut s) };
+        (rc, s)
+    };
+    assert_eq!(read(d), (0, gpumem_device_stats_t::default()), "never used");
+    assert_eq!(read(64).0, -1);
+    assert_eq!(read(-1).0, -1);
+    // SAFETY: NULL is refused.
+    assert_eq!(
+        unsafe { gpumem_get_device_stats(d, std::ptr::null_mut()) },
+        -1
+    );
+
+    let sim = global_sim_driver().expect("sim backend");
+    let driver: &dyn gpumem::driver::Driver = &*sim;
+    let other = driver.stream_create(d as u32, true).unwrap();
+    let ptrs: Vec<_> = [1000usize, 2 * MIB, 5 * MIB]
+        .iter()
+        .map(|&n| (gpumem_malloc(n as isize, d, null_mut()), n))
+        .collect();
+    let (rc, s) = read(d);
+    assert_eq!(rc, 0);
+    assert_eq!(s.allocation.current, 3);
+    assert_eq!(
+        s.allocated_bytes.current as usize,
+        gpumem_allocated_bytes(d)
+    );
+    assert_eq!(s.reserved_bytes.current as usize, gpumem_reserved_bytes(d));
+
+    // Snapshot: counts first, then arrays too small, then large enough.
+    let (mut ns, mut nb) = (0usize, 0usize);
+    // SAFETY: NULL arrays with maxima of 0; writable counts.
+    let rc = unsafe {
+        gpumem_snapshot(
+            d,
+            std::ptr::null_mut(),
+            0,
+            &mut ns,
+            std::ptr::null_mut(),
+            0,
+            &mut nb,
+        )
+    };
+    assert_eq!((rc, nb), (0, 3));
+    assert!(ns >= 1);
+    let mut segs = vec![gpumem_segment_t::default(); ns];
+    let mut blocks = vec![gpumem_block_t::default(); 2];
+    // SAFETY: arrays of the lengths passed.
+    let rc = unsafe {
+        gpumem_snapshot(
+            d,
+            segs.as_mut_ptr(),
+            ns,
+            &mut ns,
+            blocks.as_mut_ptr(),
+            2,
+            &mut nb,
+        )
+    };
+    assert_eq!((rc, nb), (0, 3), "the total, though only 2 fit");
+    let mut sorted: Vec<_> = ptrs.iter().map(|&(p, n)| (p as u64, n as u64)).collect();
+    sorted.sort();
+    for (b, (p, n)) in blocks.iter().zip(&sorted) {
+        assert_eq!(b.address, *p);
+        assert!(b.size >= *n && b.requested <= b.size);
+        assert!(segs
+            .iter()
+            .any(|s| s.address <= b.address && b.address + b.size <= s.address + s.size));
+    }
+    // SAFETY: a bad device writes nothing.
+    assert_eq!(
+        unsafe {
+            gpumem_snapshot(
+                -3,
+                std::ptr::null_mut(),
+                0,
+                &mut ns,
+                std::ptr::null_mut(),
+                0,
+                &mut nb,
+            )
+        },
+        -1
+    );
+
+    // record_stream through C: the free waits for the held stream.
+    let (p, n) = ptrs[2];
+    gpumem_record_stream(p, d, stream(other));
+    sim.hold(other);
+    gpumem_free(p, n as isize, d, null_mut());
+    let (_, s) = read(d);
+    assert_eq!((s.allocation.current, s.active.current), (2, 3));
+    sim.release(other);
+    gpumem_empty_cache(d);
+    let (_, s) = read(d);
+    assert_eq!(s.active.current, 2);
+
+    // Resets.
+    gpumem_reset_peak_stats(d);
+    let (_, s) = read(d);
+    assert_eq!(s.allocated_bytes.peak, s.allocated_bytes.current);
+    gpumem_reset_accumulated_stats(d);
+    let (_, s) = read(d);
+    assert_eq!((s.allocation.allocated, s.allocation.freed), (0, 0));
+    assert_eq!(s.allocation.current, 2);
+
+    // The fraction: 16 MiB of the 80 GiB device refuses 32 MiB, with the
+    // reason for this thread; 1.0 lifts it.
+    assert_eq!(gpumem_get_memory_fraction(d), 1.0);
+    assert_eq!(gpumem_set_memory_fraction(d, 1.5), -1);
+    assert_eq!(gpumem_set_memory_fraction(64, 0.5), -1);
+    assert_eq!(gpumem_set_memory_fraction(d, 1.0 / 5120.0), 0);
+    assert_eq!(gpumem_get_memory_fraction(d), 1.0 / 5120.0);
+    assert!(gpumem_malloc((32 * MIB) as isize, d, null_mut()).is_null());
+    let why = gpumem_last_error();
+    assert!(!why.is_null());
+    // SAFETY: a NUL-terminated string, valid until this thread's next malloc.
+    let why = unsafe { CStr::from_ptr(why) }.to_str().unwrap().to_owned();
+    assert!(
+        why.contains("out of memory") && why.contains("limit 16777216 bytes"),
+        "{why}"
+    );
+    let (_, s) = read(d);
+    assert_eq!((s.num_alloc_retries, s.num_ooms), (1, 1));
+    assert_eq!(gpumem_set_memory_fraction(d, 1.0), 0);
+    let big = gpumem_malloc((32 * MIB) as isize, d, null_mut());
+    assert!(!big.is_null());
+    assert!(gpumem_last_error().is_null(), "the last call did not fail");
+    gpumem_free(big, (32 * MIB) as isize, d, null_mut());
+    for &(p, n) in &ptrs[..2] {
+        gpumem_free(p, n as isize, d, null_mut());
+    }
+    assert_eq!(gpumem_allocated_bytes(d), 0);
+    driver.stream_destroy(other).unwrap();
 }

@@ -53,6 +53,18 @@ fn header_is_up_to_date() {
         "uint64_t gpumem_bad_free_count(int device);",
         "const char *gpumem_config_error(void);",
         "typedef void *gpumem_stream_t;",
+        "int gpumem_configure(const char *conf);",
+        "const char *gpumem_last_error(void);",
+        "int gpumem_get_device_stats(int device, struct gpumem_device_stats_t *out);",
+        "void gpumem_reset_peak_stats(int device);",
+        "void gpumem_reset_accumulated_stats(int device);",
+        "int gpumem_set_memory_fraction(int device, double fraction);",
+        "double gpumem_get_memory_fraction(int device);",
+        "void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);",
+        "typedef struct gpumem_stat_t {",
+        "} gpumem_device_stats_t;",
+        "} gpumem_segment_t;",
+        "} gpumem_block_t;",
     ] {
         assert!(
             generated.contains(sig),
@@ -84,7 +96,21 @@ int use(cudaStream_t s) {
     gpumem_empty_cache(0);
     const char *why = gpumem_config_error();
     uint64_t bad = gpumem_bad_free_count(-1);
-    return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0) + bad + (why != NULL));
+    /* The contract's spelling of the types (no struct keyword). */
+    gpumem_device_stats_t stats;
+    gpumem_segment_t segments[4];
+    gpumem_block_t blocks[4];
+    size_t n_segments = 0, n_blocks = 0;
+    int ok = gpumem_configure("resource=pool") + gpumem_get_device_stats(0, &stats)
+        + gpumem_set_memory_fraction(0, 0.5)
+        + gpumem_snapshot(0, segments, 4, &n_segments, blocks, 4, &n_blocks);
+    gpumem_reset_peak_stats(0);
+    gpumem_reset_accumulated_stats(0);
+    gpumem_record_stream(p, 0, s);
+    const char *last = gpumem_last_error();
+    double f = gpumem_get_memory_fraction(0);
+    return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0) + bad + (why != NULL)
+        + ok + stats.allocation.current + stats.largest_free_block + (last != NULL) + (f < 1.0) + n_segments + n_blocks);
 }
 "#;
     for (compiler, file) in [("cc", "t.c"), ("c++", "t.cpp")] {

@@ -80,6 +80,26 @@ fn limiting_gives_bytes_back_when_the_upstream_fails() {
 }
 
 #[test]
+fn limiting_limit_changes_at_run_time() {
+    let mr = LimitingAdaptor::new(Fake::new(1 << 30), 4096);
+    let s = mr.upstream().stream();
+    let a = mr.allocate(3072, 256, &s).unwrap();
+    mr.set_limit(2048);
+    assert_eq!(mr.limit(), 2048);
+    assert_eq!(mr.available_bytes(), 0, "more live than the new limit");
+    let err = mr.allocate(256, 256, &s).unwrap_err();
+    assert_eq!(err.oom_info().unwrap().limit, Some(2048), "{err}");
+    mr.deallocate(a, 3072, 256, &s).unwrap();
+    let b = mr.allocate(2048, 256, &s).unwrap();
+    assert!(mr.allocate(256, 256, &s).unwrap_err().is_oom());
+    mr.set_limit(8192);
+    let c = mr.allocate(4096, 256, &s).unwrap();
+    mr.deallocate(b, 2048, 256, &s).unwrap();
+    mr.deallocate(c, 4096, 256, &s).unwrap();
+    assert_eq!(mr.allocated_bytes(), 0);
+}
+
+#[test]
 fn limiting_never_overshoots_under_contention() {
     let limit = 64 * 256;
     let mr = Arc::new(LimitingAdaptor::new(Fake::new(1 << 30), limit));
@@ -148,6 +168,52 @@ fn statistics_counts_bytes_requests_and_ooms() {
     assert_eq!(mr.stats().active.freed, 1);
     mr.deallocate(b, 1000, 256, &s).unwrap();
     assert_eq!(mr.stats().allocated_bytes.current, 0);
+}
+
+#[test]
+fn statistics_deferred_frees_stay_active_until_finished() {
+    let mr = StatisticsAdaptor::new(Fake::new(1 << 20));
+    let s = mr.upstream().stream();
+    let a = mr.allocate(1000, 256, &s).unwrap();
+    let b = mr.allocate(300, 256, &s).unwrap();
+    mr.begin_deferred_free(1000);
+    let st = mr.stats();
+    assert_eq!(
+        st.allocated_bytes.current, 512,
+        "the caller's free counts now"
+    );
+    assert_eq!(st.requested_bytes.current, 300);
+    assert_eq!(st.allocation.current, 1);
+    assert_eq!(st.active.current, 2, "the upstream still holds it");
+    assert_eq!(st.active_bytes.current, 1024 + 512);
+    assert_eq!(st.reserved_bytes, st.active_bytes);
+    assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 0);
+    // A refused deferred free counts nothing; cancelling makes it live again.
+    assert!(mr
+        .finish_deferred_free(DevicePtr(0x1234_5600), 1000, 256, &s)
+        .is_err());
+    assert_eq!(mr.stats().active.current, 2);
+    mr.cancel_deferred_free(1000);
+    let st = mr.stats();
+    assert_eq!(st.allocated_bytes.current, 1024 + 512);
+    assert_eq!(st.allocated_bytes.freed, 0);
+    assert_eq!(st.allocation.current, 2);
+    mr.begin_deferred_free(1000);
+    mr.finish_deferred_free(a, 1000, 256, &s).unwrap();
+    let st = mr.stats();
+    assert_eq!((st.active.current, st.active_bytes.current), (1, 512));
+    assert_eq!(st.active_bytes.peak, 1024 + 512);
+    assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 1);
+    mr.reset_peak();
+    let st = mr.stats();
+    assert_eq!(
+        (st.allocation.peak, st.active.peak, st.active_bytes.peak),
+        (1, 1, 512)
+    );
+    mr.deallocate(b, 300, 256, &s).unwrap();
+    let st = mr.stats();
+    assert_eq!((st.allocation.current, st.active.current), (0, 0));
+    assert_eq!((st.allocation.total, st.allocation.freed), (2, 2));
 }
 
 #[test]

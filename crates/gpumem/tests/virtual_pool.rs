@@ -335,6 +335,46 @@ fn maximum_physical_is_a_limit() {
 }
 
 #[test]
+fn maximum_physical_changes_at_run_time_and_the_pool_lists_what_it_holds() {
+    let (device, sim) = sim(80 << 30);
+    let p = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(6 * MIB, 256, &s).unwrap();
+    let b = p.allocate(1000, 256, &s).unwrap();
+    p.set_maximum_physical(Some(8 * MIB));
+    assert_eq!(p.maximum_physical(), Some(8 * MIB));
+    let e = p.allocate(4 * MIB, 256, &s).unwrap_err();
+    assert_eq!(e.oom_info().unwrap().limit, Some(8 * MIB));
+    // Live blocks, their sizes, and the mapped ranges holding them.
+    let live = p.live_blocks();
+    assert_eq!(live.iter().map(|l| l.address).collect::<Vec<_>>(), {
+        let mut v = vec![a, b];
+        v.sort();
+        v
+    });
+    assert_eq!(p.live_block_size(a), Some(6 * MIB));
+    assert_eq!(p.live_block_size(b), Some(1024));
+    assert_eq!(p.live_block_size(DevicePtr(a.0 + 256)), None);
+    let ranges = p.mapped_ranges();
+    for l in &live {
+        assert_eq!(ranges.iter().filter(|r| r.contains(l)).count(), 1, "{l:?}");
+    }
+    let st = p.stats();
+    assert_eq!(st.chunks_created as usize, st.chunks);
+    assert_eq!(st.peak_chunks, st.chunks);
+    assert_eq!(p.free_physical_bytes(), st.reserved - 4 * (2 * MIB));
+    p.set_maximum_physical(None);
+    let c = p.allocate(4 * MIB, 256, &s).unwrap();
+    for (q, n) in [(a, 6 * MIB), (b, 1000), (c, 4 * MIB)] {
+        p.deallocate(q, n, 256, &s).unwrap();
+    }
+    p.release().unwrap();
+    let st = p.stats();
+    assert_eq!(st.chunks_released, st.chunks_created);
+    assert_eq!(sim.physical_bytes(), 0);
+}
+
+#[test]
 fn a_failed_mapping_is_undone_entirely() {
     let (device, sim) = sim(80 << 30);
     // Extents of two pages: the 8-page block takes four maps, so the third

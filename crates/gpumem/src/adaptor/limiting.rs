@@ -8,9 +8,14 @@
 //! carrying the limit, the requested bytes and the bytes live, without reaching
 //! the upstream.
 //!
-//! Fast path: lock-free. One compare-exchange loop reserves the bytes before the
-//! upstream call (so concurrent requests can never overshoot the limit); an
-//! upstream failure or a free gives them back with one atomic subtraction.
+//! The limit can be changed at any time ([`LimitingAdaptor::set_limit`]):
+//! lowering it below the bytes live fails the requests that would need more
+//! until enough is freed; nothing live is touched.
+//!
+//! Fast path: lock-free. One load of the limit and one compare-exchange loop
+//! reserve the bytes before the upstream call (so concurrent requests can
+//! never overshoot the limit); an upstream failure or a free gives them back
+//! with one atomic subtraction.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -25,7 +30,7 @@ use crate::{check_alignment, Error, OomInfo, Result};
 #[derive(Debug)]
 pub struct LimitingAdaptor<U> {
     upstream: U,
-    limit: usize,
+    limit: AtomicUsize,
     used: AtomicUsize,
 }
 
@@ -35,14 +40,20 @@ impl<U: MemoryResource> LimitingAdaptor<U> {
     pub fn new(upstream: U, limit: usize) -> Self {
         Self {
             upstream,
-            limit,
+            limit: AtomicUsize::new(limit),
             used: AtomicUsize::new(0),
         }
     }
 
     /// The byte limit.
     pub fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the byte limit. Allocations live now stay; requests that would
+    /// take the bytes live above the new limit fail from now on.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Bytes allocated through this adaptor and not yet freed, each allocation
@@ -53,7 +64,7 @@ impl<U: MemoryResource> LimitingAdaptor<U> {
 
     /// Bytes that can still be allocated before the limit is reached.
     pub fn available_bytes(&self) -> usize {
-        self.limit.saturating_sub(self.allocated_bytes())
+        self.limit().saturating_sub(self.allocated_bytes())
     }
 
     /// The granularity allocations are counted at (256 bytes).
@@ -66,12 +77,12 @@ impl<U: MemoryResource> LimitingAdaptor<U> {
         &self.upstream
     }
 
-    fn over_limit(&self, bytes: usize, live: usize) -> Error {
+    fn over_limit(&self, bytes: usize, live: usize, limit: usize) -> Error {
         Error::oom_with(OomInfo {
             requested: bytes,
             device: oom_device(self.upstream.device(), self.upstream.properties()),
             live: Some(live),
-            limit: Some(self.limit),
+            limit: Some(limit),
             ..OomInfo::default()
         })
     }
@@ -83,16 +94,17 @@ impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
+        let limit = self.limit();
         let Some(counted) = granular_size(bytes) else {
-            return Err(self.over_limit(bytes, self.allocated_bytes()));
+            return Err(self.over_limit(bytes, self.allocated_bytes(), limit));
         };
         let reserved = self
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
-                used.checked_add(counted).filter(|n| *n <= self.limit)
+                used.checked_add(counted).filter(|n| *n <= limit)
             });
         if let Err(live) = reserved {
-            return Err(self.over_limit(bytes, live));
+            return Err(self.over_limit(bytes, live, limit));
         }
         match self.upstream.allocate(bytes, alignment, stream) {
             Ok(p) => Ok(p),

@@ -10,17 +10,25 @@
 //! threads, as in RMM.
 //!
 //! What each counter means at this layer:
-//! - `allocated_bytes`: bytes handed out and not yet freed, each allocation
-//!   rounded up to the 256-byte granularity (what it takes from a driver
-//!   allocator or a pool at least).
+//! - `allocated_bytes`: bytes handed out and not yet freed by their callers,
+//!   each allocation rounded up to the 256-byte granularity (what it takes
+//!   from a driver allocator or a pool at least).
 //! - `requested_bytes`: the same, in the bytes callers asked for.
+//! - `allocation`: the same, counting allocations.
+//! - `active_bytes` and `active`: bytes and allocations the upstream still
+//!   holds for callers: `allocated_bytes` and `allocation` plus the *deferred
+//!   frees* not finished yet. A caller that must keep a freed block from the
+//!   upstream for a while (PyTorch's `record_stream`: until other streams'
+//!   work is done) counts the free with
+//!   [`StatisticsAdaptor::begin_deferred_free`] and hands the block down
+//!   later with [`StatisticsAdaptor::finish_deferred_free`]. Without deferred
+//!   frees, `active` equals `allocation` and `active_bytes` equals
+//!   `allocated_bytes`; `active.total` and `active.freed` are the allocation
+//!   and free counts of the upstream.
 //! - `reserved_bytes`: what the upstream holds for these allocations. The
-//!   adaptor cannot see inside its upstream, so it reports `allocated_bytes`;
+//!   adaptor cannot see inside its upstream, so it reports `active_bytes`;
 //!   that is exact over a driver resource, which holds exactly what it hands
 //!   out. Over a pool, ask the pool for its own reserve.
-//! - `active`: allocations handed out and not yet freed (PyTorch's `active`
-//!   and `allocation` counts are equal here, as this layer has no deferred frees);
-//!   `active.total` and `active.freed` are the allocation and free counts.
 //! - `num_ooms`: allocations the upstream refused with out-of-memory.
 //! - `num_alloc_retries`: retries made by a [`FailureCallbackAdaptor`] whose
 //!   [`RetryCounter`] was given to [`StatisticsAdaptor::with_retry_counter`];
@@ -79,6 +87,13 @@ impl Stat {
         self.freed = self.freed.saturating_add(n);
     }
 
+    /// Undoes a [`Stat::sub`] (the peak is not touched: the value only comes
+    /// back to where it was).
+    fn unsub(&mut self, n: u64) {
+        self.current = self.current.saturating_add_unsigned(n);
+        self.freed = self.freed.saturating_sub(n);
+    }
+
     /// Merges a popped child frame into this one: the child's changes apply on
     /// top of this frame's value at the push.
     fn merge_child(&mut self, child: &Stat) {
@@ -93,14 +108,21 @@ impl Stat {
 /// module documentation for what each means at this layer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Bytes allocated, each allocation rounded up to 256 bytes.
+    /// Bytes allocated and not freed by their callers, each allocation
+    /// rounded up to 256 bytes.
     pub allocated_bytes: Stat,
     /// Bytes requested by callers.
     pub requested_bytes: Stat,
     /// Bytes the upstream holds for these allocations (equal to
-    /// `allocated_bytes` at this layer).
+    /// `active_bytes` at this layer).
     pub reserved_bytes: Stat,
-    /// Allocations handed out (counts).
+    /// Allocations not freed by their callers (counts).
+    pub allocation: Stat,
+    /// Bytes the upstream holds for callers: `allocated_bytes` plus deferred
+    /// frees not finished (rounded as `allocated_bytes`).
+    pub active_bytes: Stat,
+    /// Allocations the upstream holds for callers (counts): `allocation`
+    /// plus deferred frees not finished.
     pub active: Stat,
     /// Allocation retries after out-of-memory (see the module documentation).
     pub num_alloc_retries: u64,
@@ -122,6 +144,8 @@ impl MemoryStats {
     fn merge_child(&mut self, child: &MemoryStats) {
         self.allocated_bytes.merge_child(&child.allocated_bytes);
         self.requested_bytes.merge_child(&child.requested_bytes);
+        self.allocation.merge_child(&child.allocation);
+        self.active_bytes.merge_child(&child.active_bytes);
         self.active.merge_child(&child.active);
         self.num_ooms += child.num_ooms;
     }
@@ -186,7 +210,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     fn snapshot(&self, frame: &Frame) -> MemoryStats {
         let mut s = frame.stats;
-        s.reserved_bytes = s.allocated_bytes;
+        s.reserved_bytes = s.active_bytes;
         s.num_alloc_retries = self.retries_now().saturating_sub(frame.retry_base);
         s
     }
@@ -262,11 +286,99 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         let mut frames = self.lock();
         if let Some(top) = frames.last_mut() {
             let s = &mut top.stats;
-            s.allocated_bytes.peak = s.allocated_bytes.current;
-            s.requested_bytes.peak = s.requested_bytes.current;
-            s.active.peak = s.active.current;
+            for stat in [
+                &mut s.allocated_bytes,
+                &mut s.requested_bytes,
+                &mut s.allocation,
+                &mut s.active_bytes,
+                &mut s.active,
+            ] {
+                stat.peak = stat.current;
+            }
         }
     }
+
+    /// Counts a caller's free of `bytes` now (`allocated_bytes`,
+    /// `requested_bytes`, `allocation`) while the block stays with the
+    /// caller, still `active`, until [`StatisticsAdaptor::finish_deferred_free`]
+    /// hands it to the upstream (or [`StatisticsAdaptor::cancel_deferred_free`]
+    /// takes the free back). The caller checks that the block is live.
+    pub fn begin_deferred_free(&self, bytes: usize) {
+        self.count_free(bytes, Side::Caller);
+    }
+
+    /// Frees a block whose free [`StatisticsAdaptor::begin_deferred_free`]
+    /// counted: hands it to the upstream and, once accepted, counts it out
+    /// of `active` and `active_bytes`. A free the upstream refuses counts
+    /// nothing (the caller may [`StatisticsAdaptor::cancel_deferred_free`]).
+    pub fn finish_deferred_free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free_through(ptr, bytes, alignment, stream, Side::Upstream)
+    }
+
+    /// Takes back a free counted by [`StatisticsAdaptor::begin_deferred_free`]
+    /// whose block stays live after all (its free was refused): the counters
+    /// are as if the free had not been made.
+    pub fn cancel_deferred_free(&self, bytes: usize) {
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        if let Some(top) = self.lock().last_mut() {
+            top.stats.allocated_bytes.unsub(counted);
+            top.stats.requested_bytes.unsub(bytes as u64);
+            top.stats.allocation.unsub(1);
+        }
+    }
+
+    /// Frees `ptr` through the upstream and, once accepted, counts it on
+    /// `side`.
+    #[inline(always)]
+    fn free_through(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        side: Side,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+        self.count_free(bytes, side);
+        Ok(())
+    }
+
+    /// Counts a free of `bytes` on the caller's side, the upstream's or both.
+    #[inline(always)]
+    fn count_free(&self, bytes: usize, side: Side) {
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        if let Some(top) = self.lock().last_mut() {
+            let s = &mut top.stats;
+            if side != Side::Upstream {
+                s.allocated_bytes.sub(counted);
+                s.requested_bytes.sub(bytes as u64);
+                s.allocation.sub(1);
+            }
+            if side != Side::Caller {
+                s.active_bytes.sub(counted);
+                s.active.sub(1);
+            }
+        }
+    }
+}
+
+/// Which counters a free moves: the caller's (`allocation`,
+/// `allocated_bytes`, `requested_bytes`), the upstream's (`active`,
+/// `active_bytes`), or both at once (a free that is not deferred).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Caller,
+    Upstream,
+    Both,
 }
 
 impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
@@ -280,9 +392,12 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
                 let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
                 let mut frames = self.lock();
                 if let Some(top) = frames.last_mut() {
-                    top.stats.allocated_bytes.add(counted);
-                    top.stats.requested_bytes.add(bytes as u64);
-                    top.stats.active.add(1);
+                    let s = &mut top.stats;
+                    s.allocated_bytes.add(counted);
+                    s.requested_bytes.add(bytes as u64);
+                    s.allocation.add(1);
+                    s.active_bytes.add(counted);
+                    s.active.add(1);
                 }
                 Ok(p)
             }
@@ -304,17 +419,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        if let Some(top) = self.lock().last_mut() {
-            top.stats.allocated_bytes.sub(counted);
-            top.stats.requested_bytes.sub(bytes as u64);
-            top.stats.active.sub(1);
-        }
-        Ok(())
+        self.free_through(ptr, bytes, alignment, stream, Side::Both)
     }
 
     fn device(&self) -> &Device {

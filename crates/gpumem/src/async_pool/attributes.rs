@@ -12,7 +12,7 @@
 
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, Location, PoolAttr, RawPool};
-use crate::resource::{validate_request, HandedOut, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{validate_request, HandedOut, LiveBlock, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, Result};
 
@@ -245,6 +245,20 @@ impl MemPool {
             used: self.used_current()?,
             used_high: self.used_high()?,
         })
+    }
+
+    /// Every allocation made through this handle and not yet freed, in
+    /// address order, with the bytes asked for and those rounded up to 256
+    /// bytes (the alignment CUDA guarantees; the driver's own rounding cannot
+    /// be read). O(allocations), for snapshots.
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        self.handed_out.live_blocks()
+    }
+
+    /// The bytes asked for by the live allocation at `ptr`, if it is one made
+    /// through this handle.
+    pub fn allocation_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.handed_out.bytes_of(ptr)
     }
 
     /// Returns unused memory to the device until the pool keeps at most `bytes`

@@ -544,6 +544,13 @@ impl<U: MemoryResource> ArenaResource<U> {
         self.core.sb_size()
     }
 
+    /// The bytes a request of `bytes` takes: whole 256-byte granules below
+    /// the large threshold, whole superblocks above; `None` when the arena
+    /// can never serve it.
+    pub fn block_size_for(&self, bytes: usize) -> Option<usize> {
+        self.core.classify(bytes).map(|r| r.block_bytes(&self.core))
+    }
+
     /// A snapshot of the arena's memory (locks every stream arena in turn).
     pub fn stats(&self) -> ArenaStats {
         self.core.stats()

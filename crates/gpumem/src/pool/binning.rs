@@ -24,7 +24,8 @@ use super::fixed_size::FixedSizeResource;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
-    validate_request, HandedOut, MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
+    validate_request, HandedOut, LiveBlock, MemoryResource, Properties, SharedResource,
+    DEFAULT_ALIGNMENT,
 };
 use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
@@ -224,13 +225,40 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         self.fixed().map(|f| f.cached_bytes()).sum()
     }
 
+    /// The blocks handed out, in address order: the fixed-size bins' blocks
+    /// (their block size) and the allocations taken straight from the
+    /// upstream (rounded up to 256 bytes), both with the bytes asked for. Blocks
+    /// of other bins are not listed. O(blocks).
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        let mut out: Vec<LiveBlock> = self.fixed().flat_map(|f| f.live_blocks()).collect();
+        out.extend(self.direct.live_blocks());
+        out.sort_unstable();
+        out
+    }
+
+    /// The size of the live block starting at `ptr` (a fixed bin's block
+    /// size, or a direct allocation's bytes rounded up to 256), if there is
+    /// one.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.direct
+            .bytes_of(ptr)
+            .map(|b| b.next_multiple_of(DEFAULT_ALIGNMENT))
+            .or_else(|| self.fixed().find_map(|f| f.live_block_size(ptr)))
+    }
+
+    /// The largest free block of the fixed-size bins (the upstream's free
+    /// memory is the upstream's to report).
+    pub fn largest_free_block(&self) -> usize {
+        self.fixed().map(|f| f.largest_free()).max().unwrap_or(0)
+    }
+
     fn oom_info(&self, requested: usize) -> OomInfo {
         OomInfo {
             requested,
             device: Some(self.upstream.device().ordinal()),
             reserved: Some(self.reserved_bytes()),
             live: Some(self.live_bytes()),
-            largest_free: Some(self.fixed().map(|f| f.largest_free()).max().unwrap_or(0)),
+            largest_free: Some(self.largest_free_block()),
             limit: None,
         }
     }

@@ -30,7 +30,7 @@ use super::stream_lanes::{lock, PtrMap};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
-    validate_request, DeviceResource, MemoryResource, Properties, DEFAULT_ALIGNMENT,
+    validate_request, DeviceResource, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT,
 };
 use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
@@ -426,6 +426,35 @@ impl<U: MemoryResource> CachingPool<U> {
     /// Bytes of free cached blocks.
     pub fn cached_bytes(&self) -> usize {
         self.slab.totals().2
+    }
+
+    /// The blocks handed out, in address order: cached classes with their
+    /// block size, large blocks with their size; both with the bytes asked
+    /// for. O(blocks).
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        let mut out = self.slab.live_blocks();
+        out.extend(lock(&self.large).iter().map(|(&p, &size)| LiveBlock {
+            address: DevicePtr(p),
+            size,
+            requested: Some(size),
+        }));
+        out.sort_unstable();
+        out
+    }
+
+    /// The size of the live block starting at `ptr` (its class's block size,
+    /// or a large block's size), if there is one.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.slab
+            .live_block_size(ptr)
+            .or_else(|| lock(&self.large).get(&ptr.0).copied())
+    }
+
+    /// The largest class with a free block: the largest request the pool can
+    /// serve without growing (after waiting for the stream that freed it,
+    /// when that is another stream).
+    pub fn largest_free_block(&self) -> usize {
+        self.slab.largest_free()
     }
 
     /// Numbers of the whole pool and of each class.

@@ -21,7 +21,7 @@
 use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, OomInfo, Result};
 
@@ -155,6 +155,16 @@ impl<U: MemoryResource> FixedSizeResource<U> {
     /// Largest free block: the block size when one is free, else 0.
     pub fn largest_free(&self) -> usize {
         self.slab.largest_free()
+    }
+
+    /// The blocks handed out (block size, bytes asked for), unsorted.
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        self.slab.live_blocks()
+    }
+
+    /// The block size when `ptr` starts a live block of this resource.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.slab.live_block_size(ptr)
     }
 
     pub(crate) fn oom_info(&self, requested: usize) -> OomInfo {

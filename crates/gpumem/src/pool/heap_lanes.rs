@@ -14,10 +14,39 @@
 
 use super::stream_lanes::PtrMap;
 use crate::device::Device;
-use crate::driver::STREAM_PER_THREAD;
+use crate::driver::{DevicePtr, STREAM_PER_THREAD};
+use crate::resource::LiveBlock;
 use crate::stream::{Event, Stream};
 use crate::suballoc::{LaneHeap, LaneId};
 use crate::{Error, Result};
+
+/// The used blocks of `heaps` as live blocks, in address order, with their
+/// sizes as the heaps rounded them (the requested sizes are not recorded).
+/// O(blocks).
+pub(crate) fn live_blocks<'a>(heaps: impl IntoIterator<Item = &'a LaneHeap>) -> Vec<LiveBlock> {
+    let mut out: Vec<LiveBlock> = heaps
+        .into_iter()
+        .flat_map(|h| h.used_ranges())
+        .map(|(addr, size)| LiveBlock {
+            address: DevicePtr(addr),
+            size: size as usize,
+            requested: None,
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The size of the used block starting at `ptr` in any of `heaps`.
+pub(crate) fn live_block_size<'a>(
+    heaps: impl IntoIterator<Item = &'a LaneHeap>,
+    ptr: DevicePtr,
+) -> Option<usize> {
+    heaps
+        .into_iter()
+        .find_map(|h| h.used_size(ptr.0))
+        .map(|s| s as usize)
+}
 
 /// The heaps one [`HeapLanes`] serves: a single [`LaneHeap`], or an array of
 /// heaps whose lane numbers are kept in step (a stream has the same lane in

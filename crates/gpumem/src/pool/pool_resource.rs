@@ -59,11 +59,11 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::heap_lanes::HeapLanes;
+use super::heap_lanes::{self, HeapLanes};
 use super::stream_lanes::PtrMap;
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{validate_request, MemoryResource, Properties};
+use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::suballoc::{HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
@@ -335,6 +335,24 @@ impl<U: MemoryResource> PoolResource<U> {
     /// Bytes handed out.
     pub fn live_bytes(&self) -> usize {
         self.lock().live()
+    }
+
+    /// The blocks handed out, in address order, with their sizes as the pool
+    /// rounded them (the requested sizes are not recorded). O(blocks).
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        heap_lanes::live_blocks(&self.lock().heaps)
+    }
+
+    /// The size of the live block starting at `ptr`, if there is one.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        heap_lanes::live_block_size(&self.lock().heaps, ptr)
+    }
+
+    /// The largest free block in any lane of either heap: the largest request
+    /// the pool can serve without growing (after waiting for the stream that
+    /// freed it, when that is another stream).
+    pub fn largest_free_block(&self) -> usize {
+        self.lock().largest_free_any()
     }
 
     /// Gives back every region that is entirely free and whose blocks are known

@@ -27,7 +27,7 @@ use std::sync::{Mutex, RwLock};
 use super::stream_lanes::{lock, FreeBlocks, PtrMap, StreamTable};
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{MemoryResource, DEFAULT_ALIGNMENT};
+use crate::resource::{LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
 
@@ -503,6 +503,31 @@ impl<U: MemoryResource> Slab<U> {
             t.2 += st.free.count * c.spec.block;
         }
         t
+    }
+
+    /// Every block handed out, with its class's block size and the bytes
+    /// asked for (unsorted).
+    pub(crate) fn live_blocks(&self) -> Vec<LiveBlock> {
+        let mut out = Vec::new();
+        for c in self.classes.iter() {
+            let st = lock(&c.state);
+            out.extend(st.live.iter().map(|(&p, &req)| LiveBlock {
+                address: DevicePtr(p),
+                size: c.spec.block,
+                requested: Some(req),
+            }));
+        }
+        out
+    }
+
+    /// The block size of the live block starting at `ptr`, if there is one.
+    pub(crate) fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        let class = self.locate(ptr)?;
+        let c = &self.classes[class];
+        lock(&c.state)
+            .live
+            .contains_key(&ptr.0)
+            .then_some(c.spec.block)
     }
 
     /// Largest block size with a free block.

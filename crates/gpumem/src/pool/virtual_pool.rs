@@ -95,10 +95,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use self::page_table::{Acquired, FreeStreams, PageRef, PageTable, PhysPage};
 use self::phys_cache::PhysCache;
-use super::heap_lanes::HeapLanes;
+use super::heap_lanes::{self, HeapLanes};
 use crate::device::Device;
 use crate::driver::{AccessFlags, DevicePtr, HandleType};
-use crate::resource::{validate_request, MemoryResource, Properties};
+use crate::resource::{
+    merge_adjacent, validate_request, LiveBlock, MemoryResource, Properties, Segment,
+};
 use crate::stream::Stream;
 use crate::suballoc::{HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
@@ -139,7 +141,8 @@ pub struct VirtualPoolConfig {
     /// next step (GPT-2's steady state keeps about 3.5 alias pages per
     /// physical page).
     pub max_alias_ratio: usize,
-    /// Most physical bytes the pool may hold; `None` for no limit.
+    /// Most physical bytes the pool may hold; `None` for no limit. The
+    /// starting value: [`VirtualPool::set_maximum_physical`] changes it.
     pub maximum_physical: Option<usize>,
     /// Other devices granted read-write access to every mapped page.
     pub peers: Vec<u32>,
@@ -204,6 +207,12 @@ pub struct VirtualPoolStats {
     pub pages_created: u64,
     /// Physical pages released so far (`cuMemRelease`).
     pub pages_released: u64,
+    /// Physical allocations made so far (`cuMemCreate` calls).
+    pub chunks_created: u64,
+    /// Physical allocations released so far (`cuMemRelease` calls).
+    pub chunks_released: u64,
+    /// Highest `chunks` so far.
+    pub peak_chunks: usize,
     /// Large blocks placed elsewhere than the heap's first choice because
     /// fewer new pages were needed there.
     pub relocations: u64,
@@ -269,6 +278,12 @@ struct State {
     peak_live: usize,
     pages_created: u64,
     pages_released: u64,
+    chunks_created: u64,
+    chunks_released: u64,
+    peak_chunks: usize,
+    /// Most physical bytes the pool may hold now (`maximum_physical`, which
+    /// [`VirtualPool::set_maximum_physical`] changes).
+    max_physical: Option<usize>,
     relocations: u64,
     mappings_made: u64,
     mappings_unmapped: u64,
@@ -450,6 +465,10 @@ impl VirtualPool {
             peak_live: 0,
             pages_created: 0,
             pages_released: 0,
+            chunks_created: 0,
+            chunks_released: 0,
+            peak_chunks: 0,
+            max_physical: config.maximum_physical,
             relocations: 0,
             mappings_made: 0,
             mappings_unmapped: 0,
@@ -523,6 +542,9 @@ impl VirtualPool {
             streams: st.streams.len(),
             pages_created: st.pages_created,
             pages_released: st.pages_released,
+            chunks_created: st.chunks_created,
+            chunks_released: st.chunks_released,
+            peak_chunks: st.peak_chunks,
             relocations: st.relocations,
             mappings_made: st.mappings_made,
             mappings_unmapped: st.mappings_unmapped,
@@ -539,6 +561,61 @@ impl VirtualPool {
         let mut st = self.lock();
         st.peak_reserved = st.phys.total_pages() * self.gran;
         st.peak_live = st.live_bytes();
+        st.peak_chunks = st.phys.chunk_count();
+    }
+
+    /// Most physical bytes the pool may hold now; `None` for no limit.
+    pub fn maximum_physical(&self) -> Option<usize> {
+        self.lock().max_physical
+    }
+
+    /// Changes the most physical bytes the pool may hold (`None`: no limit).
+    /// Memory held above a lowered limit stays until it is freed and given
+    /// back; meanwhile requests needing new physical memory fail as out of
+    /// memory with the limit.
+    pub fn set_maximum_physical(&self, bytes: Option<usize>) {
+        self.lock().max_physical = bytes;
+    }
+
+    /// Physical bytes held and not under any live block: what the pool can
+    /// map under new blocks without creating memory (cached extents, and
+    /// idle mapped pages it can alias elsewhere). O(pages).
+    pub fn free_physical_bytes(&self) -> usize {
+        let st = self.lock();
+        let busy = st
+            .pages
+            .mapped_pages()
+            .saturating_sub(st.pages.idle_pages());
+        (st.phys.total_pages().saturating_sub(busy)) * self.gran
+    }
+
+    /// The virtual ranges with physical memory mapped under them, in address
+    /// order, adjacent mapped pages merged into one range (a block spanning
+    /// several extents lies in one range). An extent mapped at two places
+    /// (an alias) appears at both. O(pages).
+    pub fn mapped_ranges(&self) -> Vec<Segment> {
+        let st = self.lock();
+        let pages: Vec<Segment> = st
+            .pages
+            .mapped()
+            .map(|(p, _)| Segment {
+                address: DevicePtr(st.pages.addr(p)),
+                size: self.gran,
+            })
+            .collect();
+        drop(st);
+        merge_adjacent(pages)
+    }
+
+    /// The blocks handed out, in address order, with their sizes as the pool
+    /// rounded them (the requested sizes are not recorded). O(blocks).
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        heap_lanes::live_blocks(self.lock().arenas.iter().map(|a| &a.heap))
+    }
+
+    /// The size of the live block starting at `ptr`, if there is one.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        heap_lanes::live_block_size(self.lock().arenas.iter().map(|a| &a.heap), ptr)
     }
 
     /// Physical bytes held from the driver (mapped plus cached).
@@ -633,14 +710,7 @@ impl VirtualPool {
         let mut live = Vec::new();
         for a in &st.arenas {
             a.heap.check_invariants()?;
-            let regions: Vec<_> = a.heap.regions().map(|(id, _, _)| id).collect();
-            for r in regions {
-                for (_, b) in a.heap.region_blocks(r) {
-                    if matches!(b.state(), crate::suballoc::BlockState::Used) {
-                        live.push((b.addr, b.size));
-                    }
-                }
-            }
+            live.extend(a.heap.used_ranges());
         }
         st.pages.check(&live, &st.phys)?;
         // Every extent is mapped whole, in order, or not at all.
@@ -787,7 +857,7 @@ impl VirtualPool {
             reserved: Some(st.phys.total_pages() * self.gran),
             live: Some(st.live_bytes()),
             largest_free: Some(largest as usize),
-            limit: self.config.maximum_physical,
+            limit: st.max_physical,
         })
     }
 
@@ -1176,6 +1246,7 @@ impl VirtualPool {
             }
             released += pages as usize * self.gran;
             st.pages_released += u64::from(pages);
+            st.chunks_released += 1;
         }
         (released, first_err)
     }
@@ -1185,7 +1256,7 @@ impl VirtualPool {
     /// error.
     fn create(&self, st: &mut State, n: usize) -> Result<u32> {
         let mut n = n.max(1);
-        if let Some(max) = self.config.maximum_physical {
+        if let Some(max) = st.max_physical {
             let room = (max / self.gran).saturating_sub(st.phys.total_pages());
             if room == 0 {
                 return Err(Error::oom(self.gran));
@@ -1199,6 +1270,8 @@ impl VirtualPool {
         )?;
         let c = st.phys.add_chunk(h, n as u32);
         st.pages_created += n as u64;
+        st.chunks_created += 1;
+        st.peak_chunks = st.peak_chunks.max(st.phys.chunk_count());
         let reserved = st.phys.total_pages() * self.gran;
         st.peak_reserved = st.peak_reserved.max(reserved);
         Ok(c)

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::handed_out::HandedOut;
-use super::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use super::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::stream::Stream;
@@ -46,6 +46,19 @@ impl DeviceResource {
     /// Bytes handed out and not yet freed, as asked for.
     pub fn live_bytes(&self) -> usize {
         self.handed_out.bytes()
+    }
+
+    /// Every allocation handed out and not yet freed, in address order: each
+    /// is one `cuMemAlloc` (a segment the driver holds for this resource),
+    /// with the bytes asked for and those rounded up to 256 bytes (the
+    /// alignment `cuMemAlloc` guarantees). O(allocations), for snapshots.
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        self.handed_out.live_blocks()
+    }
+
+    /// The bytes asked for by the live allocation at `ptr`, if it is one.
+    pub fn allocation_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.handed_out.bytes_of(ptr)
     }
 }
 

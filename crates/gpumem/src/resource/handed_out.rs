@@ -20,6 +20,7 @@
 
 use std::sync::Mutex;
 
+use super::{LiveBlock, DEFAULT_ALIGNMENT};
 use crate::driver::DevicePtr;
 use crate::pool::stream_lanes::{lock, PtrMap};
 use crate::{Error, FreeError};
@@ -180,6 +181,44 @@ impl<V> HandedOut<V> {
         ptr.0 != 0 && !s.live.contains_key(&ptr.0) && s.freed.contains(&ptr.0)
     }
 
+    /// Every live block as (pointer, bytes asked for, value), in address
+    /// order. Locks each shard in turn: O(blocks), for snapshots.
+    pub fn entries(&self) -> Vec<(DevicePtr, usize, V)>
+    where
+        V: Clone,
+    {
+        let mut out: Vec<_> = self
+            .shards
+            .iter()
+            .flat_map(|s| {
+                lock(s)
+                    .live
+                    .iter()
+                    .map(|(&p, (b, v))| (DevicePtr(p), *b, v.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.sort_unstable_by_key(|e| e.0);
+        out
+    }
+
+    /// Every live block in address order, with the bytes asked for and
+    /// those rounded up to 256 bytes (the alignment every driver allocation
+    /// has; the driver's own rounding cannot be read). For snapshots.
+    pub fn live_blocks(&self) -> Vec<LiveBlock>
+    where
+        V: Clone,
+    {
+        self.entries()
+            .into_iter()
+            .map(|(address, bytes, _)| LiveBlock {
+                address,
+                size: bytes.next_multiple_of(DEFAULT_ALIGNMENT),
+                requested: Some(bytes),
+            })
+            .collect()
+    }
+
     /// Blocks live.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).live.len()).sum()
@@ -199,6 +238,22 @@ impl<V> HandedOut<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_list_live_blocks_in_address_order() {
+        let t: HandedOut<u8> = HandedOut::default();
+        for (i, p) in [0x30_0000u64, 0x10_0000, 0x20_0000].into_iter().enumerate() {
+            t.insert(DevicePtr(p), 100 * (i + 1), i as u8);
+        }
+        t.take(DevicePtr(0x20_0000), 300).unwrap();
+        assert_eq!(
+            t.entries(),
+            vec![
+                (DevicePtr(0x10_0000), 200, 1),
+                (DevicePtr(0x30_0000), 100, 0)
+            ]
+        );
+    }
 
     #[test]
     fn a_free_must_name_a_live_block_and_its_size() {

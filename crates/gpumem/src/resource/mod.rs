@@ -58,6 +58,7 @@ mod handed_out;
 mod managed;
 mod pinned;
 mod sam_headroom;
+mod snapshot;
 mod system;
 
 pub use callback::CallbackResource;
@@ -66,6 +67,7 @@ pub use handed_out::HandedOut;
 pub use managed::ManagedResource;
 pub use pinned::PinnedHostResource;
 pub use sam_headroom::SamHeadroomResource;
+pub use snapshot::{merge_adjacent, LiveBlock, Segment};
 pub use system::SystemResource;
 
 use std::sync::Arc;

@@ -451,6 +451,23 @@ impl LaneHeap {
         })
     }
 
+    /// Every used block as `(addr, size)`, region by region in slot order,
+    /// each region's blocks in address order. O(blocks).
+    pub fn used_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.regions().flat_map(move |(id, _, _)| {
+            self.region_blocks(id)
+                .filter(|(_, b)| matches!(b.state(), BlockState::Used))
+                .map(|(_, b)| (b.addr, b.size))
+        })
+    }
+
+    /// The size of the used block starting at `addr`, if there is one. O(1).
+    pub fn used_size(&self, addr: u64) -> Option<u64> {
+        self.used_block(addr)
+            .and_then(|id| self.block(id))
+            .map(|b| b.size)
+    }
+
     // ----- lanes -----
 
     /// Creates an empty lane (reusing a dropped lane's number). O(1) amortised.

@@ -1,0 +1,199 @@
+//! Statistics in PyTorch's terms (`gpumem_get_device_stats`), over every
+//! resource `GPUMEM_CONF` can choose: they agree with the resource's own
+//! numbers and with the (simulated) driver's, and reset as
+//! `torch.cuda.reset_peak_memory_stats` and
+//! `reset_accumulated_memory_stats` do.
+
+mod support;
+
+use gpumem::adaptor::granular_size;
+use gpumem_capi::conf::ResourceKind;
+use gpumem_capi::gpumem_device_stats_t;
+use support::{allocator, kinds, sim, stats, MIB};
+
+/// The driver calls that allocate and free what `kind` holds.
+fn driver_calls(kind: ResourceKind) -> Option<(&'static str, &'static str)> {
+    match kind {
+        ResourceKind::Virtual => Some(("cuMemCreate", "cuMemRelease")),
+        // CUDA's pool grows inside the driver: no call to count.
+        ResourceKind::Async => None,
+        _ => Some(("cuMemAlloc", "cuMemFree")),
+    }
+}
+
+#[test]
+fn statistics_agree_with_the_resource_and_the_driver() {
+    let sizes = [1000, 4096, 3 * MIB, 25 * MIB, 300];
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        assert_eq!(stats(&a, 0), gpumem_device_stats_t::default(), "{kind}");
+        let ptrs: Vec<_> = sizes.iter().map(|&n| a.malloc(n, 0, 0)).collect();
+        assert!(ptrs.iter().all(|p| !p.is_null()), "{kind}");
+        a.free(ptrs[1], sizes[1], 0, 0);
+        let live = [0, 2, 3, 4];
+        let s = stats(&a, 0);
+        let c = (s.allocation.current, s.allocation.peak);
+        assert_eq!(c, (4, 5), "{kind}: allocation current, peak");
+        assert_eq!(
+            (s.allocation.allocated, s.allocation.freed),
+            (5, 1),
+            "{kind}"
+        );
+        assert_eq!(s.active, s.allocation, "{kind}: nothing deferred");
+        let granular: i64 = live
+            .iter()
+            .map(|&i| granular_size(sizes[i]).unwrap() as i64)
+            .sum();
+        assert_eq!(s.allocated_bytes.current, granular, "{kind}");
+        assert_eq!(s.allocated_bytes.current, a.allocated_bytes(0) as i64);
+        assert_eq!(s.active_bytes, s.allocated_bytes, "{kind}");
+        let requested: i64 = live.iter().map(|&i| sizes[i] as i64).sum();
+        assert_eq!(s.requested_bytes.current, requested, "{kind}");
+        assert_eq!(
+            s.reserved_bytes.current,
+            a.reserved_bytes(0) as i64,
+            "{kind}: the resource's own reserve"
+        );
+        assert_eq!(s.reserved_bytes.peak, a.peak_reserved_bytes(0) as i64);
+        match kind {
+            ResourceKind::Virtual => {
+                assert_eq!(s.reserved_bytes.current, sim.physical_bytes() as i64)
+            }
+            ResourceKind::Async => {
+                assert_eq!(s.segment, s.allocation, "{kind}: one per live block");
+            }
+            _ => {
+                assert_eq!(
+                    s.reserved_bytes.current,
+                    sim.device_bytes(0) as i64,
+                    "{kind}: what the driver handed out"
+                );
+                assert_eq!(
+                    s.segment.current,
+                    sim.device_allocations(0) as i64,
+                    "{kind}: one segment per cuMemAlloc"
+                );
+            }
+        }
+        if let Some((alloc, free)) = driver_calls(kind) {
+            assert_eq!(s.num_device_alloc, sim.call_count(alloc) as i64, "{kind}");
+            assert_eq!(s.num_device_free, sim.call_count(free) as i64, "{kind}");
+            assert_eq!(
+                s.segment.current,
+                s.segment.allocated - s.segment.freed,
+                "{kind}"
+            );
+            assert_eq!(s.segment.allocated, s.num_device_alloc, "{kind}");
+        }
+        for &i in &live {
+            a.free(ptrs[i], sizes[i], 0, 0);
+        }
+        a.empty_cache(0);
+        let s = stats(&a, 0);
+        assert_eq!(s.allocation.current, 0, "{kind}");
+        assert_eq!(s.allocated_bytes.current, 0, "{kind}");
+        assert_eq!((s.allocation.allocated, s.allocation.freed), (5, 5));
+        assert_eq!(s.reserved_bytes.current, a.reserved_bytes(0) as i64);
+        if let Some((alloc, free)) = driver_calls(kind) {
+            assert_eq!(s.num_device_alloc, sim.call_count(alloc) as i64, "{kind}");
+            assert_eq!(s.num_device_free, sim.call_count(free) as i64, "{kind}");
+        }
+        assert_eq!((s.num_alloc_retries, s.num_ooms), (0, 0), "{kind}");
+    }
+}
+
+#[test]
+fn peaks_and_totals_reset_as_pytorch_resets_them() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let p = a.malloc(30 * MIB, 0, 0);
+        let q = a.malloc(MIB, 0, 0);
+        a.free(p, 30 * MIB, 0, 0);
+        a.empty_cache(0);
+        let before = stats(&a, 0);
+        assert!(before.allocated_bytes.peak > before.allocated_bytes.current);
+        a.reset_peak(0);
+        let s = stats(&a, 0);
+        for (name, stat) in [
+            ("allocation", s.allocation),
+            ("segment", s.segment),
+            ("active", s.active),
+            ("allocated_bytes", s.allocated_bytes),
+            ("requested_bytes", s.requested_bytes),
+            ("reserved_bytes", s.reserved_bytes),
+            ("active_bytes", s.active_bytes),
+        ] {
+            assert_eq!(
+                stat.peak, stat.current,
+                "{kind}: {name}.peak after the reset"
+            );
+        }
+        assert_eq!(
+            s.allocation.allocated, 2,
+            "{kind}: a peak reset leaves totals"
+        );
+        a.reset_accumulated(0);
+        let s = stats(&a, 0);
+        for (name, stat) in [
+            ("allocation", s.allocation),
+            ("segment", s.segment),
+            ("allocated_bytes", s.allocated_bytes),
+            ("reserved_bytes", s.reserved_bytes),
+        ] {
+            assert_eq!((stat.allocated, stat.freed), (0, 0), "{kind}: {name}");
+        }
+        assert_eq!(s.allocation.current, 1, "{kind}: current stays");
+        assert_eq!(s.reserved_bytes.current, before.reserved_bytes.current);
+        assert_eq!((s.num_device_alloc, s.num_device_free), (0, 0), "{kind}");
+        let r = a.malloc(2 * MIB, 0, 0);
+        a.free(q, MIB, 0, 0);
+        let s = stats(&a, 0);
+        assert_eq!(
+            (s.allocation.allocated, s.allocation.freed),
+            (1, 1),
+            "{kind}: counted from the reset"
+        );
+        assert_eq!(s.allocated_bytes.allocated, 2 * MIB as i64);
+        a.free(r, 2 * MIB, 0, 0);
+    }
+}
+
+#[test]
+fn largest_free_block_is_servable_without_the_driver() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        let p = a.malloc(8 * MIB, 0, 0);
+        let keep = a.malloc(MIB, 0, 0);
+        a.free(p, 8 * MIB, 0, 0);
+        let largest = stats(&a, 0).largest_free_block as usize;
+        match kind {
+            ResourceKind::Cuda => assert_eq!(largest, 0, "{kind}: nothing cached"),
+            _ => assert!(largest >= 8 * MIB, "{kind}: {largest}"),
+        }
+        // CUDA's pool says only how much it caches, not in what pieces.
+        if largest > 0 && kind != ResourceKind::Async {
+            let grows = || driver_calls(kind).map(|(c, _)| sim.call_count(c));
+            let (calls, reserved) = (grows(), a.reserved_bytes(0));
+            let q = a.malloc(largest, 0, 0);
+            assert!(!q.is_null(), "{kind}");
+            assert_eq!(a.reserved_bytes(0), reserved, "{kind}: no growth");
+            assert_eq!(grows(), calls, "{kind}: no driver allocation");
+            a.free(q, largest, 0, 0);
+        }
+        a.free(keep, MIB, 0, 0);
+    }
+}
+
+#[test]
+fn devices_count_apart_and_out_of_range_is_none() {
+    let a = allocator("resource=pool");
+    let p = a.malloc(MIB, 1, 0);
+    assert_eq!(stats(&a, 1).allocation.current, 1);
+    assert_eq!(stats(&a, 0), gpumem_device_stats_t::default());
+    assert_eq!(a.device_stats(-1), None);
+    assert_eq!(a.device_stats(64), None);
+    assert!(a.device_stats(63).is_some(), "in range, never used");
+    a.free(p, MIB, 1, 0);
+}

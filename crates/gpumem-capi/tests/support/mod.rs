@@ -1,0 +1,37 @@
+//! What the C ABI's tests over [`Allocator`] values share: an allocator per
+//! configuration on its own simulated driver, and that driver.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use gpumem::driver::sim::SimDriver;
+use gpumem_capi::conf::{parse, ResourceKind};
+use gpumem_capi::{gpumem_device_stats_t, Allocator, Backend};
+
+pub const MIB: usize = 1 << 20;
+
+/// An allocator serving `text` (which must be valid) on a fresh simulated
+/// driver.
+pub fn allocator(text: &str) -> Allocator {
+    let parsed = parse(text);
+    assert!(parsed.problems.is_empty(), "{text}: {:?}", parsed.problems);
+    Allocator::new(parsed.conf, Backend::sim())
+}
+
+/// The simulated driver behind `a`.
+pub fn sim(a: &Allocator) -> Arc<SimDriver> {
+    match a.backend() {
+        Backend::Sim(s) => s.clone(),
+        Backend::Cuda => panic!("these tests run on the simulated device"),
+    }
+}
+
+/// Every resource kind.
+pub fn kinds() -> Vec<ResourceKind> {
+    ResourceKind::ALL.to_vec()
+}
+
+/// The statistics of device `d` (which must be in range).
+pub fn stats(a: &Allocator, d: i32) -> gpumem_device_stats_t {
+    a.device_stats(d).expect("device in range")
+}
