@@ -44,6 +44,8 @@ if [[ -d python ]]; then
   cp -r python "$out/python"
   # GPUMEM_LIB names lib/libgpumem.so there; no stale copy or caches travel.
   rm -f "$out/python/gpumem/libgpumem.so"
+  # The C ABI's header, where gpumem.include_dir() finds it in a package.
+  mkdir -p "$out/python/gpumem/include" && cp crates/gpumem-capi/include/gpumem.h "$out/python/gpumem/include/"
   find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 fi
 

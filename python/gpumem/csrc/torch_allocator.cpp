@@ -4,7 +4,8 @@
 //
 // Built against the installed PyTorch by gpumem.torch (torch.utils.
 // cpp_extension, cached) and installed with gpumem_torch_install() before
-// PyTorch's first CUDA allocation. The C ABI's functions come in as a table of
+// PyTorch's first CUDA allocation. The C ABI's functions (declared in
+// gpumem.h, the header shipped with the package) come in as a table of
 // pointers taken from the libgpumem.so that Python already loaded, so this
 // library and Python's share one gpumem instance, whatever paths are involved.
 //
@@ -32,6 +33,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpumem.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -41,48 +44,21 @@
 #include <unordered_map>
 #include <vector>
 
-namespace {
-
-// The C ABI, as declared in gpumem.h.
-struct gpumem_stat_t {
-  int64_t current, peak, allocated, freed;
-};
-struct gpumem_device_stats_t {
-  gpumem_stat_t allocation, segment, active;
-  gpumem_stat_t allocated_bytes, requested_bytes, reserved_bytes, active_bytes;
-  int64_t num_alloc_retries, num_ooms, num_device_alloc, num_device_free;
-  int64_t largest_free_block;
-};
-struct gpumem_segment_t {
-  uint64_t address, size, stream;
-};
-struct gpumem_block_t {
-  uint64_t address, size, requested, stream;
-};
-
-}  // namespace
-
-// The table gpumem.torch fills with the addresses of libgpumem's functions.
-// Its layout is part of the contract with python/gpumem/torch.py.
+// The table gpumem.torch fills with the addresses of libgpumem's functions,
+// typed after their declarations in gpumem.h. Its order is part of the
+// contract with python/gpumem/torch.py (_API there).
 struct gpumem_torch_api {
-  void* (*malloc)(ptrdiff_t size, int device, void* stream);
-  void (*free)(void* ptr, ptrdiff_t size, int device, void* stream);
-  const char* (*last_error)();
-  int (*get_device_stats)(int device, gpumem_device_stats_t* out);
-  void (*reset_peak_stats)(int device);
-  void (*reset_accumulated_stats)(int device);
-  void (*empty_cache)(int device);
-  int (*set_memory_fraction)(int device, double fraction);
-  double (*get_memory_fraction)(int device);
-  void (*record_stream)(void* ptr, int device, void* stream);
-  int (*snapshot)(
-      int device,
-      gpumem_segment_t* segments,
-      size_t max_segments,
-      size_t* n_segments,
-      gpumem_block_t* blocks,
-      size_t max_blocks,
-      size_t* n_blocks);
+  decltype(&gpumem_malloc) malloc;
+  decltype(&gpumem_free) free;
+  decltype(&gpumem_last_error) last_error;
+  decltype(&gpumem_get_device_stats) get_device_stats;
+  decltype(&gpumem_reset_peak_stats) reset_peak_stats;
+  decltype(&gpumem_reset_accumulated_stats) reset_accumulated_stats;
+  decltype(&gpumem_empty_cache) empty_cache;
+  decltype(&gpumem_set_memory_fraction) set_memory_fraction;
+  decltype(&gpumem_get_memory_fraction) get_memory_fraction;
+  decltype(&gpumem_record_stream) record_stream;
+  decltype(&gpumem_snapshot) snapshot;
 };
 
 namespace gpumem_torch {
@@ -109,7 +85,7 @@ void free_allocation(void* ctx) {
   if (a == nullptr) {
     return;
   }
-  api.free(a->ptr, static_cast<ptrdiff_t>(a->size), a->device, a->stream);
+  api.free(a->ptr, static_cast<ssize_t>(a->size), a->device, a->stream);
   delete a;
 }
 
@@ -167,7 +143,7 @@ class GpumemAllocator final : public CUDAAllocator {
       a = it->second;
       raw_.erase(it);
     }
-    api.free(a.ptr, static_cast<ptrdiff_t>(a.size), a.device, a.stream);
+    api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
   }
 
   void init(int /*device_count*/) override {}
@@ -254,7 +230,7 @@ class GpumemAllocator final : public CUDAAllocator {
 
   SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/, bool /*include_traces*/)
       override {
-    SnapshotInfo info;
+    SnapshotInfo info{};
     c10::DeviceIndex n = c10::cuda::device_count();
     info.device_traces.resize(n);
     for (c10::DeviceIndex d = 0; d < n; ++d) {
@@ -373,7 +349,7 @@ class GpumemAllocator final : public CUDAAllocator {
       size_t size,
       c10::DeviceIndex device,
       cudaStream_t stream) {
-    void* p = api.malloc(static_cast<ptrdiff_t>(size), device, stream);
+    void* p = api.malloc(static_cast<ssize_t>(size), device, stream);
     if (p != nullptr) {
       return p;
     }
