@@ -5,13 +5,14 @@
 # (default ./out) and prints a short summary last.
 #
 # Usage: gpu-bundle/gpu-run.sh [OUT_DIR] [PARTS]   PARTS: comma list of
-#   tests,stress,examples,bench,replay,plot,python,torch,vpool,steady (default:
-#   all but steady, which is the short form of vpool's steady-state replays)
+#   tests,stress,examples,bench,replay,plot,python,torch,torchbench,vpool,steady
+#   (default: all but steady, which is the short form of vpool's steady-state
+#   replays)
 # STRESS_SECS (default 20): seconds per pool of the stress part.
 set -uo pipefail
 cd "$(dirname "$0")"
 out=${1:-out}
-parts=${2:-tests,stress,examples,bench,replay,plot,python,torch,vpool}
+parts=${2:-tests,stress,examples,bench,replay,plot,python,torch,torchbench,vpool}
 mkdir -p "$out/logs"
 dev=${GPUMEM_RUN_DEVICE:-cuda}   # sim: a dry run of this script on a CPU machine
 export GPUMEM_DEVICE=$dev
@@ -110,15 +111,20 @@ fi
 if want torch && [[ -d python ]]; then
   # gpumem as PyTorch's allocator: the Python suite on the GPU (the C ABI
   # parts with GPUMEM_DEVICE=cuda, the native allocator's cases each in a
-  # fresh process), then training side by side with PyTorch's allocator.
+  # fresh process).
   export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
   mkdir -p "$out/logs/snapshots"
   GPUMEM_SNAPSHOT_HTML_DIR=$out/logs/snapshots python3 -m pytest -q -p no:cacheprovider python/tests \
     >"$out/logs/pytest.txt" 2>&1
   note "pytest on the GPU: rc=$? | $(tail -1 "$out/logs/pytest.txt")"
   cp "$out/logs/snapshots/snapshot-vpool.html" "$out/" 2>/dev/null
-  python3 python/bench/torch_allocators.py speed --out "$out/torch.jsonl" >"$out/logs/torch-speed.txt" 2>&1
-  python3 python/bench/torch_allocators.py batch --configs torch,native:pool,native:vpool,mempool:vpool \
+fi
+
+if want torchbench && [[ -d python ]]; then
+  # Training side by side with PyTorch's allocator, each in a fresh process.
+  export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python
+  python3 python/bench/torch_allocators.py speed --configs "${SPEED_CONFIGS:-torch,native:pool,native:vpool,pluggable:pool,mempool:vpool}" --out "$out/torch.jsonl" >"$out/logs/torch-speed.txt" 2>&1
+  python3 python/bench/torch_allocators.py batch --configs "${BATCH_CONFIGS:-torch,native:pool,native:vpool,mempool:vpool}" \
     --out "$out/torch.jsonl" >"$out/logs/torch-batch.txt" 2>&1
   python3 - "$out/torch.jsonl" >"$out/logs/torch-summary.txt" <<'PY'
 import json, sys

@@ -158,7 +158,8 @@ done()
 
 
 def run_case(case, resource, mode="native", extra_env=None, timeout=300):
-    env = dict(os.environ, CASE_MODE=mode, CASE_RESOURCE=resource)
+    # The real device, whatever the rest of the suite runs on.
+    env = dict(os.environ, CASE_MODE=mode, CASE_RESOURCE=resource, GPUMEM_DEVICE="cuda")
     env.pop("GPUMEM_CONF", None)
     env.update(extra_env or {})
     p = subprocess.run(
