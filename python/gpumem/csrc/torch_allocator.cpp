@@ -37,6 +37,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -89,6 +91,32 @@ void free_allocation(void* ctx) {
   delete a;
 }
 
+// Messages are formatted with snprintf, never with iostreams: the compiler
+// that builds this file may bring another libstdc++ than the one PyTorch
+// loaded, and their locale facets (used by every ostream << of a number)
+// are not compatible. Strings are passed to PyTorch's checks whole.
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  } else if (bytes >= (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1ull << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  }
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& message) {
+  TORCH_CHECK(false, message);
+  std::abort();  // not reached: the check throws
+}
+
+[[noreturn]] void fail_out_of_memory(const std::string& message) {
+  TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  std::abort();  // not reached: the check throws
+}
+
 Stat to_stat(const gpumem_stat_t& s) {
   Stat out;
   out.current = s.current;
@@ -135,11 +163,11 @@ class GpumemAllocator final : public CUDAAllocator {
     {
       std::lock_guard<std::mutex> lock(raw_mutex_);
       auto it = raw_.find(ptr);
-      TORCH_CHECK(
-          it != raw_.end(),
-          "gpumem: raw_delete of ",
-          ptr,
-          ", which raw_alloc did not hand out");
+      if (it == raw_.end()) {
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "gpumem: raw_delete of %p, which raw_alloc did not hand out", ptr);
+        fail(buf);
+      }
       a = it->second;
       raw_.erase(it);
     }
@@ -156,13 +184,16 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    TORCH_CHECK(
-        api.set_memory_fraction(device, fraction) == 0,
-        "gpumem: invalid memory fraction ",
-        fraction,
-        " for device ",
-        static_cast<int>(device),
-        " (expected 0 < fraction <= 1)");
+    if (api.set_memory_fraction(device, fraction) != 0) {
+      char buf[128];
+      std::snprintf(
+          buf,
+          sizeof buf,
+          "gpumem: invalid memory fraction %g for device %d (expected 0 < fraction <= 1)",
+          fraction,
+          static_cast<int>(device));
+      fail(buf);
+    }
   }
 
   std::vector<StreamSegmentSize> getExpandableSegmentSizes(
@@ -188,7 +219,7 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   void* getBaseAllocation(void* /*ptr*/, size_t* /*size*/) override {
-    TORCH_CHECK(false, ipc_message());
+    fail(ipc_message());
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream)
@@ -243,12 +274,12 @@ class GpumemAllocator final : public CUDAAllocator {
       c10::DeviceIndex /*device*/,
       c10::MempoolId_t /*mempool_id*/,
       std::function<bool(cudaStream_t)> /*filter*/) override {
-    TORCH_CHECK(false, graph_message());
+    fail(graph_message());
   }
   void endAllocateToPool(
       c10::DeviceIndex /*device*/,
       c10::MempoolId_t /*mempool_id*/) override {
-    TORCH_CHECK(false, graph_message());
+    fail(graph_message());
   }
   void releasePool(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/)
       override {
@@ -256,10 +287,10 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   ShareableHandle shareIpcHandle(void* /*ptr*/) override {
-    TORCH_CHECK(false, ipc_message());
+    fail(ipc_message());
   }
   std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    TORCH_CHECK(false, ipc_message());
+    fail(ipc_message());
   }
 
   bool isHistoryEnabled() override {
@@ -314,12 +345,12 @@ class GpumemAllocator final : public CUDAAllocator {
   std::shared_ptr<AllocatorState> getCheckpointState(
       c10::DeviceIndex /*device*/,
       c10::MempoolId_t /*id*/) override {
-    TORCH_CHECK(false, graph_message());
+    fail(graph_message());
   }
   CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex /*device*/,
       std::shared_ptr<AllocatorState> /*pps*/) override {
-    TORCH_CHECK(false, graph_message());
+    fail(graph_message());
   }
 
   std::string name() override {
@@ -359,23 +390,11 @@ class GpumemAllocator final : public CUDAAllocator {
     if (oom) {
       notify_oom(device);
     }
-    TORCH_CHECK_WITH(
-        OutOfMemoryError,
-        !oom,
-        "CUDA out of memory. Tried to allocate ",
-        c10::CachingAllocator::format_size(size),
-        " on device ",
-        static_cast<int>(device),
-        " through gpumem: ",
-        why);
-    TORCH_CHECK(
-        false,
-        "gpumem could not allocate ",
-        c10::CachingAllocator::format_size(size),
-        " on device ",
-        static_cast<int>(device),
-        ": ",
-        why);
+    std::string where = format_bytes(size) + " on device " + std::to_string(static_cast<int>(device));
+    if (oom) {
+      fail_out_of_memory("CUDA out of memory. Tried to allocate " + where + " through gpumem: " + why);
+    }
+    fail("gpumem could not allocate " + where + ": " + why);
   }
 
   void* raw_alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
