@@ -62,6 +62,34 @@ x = torch.randn(1 << 20, device="cuda")
 out["sum_ok"] = abs((x * 0 + 2).sum().item() - 2 * (1 << 20)) < 1
 done()
 """,
+    "ipc": """
+from torch.multiprocessing.reductions import reduce_tensor
+x = torch.ones(1 << 20, device="cuda")
+try:
+    reduce_tensor(x)
+    out["shared"] = "shared"
+except RuntimeError as e:
+    out["shared"] = "refused"
+    out["message"] = str(e)[:300]
+out["after"] = (x * 2).sum().item()
+done()
+""",
+    "graph": """
+g = torch.cuda.CUDAGraph()
+x = torch.ones(1 << 10, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+try:
+    with torch.cuda.graph(g):
+        y = x * 2
+    out["captured"] = "captured"
+except RuntimeError as e:
+    out["captured"] = "refused"
+    out["message"] = str(e)[:300]
+torch.cuda.synchronize()
+out["after"] = (x * 3).sum().item()
+done()
+""",
     "stats": """
 d = torch.cuda.current_device()
 xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (1000, 1 << 20, 40 << 20, 300 << 20)]
@@ -226,6 +254,18 @@ def test_snapshot_renders(resource):
     assert r["segments"] >= 1 and r["live_blocks"] >= 3, r
     assert r["tiled"]
     assert r["html_bytes"] > 1000
+
+
+def test_cuda_ipc_of_a_tensor_is_refused_with_a_clear_error():
+    r = run_case("ipc", "pool")
+    assert r["shared"] == "refused" and "gpumem" in r["message"], r
+    assert r["after"] == 2 * (1 << 20)
+
+
+def test_graph_capture_is_refused_with_the_way_out():
+    r = run_case("graph", "pool")
+    assert r["captured"] == "refused" and "mempool" in r["message"], r
+    assert r["after"] == 3 * (1 << 10)
 
 
 def test_the_pluggable_mode_still_serves():
