@@ -29,13 +29,15 @@
 //! destroyed while blocks freed on it sit in a pool, and another one created
 //! with the same handle value, would be taken for the first.
 //!
-//! Errors never escape: a failed allocation returns NULL and is reported on
-//! stderr (the first [`MAX_OOM_REPORTS`], then a line saying the rest are
+//! Errors never escape: a failed allocation returns NULL and is reported as
+//! an error (the first [`MAX_OOM_REPORTS`], then a line saying the rest are
 //! not); a bad free (a pointer not handed out, a second free, a wrong size)
 //! frees nothing, is counted per device ([`Allocator::bad_free_count`]) and
-//! reported the same way (the first [`MAX_BAD_FREE_REPORTS`]). An invalid
+//! reported as a warning (the first [`MAX_BAD_FREE_REPORTS`]). An invalid
 //! configuration serves nothing: every allocation returns NULL, reported,
-//! and [`Allocator::conf_error`] says why.
+//! and [`Allocator::conf_error`] says why. Reports go through the `log`
+//! facade; unless the process has a logger of its own, [`install_logger`]
+//! prints them on stderr as `gpumem: {message}` lines.
 //!
 //! In a child process forked after the first use (Python's `multiprocessing`
 //! and PyTorch's `DataLoader` fork by default), every call returns before
@@ -45,7 +47,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -74,9 +75,12 @@ pub const DEVICE_ENV: &str = "GPUMEM_DEVICE";
 /// Number of devices of the simulated driver used with `GPUMEM_DEVICE=sim`.
 pub const SIM_DEVICES: u32 = 8;
 
-/// Writes `gpumem: {msg}` on stderr. Never panics (a closed stderr is ignored).
-pub fn report(msg: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "gpumem: {msg}");
+/// Makes sure the C ABI's reports are printed: installs
+/// [`gpumem::logger::StderrLogger`] (`gpumem: {message}` lines on stderr for
+/// warnings and errors) unless the process has a logger already. Called
+/// where an allocator is made, before anything can be reported.
+pub fn install_logger() {
+    gpumem::logger::StderrLogger::install();
 }
 
 /// Which driver the allocator's devices come from.
@@ -110,9 +114,7 @@ impl Backend {
                 Err(_) => Backend::sim(),
             },
             other => {
-                report(&format!(
-                    "{DEVICE_ENV}={other:?}: expected cuda, sim or auto; using cuda"
-                ));
+                log::warn!("{DEVICE_ENV}={other:?}: expected cuda, sim or auto; using cuda");
                 Backend::Cuda
             }
         }
@@ -287,6 +289,7 @@ impl AtomicF64 {
 impl Allocator {
     /// An allocator serving `conf` over `backend`; builds nothing yet.
     pub fn new(conf: Conf, backend: Backend) -> Self {
+        install_logger();
         Self {
             id: NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed),
             backend,
@@ -313,9 +316,7 @@ impl Allocator {
         let error = parsed.error();
         let a = Self::new(parsed.conf, backend);
         if let Some(e) = error {
-            report(&format!(
-                "{e}; every allocation returns NULL until it is fixed"
-            ));
+            log::error!("{e}; every allocation returns NULL until it is fixed");
             lock(&a.settings).invalid = true;
             a.invalid.store(true, Ordering::Relaxed);
             a.set_conf_error(Some(&e));
@@ -326,6 +327,7 @@ impl Allocator {
     /// The allocator the environment asks for: `GPUMEM_CONF` over the
     /// backend of `GPUMEM_DEVICE`.
     pub fn from_env() -> Self {
+        install_logger();
         Self::from_parsed(conf::from_env(), Backend::from_env())
     }
 
@@ -449,9 +451,7 @@ impl Allocator {
         let device = match self.backend.device(ordinal) {
             Ok(d) => d,
             Err(e) => {
-                report(&format!(
-                    "device {ordinal} cannot be used ({e}); its allocations return NULL"
-                ));
+                log::error!("device {ordinal} cannot be used ({e}); its allocations return NULL");
                 return None;
             }
         };
@@ -465,15 +465,13 @@ impl Allocator {
                     initial_size: 0,
                     ..conf.clone()
                 };
-                report(&format!(
-                    "device {ordinal}: cannot build {conf} ({e}); using {fallback}"
-                ));
+                log::warn!("device {ordinal}: cannot build {conf} ({e}); using {fallback}");
                 match served::build(&fallback, &device, limit) {
                     Ok(s) => s,
                     Err(e) => {
-                        report(&format!(
+                        log::error!(
                             "device {ordinal}: cannot build {fallback} either ({e}); its allocations return NULL"
-                        ));
+                        );
                         return None;
                     }
                 }
@@ -534,23 +532,26 @@ impl Allocator {
         s
     }
 
+    /// Reports a failed allocation (an error): the first
+    /// [`MAX_OOM_REPORTS`], then one line saying the rest are not.
     fn report_oom(&self, what: &str) {
         let n = self.oom_reports.fetch_add(1, Ordering::Relaxed);
         if n < MAX_OOM_REPORTS {
-            report(what);
+            log::error!("{what}");
         } else if n == MAX_OOM_REPORTS {
-            report("further allocation failures are not reported");
+            log::error!("further allocation failures are not reported");
         }
     }
 
-    /// Reports a misuse (a bad free, an unknown pointer): the first
-    /// [`MAX_BAD_FREE_REPORTS`], then one line saying the rest are not.
+    /// Reports a misuse (a bad free, an unknown pointer; a warning: it was
+    /// refused): the first [`MAX_BAD_FREE_REPORTS`], then one line saying the
+    /// rest are not.
     fn report_misuse(&self, what: &str) {
         let n = self.bad_free_reports.fetch_add(1, Ordering::Relaxed);
         if n < MAX_BAD_FREE_REPORTS {
-            report(what);
+            log::warn!("{what}");
         } else if n == MAX_BAD_FREE_REPORTS {
-            report("further bad frees are not reported (gpumem_bad_free_count counts them)");
+            log::warn!("further bad frees are not reported (gpumem_bad_free_count counts them)");
         }
     }
 
@@ -972,7 +973,7 @@ impl Allocator {
         match st.stack.upstream().empty_cache() {
             Ok(n) => n,
             Err(e) => {
-                report(&format!("device {}: empty_cache: {e}", st.device.ordinal()));
+                log::error!("device {}: empty_cache: {e}", st.device.ordinal());
                 0
             }
         }
@@ -1004,20 +1005,20 @@ fn with_log(served: Box<dyn Served>, path: &std::path::Path) -> Option<Box<dyn S
     let file = match std::fs::File::create(path) {
         Ok(f) => f,
         Err(e) => {
-            report(&format!(
+            log::error!(
                 "log: cannot create {} ({e}); its device serves nothing",
                 path.display()
-            ));
+            );
             return None;
         }
     };
     match LoggingAdaptor::with_writer(served, file) {
         Ok(l) => Some(Box::new(l)),
         Err(e) => {
-            report(&format!(
+            log::error!(
                 "log: cannot write {} ({e}); its device serves nothing",
                 path.display()
-            ));
+            );
             None
         }
     }

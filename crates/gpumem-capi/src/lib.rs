@@ -59,11 +59,19 @@
 //!   goes with the process) and allocations return NULL.
 
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+// The `extern "C"` functions below are the crate's only `unsafe` (the FFI
+// boundary); the modules behind them have none.
+#[deny(unsafe_code)]
 pub mod allocator;
+#[deny(unsafe_code)]
 pub mod conf;
+#[deny(unsafe_code)]
 pub mod served;
+#[deny(unsafe_code)]
 pub mod stream_uses;
+#[deny(unsafe_code)]
 pub mod types;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -112,9 +120,8 @@ fn guard<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
         Err(_) => {
             // The report itself must not unwind either.
             let _ = catch_unwind(|| {
-                allocator::report(&format!(
-                    "{name}: internal error (panic caught); failing the call"
-                ))
+                allocator::install_logger();
+                log::error!("{name}: internal error (panic caught); failing the call")
             });
             fallback
         }
@@ -144,7 +151,7 @@ pub extern "C" fn gpumem_malloc(
     guard("gpumem_malloc", std::ptr::null_mut(), || {
         let Ok(size) = usize::try_from(size) else {
             let msg = format!("gpumem_malloc: negative size {size}");
-            allocator::report(&format!("{msg}; returning NULL"));
+            log::error!("{msg}; returning NULL");
             allocator::set_last_error(&msg);
             return std::ptr::null_mut();
         };
@@ -372,7 +379,7 @@ pub extern "C" fn gpumem_set_memory_fraction(device: c_int, fraction: f64) -> c_
         match global().set_memory_fraction(device, fraction) {
             Ok(()) => 0,
             Err(e) => {
-                allocator::report(&format!("gpumem_set_memory_fraction: {e}"));
+                log::warn!("gpumem_set_memory_fraction: {e}");
                 -1
             }
         }

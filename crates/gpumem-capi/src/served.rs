@@ -414,9 +414,7 @@ impl Served for LimitingAdaptor<AsyncResource> {
         let wanted = conf.release_threshold;
         let threshold = limit.map_or(wanted, |l| wanted.min(l as u64));
         if let Err(e) = self.upstream().set_release_threshold(threshold) {
-            crate::allocator::report(&format!(
-                "async: cannot set the release threshold to {threshold}: {e}"
-            ));
+            log::error!("async: cannot set the release threshold to {threshold}: {e}");
         }
     }
 }

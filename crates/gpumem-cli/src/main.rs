@@ -3,6 +3,8 @@
 //! converter. Runs on the real GPU when there is one and on the simulated
 //! device otherwise, and always says which.
 
+#![forbid(unsafe_code)]
+
 mod transfer;
 
 use std::path::{Path, PathBuf};
@@ -182,6 +184,9 @@ struct ConvertArgs {
 }
 
 fn main() {
+    // The library's warnings and errors (a leak report, a failure in a
+    // `Drop`) as `gpumem: ...` lines on stderr.
+    gpumem::logger::StderrLogger::install();
     let result = match Cli::try_parse() {
         Ok(cli) => run(cli),
         // Help and version: printed here, as clap would print them ignoring

@@ -51,14 +51,22 @@ impl<T: Pod, R: MemoryResource> std::fmt::Debug for DeviceBuffer<T, R> {
 const WAIT_TRIES: u32 = 3;
 
 /// The caller's memory would be returned while a copy may still use it, which
-/// safe code must never see: end the process instead.
+/// safe code must never see: end the process instead. The reason goes to the
+/// log, or to stderr when no logger takes errors: the process is ending, so
+/// it must not be lost.
 #[cold]
 fn abort_under_copy(e: &Error) -> ! {
-    eprintln!(
-        "gpumem: cannot wait for a copy into or out of caller memory ({e}); the CUDA \
+    let why = format!(
+        "cannot wait for a copy into or out of caller memory ({e}); the CUDA \
          context is broken and the copy may still run, so the process aborts rather \
          than hand the memory back"
     );
+    if log::log_enabled!(log::Level::Error) {
+        log::error!("{why}");
+        log::logger().flush();
+    } else {
+        eprintln!("gpumem: {why}");
+    }
     std::process::abort()
 }
 
@@ -187,7 +195,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// fails, it waits again (the error may be an earlier failure reported
     /// late) and returns that first error once a wait succeeds. If every wait
     /// fails, the CUDA context is broken and nothing can say whether the copy
-    /// will still run, so the process is aborted (with a message on stderr)
+    /// will still run, so the process is aborted (with the reason logged, or on stderr)
     /// rather than give `dst` back to the caller under a copy.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         // SAFETY: `dst` is borrowed mutably until the copy has run:
@@ -298,8 +306,8 @@ impl<T: Pod, R: MemoryResource> Drop for DeviceBuffer<T, R> {
             alignment_of::<T>(),
             &self.stream,
         ) {
-            // Drop cannot return the error; say it rather than lose it silently.
-            eprintln!("gpumem: DeviceBuffer free of {:#x} failed: {e}", self.ptr.0);
+            // Drop cannot return the error; log it rather than lose it silently.
+            log::error!("DeviceBuffer free of {:#x} failed: {e}", self.ptr.0);
         }
     }
 }

@@ -19,8 +19,8 @@
 //! handler registered before it, the driver's included as long as the hook is
 //! installed after the driver was loaded. gpumem installs it when the
 //! per-device registry and the adaptors are created; a driver backend should call
-//! [`install_hook`] right after initialising the driver. On platforms without
-//! `atexit` (non-Unix) the flag is never set.
+//! [`install_hook`] right after initialising the driver. The registration
+//! itself is an OS call ([`crate::os`]).
 //!
 //! The same handler flushes the buffered logs of live
 //! [`LoggingAdaptor`](crate::adaptor::LoggingAdaptor)s, so a logging adaptor kept
@@ -56,11 +56,11 @@ pub fn process_is_exiting() -> bool {
 }
 
 /// Registers the exit hook if it is not registered yet. Returns whether the
-/// hook is in place (false on platforms without `atexit`, or if the C runtime
-/// refused the registration). Cheap after the first call.
+/// hook is in place (false if the C runtime refused the registration). Cheap
+/// after the first call.
 pub fn install_hook() -> bool {
     HOOK.call_once(|| {
-        HOOK_OK.store(register_atexit(), Ordering::Release);
+        HOOK_OK.store(crate::os::at_exit(on_exit), Ordering::Release);
         // The fork handler goes in at the same moment: from the first use on.
         crate::fork::register();
     });
@@ -70,8 +70,8 @@ pub fn install_hook() -> bool {
 /// Gives something back to the driver from a `Drop` (destroys a handle,
 /// frees memory): nothing once the process is exiting (the rule above);
 /// otherwise `call`, tried a second time if it fails, so a transient failure
-/// loses nothing; a second failure is reported on stderr as `what` and the
-/// thing is left to the process's end. Returns whether it was given back.
+/// loses nothing; a second failure is logged (`log::error!`) with `what` and
+/// the thing is left to the process's end. Returns whether it was given back.
 pub(crate) fn give_back(
     what: impl FnOnce() -> String,
     mut call: impl FnMut() -> Result<()>,
@@ -82,7 +82,7 @@ pub(crate) fn give_back(
     match call().or_else(|_| call()) {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("gpumem: could not give back {}: {e}", what());
+            log::error!("could not give back {}: {e}", what());
             false
         }
     }
@@ -119,20 +119,6 @@ extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(run_hooks);
 }
 
-#[cfg(unix)]
-fn register_atexit() -> bool {
-    // SAFETY: `atexit` only stores the function pointer; `on_exit` is a plain
-    // `extern "C" fn()` with no captured state, valid for the whole process,
-    // and does not unwind (it catches panics).
-    unsafe { libc::atexit(on_exit) == 0 }
-}
-
-#[cfg(not(unix))]
-fn register_atexit() -> bool {
-    let _ = on_exit as extern "C" fn();
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,7 +135,6 @@ mod tests {
     #[test]
     fn not_exiting_while_tests_run() {
         assert!(!process_is_exiting());
-        #[cfg(unix)]
         assert!(install_hook(), "atexit registration succeeds");
     }
 

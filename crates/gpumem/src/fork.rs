@@ -48,20 +48,9 @@ extern "C" fn on_fork_child() {
     FORKED.store(true, Ordering::Relaxed);
 }
 
-/// Registers the child handler; false where `pthread_atfork` is missing or
-/// refused it.
-#[cfg(unix)]
+/// Registers the child handler; false where `pthread_atfork` refused it.
 pub(crate) fn register() -> bool {
-    // SAFETY: `pthread_atfork` only stores the function pointers; the child
-    // handler is a plain `extern "C" fn()` without captured state, valid for
-    // the whole process, that does not unwind.
-    unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) == 0 }
-}
-
-#[cfg(not(unix))]
-pub(crate) fn register() -> bool {
-    let _ = on_fork_child as extern "C" fn();
-    false
+    crate::os::at_fork_child(on_fork_child)
 }
 
 #[cfg(test)]

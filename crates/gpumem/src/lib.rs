@@ -1,16 +1,28 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
+// `unsafe` lives at the bottom: the driver backends and the OS calls. Above
+// them it is allowed only where the public API itself hands out host memory
+// the compiler cannot track (the `unsafe fn` copies and host slices of
+// `buffer` and `manager`, cudarc's kernel-argument trait in `interop`).
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod adaptor;
 pub mod async_pool;
+#[allow(unsafe_code)]
 pub mod buffer;
 pub mod device;
+#[allow(unsafe_code)]
 pub mod driver;
 mod error;
 pub mod exit;
 pub mod fork;
+#[allow(unsafe_code)]
 pub mod interop;
+pub mod logger;
 pub mod manager;
+#[allow(unsafe_code)]
+mod os;
 pub mod pool;
 pub mod registry;
 pub mod resource;

@@ -7,6 +7,7 @@
 //! read pool counters use their own pool, except the default-pool test, which
 //! asserts lower bounds only.
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use gpumem::driver::cuda::CudaDriver;
@@ -98,13 +99,6 @@ fn pattern(bytes: usize, seed: u8) -> Vec<u8> {
     (0..bytes)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-fn closes(fd: i32) {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    assert!(fd >= 0, "fd {fd}");
-    // SAFETY: the driver handed us this descriptor to own; it is closed once.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
 }
 
 #[test]
@@ -534,8 +528,8 @@ fn ipc_export_to_posix_fd() {
         })
         .unwrap();
     let fd = drv.mempool_export_fd(pool).unwrap();
-    assert!(fd >= 0);
-    closes(fd);
+    assert!(fd.as_raw_fd() >= 0);
+    drop(fd);
     let s = drv.stream_create(dev, true).unwrap();
     let p = drv.mem_alloc_from_pool_async(MIB, pool, s).unwrap();
     drv.stream_synchronize(s).unwrap();
@@ -549,10 +543,9 @@ fn ipc_export_to_posix_fd() {
     let g = drv.vmm_granularity(dev, false).unwrap();
     let h = drv.vmm_create(dev, g, HandleType::PosixFd).unwrap();
     let fd = drv.vmm_export_fd(h).unwrap();
-    assert!(fd >= 0);
     // Importing our own export gives a handle to the same memory.
-    let h2 = drv.vmm_import_fd(fd).unwrap();
-    closes(fd);
+    let h2 = drv.vmm_import_fd(fd.as_fd()).unwrap();
+    drop(fd);
     drv.vmm_release(h2).unwrap();
     drv.vmm_release(h).unwrap();
 }

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
@@ -44,6 +45,15 @@ impl Pool for VirtualPool {
 
 fn pool(device: &Device) -> VirtualPool {
     VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()
+}
+
+/// A pool whose physical memory can be exported.
+fn ipc_pool(device: &Device) -> VirtualPool {
+    let config = VirtualPoolConfig {
+        ipc: true,
+        ..VirtualPoolConfig::default()
+    };
+    VirtualPool::new(device.clone(), config).unwrap()
 }
 
 fn assert_all_back(sim: &SimDriver) {
@@ -485,11 +495,7 @@ fn physical_chunks_export_as_file_descriptors() {
     let (device, sim) = sim(80 << 30);
     let plain = pool(&device);
     assert!(plain.export_page_fds().is_err(), "not made with ipc");
-    let config = VirtualPoolConfig {
-        ipc: true,
-        ..VirtualPoolConfig::default()
-    };
-    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let p = ipc_pool(&device);
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
     let exports = p.export_page_fds().unwrap();
@@ -497,13 +503,50 @@ fn physical_chunks_export_as_file_descriptors() {
     let mapped: usize = exports.iter().map(|x| x.mappings.len()).sum();
     assert_eq!(mapped * p.page_size(), p.stats().mapped);
     for x in &exports {
-        let h = device.driver().vmm_import_fd(x.fd).unwrap();
+        let h = device.driver().vmm_import_fd(x.fd.as_fd()).unwrap();
         device.driver().vmm_release(h).unwrap();
     }
     p.deallocate(a, 6 * MIB, 256, &s).unwrap();
     drop(p);
     drop(plain);
     assert_all_back(&sim);
+}
+
+/// Descriptors open in this process for the simulated exports of `sim`'s
+/// physical memory (its export files are named after the driver).
+fn open_phys_exports(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(prefix))
+        .count()
+}
+
+/// An export that fails part-way closes the descriptors it had already
+/// made (they leaked before: the driver returned bare integers).
+#[test]
+fn a_failed_export_leaks_no_descriptor() {
+    let (device, sim) = sim(80 << 30);
+    let p = ipc_pool(&device);
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(6 * MIB, 256, &s).unwrap();
+    let b = p.allocate(64 * MIB, 256, &s).unwrap();
+    assert!(p.stats().chunks >= 2, "{:?}", p.stats());
+    // The export files' name prefix, from one export that succeeds.
+    let exports = p.export_page_fds().unwrap();
+    let target =
+        std::fs::read_link(format!("/proc/self/fd/{}", exports[0].fd.as_raw_fd())).unwrap();
+    let name = target.file_name().unwrap().to_string_lossy().into_owned();
+    let prefix = name[..name.find("-phys-").unwrap() + "-phys-".len()].to_string();
+    drop(exports);
+    assert_eq!(open_phys_exports(&prefix), 0, "dropped exports are closed");
+
+    sim.fail_call("cuMemExportToShareableHandle", 2, 999);
+    assert!(p.export_page_fds().is_err());
+    assert_eq!(open_phys_exports(&prefix), 0, "no descriptor leaked");
+
+    p.deallocate(a, 6 * MIB, 256, &s).unwrap();
+    p.deallocate(b, 64 * MIB, 256, &s).unwrap();
 }
 
 #[test]

@@ -5,4 +5,6 @@
 //! library because they are reachable through this re-export. The header is
 //! `crates/gpumem-capi/include/gpumem.h`.
 
+#![forbid(unsafe_code)]
+
 pub use gpumem_capi::*;

@@ -11,7 +11,8 @@
 //! again leaves that history).
 //!
 //! [`TrackingAdaptor::leak_report`] describes what is outstanding; when the
-//! adaptor drops with allocations outstanding, the report goes to stderr.
+//! adaptor drops with allocations outstanding, the report is logged as a
+//! warning.
 //!
 //! Fast path: one hash-map insert (allocate) or lookup and remove (free) under
 //! one mutex. Capturing backtraces ([`TrackingAdaptor::with_backtraces`]) costs
@@ -139,7 +140,7 @@ impl<U: MemoryResource> TrackingAdaptor<U> {
 fn report(outstanding: &[Allocation]) -> String {
     let bytes: usize = outstanding.iter().map(|a| a.bytes).sum();
     let mut s = format!(
-        "gpumem TrackingAdaptor: {} allocation(s) outstanding, {} bytes\n",
+        "TrackingAdaptor: {} allocation(s) outstanding, {} bytes\n",
         outstanding.len(),
         bytes
     );
@@ -261,7 +262,7 @@ impl<U: MemoryResource> MemoryResource for TrackingAdaptor<U> {
 
 impl<U> Drop for TrackingAdaptor<U> {
     fn drop(&mut self) {
-        // Printing touches no driver, so this runs at process exit too.
+        // Logging touches no driver, so this runs at process exit too.
         let t = self.lock();
         if t.live.is_empty() {
             return;
@@ -269,6 +270,6 @@ impl<U> Drop for TrackingAdaptor<U> {
         let mut v: Vec<_> = t.live.values().cloned().collect();
         drop(t);
         v.sort_by_key(|a| a.ptr.0);
-        eprint!("{}", report(&v));
+        log::warn!("{}", report(&v).trim_end());
     }
 }

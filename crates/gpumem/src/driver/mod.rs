@@ -15,7 +15,8 @@
 //!   on the calling thread first; methods that take only a stream or event work
 //!   on whatever context owns that handle.
 //! - Handles are raw integers; callers own what they create and must destroy it
-//!   once. Destroying a handle twice is an error value, not undefined behaviour,
+//!   once. File descriptors are `OwnedFd` (exported: the caller's, closed on
+//!   drop) and `BorrowedFd` (imported: only read). Destroying a handle twice is an error value, not undefined behaviour,
 //!   on the simulated device (the CUDA driver may not detect it).
 //! - The copy functions that take raw host pointers are `unsafe`: the caller
 //!   guarantees the host range stays valid until the copy has run.
@@ -28,6 +29,8 @@ pub mod sim;
 mod types;
 
 pub use types::*;
+
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use crate::Result;
 
@@ -201,9 +204,10 @@ pub trait Driver: Send + Sync + 'static {
     fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()>;
     /// Exports a pool created with [`HandleType::PosixFd`] as a file descriptor
     /// the caller owns.
-    fn mempool_export_fd(&self, pool: RawPool) -> Result<i32>;
-    /// Imports a pool from a file descriptor exported by another process.
-    fn mempool_import_fd(&self, fd: i32) -> Result<RawPool>;
+    fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd>;
+    /// Imports a pool from a file descriptor exported by another process. The
+    /// descriptor is only read; the caller keeps it.
+    fn mempool_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPool>;
     /// Export data for one allocation of an exportable pool.
     fn mempool_export_pointer(&self, ptr: DevicePtr) -> Result<PoolPtrExport>;
     /// Imports an allocation of an imported pool.
@@ -234,7 +238,8 @@ pub trait Driver: Send + Sync + 'static {
     ) -> Result<()>;
     /// Exports physical memory created with [`HandleType::PosixFd`] as a file
     /// descriptor the caller owns.
-    fn vmm_export_fd(&self, handle: RawPhys) -> Result<i32>;
-    /// Imports physical memory from a file descriptor.
-    fn vmm_import_fd(&self, fd: i32) -> Result<RawPhys>;
+    fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd>;
+    /// Imports physical memory from a file descriptor. The descriptor is only
+    /// read; the caller keeps it.
+    fn vmm_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPhys>;
 }

@@ -309,7 +309,7 @@ impl MemoryManager {
         }
         let (mode, reason) = self.resolve(s.mode);
         if let Some(r) = &reason {
-            eprintln!("gpumem: {r}");
+            log::warn!("{r}");
         }
         let backend = Arc::new(DeviceBackend::build(&self.device, mode, s.device_size)?);
         *lock(&self.effective) = Some((mode, reason));
@@ -482,7 +482,7 @@ impl MemoryManager {
     /// Shuts the manager down: every later allocation is [`Error::ShutDown`];
     /// pending copies are waited for; outstanding device allocations are
     /// freed; both pools give all their memory back to the driver. Returns what
-    /// was released and what was still outstanding (also printed to stderr
+    /// was released and what was still outstanding (also logged as a warning
     /// when anything was). A second call returns an empty report.
     ///
     /// Pinned memory is host memory that safe code may still hold references
@@ -552,7 +552,7 @@ impl MemoryManager {
         }
         report.outstanding_device = outstanding;
         if !report.outstanding_pinned.is_empty() || !report.outstanding_device.is_empty() {
-            eprintln!("gpumem: MemoryManager shut down: {report}");
+            log::warn!("MemoryManager shut down: {report}");
         }
         match first_err {
             Some(e) => Err(e),

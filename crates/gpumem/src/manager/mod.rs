@@ -13,8 +13,11 @@
 //!   [`DeviceSlot`] tokens.
 
 pub mod device_mode;
+#[allow(unsafe_code)] // `shutdown_unchecked`
 pub mod memory_manager;
+#[allow(unsafe_code)] // pinned host memory as Rust slices; `allocator_api2::Allocator`
 pub mod pinned_pool;
+#[allow(unsafe_code)] // host slots of pinned memory
 pub mod planned_pool;
 
 pub use device_mode::DeviceAllocatorMode;

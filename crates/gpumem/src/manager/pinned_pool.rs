@@ -993,7 +993,7 @@ unsafe impl Allocator for PinnedPool {
         }
         let p = DevicePtr(ptr.as_ptr() as usize as u64);
         if let Err(e) = self.free_block(p, Some(layout.size()), None) {
-            eprintln!("gpumem: PinnedPool Allocator free failed: {e}");
+            log::error!("PinnedPool Allocator free failed: {e}");
         }
     }
 }
@@ -1001,7 +1001,7 @@ unsafe impl Allocator for PinnedPool {
 impl Drop for PinnedPool {
     /// Gives everything back. Live blocks cannot be reached from safe code
     /// any more (collections borrow or own the pool; plans and buffers hold
-    /// it), so they go too, with a note on stderr. If the pending copies
+    /// it), so they go too, with a warning in the log. If the pending copies
     /// cannot be waited for, the memory is leaked rather than freed under
     /// them.
     fn drop(&mut self) {
@@ -1012,14 +1012,14 @@ impl Drop for PinnedPool {
         match self.release_locked(&mut st) {
             Ok(r) if !r.outstanding.is_empty() => {
                 let bytes: usize = r.outstanding.iter().map(|o| o.1).sum();
-                eprintln!(
-                    "gpumem: PinnedPool dropped with {} allocations ({bytes} bytes) never freed",
+                log::warn!(
+                    "PinnedPool dropped with {} allocations ({bytes} bytes) never freed",
                     r.outstanding.len()
                 );
             }
             Ok(_) => {}
-            Err(e) => eprintln!(
-                "gpumem: PinnedPool could not wait for its copies ({e}); \
+            Err(e) => log::error!(
+                "PinnedPool could not wait for its copies ({e}); \
                  its {} pinned bytes are leaked rather than freed under them",
                 st.heap.region_bytes()
             ),

@@ -450,7 +450,7 @@ impl Drop for PlannedPool {
             return;
         }
         if let Err(e) = self.release_blocks() {
-            eprintln!("gpumem: PlannedPool release failed: {e}");
+            log::error!("PlannedPool release failed: {e}");
         }
     }
 }

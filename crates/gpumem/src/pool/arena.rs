@@ -18,7 +18,7 @@
 //! their streams are done with them, below) and the request is retried, then
 //! the device is synchronized and it is retried once more, then it fails with
 //! [`Error::OutOfMemory`] carrying requested, reserved, live and largest-free
-//! bytes (and, if configured, a fragmentation report on stderr).
+//! bytes (and, if configured, a fragmentation report in the log).
 //!
 //! # Bad frees
 //! A free is checked against the block the arena recorded: a small block's
@@ -104,8 +104,8 @@ pub struct ArenaConfig {
     /// before returning them to the global arena; `None` means 1/64 of the
     /// arena, at least 64 superblocks.
     pub cache_limit: Option<usize>,
-    /// Print a fragmentation report to stderr when a request fails for lack of
-    /// memory.
+    /// Log a fragmentation report (`log::error!`) when a request fails for
+    /// lack of memory.
     pub dump_log_on_oom: bool,
 }
 
@@ -148,7 +148,7 @@ impl ArenaConfig {
         self
     }
 
-    /// Asks for a fragmentation report on stderr at out-of-memory.
+    /// Asks for a fragmentation report in the log at out-of-memory.
     pub fn dump_log_on_oom(mut self, yes: bool) -> Self {
         self.dump_log_on_oom = yes;
         self
@@ -435,10 +435,7 @@ impl Core {
     fn oom(&self, bytes: usize) -> Error {
         let s = self.stats();
         if self.dump_on_oom {
-            eprintln!(
-                "gpumem arena: out of memory for {bytes} bytes\n{}",
-                self.report()
-            );
+            log::error!("arena: out of memory for {bytes} bytes\n{}", self.report());
         }
         Error::oom_with(OomInfo {
             requested: bytes,

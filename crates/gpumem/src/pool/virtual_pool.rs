@@ -91,6 +91,7 @@
 mod page_table;
 mod phys_cache;
 
+use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard};
 
 use self::page_table::{Acquired, FreeStreams, PageRef, PageTable, PhysPage};
@@ -234,11 +235,11 @@ pub struct VirtualPoolStats {
 }
 
 /// A physical chunk exported for another process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct PhysExport {
     /// A POSIX file descriptor the caller owns (import it with
-    /// `cuMemImportFromShareableHandle`).
-    pub fd: i32,
+    /// `cuMemImportFromShareableHandle`); closed on drop.
+    pub fd: OwnedFd,
     /// Bytes of the chunk.
     pub bytes: usize,
     /// Where its pages are mapped now: (address, offset into the chunk).
@@ -681,8 +682,7 @@ impl VirtualPool {
                 .unwrap_or(0)
         ];
         for (c, chunk) in st.phys.chunks() {
-            // On failure, descriptors already exported stay open (this layer
-            // has no `unsafe` to close them).
+            // On failure, the descriptors already exported close with `out`.
             let fd = self.device.driver().vmm_export_fd(chunk.handle)?;
             index[c as usize] = out.len();
             out.push(PhysExport {

@@ -13,8 +13,6 @@
 //! copies), `pool` (stream-ordered pools), `vmm` (virtual memory), `error`
 //! (`CUresult` to [`Error`]).
 
-#![warn(clippy::undocumented_unsafe_blocks)]
-
 mod context;
 mod error;
 mod memory;
@@ -22,6 +20,7 @@ mod pool;
 mod stream;
 mod vmm;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
@@ -293,10 +292,10 @@ impl Driver for CudaDriver {
     fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         self.mem_free_async_impl(ptr, stream)
     }
-    fn mempool_export_fd(&self, pool: RawPool) -> Result<i32> {
+    fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd> {
         self.mempool_export_fd_impl(pool)
     }
-    fn mempool_import_fd(&self, fd: i32) -> Result<RawPool> {
+    fn mempool_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPool> {
         self.mempool_import_fd_impl(fd)
     }
     fn mempool_export_pointer(&self, ptr: DevicePtr) -> Result<PoolPtrExport> {
@@ -333,10 +332,10 @@ impl Driver for CudaDriver {
     ) -> Result<()> {
         self.vmm_set_access_impl(ptr, bytes, device, access)
     }
-    fn vmm_export_fd(&self, handle: RawPhys) -> Result<i32> {
+    fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd> {
         self.vmm_export_fd_impl(handle)
     }
-    fn vmm_import_fd(&self, fd: i32) -> Result<RawPhys> {
+    fn vmm_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
         self.vmm_import_fd_impl(fd)
     }
 }

@@ -7,10 +7,11 @@
 //! `int`; reading a reuse policy gives 0 or 1.
 
 use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys::{
     self, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocationType,
-    CUmemPool_attribute,
+    CUmemPool_attribute, CUresult,
 };
 
 use super::error::{check, check_alloc};
@@ -136,6 +137,25 @@ fn cu_pool(p: RawPool) -> sys::CUmemoryPool {
 
 fn null_pool(call: &str) -> Error {
     Error::InvalidArgument(format!("{call}: null pool handle"))
+}
+
+/// Runs an export call that writes a POSIX file descriptor through the
+/// pointer it is given, and takes ownership of the descriptor.
+pub(super) fn export_posix_fd(
+    call: &'static str,
+    export: impl FnOnce(*mut c_void) -> CUresult,
+) -> Result<OwnedFd> {
+    let mut fd: c_int = -1;
+    check(export(&mut fd as *mut c_int as *mut c_void), call)?;
+    if fd < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{call} returned descriptor {fd}"
+        )));
+    }
+    // SAFETY: a successful export creates `fd` for the caller: an open
+    // descriptor that nothing else owns or closes, non-negative (checked
+    // above), so `OwnedFd` may take it over.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl CudaDriver {
@@ -400,35 +420,28 @@ impl CudaDriver {
         )
     }
 
-    pub(super) fn mempool_export_fd_impl(&self, pool: RawPool) -> Result<i32> {
+    pub(super) fn mempool_export_fd_impl(&self, pool: RawPool) -> Result<OwnedFd> {
         if pool == 0 {
             return Err(null_pool("cuMemPoolExportToShareableHandle"));
         }
         self.ensure_context()?;
-        let mut fd: c_int = -1;
-        check(
+        export_posix_fd("cuMemPoolExportToShareableHandle", |fd| {
             // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
-            // writes an int through the handle pointer; `fd` is one and lives
-            // through the call.
+            // writes an int through the handle pointer; `fd` points at one
+            // that lives through the call.
             unsafe {
                 sys::cuMemPoolExportToShareableHandle(
-                    &mut fd as *mut c_int as *mut c_void,
+                    fd,
                     cu_pool(pool),
                     CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                     0,
                 )
-            },
-            "cuMemPoolExportToShareableHandle",
-        )?;
-        Ok(fd)
+            }
+        })
     }
 
-    pub(super) fn mempool_import_fd_impl(&self, fd: i32) -> Result<RawPool> {
-        if fd < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "cuMemPoolImportFromShareableHandle: bad file descriptor {fd}"
-            )));
-        }
+    pub(super) fn mempool_import_fd_impl(&self, fd: BorrowedFd<'_>) -> Result<RawPool> {
+        let fd = fd.as_raw_fd();
         self.ensure_context()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         check(

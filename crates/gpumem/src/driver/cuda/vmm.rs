@@ -5,7 +5,7 @@
 //! device location); the granularity query uses the same properties, so the
 //! sizes it returns are the ones `cuMemCreate` and `cuMemMap` accept.
 
-use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use cudarc::driver::sys::{
     self, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationType,
@@ -13,7 +13,7 @@ use cudarc::driver::sys::{
 
 use super::error::{check, check_alloc, check_range};
 use super::memory::device_location;
-use super::pool::{access_desc, handle_type_to_cu};
+use super::pool::{access_desc, export_posix_fd, handle_type_to_cu};
 use super::CudaDriver;
 use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
 use crate::{check_alignment, Error, Result};
@@ -153,31 +153,25 @@ impl CudaDriver {
         )
     }
 
-    pub(super) fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<i32> {
+    pub(super) fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<OwnedFd> {
         self.ensure_context()?;
-        let mut fd: c_int = -1;
-        check(
+        export_posix_fd("cuMemExportToShareableHandle", |fd| {
             // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
-            // writes an int through the pointer; `fd` is one, alive through the call.
+            // writes an int through the pointer; `fd` points at one that
+            // lives through the call.
             unsafe {
                 sys::cuMemExportToShareableHandle(
-                    &mut fd as *mut c_int as *mut c_void,
+                    fd,
                     handle,
                     CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                     0,
                 )
-            },
-            "cuMemExportToShareableHandle",
-        )?;
-        Ok(fd)
+            }
+        })
     }
 
-    pub(super) fn vmm_import_fd_impl(&self, fd: i32) -> Result<RawPhys> {
-        if fd < 0 {
-            return Err(Error::InvalidArgument(format!(
-                "cuMemImportFromShareableHandle: bad file descriptor {fd}"
-            )));
-        }
+    pub(super) fn vmm_import_fd_impl(&self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
+        let fd = fd.as_raw_fd();
         self.ensure_context()?;
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         check(

@@ -9,6 +9,7 @@ use super::streams::{EventState, Op};
 use super::{SimDriver, TAG_EVENT};
 use crate::driver::*;
 use crate::Result;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 impl Driver for SimDriver {
     fn backend(&self) -> Backend {
@@ -450,13 +451,13 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mempool_export_fd(&self, pool: RawPool) -> Result<i32> {
+    fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd> {
         self.call("cuMemPoolExportToShareableHandle", |st, _| {
             st.mempool_export_fd(pool)
         })
     }
 
-    fn mempool_import_fd(&self, fd: i32) -> Result<RawPool> {
+    fn mempool_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPool> {
         self.call("cuMemPoolImportFromShareableHandle", |st, _| {
             st.mempool_import_fd(fd)
         })
@@ -514,13 +515,13 @@ impl Driver for SimDriver {
         })
     }
 
-    fn vmm_export_fd(&self, handle: RawPhys) -> Result<i32> {
+    fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd> {
         self.call("cuMemExportToShareableHandle", |st, _| {
             st.vmm_export_fd(handle)
         })
     }
 
-    fn vmm_import_fd(&self, fd: i32) -> Result<RawPhys> {
+    fn vmm_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
         self.call("cuMemImportFromShareableHandle", |st, _| {
             st.vmm_import_fd(fd)
         })

@@ -10,7 +10,7 @@
 //! Costs: a file create, write and unlink per export; a file read per import.
 
 use std::io::Write;
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::faults::{drv, INVALID_VALUE};
@@ -21,9 +21,8 @@ const MAGIC: &[u8; 8] = b"gpmsim01";
 
 static FILE_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// Writes `kind uid id` into a fresh unlinked file and returns its descriptor,
-/// which the caller owns.
-pub(super) fn export_token(call: &'static str, kind: &str, uid: u64, id: u64) -> Result<i32> {
+/// Writes `kind uid id` into a fresh unlinked file and returns its descriptor.
+pub(super) fn export_token(call: &'static str, kind: &str, uid: u64, id: u64) -> Result<OwnedFd> {
     let os = |_| drv(call, 304);
     let seq = FILE_SEQ.fetch_add(1, Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!(
@@ -39,16 +38,14 @@ pub(super) fn export_token(call: &'static str, kind: &str, uid: u64, id: u64) ->
     let res = writeln!(f, "gpumem-sim {kind} {uid} {id}");
     let _ = std::fs::remove_file(&path);
     res.map_err(os)?;
-    Ok(f.into_raw_fd())
+    Ok(f.into())
 }
 
 /// Reads back the token behind `fd`: (kind, uid, id).
-pub(super) fn import_token(call: &'static str, fd: i32) -> Result<(String, u64, u64)> {
+pub(super) fn import_token(call: &'static str, fd: BorrowedFd<'_>) -> Result<(String, u64, u64)> {
     let bad = || drv(call, INVALID_VALUE);
-    if fd < 0 {
-        return Err(bad());
-    }
-    let text = std::fs::read_to_string(format!("/proc/self/fd/{fd}")).map_err(|_| bad())?;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let text = std::fs::read_to_string(path).map_err(|_| bad())?;
     let mut it = text.split_whitespace();
     if it.next() != Some("gpumem-sim") {
         return Err(bad());

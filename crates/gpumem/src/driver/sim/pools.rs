@@ -17,6 +17,7 @@
 //! Costs: O(log n) per allocation and free (cache and translation table).
 
 use std::collections::BTreeSet;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::address_space::{round_up, BASE_ALIGN};
@@ -436,7 +437,7 @@ impl State {
     }
 
     /// `cuMemPoolExportToShareableHandle`.
-    pub(super) fn mempool_export_fd(&self, h: RawPool) -> Result<i32> {
+    pub(super) fn mempool_export_fd(&self, h: RawPool) -> Result<OwnedFd> {
         const CALL: &str = "cuMemPoolExportToShareableHandle";
         let id = self.pool_of(h, CALL)?;
         if self.pools.get(&id).map(|p| p.props.handle_type) != Some(HandleType::PosixFd) {
@@ -446,7 +447,7 @@ impl State {
     }
 
     /// `cuMemPoolImportFromShareableHandle`.
-    pub(super) fn mempool_import_fd(&mut self, fd: i32) -> Result<RawPool> {
+    pub(super) fn mempool_import_fd(&mut self, fd: BorrowedFd<'_>) -> Result<RawPool> {
         const CALL: &str = "cuMemPoolImportFromShareableHandle";
         self.pools_on(CALL)?;
         let (kind, uid, id) = ipc::import_token(CALL, fd)?;

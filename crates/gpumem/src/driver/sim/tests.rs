@@ -57,6 +57,7 @@ fn is_send_and_sync() {
     let _: Arc<dyn Driver> = Arc::new(sim());
 }
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// Test shorthand for the driver's `unsafe` memset and device copy.
@@ -1096,9 +1097,8 @@ fn pool_export_import_in_process() {
     };
     let p = d.mempool_create(&props).unwrap();
     let fd = d.mempool_export_fd(p).unwrap();
-    assert!(fd >= 0);
-    let q = d.mempool_import_fd(fd).unwrap();
-    close_fd(fd);
+    let q = d.mempool_import_fd(fd.as_fd()).unwrap();
+    drop(fd);
     assert_ne!(p, q);
     let a = d.mem_alloc_from_pool_async(1000, p, 0).unwrap();
     assert_eq!(
@@ -1127,9 +1127,14 @@ fn pool_export_import_in_process() {
     let plain = d.mempool_create(&PoolProps::device(0)).unwrap();
     assert_eq!(code(d.mempool_export_fd(plain).unwrap_err()), 1);
     let fd2 = d.mempool_export_fd(p).unwrap();
-    assert_eq!(code(backed().mempool_import_fd(fd2).unwrap_err()), 1);
-    close_fd(fd2);
-    assert_eq!(code(d.mempool_import_fd(-1).unwrap_err()), 1);
+    assert_eq!(
+        code(backed().mempool_import_fd(fd2.as_fd()).unwrap_err()),
+        1
+    );
+    drop(fd2);
+    // A descriptor that is not an export.
+    let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    assert_eq!(code(d.mempool_import_fd(socket.as_fd()).unwrap_err()), 1);
     d.mem_free_async(b, 0).unwrap();
     d.mem_free_async(a, 0).unwrap();
     for h in [p, q, other, plain] {
@@ -1139,12 +1144,6 @@ fn pool_export_import_in_process() {
 }
 
 /// Closes a descriptor handed out by an export, through std's ownership.
-fn close_fd(fd: i32) {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` was returned by an export call and is owned by this test.
-    drop(unsafe { std::fs::File::from_raw_fd(fd) });
-}
-
 // ----- VMM -----
 
 #[test]
@@ -1286,8 +1285,8 @@ fn vmm_copies_across_pages_of_different_handles() {
     assert_eq!(code(d.vmm_export_fd(h1).unwrap_err()), 1);
     let hx = d.vmm_create(0, g, HandleType::PosixFd).unwrap();
     let fd = d.vmm_export_fd(hx).unwrap();
-    let hy = d.vmm_import_fd(fd).unwrap();
-    close_fd(fd);
+    let hy = d.vmm_import_fd(fd.as_fd()).unwrap();
+    drop(fd);
     d.vmm_release(hx).unwrap();
     assert_eq!(d.physical_bytes(), 4 * g, "imported handle keeps it alive");
     d.vmm_release(hy).unwrap();

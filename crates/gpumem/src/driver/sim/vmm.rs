@@ -18,6 +18,8 @@
 //!
 //! Costs: O(log n + mappings touched) per call.
 
+use std::os::fd::{BorrowedFd, OwnedFd};
+
 use super::faults::{drv, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_SUPPORTED};
 use super::ipc;
 use super::memory::{HostBuf, Mapping, Region};
@@ -286,7 +288,7 @@ impl State {
     }
 
     /// `cuMemExportToShareableHandle`.
-    pub(super) fn vmm_export_fd(&self, h: RawPhys) -> Result<i32> {
+    pub(super) fn vmm_export_fd(&self, h: RawPhys) -> Result<OwnedFd> {
         const CALL: &str = "cuMemExportToShareableHandle";
         self.vmm_on(CALL)?;
         let id = self.phys_of(h, CALL)?;
@@ -297,7 +299,7 @@ impl State {
     }
 
     /// `cuMemImportFromShareableHandle`: a new handle to the same memory.
-    pub(super) fn vmm_import_fd(&mut self, fd: i32) -> Result<RawPhys> {
+    pub(super) fn vmm_import_fd(&mut self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
         const CALL: &str = "cuMemImportFromShareableHandle";
         self.vmm_on(CALL)?;
         let (kind, uid, id) = ipc::import_token(CALL, fd)?;
