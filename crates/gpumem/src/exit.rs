@@ -20,7 +20,7 @@
 //! installed after the driver was loaded. gpumem installs it when the
 //! per-device registry and the adaptors are created; a driver backend should call
 //! [`install_hook`] right after initialising the driver. The registration
-//! itself is an OS call ([`crate::os`]).
+//! itself is an OS call (the crate's private `os` module).
 //!
 //! The same handler flushes the buffered logs of live
 //! [`LoggingAdaptor`](crate::adaptor::LoggingAdaptor)s, so a logging adaptor kept
