@@ -31,8 +31,8 @@
 //! not fail the allocation; the first such error is returned by the next
 //! [`LoggingAdaptor::flush`].
 //!
-//! Fast path: one line formatted straight into the buffer under one mutex
-//! (about 100–200 ns); a system call only when the buffer fills.
+//! Fast path: one line formatted straight into the buffer under one mutex; a
+//! system call only when the buffer fills.
 
 use std::fmt;
 use std::fs::File;

@@ -4,11 +4,11 @@
 //!
 //! Algorithm: none of our own. The driver's pool caches freed memory per pool
 //! and hands it out again in stream order; allocation and free cost about 1 µs
-//! per pair on an H100 once the pool holds the memory (plus a table insert and
-//! remove, tens of ns, that makes a free of a pointer this resource did not
-//! hand out, a second free or a wrong size an error that never reaches
-//! `cuMemFreeAsync`). Two things make it fast
-//! or slow:
+//! per pair on an H100 once the pool holds the memory
+//! (`bench/results/NOTES.md`), plus a table insert and remove, tens of ns,
+//! that makes a free of a pointer this resource did not hand out, a second
+//! free or a wrong size an error that never reaches `cuMemFreeAsync`. Two
+//! things make it fast or slow:
 //! - the release threshold: the driver's default of 0 returns all unused
 //!   memory to the device at every synchronization, so the next allocation pays
 //!   for the driver's `cuMemCreate`/`cuMemMap` again. Pools built here keep

@@ -4,7 +4,7 @@
 //! Pools are built lazily, at the first allocation of each kind, so sizes and
 //! the device allocator mode can be chosen before; afterwards changing them is
 //! an [`Error::InvalidArgument`]. The manager records every device allocation
-//! (pointer → bytes, an ordered map under a mutex: ~100 ns per operation) so
+//! (pointer → bytes, one ordered-map operation under a mutex) so
 //! that frees need no size, copies can check that their device range is the
 //! manager's, and shutdown can report what was never freed. Shutdown refuses
 //! while pinned memory is live ([`Error::InUse`]): safe code may hold

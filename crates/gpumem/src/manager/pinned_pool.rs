@@ -2,8 +2,9 @@
 //! blocks are reused only once the copies that used them are done.
 //!
 //! Why: `cuMemHostAlloc` costs about 446 ms per GiB on an H100, while copies
-//! from pinned memory run 5.8× faster than from pageable memory, so pinned
-//! memory is taken from the driver in regions and cached.
+//! from pinned memory run 5.8× faster than from pageable memory
+//! (`bench/results/NOTES.md`), so pinned memory is taken from the driver in
+//! regions and cached.
 //!
 //! Algorithm: regions from [`PinnedHostResource`] are carved by a
 //! [`LaneHeap`] (TLSF good fit, split and coalesce, O(1)); only its global lane

@@ -26,8 +26,8 @@
 //!   S after the free)`); the blocks then belong to T.
 //!
 //! There is no event per free: `cuEventRecord` (~290 ns) and
-//! `cuStreamWaitEvent` (~220 ns) on an H100 exceed the whole budget of an
-//! operation. Events are recorded only on slow paths or once per stream per
+//! `cuStreamWaitEvent` (~220 ns) on an H100 (`bench/results/NOTES.md`)
+//! exceed the whole budget of an operation. Events are recorded only on slow paths or once per stream per
 //! batch of frees (sealed when a batch grows past its size, or by
 //! `process_deferred`). A pool keeps a clone of the [`Stream`] of every
 //! stream that has free blocks, so a stream the user drops is not destroyed

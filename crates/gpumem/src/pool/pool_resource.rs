@@ -16,12 +16,9 @@
 //! looks in the request's own size class ([`LaneHeap::allocate_best`]: the
 //! first fitting block among the first 32 of that class; TLSF's good fit
 //! alone skips that class and splits a block of a larger one), so a freed
-//! tensor's block is reused by the next tensor of that size. Measured on the
-//! simulated device, reserved over live peak, cold: resnet50 1.62 → 1.17,
-//! gpt2 1.17 → 1.17 (segregation alone: 1.58 and 1.17; the own-class look did
-//! most of it; taking the smallest fitting block of the class instead of the
-//! first gave byte-identical peaks on both traces, and was slower). The small
-//! heap keeps TLSF's plain good fit. A free finds its block in the heap its
+//! tensor's block is reused by the next tensor of that size; of the two
+//! changes, this look lowers the reserve most (the measurements:
+//! `bench/results/NOTES.md`). The small heap keeps TLSF's plain good fit. A free finds its block in the heap its
 //! size names, else in the other one.
 //!
 //! Each stream that frees blocks has its own lane, the same lane number in
@@ -48,14 +45,14 @@
 //! checked against the block the same lookup finds: a pointer that starts no
 //! used block, or a size that does not round up to the block's 256-byte
 //! granules, is [`Error::InvalidFree`] and frees nothing. Growth costs one
-//! upstream allocation (`cuMemAlloc`: 40–75 µs on an H100).
+//! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
+//! `bench/results/NOTES.md`).
 //!
-//! Growth does not double: RMM's doubling reserves 1.37–3.37× the live peak on
+//! Growth does not double: RMM's doubling reserves well above the live peak on
 //! real traces. Regions are tiered (2 MiB, 20 MiB, exact) so the reserve
-//! follows the live peak. Free regions are not given back before growing:
-//! giving back free large regions smaller than the request took resnet50 to
-//! 1.07 but gpt2 to 1.67 (the released sizes were needed again); they go back
-//! only on `trim`, `release` and out-of-memory.
+//! follows the live peak. Free regions are not given back before growing (on
+//! the shared traces the sizes given back were needed again, and the reserve
+//! grew); they go back only on `trim`, `release` and out-of-memory.
 
 use std::sync::{Mutex, MutexGuard};
 

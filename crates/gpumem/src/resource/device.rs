@@ -1,6 +1,7 @@
 //! `DeviceResource`: device memory straight from the driver (`cuMemAlloc` /
-//! `cuMemFree`). Every call costs the driver's 50–75 µs on an H100; this is the
-//! baseline and the usual upstream of the pools.
+//! `cuMemFree`). Every call costs the driver tens of µs on an H100
+//! (`bench/results/NOTES.md`); this is the baseline and the usual upstream of
+//! the pools.
 //!
 //! The resource knows what it handed out (a sharded table, see
 //! [`HandedOut`](super::HandedOut)): a free of another allocator's pointer,

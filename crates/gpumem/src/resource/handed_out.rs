@@ -12,8 +12,8 @@
 //!
 //! Cost: 16 shards, each a mutex around a hash map; a pointer's shard is a
 //! multiply and a shift of its address. One insert per allocation and one
-//! remove per free, tens of nanoseconds uncontended, against the 50 µs or
-//! more of the driver call they guard. Each shard remembers its last 32
+//! remove per free, tens of nanoseconds uncontended, against the tens of
+//! microseconds of the driver call they guard. Each shard remembers its last 32
 //! freed pointers, so a second free is reported as a double free rather than
 //! an unknown pointer (a pointer handed out again is live, and found live
 //! first).
