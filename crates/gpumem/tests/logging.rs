@@ -32,7 +32,8 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
-/// This thread's messages so far (installs the capturing logger first).
+/// This thread's messages so far. The first call installs the capturing
+/// logger: each test calls it before it does anything that logs.
 fn logged() -> Vec<(log::Level, String)> {
     static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
     let capture = CAPTURE.get_or_init(|| {
@@ -79,6 +80,7 @@ fn a_free_that_fails_in_drop_is_logged_as_an_error() {
 
 #[test]
 fn a_leak_report_at_drop_is_logged_as_a_warning() {
+    assert!(logged().is_empty());
     let (device, _) = common::device(false);
     let stream = device.create_stream().unwrap();
     let upstream = DeviceResource::new(device.clone());
