@@ -16,6 +16,7 @@
 //! kept by the extent when a mapping goes). Costs: put and
 //! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
+use super::free_streams::Frees;
 use crate::driver::RawPhys;
 
 /// No owner (a packed page reference never takes this value).
@@ -29,40 +30,6 @@ pub(super) struct Chunk {
     /// Per page: the virtual page (packed: segment << 40 | page) that owns
     /// it, or [`NO_OWNER`].
     pub(super) owner: Vec<u64>,
-}
-
-/// Frees recorded on some memory: the stream slots (mod 64) that freed
-/// blocks there and the tick of the latest such free (no reset: a mask only
-/// grows, so the record is conservative).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Frees {
-    pub(super) mask: u64,
-    pub(super) tick: u64,
-}
-
-impl Frees {
-    /// Adds a free by stream slot bit `bit` at `tick` (ticks only grow).
-    #[inline]
-    pub(super) fn add(&mut self, bit: u64, tick: u64) {
-        self.mask |= bit;
-        self.tick = tick;
-    }
-
-    /// The union of two records.
-    #[inline]
-    pub(super) fn union(self, o: Frees) -> Frees {
-        Frees {
-            mask: self.mask | o.mask,
-            tick: self.tick.max(o.tick),
-        }
-    }
-
-    /// True when nothing is recorded, or `done(mask, tick)` says the
-    /// recorded frees have run.
-    #[inline]
-    pub(super) fn quiet(&self, done: impl FnOnce(u64, u64) -> bool) -> bool {
-        self.mask == 0 || done(self.mask, self.tick)
-    }
 }
 
 /// The small, dense part of an extent: its size and the frees made through
