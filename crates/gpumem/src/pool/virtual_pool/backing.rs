@@ -1,29 +1,29 @@
 //! Physical backing: mapping memory under the unmapped pages of a new block
 //! (cached extents, idle extents as aliases, new extents), all or nothing.
 
-use super::page_table::{PageRef, PageTable, PhysPage};
+use super::page_table::{PageRef, PageSpan, PageTable, PhysPage};
+use super::phys_cache::ExtentId;
 use super::{State, VirtualPool, SMALL};
 use crate::driver::{AccessFlags, DevicePtr};
 use crate::{Error, Result};
 
 impl VirtualPool {
-    /// Maps physical memory under the unmapped pages `first..=last` of
-    /// `seg`, all or nothing.
+    /// Maps physical memory under the unmapped pages of `span`, all or
+    /// nothing, for the stream of bit `taker`.
     #[cold]
     pub(super) fn map_missing(
         &self,
         st: &mut State,
-        seg: usize,
-        first: usize,
-        last: usize,
+        span: PageSpan,
         requested: usize,
-        own: u64,
+        taker: u64,
     ) -> Result<()> {
-        let runs = st.pages.unmapped_runs(seg, first, last);
+        let res = span.res;
+        let runs = st.pages.unmapped_runs(span);
         let driver = self.device.driver();
         let g = self.gran;
-        let mut done: Vec<(usize, u32)> = Vec::new();
-        let mut result = self.back_runs(st, seg, &runs, requested, own, &mut done);
+        let mut done: Vec<(usize, ExtentId)> = Vec::new();
+        let mut result = self.back_runs(st, res, &runs, requested, taker, &mut done);
         if result.is_ok()
             && Self::alias_pages(st)
                 > self
@@ -36,7 +36,7 @@ impl VirtualPool {
         }
         if result.is_ok() {
             'access: for &(start, count) in &runs {
-                let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
+                let addr = DevicePtr(st.pages.addr(PageRef { res, idx: start }));
                 let devices =
                     std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
                 for d in devices {
@@ -50,20 +50,10 @@ impl VirtualPool {
             }
         }
         if let Err(e) = result {
-            for (start, c) in done {
-                let n = st.phys.pages(c);
-                let addr = DevicePtr(st.pages.addr(PageRef { seg, idx: start }));
-                if driver.vmm_unmap(addr, n * g).is_ok() {
-                    for i in 0..n {
-                        st.pages.set_unmapped(PageRef {
-                            seg,
-                            idx: start + i,
-                        });
-                    }
-                    st.mappings_unmapped += 1;
-                    st.pages
-                        .unmapped_at(c, PageTable::pack(seg, start), &mut st.phys);
-                }
+            for (start, x) in done {
+                let n = st.phys.pages(x);
+                // A mapping the driver keeps stays recorded (the drop unmaps it).
+                let _ = self.unmap_mapping(st, x, PageTable::pack(res, start), n);
             }
             self.release_cached(st, self.config.release_threshold);
             return Err(e);
@@ -72,7 +62,7 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// Backs the unmapped `runs` of `seg`: cached extents that fit, idle
+    /// Backs the unmapped `runs` of reservation `res`: cached extents that fit, idle
     /// extents mapped elsewhere that fit (aliased), then new extents (one per
     /// run) within the slack over the live peak; beyond it, idle extents that
     /// fit nowhere here are unmapped everywhere and released first; on
@@ -81,16 +71,16 @@ impl VirtualPool {
     pub(super) fn back_runs(
         &self,
         st: &mut State,
-        seg: usize,
+        res: usize,
         runs: &[(usize, usize)],
         requested: usize,
-        own: u64,
-        done: &mut Vec<(usize, u32)>,
+        taker: u64,
+        done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<()> {
         let mut pieces = runs.to_vec();
         let short = |p: &[(usize, usize)]| p.iter().map(|x| x.1).sum::<usize>();
-        self.fill_from_cache(st, seg, &mut pieces, done)?;
-        self.alias_idle(st, seg, &mut pieces, own, done)?;
+        self.fill_from_cache(st, res, &mut pieces, done)?;
+        self.alias_idle(st, res, &mut pieces, taker, done)?;
         // Within the slack over the live peak, new memory is made rather than
         // idle extents moved: fewer driver calls for the same leanness target.
         let budget = (st.peak_live.max(st.live_bytes()) / 1000)
@@ -98,7 +88,7 @@ impl VirtualPool {
         let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
         let mut oom = false;
         if short(&pieces) > 0 && short(&pieces) <= room {
-            match self.create_into(st, seg, &mut pieces, usize::MAX, done) {
+            match self.create_into(st, res, &mut pieces, usize::MAX, done) {
                 Ok(()) => {}
                 Err(e) if e.is_oom() => oom = true,
                 Err(e) => return Err(e),
@@ -106,10 +96,10 @@ impl VirtualPool {
         }
         if short(&pieces) > 0 && !oom {
             self.uncover_idle(st, short(&pieces))?;
-            self.fill_from_cache(st, seg, &mut pieces, done)?;
+            self.fill_from_cache(st, res, &mut pieces, done)?;
             // What fits nowhere here goes back before new memory is made.
             self.release_cached(st, self.config.release_threshold);
-            match self.create_into(st, seg, &mut pieces, usize::MAX, done) {
+            match self.create_into(st, res, &mut pieces, usize::MAX, done) {
                 Ok(()) => {}
                 Err(e) if e.is_oom() => oom = true,
                 Err(e) => return Err(e),
@@ -119,9 +109,9 @@ impl VirtualPool {
             // Wait for pending unmaps, take every idle extent, retry page by page.
             st.streams.synchronize_all(&self.device)?;
             self.reclaim(st, usize::MAX)?;
-            self.fill_from_cache(st, seg, &mut pieces, done)?;
+            self.fill_from_cache(st, res, &mut pieces, done)?;
             self.release_cached(st, 0);
-            match self.create_into(st, seg, &mut pieces, 1, done) {
+            match self.create_into(st, res, &mut pieces, 1, done) {
                 Ok(()) => {}
                 Err(e) if e.is_oom() => return Err(self.oom(st, requested)),
                 Err(e) => return Err(e),
@@ -135,15 +125,15 @@ impl VirtualPool {
     pub(super) fn create_into(
         &self,
         st: &mut State,
-        seg: usize,
+        res: usize,
         pieces: &mut [(usize, usize)],
         max: usize,
-        done: &mut Vec<(usize, u32)>,
+        done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<()> {
         for piece in pieces.iter_mut() {
             while piece.1 > 0 {
-                let c = self.create(st, piece.1.min(max).min(self.config.max_extent_pages))?;
-                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                let x = self.create(st, piece.1.min(max).min(self.config.max_extent_pages))?;
+                let n = self.map_extent(st, res, piece.0, x, done)?;
                 piece.0 += n;
                 piece.1 -= n;
             }
@@ -154,7 +144,7 @@ impl VirtualPool {
     /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
     /// leaves less room), not cached. Returns its index, or the driver's
     /// error.
-    pub(super) fn create(&self, st: &mut State, n: usize) -> Result<u32> {
+    pub(super) fn create(&self, st: &mut State, n: usize) -> Result<ExtentId> {
         let mut n = n.max(1);
         if let Some(max) = st.max_physical {
             let room = (max / self.gran).saturating_sub(st.phys.total_pages());
@@ -168,42 +158,42 @@ impl VirtualPool {
             n * self.gran,
             self.handle_type,
         )?;
-        let c = st.phys.add_chunk(h, n as u32);
+        let x = st.phys.add_extent(h, n as u32);
         st.pages_created += n as u64;
-        st.chunks_created += 1;
-        st.peak_chunks = st.peak_chunks.max(st.phys.chunk_count());
+        st.extents_created += 1;
+        st.peak_extents = st.peak_extents.max(st.phys.extent_count());
         let reserved = st.phys.total_pages() * self.gran;
         st.peak_reserved = st.peak_reserved.max(reserved);
-        Ok(c)
+        Ok(x)
     }
 
-    /// Maps extent `c` whole at page `idx` of `seg` (one `cuMemMap`); on
-    /// failure it goes to the cache.
+    /// Maps extent `x` whole at page `idx` of reservation `res` (one
+    /// `cuMemMap`); on failure it goes to the cache.
     pub(super) fn map_extent(
         &self,
         st: &mut State,
-        seg: usize,
+        res: usize,
         idx: usize,
-        c: u32,
-        done: &mut Vec<(usize, u32)>,
+        x: ExtentId,
+        done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<usize> {
-        let n = st.phys.pages(c);
-        let addr = st.pages.addr(PageRef { seg, idx });
+        let n = st.phys.pages(x);
+        let addr = st.pages.addr(PageRef { res, idx });
         if let Err(e) =
             self.device
                 .driver()
-                .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(c))
+                .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(x))
         {
-            if st.phys.chunk(c).is_some_and(|ch| ch.at.is_empty()) {
-                st.phys.put(c);
+            if st.phys.extent(x).is_some_and(|ext| ext.mappings.is_empty()) {
+                st.phys.put(x);
             }
             return Err(e);
         }
-        st.phys.mapped_at(c, PageTable::pack(seg, idx));
+        st.phys.mapped_at(x, PageTable::pack(res, idx));
         for i in 0..n {
-            let p = PageRef { seg, idx: idx + i };
+            let p = PageRef { res, idx: idx + i };
             let pp = PhysPage {
-                chunk: c,
+                extent: x,
                 index: i as u32,
             };
             st.pages.set_mapped(p, pp);
@@ -213,7 +203,7 @@ impl VirtualPool {
         }
         st.mappings_made += 1;
         st.pages_mapped += n as u64;
-        done.push((idx, c));
+        done.push((idx, x));
         Ok(n)
     }
 
@@ -222,16 +212,16 @@ impl VirtualPool {
     pub(super) fn fill_from_cache(
         &self,
         st: &mut State,
-        seg: usize,
+        res: usize,
         pieces: &mut [(usize, usize)],
-        done: &mut Vec<(usize, u32)>,
+        done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<()> {
         for piece in pieces.iter_mut() {
             while piece.1 > 0 {
-                let Some(c) = st.phys.take_fitting(piece.1) else {
+                let Some(x) = st.phys.take_fitting(piece.1) else {
                     break;
                 };
-                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                let n = self.map_extent(st, res, piece.0, x, done)?;
                 piece.0 += n;
                 piece.1 -= n;
             }
@@ -243,14 +233,14 @@ impl VirtualPool {
     /// fronts of `pieces`, largest that fit first: no new memory and no
     /// unmap, and the old mappings stay for when the memory is wanted back
     /// there. An extent qualifies when no page of it is in use through any
-    /// mapping and its frees are safe for the stream of `own`.
+    /// mapping and its frees are safe for the stream of bit `taker`.
     pub(super) fn alias_idle(
         &self,
         st: &mut State,
-        seg: usize,
+        res: usize,
         pieces: &mut [(usize, usize)],
-        own: u64,
-        done: &mut Vec<(usize, u32)>,
+        taker: u64,
+        done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<()> {
         let longest = pieces.iter().map(|p| p.1).max().unwrap_or(0);
         if longest == 0 {
@@ -258,21 +248,21 @@ impl VirtualPool {
         }
         // Small and large areas keep their own memory: small blocks share
         // pages, so memory passing between them would conflict at every turn.
-        let small = st.arena_of(st.pages.addr(PageRef {
-            seg,
+        let small = st.area_of(st.pages.addr(PageRef {
+            res,
             idx: pieces[0].0,
         })) == Some(SMALL);
         let mut cands = st.idle_extents(
-            |n, arena| n <= longest && (arena == Some(SMALL)) == small,
-            |streams, m, t| streams.safe_for(own, m, t),
+            |n, area| n <= longest && (area == Some(SMALL)) == small,
+            |streams, m, t| streams.safe_for(taker, m, t),
         );
         for piece in pieces.iter_mut() {
             while piece.1 > 0 {
                 let Some(k) = cands.iter().position(|&(n, _)| n <= piece.1) else {
                     break;
                 };
-                let (_, c) = cands.remove(k);
-                let n = self.map_extent(st, seg, piece.0, c, done)?;
+                let (_, x) = cands.remove(k);
+                let n = self.map_extent(st, res, piece.0, x, done)?;
                 st.aliases_made += 1;
                 piece.0 += n;
                 piece.1 -= n;

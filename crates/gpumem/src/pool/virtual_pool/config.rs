@@ -30,7 +30,7 @@ pub struct VirtualPoolConfig {
     /// the fourth pass; 8 left GPT-2 at 1.052, 4 and 5 never settled.
     pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
-    /// it, whole cached chunks go back to the driver (default 0).
+    /// it, whole cached extents go back to the driver (default 0).
     pub release_threshold: usize,
     /// Most alias pages kept mapped, in multiples of the physical pages
     /// (default 8); beyond it, idle aliases are unmapped. A training step's

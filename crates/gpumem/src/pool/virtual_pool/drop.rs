@@ -13,7 +13,7 @@ impl Drop for VirtualPool {
         }
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         // Work still using pool memory must finish before pages go.
-        for a in &st.arenas {
+        for a in &st.areas {
             a.lanes.synchronize_all(&self.device);
         }
         if st.streams.synchronize_all(&self.device).is_err() {
@@ -25,7 +25,7 @@ impl Drop for VirtualPool {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for p in mapped {
             match runs.last_mut() {
-                Some((r, n)) if r.seg == p.seg && r.idx + *n == p.idx => *n += 1,
+                Some((r, n)) if r.res == p.res && r.idx + *n == p.idx => *n += 1,
                 _ => runs.push((p, 1)),
             }
         }
@@ -36,16 +36,16 @@ impl Drop for VirtualPool {
                 || driver.vmm_unmap(DevicePtr(addr), n * g),
             );
         }
-        for (_, c) in st.phys.chunks() {
+        for (_, ext) in st.phys.extents() {
             crate::exit::give_back(
                 || "VirtualPool physical memory".into(),
-                || driver.vmm_release(c.handle),
+                || driver.vmm_release(ext.handle),
             );
         }
-        for seg in &st.pages.segs {
+        for r in &st.pages.reservations {
             crate::exit::give_back(
-                || format!("VirtualPool address range {:#x}", seg.base),
-                || driver.vmm_free_address(DevicePtr(seg.base), seg.bytes as usize),
+                || format!("VirtualPool address range {:#x}", r.base),
+                || driver.vmm_free_address(DevicePtr(r.base), r.bytes as usize),
             );
         }
     }

@@ -144,10 +144,11 @@ impl FreeStreams {
         slot as u32
     }
 
-    /// The slot bit of `stream` when it is the only stream on that bit
-    /// (frees by it need no check before it re-uses their memory), else 0.
+    /// The *taker bit* of `stream`, about to use memory: its slot bit when
+    /// it is the only stream on that bit (its own frees need no check before
+    /// it re-uses their memory), else 0.
     #[inline]
-    pub(super) fn own_bit(&self, stream: &Stream) -> u64 {
+    pub(super) fn taker_bit(&self, stream: &Stream) -> u64 {
         let id = stream.id().0;
         let slot = match self.last {
             Some((last, s)) if last == id => Some(s),
@@ -159,20 +160,20 @@ impl FreeStreams {
         }
     }
 
-    /// True when a stream slot other than `own` (see
-    /// [`FreeStreams::own_bit`]) ever freed a block: when none did, all frees
-    /// are the caller stream's own, ordered before its new work.
+    /// True when a stream slot other than `taker` (see
+    /// [`FreeStreams::taker_bit`]) ever freed a block: when none did, all
+    /// frees are the taking stream's own, ordered before its new work.
     #[inline]
-    pub(super) fn others_freed(&self, own: u64) -> bool {
-        self.ever & !own != 0
+    pub(super) fn others_freed(&self, taker: u64) -> bool {
+        self.ever & !taker != 0
     }
 
     /// True when frees `(mask, tick)` on memory about to be used by the
-    /// stream of `own` (see [`FreeStreams::own_bit`]) are safe to follow:
-    /// the stream's own frees are ordered before its new work, the others
-    /// must be known done (a query at most, never a wait).
-    pub(super) fn safe_for(&mut self, own: u64, mask: u64, tick: u64) -> bool {
-        let others = mask & !own;
+    /// stream of bit `taker` (see [`FreeStreams::taker_bit`]) are safe to
+    /// follow: the stream's own frees are ordered before its new work, the
+    /// others must be known done (a query at most, never a wait).
+    pub(super) fn safe_for(&mut self, taker: u64, mask: u64, tick: u64) -> bool {
+        let others = mask & !taker;
         if others == 0 || tick <= self.floor {
             return true;
         }

@@ -4,20 +4,20 @@ use super::VirtualPool;
 use crate::driver::DevicePtr;
 use crate::{Error, Result};
 
-/// A physical chunk exported for another process.
+/// An extent exported for another process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PhysExport {
     /// A POSIX file descriptor the caller owns (import it with
     /// `cuMemImportFromShareableHandle`).
     pub fd: i32,
-    /// Bytes of the chunk.
+    /// Bytes of the extent.
     pub bytes: usize,
-    /// Where its pages are mapped now: (address, offset into the chunk).
+    /// Where its pages are mapped now: (address, offset into the extent).
     pub mappings: Vec<(DevicePtr, usize)>,
 }
 
 impl VirtualPool {
-    /// Exports every physical chunk as a POSIX file descriptor (the pool must
+    /// Exports every extent as a POSIX file descriptor (the pool must
     /// have been made with `ipc`), with where its pages are mapped now.
     pub fn export_page_fds(&self) -> Result<Vec<PhysExport>> {
         if !self.config.ipc {
@@ -30,26 +30,27 @@ impl VirtualPool {
         let mut index = vec![
             usize::MAX;
             st.phys
-                .chunks()
-                .map(|(c, _)| c as usize + 1)
+                .extents()
+                .map(|(x, _)| x as usize + 1)
                 .max()
                 .unwrap_or(0)
         ];
-        for (c, chunk) in st.phys.chunks() {
+        for (x, ext) in st.phys.extents() {
             // On failure, descriptors already exported stay open (this layer
             // has no `unsafe` to close them).
-            let fd = self.device.driver().vmm_export_fd(chunk.handle)?;
-            index[c as usize] = out.len();
+            let fd = self.device.driver().vmm_export_fd(ext.handle)?;
+            index[x as usize] = out.len();
             out.push(PhysExport {
                 fd,
-                bytes: st.phys.pages(c) * self.gran,
+                bytes: st.phys.pages(x) * self.gran,
                 mappings: Vec::new(),
             });
         }
         for (p, phys) in st.pages.mapped() {
-            if let Some(&i) = index.get(phys.chunk as usize) {
-                if let Some(x) = out.get_mut(i) {
-                    x.mappings
+            if let Some(&i) = index.get(phys.extent as usize) {
+                if let Some(export) = out.get_mut(i) {
+                    export
+                        .mappings
                         .push((DevicePtr(st.pages.addr(p)), phys.index as usize * self.gran));
                 }
             }

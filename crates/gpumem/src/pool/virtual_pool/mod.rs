@@ -119,19 +119,24 @@ pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
 pub use self::ipc::PhysExport;
 pub use self::stats::VirtualPoolStats;
 
+/// The area of requests up to `small_limit` bytes.
 const SMALL: usize = 0;
+/// The area of larger requests.
 const LARGE: usize = 1;
-const ARENAS: usize = 2;
+const AREAS: usize = 2;
 
-struct Arena {
+/// One area of the address space: its heap and the heap's stream lanes.
+struct Area {
     heap: LaneHeap,
     lanes: HeapLanes,
 }
 
+/// Everything behind the pool's lock.
 struct State {
-    arenas: [Arena; ARENAS],
-    /// Virtual ranges given to the arenas: (start, end, arena).
-    ranges: Vec<(u64, u64, usize)>,
+    areas: [Area; AREAS],
+    /// The addresses each area was given, `(start, end, area)`: a
+    /// reservation, or for the first one, its two parts.
+    area_ranges: Vec<(u64, u64, usize)>,
     pages: PageTable,
     phys: PhysCache,
     streams: FreeStreams,
@@ -139,9 +144,9 @@ struct State {
     peak_live: usize,
     pages_created: u64,
     pages_released: u64,
-    chunks_created: u64,
-    chunks_released: u64,
-    peak_chunks: usize,
+    extents_created: u64,
+    extents_released: u64,
+    peak_extents: usize,
     /// Most physical bytes the pool may hold now (`maximum_physical`, which
     /// [`VirtualPool::set_maximum_physical`] changes).
     max_physical: Option<usize>,
@@ -156,19 +161,19 @@ struct State {
 
 impl State {
     fn live_bytes(&self) -> usize {
-        self.arenas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
+        self.areas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
     }
 
     #[inline]
-    fn arena_of(&self, addr: u64) -> Option<usize> {
-        ranges_arena(&self.ranges, addr)
+    fn area_of(&self, addr: u64) -> Option<usize> {
+        area_at(&self.area_ranges, addr)
     }
 }
 
-/// The arena whose range holds `addr`.
+/// The area given `addr` in `area_ranges`.
 #[inline]
-fn ranges_arena(ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
-    ranges
+fn area_at(area_ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
+    area_ranges
         .iter()
         .find(|&&(s, e, _)| addr >= s && addr < e)
         .map(|&(_, _, a)| a)
@@ -272,16 +277,16 @@ impl VirtualPool {
         let total = capacity
             .checked_mul(config.va_multiple)
             .ok_or_else(|| Error::InvalidArgument("virtual pool: va_multiple too large".into()))?;
-        // A quarter of the range (at least a page) for small blocks.
+        // A quarter of the first reservation (at least a page) for small blocks.
         let small = (total / 4).next_multiple_of(gran).max(gran);
         let total = total.max(small + gran);
         let base = driver.vmm_reserve(total, gran)?;
         let mut st = State {
-            arenas: std::array::from_fn(|_| Arena {
+            areas: std::array::from_fn(|_| Area {
                 heap: LaneHeap::new(),
                 lanes: HeapLanes::new(),
             }),
-            ranges: Vec::new(),
+            area_ranges: Vec::new(),
             pages: PageTable::new(gran as u64),
             phys: PhysCache::default(),
             streams: FreeStreams::new(),
@@ -289,9 +294,9 @@ impl VirtualPool {
             peak_live: 0,
             pages_created: 0,
             pages_released: 0,
-            chunks_created: 0,
-            chunks_released: 0,
-            peak_chunks: 0,
+            extents_created: 0,
+            extents_released: 0,
+            peak_extents: 0,
             max_physical: config.maximum_physical,
             relocations: 0,
             mappings_made: 0,
@@ -301,19 +306,19 @@ impl VirtualPool {
             aliases_collected: 0,
             fresh_ranges: 0,
         };
-        st.pages.add_segment(base.0, total as u64);
+        st.pages.add_reservation(base.0, total as u64);
         let parts = [
             (base.0, small as u64, SMALL),
             (base.0 + small as u64, (total - small) as u64, LARGE),
         ];
-        for (start, bytes, arena) in parts {
-            if let Err(e) = st.arenas[arena].heap.add_region(start, bytes) {
+        for (start, bytes, area) in parts {
+            if let Err(e) = st.areas[area].heap.add_region(start, bytes) {
                 let _ = driver.vmm_free_address(base, total);
                 return Err(Error::InvalidArgument(format!(
                     "virtual pool: unusable range at {start:#x}: {e}"
                 )));
             }
-            st.ranges.push((start, start + bytes, arena));
+            st.area_ranges.push((start, start + bytes, area));
         }
         let handle_type = if config.ipc {
             HandleType::PosixFd
@@ -337,7 +342,7 @@ impl VirtualPool {
 
     fn oom(&self, st: &State, requested: usize) -> Error {
         let largest = st
-            .arenas
+            .areas
             .iter()
             .map(|a| a.heap.largest_free_any())
             .max()
@@ -364,12 +369,12 @@ impl MemoryResource for VirtualPool {
         if bytes > self.capacity {
             return Err(self.oom(st, bytes));
         }
-        let which = if bytes <= self.config.small_limit {
+        let area = if bytes <= self.config.small_limit {
             SMALL
         } else {
             LARGE
         };
-        let a = &mut st.arenas[which];
+        let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         let (b, align) = (bytes as u64, alignment as u64);
         let mut blk = match a
@@ -378,24 +383,24 @@ impl MemoryResource for VirtualPool {
             .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
         {
             Some(x) => x,
-            None => self.take_slow(st, which, lane, stream, bytes, alignment)?,
+            None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
         };
-        let Some((mut seg, mut first, mut last)) = st.pages.range(blk.addr, blk.size) else {
-            let _ = st.arenas[which].heap.free(blk.addr, lane);
+        let Some(mut span) = st.pages.span(blk.addr, blk.size) else {
+            let _ = st.areas[area].heap.free(blk.addr, lane);
             return Err(Error::InvalidArgument(format!(
-                "virtual pool: block {:#x} outside its ranges",
+                "virtual pool: block {:#x} outside its reservations",
                 blk.addr
             )));
         };
-        let mut got = Self::acquire(st, (seg, first, last), stream);
+        let mut got = Self::acquire(st, span, stream);
         let relocate = got.conflict
             || (!got.all_mapped
-                && which == LARGE
-                && st.pages.count_unmapped(seg, first, last) >= RELOCATE_MIN_PAGES);
+                && area == LARGE
+                && st.pages.count_unmapped(span) >= RELOCATE_MIN_PAGES);
         if relocate {
-            (got, (seg, first, last)) = self.place_elsewhere(
+            (got, span) = self.place_elsewhere(
                 st,
-                (which, lane),
+                (area, lane),
                 &mut blk,
                 (bytes, alignment),
                 stream,
@@ -403,10 +408,10 @@ impl MemoryResource for VirtualPool {
             )?;
         }
         if !got.all_mapped {
-            let own = st.streams.own_bit(stream);
-            if let Err(e) = self.map_missing(st, seg, first, last, bytes, own) {
-                st.pages.unacquire(seg, first, last);
-                let _ = st.arenas[which].heap.free(blk.addr, lane);
+            let taker = st.streams.taker_bit(stream);
+            if let Err(e) = self.map_missing(st, span, bytes, taker) {
+                st.pages.unacquire(span);
+                let _ = st.areas[area].heap.free(blk.addr, lane);
                 if e.is_oom() {
                     // The numbers without the block that could not be backed.
                     return Err(self.oom(st, bytes));
@@ -434,13 +439,13 @@ impl MemoryResource for VirtualPool {
         }
         let mut guard = self.lock();
         let st = &mut *guard;
-        let Some(which) = st.arena_of(ptr.0) else {
+        let Some(area) = st.area_of(ptr.0) else {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
                 reason: FreeError::Unknown,
             });
         };
-        let a = &mut st.arenas[which];
+        let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space
         // beside it, so the pool stays compact; with several, that would make
@@ -453,8 +458,8 @@ impl MemoryResource for VirtualPool {
         }
         .map_err(|e| heap_error(ptr, e))?;
         let (bit, tick) = st.streams.on_free(stream);
-        if let Some((seg, first, last)) = st.pages.range(ptr.0, size) {
-            st.pages.release(seg, first, last, bit, tick);
+        if let Some(span) = st.pages.span(ptr.0, size) {
+            st.pages.release(span, bit, tick);
         }
         Ok(())
     }

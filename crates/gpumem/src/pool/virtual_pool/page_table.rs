@@ -1,17 +1,18 @@
 //! The page table of a [`VirtualPool`](super::VirtualPool): one entry per
-//! granularity-sized page of every reserved virtual range.
+//! page of every reservation. Words are those of the glossary in
+//! `docs/virtual_pool.md`.
 //!
 //! Each page names the physical page mapped there (if any). Three bitmaps
-//! per range say which pages are *mapped*, which *own* their physical page
-//! (see [`PhysCache`]) and which are *busy* (some live block lies on them).
-//! Pages are kept 64 to a group, each group's three bitmap words beside its
-//! entries, so an operation on a page touches one place in memory rather
-//! than four arrays.
+//! per reservation say which pages are *mapped*, which *own* their physical
+//! page (see [`PhysCache`]) and which are *busy* (some live block lies on
+//! them). Pages are kept 64 to a group, each group's three bitmap words
+//! beside its entries, so an operation on a page touches one place in memory
+//! rather than four arrays.
 //! A mapped page that is not busy is *idle*: it is kept mapped (re-using it
 //! costs no driver call) and may be unmapped once every stream that freed a
 //! block on its extent has been seen complete at or after that free (see
 //! [`FreeStreams`]). Frees are recorded per group of 64 pages ([`Frees`]: a
-//! mask of stream slots and the tick of the last free); an extent's record
+//! mask of stream bits and the tick of the last free); an extent's record
 //! is the union over the groups under each of its mappings (coarser than
 //! the extent, so conservative), plus what it kept from mappings gone.
 //!
@@ -25,22 +26,41 @@
 //! Costs: allocate and free touch the block's two boundary entries and a
 //! few group words (bitmaps; on free, the frees record). Pages that must
 //! take their memory over from another alias are handled off the fast path,
-//! an extent mapping at a time: when the whole run passes from one other
-//! idle mapping (the usual case) its bitmaps move a word at a time, else
-//! page by page; the extent's frees are looked at only when a stream other
-//! than the taker's ever freed a block. No allocation, no driver call.
+//! a mapping at a time: when the whole run passes from one other idle
+//! mapping (the usual case) its bitmaps move a word at a time, else page by
+//! page; the extent's frees are looked at only when a stream other than the
+//! taker's ever freed a block. No allocation, no driver call.
 
 use std::ops::{Index, IndexMut};
 
 use super::bits::{all_set, any_set, bit, next_clear, set_bits, words};
 use super::free_streams::{FreeStreams, Frees};
-use super::phys_cache::{PhysCache, NO_OWNER};
+use super::phys_cache::{ExtentId, PhysCache, NO_OWNER};
 
-/// A physical page: page `index` of extent (physical allocation) `chunk`.
+/// A physical page: page `index` of extent `extent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PhysPage {
-    pub(super) chunk: u32,
+    pub(super) extent: ExtentId,
     pub(super) index: u32,
+}
+
+/// A page named in one word ([`PageTable::pack`]: reservation << 40 |
+/// page), as extents record their mappings and owners.
+pub(super) type PackedPage = u64;
+
+/// Page `idx` of reservation `res`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageRef {
+    pub(super) res: usize,
+    pub(super) idx: usize,
+}
+
+/// The pages a block covers: pages `first..=last` of reservation `res`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageSpan {
+    pub(super) res: usize,
+    pub(super) first: usize,
+    pub(super) last: usize,
 }
 
 const UNMAPPED: u32 = u32::MAX;
@@ -50,19 +70,19 @@ struct Page {
     /// Live blocks that begin or end on the page (pages strictly inside a
     /// block are not counted: they have the busy bit only).
     users: u32,
-    /// Chunk of the physical page mapped here, or `UNMAPPED`.
-    chunk: u32,
-    /// Page within the chunk.
+    /// Extent of the physical page mapped here, or `UNMAPPED`.
+    extent: ExtentId,
+    /// Page within the extent.
     index: u32,
 }
 
 const EMPTY: Page = Page {
     users: 0,
-    chunk: UNMAPPED,
+    extent: UNMAPPED,
     index: 0,
 };
 
-/// Which of a segment's bitmaps: mapped, owns its physical page, busy.
+/// Which of a reservation's bitmaps: mapped, owns its physical page, busy.
 const MAPPED: usize = 0;
 const OWNS: usize = 1;
 const BUSY: usize = 2;
@@ -85,7 +105,7 @@ const EMPTY_GROUP: Group = Group {
     pages: [EMPTY; 64],
 };
 
-/// One bitmap of a segment, a word per group (`G` is `&[Group]` to read,
+/// One bitmap of a reservation, a word per group (`G` is `&[Group]` to read,
 /// `&mut [Group]` to write).
 struct Bits<G> {
     groups: G,
@@ -107,11 +127,12 @@ impl<G: AsRef<[Group]> + AsMut<[Group]>> IndexMut<usize> for Bits<G> {
     }
 }
 
-/// One reserved virtual range.
-pub(super) struct Segment {
+/// One reservation: a virtual address range reserved with one
+/// `cuMemAddressReserve`.
+pub(super) struct Reservation {
     pub(super) base: u64,
     pub(super) bytes: u64,
-    /// Pages in the range.
+    /// Pages in the reservation.
     len: usize,
     /// The pages, 64 to a group. Bitmaps: [`MAPPED`], [`OWNS`] (owns its
     /// physical page; always so while busy), [`BUSY`] (some live block lies
@@ -119,7 +140,7 @@ pub(super) struct Segment {
     groups: Vec<Group>,
 }
 
-impl Segment {
+impl Reservation {
     /// Bitmap `k`.
     #[inline]
     fn bits(&self, k: usize) -> Bits<&[Group]> {
@@ -202,13 +223,6 @@ impl Segment {
     }
 }
 
-/// Page `idx` of segment `seg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct PageRef {
-    pub(super) seg: usize,
-    pub(super) idx: usize,
-}
-
 /// What [`PageTable::acquire`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Acquired {
@@ -219,10 +233,10 @@ pub(super) struct Acquired {
     pub(super) conflict: bool,
 }
 
-/// The pages of every reserved range.
+/// The pages of every reservation.
 pub(super) struct PageTable {
     shift: u32,
-    pub(super) segs: Vec<Segment>,
+    pub(super) reservations: Vec<Reservation>,
     mapped_pages: usize,
 }
 
@@ -231,15 +245,15 @@ impl PageTable {
     pub(super) fn new(gran: u64) -> Self {
         Self {
             shift: gran.trailing_zeros(),
-            segs: Vec::new(),
+            reservations: Vec::new(),
             mapped_pages: 0,
         }
     }
 
-    /// Adds a reserved range (base and bytes multiples of the page size).
-    pub(super) fn add_segment(&mut self, base: u64, bytes: u64) {
+    /// Adds a reservation (base and bytes multiples of the page size).
+    pub(super) fn add_reservation(&mut self, base: u64, bytes: u64) {
         let n = (bytes >> self.shift) as usize;
-        self.segs.push(Segment {
+        self.reservations.push(Reservation {
             base,
             bytes,
             len: n,
@@ -247,9 +261,9 @@ impl PageTable {
         });
     }
 
-    /// Bytes of every reserved range.
+    /// Bytes of every reservation.
     pub(super) fn reserved_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.bytes as usize).sum()
+        self.reservations.iter().map(|r| r.bytes as usize).sum()
     }
 
     /// Pages mapped.
@@ -259,80 +273,80 @@ impl PageTable {
 
     /// Mapped pages with no live block (a scan of the bitmaps).
     pub(super) fn idle_pages(&self) -> usize {
-        self.segs
+        self.reservations
             .iter()
-            .map(|s| {
-                (0..s.groups.len())
-                    .map(|w| s.idle_word(w).count_ones() as usize)
+            .map(|r| {
+                (0..r.groups.len())
+                    .map(|w| r.idle_word(w).count_ones() as usize)
                     .sum::<usize>()
             })
             .sum()
     }
 
-    /// The segment and first and last page of `[addr, addr + size)` (size > 0),
-    /// or `None` when it lies in no segment.
+    /// The pages under `[addr, addr + size)` (size > 0), or `None` when
+    /// they lie in no reservation.
     #[inline]
-    pub(super) fn range(&self, addr: u64, size: u64) -> Option<(usize, usize, usize)> {
-        let seg = self
-            .segs
+    pub(super) fn span(&self, addr: u64, size: u64) -> Option<PageSpan> {
+        let res = self
+            .reservations
             .iter()
-            .position(|s| addr >= s.base && addr - s.base < s.bytes)?;
-        let s = &self.segs[seg];
-        let off = addr - s.base;
+            .position(|r| addr >= r.base && addr - r.base < r.bytes)?;
+        let r = &self.reservations[res];
+        let off = addr - r.base;
         let last = off + size.max(1) - 1;
-        if last >= s.bytes {
+        if last >= r.bytes {
             return None;
         }
-        Some((
-            seg,
-            (off >> self.shift) as usize,
-            (last >> self.shift) as usize,
-        ))
+        Some(PageSpan {
+            res,
+            first: (off >> self.shift) as usize,
+            last: (last >> self.shift) as usize,
+        })
     }
 
     /// Address of a page.
     pub(super) fn addr(&self, p: PageRef) -> u64 {
-        self.segs[p.seg].base + ((p.idx as u64) << self.shift)
+        self.reservations[p.res].base + ((p.idx as u64) << self.shift)
     }
 
-    /// A page reference packed in a `u64` (segment << 40 | page).
+    /// Page `idx` of reservation `res`, packed in one word.
     #[inline]
-    pub(super) fn pack(seg: usize, idx: usize) -> u64 {
-        ((seg as u64) << 40) | idx as u64
+    pub(super) fn pack(res: usize, idx: usize) -> PackedPage {
+        ((res as u64) << 40) | idx as u64
     }
 
-    /// The page a packed reference names.
+    /// The page `packed` names.
     #[inline]
-    pub(super) fn unpack(packed: u64) -> PageRef {
+    pub(super) fn unpack(packed: PackedPage) -> PageRef {
         PageRef {
-            seg: (packed >> 40) as usize,
+            res: (packed >> 40) as usize,
             idx: (packed & ((1 << 40) - 1)) as usize,
         }
     }
 
-    /// True when a live block lies on the page `packed` refers to.
+    /// True when a live block lies on page `packed`.
     #[inline]
-    fn busy_packed(&self, packed: u64) -> bool {
+    fn busy_packed(&self, packed: PackedPage) -> bool {
         let p = Self::unpack(packed);
-        bit(&self.segs[p.seg].bits(BUSY), p.idx)
+        bit(&self.reservations[p.res].bits(BUSY), p.idx)
     }
 
-    /// True when the physical page under mapped page `idx` of `seg` could
+    /// True when the physical page under mapped page `idx` of `res` could
     /// pass to it now: its owner is this page, nobody, or a page with no
     /// live block.
     #[inline]
-    fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
-        let s = &self.segs[seg];
-        if bit(&s.bits(OWNS), idx) {
+    fn phys_free_for(&self, res: usize, idx: usize, phys: &PhysCache) -> bool {
+        let r = &self.reservations[res];
+        if bit(&r.bits(OWNS), idx) {
             return true;
         }
-        let p = s.page(idx);
-        let owner = phys.owner(p.chunk, p.index);
+        let p = r.page(idx);
+        let owner = phys.owner(p.extent, p.index);
         owner == NO_OWNER || !self.busy_packed(owner)
     }
 
-    /// A block now covers pages `first..=last` of `seg`: marks it live and
-    /// makes each mapped page the owner of its physical page. `safe` answers
+    /// A block now covers `span`: marks it live and makes each mapped page
+    /// the owner of its physical page. `safe` answers
     /// whether the frees (given on demand) recorded on a physical page that
     /// passes from another alias are done as far as the caller's stream is
     /// concerned. On a conflict the marks stay (undo them with
@@ -341,33 +355,33 @@ impl PageTable {
     #[inline(always)]
     pub(super) fn acquire(
         &mut self,
-        seg: usize,
-        first: usize,
-        last: usize,
+        span: PageSpan,
         phys: &mut PhysCache,
         safe: impl FnMut(&dyn Fn() -> Frees) -> bool,
     ) -> Acquired {
-        let s = &mut self.segs[seg];
-        let ready = all_set(&s.bits(OWNS), first, last);
-        s.mark(first, last);
+        let r = &mut self.reservations[span.res];
+        let ready = all_set(&r.bits(OWNS), span.first, span.last);
+        r.mark(span.first, span.last);
         if ready {
             return Acquired {
                 all_mapped: true,
                 conflict: false,
             };
         }
-        self.take_pages(seg, first, last, phys, safe)
+        self.take_pages(span.res, span.first, span.last, phys, safe)
     }
 
     /// The pages of a just-marked block that do not own their memory:
     /// unmapped ones are reported, mapped ones take their physical page over
     /// where its owner has no live block and `safe` accepts the extent's
-    /// frees (asked once per extent), one extent mapping at a time. Owned
-    /// pages are skipped a bitmap word at a time.
+    /// frees (asked once per extent), one mapping at a time. Owned pages are
+    /// skipped a bitmap word at a time. The pages come as three words, not a
+    /// [`PageSpan`]: a struct argument is passed by pointer, which would
+    /// make the allocation fast path store its span before this call.
     #[cold]
     fn take_pages(
         &mut self,
-        seg: usize,
+        res: usize,
         first: usize,
         last: usize,
         phys: &mut PhysCache,
@@ -378,35 +392,41 @@ impl PageTable {
             conflict: false,
         };
         let mut from = first;
-        while let Some(idx) = next_clear(&self.segs[seg].bits(OWNS), from, last) {
-            let s = &self.segs[seg];
-            if !bit(&s.bits(MAPPED), idx) {
+        while let Some(idx) = next_clear(&self.reservations[res].bits(OWNS), from, last) {
+            let r = &self.reservations[res];
+            if !bit(&r.bits(MAPPED), idx) {
                 out.all_mapped = false;
                 from = idx + 1;
                 continue;
             }
             // The extent's mapping here: pages `base..base + n`.
-            let (c, i) = (s.page(idx).chunk, s.page(idx).index as usize);
+            let (x, i) = (r.page(idx).extent, r.page(idx).index as usize);
             let base = idx - i;
-            let end = (base + phys.pages(c) - 1).min(last);
+            let end = (base + phys.pages(x) - 1).min(last);
             let mut frees_ok = None;
-            if let Some(old) = Self::run_owner(&phys.chunk_mut(c).owner[idx - base..=end - base]) {
+            if let Some(old) = Self::run_owner(&phys.extent_mut(x).owners[idx - base..=end - base])
+            {
                 // The usual case: the whole run passes from one other idle
                 // mapping of the extent, so the bitmaps move a word at a
                 // time. Otherwise page by page, below.
                 let o = Self::unpack(old);
                 let o_last = o.idx + (end - idx);
-                if self.all_clear(seg, idx, end)
-                    && !any_set(&self.segs[o.seg].bits(BUSY), o.idx, o_last)
+                if self.all_clear(res, idx, end)
+                    && !any_set(&self.reservations[o.res].bits(BUSY), o.idx, o_last)
                 {
-                    let ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
+                    let ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(x, phys)));
                     if ok {
-                        let owners = &mut phys.chunk_mut(c).owner[idx - base..=end - base];
+                        let owners = &mut phys.extent_mut(x).owners[idx - base..=end - base];
                         for (k, slot) in owners.iter_mut().enumerate() {
-                            *slot = Self::pack(seg, idx + k);
+                            *slot = Self::pack(res, idx + k);
                         }
-                        set_bits(&mut self.segs[o.seg].bits_mut(OWNS), o.idx, o_last, false);
-                        set_bits(&mut self.segs[seg].bits_mut(OWNS), idx, end, true);
+                        set_bits(
+                            &mut self.reservations[o.res].bits_mut(OWNS),
+                            o.idx,
+                            o_last,
+                            false,
+                        );
+                        set_bits(&mut self.reservations[res].bits_mut(OWNS), idx, end, true);
                         from = end + 1;
                         continue;
                     }
@@ -414,18 +434,18 @@ impl PageTable {
             }
             // Asked before the loop (the owner list is borrowed in it); the
             // record itself is looked at only when another stream ever freed.
-            let frees_ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
-            let owners = &mut phys.chunk_mut(c).owner;
+            let frees_ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(x, phys)));
+            let owners = &mut phys.extent_mut(x).owners;
             let mut j = idx;
-            while let Some(k) = next_clear(&self.segs[seg].bits(OWNS), j, end) {
+            while let Some(k) = next_clear(&self.reservations[res].bits(OWNS), j, end) {
                 j = k + 1;
                 let old = owners[k - base];
                 if (old != NO_OWNER && self.busy_packed(old)) || !frees_ok {
                     out.conflict = true;
                     continue;
                 }
-                owners[k - base] = Self::pack(seg, k);
-                self.move_owns_bit(old, PageRef { seg, idx: k });
+                owners[k - base] = Self::pack(res, k);
+                self.move_owns_bit(old, PageRef { res, idx: k });
             }
             from = end + 1;
         }
@@ -436,7 +456,7 @@ impl PageTable {
     /// every physical page of `owners` (consecutive pages of an extent), or
     /// `None` when they have no owner or several.
     #[inline]
-    fn run_owner(owners: &[u64]) -> Option<u64> {
+    fn run_owner(owners: &[PackedPage]) -> Option<PackedPage> {
         let first = *owners.first()?;
         let contiguous = owners
             .iter()
@@ -445,123 +465,119 @@ impl PageTable {
         (first != NO_OWNER && contiguous).then_some(first)
     }
 
-    /// True when none of pages `first..=last` of `seg` owns its memory.
+    /// True when none of pages `first..=last` of `res` owns its memory.
     #[inline]
-    fn all_clear(&self, seg: usize, first: usize, last: usize) -> bool {
-        !any_set(&self.segs[seg].bits(OWNS), first, last)
+    fn all_clear(&self, res: usize, first: usize, last: usize) -> bool {
+        !any_set(&self.reservations[res].bits(OWNS), first, last)
     }
 
-    /// Moves the owns bit from page `old` (packed, or [`NO_OWNER`]) to `p`.
+    /// Moves the owns bit from page `old` (or [`NO_OWNER`]) to `p`.
     #[inline]
-    fn move_owns_bit(&mut self, old: u64, p: PageRef) {
+    fn move_owns_bit(&mut self, old: PackedPage, p: PageRef) {
         if old != NO_OWNER {
             let o = Self::unpack(old);
-            self.segs[o.seg].bits_mut(OWNS)[o.idx / 64] &= !(1 << (o.idx % 64));
+            self.reservations[o.res].bits_mut(OWNS)[o.idx / 64] &= !(1 << (o.idx % 64));
         }
-        self.segs[p.seg].bits_mut(OWNS)[p.idx / 64] |= 1 << (p.idx % 64);
+        self.reservations[p.res].bits_mut(OWNS)[p.idx / 64] |= 1 << (p.idx % 64);
     }
 
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
-        let e = self.segs[p.seg].page(p.idx);
-        let slot = &mut phys.chunk_mut(e.chunk).owner[e.index as usize];
-        let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
+        let e = self.reservations[p.res].page(p.idx);
+        let slot = &mut phys.extent_mut(e.extent).owners[e.index as usize];
+        let old = std::mem::replace(slot, Self::pack(p.res, p.idx));
         self.move_owns_bit(old, p);
     }
 
-    /// True when a mapped page among `first..=last` of `seg` (where no block
-    /// lives) is backed by a physical page in use through another alias.
-    pub(super) fn has_conflict(
-        &self,
-        seg: usize,
-        first: usize,
-        last: usize,
-        phys: &PhysCache,
-    ) -> bool {
-        let s = &self.segs[seg];
+    /// True when a mapped page of `span` (where no block lives) is backed
+    /// by a physical page in use through another alias.
+    pub(super) fn has_conflict(&self, span: PageSpan, phys: &PhysCache) -> bool {
+        let PageSpan { res, first, last } = span;
+        let r = &self.reservations[res];
         let mut conflict = false;
         // Only mapped pages that neither own their memory nor are busy can
         // conflict: visit those bits alone.
         words(first, last, |w, m| {
-            let b = &s.groups[w].bits;
+            let b = &r.groups[w].bits;
             let mut bits = b[MAPPED] & !b[OWNS] & !b[BUSY] & m;
             while bits != 0 && !conflict {
                 let idx = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                conflict = !self.phys_free_for(seg, idx, phys);
+                conflict = !self.phys_free_for(res, idx, phys);
             }
         });
         conflict
     }
 
-    /// True when some page of extent `c` is in use through the alias that
-    /// owns it.
-    pub(super) fn extent_busy(&self, c: u32, phys: &PhysCache) -> bool {
-        phys.chunk(c).is_some_and(|ch| {
-            ch.owner
+    /// True when some physical page of extent `x` is in use through the
+    /// page that owns it.
+    pub(super) fn extent_busy(&self, x: ExtentId, phys: &PhysCache) -> bool {
+        phys.extent(x).is_some_and(|ext| {
+            ext.owners
                 .iter()
                 .any(|&o| o != NO_OWNER && self.busy_packed(o))
         })
     }
 
     /// Undoes [`PageTable::acquire`] for a block that was never handed out.
-    pub(super) fn unacquire(&mut self, seg: usize, first: usize, last: usize) {
-        self.segs[seg].unmark(first, last);
+    pub(super) fn unacquire(&mut self, span: PageSpan) {
+        self.reservations[span.res].unmark(span.first, span.last);
     }
 
-    /// A block on pages `first..=last` was freed by stream slot bit `bit` at
-    /// `tick`: marks it gone and records the free on each group of 64 pages
-    /// under it.
+    /// The block on `span` was freed by the stream of bit `bit` at `tick`:
+    /// marks it gone and records the free on each group of 64 pages under
+    /// it.
     #[inline(always)]
-    pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
-        let s = &mut self.segs[seg];
-        s.unmark(first, last);
-        for g in &mut s.groups[first / 64..=last / 64] {
+    pub(super) fn release(&mut self, span: PageSpan, bit: u64, tick: u64) {
+        let PageSpan { res, first, last } = span;
+        let r = &mut self.reservations[res];
+        r.unmark(first, last);
+        for g in &mut r.groups[first / 64..=last / 64] {
             g.frees.add(bit, tick);
         }
     }
 
     /// The frees recorded on the `n` pages from `p`.
     pub(super) fn frees_on(&self, p: PageRef, n: usize) -> Frees {
-        self.segs[p.seg].groups[p.idx / 64..=(p.idx + n.max(1) - 1) / 64]
+        self.reservations[p.res].groups[p.idx / 64..=(p.idx + n.max(1) - 1) / 64]
             .iter()
             .fold(Frees::default(), |f, g| f.union(g.frees))
     }
 
-    /// Every free on extent `c` that its memory may still be subject to:
+    /// Every free on extent `x` that its memory may still be subject to:
     /// those through its current mappings (their groups' records: coarser
     /// than the extent, so conservative) and those kept from mappings gone.
-    pub(super) fn extent_frees(&self, c: u32, phys: &PhysCache) -> Frees {
-        let (kept, n) = (phys.extent(c).frees, phys.pages(c));
-        phys.chunk(c).map_or(kept, |ch| {
-            ch.at
+    pub(super) fn extent_frees(&self, x: ExtentId, phys: &PhysCache) -> Frees {
+        let (kept, n) = (phys.summary(x).frees, phys.pages(x));
+        phys.extent(x).map_or(kept, |ext| {
+            ext.mappings
                 .iter()
                 .fold(kept, |f, &at| f.union(self.frees_on(Self::unpack(at), n)))
         })
     }
 
-    /// Records that the mapping of extent `c` at `at` (packed first page) is
+    /// Records that the mapping of extent `x` at `at` (its first page) is
     /// gone, its frees kept by the extent (see [`PhysCache::unmapped_at`]).
-    pub(super) fn unmapped_at(&self, c: u32, at: u64, phys: &mut PhysCache) {
-        let frees = self.frees_on(Self::unpack(at), phys.pages(c));
-        phys.unmapped_at(c, at, frees);
+    pub(super) fn unmapped_at(&self, x: ExtentId, at: PackedPage, phys: &mut PhysCache) {
+        let frees = self.frees_on(Self::unpack(at), phys.pages(x));
+        phys.unmapped_at(x, at, frees);
     }
 
     /// True when page `p` owns its physical page.
     pub(super) fn owns(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].bits(OWNS), p.idx)
+        bit(&self.reservations[p.res].bits(OWNS), p.idx)
     }
 
     /// True when a live block lies on page `p`.
     pub(super) fn busy(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].bits(BUSY), p.idx)
+        bit(&self.reservations[p.res].bits(BUSY), p.idx)
     }
 
-    /// How many of pages `first..=last` of `seg` are unmapped: a popcount
-    /// per 64 pages.
-    pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
-        let map = self.segs[seg].bits(MAPPED);
+    /// How many pages of `span` are unmapped: a popcount per 64 pages.
+    pub(super) fn count_unmapped(&self, span: PageSpan) -> usize {
+        let PageSpan { res, first, last } = span;
+        let map = self.reservations[res].bits(MAPPED);
         let mut mapped = 0;
         words(first, last, |w, m| {
             mapped += (map[w] & m).count_ones() as usize
@@ -569,17 +585,12 @@ impl PageTable {
         last - first + 1 - mapped
     }
 
-    /// The unmapped pages among `first..=last` of `seg`, as runs
-    /// `(first, count)`.
-    pub(super) fn unmapped_runs(
-        &self,
-        seg: usize,
-        first: usize,
-        last: usize,
-    ) -> Vec<(usize, usize)> {
+    /// The unmapped pages of `span`, as runs `(first page, pages)`.
+    pub(super) fn unmapped_runs(&self, span: PageSpan) -> Vec<(usize, usize)> {
+        let PageSpan { res, first, last } = span;
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for idx in first..=last {
-            if !bit(&self.segs[seg].bits(MAPPED), idx) {
+            if !bit(&self.reservations[res].bits(MAPPED), idx) {
                 match runs.last_mut() {
                     Some((f, n)) if *f + *n == idx => *n += 1,
                     _ => runs.push((idx, 1)),
@@ -591,31 +602,31 @@ impl PageTable {
 
     /// Records that `phys` is now mapped at `p`.
     pub(super) fn set_mapped(&mut self, p: PageRef, phys: PhysPage) {
-        let s = &mut self.segs[p.seg];
-        let e = s.page_mut(p.idx);
-        debug_assert_eq!(e.chunk, UNMAPPED);
-        e.chunk = phys.chunk;
+        let r = &mut self.reservations[p.res];
+        let e = r.page_mut(p.idx);
+        debug_assert_eq!(e.extent, UNMAPPED);
+        e.extent = phys.extent;
         e.index = phys.index;
-        s.bits_mut(MAPPED)[p.idx / 64] |= 1 << (p.idx % 64);
+        r.bits_mut(MAPPED)[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
     pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
-        let s = &mut self.segs[p.seg];
-        let e = s.page_mut(p.idx);
-        if e.chunk == UNMAPPED {
+        let r = &mut self.reservations[p.res];
+        let e = r.page_mut(p.idx);
+        if e.extent == UNMAPPED {
             return None;
         }
         let pp = PhysPage {
-            chunk: e.chunk,
+            extent: e.extent,
             index: e.index,
         };
-        e.chunk = UNMAPPED;
+        e.extent = UNMAPPED;
         let (w, b) = (p.idx / 64, 1u64 << (p.idx % 64));
         // The extent's owner entry goes with its mapping record
         // (`PhysCache::unmapped_at`).
-        let bits = &mut s.groups[w].bits;
+        let bits = &mut r.groups[w].bits;
         bits[OWNS] &= !b;
         bits[MAPPED] &= !b;
         self.mapped_pages -= 1;
@@ -630,9 +641,9 @@ impl PageTable {
         phys: &PhysCache,
     ) -> Vec<(PageRef, usize)> {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
-        for (seg, s) in self.segs.iter().enumerate() {
-            for w in 0..s.groups.len() {
-                let word = s.idle_word(w);
+        for (res, r) in self.reservations.iter().enumerate() {
+            for w in 0..r.groups.len() {
+                let word = r.idle_word(w);
                 if word == 0 {
                     continue;
                 }
@@ -640,9 +651,9 @@ impl PageTable {
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    let p = &s.groups[w].pages[b];
+                    let p = &r.groups[w].pages[b];
                     let quiet = self
-                        .extent_frees(p.chunk, phys)
+                        .extent_frees(p.extent, phys)
                         .quiet(|m, t| streams.complete(m, t));
                     if quiet {
                         ok |= 1 << b;
@@ -654,15 +665,15 @@ impl PageTable {
                     let len = (bits >> start).trailing_ones() as usize;
                     let idx = w * 64 + start;
                     match runs.last_mut() {
-                        Some((r, n)) if r.seg == seg && r.idx + *n == idx => *n += len,
-                        _ => runs.push((PageRef { seg, idx }, len)),
+                        Some((run, n)) if run.res == res && run.idx + *n == idx => *n += len,
+                        _ => runs.push((PageRef { res, idx }, len)),
                     }
-                    let span = if len >= 64 {
+                    let mask = if len >= 64 {
                         u64::MAX
                     } else {
                         (1u64 << len) - 1
                     };
-                    bits &= !(span << start);
+                    bits &= !(mask << start);
                 }
             }
         }
@@ -671,21 +682,21 @@ impl PageTable {
 
     /// What is mapped at `p`, if anything.
     pub(super) fn phys_at(&self, p: PageRef) -> Option<PhysPage> {
-        let e = self.segs[p.seg].page(p.idx);
-        (e.chunk != UNMAPPED).then_some(PhysPage {
-            chunk: e.chunk,
+        let e = self.reservations[p.res].page(p.idx);
+        (e.extent != UNMAPPED).then_some(PhysPage {
+            extent: e.extent,
             index: e.index,
         })
     }
 
     /// Every mapped page in address order.
     pub(super) fn mapped(&self) -> impl Iterator<Item = (PageRef, PhysPage)> + '_ {
-        self.segs.iter().enumerate().flat_map(|(seg, s)| {
-            s.pages().enumerate().filter_map(move |(idx, p)| {
-                (p.chunk != UNMAPPED).then_some((
-                    PageRef { seg, idx },
+        self.reservations.iter().enumerate().flat_map(|(res, r)| {
+            r.pages().enumerate().filter_map(move |(idx, p)| {
+                (p.extent != UNMAPPED).then_some((
+                    PageRef { res, idx },
                     PhysPage {
-                        chunk: p.chunk,
+                        extent: p.extent,
                         index: p.index,
                     },
                 ))
@@ -699,39 +710,43 @@ impl PageTable {
     /// is mapped and owns its physical page, and the bitmaps and counter
     /// agree with the entries and the extents.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
-        let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.len]).collect();
-        let mut busy: Vec<Vec<bool>> = self.segs.iter().map(|s| vec![false; s.len]).collect();
+        let mut users: Vec<Vec<u32>> = self.reservations.iter().map(|r| vec![0; r.len]).collect();
+        let mut busy: Vec<Vec<bool>> = self
+            .reservations
+            .iter()
+            .map(|r| vec![false; r.len])
+            .collect();
         for &(addr, size) in live {
-            let (seg, first, last) = self
-                .range(addr, size)
-                .ok_or_else(|| format!("live block {addr:#x}+{size} outside every range"))?;
-            users[seg][first] += 1;
+            let PageSpan { res, first, last } = self
+                .span(addr, size)
+                .ok_or_else(|| format!("live block {addr:#x}+{size} outside every reservation"))?;
+            users[res][first] += 1;
             if last > first {
-                users[seg][last] += 1;
+                users[res][last] += 1;
             }
-            for b in &mut busy[seg][first..=last] {
+            for b in &mut busy[res][first..=last] {
                 *b = true;
             }
         }
         let mut mapped = 0;
-        for (seg, s) in self.segs.iter().enumerate() {
-            for (idx, p) in s.pages().enumerate() {
-                let addr = s.base + ((idx as u64) << self.shift);
-                if p.users != users[seg][idx] {
+        for (res, r) in self.reservations.iter().enumerate() {
+            for (idx, p) in r.pages().enumerate() {
+                let addr = r.base + ((idx as u64) << self.shift);
+                if p.users != users[res][idx] {
                     return Err(format!(
                         "page {addr:#x}: {} users counted, {} live blocks begin or end on it",
-                        p.users, users[seg][idx]
+                        p.users, users[res][idx]
                     ));
                 }
-                if bit(&s.bits(BUSY), idx) != busy[seg][idx] {
+                if bit(&r.bits(BUSY), idx) != busy[res][idx] {
                     return Err(format!("page {addr:#x}: busy bit is wrong"));
                 }
-                let is_mapped = p.chunk != UNMAPPED;
-                let owns = bit(&s.bits(OWNS), idx);
-                if busy[seg][idx] && !is_mapped {
+                let is_mapped = p.extent != UNMAPPED;
+                let owns = bit(&r.bits(OWNS), idx);
+                if busy[res][idx] && !is_mapped {
                     return Err(format!("page {addr:#x} has live blocks but is unmapped"));
                 }
-                if busy[seg][idx] && !owns {
+                if busy[res][idx] && !owns {
                     return Err(format!(
                         "page {addr:#x} has live blocks but does not own its physical page"
                     ));
@@ -739,10 +754,10 @@ impl PageTable {
                 if owns && !is_mapped {
                     return Err(format!("page {addr:#x} owns memory but is unmapped"));
                 }
-                if is_mapped && owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
+                if is_mapped && owns != (phys.owner(p.extent, p.index) == Self::pack(res, idx)) {
                     return Err(format!("page {addr:#x}: owns bit is wrong"));
                 }
-                if bit(&s.bits(MAPPED), idx) != is_mapped {
+                if bit(&r.bits(MAPPED), idx) != is_mapped {
                     return Err(format!("page {addr:#x}: mapped bit is wrong"));
                 }
                 mapped += usize::from(is_mapped);

@@ -1,10 +1,10 @@
 //! Placement: where a block goes in the virtual address space (the heap's
 //! choice, a better free place, or a fresh reservation).
 
-use super::page_table::Acquired;
+use super::page_table::{Acquired, PageSpan};
 use super::{State, VirtualPool, LARGE, SMALL};
 use crate::stream::Stream;
-use crate::suballoc::LaneId;
+use crate::suballoc::{Allocation, BlockId, LaneId, RegionId};
 use crate::{Error, Result};
 
 /// Address space reserved, in multiples of the device's memory, beyond which
@@ -21,44 +21,41 @@ pub(super) const VA_SCARCE_MULTIPLE: usize = 16;
 pub(super) const RELOCATE_MIN_PAGES: usize = 64;
 
 impl VirtualPool {
-    /// [`PageTable::acquire`] with the stream-safety answer of `stream`.
+    /// [`PageTable::acquire`](super::page_table::PageTable::acquire) with
+    /// the stream-safety answer of `stream`.
     #[inline]
-    pub(super) fn acquire(
-        st: &mut State,
-        (seg, first, last): (usize, usize, usize),
-        stream: &Stream,
-    ) -> Acquired {
+    pub(super) fn acquire(st: &mut State, span: PageSpan, stream: &Stream) -> Acquired {
         let State {
             pages,
             phys,
             streams,
             ..
         } = st;
-        let mut own = None;
-        pages.acquire(seg, first, last, phys, |frees| {
-            let own = *own.get_or_insert_with(|| streams.own_bit(stream));
+        let mut taker = None;
+        pages.acquire(span, phys, |frees| {
+            let taker = *taker.get_or_insert_with(|| streams.taker_bit(stream));
             // With no other stream's frees anywhere, the record is moot.
-            !streams.others_freed(own) || frees().quiet(|m, t| streams.safe_for(own, m, t))
+            !streams.others_freed(taker) || frees().quiet(|m, t| streams.safe_for(taker, m, t))
         })
     }
 
-    /// Finds addresses for a request both lanes of `arena` missed: settle,
-    /// steal, then reserve another virtual range.
+    /// Finds addresses for a request both lanes of `area` missed: settle,
+    /// steal, then another reservation.
     #[cold]
     pub(super) fn take_slow(
         &self,
         st: &mut State,
-        which: usize,
+        area: usize,
         lane: LaneId,
         stream: &Stream,
         bytes: usize,
         alignment: usize,
-    ) -> Result<crate::suballoc::Allocation> {
+    ) -> Result<Allocation> {
         let needed = bytes
             .checked_next_multiple_of(256)
             .and_then(|b| b.checked_add(alignment.max(256) - 256))
             .ok_or_else(|| self.oom(st, bytes))?;
-        let a = &mut st.arenas[which];
+        let a = &mut st.areas[area];
         a.lanes.settle(&mut a.heap, Some(lane));
         if let Some(x) = a
             .heap
@@ -71,26 +68,26 @@ impl VirtualPool {
                 return Ok(x);
             }
         }
-        // Out of addresses that are safe now: reserve another range (address
+        // Out of addresses that are safe now: another reservation (address
         // space is cheap; waiting for other streams is not).
-        self.reserve_range(st, which, needed, bytes)?;
-        st.arenas[which]
+        self.reserve_more(st, area, needed, bytes)?;
+        st.areas[area]
             .heap
             .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
             .ok_or_else(|| self.oom(st, bytes))
     }
 
-    /// Reserves another virtual range of at least `needed` bytes for arena
-    /// `which` and adds it to its heap (in the global lane).
+    /// Makes another reservation of at least `needed` bytes for area `area`
+    /// and adds it to the area's heap (in the global lane).
     #[cold]
-    pub(super) fn reserve_range(
+    pub(super) fn reserve_more(
         &self,
         st: &mut State,
-        which: usize,
+        area: usize,
         needed: usize,
         bytes: usize,
-    ) -> Result<crate::suballoc::RegionId> {
-        let base_size = if which == SMALL {
+    ) -> Result<RegionId> {
+        let base_size = if area == SMALL {
             self.capacity / 2
         } else {
             self.capacity
@@ -104,7 +101,7 @@ impl VirtualPool {
             Err(e) if e.is_oom() => return Err(self.oom(st, bytes)),
             Err(e) => return Err(e),
         };
-        let id = match st.arenas[which].heap.add_region(base.0, size as u64) {
+        let id = match st.areas[area].heap.add_region(base.0, size as u64) {
             Ok(id) => id,
             Err(e) => {
                 let _ = self.device.driver().vmm_free_address(base, size);
@@ -114,38 +111,38 @@ impl VirtualPool {
                 )));
             }
         };
-        st.ranges.push((base.0, base.0 + size as u64, which));
-        st.pages.add_segment(base.0, size as u64);
+        st.area_ranges.push((base.0, base.0 + size as u64, area));
+        st.pages.add_reservation(base.0, size as u64);
         Ok(id)
     }
 
-    /// A block at the start of a newly reserved range: nothing is mapped
-    /// there, so nothing conflicts.
+    /// A block at the start of a new reservation: nothing is mapped there, so
+    /// nothing conflicts.
     #[cold]
     pub(super) fn fresh_block(
         &self,
         st: &mut State,
-        which: usize,
+        area: usize,
         bytes: usize,
         alignment: usize,
-    ) -> Result<crate::suballoc::Allocation> {
+    ) -> Result<Allocation> {
         let needed = bytes
             .checked_next_multiple_of(self.gran)
             .and_then(|b| b.checked_add(alignment.max(256)))
             .ok_or_else(|| self.oom(st, bytes))?;
-        let id = self.reserve_range(st, which, needed, bytes)?;
+        let id = self.reserve_more(st, area, needed, bytes)?;
         st.fresh_ranges += 1;
-        let first = st.arenas[which].heap.region_blocks(id).next();
+        let first = st.areas[area].heap.region_blocks(id).next();
         let (block, b) = first.ok_or_else(|| self.oom(st, bytes))?;
         let at = b.addr.next_multiple_of(alignment.max(256) as u64);
-        st.arenas[which]
+        st.areas[area]
             .heap
             .allocate_from(block, at, bytes as u64)
             .ok_or_else(|| self.oom(st, bytes))
     }
 
     /// A better place than `blk` (its pages not acquired):
-    /// when `blk` conflicts (see [`PageTable::acquire`]), any place without
+    /// when `blk` conflicts (see `PageTable::acquire`), any place without
     /// conflicts; else, for a large block needing at least
     /// [`RELOCATE_MIN_PAGES`] new pages, a place that needs fewer. The free
     /// blocks of the stream's lane and of the global lane that fit are tried
@@ -157,32 +154,29 @@ impl VirtualPool {
     pub(super) fn better_placement(
         &self,
         st: &mut State,
-        which: usize,
+        area: usize,
         lane: LaneId,
-        blk: &crate::suballoc::Allocation,
+        blk: &Allocation,
         alignment: usize,
         conflict: bool,
-    ) -> Option<crate::suballoc::Allocation> {
+    ) -> Option<Allocation> {
         const PLACEMENT_CANDIDATES: usize = 64;
-        let (seg, first, last) = st.pages.range(blk.addr, blk.size)?;
+        let span = st.pages.span(blk.addr, blk.size)?;
         let mut best_n = if conflict {
             usize::MAX
         } else {
-            st.pages.count_unmapped(seg, first, last)
+            st.pages.count_unmapped(span)
         };
-        if !conflict && (which != LARGE || best_n < RELOCATE_MIN_PAGES) {
+        if !conflict && (area != LARGE || best_n < RELOCATE_MIN_PAGES) {
             return None;
         }
         let size = blk.size;
         let align = alignment.max(256) as u64;
-        let mut best: Option<(crate::suballoc::BlockId, u64)> = None;
+        let mut best: Option<(BlockId, u64)> = None;
         let State {
-            arenas,
-            pages,
-            phys,
-            ..
+            areas, pages, phys, ..
         } = &*st;
-        let heap = &arenas[which].heap;
+        let heap = &areas[area].heap;
         let mut seen = 0;
         for l in [lane, LaneId::GLOBAL] {
             heap.for_each_free_at_least(l, size, |id, addr, bsize| {
@@ -194,11 +188,11 @@ impl VirtualPool {
                     if at < addr || at + size > end {
                         continue;
                     }
-                    let Some((s2, f2, l2)) = pages.range(at, size) else {
+                    let Some(there) = pages.span(at, size) else {
                         continue;
                     };
-                    let n = pages.count_unmapped(s2, f2, l2);
-                    if n < best_n && !pages.has_conflict(s2, f2, l2, phys) {
+                    let n = pages.count_unmapped(there);
+                    if n < best_n && !pages.has_conflict(there, phys) {
                         best_n = n;
                         best = Some((id, at));
                         if n == 0 {
@@ -214,7 +208,7 @@ impl VirtualPool {
             seen = 0;
         }
         let (id, at) = best?;
-        let moved = st.arenas[which].heap.allocate_from(id, at, size)?;
+        let moved = st.areas[area].heap.allocate_from(id, at, size)?;
         st.relocations += 1;
         Some(moved)
     }
@@ -222,61 +216,68 @@ impl VirtualPool {
     /// The block at `blk` (its pages acquired) conflicts with another alias
     /// (`conflict`) or needs many new pages: gives its pages up and places it
     /// better (another free place, after collecting idle aliases when
-    /// address space is scarce, or fresh address space); returns the new
+    /// address space is scarce, or a fresh reservation); returns the new
     /// acquisition and pages. Off the fast path.
     #[cold]
     pub(super) fn place_elsewhere(
         &self,
         st: &mut State,
-        (which, lane): (usize, LaneId),
-        blk: &mut crate::suballoc::Allocation,
+        (area, lane): (usize, LaneId),
+        blk: &mut Allocation,
         (bytes, alignment): (usize, usize),
         stream: &Stream,
         conflict: bool,
-    ) -> Result<(Acquired, (usize, usize, usize))> {
-        let (mut seg, mut first, mut last) =
-            st.pages.range(blk.addr, blk.size).expect("inside a range");
-        st.pages.unacquire(seg, first, last);
-        if let Some(better) = self.better_placement(st, which, lane, blk, alignment, conflict) {
-            (seg, first, last) = Self::swap_block(st, which, lane, blk, better);
+    ) -> Result<(Acquired, PageSpan)> {
+        let mut span = st
+            .pages
+            .span(blk.addr, blk.size)
+            .expect("inside a reservation");
+        st.pages.unacquire(span);
+        if let Some(better) = self.better_placement(st, area, lane, blk, alignment, conflict) {
+            span = Self::swap_block(st, area, lane, blk, better);
         }
-        let mut got = Self::acquire(st, (seg, first, last), stream);
+        let mut got = Self::acquire(st, span, stream);
         if got.conflict && self.va_is_scarce(st) {
             // Idle aliases unmapped conflict with nothing: try again.
-            st.pages.unacquire(seg, first, last);
+            st.pages.unacquire(span);
             if let Err(e) = self.collect_aliases(st) {
-                let _ = st.arenas[which].heap.free(blk.addr, lane);
+                let _ = st.areas[area].heap.free(blk.addr, lane);
                 return Err(e);
             }
-            if let Some(better) = self.better_placement(st, which, lane, blk, alignment, true) {
-                (seg, first, last) = Self::swap_block(st, which, lane, blk, better);
+            if let Some(better) = self.better_placement(st, area, lane, blk, alignment, true) {
+                span = Self::swap_block(st, area, lane, blk, better);
             }
-            got = Self::acquire(st, (seg, first, last), stream);
+            got = Self::acquire(st, span, stream);
         }
         if got.conflict {
-            // Every free place conflicts: fresh address space.
-            st.pages.unacquire(seg, first, last);
-            let _ = st.arenas[which].heap.free(blk.addr, lane);
-            *blk = self.fresh_block(st, which, bytes, alignment)?;
-            (seg, first, last) = st.pages.range(blk.addr, blk.size).expect("inside a range");
-            got = Self::acquire(st, (seg, first, last), stream);
+            // Every free place conflicts: a fresh reservation.
+            st.pages.unacquire(span);
+            let _ = st.areas[area].heap.free(blk.addr, lane);
+            *blk = self.fresh_block(st, area, bytes, alignment)?;
+            span = st
+                .pages
+                .span(blk.addr, blk.size)
+                .expect("inside a reservation");
+            got = Self::acquire(st, span, stream);
             debug_assert!(!got.conflict);
         }
-        Ok((got, (seg, first, last)))
+        Ok((got, span))
     }
 
     /// Gives `blk` (taken from lane `lane`, its pages not acquired) back to
     /// the heap and makes `new` the block; returns `new`'s pages.
     pub(super) fn swap_block(
         st: &mut State,
-        which: usize,
+        area: usize,
         lane: LaneId,
-        blk: &mut crate::suballoc::Allocation,
-        new: crate::suballoc::Allocation,
-    ) -> (usize, usize, usize) {
-        let _ = st.arenas[which].heap.free(blk.addr, lane);
+        blk: &mut Allocation,
+        new: Allocation,
+    ) -> PageSpan {
+        let _ = st.areas[area].heap.free(blk.addr, lane);
         *blk = new;
-        st.pages.range(blk.addr, blk.size).expect("inside a range")
+        st.pages
+            .span(blk.addr, blk.size)
+            .expect("inside a reservation")
     }
 
     /// True when the address space reserved has reached

@@ -2,15 +2,16 @@
 //! the cache, and releasing cached extents to the driver.
 
 use super::free_streams::FreeStreams;
-use super::page_table::{PageRef, PageTable};
-use super::{ranges_arena, State, VirtualPool};
+use super::page_table::{PackedPage, PageRef, PageTable};
+use super::phys_cache::ExtentId;
+use super::{area_at, State, VirtualPool};
 use crate::driver::DevicePtr;
 use crate::{Error, Result};
 
 impl VirtualPool {
     /// Unmaps every idle page whose freeing streams are known complete
-    /// (without waiting for any) and releases every physical chunk that is
-    /// then entirely unmapped. Returns the physical bytes given back.
+    /// (without waiting for any) and releases every extent that is then
+    /// mapped nowhere. Returns the physical bytes given back.
     pub fn trim(&self) -> Result<usize> {
         let mut st = self.lock();
         self.reclaim(&mut st, usize::MAX)?;
@@ -25,7 +26,7 @@ impl VirtualPool {
     pub fn release(&self) -> Result<usize> {
         let mut st = self.lock();
         st.streams.synchronize_all(&self.device)?;
-        for a in st.arenas.iter_mut() {
+        for a in st.areas.iter_mut() {
             a.lanes.settle_blocking(&mut a.heap)?;
         }
         st.streams.prune();
@@ -45,7 +46,7 @@ impl VirtualPool {
     #[cold]
     pub(super) fn collect_aliases(&self, st: &mut State) -> Result<u64> {
         st.streams.begin_pass();
-        let mut victims: Vec<(u32, u64, usize)> = Vec::new();
+        let mut victims: Vec<(ExtentId, PackedPage, usize)> = Vec::new();
         {
             let State {
                 pages,
@@ -53,53 +54,60 @@ impl VirtualPool {
                 streams,
                 ..
             } = &mut *st;
-            for (c, ch) in phys.chunks() {
+            for (x, ext) in phys.extents() {
                 // The extent's frees cover all its mappings.
-                let e = phys.extent(c);
-                let frees = pages.extent_frees(c, phys);
-                if ch.at.len() < 2 || !frees.quiet(|m, t| streams.complete(m, t)) {
+                let len = phys.pages(x);
+                let frees = pages.extent_frees(x, phys);
+                if ext.mappings.len() < 2 || !frees.quiet(|m, t| streams.complete(m, t)) {
                     continue;
                 }
-                let mut left = ch.at.len();
-                for &at in &ch.at {
+                let mut left = ext.mappings.len();
+                for &at in &ext.mappings {
                     if left < 2 {
                         break; // the last mapping stays
                     }
-                    let unused = (0..u64::from(e.pages)).all(|i| {
+                    let unused = (0..len as u64).all(|i| {
                         let p = PageTable::unpack(at + i);
                         !pages.busy(p) && !pages.owns(p)
                     });
                     if unused {
-                        victims.push((c, at, e.pages as usize));
+                        victims.push((x, at, len));
                         left -= 1;
                     }
                 }
             }
         }
         let mut n = 0;
-        for (c, at, len) in victims {
-            self.unmap_mapping(st, c, at, len)?;
+        for (x, at, len) in victims {
+            self.unmap_mapping(st, x, at, len)?;
             n += 1;
         }
         st.aliases_collected += n;
         Ok(n)
     }
 
-    /// Unmaps the mapping of extent `c` (of `len` pages) at packed page `at`
-    /// (one `cuMemUnmap`); an extent left mapped nowhere goes to the cache.
-    pub(super) fn unmap_mapping(&self, st: &mut State, c: u32, at: u64, len: usize) -> Result<()> {
+    /// Unmaps the mapping of extent `x` (of `len` pages) whose first page is
+    /// `at` (one `cuMemUnmap`); an extent left mapped nowhere goes to the
+    /// cache.
+    pub(super) fn unmap_mapping(
+        &self,
+        st: &mut State,
+        x: ExtentId,
+        at: PackedPage,
+        len: usize,
+    ) -> Result<()> {
         let p = PageTable::unpack(at);
         self.device
             .driver()
             .vmm_unmap(DevicePtr(st.pages.addr(p)), len * self.gran)?;
         for i in 0..len {
             let q = PageRef {
-                seg: p.seg,
+                res: p.res,
                 idx: p.idx + i,
             };
             st.pages.set_unmapped(q);
         }
-        st.pages.unmapped_at(c, at, &mut st.phys);
+        st.pages.unmapped_at(x, at, &mut st.phys);
         st.mappings_unmapped += 1;
         Ok(())
     }
@@ -128,11 +136,11 @@ impl VirtualPool {
         } = st;
         // Longest runs of reclaimable idle pages first (fewest calls, and
         // the pages least likely to be wanted back where they are); the
-        // extents lying wholly within them.
+        // mappings lying wholly within them.
         let mut runs = pages.reclaimable_runs(streams, phys);
         runs.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let mut chosen: Vec<(PageRef, usize)> = Vec::new();
-        // Extents larger than what was still wanted when met.
+        // Mappings larger than what was still wanted when met.
         let mut larger: Vec<(PageRef, usize)> = Vec::new();
         let mut got = 0;
         'runs: for (r, n) in runs {
@@ -142,25 +150,25 @@ impl VirtualPool {
                 if got >= want {
                     break 'runs;
                 }
-                let Some(pp) = pages.phys_at(PageRef { seg: r.seg, idx }) else {
+                let Some(pp) = pages.phys_at(PageRef { res: r.res, idx }) else {
                     idx += 1;
                     continue;
                 };
                 let start = idx - pp.index as usize;
-                let len = phys.pages(pp.chunk).max(1);
+                let len = phys.pages(pp.extent).max(1);
                 if start >= r.idx && start + len <= end {
-                    let e = (
+                    let mapping = (
                         PageRef {
-                            seg: r.seg,
+                            res: r.res,
                             idx: start,
                         },
                         len,
                     );
                     if want == usize::MAX || got + len <= want {
                         got += len;
-                        chosen.push(e);
+                        chosen.push(mapping);
                     } else {
-                        larger.push(e);
+                        larger.push(mapping);
                     }
                 }
                 idx = start + len;
@@ -168,19 +176,19 @@ impl VirtualPool {
         }
         // The smallest of the larger ones cover the rest.
         larger.sort_by_key(|&(_, n)| n);
-        for e in larger {
+        for mapping in larger {
             if got >= want {
                 break;
             }
-            got += e.1;
-            chosen.push(e);
+            got += mapping.1;
+            chosen.push(mapping);
         }
-        chosen.sort_by_key(|&(p, _)| (p.seg, p.idx));
-        // Adjacent extents: one call; (first page, pages, extents).
+        chosen.sort_by_key(|&(p, _)| (p.res, p.idx));
+        // Adjacent mappings: one call; (first page, pages, mappings).
         let mut runs: Vec<(PageRef, usize, u64)> = Vec::new();
         for (p, n) in chosen {
             match runs.last_mut() {
-                Some((r, m, k)) if r.seg == p.seg && r.idx + *m == p.idx => {
+                Some((r, m, k)) if r.res == p.res && r.idx + *m == p.idx => {
                     *m += n;
                     *k += 1;
                 }
@@ -197,13 +205,13 @@ impl VirtualPool {
                 Ok(()) => {
                     for i in 0..n {
                         let p = PageRef {
-                            seg: r.seg,
+                            res: r.res,
                             idx: r.idx + i,
                         };
                         if let Some(pp) = st.pages.set_unmapped(p) {
                             if pp.index == 0 {
-                                let at = PageTable::pack(p.seg, p.idx);
-                                st.pages.unmapped_at(pp.chunk, at, &mut st.phys);
+                                let at = PageTable::pack(p.res, p.idx);
+                                st.pages.unmapped_at(pp.extent, at, &mut st.phys);
                             }
                         }
                     }
@@ -229,13 +237,16 @@ impl VirtualPool {
         st.streams.begin_pass();
         let cands = st.idle_extents(|_, _| true, |streams, m, t| streams.complete(m, t));
         let mut got = 0;
-        for (n, c) in cands {
+        for (n, x) in cands {
             if got >= want {
                 break;
             }
-            let at = st.phys.chunk(c).map_or_else(Vec::new, |ch| ch.at.clone());
+            let at = st
+                .phys
+                .extent(x)
+                .map_or_else(Vec::new, |ext| ext.mappings.clone());
             for a in at {
-                self.unmap_mapping(st, c, a, n)?;
+                self.unmap_mapping(st, x, a, n)?;
             }
             got += n;
         }
@@ -252,14 +263,14 @@ impl VirtualPool {
         let mut first_err = None;
         for (h, pages) in st.phys.take_releasable(keep / self.gran) {
             if let Err(e) = driver.vmm_release(h) {
-                let c = st.phys.add_chunk(h, pages);
-                st.phys.put(c);
+                let x = st.phys.add_extent(h, pages);
+                st.phys.put(x);
                 first_err.get_or_insert(e);
                 continue;
             }
             released += pages as usize * self.gran;
             st.pages_released += u64::from(pages);
-            st.chunks_released += 1;
+            st.extents_released += 1;
         }
         (released, first_err)
     }
@@ -267,39 +278,39 @@ impl VirtualPool {
 
 impl State {
     /// The extents mapped somewhere with no page in use through any mapping
-    /// that `fits(pages, arena of its first mapping)` accepts and whose
+    /// that `fits(pages, area of its first mapping)` accepts and whose
     /// frees (asked last: they may query streams) `quiet(streams, mask,
     /// tick)` finds done: (pages, extent), largest first.
     pub(super) fn idle_extents(
         &mut self,
         mut fits: impl FnMut(usize, Option<usize>) -> bool,
         mut quiet: impl FnMut(&mut FreeStreams, u64, u64) -> bool,
-    ) -> Vec<(usize, u32)> {
+    ) -> Vec<(usize, ExtentId)> {
         let State {
             pages,
             phys,
             streams,
-            ranges,
+            area_ranges,
             ..
         } = self;
         let mut out = Vec::new();
-        for (c, ch) in phys.chunks() {
-            let Some(&first) = ch.at.first() else {
+        for (x, ext) in phys.extents() {
+            let Some(&first) = ext.mappings.first() else {
                 continue;
             };
-            let n = phys.pages(c);
-            let home = ranges_arena(ranges, pages.addr(PageTable::unpack(first)));
-            if !fits(n, home) || pages.extent_busy(c, phys) {
+            let n = phys.pages(x);
+            let home = area_at(area_ranges, pages.addr(PageTable::unpack(first)));
+            if !fits(n, home) || pages.extent_busy(x, phys) {
                 continue;
             }
             if pages
-                .extent_frees(c, phys)
+                .extent_frees(x, phys)
                 .quiet(|m, t| quiet(streams, m, t))
             {
-                out.push((n, c));
+                out.push((n, x));
             }
         }
-        out.sort_by_key(|&(n, c)| (std::cmp::Reverse(n), c));
+        out.sort_by_key(|&(n, x)| (std::cmp::Reverse(n), x));
         out
     }
 }

@@ -27,7 +27,7 @@ pub struct VirtualPoolStats {
     pub cached_pages: usize,
     /// Bytes of those pages.
     pub cached: usize,
-    /// Physical allocations (`cuMemCreate` chunks) held.
+    /// Extents (`cuMemCreate` allocations) held.
     pub chunks: usize,
     /// Bytes in blocks handed out (rounded to 256): virtual bytes in use.
     pub live: usize,
@@ -45,11 +45,11 @@ pub struct VirtualPoolStats {
     pub pages_created: u64,
     /// Physical pages released so far (`cuMemRelease`).
     pub pages_released: u64,
-    /// Physical allocations made so far (`cuMemCreate` calls).
+    /// Extents created so far (`cuMemCreate` calls).
     pub chunks_created: u64,
-    /// Physical allocations released so far (`cuMemRelease` calls).
+    /// Extents released so far (`cuMemRelease` calls).
     pub chunks_released: u64,
-    /// Highest `chunks` so far.
+    /// Highest `chunks` (extents held) so far.
     pub peak_chunks: usize,
     /// Large blocks placed elsewhere than the heap's first choice because
     /// fewer new pages were needed there.
@@ -64,7 +64,8 @@ pub struct VirtualPoolStats {
     /// while staying mapped where they were.
     pub aliases_made: u64,
     /// Idle aliases unmapped to bound the aliases kept (see
-    /// [`VirtualPoolConfig::max_alias_ratio`]) or the address space.
+    /// [`VirtualPoolConfig::max_alias_ratio`](super::VirtualPoolConfig::max_alias_ratio))
+    /// or the address space.
     pub aliases_collected: u64,
     /// Blocks placed in fresh address space because every free place with
     /// mapped pages conflicted.
@@ -84,18 +85,18 @@ impl VirtualPool {
             aliased: Self::alias_pages(&st) * g,
             cached_pages: st.phys.cached_pages(),
             cached: st.phys.cached_pages() * g,
-            chunks: st.phys.chunk_count(),
+            chunks: st.phys.extent_count(),
             live: st.live_bytes(),
             peak_live: st.peak_live,
-            live_blocks: st.arenas.iter().map(|a| a.heap.used_blocks()).sum(),
+            live_blocks: st.areas.iter().map(|a| a.heap.used_blocks()).sum(),
             virtual_reserved: st.pages.reserved_bytes(),
             page_size: g,
             streams: st.streams.len(),
             pages_created: st.pages_created,
             pages_released: st.pages_released,
-            chunks_created: st.chunks_created,
-            chunks_released: st.chunks_released,
-            peak_chunks: st.peak_chunks,
+            chunks_created: st.extents_created,
+            chunks_released: st.extents_released,
+            peak_chunks: st.peak_extents,
             relocations: st.relocations,
             mappings_made: st.mappings_made,
             mappings_unmapped: st.mappings_unmapped,
@@ -112,7 +113,7 @@ impl VirtualPool {
         let mut st = self.lock();
         st.peak_reserved = st.phys.total_pages() * self.gran;
         st.peak_live = st.live_bytes();
-        st.peak_chunks = st.phys.chunk_count();
+        st.peak_extents = st.phys.extent_count();
     }
 
     /// Physical bytes held and not under any live block: what the pool can
@@ -148,12 +149,12 @@ impl VirtualPool {
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        heap_lanes::live_blocks(self.lock().arenas.iter().map(|a| &a.heap))
+        heap_lanes::live_blocks(self.lock().areas.iter().map(|a| &a.heap))
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        heap_lanes::live_block_size(self.lock().arenas.iter().map(|a| &a.heap), ptr)
+        heap_lanes::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
     }
 
     /// Physical bytes held from the driver (mapped plus cached).
