@@ -21,13 +21,12 @@ pub struct VirtualPoolConfig {
     pub slack_permille: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
     /// `cuMemMap`); 1 gives every page its own allocation (default 6).
-    /// Larger extents mean fewer mappings (a mapping costs about 25 µs of
-    /// `cuMemSetAccess` on an H100), but an extent can serve elsewhere only
-    /// when all its pages are idle and only under a run at least as long.
-    /// Chosen on the simulator's replays of the two shared traces
-    /// (`examples/vpool_replay.rs --extent N`): 6 pages kept both within 5%
-    /// of the live peak and reached a steady state with no driver call by
-    /// the fourth pass; 8 left GPT-2 at 1.052, 4 and 5 never settled.
+    /// Larger extents mean fewer mappings (`cuMemSetAccess` costs tens of
+    /// µs per mapping), but an extent can serve elsewhere only when all its
+    /// pages are idle and only under a run at least as long. 6 is the value
+    /// with which the simulator's replays of the two shared traces both stay
+    /// within 5% of the live peak and reach a steady state with no driver
+    /// call (`bench/results/NOTES-virtual-pool.md`).
     pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached extents go back to the driver (default 0).
@@ -35,8 +34,8 @@ pub struct VirtualPoolConfig {
     /// Most alias pages kept mapped, in multiples of the physical pages
     /// (default 8); beyond it, idle aliases are unmapped. A training step's
     /// memory may change place several times, each a mapping kept for the
-    /// next step (GPT-2's steady state keeps about 3.5 alias pages per
-    /// physical page).
+    /// next step (GPT-2's replay keeps several mappings per physical page in
+    /// its steady state: `bench/results/NOTES-virtual-pool.md`).
     pub max_alias_ratio: usize,
     /// Most physical bytes the pool may hold; `None` for no limit. The
     /// starting value: [`VirtualPool::set_maximum_physical`] changes it.

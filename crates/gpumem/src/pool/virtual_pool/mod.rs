@@ -2,50 +2,59 @@
 //! that maps physical pages only under live blocks and moves them to where
 //! they are needed, so the physical memory it holds follows the live bytes.
 //!
+//! The design page, `docs/virtual_pool.md`, holds the glossary (the words
+//! below and in this module's code mean what it says), the life-cycle of a
+//! page and of an extent, the numbered invariants that
+//! [`VirtualPool::check_invariants`] checks, and the fast-path contract.
+//! Measurements behind the constants and the costs quoted here are in
+//! `bench/results/NOTES-virtual-pool.md`.
+//!
 //! Algorithm:
-//! - *Addresses*: one virtual range of `va_multiple` × the device's memory is
-//!   reserved up front (`cuMemAddressReserve`, ~22 µs), split in a small area
-//!   (requests up to `small_limit`, packed together on few pages) and a large
-//!   area (blocks that mostly cover whole pages). Each area is a
-//!   [`LaneHeap`] with per-stream lanes (the stream-ordering policy of
-//!   [`crate::pool`], shared with [`PoolResource`](super::PoolResource)):
-//!   O(1) TLSF good fit, same-stream reuse at once, other streams after a
-//!   query finds the freeing stream idle or after waiting on one event. A
-//!   further range is reserved if an area ever runs out.
-//! - *Pages* (`page_table`): every granularity page counts its live blocks.
-//!   Allocating a block whose pages are all mapped, and own their physical
-//!   pages (below), touches no driver call; otherwise each unmapped run gets
-//!   physical *extents* mapped under it, then is made accessible with one
-//!   `cuMemSetAccess` per run and device, all or nothing.
+//! - *Addresses*: one reservation of `va_multiple` × the device's memory is
+//!   made up front, split between a small area (requests up to
+//!   `small_limit`, packed together on few pages) and a large area (blocks
+//!   that mostly cover whole pages). Each area is a [`LaneHeap`] with
+//!   per-stream lanes (the stream-ordering policy of [`crate::pool`], shared
+//!   with [`PoolResource`](super::PoolResource)): O(1) TLSF good fit,
+//!   same-stream reuse at once, other streams after a query finds the
+//!   freeing stream idle or after waiting on one event. An area that runs
+//!   out gets another reservation.
+//! - *Pages* (`page_table`): every page counts its live blocks. Allocating a
+//!   block whose pages are all mapped, and own their physical pages (below),
+//!   makes no driver call; otherwise each unmapped run gets extents mapped
+//!   under it, then is made accessible with one `cuMemSetAccess` per run and
+//!   device, all or nothing.
 //! - *Extents* (`phys_cache`): CUDA maps a physical allocation only from
-//!   offset 0, so a `cuMemCreate` allocation is mapped whole (one `cuMemMap`)
-//!   under consecutive pages. A run that needs new memory gets one extent of
-//!   up to `max_extent_pages` pages (default 6) per that many pages, so a
-//!   k-page block costs one create, one map and one set-access for k up to 6.
-//! - *Aliases*: CUDA lets one physical allocation be mapped under several
-//!   virtual ranges at once, and a write through one is seen through the
+//!   offset 0, so an extent (one `cuMemCreate`) is mapped whole (one
+//!   `cuMemMap`) under consecutive pages. A run that needs new memory gets
+//!   one extent of up to `max_extent_pages` pages per that many pages, so a
+//!   block of up to that many pages costs one create, one map and one
+//!   set-access.
+//! - *Aliases*: CUDA lets one physical allocation be mapped at several
+//!   places at once, and a write through one mapping is seen through the
 //!   others once the writing operation has completed. So memory never has to
 //!   be unmapped to go where it is needed: an idle extent is mapped under the
 //!   new run as well, and its old mapping stays. Every physical page has one
-//!   *owner*, the virtual page through which blocks may use it; a block is
-//!   handed out only over pages that own their memory, so no two live blocks
-//!   share a physical byte. A page takes its memory back from another alias
-//!   when the owner there has no live block and every stream that freed a
-//!   block on it (other than the taker, whose order protects it) is known
-//!   done. A repeating workload thus soon finds every alias it needs already
-//!   mapped: its steady state makes no driver call while physical memory
-//!   keeps following the live bytes.
-//! - *Placement*: the heap's choice is best fit within the size class first
-//!   (a freed block is re-used by the next request of its size), and with
-//!   one stream a free also takes in the untouched space beside it, so a
-//!   repeating workload re-uses the same addresses. A block whose pages are
-//!   held through another alias (a *conflict*), or a large block that would
-//!   need [`RELOCATE_MIN_PAGES`] or more new pages, looks among up to 64 free
-//!   places for one without conflicts needing the fewest new pages; if every
-//!   place conflicts, it goes to a newly reserved range. Small requests and
-//!   large ones keep their own memory (small blocks share pages, so aliases
-//!   between the two would conflict at every turn).
-//! - *Physical memory* for a run, in order: cached (unmapped) extents that
+//!   *owner*, the page through which blocks may use it; a block is handed out
+//!   only over pages that own their memory, so no two live blocks share a
+//!   physical byte. A page takes its memory back from another alias when the
+//!   owner there has no live block and every stream that freed a block on it
+//!   (other than the taker, whose order protects it) is known done. A
+//!   repeating workload thus soon finds every alias it needs already mapped:
+//!   its steady state makes no driver call while physical memory keeps
+//!   following the live bytes.
+//! - *Placement* (`placement`): the heap's choice is best fit within the
+//!   size class first (a freed block is re-used by the next request of its
+//!   size), and with one stream a free also takes in the untouched space
+//!   beside it, so a repeating workload re-uses the same addresses. A block
+//!   whose pages are held through another alias (a *conflict*), or a large
+//!   block that would need `RELOCATE_MIN_PAGES` or more new pages, looks
+//!   among up to 64 free places for one without conflicts needing the
+//!   fewest new pages; if every place conflicts, it goes to a new
+//!   reservation. Small requests and large ones keep their own memory (small
+//!   blocks share pages, so aliases between the two would conflict at every
+//!   turn).
+//! - *Physical memory* for a run (`backing`), in order: cached extents that
 //!   fit; idle extents mapped elsewhere that fit, as aliases; new extents,
 //!   while the pool holds no more than `slack_permille` over the live peak;
 //!   beyond it, idle extents that fit nowhere are unmapped everywhere (every
@@ -54,10 +63,10 @@
 //!   new extents are created. On a busy GPU, pages freed by work still in
 //!   flight cannot pass to another stream yet: the reserve can exceed the
 //!   live bytes by what is in flight.
-//! - *Giving back*: [`VirtualPool::trim`] unmaps every idle mapping whose
-//!   freeing streams are done and releases extents mapped nowhere; cached
-//!   extents above `release_threshold` bytes are released after each
-//!   mapping call.
+//! - *Giving back* (`reclaim`): [`VirtualPool::trim`] unmaps every idle
+//!   mapping whose freeing streams are done and releases extents mapped
+//!   nowhere; cached extents above `release_threshold` bytes are released
+//!   after each mapping call; aliases beyond `max_alias_ratio` are unmapped.
 //! - *Out of memory*: when `cuMemCreate` fails, the pool waits for every
 //!   stream that freed blocks, unmaps every idle mapping, releases what is
 //!   then mapped nowhere and retries with one-page extents; then it undoes
@@ -72,21 +81,14 @@
 //! Costs: the fast path is one lock, one lane lookup, the TLSF operation,
 //! the block's two boundary page entries and a few words of their groups of
 //! 64 pages (bitmaps, and on free the frees record); pages that take their
-//! memory over from another alias move a whole extent mapping at a time
-//! (tens of ns in all). Driver costs on an H100
-//! (driver 580, `examples/vmm_costs.rs`): `cuMemCreate` 12 µs, `cuMemMap`
-//! 1.6 µs and `cuMemRelease` 11 µs per 2 MiB page (measured at one page);
-//! `cuMemSetAccess` about 18 µs per call plus 25 µs per mapping in its
-//! range, `cuMemUnmap` about 9 µs per call plus 17 µs per mapping. An alias
-//! costs one map and its share of one set-access, once; after that, memory
-//! changes place between the same addresses for nothing. Measured on the
-//! H100 (`bench/results/2026-11-21-h100-run14-vpool-place-elsewhere`, 20
-//! processes per trace): the two shared training traces replayed after five
-//! untimed replays cost 70 to 126 ns (resnet50) and 85 to 141 ns (gpt2) per
-//! operation, PoolResource 58 to 106 (the host's CPU runs in a fast and a
-//! slow state, see run 13), with no driver call, at 1.013 and 1.042 of the
-//! live peak; the first replays pay for the aliases they create (about
-//! 27 µs each).
+//! memory over from another alias move a whole mapping at a time. The
+//! driver calls cost tens of µs each, `cuMemSetAccess` and `cuMemUnmap` by
+//! the mappings they cover: an alias costs one map and its share of one
+//! set-access, once; after that, memory changes place between the same
+//! addresses for nothing. On the H100, the shared training traces' steady
+//! state costs tens of ns per operation, somewhat more than
+//! [`PoolResource`](super::PoolResource), with no driver call and within 5%
+//! of the live peak (figures and runs in the notes above).
 
 mod backing;
 mod bits;

@@ -689,6 +689,13 @@ impl PageTable {
         })
     }
 
+    /// What is mapped at `p`, if anything; `None` too when `p` lies in no
+    /// reservation (for the checker, which follows recorded page words).
+    pub(super) fn phys_at_checked(&self, p: PageRef) -> Option<PhysPage> {
+        let r = self.reservations.get(p.res)?;
+        (p.idx < r.len).then(|| self.phys_at(p)).flatten()
+    }
+
     /// Every mapped page in address order.
     pub(super) fn mapped(&self) -> impl Iterator<Item = (PageRef, PhysPage)> + '_ {
         self.reservations.iter().enumerate().flat_map(|(res, r)| {
@@ -704,11 +711,9 @@ impl PageTable {
         })
     }
 
-    /// Checks the table against the live blocks `[addr, addr + size)`: each
-    /// page's count is the number of live blocks beginning or ending on it,
-    /// a page is busy exactly when a live block lies on it, every busy page
-    /// is mapped and owns its physical page, and the bitmaps and counter
-    /// agree with the entries and the extents.
+    /// Checks the table against the live blocks `[addr, addr + size)` and
+    /// the extents' owners: invariants 3, 4, the page side of 5, and 6 of
+    /// `docs/virtual_pool.md`.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
         let mut users: Vec<Vec<u32>> = self.reservations.iter().map(|r| vec![0; r.len]).collect();
         let mut busy: Vec<Vec<bool>> = self
@@ -717,9 +722,9 @@ impl PageTable {
             .map(|r| vec![false; r.len])
             .collect();
         for &(addr, size) in live {
-            let PageSpan { res, first, last } = self
-                .span(addr, size)
-                .ok_or_else(|| format!("live block {addr:#x}+{size} outside every reservation"))?;
+            let PageSpan { res, first, last } = self.span(addr, size).ok_or_else(|| {
+                format!("invariant 3: live block {addr:#x}+{size} outside every reservation")
+            })?;
             users[res][first] += 1;
             if last > first {
                 users[res][last] += 1;
@@ -732,40 +737,49 @@ impl PageTable {
         for (res, r) in self.reservations.iter().enumerate() {
             for (idx, p) in r.pages().enumerate() {
                 let addr = r.base + ((idx as u64) << self.shift);
+                // 3. Block counts and the busy bit.
                 if p.users != users[res][idx] {
                     return Err(format!(
-                        "page {addr:#x}: {} users counted, {} live blocks begin or end on it",
+                        "invariant 3: page {addr:#x}: {} users counted, {} live blocks begin or end on it",
                         p.users, users[res][idx]
                     ));
                 }
                 if bit(&r.bits(BUSY), idx) != busy[res][idx] {
-                    return Err(format!("page {addr:#x}: busy bit is wrong"));
+                    return Err(format!("invariant 3: page {addr:#x}: busy bit is wrong"));
                 }
+                // 4. Busy pages are mapped and own their memory.
                 let is_mapped = p.extent != UNMAPPED;
                 let owns = bit(&r.bits(OWNS), idx);
                 if busy[res][idx] && !is_mapped {
-                    return Err(format!("page {addr:#x} has live blocks but is unmapped"));
+                    return Err(format!(
+                        "invariant 4: page {addr:#x} has live blocks but is unmapped"
+                    ));
                 }
                 if busy[res][idx] && !owns {
                     return Err(format!(
-                        "page {addr:#x} has live blocks but does not own its physical page"
+                        "invariant 4: page {addr:#x} has live blocks but does not own its physical page"
                     ));
                 }
+                // 5 (the page side). The owns bit is set exactly on mapped
+                // pages their physical page's owner entry names.
                 if owns && !is_mapped {
-                    return Err(format!("page {addr:#x} owns memory but is unmapped"));
+                    return Err(format!(
+                        "invariant 5: page {addr:#x} owns memory but is unmapped"
+                    ));
                 }
                 if is_mapped && owns != (phys.owner(p.extent, p.index) == Self::pack(res, idx)) {
-                    return Err(format!("page {addr:#x}: owns bit is wrong"));
+                    return Err(format!("invariant 5: page {addr:#x}: owns bit is wrong"));
                 }
+                // 6. The mapped bit and the count of mapped pages.
                 if bit(&r.bits(MAPPED), idx) != is_mapped {
-                    return Err(format!("page {addr:#x}: mapped bit is wrong"));
+                    return Err(format!("invariant 6: page {addr:#x}: mapped bit is wrong"));
                 }
                 mapped += usize::from(is_mapped);
             }
         }
         if mapped != self.mapped_pages {
             return Err(format!(
-                "counters: {} mapped recorded, {mapped} found",
+                "invariant 6: {} pages counted as mapped, {mapped} mapped",
                 self.mapped_pages
             ));
         }

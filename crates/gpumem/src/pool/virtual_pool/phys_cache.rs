@@ -216,6 +216,39 @@ impl PhysCache {
         self.cached.contains(&x)
     }
 
+    /// Checks invariant 9's counts (`docs/virtual_pool.md`): the cache lists
+    /// held extents once each, and the page counts are the sums over the
+    /// extents held and over those cached.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let mut total = 0;
+        for (x, ext) in self.extents() {
+            let pages = self.pages(x);
+            if pages == 0 || ext.owners.len() != pages {
+                return Err(format!(
+                    "invariant 9: extent {x}: {pages} pages, {} owner entries",
+                    ext.owners.len()
+                ));
+            }
+            total += pages;
+        }
+        let mut cached = 0;
+        for (i, &x) in self.cached.iter().enumerate() {
+            if self.extent(x).is_none() || self.cached[..i].contains(&x) {
+                return Err(format!(
+                    "invariant 9: extent {x} is cached twice or not held"
+                ));
+            }
+            cached += self.pages(x);
+        }
+        if (total, cached) != (self.total_pages, self.cached_pages) {
+            return Err(format!(
+                "invariant 9: {total} pages held and {cached} cached, counted {} and {}",
+                self.total_pages, self.cached_pages
+            ));
+        }
+        Ok(())
+    }
+
     /// Takes cached extents out, largest first, until at most `keep_pages`
     /// pages stay cached; returns their handles and page counts for the
     /// caller to release.

@@ -13,11 +13,9 @@ pub(super) const VA_SCARCE_MULTIPLE: usize = 16;
 
 /// A large block that would need at least this many new pages (128 MiB on
 /// 2 MiB pages) looks for a free place with fewer. Smaller ones stay where
-/// the heap puts them: on the simulator's replays of the shared traces,
-/// relocating from 4 pages up made the steady state relocate every pass
-/// (resnet50 877 instructions per event, gpt2 862, against 674 and 800 at
-/// 64) and gpt2 settle only in its fourth pass (third at 64); resnet50
-/// maps 67 extents in its second pass at 4, 302 at 64, none after.
+/// the heap puts them: relocating them makes a repeating workload relocate
+/// blocks in every pass of its steady state (more work per operation) and
+/// settle later (`bench/results/NOTES-virtual-pool.md`).
 pub(super) const RELOCATE_MIN_PAGES: usize = 64;
 
 impl VirtualPool {
