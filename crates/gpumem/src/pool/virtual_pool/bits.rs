@@ -85,3 +85,88 @@ pub(super) fn all_set(map: &impl Index<usize, Output = u64>, first: usize, last:
     words(first, last, |w, m| all &= map[w] & m == m);
     all
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Bits `0..256` of a bitmap as four words, from a list of bools.
+    fn words_of(bits: &[bool]) -> [u64; 4] {
+        let mut map = [0u64; 4];
+        for (i, &b) in bits.iter().enumerate() {
+            map[i / 64] |= u64::from(b) << (i % 64);
+        }
+        map
+    }
+
+    #[test]
+    fn word_masks_cover_their_bits() {
+        assert_eq!(word_mask(0, 63), u64::MAX);
+        assert_eq!(word_mask(3, 5), 0b11_1000);
+        assert_eq!(word_mask(63, 63), 1 << 63);
+        assert_eq!(word_mask(0, 0), 1);
+    }
+
+    #[test]
+    fn words_visits_each_word_once_with_its_part() {
+        let mut seen = Vec::new();
+        words(60, 130, |w, m| seen.push((w, m)));
+        assert_eq!(
+            seen,
+            vec![(0, word_mask(60, 63)), (1, u64::MAX), (2, word_mask(0, 2))]
+        );
+        seen.clear();
+        words(5, 5, |w, m| seen.push((w, m)));
+        assert_eq!(seen, vec![(0, 1 << 5)]);
+        seen.clear();
+        words(64, 127, |w, m| seen.push((w, m)));
+        assert_eq!(seen, vec![(1, u64::MAX)]);
+    }
+
+    #[test]
+    fn next_clear_finds_the_first_hole_across_words() {
+        let mut map = [u64::MAX; 4];
+        assert_eq!(next_clear(&map, 0, 255), None);
+        map[2] &= !(1 << 7); // bit 135
+        assert_eq!(next_clear(&map, 0, 255), Some(135));
+        assert_eq!(next_clear(&map, 135, 135), Some(135));
+        assert_eq!(next_clear(&map, 136, 255), None);
+        assert_eq!(
+            next_clear(&map, 0, 134),
+            None,
+            "a hole past `last` is not found"
+        );
+        assert_eq!(next_clear(&map, 10, 9), None, "an empty range has no hole");
+    }
+
+    proptest! {
+        /// Every primitive agrees with the same question asked bit by bit.
+        #[test]
+        fn primitives_match_a_bit_by_bit_model(
+            bits in prop::collection::vec(prop::bool::weighted(0.8), 256),
+            a in 0usize..256,
+            b in 0usize..256,
+            on in any::<bool>(),
+        ) {
+            let (first, last) = (a.min(b), a.max(b));
+            let map = words_of(&bits);
+            for (i, &v) in bits.iter().enumerate() {
+                prop_assert_eq!(bit(&map, i), v);
+            }
+            let range = &bits[first..=last];
+            prop_assert_eq!(any_set(&map, first, last), range.iter().any(|&v| v));
+            prop_assert_eq!(all_set(&map, first, last), range.iter().all(|&v| v));
+            prop_assert_eq!(
+                next_clear(&map, first, last),
+                range.iter().position(|&v| !v).map(|k| first + k)
+            );
+            let mut set = map;
+            set_bits(&mut set, first, last, on);
+            let mut expect = bits.clone();
+            expect[first..=last].iter_mut().for_each(|v| *v = on);
+            prop_assert_eq!(set, words_of(&expect));
+        }
+    }
+}

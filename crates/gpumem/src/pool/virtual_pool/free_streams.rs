@@ -326,3 +326,107 @@ impl FreeStreams {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::sim::SimConfig;
+
+    /// An event recorded on `stream`: work that stays pending while the
+    /// simulator holds the stream.
+    fn enqueue_work(stream: &Stream) {
+        Event::new(stream.device()).unwrap().record(stream).unwrap();
+    }
+
+    #[test]
+    fn a_frees_record_only_grows() {
+        let mut f = Frees::default();
+        assert!(f.quiet(|_, _| false), "nothing recorded is quiet");
+        f.add(0b1, 3);
+        f.add(0b100, 4);
+        assert_eq!(
+            f,
+            Frees {
+                mask: 0b101,
+                tick: 4
+            }
+        );
+        let g = f.union(Frees {
+            mask: 0b10,
+            tick: 2,
+        });
+        assert_eq!(
+            g,
+            Frees {
+                mask: 0b111,
+                tick: 4
+            }
+        );
+        assert!(g.quiet(|m, t| m == 0b111 && t == 4));
+        assert!(!g.quiet(|_, _| false));
+    }
+
+    #[test]
+    fn frees_get_slot_bits_and_rising_ticks() {
+        let device = Device::sim(SimConfig::default());
+        let (s, t) = (
+            device.create_stream().unwrap(),
+            device.create_stream().unwrap(),
+        );
+        let mut streams = FreeStreams::new();
+        assert_eq!(
+            streams.taker_bit(&s),
+            0,
+            "a stream that never freed has no bit"
+        );
+        assert_eq!(streams.on_free(&s), (0b1, 1));
+        assert_eq!(streams.on_free(&t), (0b10, 2));
+        assert_eq!(streams.on_free(&s), (0b1, 3));
+        assert_eq!(streams.len(), 2);
+        assert_eq!((streams.taker_bit(&s), streams.taker_bit(&t)), (0b1, 0b10));
+        assert!(streams.others_freed(0b1));
+        assert!(!streams.others_freed(0b11));
+    }
+
+    #[test]
+    fn other_streams_frees_are_safe_once_their_work_is_done() {
+        let (device, sim) = Device::sim_with_driver(SimConfig::default());
+        let (s, t) = (
+            device.create_stream().unwrap(),
+            device.create_stream().unwrap(),
+        );
+        let mut streams = FreeStreams::new();
+        let (own, _) = streams.on_free(&s);
+        sim.hold(t.raw());
+        enqueue_work(&t);
+        let (bit, tick) = streams.on_free(&t);
+        assert!(streams.safe_for(own, own, tick), "the taker's own frees");
+        assert!(!streams.safe_for(own, bit, tick), "t's work is pending");
+        assert!(!streams.complete(bit, tick), "nor known done by a query");
+        sim.release(t.raw());
+        assert!(
+            !streams.complete(bit, tick),
+            "t was asked once in this pass"
+        );
+        streams.begin_pass();
+        assert!(streams.complete(bit, tick), "a new pass asks again");
+        assert!(streams.safe_for(own, bit | own, tick));
+    }
+
+    #[test]
+    fn synchronize_all_completes_every_free_and_prune_forgets_dropped_streams() {
+        let (device, sim) = Device::sim_with_driver(SimConfig::default());
+        let s = device.create_stream().unwrap();
+        let mut streams = FreeStreams::new();
+        sim.hold(s.raw());
+        enqueue_work(&s);
+        let (bit, tick) = streams.on_free(&s);
+        streams.prune();
+        assert_eq!(streams.len(), 1, "a stream with frees not known done stays");
+        streams.synchronize_all(&device).unwrap();
+        assert!(streams.complete(bit, tick));
+        drop(s);
+        streams.prune();
+        assert_eq!(streams.len(), 0, "only the tracker held it");
+    }
+}

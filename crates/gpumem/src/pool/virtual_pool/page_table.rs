@@ -786,3 +786,278 @@ impl PageTable {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    const G: u64 = 2 << 20;
+    const BASE: u64 = 1 << 40;
+    const OTHER: u64 = 1 << 41;
+
+    /// A table of two reservations (256 pages at `BASE`, 64 at `OTHER`) and
+    /// no extent.
+    fn table() -> (PageTable, PhysCache) {
+        let mut t = PageTable::new(G);
+        t.add_reservation(BASE, 256 * G);
+        t.add_reservation(OTHER, 64 * G);
+        (t, PhysCache::default())
+    }
+
+    /// Page `idx` of the first reservation.
+    fn pg(idx: usize) -> PageRef {
+        PageRef { res: 0, idx }
+    }
+
+    /// Pages `first..=last` of the first reservation.
+    fn sp(first: usize, last: usize) -> PageSpan {
+        PageSpan {
+            res: 0,
+            first,
+            last,
+        }
+    }
+
+    /// A new extent of `n` pages mapped at `first` as `map_extent` does:
+    /// pages under a live block take ownership.
+    fn map(t: &mut PageTable, phys: &mut PhysCache, first: usize, n: usize) -> ExtentId {
+        let x = phys.add_extent(0, n as u32);
+        phys.mapped_at(x, PageTable::pack(0, first));
+        for i in 0..n {
+            let p = pg(first + i);
+            t.set_mapped(
+                p,
+                PhysPage {
+                    extent: x,
+                    index: i as u32,
+                },
+            );
+            if t.busy(p) {
+                t.own_new(p, phys);
+            }
+        }
+        x
+    }
+
+    /// An extent mapped under a block on `here` (then freed by stream bit
+    /// `bit` at tick 3) and mapped again, as an alias, at the same number of
+    /// pages from `there`.
+    fn aliased(
+        t: &mut PageTable,
+        phys: &mut PhysCache,
+        here: PageSpan,
+        there: usize,
+        bit: u64,
+    ) -> ExtentId {
+        let n = here.last - here.first + 1;
+        take(t, phys, here);
+        let x = map(t, phys, here.first, n);
+        t.release(here, bit, 3);
+        phys.mapped_at(x, PageTable::pack(0, there));
+        for i in 0..n {
+            let index = i as u32;
+            t.set_mapped(pg(there + i), PhysPage { extent: x, index });
+        }
+        x
+    }
+
+    /// The block covering whole pages `first..=last`, as the checker sees it.
+    fn block(first: usize, last: usize) -> (u64, u64) {
+        (BASE + first as u64 * G, (last - first + 1) as u64 * G)
+    }
+
+    /// Acquires with every frees record safe.
+    fn take(t: &mut PageTable, phys: &mut PhysCache, span: PageSpan) -> Acquired {
+        t.acquire(span, phys, |_| true)
+    }
+
+    const CLEAN: Acquired = Acquired {
+        all_mapped: true,
+        conflict: false,
+    };
+
+    #[test]
+    fn span_names_the_pages_under_a_range() {
+        let (t, _) = table();
+        assert_eq!(t.span(BASE, 1), Some(sp(0, 0)));
+        assert_eq!(
+            t.span(BASE, 0),
+            Some(sp(0, 0)),
+            "an empty range is one byte"
+        );
+        assert_eq!(t.span(BASE + G - 1, 2), Some(sp(0, 1)));
+        assert_eq!(t.span(BASE + 3 * G, G), Some(sp(3, 3)));
+        assert_eq!(t.span(BASE + 255 * G, G), Some(sp(255, 255)));
+        assert_eq!(t.span(BASE + 255 * G, G + 1), None, "past the reservation");
+        assert_eq!(t.span(BASE - 1, 1), None);
+        assert_eq!(
+            t.span(OTHER + 5 * G, 3 * G),
+            Some(PageSpan {
+                res: 1,
+                first: 5,
+                last: 7
+            })
+        );
+        assert_eq!(t.reserved_bytes(), (320 * G) as usize);
+    }
+
+    #[test]
+    fn packed_pages_and_addresses_round_trip() {
+        let p = PageRef { res: 1, idx: 63 };
+        assert_eq!(PageTable::unpack(PageTable::pack(1, 63)), p);
+        assert_ne!(PageTable::pack(1, 63), NO_OWNER);
+        let (t, _) = table();
+        assert_eq!(t.addr(p), OTHER + 63 * G);
+        assert_eq!(t.phys_at_checked(PageRef { res: 2, idx: 0 }), None);
+        assert_eq!(t.phys_at_checked(PageRef { res: 1, idx: 64 }), None);
+    }
+
+    #[test]
+    fn blocks_sharing_a_page_count_on_it() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 6);
+        // A block on pages 0..=2 and one on 2..=4: page 2 holds both.
+        let (a, b) = (sp(0, 2), sp(2, 4));
+        assert_eq!(take(&mut t, &mut phys, a), CLEAN);
+        assert_eq!(take(&mut t, &mut phys, b), CLEAN);
+        let (a_at, b_at) = ((BASE, 2 * G + G / 2), (BASE + 2 * G + G / 2, 2 * G + G / 2));
+        assert_eq!(t.span(a_at.0, a_at.1), Some(a));
+        assert_eq!(t.span(b_at.0, b_at.1), Some(b));
+        t.check(&[a_at, b_at], &phys).unwrap();
+        assert_eq!(t.idle_pages(), 1, "page 5 only");
+        t.release(a, 1, 1);
+        assert!(t.busy(pg(2)), "page 2 still carries the second block");
+        assert!(!t.busy(pg(0)) && !t.busy(pg(1)));
+        t.check(&[b_at], &phys).unwrap();
+        assert_eq!(t.idle_pages(), 3);
+        assert_eq!(t.mapped_pages(), 6);
+    }
+
+    #[test]
+    fn a_free_is_recorded_on_each_group_under_the_block() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 60, 11);
+        let s = sp(60, 70);
+        take(&mut t, &mut phys, s);
+        t.release(s, 0b100, 5);
+        let freed = Frees {
+            mask: 0b100,
+            tick: 5,
+        };
+        assert_eq!(t.frees_on(pg(60), 11), freed);
+        assert_eq!(t.frees_on(pg(64), 1), freed, "both groups under the block");
+        assert_eq!(t.frees_on(pg(0), 1), freed, "the record is per 64 pages");
+        assert_eq!(t.frees_on(pg(128), 1), Frees::default());
+        let x = t.phys_at(pg(60)).unwrap().extent;
+        assert_eq!(t.extent_frees(x, &phys), freed);
+    }
+
+    #[test]
+    fn unmapped_pages_are_reported_and_counted_in_runs() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 2, 2);
+        map(&mut t, &mut phys, 70, 1);
+        let s = sp(0, 71);
+        assert_eq!(t.count_unmapped(s), 72 - 3);
+        assert_eq!(t.unmapped_runs(s), vec![(0, 2), (4, 66), (71, 1)]);
+        let got = take(&mut t, &mut phys, s);
+        assert!(!got.all_mapped && !got.conflict);
+        t.unacquire(s);
+        assert!(!t.busy(pg(2)));
+        assert_eq!(t.set_unmapped(pg(70)).map(|p| p.index), Some(0));
+        assert_eq!(t.set_unmapped(pg(70)), None, "already unmapped");
+        assert_eq!(t.mapped_pages(), 2);
+    }
+
+    #[test]
+    fn an_idle_alias_gives_its_memory_to_a_new_block() {
+        let (mut t, mut phys) = table();
+        // One extent of 3 pages, mapped at 0..=2 (where a block lived) and
+        // at 10..=12 (an alias).
+        let (here, there) = (sp(0, 2), sp(10, 12));
+        let x = aliased(&mut t, &mut phys, here, 10, 0b1);
+        assert!(t.owns(pg(0)) && !t.owns(pg(10)));
+        assert!(!t.has_conflict(there, &phys), "the owner is idle");
+        assert_eq!(take(&mut t, &mut phys, there), CLEAN);
+        assert!(!t.owns(pg(0)) && t.owns(pg(10)) && t.owns(pg(12)));
+        assert_eq!(phys.owner(x, 1), PageTable::pack(0, 11));
+        assert!(t.extent_busy(x, &phys));
+        t.check(&[block(10, 12)], &phys).unwrap();
+        // Now the first place conflicts: its memory is in use through the alias.
+        assert!(t.has_conflict(here, &phys));
+        let back = take(&mut t, &mut phys, here);
+        assert!(back.conflict && back.all_mapped);
+        t.unacquire(here);
+        t.check(&[block(10, 12)], &phys).unwrap();
+    }
+
+    #[test]
+    fn frees_not_known_done_keep_the_memory_where_it_is() {
+        let (mut t, mut phys) = table();
+        let (here, there) = (sp(0, 1), sp(20, 21));
+        aliased(&mut t, &mut phys, here, 20, 0b10);
+        let asked = Cell::new(0);
+        let got = t.acquire(there, &mut phys, |frees| {
+            asked.set(asked.get() + 1);
+            assert_eq!(frees().mask, 0b10);
+            false
+        });
+        assert!(got.conflict);
+        assert_eq!(asked.get(), 1, "asked once for the extent");
+        assert!(t.owns(pg(0)) && !t.owns(pg(20)), "nothing moved");
+        t.unacquire(there);
+        t.check(&[], &phys).unwrap();
+    }
+
+    #[test]
+    fn reclaimable_runs_are_the_idle_pages_whose_frees_are_done() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 3);
+        map(&mut t, &mut phys, 3, 2);
+        map(&mut t, &mut phys, 100, 1);
+        take(&mut t, &mut phys, sp(3, 4));
+        let mut streams = FreeStreams::new();
+        let runs = t.reclaimable_runs(&mut streams, &phys);
+        assert_eq!(runs, vec![(pg(0), 3), (pg(100), 1)]);
+    }
+
+    #[test]
+    fn check_names_each_broken_invariant() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 4);
+        let s = sp(0, 1);
+        take(&mut t, &mut phys, s);
+        let live = [block(0, 1)];
+        t.check(&live, &phys).unwrap();
+        let expect = |t: &PageTable, phys: &PhysCache, n: &str| {
+            let err = t.check(&live, phys).unwrap_err();
+            assert!(err.starts_with(&format!("invariant {n}:")), "{err}");
+        };
+        // 3: a boundary count off by one.
+        t.reservations[0].page_mut(0).users += 1;
+        expect(&t, &phys, "3");
+        t.reservations[0].page_mut(0).users -= 1;
+        // 3: a busy bit missing.
+        t.reservations[0].bits_mut(BUSY)[0] &= !0b10;
+        expect(&t, &phys, "3");
+        t.reservations[0].bits_mut(BUSY)[0] |= 0b10;
+        // 4: a busy page that does not own its memory.
+        t.reservations[0].bits_mut(OWNS)[0] &= !0b1;
+        expect(&t, &phys, "4");
+        t.reservations[0].bits_mut(OWNS)[0] |= 0b1;
+        // 5: an idle page with the owns bit its physical page does not give.
+        t.reservations[0].bits_mut(OWNS)[0] |= 0b1000;
+        expect(&t, &phys, "5");
+        t.reservations[0].bits_mut(OWNS)[0] &= !0b1000;
+        // 6: a mapped bit without a mapping, and a wrong count.
+        t.reservations[0].bits_mut(MAPPED)[0] |= 0b1_0000;
+        expect(&t, &phys, "6");
+        t.reservations[0].bits_mut(MAPPED)[0] &= !0b1_0000;
+        t.mapped_pages += 1;
+        expect(&t, &phys, "6");
+        t.mapped_pages -= 1;
+        t.check(&live, &phys).unwrap();
+    }
+}

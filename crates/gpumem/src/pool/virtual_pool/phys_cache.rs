@@ -276,3 +276,127 @@ impl PhysCache {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::page_table::PageTable;
+    use super::*;
+
+    /// Extents of 1, 3 and 2 pages (handles 10, 30 and 20), none cached.
+    fn three() -> (PhysCache, [ExtentId; 3]) {
+        let mut phys = PhysCache::default();
+        let ids = [
+            phys.add_extent(10, 1),
+            phys.add_extent(30, 3),
+            phys.add_extent(20, 2),
+        ];
+        (phys, ids)
+    }
+
+    /// The same three extents, all in the cache.
+    fn three_cached() -> (PhysCache, [ExtentId; 3]) {
+        let (mut phys, ids) = three();
+        for x in ids {
+            phys.put(x);
+        }
+        (phys, ids)
+    }
+
+    #[test]
+    fn new_extents_are_held_and_not_cached() {
+        let (phys, [a, b, c]) = three();
+        assert_eq!((phys.total_pages(), phys.cached_pages()), (6, 0));
+        assert_eq!(phys.extent_count(), 3);
+        assert_eq!((phys.pages(a), phys.pages(b), phys.pages(c)), (1, 3, 2));
+        assert_eq!(phys.handle(b), 30);
+        assert!(!phys.is_cached(b));
+        assert_eq!(phys.extent(b).unwrap().owners, vec![NO_OWNER; 3]);
+        assert_eq!(phys.pages(99), 0, "no extent has no pages");
+        phys.check().unwrap();
+    }
+
+    #[test]
+    fn take_fitting_takes_the_largest_that_fits() {
+        let (mut phys, [a, b, c]) = three_cached();
+        assert_eq!(phys.cached_pages(), 6);
+        assert_eq!(phys.take_fitting(2), Some(c));
+        assert_eq!(phys.take_fitting(5), Some(b));
+        assert_eq!(phys.take_fitting(0), None);
+        assert_eq!(phys.cached_pages(), 1);
+        assert_eq!(phys.take_fitting(1), Some(a));
+        assert_eq!(phys.take_fitting(usize::MAX), None);
+        phys.check().unwrap();
+    }
+
+    #[test]
+    fn the_last_mapping_gone_caches_the_extent_and_keeps_its_frees() {
+        let (mut phys, [_, b, _]) = three();
+        let (here, there) = (PageTable::pack(0, 10), PageTable::pack(1, 4));
+        phys.mapped_at(b, here);
+        phys.mapped_at(b, there);
+        phys.extent_mut(b).owners = vec![there, there + 1, here + 2];
+        let freed = Frees {
+            mask: 0b10,
+            tick: 7,
+        };
+        phys.unmapped_at(b, there, freed);
+        let ext = phys.extent(b).unwrap();
+        assert_eq!(ext.mappings, vec![here]);
+        assert_eq!(
+            ext.owners,
+            vec![NO_OWNER, NO_OWNER, here + 2],
+            "owners there cleared"
+        );
+        assert!(!phys.is_cached(b), "still mapped here");
+        assert_eq!(phys.summary(b).frees, freed);
+        phys.unmapped_at(b, here, Frees { mask: 0b1, tick: 9 });
+        assert!(phys.is_cached(b));
+        assert_eq!(phys.cached_pages(), 3);
+        assert_eq!(
+            phys.summary(b).frees,
+            Frees {
+                mask: 0b11,
+                tick: 9
+            }
+        );
+        phys.check().unwrap();
+    }
+
+    #[test]
+    fn releasable_extents_go_largest_first_and_their_index_is_reused() {
+        let (mut phys, [_, b, c]) = three_cached();
+        // Keep at most 2 pages: the 3-page extent, then the 2-page one go.
+        assert_eq!(phys.take_releasable(2), vec![(30, 3), (20, 2)]);
+        assert_eq!((phys.total_pages(), phys.cached_pages()), (1, 1));
+        assert_eq!(phys.extent_count(), 1);
+        assert!(phys.extent(b).is_none() && phys.extent(c).is_none());
+        assert_eq!(
+            phys.take_releasable(1),
+            vec![],
+            "already within what is kept"
+        );
+        let d = phys.add_extent(40, 4);
+        assert!(d == b || d == c, "a released index is reused");
+        assert_eq!(
+            phys.summary(d).frees,
+            Frees::default(),
+            "with a fresh summary"
+        );
+        phys.check().unwrap();
+    }
+
+    #[test]
+    fn check_finds_wrong_counts_and_a_doubly_cached_extent() {
+        let (mut phys, [a, _, _]) = three();
+        phys.put(a);
+        phys.check().unwrap();
+        phys.cached_pages += 1;
+        assert!(phys.check().unwrap_err().starts_with("invariant 9:"));
+        phys.cached_pages -= 1;
+        phys.total_pages -= 1;
+        assert!(phys.check().unwrap_err().starts_with("invariant 9:"));
+        phys.total_pages += 1;
+        phys.cached.push(a);
+        assert!(phys.check().unwrap_err().starts_with("invariant 9:"));
+    }
+}
