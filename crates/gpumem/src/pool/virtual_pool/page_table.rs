@@ -1,17 +1,18 @@
 //! The page table of a [`VirtualPool`](super::VirtualPool): one entry per
-//! granularity-sized page of every reserved virtual range.
+//! page of every reservation. Words are those of the glossary in
+//! `docs/virtual_pool.md`.
 //!
 //! Each page names the physical page mapped there (if any). Three bitmaps
-//! per range say which pages are *mapped*, which *own* their physical page
-//! (see [`PhysCache`]) and which are *busy* (some live block lies on them).
-//! Pages are kept 64 to a group, each group's three bitmap words beside its
-//! entries, so an operation on a page touches one place in memory rather
-//! than four arrays.
+//! per reservation say which pages are *mapped*, which *own* their physical
+//! page (see [`PhysCache`]) and which are *busy* (some live block lies on
+//! them). Pages are kept 64 to a group, each group's three bitmap words
+//! beside its entries, so an operation on a page touches one place in memory
+//! rather than four arrays.
 //! A mapped page that is not busy is *idle*: it is kept mapped (re-using it
 //! costs no driver call) and may be unmapped once every stream that freed a
 //! block on its extent has been seen complete at or after that free (see
 //! [`FreeStreams`]). Frees are recorded per group of 64 pages ([`Frees`]: a
-//! mask of stream slots and the tick of the last free); an extent's record
+//! mask of stream bits and the tick of the last free); an extent's record
 //! is the union over the groups under each of its mappings (coarser than
 //! the extent, so conservative), plus what it kept from mappings gone.
 //!
@@ -25,25 +26,41 @@
 //! Costs: allocate and free touch the block's two boundary entries and a
 //! few group words (bitmaps; on free, the frees record). Pages that must
 //! take their memory over from another alias are handled off the fast path,
-//! an extent mapping at a time: when the whole run passes from one other
-//! idle mapping (the usual case) its bitmaps move a word at a time, else
-//! page by page; the extent's frees are looked at only when a stream other
-//! than the taker's ever freed a block. No allocation, no driver call.
+//! a mapping at a time: when the whole run passes from one other idle
+//! mapping (the usual case) its bitmaps move a word at a time, else page by
+//! page; the extent's frees are looked at only when a stream other than the
+//! taker's ever freed a block. No allocation, no driver call.
 
 use std::ops::{Index, IndexMut};
-use std::thread::ThreadId;
 
-use super::phys_cache::{Frees, PhysCache, NO_OWNER};
-use crate::device::Device;
-use crate::driver::STREAM_PER_THREAD;
-use crate::pool::stream_lanes::PtrMap;
-use crate::stream::{Event, Stream};
+use super::bits::{all_set, any_set, bit, next_clear, set_bits, words};
+use super::free_streams::{FreeStreams, Frees};
+use super::phys_cache::{ExtentId, PhysCache, NO_OWNER};
 
-/// A physical page: page `index` of extent (physical allocation) `chunk`.
+/// A physical page: page `index` of extent `extent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PhysPage {
-    pub(super) chunk: u32,
+    pub(super) extent: ExtentId,
     pub(super) index: u32,
+}
+
+/// A page named in one word ([`PageTable::pack`]: reservation << 40 |
+/// page), as extents record their mappings and owners.
+pub(super) type PackedPage = u64;
+
+/// Page `idx` of reservation `res`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageRef {
+    pub(super) res: usize,
+    pub(super) idx: usize,
+}
+
+/// The pages a block covers: pages `first..=last` of reservation `res`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageSpan {
+    pub(super) res: usize,
+    pub(super) first: usize,
+    pub(super) last: usize,
 }
 
 const UNMAPPED: u32 = u32::MAX;
@@ -53,19 +70,19 @@ struct Page {
     /// Live blocks that begin or end on the page (pages strictly inside a
     /// block are not counted: they have the busy bit only).
     users: u32,
-    /// Chunk of the physical page mapped here, or `UNMAPPED`.
-    chunk: u32,
-    /// Page within the chunk.
+    /// Extent of the physical page mapped here, or `UNMAPPED`.
+    extent: ExtentId,
+    /// Page within the extent.
     index: u32,
 }
 
 const EMPTY: Page = Page {
     users: 0,
-    chunk: UNMAPPED,
+    extent: UNMAPPED,
     index: 0,
 };
 
-/// Which of a segment's bitmaps: mapped, owns its physical page, busy.
+/// Which of a reservation's bitmaps: mapped, owns its physical page, busy.
 const MAPPED: usize = 0;
 const OWNS: usize = 1;
 const BUSY: usize = 2;
@@ -88,7 +105,7 @@ const EMPTY_GROUP: Group = Group {
     pages: [EMPTY; 64],
 };
 
-/// One bitmap of a segment, a word per group (`G` is `&[Group]` to read,
+/// One bitmap of a reservation, a word per group (`G` is `&[Group]` to read,
 /// `&mut [Group]` to write).
 struct Bits<G> {
     groups: G,
@@ -110,85 +127,12 @@ impl<G: AsRef<[Group]> + AsMut<[Group]>> IndexMut<usize> for Bits<G> {
     }
 }
 
-/// Bit `idx` of a bitmap.
-#[inline]
-fn bit(map: &impl Index<usize, Output = u64>, idx: usize) -> bool {
-    map[idx / 64] & (1 << (idx % 64)) != 0
-}
-
-/// The mask of bits `lo..=hi` (both within one word).
-#[inline]
-fn word_mask(lo: usize, hi: usize) -> u64 {
-    (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
-}
-
-/// Calls `f(word, mask)` for each word of bits `first..=last` (always
-/// inlined: with the closure in place, one or two words cost a few
-/// instructions).
-#[inline(always)]
-fn words(first: usize, last: usize, mut f: impl FnMut(usize, u64)) {
-    let (w0, w1) = (first / 64, last / 64);
-    for w in w0..=w1 {
-        let lo = if w == w0 { first % 64 } else { 0 };
-        let hi = if w == w1 { last % 64 } else { 63 };
-        f(w, word_mask(lo, hi));
-    }
-}
-
-/// The first clear bit of `map` among `from..=last`, if any.
-#[inline]
-fn next_clear(map: &impl Index<usize, Output = u64>, from: usize, last: usize) -> Option<usize> {
-    if from > last {
-        return None;
-    }
-    let (mut w, w1) = (from / 64, last / 64);
-    let mut clear = !map[w] & (u64::MAX << (from % 64));
-    loop {
-        if clear != 0 {
-            let idx = w * 64 + clear.trailing_zeros() as usize;
-            return (idx <= last).then_some(idx);
-        }
-        w += 1;
-        if w > w1 {
-            return None;
-        }
-        clear = !map[w];
-    }
-}
-
-/// True when some bit among `first..=last` of `map` is set.
-#[inline]
-fn any_set(map: &impl Index<usize, Output = u64>, first: usize, last: usize) -> bool {
-    let mut any = false;
-    words(first, last, |w, m| any |= map[w] & m != 0);
-    any
-}
-
-/// Sets (`on`) or clears bits `first..=last` of `map`.
-#[inline]
-fn set_bits(map: &mut impl IndexMut<usize, Output = u64>, first: usize, last: usize, on: bool) {
-    words(first, last, |w, m| {
-        if on {
-            map[w] |= m;
-        } else {
-            map[w] &= !m;
-        }
-    });
-}
-
-/// True when bits `first..=last` of `map` are all set.
-#[inline]
-fn all_set(map: &impl Index<usize, Output = u64>, first: usize, last: usize) -> bool {
-    let mut all = true;
-    words(first, last, |w, m| all &= map[w] & m == m);
-    all
-}
-
-/// One reserved virtual range.
-pub(super) struct Segment {
+/// One reservation: a virtual address range reserved with one
+/// `cuMemAddressReserve`.
+pub(super) struct Reservation {
     pub(super) base: u64,
     pub(super) bytes: u64,
-    /// Pages in the range.
+    /// Pages in the reservation.
     len: usize,
     /// The pages, 64 to a group. Bitmaps: [`MAPPED`], [`OWNS`] (owns its
     /// physical page; always so while busy), [`BUSY`] (some live block lies
@@ -196,7 +140,7 @@ pub(super) struct Segment {
     groups: Vec<Group>,
 }
 
-impl Segment {
+impl Reservation {
     /// Bitmap `k`.
     #[inline]
     fn bits(&self, k: usize) -> Bits<&[Group]> {
@@ -279,13 +223,6 @@ impl Segment {
     }
 }
 
-/// Page `idx` of segment `seg`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct PageRef {
-    pub(super) seg: usize,
-    pub(super) idx: usize,
-}
-
 /// What [`PageTable::acquire`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Acquired {
@@ -296,10 +233,10 @@ pub(super) struct Acquired {
     pub(super) conflict: bool,
 }
 
-/// The pages of every reserved range.
+/// The pages of every reservation.
 pub(super) struct PageTable {
     shift: u32,
-    pub(super) segs: Vec<Segment>,
+    pub(super) reservations: Vec<Reservation>,
     mapped_pages: usize,
 }
 
@@ -308,15 +245,15 @@ impl PageTable {
     pub(super) fn new(gran: u64) -> Self {
         Self {
             shift: gran.trailing_zeros(),
-            segs: Vec::new(),
+            reservations: Vec::new(),
             mapped_pages: 0,
         }
     }
 
-    /// Adds a reserved range (base and bytes multiples of the page size).
-    pub(super) fn add_segment(&mut self, base: u64, bytes: u64) {
+    /// Adds a reservation (base and bytes multiples of the page size).
+    pub(super) fn add_reservation(&mut self, base: u64, bytes: u64) {
         let n = (bytes >> self.shift) as usize;
-        self.segs.push(Segment {
+        self.reservations.push(Reservation {
             base,
             bytes,
             len: n,
@@ -324,9 +261,9 @@ impl PageTable {
         });
     }
 
-    /// Bytes of every reserved range.
+    /// Bytes of every reservation.
     pub(super) fn reserved_bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.bytes as usize).sum()
+        self.reservations.iter().map(|r| r.bytes as usize).sum()
     }
 
     /// Pages mapped.
@@ -336,80 +273,80 @@ impl PageTable {
 
     /// Mapped pages with no live block (a scan of the bitmaps).
     pub(super) fn idle_pages(&self) -> usize {
-        self.segs
+        self.reservations
             .iter()
-            .map(|s| {
-                (0..s.groups.len())
-                    .map(|w| s.idle_word(w).count_ones() as usize)
+            .map(|r| {
+                (0..r.groups.len())
+                    .map(|w| r.idle_word(w).count_ones() as usize)
                     .sum::<usize>()
             })
             .sum()
     }
 
-    /// The segment and first and last page of `[addr, addr + size)` (size > 0),
-    /// or `None` when it lies in no segment.
+    /// The pages under `[addr, addr + size)` (size > 0), or `None` when
+    /// they lie in no reservation.
     #[inline]
-    pub(super) fn range(&self, addr: u64, size: u64) -> Option<(usize, usize, usize)> {
-        let seg = self
-            .segs
+    pub(super) fn span(&self, addr: u64, size: u64) -> Option<PageSpan> {
+        let res = self
+            .reservations
             .iter()
-            .position(|s| addr >= s.base && addr - s.base < s.bytes)?;
-        let s = &self.segs[seg];
-        let off = addr - s.base;
+            .position(|r| addr >= r.base && addr - r.base < r.bytes)?;
+        let r = &self.reservations[res];
+        let off = addr - r.base;
         let last = off + size.max(1) - 1;
-        if last >= s.bytes {
+        if last >= r.bytes {
             return None;
         }
-        Some((
-            seg,
-            (off >> self.shift) as usize,
-            (last >> self.shift) as usize,
-        ))
+        Some(PageSpan {
+            res,
+            first: (off >> self.shift) as usize,
+            last: (last >> self.shift) as usize,
+        })
     }
 
     /// Address of a page.
     pub(super) fn addr(&self, p: PageRef) -> u64 {
-        self.segs[p.seg].base + ((p.idx as u64) << self.shift)
+        self.reservations[p.res].base + ((p.idx as u64) << self.shift)
     }
 
-    /// A page reference packed in a `u64` (segment << 40 | page).
+    /// Page `idx` of reservation `res`, packed in one word.
     #[inline]
-    pub(super) fn pack(seg: usize, idx: usize) -> u64 {
-        ((seg as u64) << 40) | idx as u64
+    pub(super) fn pack(res: usize, idx: usize) -> PackedPage {
+        ((res as u64) << 40) | idx as u64
     }
 
-    /// The page a packed reference names.
+    /// The page `packed` names.
     #[inline]
-    pub(super) fn unpack(packed: u64) -> PageRef {
+    pub(super) fn unpack(packed: PackedPage) -> PageRef {
         PageRef {
-            seg: (packed >> 40) as usize,
+            res: (packed >> 40) as usize,
             idx: (packed & ((1 << 40) - 1)) as usize,
         }
     }
 
-    /// True when a live block lies on the page `packed` refers to.
+    /// True when a live block lies on page `packed`.
     #[inline]
-    fn busy_packed(&self, packed: u64) -> bool {
+    fn busy_packed(&self, packed: PackedPage) -> bool {
         let p = Self::unpack(packed);
-        bit(&self.segs[p.seg].bits(BUSY), p.idx)
+        bit(&self.reservations[p.res].bits(BUSY), p.idx)
     }
 
-    /// True when the physical page under mapped page `idx` of `seg` could
+    /// True when the physical page under mapped page `idx` of `res` could
     /// pass to it now: its owner is this page, nobody, or a page with no
     /// live block.
     #[inline]
-    fn phys_free_for(&self, seg: usize, idx: usize, phys: &PhysCache) -> bool {
-        let s = &self.segs[seg];
-        if bit(&s.bits(OWNS), idx) {
+    fn phys_free_for(&self, res: usize, idx: usize, phys: &PhysCache) -> bool {
+        let r = &self.reservations[res];
+        if bit(&r.bits(OWNS), idx) {
             return true;
         }
-        let p = s.page(idx);
-        let owner = phys.owner(p.chunk, p.index);
+        let p = r.page(idx);
+        let owner = phys.owner(p.extent, p.index);
         owner == NO_OWNER || !self.busy_packed(owner)
     }
 
-    /// A block now covers pages `first..=last` of `seg`: marks it live and
-    /// makes each mapped page the owner of its physical page. `safe` answers
+    /// A block now covers `span`: marks it live and makes each mapped page
+    /// the owner of its physical page. `safe` answers
     /// whether the frees (given on demand) recorded on a physical page that
     /// passes from another alias are done as far as the caller's stream is
     /// concerned. On a conflict the marks stay (undo them with
@@ -418,33 +355,33 @@ impl PageTable {
     #[inline(always)]
     pub(super) fn acquire(
         &mut self,
-        seg: usize,
-        first: usize,
-        last: usize,
+        span: PageSpan,
         phys: &mut PhysCache,
         safe: impl FnMut(&dyn Fn() -> Frees) -> bool,
     ) -> Acquired {
-        let s = &mut self.segs[seg];
-        let ready = all_set(&s.bits(OWNS), first, last);
-        s.mark(first, last);
+        let r = &mut self.reservations[span.res];
+        let ready = all_set(&r.bits(OWNS), span.first, span.last);
+        r.mark(span.first, span.last);
         if ready {
             return Acquired {
                 all_mapped: true,
                 conflict: false,
             };
         }
-        self.take_pages(seg, first, last, phys, safe)
+        self.take_pages(span.res, span.first, span.last, phys, safe)
     }
 
     /// The pages of a just-marked block that do not own their memory:
     /// unmapped ones are reported, mapped ones take their physical page over
     /// where its owner has no live block and `safe` accepts the extent's
-    /// frees (asked once per extent), one extent mapping at a time. Owned
-    /// pages are skipped a bitmap word at a time.
+    /// frees (asked once per extent), one mapping at a time. Owned pages are
+    /// skipped a bitmap word at a time. The pages come as three words, not a
+    /// [`PageSpan`]: a struct argument is passed by pointer, which would
+    /// make the allocation fast path store its span before this call.
     #[cold]
     fn take_pages(
         &mut self,
-        seg: usize,
+        res: usize,
         first: usize,
         last: usize,
         phys: &mut PhysCache,
@@ -455,35 +392,41 @@ impl PageTable {
             conflict: false,
         };
         let mut from = first;
-        while let Some(idx) = next_clear(&self.segs[seg].bits(OWNS), from, last) {
-            let s = &self.segs[seg];
-            if !bit(&s.bits(MAPPED), idx) {
+        while let Some(idx) = next_clear(&self.reservations[res].bits(OWNS), from, last) {
+            let r = &self.reservations[res];
+            if !bit(&r.bits(MAPPED), idx) {
                 out.all_mapped = false;
                 from = idx + 1;
                 continue;
             }
             // The extent's mapping here: pages `base..base + n`.
-            let (c, i) = (s.page(idx).chunk, s.page(idx).index as usize);
+            let (x, i) = (r.page(idx).extent, r.page(idx).index as usize);
             let base = idx - i;
-            let end = (base + phys.pages(c) - 1).min(last);
+            let end = (base + phys.pages(x) - 1).min(last);
             let mut frees_ok = None;
-            if let Some(old) = Self::run_owner(&phys.chunk_mut(c).owner[idx - base..=end - base]) {
+            if let Some(old) = Self::run_owner(&phys.extent_mut(x).owners[idx - base..=end - base])
+            {
                 // The usual case: the whole run passes from one other idle
                 // mapping of the extent, so the bitmaps move a word at a
                 // time. Otherwise page by page, below.
                 let o = Self::unpack(old);
                 let o_last = o.idx + (end - idx);
-                if self.all_clear(seg, idx, end)
-                    && !any_set(&self.segs[o.seg].bits(BUSY), o.idx, o_last)
+                if self.all_clear(res, idx, end)
+                    && !any_set(&self.reservations[o.res].bits(BUSY), o.idx, o_last)
                 {
-                    let ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
+                    let ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(x, phys)));
                     if ok {
-                        let owners = &mut phys.chunk_mut(c).owner[idx - base..=end - base];
+                        let owners = &mut phys.extent_mut(x).owners[idx - base..=end - base];
                         for (k, slot) in owners.iter_mut().enumerate() {
-                            *slot = Self::pack(seg, idx + k);
+                            *slot = Self::pack(res, idx + k);
                         }
-                        set_bits(&mut self.segs[o.seg].bits_mut(OWNS), o.idx, o_last, false);
-                        set_bits(&mut self.segs[seg].bits_mut(OWNS), idx, end, true);
+                        set_bits(
+                            &mut self.reservations[o.res].bits_mut(OWNS),
+                            o.idx,
+                            o_last,
+                            false,
+                        );
+                        set_bits(&mut self.reservations[res].bits_mut(OWNS), idx, end, true);
                         from = end + 1;
                         continue;
                     }
@@ -491,18 +434,18 @@ impl PageTable {
             }
             // Asked before the loop (the owner list is borrowed in it); the
             // record itself is looked at only when another stream ever freed.
-            let frees_ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(c, phys)));
-            let owners = &mut phys.chunk_mut(c).owner;
+            let frees_ok = *frees_ok.get_or_insert_with(|| safe(&|| self.extent_frees(x, phys)));
+            let owners = &mut phys.extent_mut(x).owners;
             let mut j = idx;
-            while let Some(k) = next_clear(&self.segs[seg].bits(OWNS), j, end) {
+            while let Some(k) = next_clear(&self.reservations[res].bits(OWNS), j, end) {
                 j = k + 1;
                 let old = owners[k - base];
                 if (old != NO_OWNER && self.busy_packed(old)) || !frees_ok {
                     out.conflict = true;
                     continue;
                 }
-                owners[k - base] = Self::pack(seg, k);
-                self.move_owns_bit(old, PageRef { seg, idx: k });
+                owners[k - base] = Self::pack(res, k);
+                self.move_owns_bit(old, PageRef { res, idx: k });
             }
             from = end + 1;
         }
@@ -513,7 +456,7 @@ impl PageTable {
     /// every physical page of `owners` (consecutive pages of an extent), or
     /// `None` when they have no owner or several.
     #[inline]
-    fn run_owner(owners: &[u64]) -> Option<u64> {
+    fn run_owner(owners: &[PackedPage]) -> Option<PackedPage> {
         let first = *owners.first()?;
         let contiguous = owners
             .iter()
@@ -522,123 +465,119 @@ impl PageTable {
         (first != NO_OWNER && contiguous).then_some(first)
     }
 
-    /// True when none of pages `first..=last` of `seg` owns its memory.
+    /// True when none of pages `first..=last` of `res` owns its memory.
     #[inline]
-    fn all_clear(&self, seg: usize, first: usize, last: usize) -> bool {
-        !any_set(&self.segs[seg].bits(OWNS), first, last)
+    fn all_clear(&self, res: usize, first: usize, last: usize) -> bool {
+        !any_set(&self.reservations[res].bits(OWNS), first, last)
     }
 
-    /// Moves the owns bit from page `old` (packed, or [`NO_OWNER`]) to `p`.
+    /// Moves the owns bit from page `old` (or [`NO_OWNER`]) to `p`.
     #[inline]
-    fn move_owns_bit(&mut self, old: u64, p: PageRef) {
+    fn move_owns_bit(&mut self, old: PackedPage, p: PageRef) {
         if old != NO_OWNER {
             let o = Self::unpack(old);
-            self.segs[o.seg].bits_mut(OWNS)[o.idx / 64] &= !(1 << (o.idx % 64));
+            self.reservations[o.res].bits_mut(OWNS)[o.idx / 64] &= !(1 << (o.idx % 64));
         }
-        self.segs[p.seg].bits_mut(OWNS)[p.idx / 64] |= 1 << (p.idx % 64);
+        self.reservations[p.res].bits_mut(OWNS)[p.idx / 64] |= 1 << (p.idx % 64);
     }
 
     /// Makes page `p`, just mapped under a live block, the owner of its
     /// physical page (a new mapping: no other page can be using it).
     pub(super) fn own_new(&mut self, p: PageRef, phys: &mut PhysCache) {
-        let e = self.segs[p.seg].page(p.idx);
-        let slot = &mut phys.chunk_mut(e.chunk).owner[e.index as usize];
-        let old = std::mem::replace(slot, Self::pack(p.seg, p.idx));
+        let e = self.reservations[p.res].page(p.idx);
+        let slot = &mut phys.extent_mut(e.extent).owners[e.index as usize];
+        let old = std::mem::replace(slot, Self::pack(p.res, p.idx));
         self.move_owns_bit(old, p);
     }
 
-    /// True when a mapped page among `first..=last` of `seg` (where no block
-    /// lives) is backed by a physical page in use through another alias.
-    pub(super) fn has_conflict(
-        &self,
-        seg: usize,
-        first: usize,
-        last: usize,
-        phys: &PhysCache,
-    ) -> bool {
-        let s = &self.segs[seg];
+    /// True when a mapped page of `span` (where no block lives) is backed
+    /// by a physical page in use through another alias.
+    pub(super) fn has_conflict(&self, span: PageSpan, phys: &PhysCache) -> bool {
+        let PageSpan { res, first, last } = span;
+        let r = &self.reservations[res];
         let mut conflict = false;
         // Only mapped pages that neither own their memory nor are busy can
         // conflict: visit those bits alone.
         words(first, last, |w, m| {
-            let b = &s.groups[w].bits;
+            let b = &r.groups[w].bits;
             let mut bits = b[MAPPED] & !b[OWNS] & !b[BUSY] & m;
             while bits != 0 && !conflict {
                 let idx = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                conflict = !self.phys_free_for(seg, idx, phys);
+                conflict = !self.phys_free_for(res, idx, phys);
             }
         });
         conflict
     }
 
-    /// True when some page of extent `c` is in use through the alias that
-    /// owns it.
-    pub(super) fn extent_busy(&self, c: u32, phys: &PhysCache) -> bool {
-        phys.chunk(c).is_some_and(|ch| {
-            ch.owner
+    /// True when some physical page of extent `x` is in use through the
+    /// page that owns it.
+    pub(super) fn extent_busy(&self, x: ExtentId, phys: &PhysCache) -> bool {
+        phys.extent(x).is_some_and(|ext| {
+            ext.owners
                 .iter()
                 .any(|&o| o != NO_OWNER && self.busy_packed(o))
         })
     }
 
     /// Undoes [`PageTable::acquire`] for a block that was never handed out.
-    pub(super) fn unacquire(&mut self, seg: usize, first: usize, last: usize) {
-        self.segs[seg].unmark(first, last);
+    pub(super) fn unacquire(&mut self, span: PageSpan) {
+        self.reservations[span.res].unmark(span.first, span.last);
     }
 
-    /// A block on pages `first..=last` was freed by stream slot bit `bit` at
-    /// `tick`: marks it gone and records the free on each group of 64 pages
-    /// under it.
+    /// The block on `span` was freed by the stream of bit `bit` at `tick`:
+    /// marks it gone and records the free on each group of 64 pages under
+    /// it.
     #[inline(always)]
-    pub(super) fn release(&mut self, seg: usize, first: usize, last: usize, bit: u64, tick: u64) {
-        let s = &mut self.segs[seg];
-        s.unmark(first, last);
-        for g in &mut s.groups[first / 64..=last / 64] {
+    pub(super) fn release(&mut self, span: PageSpan, bit: u64, tick: u64) {
+        let PageSpan { res, first, last } = span;
+        let r = &mut self.reservations[res];
+        r.unmark(first, last);
+        for g in &mut r.groups[first / 64..=last / 64] {
             g.frees.add(bit, tick);
         }
     }
 
     /// The frees recorded on the `n` pages from `p`.
     pub(super) fn frees_on(&self, p: PageRef, n: usize) -> Frees {
-        self.segs[p.seg].groups[p.idx / 64..=(p.idx + n.max(1) - 1) / 64]
+        self.reservations[p.res].groups[p.idx / 64..=(p.idx + n.max(1) - 1) / 64]
             .iter()
             .fold(Frees::default(), |f, g| f.union(g.frees))
     }
 
-    /// Every free on extent `c` that its memory may still be subject to:
+    /// Every free on extent `x` that its memory may still be subject to:
     /// those through its current mappings (their groups' records: coarser
     /// than the extent, so conservative) and those kept from mappings gone.
-    pub(super) fn extent_frees(&self, c: u32, phys: &PhysCache) -> Frees {
-        let (kept, n) = (phys.extent(c).frees, phys.pages(c));
-        phys.chunk(c).map_or(kept, |ch| {
-            ch.at
+    pub(super) fn extent_frees(&self, x: ExtentId, phys: &PhysCache) -> Frees {
+        let (kept, n) = (phys.summary(x).frees, phys.pages(x));
+        phys.extent(x).map_or(kept, |ext| {
+            ext.mappings
                 .iter()
                 .fold(kept, |f, &at| f.union(self.frees_on(Self::unpack(at), n)))
         })
     }
 
-    /// Records that the mapping of extent `c` at `at` (packed first page) is
+    /// Records that the mapping of extent `x` at `at` (its first page) is
     /// gone, its frees kept by the extent (see [`PhysCache::unmapped_at`]).
-    pub(super) fn unmapped_at(&self, c: u32, at: u64, phys: &mut PhysCache) {
-        let frees = self.frees_on(Self::unpack(at), phys.pages(c));
-        phys.unmapped_at(c, at, frees);
+    pub(super) fn unmapped_at(&self, x: ExtentId, at: PackedPage, phys: &mut PhysCache) {
+        let frees = self.frees_on(Self::unpack(at), phys.pages(x));
+        phys.unmapped_at(x, at, frees);
     }
 
     /// True when page `p` owns its physical page.
     pub(super) fn owns(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].bits(OWNS), p.idx)
+        bit(&self.reservations[p.res].bits(OWNS), p.idx)
     }
 
     /// True when a live block lies on page `p`.
     pub(super) fn busy(&self, p: PageRef) -> bool {
-        bit(&self.segs[p.seg].bits(BUSY), p.idx)
+        bit(&self.reservations[p.res].bits(BUSY), p.idx)
     }
 
-    /// How many of pages `first..=last` of `seg` are unmapped: a popcount
-    /// per 64 pages.
-    pub(super) fn count_unmapped(&self, seg: usize, first: usize, last: usize) -> usize {
-        let map = self.segs[seg].bits(MAPPED);
+    /// How many pages of `span` are unmapped: a popcount per 64 pages.
+    pub(super) fn count_unmapped(&self, span: PageSpan) -> usize {
+        let PageSpan { res, first, last } = span;
+        let map = self.reservations[res].bits(MAPPED);
         let mut mapped = 0;
         words(first, last, |w, m| {
             mapped += (map[w] & m).count_ones() as usize
@@ -646,17 +585,12 @@ impl PageTable {
         last - first + 1 - mapped
     }
 
-    /// The unmapped pages among `first..=last` of `seg`, as runs
-    /// `(first, count)`.
-    pub(super) fn unmapped_runs(
-        &self,
-        seg: usize,
-        first: usize,
-        last: usize,
-    ) -> Vec<(usize, usize)> {
+    /// The unmapped pages of `span`, as runs `(first page, pages)`.
+    pub(super) fn unmapped_runs(&self, span: PageSpan) -> Vec<(usize, usize)> {
+        let PageSpan { res, first, last } = span;
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for idx in first..=last {
-            if !bit(&self.segs[seg].bits(MAPPED), idx) {
+            if !bit(&self.reservations[res].bits(MAPPED), idx) {
                 match runs.last_mut() {
                     Some((f, n)) if *f + *n == idx => *n += 1,
                     _ => runs.push((idx, 1)),
@@ -668,31 +602,31 @@ impl PageTable {
 
     /// Records that `phys` is now mapped at `p`.
     pub(super) fn set_mapped(&mut self, p: PageRef, phys: PhysPage) {
-        let s = &mut self.segs[p.seg];
-        let e = s.page_mut(p.idx);
-        debug_assert_eq!(e.chunk, UNMAPPED);
-        e.chunk = phys.chunk;
+        let r = &mut self.reservations[p.res];
+        let e = r.page_mut(p.idx);
+        debug_assert_eq!(e.extent, UNMAPPED);
+        e.extent = phys.extent;
         e.index = phys.index;
-        s.bits_mut(MAPPED)[p.idx / 64] |= 1 << (p.idx % 64);
+        r.bits_mut(MAPPED)[p.idx / 64] |= 1 << (p.idx % 64);
         self.mapped_pages += 1;
     }
 
     /// Records that `p` is no longer mapped; returns what was mapped there.
     pub(super) fn set_unmapped(&mut self, p: PageRef) -> Option<PhysPage> {
-        let s = &mut self.segs[p.seg];
-        let e = s.page_mut(p.idx);
-        if e.chunk == UNMAPPED {
+        let r = &mut self.reservations[p.res];
+        let e = r.page_mut(p.idx);
+        if e.extent == UNMAPPED {
             return None;
         }
         let pp = PhysPage {
-            chunk: e.chunk,
+            extent: e.extent,
             index: e.index,
         };
-        e.chunk = UNMAPPED;
+        e.extent = UNMAPPED;
         let (w, b) = (p.idx / 64, 1u64 << (p.idx % 64));
         // The extent's owner entry goes with its mapping record
         // (`PhysCache::unmapped_at`).
-        let bits = &mut s.groups[w].bits;
+        let bits = &mut r.groups[w].bits;
         bits[OWNS] &= !b;
         bits[MAPPED] &= !b;
         self.mapped_pages -= 1;
@@ -707,9 +641,9 @@ impl PageTable {
         phys: &PhysCache,
     ) -> Vec<(PageRef, usize)> {
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
-        for (seg, s) in self.segs.iter().enumerate() {
-            for w in 0..s.groups.len() {
-                let word = s.idle_word(w);
+        for (res, r) in self.reservations.iter().enumerate() {
+            for w in 0..r.groups.len() {
+                let word = r.idle_word(w);
                 if word == 0 {
                     continue;
                 }
@@ -717,9 +651,9 @@ impl PageTable {
                 while bits != 0 {
                     let b = bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    let p = &s.groups[w].pages[b];
+                    let p = &r.groups[w].pages[b];
                     let quiet = self
-                        .extent_frees(p.chunk, phys)
+                        .extent_frees(p.extent, phys)
                         .quiet(|m, t| streams.complete(m, t));
                     if quiet {
                         ok |= 1 << b;
@@ -731,15 +665,15 @@ impl PageTable {
                     let len = (bits >> start).trailing_ones() as usize;
                     let idx = w * 64 + start;
                     match runs.last_mut() {
-                        Some((r, n)) if r.seg == seg && r.idx + *n == idx => *n += len,
-                        _ => runs.push((PageRef { seg, idx }, len)),
+                        Some((run, n)) if run.res == res && run.idx + *n == idx => *n += len,
+                        _ => runs.push((PageRef { res, idx }, len)),
                     }
-                    let span = if len >= 64 {
+                    let mask = if len >= 64 {
                         u64::MAX
                     } else {
                         (1u64 << len) - 1
                     };
-                    bits &= !(span << start);
+                    bits &= !(mask << start);
                 }
             }
         }
@@ -748,21 +682,28 @@ impl PageTable {
 
     /// What is mapped at `p`, if anything.
     pub(super) fn phys_at(&self, p: PageRef) -> Option<PhysPage> {
-        let e = self.segs[p.seg].page(p.idx);
-        (e.chunk != UNMAPPED).then_some(PhysPage {
-            chunk: e.chunk,
+        let e = self.reservations[p.res].page(p.idx);
+        (e.extent != UNMAPPED).then_some(PhysPage {
+            extent: e.extent,
             index: e.index,
         })
     }
 
+    /// What is mapped at `p`, if anything; `None` too when `p` lies in no
+    /// reservation (for the checker, which follows recorded page words).
+    pub(super) fn phys_at_checked(&self, p: PageRef) -> Option<PhysPage> {
+        let r = self.reservations.get(p.res)?;
+        (p.idx < r.len).then(|| self.phys_at(p)).flatten()
+    }
+
     /// Every mapped page in address order.
     pub(super) fn mapped(&self) -> impl Iterator<Item = (PageRef, PhysPage)> + '_ {
-        self.segs.iter().enumerate().flat_map(|(seg, s)| {
-            s.pages().enumerate().filter_map(move |(idx, p)| {
-                (p.chunk != UNMAPPED).then_some((
-                    PageRef { seg, idx },
+        self.reservations.iter().enumerate().flat_map(|(res, r)| {
+            r.pages().enumerate().filter_map(move |(idx, p)| {
+                (p.extent != UNMAPPED).then_some((
+                    PageRef { res, idx },
                     PhysPage {
-                        chunk: p.chunk,
+                        extent: p.extent,
                         index: p.index,
                     },
                 ))
@@ -770,64 +711,75 @@ impl PageTable {
         })
     }
 
-    /// Checks the table against the live blocks `[addr, addr + size)`: each
-    /// page's count is the number of live blocks beginning or ending on it,
-    /// a page is busy exactly when a live block lies on it, every busy page
-    /// is mapped and owns its physical page, and the bitmaps and counter
-    /// agree with the entries and the extents.
+    /// Checks the table against the live blocks `[addr, addr + size)` and
+    /// the extents' owners: invariants 3, 4, the page side of 5, and 6 of
+    /// `docs/virtual_pool.md`.
     pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
-        let mut users: Vec<Vec<u32>> = self.segs.iter().map(|s| vec![0; s.len]).collect();
-        let mut busy: Vec<Vec<bool>> = self.segs.iter().map(|s| vec![false; s.len]).collect();
+        let mut users: Vec<Vec<u32>> = self.reservations.iter().map(|r| vec![0; r.len]).collect();
+        let mut busy: Vec<Vec<bool>> = self
+            .reservations
+            .iter()
+            .map(|r| vec![false; r.len])
+            .collect();
         for &(addr, size) in live {
-            let (seg, first, last) = self
-                .range(addr, size)
-                .ok_or_else(|| format!("live block {addr:#x}+{size} outside every range"))?;
-            users[seg][first] += 1;
+            let PageSpan { res, first, last } = self.span(addr, size).ok_or_else(|| {
+                format!("invariant 3: live block {addr:#x}+{size} outside every reservation")
+            })?;
+            users[res][first] += 1;
             if last > first {
-                users[seg][last] += 1;
+                users[res][last] += 1;
             }
-            for b in &mut busy[seg][first..=last] {
+            for b in &mut busy[res][first..=last] {
                 *b = true;
             }
         }
         let mut mapped = 0;
-        for (seg, s) in self.segs.iter().enumerate() {
-            for (idx, p) in s.pages().enumerate() {
-                let addr = s.base + ((idx as u64) << self.shift);
-                if p.users != users[seg][idx] {
+        for (res, r) in self.reservations.iter().enumerate() {
+            for (idx, p) in r.pages().enumerate() {
+                let addr = r.base + ((idx as u64) << self.shift);
+                // 3. Block counts and the busy bit.
+                if p.users != users[res][idx] {
                     return Err(format!(
-                        "page {addr:#x}: {} users counted, {} live blocks begin or end on it",
-                        p.users, users[seg][idx]
+                        "invariant 3: page {addr:#x}: {} users counted, {} live blocks begin or end on it",
+                        p.users, users[res][idx]
                     ));
                 }
-                if bit(&s.bits(BUSY), idx) != busy[seg][idx] {
-                    return Err(format!("page {addr:#x}: busy bit is wrong"));
+                if bit(&r.bits(BUSY), idx) != busy[res][idx] {
+                    return Err(format!("invariant 3: page {addr:#x}: busy bit is wrong"));
                 }
-                let is_mapped = p.chunk != UNMAPPED;
-                let owns = bit(&s.bits(OWNS), idx);
-                if busy[seg][idx] && !is_mapped {
-                    return Err(format!("page {addr:#x} has live blocks but is unmapped"));
-                }
-                if busy[seg][idx] && !owns {
+                // 4. Busy pages are mapped and own their memory.
+                let is_mapped = p.extent != UNMAPPED;
+                let owns = bit(&r.bits(OWNS), idx);
+                if busy[res][idx] && !is_mapped {
                     return Err(format!(
-                        "page {addr:#x} has live blocks but does not own its physical page"
+                        "invariant 4: page {addr:#x} has live blocks but is unmapped"
                     ));
                 }
+                if busy[res][idx] && !owns {
+                    return Err(format!(
+                        "invariant 4: page {addr:#x} has live blocks but does not own its physical page"
+                    ));
+                }
+                // 5 (the page side). The owns bit is set exactly on mapped
+                // pages their physical page's owner entry names.
                 if owns && !is_mapped {
-                    return Err(format!("page {addr:#x} owns memory but is unmapped"));
+                    return Err(format!(
+                        "invariant 5: page {addr:#x} owns memory but is unmapped"
+                    ));
                 }
-                if is_mapped && owns != (phys.owner(p.chunk, p.index) == Self::pack(seg, idx)) {
-                    return Err(format!("page {addr:#x}: owns bit is wrong"));
+                if is_mapped && owns != (phys.owner(p.extent, p.index) == Self::pack(res, idx)) {
+                    return Err(format!("invariant 5: page {addr:#x}: owns bit is wrong"));
                 }
-                if bit(&s.bits(MAPPED), idx) != is_mapped {
-                    return Err(format!("page {addr:#x}: mapped bit is wrong"));
+                // 6. The mapped bit and the count of mapped pages.
+                if bit(&r.bits(MAPPED), idx) != is_mapped {
+                    return Err(format!("invariant 6: page {addr:#x}: mapped bit is wrong"));
                 }
                 mapped += usize::from(is_mapped);
             }
         }
         if mapped != self.mapped_pages {
             return Err(format!(
-                "counters: {} mapped recorded, {mapped} found",
+                "invariant 6: {} pages counted as mapped, {mapped} mapped",
                 self.mapped_pages
             ));
         }
@@ -835,286 +787,277 @@ impl PageTable {
     }
 }
 
-struct FreeStream {
-    stream: Stream,
-    /// For the per-thread default stream: only its own thread may query it.
-    thread: Option<ThreadId>,
-    /// Every free on this stream with a tick at or below this has run.
-    idle_tick: u64,
-    /// Tick of this stream's latest free (all its frees have run once
-    /// `idle_tick` reaches it).
-    last_free: u64,
-    /// An event recorded on the stream and the tick it covers.
-    pending: Option<(Event, u64)>,
-    /// The reclaim pass that last asked the driver about this stream.
-    asked_in: u64,
-}
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
 
-/// The streams that free blocks, and what is known of their completion in
-/// terms of free ticks.
-pub(super) struct FreeStreams {
-    slots: Vec<Option<FreeStream>>,
-    by_id: PtrMap<u32>,
-    /// The last stream looked up and its slot (stream ids are never reused).
-    last: Option<(u64, u32)>,
-    /// The tick of the latest free.
-    pub(super) tick: u64,
-    /// Every slot bit that ever freed a block.
-    ever: u64,
-    pass: u64,
-    /// Every free with a tick at or below this has run (all streams).
-    floor: u64,
-    /// Set when a stream was found further along (the floor is then
-    /// recomputed from every stream's state).
-    refloor: bool,
-}
+    use super::*;
 
-impl FreeStreams {
-    pub(super) fn new() -> Self {
-        Self {
-            slots: Vec::new(),
-            by_id: PtrMap::default(),
-            last: None,
-            tick: 0,
-            ever: 0,
-            pass: 0,
-            floor: 0,
-            refloor: false,
+    const G: u64 = 2 << 20;
+    const BASE: u64 = 1 << 40;
+    const OTHER: u64 = 1 << 41;
+
+    /// A table of two reservations (256 pages at `BASE`, 64 at `OTHER`) and
+    /// no extent.
+    fn table() -> (PageTable, PhysCache) {
+        let mut t = PageTable::new(G);
+        t.add_reservation(BASE, 256 * G);
+        t.add_reservation(OTHER, 64 * G);
+        (t, PhysCache::default())
+    }
+
+    /// Page `idx` of the first reservation.
+    fn pg(idx: usize) -> PageRef {
+        PageRef { res: 0, idx }
+    }
+
+    /// Pages `first..=last` of the first reservation.
+    fn sp(first: usize, last: usize) -> PageSpan {
+        PageSpan {
+            res: 0,
+            first,
+            last,
         }
     }
 
-    /// Streams known.
-    pub(super) fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    /// Registers a free on `stream`: returns its slot bit and the free's tick.
-    #[inline]
-    pub(super) fn on_free(&mut self, stream: &Stream) -> (u64, u64) {
-        let id = stream.id().0;
-        let slot = match self.last {
-            Some((last, s)) if last == id => s,
-            _ => {
-                let s = match self.by_id.get(&id) {
-                    Some(&s) => s,
-                    None => self.add(stream),
-                };
-                self.last = Some((id, s));
-                s
+    /// A new extent of `n` pages mapped at `first` as `map_extent` does:
+    /// pages under a live block take ownership.
+    fn map(t: &mut PageTable, phys: &mut PhysCache, first: usize, n: usize) -> ExtentId {
+        let x = phys.add_extent(0, n as u32);
+        phys.mapped_at(x, PageTable::pack(0, first));
+        for i in 0..n {
+            let p = pg(first + i);
+            t.set_mapped(
+                p,
+                PhysPage {
+                    extent: x,
+                    index: i as u32,
+                },
+            );
+            if t.busy(p) {
+                t.own_new(p, phys);
             }
-        };
-        self.tick += 1;
-        if let Some(s) = self.slots[slot as usize].as_mut() {
-            s.last_free = self.tick;
         }
-        let bit = 1u64 << (slot % 64);
-        self.ever |= bit;
-        (bit, self.tick)
+        x
     }
 
-    #[cold]
-    fn add(&mut self, stream: &Stream) -> u32 {
-        let entry = FreeStream {
-            stream: stream.clone(),
-            thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
-            // Nothing was freed on it before: complete up to now.
-            idle_tick: self.tick,
-            last_free: 0,
-            pending: None,
-            asked_in: 0,
-        };
-        let slot = match self.slots.iter().position(Option::is_none) {
-            Some(i) => {
-                self.slots[i] = Some(entry);
-                i
-            }
-            None => {
-                self.slots.push(Some(entry));
-                self.slots.len() - 1
-            }
-        };
-        self.by_id.insert(stream.id().0, slot as u32);
-        slot as u32
-    }
-
-    /// The slot bit of `stream` when it is the only stream on that bit
-    /// (frees by it need no check before it re-uses their memory), else 0.
-    #[inline]
-    pub(super) fn own_bit(&self, stream: &Stream) -> u64 {
-        let id = stream.id().0;
-        let slot = match self.last {
-            Some((last, s)) if last == id => Some(s),
-            _ => self.by_id.get(&id).copied(),
-        };
-        match slot {
-            Some(s) if self.slots.len() <= 64 => 1u64 << s,
-            _ => 0,
+    /// An extent mapped under a block on `here` (then freed by stream bit
+    /// `bit` at tick 3) and mapped again, as an alias, at the same number of
+    /// pages from `there`.
+    fn aliased(
+        t: &mut PageTable,
+        phys: &mut PhysCache,
+        here: PageSpan,
+        there: usize,
+        bit: u64,
+    ) -> ExtentId {
+        let n = here.last - here.first + 1;
+        take(t, phys, here);
+        let x = map(t, phys, here.first, n);
+        t.release(here, bit, 3);
+        phys.mapped_at(x, PageTable::pack(0, there));
+        for i in 0..n {
+            let index = i as u32;
+            t.set_mapped(pg(there + i), PhysPage { extent: x, index });
         }
+        x
     }
 
-    /// True when a stream slot other than `own` (see
-    /// [`FreeStreams::own_bit`]) ever freed a block: when none did, all frees
-    /// are the caller stream's own, ordered before its new work.
-    #[inline]
-    pub(super) fn others_freed(&self, own: u64) -> bool {
-        self.ever & !own != 0
+    /// The block covering whole pages `first..=last`, as the checker sees it.
+    fn block(first: usize, last: usize) -> (u64, u64) {
+        (BASE + first as u64 * G, (last - first + 1) as u64 * G)
     }
 
-    /// True when frees `(mask, tick)` on memory about to be used by the
-    /// stream of `own` (see [`FreeStreams::own_bit`]) are safe to follow:
-    /// the stream's own frees are ordered before its new work, the others
-    /// must be known done (a query at most, never a wait).
-    pub(super) fn safe_for(&mut self, own: u64, mask: u64, tick: u64) -> bool {
-        let others = mask & !own;
-        if others == 0 || tick <= self.floor {
-            return true;
-        }
-        self.begin_pass();
-        self.complete(others, tick)
+    /// Acquires with every frees record safe.
+    fn take(t: &mut PageTable, phys: &mut PhysCache, span: PageSpan) -> Acquired {
+        t.acquire(span, phys, |_| true)
     }
 
-    /// Starts a reclaim pass: each stream is asked about at most once per pass.
-    pub(super) fn begin_pass(&mut self) {
-        self.pass += 1;
-        self.floor = self.min_idle_tick();
-        self.refloor = false;
-    }
+    const CLEAN: Acquired = Acquired {
+        all_mapped: true,
+        conflict: false,
+    };
 
-    fn min_idle_tick(&self) -> u64 {
-        // A stream known idle since its latest free is done up to now.
-        self.slots
-            .iter()
-            .flatten()
-            .map(|s| {
-                if s.idle_tick >= s.last_free {
-                    self.tick
-                } else {
-                    s.idle_tick
-                }
+    #[test]
+    fn span_names_the_pages_under_a_range() {
+        let (t, _) = table();
+        assert_eq!(t.span(BASE, 1), Some(sp(0, 0)));
+        assert_eq!(
+            t.span(BASE, 0),
+            Some(sp(0, 0)),
+            "an empty range is one byte"
+        );
+        assert_eq!(t.span(BASE + G - 1, 2), Some(sp(0, 1)));
+        assert_eq!(t.span(BASE + 3 * G, G), Some(sp(3, 3)));
+        assert_eq!(t.span(BASE + 255 * G, G), Some(sp(255, 255)));
+        assert_eq!(t.span(BASE + 255 * G, G + 1), None, "past the reservation");
+        assert_eq!(t.span(BASE - 1, 1), None);
+        assert_eq!(
+            t.span(OTHER + 5 * G, 3 * G),
+            Some(PageSpan {
+                res: 1,
+                first: 5,
+                last: 7
             })
-            .min()
-            .unwrap_or(self.tick)
+        );
+        assert_eq!(t.reserved_bytes(), (320 * G) as usize);
     }
 
-    /// True when every free recorded under `mask` up to `tick` is known to
-    /// have run. May query streams (once per pass each) and record an event
-    /// on a busy stream so a later pass learns of its progress; never blocks.
-    #[inline]
-    pub(super) fn complete(&mut self, mask: u64, tick: u64) -> bool {
-        if tick <= self.floor {
-            return true;
-        }
-        let done = self.complete_slow(mask, tick);
-        if self.refloor {
-            self.refloor = false;
-            self.floor = self.min_idle_tick();
-        }
-        done
+    #[test]
+    fn packed_pages_and_addresses_round_trip() {
+        let p = PageRef { res: 1, idx: 63 };
+        assert_eq!(PageTable::unpack(PageTable::pack(1, 63)), p);
+        assert_ne!(PageTable::pack(1, 63), NO_OWNER);
+        let (t, _) = table();
+        assert_eq!(t.addr(p), OTHER + 63 * G);
+        assert_eq!(t.phys_at_checked(PageRef { res: 2, idx: 0 }), None);
+        assert_eq!(t.phys_at_checked(PageRef { res: 1, idx: 64 }), None);
     }
 
-    fn complete_slow(&mut self, mask: u64, tick: u64) -> bool {
-        let mut bits = mask;
-        while bits != 0 {
-            let b = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            let mut slot = b;
-            while slot < self.slots.len() {
-                if !self.slot_complete(slot, tick) {
-                    return false;
-                }
-                slot += 64;
-            }
-        }
-        true
+    #[test]
+    fn blocks_sharing_a_page_count_on_it() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 6);
+        // A block on pages 0..=2 and one on 2..=4: page 2 holds both.
+        let (a, b) = (sp(0, 2), sp(2, 4));
+        assert_eq!(take(&mut t, &mut phys, a), CLEAN);
+        assert_eq!(take(&mut t, &mut phys, b), CLEAN);
+        let (a_at, b_at) = ((BASE, 2 * G + G / 2), (BASE + 2 * G + G / 2, 2 * G + G / 2));
+        assert_eq!(t.span(a_at.0, a_at.1), Some(a));
+        assert_eq!(t.span(b_at.0, b_at.1), Some(b));
+        t.check(&[a_at, b_at], &phys).unwrap();
+        assert_eq!(t.idle_pages(), 1, "page 5 only");
+        t.release(a, 1, 1);
+        assert!(t.busy(pg(2)), "page 2 still carries the second block");
+        assert!(!t.busy(pg(0)) && !t.busy(pg(1)));
+        t.check(&[b_at], &phys).unwrap();
+        assert_eq!(t.idle_pages(), 3);
+        assert_eq!(t.mapped_pages(), 6);
     }
 
-    fn slot_complete(&mut self, slot: usize, tick: u64) -> bool {
-        let (now, pass) = (self.tick, self.pass);
-        let Some(s) = self.slots[slot].as_mut() else {
-            return true;
+    #[test]
+    fn a_free_is_recorded_on_each_group_under_the_block() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 60, 11);
+        let s = sp(60, 70);
+        take(&mut t, &mut phys, s);
+        t.release(s, 0b100, 5);
+        let freed = Frees {
+            mask: 0b100,
+            tick: 5,
         };
-        if s.idle_tick >= tick.min(s.last_free) {
-            return true;
-        }
-        if s.asked_in == pass {
-            return false;
-        }
-        s.asked_in = pass;
-        if let Some((ev, t)) = &s.pending {
-            if ev.is_complete().unwrap_or(false) {
-                s.idle_tick = s.idle_tick.max(*t);
-                s.pending = None;
-                if s.idle_tick >= tick {
-                    return true;
-                }
-            }
-        }
-        if s.thread.is_some_and(|t| t != std::thread::current().id()) {
-            return false;
-        }
-        match s.stream.is_idle() {
-            Ok(true) => {
-                s.idle_tick = now;
-                s.pending = None;
-                self.refloor = true;
-                true
-            }
-            Ok(false) => {
-                if s.pending.is_none() {
-                    if let Ok(ev) = Event::new(s.stream.device()) {
-                        if ev.record(&s.stream).is_ok() {
-                            s.pending = Some((ev, now));
-                        }
-                    }
-                }
-                false
-            }
-            // A foreign stream that cannot be queried: the blocking paths
-            // synchronize the device for it.
-            Err(_) => false,
-        }
+        assert_eq!(t.frees_on(pg(60), 11), freed);
+        assert_eq!(t.frees_on(pg(64), 1), freed, "both groups under the block");
+        assert_eq!(t.frees_on(pg(0), 1), freed, "the record is per 64 pages");
+        assert_eq!(t.frees_on(pg(128), 1), Frees::default());
+        let x = t.phys_at(pg(60)).unwrap().extent;
+        assert_eq!(t.extent_frees(x, &phys), freed);
     }
 
-    /// Blocks until every free so far has run (each stream synchronized, the
-    /// device when one cannot be).
-    pub(super) fn synchronize_all(&mut self, device: &Device) -> crate::Result<()> {
-        let now = self.tick;
-        let mut device_sync = false;
-        for s in self.slots.iter_mut().flatten() {
-            if s.idle_tick >= now {
-                continue;
-            }
-            let here = s.thread.is_none_or(|t| t == std::thread::current().id());
-            if !here || s.stream.synchronize().is_err() {
-                device_sync = true;
-            }
-        }
-        if device_sync {
-            device.synchronize()?;
-        }
-        for s in self.slots.iter_mut().flatten() {
-            s.idle_tick = now;
-            s.pending = None;
-        }
-        Ok(())
+    #[test]
+    fn unmapped_pages_are_reported_and_counted_in_runs() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 2, 2);
+        map(&mut t, &mut phys, 70, 1);
+        let s = sp(0, 71);
+        assert_eq!(t.count_unmapped(s), 72 - 3);
+        assert_eq!(t.unmapped_runs(s), vec![(0, 2), (4, 66), (71, 1)]);
+        let got = take(&mut t, &mut phys, s);
+        assert!(!got.all_mapped && !got.conflict);
+        t.unacquire(s);
+        assert!(!t.busy(pg(2)));
+        assert_eq!(t.set_unmapped(pg(70)).map(|p| p.index), Some(0));
+        assert_eq!(t.set_unmapped(pg(70)), None, "already unmapped");
+        assert_eq!(t.mapped_pages(), 2);
     }
 
-    /// Forgets streams only the pool still references once all their frees
-    /// are known to have run, so user-dropped streams are destroyed. (A slot
-    /// reused by a new stream starts complete up to the current tick, which
-    /// stays true of the old stream.)
-    pub(super) fn prune(&mut self) {
-        let now = self.tick;
-        for slot in self.slots.iter_mut() {
-            if slot
-                .as_ref()
-                .is_some_and(|s| s.idle_tick >= now && s.stream.is_sole_handle())
-            {
-                if let Some(s) = slot.take() {
-                    self.by_id.remove(&s.stream.id().0);
-                    self.last = None;
-                }
-            }
-        }
+    #[test]
+    fn an_idle_alias_gives_its_memory_to_a_new_block() {
+        let (mut t, mut phys) = table();
+        // One extent of 3 pages, mapped at 0..=2 (where a block lived) and
+        // at 10..=12 (an alias).
+        let (here, there) = (sp(0, 2), sp(10, 12));
+        let x = aliased(&mut t, &mut phys, here, 10, 0b1);
+        assert!(t.owns(pg(0)) && !t.owns(pg(10)));
+        assert!(!t.has_conflict(there, &phys), "the owner is idle");
+        assert_eq!(take(&mut t, &mut phys, there), CLEAN);
+        assert!(!t.owns(pg(0)) && t.owns(pg(10)) && t.owns(pg(12)));
+        assert_eq!(phys.owner(x, 1), PageTable::pack(0, 11));
+        assert!(t.extent_busy(x, &phys));
+        t.check(&[block(10, 12)], &phys).unwrap();
+        // Now the first place conflicts: its memory is in use through the alias.
+        assert!(t.has_conflict(here, &phys));
+        let back = take(&mut t, &mut phys, here);
+        assert!(back.conflict && back.all_mapped);
+        t.unacquire(here);
+        t.check(&[block(10, 12)], &phys).unwrap();
+    }
+
+    #[test]
+    fn frees_not_known_done_keep_the_memory_where_it_is() {
+        let (mut t, mut phys) = table();
+        let (here, there) = (sp(0, 1), sp(20, 21));
+        aliased(&mut t, &mut phys, here, 20, 0b10);
+        let asked = Cell::new(0);
+        let got = t.acquire(there, &mut phys, |frees| {
+            asked.set(asked.get() + 1);
+            assert_eq!(frees().mask, 0b10);
+            false
+        });
+        assert!(got.conflict);
+        assert_eq!(asked.get(), 1, "asked once for the extent");
+        assert!(t.owns(pg(0)) && !t.owns(pg(20)), "nothing moved");
+        t.unacquire(there);
+        t.check(&[], &phys).unwrap();
+    }
+
+    #[test]
+    fn reclaimable_runs_are_the_idle_pages_whose_frees_are_done() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 3);
+        map(&mut t, &mut phys, 3, 2);
+        map(&mut t, &mut phys, 100, 1);
+        take(&mut t, &mut phys, sp(3, 4));
+        let mut streams = FreeStreams::new();
+        let runs = t.reclaimable_runs(&mut streams, &phys);
+        assert_eq!(runs, vec![(pg(0), 3), (pg(100), 1)]);
+    }
+
+    #[test]
+    fn check_names_each_broken_invariant() {
+        let (mut t, mut phys) = table();
+        map(&mut t, &mut phys, 0, 4);
+        let s = sp(0, 1);
+        take(&mut t, &mut phys, s);
+        let live = [block(0, 1)];
+        t.check(&live, &phys).unwrap();
+        let expect = |t: &PageTable, phys: &PhysCache, n: &str| {
+            let err = t.check(&live, phys).unwrap_err();
+            assert!(err.starts_with(&format!("invariant {n}:")), "{err}");
+        };
+        // 3: a boundary count off by one.
+        t.reservations[0].page_mut(0).users += 1;
+        expect(&t, &phys, "3");
+        t.reservations[0].page_mut(0).users -= 1;
+        // 3: a busy bit missing.
+        t.reservations[0].bits_mut(BUSY)[0] &= !0b10;
+        expect(&t, &phys, "3");
+        t.reservations[0].bits_mut(BUSY)[0] |= 0b10;
+        // 4: a busy page that does not own its memory.
+        t.reservations[0].bits_mut(OWNS)[0] &= !0b1;
+        expect(&t, &phys, "4");
+        t.reservations[0].bits_mut(OWNS)[0] |= 0b1;
+        // 5: an idle page with the owns bit its physical page does not give.
+        t.reservations[0].bits_mut(OWNS)[0] |= 0b1000;
+        expect(&t, &phys, "5");
+        t.reservations[0].bits_mut(OWNS)[0] &= !0b1000;
+        // 6: a mapped bit without a mapping, and a wrong count.
+        t.reservations[0].bits_mut(MAPPED)[0] |= 0b1_0000;
+        expect(&t, &phys, "6");
+        t.reservations[0].bits_mut(MAPPED)[0] &= !0b1_0000;
+        t.mapped_pages += 1;
+        expect(&t, &phys, "6");
+        t.mapped_pages -= 1;
+        t.check(&live, &phys).unwrap();
     }
 }

@@ -1,0 +1,273 @@
+//! Physical backing: mapping memory under the unmapped pages of a new block
+//! (cached extents, idle extents as aliases, new extents), all or nothing.
+
+use super::page_table::{PageRef, PageSpan, PageTable, PhysPage};
+use super::phys_cache::ExtentId;
+use super::{State, VirtualPool, SMALL};
+use crate::driver::{AccessFlags, DevicePtr};
+use crate::{Error, Result};
+
+impl VirtualPool {
+    /// Maps physical memory under the unmapped pages of `span`, all or
+    /// nothing, for the stream of bit `taker`.
+    #[cold]
+    pub(super) fn map_missing(
+        &self,
+        st: &mut State,
+        span: PageSpan,
+        requested: usize,
+        taker: u64,
+    ) -> Result<()> {
+        let res = span.res;
+        let runs = st.pages.unmapped_runs(span);
+        let driver = self.device.driver();
+        let g = self.gran;
+        let mut done: Vec<(usize, ExtentId)> = Vec::new();
+        let mut result = self.back_runs(st, res, &runs, requested, taker, &mut done);
+        if result.is_ok()
+            && Self::alias_pages(st)
+                > self
+                    .config
+                    .max_alias_ratio
+                    .saturating_mul(st.phys.total_pages())
+        {
+            // Collected after the new mappings (which own their pages).
+            result = self.collect_aliases(st).map(|_| ());
+        }
+        if result.is_ok() {
+            'access: for &(start, count) in &runs {
+                let addr = DevicePtr(st.pages.addr(PageRef { res, idx: start }));
+                let devices =
+                    std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
+                for d in devices {
+                    if let Err(e) =
+                        driver.vmm_set_access(addr, count * g, d, AccessFlags::ReadWrite)
+                    {
+                        result = Err(e);
+                        break 'access;
+                    }
+                }
+            }
+        }
+        if let Err(e) = result {
+            for (start, x) in done {
+                let n = st.phys.pages(x);
+                // A mapping the driver keeps stays recorded (the drop unmaps it).
+                let _ = self.unmap_mapping(st, x, PageTable::pack(res, start), n);
+            }
+            self.release_cached(st, self.config.release_threshold);
+            return Err(e);
+        }
+        self.release_cached(st, self.config.release_threshold);
+        Ok(())
+    }
+
+    /// Backs the unmapped `runs` of reservation `res`: cached extents that fit, idle
+    /// extents mapped elsewhere that fit (aliased), then new extents (one per
+    /// run) within the slack over the live peak; beyond it, idle extents that
+    /// fit nowhere here are unmapped everywhere and released first; on
+    /// out-of-memory it waits for every freeing stream, takes every idle
+    /// extent and retries page by page. Extents mapped are listed in `done`.
+    pub(super) fn back_runs(
+        &self,
+        st: &mut State,
+        res: usize,
+        runs: &[(usize, usize)],
+        requested: usize,
+        taker: u64,
+        done: &mut Vec<(usize, ExtentId)>,
+    ) -> Result<()> {
+        let mut pieces = runs.to_vec();
+        let short = |p: &[(usize, usize)]| p.iter().map(|x| x.1).sum::<usize>();
+        self.fill_from_cache(st, res, &mut pieces, done)?;
+        self.alias_idle(st, res, &mut pieces, taker, done)?;
+        // Within the slack over the live peak, new memory is made rather than
+        // idle extents moved: fewer driver calls for the same leanness target.
+        let budget = (st.peak_live.max(st.live_bytes()) / 1000)
+            .saturating_mul(1000 + self.config.slack_permille);
+        let room = (budget / self.gran).saturating_sub(st.phys.total_pages());
+        let mut oom = false;
+        if short(&pieces) > 0 && short(&pieces) <= room {
+            match self.create_into(st, res, &mut pieces, usize::MAX, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => oom = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if short(&pieces) > 0 && !oom {
+            self.uncover_idle(st, short(&pieces))?;
+            self.fill_from_cache(st, res, &mut pieces, done)?;
+            // What fits nowhere here goes back before new memory is made.
+            self.release_cached(st, self.config.release_threshold);
+            match self.create_into(st, res, &mut pieces, usize::MAX, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => oom = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if oom {
+            // Wait for pending unmaps, take every idle extent, retry page by page.
+            st.streams.synchronize_all(&self.device)?;
+            self.reclaim(st, usize::MAX)?;
+            self.fill_from_cache(st, res, &mut pieces, done)?;
+            self.release_cached(st, 0);
+            match self.create_into(st, res, &mut pieces, 1, done) {
+                Ok(()) => {}
+                Err(e) if e.is_oom() => return Err(self.oom(st, requested)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Backs the rest of every piece with new extents of at most `max`
+    /// pages (one extent per piece when memory allows).
+    pub(super) fn create_into(
+        &self,
+        st: &mut State,
+        res: usize,
+        pieces: &mut [(usize, usize)],
+        max: usize,
+        done: &mut Vec<(usize, ExtentId)>,
+    ) -> Result<()> {
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let x = self.create(st, piece.1.min(max).min(self.config.max_extent_pages))?;
+                let n = self.map_extent(st, res, piece.0, x, done)?;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
+    /// leaves less room), not cached. Returns its index, or the driver's
+    /// error.
+    pub(super) fn create(&self, st: &mut State, n: usize) -> Result<ExtentId> {
+        let mut n = n.max(1);
+        if let Some(max) = st.max_physical {
+            let room = (max / self.gran).saturating_sub(st.phys.total_pages());
+            if room == 0 {
+                return Err(Error::oom(self.gran));
+            }
+            n = n.min(room);
+        }
+        let h = self.device.driver().vmm_create(
+            self.device.ordinal(),
+            n * self.gran,
+            self.handle_type,
+        )?;
+        let x = st.phys.add_extent(h, n as u32);
+        st.pages_created += n as u64;
+        st.extents_created += 1;
+        st.peak_extents = st.peak_extents.max(st.phys.extent_count());
+        let reserved = st.phys.total_pages() * self.gran;
+        st.peak_reserved = st.peak_reserved.max(reserved);
+        Ok(x)
+    }
+
+    /// Maps extent `x` whole at page `idx` of reservation `res` (one
+    /// `cuMemMap`); on failure it goes to the cache.
+    pub(super) fn map_extent(
+        &self,
+        st: &mut State,
+        res: usize,
+        idx: usize,
+        x: ExtentId,
+        done: &mut Vec<(usize, ExtentId)>,
+    ) -> Result<usize> {
+        let n = st.phys.pages(x);
+        let addr = st.pages.addr(PageRef { res, idx });
+        if let Err(e) =
+            self.device
+                .driver()
+                .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(x))
+        {
+            if st.phys.extent(x).is_some_and(|ext| ext.mappings.is_empty()) {
+                st.phys.put(x);
+            }
+            return Err(e);
+        }
+        st.phys.mapped_at(x, PageTable::pack(res, idx));
+        for i in 0..n {
+            let p = PageRef { res, idx: idx + i };
+            let pp = PhysPage {
+                extent: x,
+                index: i as u32,
+            };
+            st.pages.set_mapped(p, pp);
+            if st.pages.busy(p) {
+                st.pages.own_new(p, &mut st.phys);
+            }
+        }
+        st.mappings_made += 1;
+        st.pages_mapped += n as u64;
+        done.push((idx, x));
+        Ok(n)
+    }
+
+    /// Fills the fronts of `pieces` (first page, pages still unbacked) with
+    /// cached extents that fit.
+    pub(super) fn fill_from_cache(
+        &self,
+        st: &mut State,
+        res: usize,
+        pieces: &mut [(usize, usize)],
+        done: &mut Vec<(usize, ExtentId)>,
+    ) -> Result<()> {
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let Some(x) = st.phys.take_fitting(piece.1) else {
+                    break;
+                };
+                let n = self.map_extent(st, res, piece.0, x, done)?;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps idle extents that stay mapped elsewhere (aliases) under the
+    /// fronts of `pieces`, largest that fit first: no new memory and no
+    /// unmap, and the old mappings stay for when the memory is wanted back
+    /// there. An extent qualifies when no page of it is in use through any
+    /// mapping and its frees are safe for the stream of bit `taker`.
+    pub(super) fn alias_idle(
+        &self,
+        st: &mut State,
+        res: usize,
+        pieces: &mut [(usize, usize)],
+        taker: u64,
+        done: &mut Vec<(usize, ExtentId)>,
+    ) -> Result<()> {
+        let longest = pieces.iter().map(|p| p.1).max().unwrap_or(0);
+        if longest == 0 {
+            return Ok(());
+        }
+        // Small and large areas keep their own memory: small blocks share
+        // pages, so memory passing between them would conflict at every turn.
+        let small = st.area_of(st.pages.addr(PageRef {
+            res,
+            idx: pieces[0].0,
+        })) == Some(SMALL);
+        let mut cands = st.idle_extents(
+            |n, area| n <= longest && (area == Some(SMALL)) == small,
+            |streams, m, t| streams.safe_for(taker, m, t),
+        );
+        for piece in pieces.iter_mut() {
+            while piece.1 > 0 {
+                let Some(k) = cands.iter().position(|&(n, _)| n <= piece.1) else {
+                    break;
+                };
+                let (_, x) = cands.remove(k);
+                let n = self.map_extent(st, res, piece.0, x, done)?;
+                st.aliases_made += 1;
+                piece.0 += n;
+                piece.1 -= n;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,309 @@
+//! The invariant checker (for tests). It follows the numbered list of
+//! invariants in `docs/virtual_pool.md`; each check names its number, and so
+//! does its error.
+
+use super::page_table::{PageRef, PageTable, PhysPage};
+use super::phys_cache::NO_OWNER;
+use super::VirtualPool;
+
+impl VirtualPool {
+    /// Checks the pool's invariants (the numbered list of
+    /// `docs/virtual_pool.md`): the heaps' structure, the areas' addresses,
+    /// that every page under a live block is mapped, owns its physical page
+    /// and counts exactly the live blocks on it, that extents are mapped
+    /// whole and recorded where they are, and the cache. For tests;
+    /// O(pages + blocks + extents).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let st = self.lock();
+        // 1. Each area's heap is well formed.
+        let mut live = Vec::new();
+        for a in &st.areas {
+            a.heap.check_invariants()?;
+            live.extend(a.heap.used_ranges());
+        }
+        // 2. Each area's heap holds exactly the addresses given to the area,
+        //    and those addresses tile the reservations.
+        for (area, a) in st.areas.iter().enumerate() {
+            let mut given: Vec<(u64, u64)> = st
+                .area_ranges
+                .iter()
+                .filter(|r| r.2 == area)
+                .map(|&(start, end, _)| (start, end))
+                .collect();
+            let mut held: Vec<(u64, u64)> = a
+                .heap
+                .regions()
+                .map(|(_, base, bytes)| (base, base + bytes))
+                .collect();
+            given.sort_unstable();
+            held.sort_unstable();
+            if given != held {
+                return Err(format!(
+                    "invariant 2: area {area} was given {given:#x?} but its heap holds {held:#x?}"
+                ));
+            }
+        }
+        let mut ranges = st.area_ranges.clone();
+        ranges.sort_unstable();
+        let mut given = 0;
+        for (i, &(start, end, _)) in ranges.iter().enumerate() {
+            if end <= start || st.pages.span(start, end - start).is_none() {
+                return Err(format!(
+                    "invariant 2: area range {start:#x}..{end:#x} lies in no reservation"
+                ));
+            }
+            if ranges.get(i + 1).is_some_and(|next| next.0 < end) {
+                return Err(format!(
+                    "invariant 2: area range {start:#x}..{end:#x} overlaps the next"
+                ));
+            }
+            given += (end - start) as usize;
+        }
+        if given != st.pages.reserved_bytes() {
+            return Err(format!(
+                "invariant 2: {given} bytes given to the areas, {} reserved",
+                st.pages.reserved_bytes()
+            ));
+        }
+        // 3, 4, 5 (the page side) and 6: the page table against the live
+        // blocks and the owners.
+        st.pages.check(&live, &st.phys)?;
+        // 5 (the extent side). An owner entry names a page that maps that
+        // very physical page.
+        for (x, ext) in st.phys.extents() {
+            for (i, &owner) in ext.owners.iter().enumerate() {
+                let here = PhysPage {
+                    extent: x,
+                    index: i as u32,
+                };
+                let p = PageTable::unpack(owner);
+                if owner != NO_OWNER && st.pages.phys_at_checked(p) != Some(here) {
+                    return Err(format!(
+                        "invariant 5: page {i} of extent {x} is owned by {owner:#x}, which does not map it"
+                    ));
+                }
+            }
+        }
+        // 7. An extent is mapped whole, in order, wherever it is mapped.
+        for (p, pp) in st.pages.mapped() {
+            let n = st.phys.pages(pp.extent);
+            let start = p.idx.checked_sub(pp.index as usize);
+            let whole = start.is_some_and(|first| {
+                (0..n).all(|i| {
+                    let q = PageRef {
+                        res: p.res,
+                        idx: first + i,
+                    };
+                    st.pages.phys_at_checked(q)
+                        == Some(PhysPage {
+                            extent: pp.extent,
+                            index: i as u32,
+                        })
+                })
+            });
+            if !whole {
+                return Err(format!(
+                    "invariant 7: page {:#x}: extent {} is not mapped whole",
+                    st.pages.addr(p),
+                    pp.extent
+                ));
+            }
+        }
+        // 8. Each extent's list of mappings names places where its first page
+        //    is mapped, and the mappings' pages add up to the mapped pages.
+        let mut mapped = 0;
+        for (x, ext) in st.phys.extents() {
+            for &at in &ext.mappings {
+                let p = PageTable::unpack(at);
+                let first = PhysPage {
+                    extent: x,
+                    index: 0,
+                };
+                if st.pages.phys_at_checked(p) != Some(first) {
+                    return Err(format!("invariant 8: extent {x}: no mapping at {at:#x}"));
+                }
+            }
+            mapped += ext.mappings.len() * st.phys.pages(x);
+        }
+        if mapped != st.pages.mapped_pages() {
+            return Err(format!(
+                "invariant 8: {mapped} pages mapped by extents, {} in the table",
+                st.pages.mapped_pages()
+            ));
+        }
+        // 9. An extent is cached exactly when it has no mapping, and the page
+        //    counts add up.
+        for (x, ext) in st.phys.extents() {
+            if ext.mappings.is_empty() != st.phys.is_cached(x) {
+                return Err(format!(
+                    "invariant 9: extent {x}: {} mappings but cached {}",
+                    ext.mappings.len(),
+                    st.phys.is_cached(x)
+                ));
+            }
+        }
+        st.phys.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::super::page_table::{PageRef, PageSpan, PageTable};
+    use super::super::phys_cache::NO_OWNER;
+    use super::super::{State, VirtualPool, VirtualPoolConfig, SMALL};
+    use crate::driver::sim::SimConfig;
+    use crate::resource::MemoryResource;
+    use crate::Device;
+
+    /// Three pages of a 2 MiB-page pool.
+    const BLOCK: usize = 6 << 20;
+
+    /// A pool with a live block of three pages (`live`) and an idle extent of
+    /// three pages, each page owning its memory, where a block was freed.
+    fn pool() -> (Device, VirtualPool, PageSpan, PageSpan) {
+        let device = Device::sim(SimConfig::default());
+        let pool = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
+        let s = device.create_stream().unwrap();
+        let live = pool.allocate(BLOCK, 256, &s).unwrap();
+        let idle = pool.allocate(BLOCK, 256, &s).unwrap();
+        pool.deallocate(idle, BLOCK, 256, &s).unwrap();
+        pool.check_invariants().unwrap();
+        let st = pool.lock();
+        let live = st.pages.span(live.0, BLOCK as u64).unwrap();
+        let idle = st.pages.span(idle.0, BLOCK as u64).unwrap();
+        drop(st);
+        (device, pool, live, idle)
+    }
+
+    /// Breaks the pool with `corrupt`, returns what the checker says, and
+    /// mends it with `mend` (so the drop finds a sound pool).
+    fn broken(
+        corrupt: impl FnOnce(&mut State, PageSpan, PageSpan),
+        mend: impl FnOnce(&mut State, PageSpan, PageSpan),
+    ) -> String {
+        let (_device, pool, live, idle) = pool();
+        corrupt(&mut pool.lock(), live, idle);
+        let err = pool
+            .check_invariants()
+            .expect_err("the corruption is caught");
+        mend(&mut pool.lock(), live, idle);
+        pool.check_invariants().unwrap();
+        err
+    }
+
+    fn page(span: PageSpan, i: usize) -> PageRef {
+        PageRef {
+            res: span.res,
+            idx: span.first + i,
+        }
+    }
+
+    #[test]
+    fn a_range_given_to_no_heap_breaks_invariant_2() {
+        let err = broken(
+            |st, _, _| st.area_ranges.push((1 << 20, 2 << 20, SMALL)),
+            |st, _, _| {
+                st.area_ranges.pop();
+            },
+        );
+        assert!(err.starts_with("invariant 2:"), "{err}");
+    }
+
+    #[test]
+    fn a_live_block_not_counted_breaks_invariant_3() {
+        let err = broken(
+            |st, live, _| st.pages.unacquire(live),
+            |st, live, _| {
+                let State { pages, phys, .. } = st;
+                pages.acquire(live, phys, |_| true);
+            },
+        );
+        assert!(err.starts_with("invariant 3:"), "{err}");
+    }
+
+    #[test]
+    fn a_busy_page_unmapped_breaks_invariant_4() {
+        let under = Cell::new(None);
+        let err = broken(
+            |st, live, _| under.set(st.pages.set_unmapped(page(live, 1))),
+            |st, live, _| {
+                st.pages.set_mapped(page(live, 1), under.get().unwrap());
+                st.pages.own_new(page(live, 1), &mut st.phys);
+            },
+        );
+        assert!(err.starts_with("invariant 4:"), "{err}");
+    }
+
+    #[test]
+    fn an_owner_entry_naming_another_page_breaks_invariant_5() {
+        let was = Cell::new(0);
+        let err = broken(
+            |st, _, idle| {
+                let x = st.pages.phys_at(page(idle, 0)).unwrap().extent;
+                was.set(std::mem::replace(
+                    &mut st.phys.extent_mut(x).owners[0],
+                    NO_OWNER,
+                ));
+            },
+            |st, _, idle| {
+                let x = st.pages.phys_at(page(idle, 0)).unwrap().extent;
+                st.phys.extent_mut(x).owners[0] = was.get();
+            },
+        );
+        assert!(err.starts_with("invariant 5:"), "{err}");
+    }
+
+    #[test]
+    fn an_extent_mapped_in_part_breaks_invariant_7() {
+        let (under, owner) = (Cell::new(None), Cell::new(0));
+        let err = broken(
+            |st, _, idle| {
+                under.set(st.pages.set_unmapped(page(idle, 1)));
+                let pp = under.get().unwrap();
+                owner.set(std::mem::replace(
+                    &mut st.phys.extent_mut(pp.extent).owners[pp.index as usize],
+                    NO_OWNER,
+                ));
+            },
+            |st, _, idle| {
+                let pp = under.get().unwrap();
+                st.pages.set_mapped(page(idle, 1), pp);
+                st.phys.extent_mut(pp.extent).owners[pp.index as usize] = owner.get();
+                st.pages.own_new(page(idle, 1), &mut st.phys);
+            },
+        );
+        assert!(err.starts_with("invariant 7:"), "{err}");
+    }
+
+    #[test]
+    fn a_mapping_listed_where_there_is_none_breaks_invariant_8() {
+        let err = broken(
+            |st, _, idle| {
+                let x = st.pages.phys_at(page(idle, 0)).unwrap().extent;
+                let nowhere = PageTable::pack(idle.res, idle.last + 100);
+                st.phys.extent_mut(x).mappings.push(nowhere);
+            },
+            |st, _, idle| {
+                let x = st.pages.phys_at(page(idle, 0)).unwrap().extent;
+                st.phys.extent_mut(x).mappings.pop();
+            },
+        );
+        assert!(err.starts_with("invariant 8:"), "{err}");
+    }
+
+    #[test]
+    fn a_mapped_extent_in_the_cache_breaks_invariant_9() {
+        let err = broken(
+            |st, _, idle| {
+                let x = st.pages.phys_at(page(idle, 0)).unwrap().extent;
+                st.phys.put(x);
+            },
+            |st, _, _| {
+                st.phys.take_fitting(usize::MAX).unwrap();
+            },
+        );
+        assert!(err.starts_with("invariant 9:"), "{err}");
+    }
+}

@@ -1,0 +1,89 @@
+//! The configuration of a [`VirtualPool`].
+
+use super::VirtualPool;
+
+/// Largest alignment a [`VirtualPool`] serves.
+pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
+
+/// Configuration of a [`VirtualPool`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualPoolConfig {
+    /// Virtual address space reserved up front, in multiples of the device's
+    /// memory (1 to 16; default 2). More is reserved if it runs out.
+    pub va_multiple: usize,
+    /// Requests up to this many bytes go to the small area (default 1 MiB).
+    pub small_limit: usize,
+    /// Physical memory the pool may create beyond its live peak, in
+    /// thousandths of that peak (default 30: up to 3% over the live peak),
+    /// when no cached or idle extent fits a run. Beyond it, idle extents
+    /// that fit nowhere are released before new ones are made, so the pool
+    /// stays near its live peak; 0 makes new memory only in their place.
+    pub slack_permille: usize,
+    /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
+    /// `cuMemMap`); 1 gives every page its own allocation (default 6).
+    /// Larger extents mean fewer mappings (`cuMemSetAccess` costs tens of
+    /// µs per mapping), but an extent can serve elsewhere only when all its
+    /// pages are idle and only under a run at least as long. 6 is the value
+    /// with which the simulator's replays of the two shared traces both stay
+    /// within 5% of the live peak and reach a steady state with no driver
+    /// call (`bench/results/NOTES-virtual-pool.md`).
+    pub max_extent_pages: usize,
+    /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
+    /// it, whole cached extents go back to the driver (default 0).
+    pub release_threshold: usize,
+    /// Most alias pages kept mapped, in multiples of the physical pages
+    /// (default 8); beyond it, idle aliases are unmapped. A training step's
+    /// memory may change place several times, each a mapping kept for the
+    /// next step (GPT-2's replay keeps several mappings per physical page in
+    /// its steady state: `bench/results/NOTES-virtual-pool.md`).
+    pub max_alias_ratio: usize,
+    /// Most physical bytes the pool may hold; `None` for no limit. The
+    /// starting value: [`VirtualPool::set_maximum_physical`] changes it.
+    pub maximum_physical: Option<usize>,
+    /// Other devices granted read-write access to every mapped page.
+    pub peers: Vec<u32>,
+    /// Create physical memory exportable as POSIX file descriptors (see
+    /// [`VirtualPool::export_page_fds`]).
+    pub ipc: bool,
+}
+
+impl Default for VirtualPoolConfig {
+    fn default() -> Self {
+        Self {
+            va_multiple: 2,
+            small_limit: 1 << 20,
+            slack_permille: 30,
+            max_extent_pages: 6,
+            release_threshold: 0,
+            max_alias_ratio: 8,
+            maximum_physical: None,
+            peers: Vec::new(),
+            ipc: false,
+        }
+    }
+}
+
+impl VirtualPool {
+    /// The configuration.
+    pub fn config(&self) -> &VirtualPoolConfig {
+        &self.config
+    }
+
+    /// Bytes of one page (the device's VMM granularity).
+    pub fn page_size(&self) -> usize {
+        self.gran
+    }
+
+    /// Most physical bytes the pool may hold now; `None` for no limit.
+    pub fn maximum_physical(&self) -> Option<usize> {
+        self.lock().max_physical
+    }
+
+    /// Changes the most physical bytes the pool may hold (`None`: no limit).
+    /// Memory held above a lowered limit stays until it is freed and given
+    /// back; meanwhile requests needing new physical memory fail as out of
+    /// memory with the limit.
+    pub fn set_maximum_physical(&self, bytes: Option<usize>) {
+        self.lock().max_physical = bytes;
+    }
+}

@@ -1,0 +1,52 @@
+//! Dropping a [`VirtualPool`]: every mapping, extent and reservation goes
+//! back to the driver.
+
+use super::page_table::PageRef;
+use super::VirtualPool;
+use crate::driver::DevicePtr;
+
+impl Drop for VirtualPool {
+    fn drop(&mut self) {
+        if crate::exit::process_is_exiting() {
+            // The driver may already be gone: leak rather than call into it.
+            return;
+        }
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Work still using pool memory must finish before pages go.
+        for a in &st.areas {
+            a.lanes.synchronize_all(&self.device);
+        }
+        if st.streams.synchronize_all(&self.device).is_err() {
+            let _ = self.device.synchronize();
+        }
+        let driver = self.device.driver();
+        let g = self.gran;
+        let mapped: Vec<PageRef> = st.pages.mapped().map(|(p, _)| p).collect();
+        let mut runs: Vec<(PageRef, usize)> = Vec::new();
+        for p in mapped {
+            match runs.last_mut() {
+                Some((r, n)) if r.res == p.res && r.idx + *n == p.idx => *n += 1,
+                _ => runs.push((p, 1)),
+            }
+        }
+        for (r, n) in runs {
+            let addr = st.pages.addr(r);
+            crate::exit::give_back(
+                || format!("VirtualPool mapping at {addr:#x}"),
+                || driver.vmm_unmap(DevicePtr(addr), n * g),
+            );
+        }
+        for (_, ext) in st.phys.extents() {
+            crate::exit::give_back(
+                || "VirtualPool physical memory".into(),
+                || driver.vmm_release(ext.handle),
+            );
+        }
+        for r in &st.pages.reservations {
+            crate::exit::give_back(
+                || format!("VirtualPool address range {:#x}", r.base),
+                || driver.vmm_free_address(DevicePtr(r.base), r.bytes as usize),
+            );
+        }
+    }
+}

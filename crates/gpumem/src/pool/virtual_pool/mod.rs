@@ -1,0 +1,476 @@
+//! `VirtualPool`: a stream-ordered pool on CUDA virtual memory management
+//! that maps physical pages only under live blocks and moves them to where
+//! they are needed, so the physical memory it holds follows the live bytes.
+//!
+//! The design page, `docs/virtual_pool.md`, holds the glossary (the words
+//! below and in this module's code mean what it says), the life-cycle of a
+//! page and of an extent, the numbered invariants that
+//! [`VirtualPool::check_invariants`] checks, and the fast-path contract.
+//! Measurements behind the constants and the costs quoted here are in
+//! `bench/results/NOTES-virtual-pool.md`.
+//!
+//! Algorithm:
+//! - *Addresses*: one reservation of `va_multiple` × the device's memory is
+//!   made up front, split between a small area (requests up to
+//!   `small_limit`, packed together on few pages) and a large area (blocks
+//!   that mostly cover whole pages). Each area is a [`LaneHeap`] with
+//!   per-stream lanes (the stream-ordering policy of [`crate::pool`], shared
+//!   with [`PoolResource`](super::PoolResource)): O(1) TLSF good fit,
+//!   same-stream reuse at once, other streams after a query finds the
+//!   freeing stream idle or after waiting on one event. An area that runs
+//!   out gets another reservation.
+//! - *Pages* (`page_table`): every page counts its live blocks. Allocating a
+//!   block whose pages are all mapped, and own their physical pages (below),
+//!   makes no driver call; otherwise each unmapped run gets extents mapped
+//!   under it, then is made accessible with one `cuMemSetAccess` per run and
+//!   device, all or nothing.
+//! - *Extents* (`phys_cache`): CUDA maps a physical allocation only from
+//!   offset 0, so an extent (one `cuMemCreate`) is mapped whole (one
+//!   `cuMemMap`) under consecutive pages. A run that needs new memory gets
+//!   one extent of up to `max_extent_pages` pages per that many pages, so a
+//!   block of up to that many pages costs one create, one map and one
+//!   set-access.
+//! - *Aliases*: CUDA lets one physical allocation be mapped at several
+//!   places at once, and a write through one mapping is seen through the
+//!   others once the writing operation has completed. So memory never has to
+//!   be unmapped to go where it is needed: an idle extent is mapped under the
+//!   new run as well, and its old mapping stays. Every physical page has one
+//!   *owner*, the page through which blocks may use it; a block is handed out
+//!   only over pages that own their memory, so no two live blocks share a
+//!   physical byte. A page takes its memory back from another alias when the
+//!   owner there has no live block and every stream that freed a block on it
+//!   (other than the taker, whose order protects it) is known done. A
+//!   repeating workload thus soon finds every alias it needs already mapped:
+//!   its steady state makes no driver call while physical memory keeps
+//!   following the live bytes.
+//! - *Placement* (`placement`): the heap's choice is best fit within the
+//!   size class first (a freed block is re-used by the next request of its
+//!   size), and with one stream a free also takes in the untouched space
+//!   beside it, so a repeating workload re-uses the same addresses. A block
+//!   whose pages are held through another alias (a *conflict*), or a large
+//!   block that would need `RELOCATE_MIN_PAGES` or more new pages, looks
+//!   among up to 64 free places for one without conflicts needing the
+//!   fewest new pages; if every place conflicts, it goes to a new
+//!   reservation. Small requests and large ones keep their own memory (small
+//!   blocks share pages, so aliases between the two would conflict at every
+//!   turn).
+//! - *Physical memory* for a run (`backing`), in order: cached extents that
+//!   fit; idle extents mapped elsewhere that fit, as aliases; new extents,
+//!   while the pool holds no more than `slack_permille` over the live peak;
+//!   beyond it, idle extents that fit nowhere are unmapped everywhere (every
+//!   stream that freed a block at any of their mappings seen complete: a
+//!   query, or an event recorded by an earlier attempt) and released, then
+//!   new extents are created. On a busy GPU, pages freed by work still in
+//!   flight cannot pass to another stream yet: the reserve can exceed the
+//!   live bytes by what is in flight.
+//! - *Giving back* (`reclaim`): [`VirtualPool::trim`] unmaps every idle
+//!   mapping whose freeing streams are done and releases extents mapped
+//!   nowhere; cached extents above `release_threshold` bytes are released
+//!   after each mapping call; aliases beyond `max_alias_ratio` are unmapped.
+//! - *Out of memory*: when `cuMemCreate` fails, the pool waits for every
+//!   stream that freed blocks, unmaps every idle mapping, releases what is
+//!   then mapped nowhere and retries with one-page extents; then it undoes
+//!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
+//!   reserved physical, live, largest free block).
+//!
+//! Bad frees: a free is checked against the block the heap finds for it (its
+//! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
+//! that starts no used block, a second free or another size is
+//! [`Error::InvalidFree`] and frees nothing.
+//!
+//! Costs: the fast path is one lock, one lane lookup, the TLSF operation,
+//! the block's two boundary page entries and a few words of their groups of
+//! 64 pages (bitmaps, and on free the frees record); pages that take their
+//! memory over from another alias move a whole mapping at a time. The
+//! driver calls cost tens of µs each, `cuMemSetAccess` and `cuMemUnmap` by
+//! the mappings they cover: an alias costs one map and its share of one
+//! set-access, once; after that, memory changes place between the same
+//! addresses for nothing. On the H100, the shared training traces' steady
+//! state costs tens of ns per operation, somewhat more than
+//! [`PoolResource`](super::PoolResource), with no driver call and within 5%
+//! of the live peak (figures and runs in the notes above).
+
+mod backing;
+mod bits;
+mod check;
+mod config;
+mod drop;
+mod free_streams;
+mod ipc;
+mod page_table;
+mod phys_cache;
+mod placement;
+mod reclaim;
+mod stats;
+
+use std::sync::{Mutex, MutexGuard};
+
+use self::free_streams::FreeStreams;
+use self::page_table::PageTable;
+use self::phys_cache::PhysCache;
+use self::placement::RELOCATE_MIN_PAGES;
+use super::heap_lanes::HeapLanes;
+use crate::device::Device;
+use crate::driver::{DevicePtr, HandleType};
+use crate::resource::{validate_request, MemoryResource, Properties};
+use crate::stream::Stream;
+use crate::suballoc::{HeapError, LaneHeap, LaneId};
+use crate::{Error, FreeError, OomInfo, Result};
+
+pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
+pub use self::ipc::PhysExport;
+pub use self::stats::VirtualPoolStats;
+
+/// The area of requests up to `small_limit` bytes.
+const SMALL: usize = 0;
+/// The area of larger requests.
+const LARGE: usize = 1;
+const AREAS: usize = 2;
+
+/// One area of the address space: its heap and the heap's stream lanes.
+struct Area {
+    heap: LaneHeap,
+    lanes: HeapLanes,
+}
+
+/// Everything behind the pool's lock.
+struct State {
+    areas: [Area; AREAS],
+    /// The addresses each area was given, `(start, end, area)`: a
+    /// reservation, or for the first one, its two parts.
+    area_ranges: Vec<(u64, u64, usize)>,
+    pages: PageTable,
+    phys: PhysCache,
+    streams: FreeStreams,
+    peak_reserved: usize,
+    peak_live: usize,
+    pages_created: u64,
+    pages_released: u64,
+    extents_created: u64,
+    extents_released: u64,
+    peak_extents: usize,
+    /// Most physical bytes the pool may hold now (`maximum_physical`, which
+    /// [`VirtualPool::set_maximum_physical`] changes).
+    max_physical: Option<usize>,
+    relocations: u64,
+    mappings_made: u64,
+    mappings_unmapped: u64,
+    pages_mapped: u64,
+    aliases_made: u64,
+    aliases_collected: u64,
+    fresh_ranges: u64,
+}
+
+impl State {
+    fn live_bytes(&self) -> usize {
+        self.areas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
+    }
+
+    #[inline]
+    fn area_of(&self, addr: u64) -> Option<usize> {
+        area_at(&self.area_ranges, addr)
+    }
+}
+
+/// The area given `addr` in `area_ranges`.
+#[inline]
+fn area_at(area_ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
+    area_ranges
+        .iter()
+        .find(|&&(s, e, _)| addr >= s && addr < e)
+        .map(|&(_, _, a)| a)
+}
+
+/// A stream-ordered pool on CUDA virtual memory management: physical pages
+/// are mapped only under live blocks and moved to where they are needed.
+///
+/// Addresses come from TLSF lanes over one reserved virtual range (small
+/// requests packed in their own area); a block whose pages are mapped costs
+/// no driver call; idle pages stay mapped until a mapping elsewhere needs
+/// them (and their freeing stream's work is done) or [`VirtualPool::trim`].
+///
+/// ```
+/// use gpumem::driver::sim::SimConfig;
+/// use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+/// use gpumem::resource::MemoryResource;
+/// use gpumem::Device;
+///
+/// let device = Device::sim(SimConfig::default());
+/// let pool = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
+/// let s = device.create_stream().unwrap();
+/// let p = pool.allocate(10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().mapped, 10 << 20); // five 2 MiB pages
+/// pool.deallocate(p, 10 << 20, 256, &s).unwrap();
+/// assert_eq!(pool.stats().idle_mapped, 10 << 20); // kept for re-use
+/// s.synchronize().unwrap();
+/// assert_eq!(pool.trim().unwrap(), 10 << 20); // given back
+/// assert_eq!(pool.stats().reserved, 0);
+/// ```
+pub struct VirtualPool {
+    device: Device,
+    config: VirtualPoolConfig,
+    gran: usize,
+    capacity: usize,
+    handle_type: HandleType,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for VirtualPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtualPool")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
+    Error::InvalidFree {
+        ptr: ptr.0,
+        reason: e.free_reason().unwrap_or(FreeError::Unknown),
+    }
+}
+
+impl VirtualPool {
+    /// A pool on `device`: checks VMM support, the peers and IPC, and
+    /// reserves the virtual range. No physical memory is taken yet.
+    pub fn new(device: Device, config: VirtualPoolConfig) -> Result<Self> {
+        let info = device.info()?;
+        if !info.vmm {
+            return Err(Error::unsupported(
+                "virtual memory management on this device",
+            ));
+        }
+        if config.ipc && !info.posix_fd_ipc {
+            return Err(Error::unsupported(
+                "POSIX file descriptor export of VMM memory",
+            ));
+        }
+        if !(1..=16).contains(&config.va_multiple) {
+            return Err(Error::InvalidArgument(
+                "virtual pool: va_multiple must be 1..=16".into(),
+            ));
+        }
+        let driver = device.driver();
+        let count = driver.device_count()?;
+        for &peer in &config.peers {
+            if peer >= count {
+                return Err(Error::NoSuchDevice {
+                    device: peer,
+                    count,
+                });
+            }
+            if peer == device.ordinal() || !driver.can_access_peer(peer, device.ordinal())? {
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: device {peer} cannot be a peer of device {}",
+                    device.ordinal()
+                )));
+            }
+        }
+        let gran = driver.vmm_granularity(device.ordinal(), true)?.max(256);
+        if !gran.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "virtual pool: granularity {gran} is not a power of two"
+            )));
+        }
+        let capacity = info.total_memory.next_multiple_of(gran).max(gran);
+        let total = capacity
+            .checked_mul(config.va_multiple)
+            .ok_or_else(|| Error::InvalidArgument("virtual pool: va_multiple too large".into()))?;
+        // A quarter of the first reservation (at least a page) for small blocks.
+        let small = (total / 4).next_multiple_of(gran).max(gran);
+        let total = total.max(small + gran);
+        let base = driver.vmm_reserve(total, gran)?;
+        let mut st = State {
+            areas: std::array::from_fn(|_| Area {
+                heap: LaneHeap::new(),
+                lanes: HeapLanes::new(),
+            }),
+            area_ranges: Vec::new(),
+            pages: PageTable::new(gran as u64),
+            phys: PhysCache::default(),
+            streams: FreeStreams::new(),
+            peak_reserved: 0,
+            peak_live: 0,
+            pages_created: 0,
+            pages_released: 0,
+            extents_created: 0,
+            extents_released: 0,
+            peak_extents: 0,
+            max_physical: config.maximum_physical,
+            relocations: 0,
+            mappings_made: 0,
+            mappings_unmapped: 0,
+            pages_mapped: 0,
+            aliases_made: 0,
+            aliases_collected: 0,
+            fresh_ranges: 0,
+        };
+        st.pages.add_reservation(base.0, total as u64);
+        let parts = [
+            (base.0, small as u64, SMALL),
+            (base.0 + small as u64, (total - small) as u64, LARGE),
+        ];
+        for (start, bytes, area) in parts {
+            if let Err(e) = st.areas[area].heap.add_region(start, bytes) {
+                let _ = driver.vmm_free_address(base, total);
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: unusable range at {start:#x}: {e}"
+                )));
+            }
+            st.area_ranges.push((start, start + bytes, area));
+        }
+        let handle_type = if config.ipc {
+            HandleType::PosixFd
+        } else {
+            HandleType::None
+        };
+        Ok(Self {
+            device,
+            config,
+            gran,
+            capacity,
+            handle_type,
+            state: Mutex::new(st),
+        })
+    }
+
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, State> {
+        super::stream_lanes::lock(&self.state)
+    }
+
+    fn oom(&self, st: &State, requested: usize) -> Error {
+        let largest = st
+            .areas
+            .iter()
+            .map(|a| a.heap.largest_free_any())
+            .max()
+            .unwrap_or(0);
+        Error::oom_with(OomInfo {
+            requested,
+            device: Some(self.device.ordinal()),
+            reserved: Some(st.phys.total_pages() * self.gran),
+            live: Some(st.live_bytes()),
+            largest_free: Some(largest as usize),
+            limit: st.max_physical,
+        })
+    }
+}
+
+impl MemoryResource for VirtualPool {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !validate_request(bytes, alignment, VIRTUAL_POOL_MAX_ALIGNMENT)? {
+            return Ok(DevicePtr::NULL);
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if bytes > self.capacity {
+            return Err(self.oom(st, bytes));
+        }
+        let area = if bytes <= self.config.small_limit {
+            SMALL
+        } else {
+            LARGE
+        };
+        let a = &mut st.areas[area];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        let (b, align) = (bytes as u64, alignment as u64);
+        let mut blk = match a
+            .heap
+            .allocate_best(lane, b, align)
+            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
+        {
+            Some(x) => x,
+            None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
+        };
+        let Some(mut span) = st.pages.span(blk.addr, blk.size) else {
+            let _ = st.areas[area].heap.free(blk.addr, lane);
+            return Err(Error::InvalidArgument(format!(
+                "virtual pool: block {:#x} outside its reservations",
+                blk.addr
+            )));
+        };
+        let mut got = Self::acquire(st, span, stream);
+        let relocate = got.conflict
+            || (!got.all_mapped
+                && area == LARGE
+                && st.pages.count_unmapped(span) >= RELOCATE_MIN_PAGES);
+        if relocate {
+            (got, span) = self.place_elsewhere(
+                st,
+                (area, lane),
+                &mut blk,
+                (bytes, alignment),
+                stream,
+                got.conflict,
+            )?;
+        }
+        if !got.all_mapped {
+            let taker = st.streams.taker_bit(stream);
+            if let Err(e) = self.map_missing(st, span, bytes, taker) {
+                st.pages.unacquire(span);
+                let _ = st.areas[area].heap.free(blk.addr, lane);
+                if e.is_oom() {
+                    // The numbers without the block that could not be backed.
+                    return Err(self.oom(st, bytes));
+                }
+                return Err(e);
+            }
+        }
+        let live = st.live_bytes();
+        if live > st.peak_live {
+            st.peak_live = live;
+        }
+        Ok(DevicePtr(blk.addr))
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(area) = st.area_of(ptr.0) else {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::Unknown,
+            });
+        };
+        let a = &mut st.areas[area];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        // With one stream, its free space also takes in the untouched space
+        // beside it, so the pool stays compact; with several, that would make
+        // the others wait for this one (steal) to get addresses. The heap
+        // checks the size against the block (its 256-byte granules).
+        let size = if a.lanes.len() <= 1 {
+            a.heap.free_absorbing_sized(ptr.0, lane, bytes as u64)
+        } else {
+            a.heap.free_sized(ptr.0, lane, bytes as u64)
+        }
+        .map_err(|e| heap_error(ptr, e))?;
+        let (bit, tick) = st.streams.on_free(stream);
+        if let Some(span) = st.pages.span(ptr.0, size) {
+            st.pages.release(span, bit, tick);
+        }
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::DEVICE
+    }
+}

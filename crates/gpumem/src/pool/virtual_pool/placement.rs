@@ -1,0 +1,286 @@
+//! Placement: where a block goes in the virtual address space (the heap's
+//! choice, a better free place, or a fresh reservation).
+
+use super::page_table::{Acquired, PageSpan};
+use super::{State, VirtualPool, LARGE, SMALL};
+use crate::stream::Stream;
+use crate::suballoc::{Allocation, BlockId, LaneId, RegionId};
+use crate::{Error, Result};
+
+/// Address space reserved, in multiples of the device's memory, beyond which
+/// conflicts are resolved by collecting idle aliases before reserving more.
+pub(super) const VA_SCARCE_MULTIPLE: usize = 16;
+
+/// A large block that would need at least this many new pages (128 MiB on
+/// 2 MiB pages) looks for a free place with fewer. Smaller ones stay where
+/// the heap puts them: relocating them makes a repeating workload relocate
+/// blocks in every pass of its steady state (more work per operation) and
+/// settle later (`bench/results/NOTES-virtual-pool.md`).
+pub(super) const RELOCATE_MIN_PAGES: usize = 64;
+
+impl VirtualPool {
+    /// [`PageTable::acquire`](super::page_table::PageTable::acquire) with
+    /// the stream-safety answer of `stream`.
+    #[inline]
+    pub(super) fn acquire(st: &mut State, span: PageSpan, stream: &Stream) -> Acquired {
+        let State {
+            pages,
+            phys,
+            streams,
+            ..
+        } = st;
+        let mut taker = None;
+        pages.acquire(span, phys, |frees| {
+            let taker = *taker.get_or_insert_with(|| streams.taker_bit(stream));
+            // With no other stream's frees anywhere, the record is moot.
+            !streams.others_freed(taker) || frees().quiet(|m, t| streams.safe_for(taker, m, t))
+        })
+    }
+
+    /// Finds addresses for a request both lanes of `area` missed: settle,
+    /// steal, then another reservation.
+    #[cold]
+    pub(super) fn take_slow(
+        &self,
+        st: &mut State,
+        area: usize,
+        lane: LaneId,
+        stream: &Stream,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<Allocation> {
+        let needed = bytes
+            .checked_next_multiple_of(256)
+            .and_then(|b| b.checked_add(alignment.max(256) - 256))
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let a = &mut st.areas[area];
+        a.lanes.settle(&mut a.heap, Some(lane));
+        if let Some(x) = a
+            .heap
+            .allocate_best(LaneId::GLOBAL, bytes as u64, alignment as u64)
+        {
+            return Ok(x);
+        }
+        if a.lanes.steal(&mut a.heap, 0, lane, stream, needed as u64) {
+            if let Some(x) = a.heap.allocate_best(lane, bytes as u64, alignment as u64) {
+                return Ok(x);
+            }
+        }
+        // Out of addresses that are safe now: another reservation (address
+        // space is cheap; waiting for other streams is not).
+        self.reserve_more(st, area, needed, bytes)?;
+        st.areas[area]
+            .heap
+            .allocate(LaneId::GLOBAL, bytes as u64, alignment as u64)
+            .ok_or_else(|| self.oom(st, bytes))
+    }
+
+    /// Makes another reservation of at least `needed` bytes for area `area`
+    /// and adds it to the area's heap (in the global lane).
+    #[cold]
+    pub(super) fn reserve_more(
+        &self,
+        st: &mut State,
+        area: usize,
+        needed: usize,
+        bytes: usize,
+    ) -> Result<RegionId> {
+        let base_size = if area == SMALL {
+            self.capacity / 2
+        } else {
+            self.capacity
+        };
+        let size = needed
+            .max(base_size)
+            .checked_next_multiple_of(self.gran)
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let base = match self.device.driver().vmm_reserve(size, self.gran) {
+            Ok(b) => b,
+            Err(e) if e.is_oom() => return Err(self.oom(st, bytes)),
+            Err(e) => return Err(e),
+        };
+        let id = match st.areas[area].heap.add_region(base.0, size as u64) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.device.driver().vmm_free_address(base, size);
+                return Err(Error::InvalidArgument(format!(
+                    "virtual pool: unusable range at {:#x}: {e}",
+                    base.0
+                )));
+            }
+        };
+        st.area_ranges.push((base.0, base.0 + size as u64, area));
+        st.pages.add_reservation(base.0, size as u64);
+        Ok(id)
+    }
+
+    /// A block at the start of a new reservation: nothing is mapped there, so
+    /// nothing conflicts.
+    #[cold]
+    pub(super) fn fresh_block(
+        &self,
+        st: &mut State,
+        area: usize,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<Allocation> {
+        let needed = bytes
+            .checked_next_multiple_of(self.gran)
+            .and_then(|b| b.checked_add(alignment.max(256)))
+            .ok_or_else(|| self.oom(st, bytes))?;
+        let id = self.reserve_more(st, area, needed, bytes)?;
+        st.fresh_ranges += 1;
+        let first = st.areas[area].heap.region_blocks(id).next();
+        let (block, b) = first.ok_or_else(|| self.oom(st, bytes))?;
+        let at = b.addr.next_multiple_of(alignment.max(256) as u64);
+        st.areas[area]
+            .heap
+            .allocate_from(block, at, bytes as u64)
+            .ok_or_else(|| self.oom(st, bytes))
+    }
+
+    /// A better place than `blk` (its pages not acquired):
+    /// when `blk` conflicts (see `PageTable::acquire`), any place without
+    /// conflicts; else, for a large block needing at least
+    /// [`RELOCATE_MIN_PAGES`] new pages, a place that needs fewer. The free
+    /// blocks of the stream's lane and of the global lane that fit are tried
+    /// at their start and their end; places with conflicts are skipped and
+    /// the fewest unmapped pages wins. Taken out of the heap when better than
+    /// `blk` (which the caller gives back). Slow path only: bounded by
+    /// `PLACEMENT_CANDIDATES` blocks.
+    #[cold]
+    pub(super) fn better_placement(
+        &self,
+        st: &mut State,
+        area: usize,
+        lane: LaneId,
+        blk: &Allocation,
+        alignment: usize,
+        conflict: bool,
+    ) -> Option<Allocation> {
+        const PLACEMENT_CANDIDATES: usize = 64;
+        let span = st.pages.span(blk.addr, blk.size)?;
+        let mut best_n = if conflict {
+            usize::MAX
+        } else {
+            st.pages.count_unmapped(span)
+        };
+        if !conflict && (area != LARGE || best_n < RELOCATE_MIN_PAGES) {
+            return None;
+        }
+        let size = blk.size;
+        let align = alignment.max(256) as u64;
+        let mut best: Option<(BlockId, u64)> = None;
+        let State {
+            areas, pages, phys, ..
+        } = &*st;
+        let heap = &areas[area].heap;
+        let mut seen = 0;
+        for l in [lane, LaneId::GLOBAL] {
+            heap.for_each_free_at_least(l, size, |id, addr, bsize| {
+                seen += 1;
+                let end = addr + bsize;
+                let start = addr.next_multiple_of(align);
+                let tail = (end - size) & !(align - 1);
+                for at in [start, tail] {
+                    if at < addr || at + size > end {
+                        continue;
+                    }
+                    let Some(there) = pages.span(at, size) else {
+                        continue;
+                    };
+                    let n = pages.count_unmapped(there);
+                    if n < best_n && !pages.has_conflict(there, phys) {
+                        best_n = n;
+                        best = Some((id, at));
+                        if n == 0 {
+                            return false;
+                        }
+                    }
+                }
+                seen < PLACEMENT_CANDIDATES
+            });
+            if best_n == 0 {
+                break;
+            }
+            seen = 0;
+        }
+        let (id, at) = best?;
+        let moved = st.areas[area].heap.allocate_from(id, at, size)?;
+        st.relocations += 1;
+        Some(moved)
+    }
+
+    /// The block at `blk` (its pages acquired) conflicts with another alias
+    /// (`conflict`) or needs many new pages: gives its pages up and places it
+    /// better (another free place, after collecting idle aliases when
+    /// address space is scarce, or a fresh reservation); returns the new
+    /// acquisition and pages. Off the fast path.
+    #[cold]
+    pub(super) fn place_elsewhere(
+        &self,
+        st: &mut State,
+        (area, lane): (usize, LaneId),
+        blk: &mut Allocation,
+        (bytes, alignment): (usize, usize),
+        stream: &Stream,
+        conflict: bool,
+    ) -> Result<(Acquired, PageSpan)> {
+        let mut span = st
+            .pages
+            .span(blk.addr, blk.size)
+            .expect("inside a reservation");
+        st.pages.unacquire(span);
+        if let Some(better) = self.better_placement(st, area, lane, blk, alignment, conflict) {
+            span = Self::swap_block(st, area, lane, blk, better);
+        }
+        let mut got = Self::acquire(st, span, stream);
+        if got.conflict && self.va_is_scarce(st) {
+            // Idle aliases unmapped conflict with nothing: try again.
+            st.pages.unacquire(span);
+            if let Err(e) = self.collect_aliases(st) {
+                let _ = st.areas[area].heap.free(blk.addr, lane);
+                return Err(e);
+            }
+            if let Some(better) = self.better_placement(st, area, lane, blk, alignment, true) {
+                span = Self::swap_block(st, area, lane, blk, better);
+            }
+            got = Self::acquire(st, span, stream);
+        }
+        if got.conflict {
+            // Every free place conflicts: a fresh reservation.
+            st.pages.unacquire(span);
+            let _ = st.areas[area].heap.free(blk.addr, lane);
+            *blk = self.fresh_block(st, area, bytes, alignment)?;
+            span = st
+                .pages
+                .span(blk.addr, blk.size)
+                .expect("inside a reservation");
+            got = Self::acquire(st, span, stream);
+            debug_assert!(!got.conflict);
+        }
+        Ok((got, span))
+    }
+
+    /// Gives `blk` (taken from lane `lane`, its pages not acquired) back to
+    /// the heap and makes `new` the block; returns `new`'s pages.
+    pub(super) fn swap_block(
+        st: &mut State,
+        area: usize,
+        lane: LaneId,
+        blk: &mut Allocation,
+        new: Allocation,
+    ) -> PageSpan {
+        let _ = st.areas[area].heap.free(blk.addr, lane);
+        *blk = new;
+        st.pages
+            .span(blk.addr, blk.size)
+            .expect("inside a reservation")
+    }
+
+    /// True when the address space reserved has reached
+    /// [`VA_SCARCE_MULTIPLE`] times the device's memory.
+    pub(super) fn va_is_scarce(&self, st: &State) -> bool {
+        st.pages.reserved_bytes() >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
+    }
+}

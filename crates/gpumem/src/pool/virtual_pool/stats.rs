@@ -1,0 +1,175 @@
+//! The statistics of a [`VirtualPool`] and its other introspection methods.
+
+use super::VirtualPool;
+use crate::driver::DevicePtr;
+use crate::pool::heap_lanes;
+use crate::resource::{merge_adjacent, LiveBlock, Segment};
+
+/// Numbers describing a [`VirtualPool`] at one moment. Names follow the
+/// statistics adaptor: *reserved* is memory taken from the driver (here
+/// physical memory), *live* is what blocks handed out hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VirtualPoolStats {
+    /// Physical bytes held from the driver (mapped plus cached).
+    pub reserved: usize,
+    /// Highest `reserved` so far.
+    pub peak_reserved: usize,
+    /// Virtual bytes with physical memory mapped under them (a physical
+    /// page mapped at two places counts twice; see `aliased`).
+    pub mapped: usize,
+    /// Mapped virtual bytes under no live block (kept mapped for re-use).
+    pub idle_mapped: usize,
+    /// Of `mapped`, the bytes that are second (or later) mappings of
+    /// physical memory mapped elsewhere too: *aliases*, kept so memory that
+    /// changes place in a repeating workload needs no driver call.
+    pub aliased: usize,
+    /// Physical pages unmapped and cached for re-mapping.
+    pub cached_pages: usize,
+    /// Bytes of those pages.
+    pub cached: usize,
+    /// Extents (`cuMemCreate` allocations) held.
+    pub chunks: usize,
+    /// Bytes in blocks handed out (rounded to 256): virtual bytes in use.
+    pub live: usize,
+    /// Highest `live` so far.
+    pub peak_live: usize,
+    /// Blocks handed out.
+    pub live_blocks: usize,
+    /// Virtual address space reserved.
+    pub virtual_reserved: usize,
+    /// Bytes of one page (the VMM granularity).
+    pub page_size: usize,
+    /// Streams the pool tracks.
+    pub streams: usize,
+    /// Physical pages created so far (`cuMemCreate`), all calls together.
+    pub pages_created: u64,
+    /// Physical pages released so far (`cuMemRelease`).
+    pub pages_released: u64,
+    /// Extents created so far (`cuMemCreate` calls).
+    pub chunks_created: u64,
+    /// Extents released so far (`cuMemRelease` calls).
+    pub chunks_released: u64,
+    /// Highest `chunks` (extents held) so far.
+    pub peak_chunks: usize,
+    /// Large blocks placed elsewhere than the heap's first choice because
+    /// fewer new pages were needed there.
+    pub relocations: u64,
+    /// Mappings made so far (`cuMemMap` calls: one per extent mapped).
+    pub mappings_made: u64,
+    /// Mappings unmapped so far (extents covered by `cuMemUnmap` calls).
+    pub mappings_unmapped: u64,
+    /// Pages mapped so far, all mappings together.
+    pub pages_mapped: u64,
+    /// Of `mappings_made`, the aliases: extents mapped at a further place
+    /// while staying mapped where they were.
+    pub aliases_made: u64,
+    /// Idle aliases unmapped to bound the aliases kept (see
+    /// [`VirtualPoolConfig::max_alias_ratio`](super::VirtualPoolConfig::max_alias_ratio))
+    /// or the address space.
+    pub aliases_collected: u64,
+    /// Blocks placed in fresh address space because every free place with
+    /// mapped pages conflicted.
+    pub fresh_ranges: u64,
+}
+
+impl VirtualPool {
+    /// The current numbers.
+    pub fn stats(&self) -> VirtualPoolStats {
+        let st = self.lock();
+        let g = self.gran;
+        VirtualPoolStats {
+            reserved: st.phys.total_pages() * g,
+            peak_reserved: st.peak_reserved,
+            mapped: st.pages.mapped_pages() * g,
+            idle_mapped: st.pages.idle_pages() * g,
+            aliased: Self::alias_pages(&st) * g,
+            cached_pages: st.phys.cached_pages(),
+            cached: st.phys.cached_pages() * g,
+            chunks: st.phys.extent_count(),
+            live: st.live_bytes(),
+            peak_live: st.peak_live,
+            live_blocks: st.areas.iter().map(|a| a.heap.used_blocks()).sum(),
+            virtual_reserved: st.pages.reserved_bytes(),
+            page_size: g,
+            streams: st.streams.len(),
+            pages_created: st.pages_created,
+            pages_released: st.pages_released,
+            chunks_created: st.extents_created,
+            chunks_released: st.extents_released,
+            peak_chunks: st.peak_extents,
+            relocations: st.relocations,
+            mappings_made: st.mappings_made,
+            mappings_unmapped: st.mappings_unmapped,
+            pages_mapped: st.pages_mapped,
+            aliases_made: st.aliases_made,
+            aliases_collected: st.aliases_collected,
+            fresh_ranges: st.fresh_ranges,
+        }
+    }
+
+    /// Restarts the peaks (`peak_reserved`, `peak_live`) from the current
+    /// values.
+    pub fn reset_peaks(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.phys.total_pages() * self.gran;
+        st.peak_live = st.live_bytes();
+        st.peak_extents = st.phys.extent_count();
+    }
+
+    /// Physical bytes held and not under any live block: what the pool can
+    /// map under new blocks without creating memory (cached extents, and
+    /// idle mapped pages it can alias elsewhere). O(pages).
+    pub fn free_physical_bytes(&self) -> usize {
+        let st = self.lock();
+        let busy = st
+            .pages
+            .mapped_pages()
+            .saturating_sub(st.pages.idle_pages());
+        (st.phys.total_pages().saturating_sub(busy)) * self.gran
+    }
+
+    /// The virtual ranges with physical memory mapped under them, in address
+    /// order, adjacent mapped pages merged into one range (a block spanning
+    /// several extents lies in one range). An extent mapped at two places
+    /// (an alias) appears at both. O(pages).
+    pub fn mapped_ranges(&self) -> Vec<Segment> {
+        let st = self.lock();
+        let pages: Vec<Segment> = st
+            .pages
+            .mapped()
+            .map(|(p, _)| Segment {
+                address: DevicePtr(st.pages.addr(p)),
+                size: self.gran,
+            })
+            .collect();
+        drop(st);
+        merge_adjacent(pages)
+    }
+
+    /// The blocks handed out, in address order, with their sizes as the pool
+    /// rounded them (the requested sizes are not recorded). O(blocks).
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        heap_lanes::live_blocks(self.lock().areas.iter().map(|a| &a.heap))
+    }
+
+    /// The size of the live block starting at `ptr`, if there is one.
+    pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        heap_lanes::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
+    }
+
+    /// Physical bytes held from the driver (mapped plus cached).
+    pub fn reserved_bytes(&self) -> usize {
+        self.lock().phys.total_pages() * self.gran
+    }
+
+    /// Highest physical bytes held since creation or the last
+    /// [`VirtualPool::reset_peaks`] (O(1); [`VirtualPool::stats`] scans pages).
+    pub fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    /// Bytes in blocks handed out.
+    pub fn live_bytes(&self) -> usize {
+        self.lock().live_bytes()
+    }
+}
