@@ -12,7 +12,7 @@
 //! The pool is capped at 64 MiB of physical memory so pages must move.
 
 use gpumem::driver::sim::SimConfig;
-use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 use gpumem::{Device, DeviceBuffer, Stream};
 
 const MIB: usize = 1 << 20;
@@ -82,7 +82,7 @@ fn run() -> Result<(), String> {
             checked += d.len();
         }
         if round == 20 {
-            pool.trim().map_err(|e| e.to_string())?;
+            pool.trim(0).map_err(|e| e.to_string())?;
         }
         pool.check_invariants()?;
     }

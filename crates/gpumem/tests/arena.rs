@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::suite;
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::{ArenaConfig, ArenaResource};
+use gpumem::pool::{ArenaConfig, ArenaResource, Pool};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
@@ -45,7 +45,7 @@ fn default_arena_takes_half_the_free_memory_and_passes_the_suite() {
     };
     let free = device.mem_info().unwrap().free;
     let mr = ArenaResource::new(DeviceResource::new(device.clone())).unwrap();
-    assert_eq!(mr.reserved(), free / 2 / MIB * MIB);
+    assert_eq!(mr.reserved_bytes(), free / 2 / MIB * MIB);
     assert_eq!(mr.superblock_size(), MIB);
     suite::run_all(Arc::new(mr));
 }
@@ -268,7 +268,7 @@ fn many_threads_each_with_its_own_stream() {
     let st = mr.stats();
     assert_eq!(st.live, 0);
     assert!(st.arenas >= 8);
-    mr.release_cached();
+    mr.trim(0).unwrap();
     if sim.is_some() {
         // Every stream is idle: everything is clean and free again.
         assert_eq!(mr.stats().largest_free, 512 * MIB);
@@ -333,7 +333,7 @@ fn a_dropped_user_stream_strands_nothing() {
         mr.deallocate(all, 16 * MIB, 256, &t).unwrap();
         sim.release(raw);
         t.synchronize().unwrap();
-        mr.release_cached();
+        mr.trim(0).unwrap();
         assert_eq!(sim.live_streams(), streams_before + 1, "only t is left");
         drop(t);
         assert_eq!(mr.stats().live, 0);
@@ -508,10 +508,10 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
         }
         assert_eq!(mr.stats().live, 0);
         sim.complete_all();
-        mr.release_cached();
+        mr.trim(0).unwrap();
         assert_eq!(
             mr.stats().largest_free,
-            mr.reserved(),
+            mr.reserved_bytes(),
             "all clean after the streams finish"
         );
     }

@@ -14,6 +14,7 @@ use gpumem::async_pool::{
 };
 use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{AccessFlags, HandleType, Location, PoolPtrExport};
+use gpumem::pool::Pool;
 use gpumem::resource::{DeviceResource, MemoryResource, Properties};
 use gpumem::{Backend, Device, DeviceBuffer, Error};
 
@@ -125,12 +126,13 @@ fn trim_returns_unused_memory() {
         before >= 64 * MIB,
         "threshold u64::MAX keeps the primed memory: {before}"
     );
-    mr.trim_to(0).unwrap();
+    let back = mr.trim(0).unwrap();
     let after = mr.reserved_current().unwrap();
     assert!(
         after < before,
-        "trim_to(0) returned memory: {before} -> {after}"
+        "trim(0) returned memory: {before} -> {after}"
     );
+    assert_eq!(back, before - after, "trim says what it gave back");
     assert!(
         after >= 8 * MIB,
         "a live allocation's memory stays: {after}"
@@ -138,7 +140,7 @@ fn trim_returns_unused_memory() {
     assert!(mr.used_current().unwrap() >= 8 * MIB);
     mr.deallocate(keep, 8 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     assert_eq!(mr.used_current().unwrap(), 0);
     assert!(
         mr.reserved_current().unwrap() < after,
@@ -198,7 +200,7 @@ fn highs_track_peaks_and_reset_to_current() {
     mr.reset_used_high().unwrap();
     assert!(mr.used_high().unwrap() <= mr.used_current().unwrap());
 
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     let u = mr.usage().unwrap();
     assert!(
         u.reserved_high >= 32 * MIB && u.reserved_high > u.reserved,
@@ -242,7 +244,7 @@ fn max_size_bounds_the_pool_with_numbers() {
     );
     mr.deallocate(a, 32 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     // Room again once freed and trimmed.
     let b = mr.allocate(48 * MIB, 256, &s).unwrap();
     mr.deallocate(b, 48 * MIB, 256, &s).unwrap();

@@ -30,7 +30,7 @@ use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DevicePtr, Error, Event, Result, Stream};
@@ -54,92 +54,57 @@ const ORDERING_CALLS: &[&str] = &[
 /// What the sweep needs of a pool besides allocating and freeing.
 trait SweepPool: MemoryResource {
     /// Gives back what can be given back without waiting.
-    fn trim(&self) -> Result<usize>;
+    fn sweep_trim(&self) -> Result<usize>;
     /// Waits for the streams, then gives back all cached memory.
-    fn release(&self) -> Result<usize>;
+    fn sweep_release(&self) -> Result<usize>;
     /// The pool's own invariant check, where it has one.
     fn check(&self) -> std::result::Result<(), String> {
         Ok(())
     }
 }
 
-impl SweepPool for PoolResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        PoolResource::trim(self)
-    }
-    fn release(&self) -> Result<usize> {
-        PoolResource::release(self)
-    }
+/// The pools whose sweep gives back through [`Pool`] alone.
+macro_rules! sweep_through_pool {
+    ($($t:ty),*) => {$(
+        impl SweepPool for $t {
+            fn sweep_trim(&self) -> Result<usize> {
+                Pool::trim(self, 0)
+            }
+            fn sweep_release(&self) -> Result<usize> {
+                Pool::release(self)
+            }
+        }
+    )*};
 }
 
-impl SweepPool for CachingPool<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_completed()
-    }
-    fn release(&self) -> Result<usize> {
-        CachingPool::release(self)
-    }
-}
-
-impl SweepPool for FixedSizeResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_completed()
-    }
-    fn release(&self) -> Result<usize> {
-        FixedSizeResource::release(self)
-    }
-}
+sweep_through_pool!(
+    PoolResource<DeviceResource>,
+    CachingPool<DeviceResource>,
+    FixedSizeResource<DeviceResource>,
+    ArenaResource<DeviceResource>,
+    PinnedPool,
+    AsyncResource
+);
 
 impl SweepPool for BinningResource<PoolResource<DeviceResource>> {
-    fn trim(&self) -> Result<usize> {
-        BinningResource::release(self)
+    fn sweep_trim(&self) -> Result<usize> {
+        Pool::release(self)
     }
-    fn release(&self) -> Result<usize> {
-        let bins = BinningResource::release(self)?;
+    fn sweep_release(&self) -> Result<usize> {
+        let bins = Pool::release(self)?;
         Ok(bins + self.upstream().release()?)
     }
 }
 
-impl SweepPool for ArenaResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_cached();
-        Ok(0)
-    }
-    fn release(&self) -> Result<usize> {
-        self.release_cached();
-        Ok(0)
-    }
-}
-
 impl SweepPool for VirtualPool {
-    fn trim(&self) -> Result<usize> {
-        VirtualPool::trim(self)
+    fn sweep_trim(&self) -> Result<usize> {
+        Pool::trim(self, 0)
     }
-    fn release(&self) -> Result<usize> {
-        VirtualPool::release(self)
+    fn sweep_release(&self) -> Result<usize> {
+        Pool::release(self)
     }
     fn check(&self) -> std::result::Result<(), String> {
         self.check_invariants()
-    }
-}
-
-impl SweepPool for PinnedPool {
-    fn trim(&self) -> Result<usize> {
-        PinnedPool::trim(self)
-    }
-    fn release(&self) -> Result<usize> {
-        self.wait_pending()?;
-        PinnedPool::trim(self)
-    }
-}
-
-impl SweepPool for AsyncResource {
-    fn trim(&self) -> Result<usize> {
-        self.trim_to(0).map(|_| 0)
-    }
-    fn release(&self) -> Result<usize> {
-        self.pool().device().synchronize()?;
-        self.trim_to(0).map(|_| 0)
     }
 }
 
@@ -322,13 +287,13 @@ fn workload(pool: &dyn SweepPool, sim: &SimDriver, h: &Harness, max: usize) -> O
     check(&mut out, "allocating on s2");
     sim.release(s1.raw());
     free_all(&mut out, &mut held, s2);
-    let _ = pool.trim();
+    let _ = pool.sweep_trim();
     check(&mut out, "trim");
     for &b in sizes.iter().rev() {
         alloc(&mut out, b, s1, &mut held);
     }
     free_all(&mut out, &mut held, s1);
-    let _ = pool.release();
+    let _ = pool.sweep_release();
     check(&mut out, "release");
     let had_room = std::mem::take(&mut out.failed_allocations);
 
@@ -362,7 +327,7 @@ fn workload(pool: &dyn SweepPool, sim: &SimDriver, h: &Harness, max: usize) -> O
     check(&mut out, "reclaiming");
     sim.release(s2.raw());
     free_all(&mut out, &mut held, s1);
-    let _ = pool.release();
+    let _ = pool.sweep_release();
     check(&mut out, "final release");
     out.failed_allocations = had_room;
     out

@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 
 use std::sync::Arc;
 
 use common::suite;
-use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource};
+use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource, Pool};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
@@ -172,43 +172,25 @@ fn caching_pool_config_is_validated() {
 
 // ----- the random-sequence model checks -----
 
-impl<U: MemoryResource> Pool for FixedSizeResource<U> {
+impl<U: MemoryResource> Modeled for FixedSizeResource<U> {
     fn live(&self) -> usize {
         self.live_bytes()
-    }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
     }
     fn process(&self) {
         self.process_deferred().unwrap();
     }
-    fn trim(&self) {
-        self.release_completed().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
-    }
 }
 
-impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
+impl<U: MemoryResource + 'static> Modeled for BinningResource<U> {
     fn live(&self) -> usize {
         self.live_bytes()
-    }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
     }
     fn process(&self) {
         self.process_deferred().unwrap();
     }
-    fn trim(&self) {
-        self.process_deferred().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
-    }
 }
 
-impl<U: MemoryResource> Pool for CachingPool<U> {
+impl<U: MemoryResource> Modeled for CachingPool<U> {
     fn live(&self) -> usize {
         let s = self.stats();
         assert_eq!(s.live_bytes, self.live_bytes());
@@ -217,17 +199,8 @@ impl<U: MemoryResource> Pool for CachingPool<U> {
         assert_eq!(s.cached_bytes + in_use, s.reserved_bytes, "{s:?}");
         self.live_bytes()
     }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
-    }
     fn process(&self) {
         self.process_deferred().unwrap();
-    }
-    fn trim(&self) {
-        self.release_completed().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 

@@ -6,31 +6,22 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 use common::suite;
-use gpumem::pool::{GrowthPolicy, PoolConfig, PoolResource};
+use gpumem::pool::{GrowthPolicy, Pool, PoolConfig, PoolResource};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError};
 use proptest::prelude::*;
 
-impl<U: MemoryResource> Pool for PoolResource<U> {
+impl<U: MemoryResource> Modeled for PoolResource<U> {
     fn accounted(&self, bytes: usize) -> usize {
         bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
         self.live_bytes()
     }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
-    }
     fn process(&self) {
         // The pool has no deferred work; settling happens on its slow path.
-    }
-    fn trim(&self) {
-        PoolResource::trim(self).unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 
@@ -202,14 +193,14 @@ fn trim_and_release_give_free_regions_back() {
     pool.deallocate(big, 64 << 20, 256, &s).unwrap();
     // The stream is idle (the simulator runs work at once): trim settles and
     // gives the free 64 MiB region back, keeping the region still in use.
-    let released = pool.trim().unwrap();
+    let released = pool.trim(0).unwrap();
     assert_eq!(released, 64 << 20);
     assert_eq!(pool.reserved_bytes(), 2 << 20);
     // A held stream's frees are not settled by trim, but release waits.
     sim.hold(s.raw());
     enqueue_work(&s);
     pool.deallocate(small, 4096, 256, &s).unwrap();
-    assert_eq!(pool.trim().unwrap(), 0);
+    assert_eq!(pool.trim(0).unwrap(), 0);
     assert_eq!(pool.release().unwrap(), 2 << 20);
     assert_eq!(pool.reserved_bytes(), 0);
     assert_eq!(sim.pending_ops(s.raw()), 0, "release waited for the stream");

@@ -10,35 +10,28 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 use common::suite;
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 use gpumem::resource::MemoryResource;
 use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
-impl Pool for VirtualPool {
+impl Modeled for VirtualPool {
     fn accounted(&self, bytes: usize) -> usize {
         bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
         self.live_bytes()
     }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
-    }
     fn process(&self) {
         self.check_invariants().unwrap();
     }
-    fn trim(&self) {
-        VirtualPool::trim(self).unwrap();
+    fn check(&self) {
         self.check_invariants().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 
@@ -95,7 +88,7 @@ fn small_and_large_blocks_map_only_what_they_cover() {
     assert_eq!(p.live_bytes(), 0);
     // Idle pages stay mapped until trimmed.
     assert!(p.stats().idle_mapped > 0);
-    let back = p.trim().unwrap();
+    let back = p.trim(0).unwrap();
     assert!(back > 0);
     assert_eq!(sim.physical_bytes(), 0);
     assert_eq!(p.stats().reserved, 0);
@@ -156,7 +149,7 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     p.deallocate(b, 42 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 42 * MIB);
+    assert_eq!(p.trim(0).unwrap(), 42 * MIB);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 2);
     p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
     drop(p);
@@ -189,7 +182,7 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     assert_eq!(p.stats().idle_mapped, bytes / 2);
     // A partly idle extent cannot be split: nothing is given back.
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 0);
+    assert_eq!(p.trim(0).unwrap(), 0);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps);
     assert_eq!(sim.physical_bytes(), bytes);
     p.check_invariants().unwrap();
@@ -197,7 +190,7 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     p.deallocate(half, bytes / 2, 256, &s).unwrap();
     s.synchronize().unwrap();
     let releases = sim.call_count("cuMemRelease");
-    assert_eq!(p.trim().unwrap(), bytes);
+    assert_eq!(p.trim(0).unwrap(), bytes);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
     assert_eq!(sim.call_count("cuMemRelease"), releases + 1);
     assert_eq!(p.stats().mappings_unmapped, 1);
@@ -243,7 +236,7 @@ fn pages_pending_on_a_busy_stream_are_not_unmapped() {
     drop(a); // freed on s, its work still pending
     assert!(p.stats().idle_mapped >= 20 * MIB);
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 0, "pending pages are not given back");
+    assert_eq!(p.trim(0).unwrap(), 0, "pending pages are not given back");
     assert_eq!(
         sim.call_count("cuMemUnmap"),
         unmaps,
@@ -275,19 +268,19 @@ fn idle_pages_are_reclaimed_once_the_freeing_stream_is_done() {
     sim.hold(s.raw());
     enqueue_work(&s);
     p.deallocate(a, 16 * MIB, 256, &s).unwrap();
-    assert_eq!(p.trim().unwrap(), 0, "pending: nothing given back");
+    assert_eq!(p.trim(0).unwrap(), 0, "pending: nothing given back");
     assert_eq!(sim.physical_bytes(), 16 * MIB);
     sim.release(s.raw());
-    assert_eq!(p.trim().unwrap(), 16 * MIB, "done: all given back");
+    assert_eq!(p.trim(0).unwrap(), 16 * MIB, "done: all given back");
     // The freeing stream's work is known done by an event on a later pass
     // too: hold, free, trim (records an event), complete, trim.
     let b = p.allocate(4 * MIB, 256, &t).unwrap();
     sim.hold(t.raw());
     enqueue_work(&t);
     p.deallocate(b, 4 * MIB, 256, &t).unwrap();
-    assert_eq!(p.trim().unwrap(), 0);
+    assert_eq!(p.trim(0).unwrap(), 0);
     sim.complete(t.raw());
-    assert!(p.trim().unwrap() > 0);
+    assert!(p.trim(0).unwrap() > 0);
     sim.release(t.raw());
     drop(p);
     assert_all_back(&sim);
@@ -386,7 +379,7 @@ fn a_failed_mapping_is_undone_entirely() {
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
-        p.trim().unwrap(); // nothing mapped: the next allocation maps
+        p.trim(0).unwrap(); // nothing mapped: the next allocation maps
         let mapped = sim.mapped_bytes();
         let live = p.live_bytes();
         sim.fail_call(call, nth, 1);
@@ -709,7 +702,7 @@ proptest! {
                 }
                 VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
                 VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
-                VOp::Trim => { p.trim().unwrap(); }
+                VOp::Trim => { p.trim(0).unwrap(); }
             }
             p.check_invariants().map_err(TestCaseError::fail)?;
         }
@@ -809,7 +802,7 @@ proptest! {
                 }
                 VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
                 VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
-                VOp::Trim => { p.trim().unwrap(); }
+                VOp::Trim => { p.trim(0).unwrap(); }
             }
             p.check_invariants().map_err(TestCaseError::fail)?;
             // Every live block is mapped with access: a memset on a free-running

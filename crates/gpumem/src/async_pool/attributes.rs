@@ -2,7 +2,7 @@
 //!
 //! Every async resource holds one `MemPool` and dereferences to it, so the
 //! attributes read the same on all of them: `resource.release_threshold()`,
-//! `resource.trim_to(0)`, `resource.usage()`. Each getter or setter is one
+//! `resource.usage()`. Each getter or setter is one
 //! `cuMemPoolGetAttribute` / `cuMemPoolSetAttribute` call (tens of ns on the
 //! driver, no synchronization).
 //!
@@ -261,11 +261,28 @@ impl MemPool {
         self.handed_out.bytes_of(ptr)
     }
 
-    /// Returns unused memory to the device until the pool keeps at most `bytes`
-    /// of it (`cuMemPoolTrimTo`). Memory whose free has not yet run on its
-    /// stream is not unused: synchronize first to trim everything.
-    pub fn trim_to(&self, bytes: usize) -> Result<()> {
-        self.device.driver().mempool_trim_to(self.raw, bytes)
+    /// Returns unused memory to the device (`cuMemPoolTrimTo`: CUDA keeps at
+    /// least `to` bytes, the simulated device at most `to`); the bytes given
+    /// back. Memory whose free has not yet run on its stream is not unused.
+    pub(crate) fn give_back(&self, to: usize) -> Result<usize> {
+        self.giving_back(|| self.device.driver().mempool_trim_to(self.raw, to))
+    }
+
+    /// Synchronizes the device, so every free has run (the synchronization
+    /// itself returns what the release threshold does not keep), then
+    /// returns all unused memory; the bytes given back.
+    pub(crate) fn give_back_all(&self) -> Result<usize> {
+        self.giving_back(|| {
+            self.device.synchronize()?;
+            self.device.driver().mempool_trim_to(self.raw, 0)
+        })
+    }
+
+    /// The reserved bytes `give` returns to the device.
+    fn giving_back(&self, give: impl FnOnce() -> Result<()>) -> Result<usize> {
+        let before = self.reserved_current()?;
+        give()?;
+        Ok(before.saturating_sub(self.reserved_current()?))
     }
 
     /// Allocates from the pool on `stream` (`cuMemAllocFromPoolAsync`) with the

@@ -79,3 +79,5 @@ impl MemoryResource for AsyncManagedResource {
         Properties::HOST_AND_DEVICE
     }
 }
+
+super::pool_of_mempool!(AsyncManagedResource);

@@ -22,8 +22,8 @@
 
 use crate::async_pool::AsyncResource;
 use crate::device::Device;
-use crate::pool::{PoolConfig, PoolResource};
-use crate::resource::{DeviceResource, MemoryResource};
+use crate::pool::{Pool, PoolConfig, PoolResource};
+use crate::resource::DeviceResource;
 use crate::Result;
 
 /// Which allocator serves the manager's device memory; see the module
@@ -88,7 +88,7 @@ impl DeviceBackend {
         }
     }
 
-    pub(super) fn resource(&self) -> &dyn MemoryResource {
+    pub(super) fn resource(&self) -> &dyn Pool {
         match self {
             Self::Gpumem(p) => &**p,
             Self::Cuda(c) => c,
@@ -97,9 +97,6 @@ impl DeviceBackend {
 
     /// Bytes held from the device.
     pub(super) fn reserved(&self) -> usize {
-        match self {
-            Self::Gpumem(p) => p.reserved_bytes(),
-            Self::Cuda(c) => c.reserved_current().unwrap_or(0),
-        }
+        self.resource().reserved_bytes()
     }
 }

@@ -61,6 +61,7 @@ use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::pool::Pool;
 use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
 use crate::stream::{Event, Stream, StreamId};
 use crate::suballoc::{LaneHeap, LaneId};
@@ -197,6 +198,8 @@ struct State {
     tracks: HashMap<StreamId, Track>,
     events_recorded: u64,
     copies: u64,
+    /// Highest bytes pinned since creation or the last reset.
+    peak_reserved: usize,
     shut: bool,
 }
 
@@ -303,6 +306,7 @@ impl PinnedPool {
                 tracks: HashMap::new(),
                 events_recorded: 0,
                 copies: 0,
+                peak_reserved: 0,
                 shut: false,
             }),
         };
@@ -353,18 +357,28 @@ impl PinnedPool {
             )));
         }
         st.regions.insert(base.0, bytes);
+        st.peak_reserved = st.peak_reserved.max(st.heap.region_bytes() as usize);
         Ok(())
     }
 
-    /// Gives every entirely free region back to the driver; returns the bytes.
-    /// Gives every entirely free region back to the driver. A region the
+    /// Gives entirely free regions back to the driver, largest first, until
+    /// the pool pins at most `to` bytes (0: every free region). A region the
     /// driver refuses to unpin stays the pool's, free. Returns the bytes
     /// given back and the first error.
-    fn trim_locked(&self, st: &mut State) -> (usize, Option<Error>) {
-        let free: Vec<_> = st.heap.free_regions().map(|(id, _, _)| id).collect();
+    fn trim_locked(&self, st: &mut State, to: usize) -> (usize, Option<Error>) {
+        let mut excess = (st.heap.region_bytes() as usize).saturating_sub(to);
+        let mut free: Vec<_> = st
+            .heap
+            .free_regions()
+            .map(|(id, _, size)| (id, size))
+            .collect();
+        free.sort_by_key(|&(_, size)| std::cmp::Reverse(size));
         let mut bytes = 0;
         let mut first_err = None;
-        for id in free {
+        for (id, _) in free {
+            if excess == 0 {
+                break;
+            }
             let Ok((base, size)) = st.heap.remove_region(id) else {
                 continue;
             };
@@ -375,6 +389,7 @@ impl PinnedPool {
                 Ok(()) => {
                     st.regions.remove(&base);
                     bytes += size as usize;
+                    excess = excess.saturating_sub(size as usize);
                 }
                 Err(e) => {
                     // Removed a moment ago: it fits back, free.
@@ -384,19 +399,6 @@ impl PinnedPool {
             }
         }
         (bytes, first_err)
-    }
-
-    /// Gives every entirely free region back to the driver (after processing
-    /// pending blocks); returns the bytes given back, or the first error
-    /// (what could be given back was).
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        let processed = Self::process_locked(&mut st);
-        let (bytes, err) = self.trim_locked(&mut st);
-        match (err, processed) {
-            (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(_)) => Ok(bytes),
-        }
     }
 
     /// Seals and polls every stream's batches, then frees the pending
@@ -436,6 +438,17 @@ impl PinnedPool {
             !(t.stream.is_sole_handle() && t.sealed.is_empty() && t.open_copies == 0)
         });
         first_err.map_or(Ok(released), Err)
+    }
+
+    /// Unpins free regions down to `to` bytes (see [`PinnedPool::trim_locked`])
+    /// after `processed`, the pending blocks' processing: the bytes given
+    /// back, or the first error of the two.
+    fn give_back(&self, st: &mut State, processed: Result<()>, to: usize) -> Result<usize> {
+        let (bytes, err) = self.trim_locked(st, to);
+        match (err, processed) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(bytes),
+        }
     }
 
     /// Moves freed blocks whose copies have completed back to the free index;
@@ -537,7 +550,7 @@ impl PinnedPool {
             Ok(()) => {}
             Err(e) if e.is_oom() => {
                 // 3. Unpin entirely free regions and try once more.
-                if self.trim_locked(st).0 == 0 {
+                if self.trim_locked(st, 0).0 == 0 {
                     return Err(e);
                 }
                 self.add_region(st, needed)?;
@@ -930,6 +943,39 @@ fn add_use(uses: &mut Vec<Use>, u: Use) {
     match uses.iter_mut().find(|(s, _)| *s == u.0) {
         Some(x) => x.1 = x.1.max(u.1),
         None => uses.push(u),
+    }
+}
+
+/// The pool's reserve is its pinned regions. [`Pool::trim`] processes the
+/// pending blocks (their copies' events polled, never waited for) and unpins
+/// entirely free regions, largest first; [`Pool::release`] first waits for
+/// every copy enqueued through the pool. Both return the first error after
+/// giving back what could go. Unlike [`PinnedPool::release_all`], neither
+/// touches live allocations nor shuts the pool.
+impl Pool for PinnedPool {
+    fn reserved_bytes(&self) -> usize {
+        self.lock().heap.region_bytes() as usize
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.heap.region_bytes() as usize;
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        let mut st = self.lock();
+        let processed = Self::process_locked(&mut st).map(|_| ());
+        self.give_back(&mut st, processed, to)
+    }
+
+    fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        let waited = Self::wait_locked(&mut st);
+        self.give_back(&mut st, waited, 0)
     }
 }
 

@@ -80,6 +80,8 @@ use std::sync::{Arc, Mutex};
 use global::GlobalArena;
 use stream_arena::{ArenaState, StreamArena};
 
+use super::Pool;
+
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
@@ -534,11 +536,6 @@ impl<U: MemoryResource> ArenaResource<U> {
         &self.upstream
     }
 
-    /// Bytes taken from the upstream.
-    pub fn reserved(&self) -> usize {
-        self.core.size
-    }
-
     /// The superblock size.
     pub fn superblock_size(&self) -> usize {
         self.core.sb_size()
@@ -559,13 +556,6 @@ impl<U: MemoryResource> ArenaResource<U> {
     /// A human-readable account of where the free memory is.
     pub fn fragmentation_report(&self) -> String {
         self.core.report()
-    }
-
-    /// Returns every stream arena's cached free superblocks to the global
-    /// arena (fenced per the stream-ordering policy) and drops the arenas (and
-    /// their stream clones) that hold nothing.
-    pub fn release_cached(&self) {
-        self.core.reclaim(false);
     }
 
     fn invalid(ptr: DevicePtr, reason: FreeError) -> Error {
@@ -699,6 +689,37 @@ impl<U: MemoryResource> ArenaResource<U> {
         }
         core.with_arena(stream, |_, st| st.add_spare(core, idx, n));
         Ok(())
+    }
+}
+
+/// The arena holds its one region, taken whole at construction, for its
+/// whole life: its reserve and peak are that region, and nothing goes back to
+/// the upstream before the drop. [`Pool::trim`] returns every stream arena's
+/// cached free superblocks to the global arena (fenced per the
+/// stream-ordering policy), so every stream can use them, and drops the
+/// stream arenas (and their stream clones) that hold nothing;
+/// [`Pool::release`] synchronizes the device first, so they go back clean.
+/// Both return 0.
+impl<U: MemoryResource> Pool for ArenaResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.core.size
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.core.size
+    }
+
+    fn reset_peak(&self) {}
+
+    fn trim(&self, _to: usize) -> Result<usize> {
+        self.core.reclaim(false);
+        Ok(0)
+    }
+
+    fn release(&self) -> Result<usize> {
+        self.core.device.synchronize()?;
+        self.core.reclaim(true);
+        Ok(0)
     }
 }
 

@@ -18,9 +18,11 @@
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fixed_size::FixedSizeResource;
+use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
@@ -31,8 +33,69 @@ use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
 
 enum BinKind<U: MemoryResource + 'static> {
-    Fixed(Arc<FixedSizeResource<Arc<U>>>),
+    Fixed(Arc<FixedSizeResource<Arc<Metered<U>>>>),
     Other(SharedResource),
+}
+
+/// The upstream as the fixed-size bins (their chunks) and the direct
+/// allocations reach it, counting the bytes it holds for them and their
+/// peak: the resource's reserve. Two relaxed atomics per upstream call, on
+/// paths that call the upstream anyway.
+struct Metered<U> {
+    upstream: U,
+    held: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl<U> Metered<U> {
+    fn count(&self, got: Result<DevicePtr>, bytes: usize) -> Result<DevicePtr> {
+        let p = got?;
+        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    fn uncount(&self, ptr: DevicePtr, bytes: usize) {
+        if !ptr.is_null() {
+            self.held.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for Metered<U> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.count(self.upstream.allocate(bytes, alignment, stream), bytes)
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        self.count(self.upstream.allocate_sync(bytes, alignment), bytes)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+        self.uncount(ptr, bytes);
+        Ok(())
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+        self.upstream.deallocate_sync(ptr, bytes, alignment)?;
+        self.uncount(ptr, bytes);
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
 }
 
 struct Bin<U: MemoryResource + 'static> {
@@ -67,7 +130,7 @@ impl<U: MemoryResource + 'static> Bin<U> {
 /// # Ok(()) }
 /// ```
 pub struct BinningResource<U: MemoryResource + 'static> {
-    upstream: Arc<U>,
+    upstream: Arc<Metered<U>>,
     bins: Vec<Bin<U>>,
     /// Allocations taken straight from the upstream.
     direct: HandedOut,
@@ -77,7 +140,7 @@ impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BinningResource")
             .field("bins", &self.bin_sizes())
-            .field("reserved_bytes", &self.reserved_bytes())
+            .field("reserved_bytes", &Pool::reserved_bytes(self))
             .finish()
     }
 }
@@ -86,7 +149,11 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// No bins yet: every request goes to `upstream` until bins are added.
     pub fn new(upstream: U) -> Self {
         Self {
-            upstream: Arc::new(upstream),
+            upstream: Arc::new(Metered {
+                upstream,
+                held: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+            }),
             bins: Vec::new(),
             direct: HandedOut::default(),
         }
@@ -163,7 +230,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
 
     /// The upstream resource (larger requests, and the fixed bins' chunks).
     pub fn upstream(&self) -> &U {
-        &self.upstream
+        &self.upstream.upstream
     }
 
     #[inline]
@@ -172,7 +239,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             .get(self.bins.partition_point(|b| b.max_size < bytes))
     }
 
-    fn fixed(&self) -> impl Iterator<Item = &FixedSizeResource<Arc<U>>> {
+    fn fixed(&self) -> impl Iterator<Item = &FixedSizeResource<Arc<Metered<U>>>> {
         self.bins.iter().filter_map(|b| match &b.kind {
             BinKind::Fixed(f) => Some(&**f),
             BinKind::Other(_) => None,
@@ -192,13 +259,22 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         first
     }
 
-    /// Gives the fixed-size bins' entirely free chunks back to the upstream,
-    /// after the streams that freed them are done. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
+    /// Runs `give_back` on every fixed-size bin with the bytes still to give
+    /// back before the resource holds at most `to`, while some are; returns
+    /// the bytes given back, or the first error once every bin was tried.
+    fn give_back(
+        &self,
+        to: usize,
+        give_back: impl Fn(&FixedSizeResource<Arc<Metered<U>>>, usize) -> Result<usize>,
+    ) -> Result<usize> {
         let mut total = 0;
         let mut first = None;
         for f in self.fixed() {
-            match f.release() {
+            let excess = Pool::reserved_bytes(self).saturating_sub(to);
+            if excess == 0 {
+                break;
+            }
+            match give_back(f, excess) {
                 Ok(b) => total += b,
                 Err(e) => {
                     first.get_or_insert(e);
@@ -206,12 +282,6 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             }
         }
         first.map_or(Ok(total), Err)
-    }
-
-    /// Bytes the fixed-size bins hold from the upstream, plus live bytes taken
-    /// straight from it.
-    pub fn reserved_bytes(&self) -> usize {
-        self.fixed().map(|f| f.reserved_bytes()).sum::<usize>() + self.direct.bytes()
     }
 
     /// Bytes callers hold from the fixed-size bins and the upstream (other
@@ -249,14 +319,17 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// The largest free block of the fixed-size bins (the upstream's free
     /// memory is the upstream's to report).
     pub fn largest_free_block(&self) -> usize {
-        self.fixed().map(|f| f.largest_free()).max().unwrap_or(0)
+        self.fixed()
+            .map(|f| f.largest_free_block())
+            .max()
+            .unwrap_or(0)
     }
 
     fn oom_info(&self, requested: usize) -> OomInfo {
         OomInfo {
             requested,
             device: Some(self.upstream.device().ordinal()),
-            reserved: Some(self.reserved_bytes()),
+            reserved: Some(Pool::reserved_bytes(self)),
             live: Some(self.live_bytes()),
             largest_free: Some(self.largest_free_block()),
             limit: None,
@@ -342,6 +415,35 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     }
 }
 
+/// The resource's reserve is what its fixed-size bins hold from the upstream
+/// (their chunks) plus the allocations taken straight from it; bins of other
+/// resources hold their own. [`Pool::trim`] and [`Pool::release`] give back
+/// the fixed-size bins' entirely free chunks (see [`FixedSizeResource`]).
+impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.upstream.held.load(Ordering::Relaxed)
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.upstream.peak.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        let now = Pool::reserved_bytes(self);
+        self.upstream.peak.store(now, Ordering::Relaxed);
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.give_back(to, |f, excess| {
+            f.trim(Pool::reserved_bytes(f).saturating_sub(excess))
+        })
+    }
+
+    fn release(&self) -> Result<usize> {
+        self.give_back(0, |f, _| f.release())
+    }
+}
+
 impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
     #[inline]
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
@@ -350,7 +452,7 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
         }
         match self.try_allocate(bytes, alignment, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.release();
+                let _ = Pool::release(self);
                 match self.try_allocate(bytes, alignment, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,

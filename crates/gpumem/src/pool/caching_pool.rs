@@ -164,7 +164,7 @@ impl<U: MemoryResource> std::fmt::Debug for CachingPool<U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingPool")
             .field("config", &self.config)
-            .field("reserved_bytes", &self.reserved_bytes())
+            .field("reserved_bytes", &self.slab.reserved())
             .finish()
     }
 }
@@ -295,7 +295,7 @@ impl<U: MemoryResource> CachingPool<U> {
     fn allocate_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         match self.try_large(bytes, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.slab.release(true);
+                let _ = self.slab.release(true, 0);
                 match self.try_large(bytes, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,
@@ -315,6 +315,7 @@ impl<U: MemoryResource> CachingPool<U> {
             .allocate(bytes, DEFAULT_ALIGNMENT, stream)
         {
             Ok(p) => {
+                self.slab.note_reserved();
                 lock(&self.large).insert(p.0, bytes);
                 Ok(p)
             }
@@ -401,23 +402,6 @@ impl<U: MemoryResource> CachingPool<U> {
         self.slab.process_deferred()
     }
 
-    /// Waits for the streams that freed blocks, then gives every entirely free
-    /// chunk back to the upstream. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        self.slab.release(true)
-    }
-
-    /// Like [`CachingPool::release`] without waiting: gives back only chunks
-    /// whose frees are known complete.
-    pub fn release_completed(&self) -> Result<usize> {
-        self.slab.release(false)
-    }
-
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.slab.reserved()
-    }
-
     /// Bytes callers asked for and have not freed.
     pub fn live_bytes(&self) -> usize {
         self.slab.totals().0 + lock(&self.large).values().sum::<usize>()
@@ -479,6 +463,16 @@ impl<U: MemoryResource> CachingPool<U> {
         info
     }
 }
+
+super::slab::pool_over_slab!(
+    /// The pool's reserve is its chunks and its live large blocks.
+    /// [`Pool::trim`](super::Pool::trim) gives back chunks whose blocks are
+    /// all free and known complete (batch events polled, never waited for),
+    /// smallest classes first; [`Pool::release`](super::Pool::release) waits
+    /// for the streams that freed blocks first. Large blocks go back when
+    /// they are freed.
+    CachingPool<U>
+);
 
 impl<U: MemoryResource> MemoryResource for CachingPool<U> {
     #[inline]

@@ -8,15 +8,13 @@
 //! corruption: a pointer that is not a live block, or a size other than the
 //! one allocated, frees nothing). Growth takes a chunk of
 //! `blocks_per_chunk` blocks from the upstream (a single block when the
-//! chunk does not fit). [`release`]
+//! chunk does not fit). [`Pool::release`](super::Pool::release)
 //! gives back the chunks whose blocks are all free; drop gives back every
 //! chunk.
 //!
 //! A request larger than the block size is [`Error::OutOfMemory`] with the
 //! block size as `limit`: this resource can never serve it.
 //! [`BinningResource`](super::BinningResource) routes sizes to such bins.
-//!
-//! [`release`]: FixedSizeResource::release
 
 use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
 use crate::device::Device;
@@ -120,23 +118,6 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         self.slab.process_deferred()
     }
 
-    /// Waits for the streams that freed blocks, then gives every chunk whose
-    /// blocks are all free back to the upstream. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        self.slab.release(true)
-    }
-
-    /// Like [`FixedSizeResource::release`] without waiting: gives back only
-    /// chunks whose frees are already known complete.
-    pub fn release_completed(&self) -> Result<usize> {
-        self.slab.release(false)
-    }
-
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.slab.reserved()
-    }
-
     /// Bytes callers asked for, over the blocks they hold.
     pub fn live_bytes(&self) -> usize {
         self.slab.totals().0
@@ -153,7 +134,7 @@ impl<U: MemoryResource> FixedSizeResource<U> {
     }
 
     /// Largest free block: the block size when one is free, else 0.
-    pub fn largest_free(&self) -> usize {
+    pub fn largest_free_block(&self) -> usize {
         self.slab.largest_free()
     }
 
@@ -178,6 +159,15 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         self.slab.lookup(ptr)
     }
 }
+
+super::slab::pool_over_slab!(
+    /// The resource's reserve is its chunks.
+    /// [`Pool::trim`](super::Pool::trim) gives back chunks whose blocks are
+    /// all free and known complete (batch events polled, never waited for);
+    /// [`Pool::release`](super::Pool::release) waits for the streams that
+    /// freed blocks first.
+    FixedSizeResource<U>
+);
 
 impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
     #[inline]

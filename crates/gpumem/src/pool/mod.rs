@@ -49,6 +49,7 @@ mod caching_pool;
 mod fixed_size;
 mod heap_lanes;
 mod pool_resource;
+mod pool_trait;
 mod slab;
 pub(crate) mod stream_lanes;
 mod virtual_pool;
@@ -58,6 +59,7 @@ pub use binning::BinningResource;
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
+pub use pool_trait::Pool;
 pub use slab::ClassStats;
 pub use virtual_pool::{
     PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, VIRTUAL_POOL_MAX_ALIGNMENT,

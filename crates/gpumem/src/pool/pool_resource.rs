@@ -61,6 +61,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::heap_lanes::{self, HeapLanes};
 use super::stream_lanes::PtrMap;
+use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
@@ -327,11 +328,6 @@ impl<U: MemoryResource> PoolResource<U> {
         out
     }
 
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.lock().reserved()
-    }
-
     /// Bytes handed out.
     pub fn live_bytes(&self) -> usize {
         self.lock().live()
@@ -353,22 +349,6 @@ impl<U: MemoryResource> PoolResource<U> {
     /// freed it, when that is another stream).
     pub fn largest_free_block(&self) -> usize {
         self.lock().largest_free_any()
-    }
-
-    /// Gives back every region that is entirely free and whose blocks are known
-    /// safe, without waiting for any stream. Returns the bytes given back.
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle(&mut st, None);
-        self.release_free_regions(st).1
-    }
-
-    /// Waits for every stream with free blocks, then gives back every region
-    /// that is entirely free. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle_blocking(&mut st)?;
-        self.release_free_regions(st).1
     }
 
     /// The lane of `stream`, created on first use (the same number in both
@@ -443,7 +423,8 @@ impl<U: MemoryResource> PoolResource<U> {
         (st, Ok(()))
     }
 
-    /// Gives every entirely free region of both heaps back to the upstream,
+    /// Gives entirely free regions of both heaps back to the upstream, largest
+    /// first, until the pool holds at most `to` bytes (0: every free region),
     /// without holding the lock across the upstream calls. A region the
     /// upstream refuses stays the pool's, free in its heap, so nothing is
     /// lost; the first such error is returned once every region was tried.
@@ -451,16 +432,29 @@ impl<U: MemoryResource> PoolResource<U> {
     fn release_free_regions<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
+        to: usize,
     ) -> (MutexGuard<'a, State>, Result<usize>) {
-        let mut taken = Vec::new();
+        let mut excess = st.reserved().saturating_sub(to);
         let s = &mut *st;
-        for (class, heap) in s.heaps.iter_mut().enumerate() {
-            let free: Vec<_> = heap.free_regions().map(|(id, _, _)| id).collect();
-            for id in free {
-                if let Ok((base, _)) = heap.remove_region(id) {
-                    let bytes = s.regions.remove(&base).expect("region was recorded");
-                    taken.push((class, base, bytes));
-                }
+        let mut free: Vec<_> = s
+            .heaps
+            .iter()
+            .enumerate()
+            .flat_map(|(class, heap)| {
+                heap.free_regions()
+                    .map(move |(id, _, size)| (class, id, size))
+            })
+            .collect();
+        free.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
+        let mut taken = Vec::new();
+        for (class, id, _) in free {
+            if excess == 0 {
+                break;
+            }
+            if let Ok((base, _)) = s.heaps[class].remove_region(id) {
+                let bytes = s.regions.remove(&base).expect("region was recorded");
+                excess = excess.saturating_sub(bytes);
+                taken.push((class, base, bytes));
             }
         }
         if taken.is_empty() {
@@ -578,7 +572,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         // A region the upstream refuses to take back stays free in the pool;
         // growing may still succeed, so its error is not the answer here.
-        let (g, _) = self.release_free_regions(st);
+        let (g, _) = self.release_free_regions(st, 0);
         st = g;
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
@@ -667,6 +661,38 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
 
     fn properties(&self) -> Properties {
         self.upstream.properties()
+    }
+}
+
+/// The pool's reserve is its regions. [`Pool::trim`] gives back entirely
+/// free regions whose blocks are known safe (streams found idle), largest
+/// first; [`Pool::release`] waits for every stream with free blocks first.
+/// [`Pool::reset_peak`] restarts the peaks of reserved and live bytes.
+impl<U: MemoryResource> Pool for PoolResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.lock().reserved()
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.reserved();
+        st.peak_live = st.live();
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        let mut st = self.lock();
+        self.settle(&mut st, None);
+        self.release_free_regions(st, to).1
+    }
+
+    fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        self.settle_blocking(&mut st)?;
+        self.release_free_regions(st, 0).1
     }
 }
 

@@ -54,7 +54,7 @@
 //!   new extents are created. On a busy GPU, pages freed by work still in
 //!   flight cannot pass to another stream yet: the reserve can exceed the
 //!   live bytes by what is in flight.
-//! - *Giving back*: [`VirtualPool::trim`] unmaps every idle mapping whose
+//! - *Giving back*: [`Pool::trim`](crate::pool::Pool::trim) unmaps every idle mapping whose
 //!   freeing streams are done and releases extents mapped nowhere; cached
 //!   extents above `release_threshold` bytes are released after each
 //!   mapping call.
@@ -90,6 +90,7 @@
 
 mod page_table;
 mod phys_cache;
+mod pool_api;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -356,11 +357,11 @@ fn ranges_arena(ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
 /// Addresses come from TLSF lanes over one reserved virtual range (small
 /// requests packed in their own area); a block whose pages are mapped costs
 /// no driver call; idle pages stay mapped until a mapping elsewhere needs
-/// them (and their freeing stream's work is done) or [`VirtualPool::trim`].
+/// them (and their freeing stream's work is done) or [`Pool::trim`](crate::pool::Pool::trim).
 ///
 /// ```
 /// use gpumem::driver::sim::SimConfig;
-/// use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+/// use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 /// use gpumem::resource::MemoryResource;
 /// use gpumem::Device;
 ///
@@ -372,7 +373,7 @@ fn ranges_arena(ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
 /// pool.deallocate(p, 10 << 20, 256, &s).unwrap();
 /// assert_eq!(pool.stats().idle_mapped, 10 << 20); // kept for re-use
 /// s.synchronize().unwrap();
-/// assert_eq!(pool.trim().unwrap(), 10 << 20); // given back
+/// assert_eq!(pool.trim(0).unwrap(), 10 << 20); // given back
 /// assert_eq!(pool.stats().reserved, 0);
 /// ```
 pub struct VirtualPool {
@@ -555,15 +556,6 @@ impl VirtualPool {
         }
     }
 
-    /// Restarts the peaks (`peak_reserved`, `peak_live`) from the current
-    /// values.
-    pub fn reset_peaks(&self) {
-        let mut st = self.lock();
-        st.peak_reserved = st.phys.total_pages() * self.gran;
-        st.peak_live = st.live_bytes();
-        st.peak_chunks = st.phys.chunk_count();
-    }
-
     /// Most physical bytes the pool may hold now; `None` for no limit.
     pub fn maximum_physical(&self) -> Option<usize> {
         self.lock().max_physical
@@ -618,48 +610,9 @@ impl VirtualPool {
         heap_lanes::live_block_size(self.lock().arenas.iter().map(|a| &a.heap), ptr)
     }
 
-    /// Physical bytes held from the driver (mapped plus cached).
-    pub fn reserved_bytes(&self) -> usize {
-        self.lock().phys.total_pages() * self.gran
-    }
-
-    /// Highest physical bytes held since creation or the last
-    /// [`VirtualPool::reset_peaks`] (O(1); [`VirtualPool::stats`] scans pages).
-    pub fn peak_reserved_bytes(&self) -> usize {
-        self.lock().peak_reserved
-    }
-
     /// Bytes in blocks handed out.
     pub fn live_bytes(&self) -> usize {
         self.lock().live_bytes()
-    }
-
-    /// Unmaps every idle page whose freeing streams are known complete
-    /// (without waiting for any) and releases every physical chunk that is
-    /// then entirely unmapped. Returns the physical bytes given back.
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.reclaim(&mut st, usize::MAX)?;
-        match self.release_cached(&mut st, 0) {
-            (_, Some(e)) => Err(e),
-            (bytes, None) => Ok(bytes),
-        }
-    }
-
-    /// Waits for every stream that freed blocks, then trims: all physical
-    /// memory not under a live block goes back. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        st.streams.synchronize_all(&self.device)?;
-        for a in st.arenas.iter_mut() {
-            a.lanes.settle_blocking(&mut a.heap)?;
-        }
-        st.streams.prune();
-        self.reclaim(&mut st, usize::MAX)?;
-        match self.release_cached(&mut st, 0) {
-            (_, Some(e)) => Err(e),
-            (bytes, None) => Ok(bytes),
-        }
     }
 
     /// Exports every physical chunk as a POSIX file descriptor (the pool must
