@@ -34,10 +34,10 @@
 //! driver's microsecond.
 
 use gpumem::adaptor::{LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor};
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, Pool, PoolConfig,
-    PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{
     DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
@@ -498,7 +498,7 @@ impl Served for VirtualPool {
         VirtualPool::live_block_size(self, ptr)
     }
     fn set_limit(&self, limit: Option<usize>, _: &Conf) {
-        self.set_maximum_physical(limit);
+        self.set_max_reserved(limit);
     }
 }
 
@@ -594,25 +594,25 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
     };
     let pool_config = || PoolConfig {
         initial_size: conf.initial_size,
-        maximum_size: conf.max_size,
+        max_reserved: conf.max_size,
         ..PoolConfig::default()
     };
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),
-        ResourceKind::Caching => Box::new(CachingPool::with_upstream(
+        ResourceKind::Caching => Box::new(CachingPool::new(
             upstream(),
             CachingPoolConfig {
-                max_pool_size: conf.max_size.unwrap_or(usize::MAX),
+                max_reserved: conf.max_size,
                 ..CachingPoolConfig::default()
             },
         )?),
         ResourceKind::Binning => {
             let pool = PoolResource::new(upstream(), pool_config())?;
-            Box::new(Binned(BinningResource::with_fixed_bins(
-                pool,
+            let bins = BinningConfig::fixed_bins(
                 conf.min_bin.trailing_zeros(),
                 conf.max_bin.trailing_zeros(),
-            )?))
+            );
+            Box::new(Binned(BinningResource::new(pool, bins)?))
         }
         ResourceKind::Cuda => Box::new(Uncached(upstream())),
         ResourceKind::Arena => {
@@ -628,27 +628,27 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
                 size = Some(wanted.min(limit));
             }
             let config = ArenaConfig {
-                arena_size: size,
+                max_reserved: size,
                 ..ArenaConfig::default()
             };
-            Box::new(Tracked::new(ArenaResource::with_config(
-                upstream(),
-                config,
-            )?))
+            Box::new(Tracked::new(ArenaResource::new(upstream(), config)?))
         }
         ResourceKind::Virtual => Box::new(VirtualPool::new(
             device.clone(),
             VirtualPoolConfig {
-                maximum_physical: limit,
+                max_reserved: limit,
                 ..VirtualPoolConfig::default()
             },
         )?),
         ResourceKind::Async => {
-            let cuda = AsyncResource::builder(device.clone())
-                .initial_size(conf.initial_size)
-                .release_threshold(conf.release_threshold)
-                .max_size(conf.max_size.unwrap_or(0))
-                .build()?;
+            let config = AsyncResourceConfig {
+                initial_size: conf.initial_size,
+                release_threshold: conf.release_threshold,
+                // CUDA's maxSize 0 is no limit.
+                max_reserved: conf.max_size.filter(|&m| m > 0),
+                ..AsyncResourceConfig::default()
+            };
+            let cuda = AsyncResource::new(device.clone(), config)?;
             let served = LimitingAdaptor::new(cuda, usize::MAX);
             Served::set_limit(&served, limit, conf);
             Box::new(served)

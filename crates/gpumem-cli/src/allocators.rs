@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
-    ArenaResource, BinningResource, CachingPool, Pool, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolResource, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
@@ -65,7 +65,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
             "arena takes half the device's free memory up front, as RMM's arena does: its reserve does not follow the live bytes",
         ),
         build: |d| {
-            let arena = ArenaResource::new(DeviceResource::new(d.clone()))?;
+            let arena = ArenaResource::with_defaults(DeviceResource::new(d.clone()))?;
             Ok(Allocator::pool(Arc::new(arena)))
         },
     },
@@ -74,7 +74,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, per-stream reuse",
         reserve_note: None,
         build: |d| {
-            let pool = CachingPool::with_upstream(DeviceResource::new(d.clone()), Default::default())?;
+            let pool = CachingPool::with_defaults(DeviceResource::new(d.clone()))?;
             Ok(Allocator::pool(Arc::new(pool)))
         },
     },
@@ -83,7 +83,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         about: "VirtualPool: VMM pages mapped only under live blocks and moved where needed (reserve = physical)",
         reserve_note: None,
         build: |d| {
-            let pool = Arc::new(VirtualPool::new(d.clone(), VirtualPoolConfig::default())?);
+            let pool = Arc::new(VirtualPool::with_defaults(d.clone())?);
             let mut a = Allocator::pool(pool.clone());
             a.virtual_pool = Some(pool);
             Ok(a)
@@ -95,7 +95,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         reserve_note: None,
         build: |d| {
             let pool = Arc::new(PoolResource::with_defaults(DeviceResource::new(d.clone()))?);
-            let bins = BinningResource::with_fixed_bins(pool.clone(), 8, 20)?;
+            let bins = BinningResource::new(pool.clone(), BinningConfig::fixed_bins(8, 20))?;
             Ok(Allocator::new(Arc::new(bins), pool))
         },
     },

@@ -91,7 +91,7 @@ fn threads(mr: Arc<ArenaResource<DeviceResource>>, device: &Device, per_thread: 
 fn main() {
     let device = Device::sim(SimConfig::default());
     let mr = Arc::new(
-        ArenaResource::with_config(DeviceResource::new(device.clone()), ArenaConfig::default())
+        ArenaResource::new(DeviceResource::new(device.clone()), ArenaConfig::default())
             .expect("arena"),
     );
     println!(

@@ -7,7 +7,7 @@
 //! cargo run -p gpumem --example async_trim
 //! ```
 
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::SimConfig;
 use gpumem::pool::Pool;
 use gpumem::resource::MemoryResource;
@@ -20,9 +20,13 @@ fn main() -> gpumem::Result<()> {
     println!("device: {} {}", device.backend(), device.info()?.name);
     let stream = device.create_stream()?;
 
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(256 * MIB)
-        .build()?;
+    let mr = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            initial_size: 256 * MIB,
+            ..AsyncResourceConfig::default()
+        },
+    )?;
     println!(
         "primed:              reserved {:>10} bytes",
         mr.reserved_current()?

@@ -34,7 +34,7 @@ fn run() -> Result<(), String> {
         Device::from_env(SimConfig::backed(256 * MIB)).map_err(|e| e.to_string())?;
     println!("vpool_data on {:?}", device.backend());
     let config = VirtualPoolConfig {
-        maximum_physical: Some(64 * MIB),
+        max_reserved: Some(64 * MIB),
         ..VirtualPoolConfig::default()
     };
     let pool = VirtualPool::new(device.clone(), config).map_err(|e| e.to_string())?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::suite;
 use gpumem::async_pool::{
-    ipc, AsyncManagedResource, AsyncResource, AsyncViewResource, ReusePolicy,
+    ipc, AsyncManagedResource, AsyncResource, AsyncResourceConfig, AsyncViewResource, ReusePolicy,
 };
 use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{AccessFlags, HandleType, Location, PoolPtrExport};
@@ -42,10 +42,14 @@ fn default_pool_passes_the_suite() {
 #[test]
 fn custom_pool_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device)
-        .initial_size(32 * MIB)
-        .build()
-        .unwrap();
+    let mr = AsyncResource::new(
+        device,
+        AsyncResourceConfig {
+            initial_size: 32 * MIB,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     assert!(mr.is_owned());
     assert_eq!(
         mr.release_threshold().unwrap(),
@@ -60,7 +64,7 @@ fn custom_pool_passes_the_suite() {
 #[test]
 fn view_of_a_pool_passes_the_suite_and_leaves_the_pool_alone() {
     let (device, _) = common::device(false);
-    let owner = AsyncResource::new(device.clone()).unwrap();
+    let owner = AsyncResource::with_defaults(device.clone()).unwrap();
     let view = AsyncViewResource::new(device.clone(), owner.raw(), Properties::DEVICE).unwrap();
     assert!(!view.is_owned());
     suite::run_all(Arc::new(
@@ -84,10 +88,14 @@ fn view_of_a_pool_passes_the_suite_and_leaves_the_pool_alone() {
 #[test]
 fn attributes_read_back_what_was_set() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device)
-        .release_threshold(8 * MIB as u64)
-        .build()
-        .unwrap();
+    let mr = AsyncResource::new(
+        device,
+        AsyncResourceConfig {
+            release_threshold: 8 * MIB as u64,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     assert_eq!(mr.release_threshold().unwrap(), 8 * MIB as u64);
     mr.set_release_threshold(u64::MAX).unwrap();
     assert_eq!(mr.release_threshold().unwrap(), u64::MAX);
@@ -108,10 +116,14 @@ fn attributes_read_back_what_was_set() {
 #[test]
 fn trim_returns_unused_memory() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(64 * MIB)
-        .build()
-        .unwrap();
+    let mr = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            initial_size: 64 * MIB,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let keep = mr.allocate(8 * MIB, 256, &s).unwrap();
     let ptrs: Vec<_> = (0..4)
@@ -152,7 +164,7 @@ fn trim_returns_unused_memory() {
 fn release_threshold_decides_what_synchronize_keeps() {
     let (device, _) = common::device(false);
     let s = device.create_stream().unwrap();
-    let keep_all = AsyncResource::new(device.clone()).unwrap();
+    let keep_all = AsyncResource::with_defaults(device.clone()).unwrap();
     let p = keep_all.allocate(32 * MIB, 256, &s).unwrap();
     keep_all.deallocate(p, 32 * MIB, 256, &s).unwrap();
     device.synchronize().unwrap();
@@ -161,10 +173,14 @@ fn release_threshold_decides_what_synchronize_keeps() {
         "kept across synchronize"
     );
 
-    let keep_none = AsyncResource::builder(device.clone())
-        .release_threshold(0)
-        .build()
-        .unwrap();
+    let keep_none = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            release_threshold: 0,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     let p = keep_none.allocate(32 * MIB, 256, &s).unwrap();
     assert!(keep_none.reserved_current().unwrap() >= 32 * MIB);
     keep_none.deallocate(p, 32 * MIB, 256, &s).unwrap();
@@ -179,22 +195,22 @@ fn release_threshold_decides_what_synchronize_keeps() {
 #[test]
 fn highs_track_peaks_and_reset_to_current() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let s = device.create_stream().unwrap();
     let a = mr.allocate(16 * MIB, 256, &s).unwrap();
     let b = mr.allocate(16 * MIB, 256, &s).unwrap();
     let u = mr.usage().unwrap();
-    assert!(u.used >= 32 * MIB && u.used_high >= u.used, "{u:?}");
+    assert!(u.live >= 32 * MIB && u.peak_live >= u.live, "{u:?}");
     assert!(
-        u.reserved >= u.used && u.reserved_high >= u.reserved,
+        u.reserved >= u.live && u.peak_reserved >= u.reserved,
         "{u:?}"
     );
     mr.deallocate(a, 16 * MIB, 256, &s).unwrap();
     mr.deallocate(b, 16 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     let u = mr.usage().unwrap();
-    assert_eq!(u.used, 0, "{u:?}");
-    assert!(u.used_high >= 32 * MIB, "the peak is remembered: {u:?}");
+    assert_eq!(u.live, 0, "{u:?}");
+    assert!(u.peak_live >= 32 * MIB, "the peak is remembered: {u:?}");
     // CUDA documents the highs as reset by writing zero; what a reset high
     // reads before the next change is the current value or less.
     mr.reset_used_high().unwrap();
@@ -203,13 +219,13 @@ fn highs_track_peaks_and_reset_to_current() {
     mr.trim(0).unwrap();
     let u = mr.usage().unwrap();
     assert!(
-        u.reserved_high >= 32 * MIB && u.reserved_high > u.reserved,
+        u.peak_reserved >= 32 * MIB && u.peak_reserved > u.reserved,
         "{u:?}"
     );
     mr.reset_reserved_high().unwrap();
     let high = mr.reserved_high().unwrap();
     assert!(
-        high <= mr.reserved_current().unwrap() && high < u.reserved_high,
+        high <= mr.reserved_current().unwrap() && high < u.peak_reserved,
         "{high}"
     );
     // The high follows new growth after a reset.
@@ -221,13 +237,28 @@ fn highs_track_peaks_and_reset_to_current() {
 }
 
 #[test]
-fn max_size_bounds_the_pool_with_numbers() {
+fn max_reserved_of_zero_is_refused_not_taken_for_no_limit() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .max_size(64 * MIB)
-        .build()
-        .unwrap();
-    assert_eq!(mr.max_size(), 64 * MIB);
+    let config = AsyncResourceConfig {
+        max_reserved: Some(0),
+        ..AsyncResourceConfig::default()
+    };
+    let err = AsyncResource::new(device, config).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+}
+
+#[test]
+fn max_reserved_bounds_the_pool_with_numbers() {
+    let (device, _) = common::device(false);
+    let mr = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            max_reserved: Some(64 * MIB),
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(mr.max_reserved(), Some(64 * MIB));
     let s = device.create_stream().unwrap();
     let a = mr.allocate(32 * MIB, 256, &s).unwrap();
     let err = mr.allocate(64 * MIB, 256, &s).unwrap_err();
@@ -254,10 +285,14 @@ fn max_size_bounds_the_pool_with_numbers() {
 #[test]
 fn huge_request_reports_reserved_and_device() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(4 * MIB)
-        .build()
-        .unwrap();
+    let mr = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            initial_size: 4 * MIB,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let err = mr.allocate(1 << 50, 256, &s).unwrap_err();
     let info = err
@@ -275,26 +310,38 @@ fn bad_builds_are_errors() {
     let (device, _) = common::device(false);
     let n = device.driver().device_count().unwrap();
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .location(Location::Device(n))
-            .build(),
+        AsyncResource::new(
+            device.clone(),
+            AsyncResourceConfig {
+                location: Some(Location::Device(n)),
+                ..AsyncResourceConfig::default()
+            }
+        ),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .max_size(MIB)
-            .initial_size(2 * MIB)
-            .build(),
+        AsyncResource::new(
+            device.clone(),
+            AsyncResourceConfig {
+                max_reserved: Some(MIB),
+                initial_size: 2 * MIB,
+                ..AsyncResourceConfig::default()
+            }
+        ),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .location(Location::Host)
-            .handle_type(HandleType::PosixFd)
-            .build(),
+        AsyncResource::new(
+            device.clone(),
+            AsyncResourceConfig {
+                location: Some(Location::Host),
+                handle_type: HandleType::PosixFd,
+                ..AsyncResourceConfig::default()
+            }
+        ),
         Err(Error::InvalidArgument(_))
     ));
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let s = device.create_stream().unwrap();
     assert!(matches!(
         mr.allocate(64, 512, &s),
@@ -319,13 +366,13 @@ fn missing_memory_pools_are_unsupported_not_panics() {
         memory_pools: false,
         ..SimConfig::default()
     });
-    let f = unsupported_feature(AsyncResource::new(device.clone()));
+    let f = unsupported_feature(AsyncResource::with_defaults(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let f = unsupported_feature(AsyncResource::default_pool(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let f = unsupported_feature(AsyncViewResource::current(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
-    let f = unsupported_feature(AsyncManagedResource::new(device.clone()));
+    let f = unsupported_feature(AsyncManagedResource::with_defaults(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let fd = std::fs::File::open("/dev/null").unwrap();
     let f = unsupported_feature(AsyncResource::import_fd(device, fd.as_fd()));
@@ -339,25 +386,27 @@ fn missing_ipc_and_managed_support_are_unsupported() {
         managed_memory: false,
         ..SimConfig::default()
     });
-    let f = unsupported_feature(
-        AsyncResource::builder(device.clone())
-            .handle_type(HandleType::PosixFd)
-            .build(),
-    );
+    let f = unsupported_feature(AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            handle_type: HandleType::PosixFd,
+            ..AsyncResourceConfig::default()
+        },
+    ));
     assert!(f.contains("POSIX file descriptor"), "{f}");
     let fd = std::fs::File::open("/dev/null").unwrap();
     let f = unsupported_feature(AsyncResource::import_fd(device.clone(), fd.as_fd()));
     assert!(f.contains("POSIX file descriptor"), "{f}");
-    let f = unsupported_feature(AsyncManagedResource::new(device.clone()));
+    let f = unsupported_feature(AsyncManagedResource::with_defaults(device.clone()));
     assert!(f.contains("managed"), "{f}");
     // Plain pools still work on that device.
-    AsyncResource::new(device).unwrap();
+    AsyncResource::with_defaults(device).unwrap();
 }
 
 #[test]
 fn managed_pool_where_supported() {
     let (device, _) = common::device(false);
-    let mr = match AsyncManagedResource::new(device.clone()) {
+    let mr = match AsyncManagedResource::with_defaults(device.clone()) {
         Ok(mr) => mr,
         Err(Error::Unsupported { feature }) => {
             eprintln!("managed pools unsupported here: {feature}");
@@ -382,7 +431,7 @@ fn managed_pool_where_supported() {
 #[test]
 fn own_device_access_is_read_write_and_fixed() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let me = device.ordinal();
     assert_eq!(mr.access(me).unwrap(), AccessFlags::ReadWrite);
     mr.grant_access(me, AccessFlags::ReadWrite).unwrap();
@@ -408,7 +457,7 @@ fn peer_access_on_two_simulated_devices() {
         devices: 2,
         ..SimConfig::default()
     });
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     assert_eq!(
         mr.access(1).unwrap(),
         AccessFlags::None,
@@ -423,7 +472,7 @@ fn peer_access_on_two_simulated_devices() {
 
     // A pool of device 1, reached from device 0.
     let d1 = device.sibling(1).unwrap();
-    let mr1 = AsyncResource::new(d1.clone()).unwrap();
+    let mr1 = AsyncResource::with_defaults(d1.clone()).unwrap();
     mr1.grant_access(0, AccessFlags::ReadWrite).unwrap();
     assert_eq!(mr1.access(0).unwrap(), AccessFlags::ReadWrite);
     assert_eq!(mr1.access(1).unwrap(), AccessFlags::ReadWrite);
@@ -442,7 +491,7 @@ fn peer_access_on_the_real_devices_when_there_are_two() {
         eprintln!("one device: peer access has no peer to test");
         return;
     };
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     match mr.grant_access(peer, AccessFlags::ReadWrite) {
         Ok(()) => assert_eq!(mr.access(peer).unwrap(), AccessFlags::ReadWrite),
         Err(Error::Unsupported { feature }) => eprintln!("no peer access: {feature}"),
@@ -502,10 +551,14 @@ fn export_and_import_within_one_process() {
     let Some(_sim) = common::sim_only(sim, "export_and_import_within_one_process") else {
         return;
     };
-    let mr = AsyncResource::builder(device.clone())
-        .handle_type(HandleType::PosixFd)
-        .build()
-        .unwrap();
+    let mr = AsyncResource::new(
+        device.clone(),
+        AsyncResourceConfig {
+            handle_type: HandleType::PosixFd,
+            ..AsyncResourceConfig::default()
+        },
+    )
+    .unwrap();
     assert_eq!(mr.handle_type(), HandleType::PosixFd);
     let stream = device.create_stream().unwrap();
     let pattern = common::random_bytes(3 * MIB + 17, 6);

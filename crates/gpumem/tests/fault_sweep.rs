@@ -25,14 +25,15 @@ use std::sync::Arc;
 
 use common::suite::LiveSet;
 use gpumem::adaptor::FailureCallbackAdaptor;
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeConfig, FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool,
+    VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DevicePtr, Error, Event, Result, Stream};
 
 /// `CUDA_ERROR_UNKNOWN`: what an injected failure returns.
@@ -130,10 +131,8 @@ fn subjects() -> Vec<Subject> {
             name: "CachingPool",
             max_request: 64 << 20,
             make: |d| {
-                let p = CachingPool::with_upstream(
-                    DeviceResource::new(d.clone()),
-                    CachingPoolConfig::default(),
-                )?;
+                let p =
+                    CachingPool::new(DeviceResource::new(d.clone()), CachingPoolConfig::default())?;
                 Ok(Box::new(p))
             },
         },
@@ -141,10 +140,12 @@ fn subjects() -> Vec<Subject> {
             name: "FixedSizeResource",
             max_request: 4 << 20,
             make: |d| {
-                let p = FixedSizeResource::with_blocks_per_chunk(
+                let p = FixedSizeResource::new(
                     DeviceResource::new(d.clone()),
-                    4 << 20,
-                    4,
+                    FixedSizeConfig {
+                        block_size: 4 << 20,
+                        blocks_per_chunk: Some(4),
+                    },
                 )?;
                 Ok(Box::new(p))
             },
@@ -155,14 +156,17 @@ fn subjects() -> Vec<Subject> {
             make: |d| {
                 let pool =
                     PoolResource::new(DeviceResource::new(d.clone()), PoolConfig::default())?;
-                Ok(Box::new(BinningResource::with_fixed_bins(pool, 8, 20)?))
+                Ok(Box::new(BinningResource::new(
+                    pool,
+                    BinningConfig::fixed_bins(8, 20),
+                )?))
             },
         },
         Subject {
             name: "ArenaResource",
             max_request: 64 << 20,
             make: |d| {
-                let p = ArenaResource::with_config(
+                let p = ArenaResource::new(
                     DeviceResource::new(d.clone()),
                     ArenaConfig::with_size(CAPACITY / 2),
                 )?;
@@ -184,16 +188,26 @@ fn subjects() -> Vec<Subject> {
             max_request: 64 << 20,
             make: |d| {
                 let config = PinnedPoolConfig {
-                    maximum_size: Some(CAPACITY / 2),
+                    max_reserved: Some(CAPACITY / 2),
                     ..PinnedPoolConfig::default()
                 };
-                Ok(Box::new(PinnedPool::new(d.clone(), config)?))
+                Ok(Box::new(PinnedPool::new(
+                    PinnedHostResource::new(d.clone()),
+                    config,
+                )?))
             },
         },
         Subject {
             name: "AsyncResource",
             max_request: 64 << 20,
-            make: |d| Ok(Box::new(AsyncResource::builder(d.clone()).build()?)),
+            make: |d| {
+                Ok(Box::new(AsyncResource::new(
+                    d.clone(),
+                    AsyncResourceConfig {
+                        ..AsyncResourceConfig::default()
+                    },
+                )?))
+            },
         },
     ]
 }

@@ -10,7 +10,10 @@ use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 use std::sync::Arc;
 
 use common::suite;
-use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource, Pool};
+use gpumem::pool::{
+    BinningConfig, BinningResource, CachingPool, CachingPoolConfig, FixedSizeConfig,
+    FixedSizeResource, Pool,
+};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
@@ -21,15 +24,25 @@ use proptest::prelude::*;
 fn fixed_size_passes_the_suite_with_blocks_that_fit_every_request() {
     let (device, _) = common::device(false);
     // The suite asks for at most 4 MiB; 1 PiB is refused with its size.
-    let mr =
-        FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 4 << 20, 2).unwrap();
+    let mr = FixedSizeResource::new(
+        DeviceResource::new(device),
+        FixedSizeConfig {
+            block_size: 4 << 20,
+            blocks_per_chunk: Some(2),
+        },
+    )
+    .unwrap();
     suite::run_all(Arc::new(mr));
 }
 
 #[test]
 fn fixed_size_small_blocks_serve_small_requests_and_refuse_larger_ones() {
     let (device, _) = common::device(false);
-    let mr = FixedSizeResource::new(DeviceResource::new(device.clone()), 256).unwrap();
+    let mr = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(256),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     suite::zero_bytes(&mr, &s);
     for align in [1, 2, 64, 256] {
@@ -56,18 +69,36 @@ fn fixed_size_rejects_bad_block_sizes() {
     let (device, _) = common::device(false);
     for bad in [0usize, 100, 300, 1000] {
         assert!(matches!(
-            FixedSizeResource::new(DeviceResource::new(device.clone()), bad),
+            FixedSizeResource::new(
+                DeviceResource::new(device.clone()),
+                FixedSizeConfig::with_block_size(bad)
+            ),
             Err(Error::InvalidArgument(_))
         ));
     }
-    assert!(FixedSizeResource::new(DeviceResource::new(device.clone()), 768).is_ok());
-    assert!(FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 256, 0).is_err());
+    assert!(FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(768)
+    )
+    .is_ok());
+    assert!(FixedSizeResource::new(
+        DeviceResource::new(device),
+        FixedSizeConfig {
+            block_size: 256,
+            blocks_per_chunk: Some(0)
+        }
+    )
+    .is_err());
 }
 
 #[test]
 fn binning_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mr = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 20).unwrap();
+    let mr = BinningResource::new(
+        DeviceResource::new(device),
+        BinningConfig::fixed_bins(8, 20),
+    )
+    .unwrap();
     assert_eq!(mr.bin_sizes().len(), 13);
     suite::run_all(Arc::new(mr));
 }
@@ -75,9 +106,16 @@ fn binning_passes_the_suite() {
 #[test]
 fn binning_with_a_custom_bin_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mut mr =
-        BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 9, 16).unwrap();
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let mut mr = BinningResource::new(
+        DeviceResource::new(device.clone()),
+        BinningConfig::fixed_bins(9, 16),
+    )
+    .unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     mr.add_bin(4 << 20, pool).unwrap();
     assert!(mr.add_fixed_bins(7, 9).is_err());
     assert!(mr.add_bin(0, DeviceResource::new(device)).is_err());
@@ -87,7 +125,11 @@ fn binning_with_a_custom_bin_passes_the_suite() {
 #[test]
 fn caching_pool_passes_the_suite() {
     let (device, _) = common::device(false);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     suite::run_all(Arc::new(pool));
 }
 
@@ -101,7 +143,9 @@ fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
         batch_size: 4,
         ..CachingPoolConfig::default()
     };
-    suite::run_all(Arc::new(CachingPool::new(&device, config).unwrap()));
+    suite::run_all(Arc::new(
+        CachingPool::new(DeviceResource::new(device.clone()), config).unwrap(),
+    ));
 }
 
 #[test]
@@ -109,7 +153,7 @@ fn caching_pool_config_is_validated() {
     let (device, _) = common::device(false);
     let bad = [
         CachingPoolConfig {
-            max_pool_size: 0,
+            max_reserved: Some(0),
             ..Default::default()
         },
         CachingPoolConfig {
@@ -136,38 +180,16 @@ fn caching_pool_config_is_validated() {
             batch_size: 0,
             ..Default::default()
         },
-        CachingPoolConfig {
-            device_id: Some(7),
-            ..Default::default()
-        },
     ];
     for config in bad {
-        let err = CachingPool::new(&device, config.clone())
+        let err = CachingPool::new(DeviceResource::new(device.clone()), config.clone())
             .map(|_| ())
             .unwrap_err();
         assert!(
-            matches!(err, Error::InvalidArgument(_) | Error::NoSuchDevice { .. }),
+            matches!(err, Error::InvalidArgument(_)),
             "{config:?}: {err:?}"
         );
     }
-    let err = CachingPool::with_upstream(
-        DeviceResource::new(device.clone()),
-        CachingPoolConfig {
-            device_id: Some(3),
-            ..Default::default()
-        },
-    )
-    .map(|_| ())
-    .unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)));
-    assert!(CachingPool::new(
-        &device,
-        CachingPoolConfig {
-            device_id: Some(0),
-            ..Default::default()
-        }
-    )
-    .is_ok());
 }
 
 // ----- the random-sequence model checks -----
@@ -193,10 +215,10 @@ impl<U: MemoryResource + 'static> Modeled for BinningResource<U> {
 impl<U: MemoryResource> Modeled for CachingPool<U> {
     fn live(&self) -> usize {
         let s = self.stats();
-        assert_eq!(s.live_bytes, self.live_bytes());
-        assert_eq!(s.reserved_bytes, self.reserved_bytes());
+        assert_eq!(s.live, self.live_bytes());
+        assert_eq!(s.reserved, self.reserved_bytes());
         let in_use: usize = s.classes.iter().map(|c| c.live_blocks * c.block_size).sum();
-        assert_eq!(s.cached_bytes + in_use, s.reserved_bytes, "{s:?}");
+        assert_eq!(s.free + in_use, s.reserved, "{s:?}");
         self.live_bytes()
     }
     fn process(&self) {
@@ -210,7 +232,7 @@ proptest! {
     #[test]
     fn fixed_size_model(ops in prop::collection::vec(op(12), 1..160)) {
         let (device, sim, streams, base) = model_setup();
-        let pool = FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 8192, 4).unwrap();
+        let pool = FixedSizeResource::new(DeviceResource::new(device), FixedSizeConfig { block_size: 8192, blocks_per_chunk: Some(4) }).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -220,7 +242,7 @@ proptest! {
     fn binning_model(ops in prop::collection::vec(op(16), 1..160)) {
         let (device, sim, streams, base) = model_setup();
         // Largest bin 128 KiB covers every request of the model.
-        let pool = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 17).unwrap();
+        let pool = BinningResource::new(DeviceResource::new(device), BinningConfig::fixed_bins(8, 17)).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -230,7 +252,7 @@ proptest! {
     fn caching_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
         let (device, sim, streams, base) = model_setup();
         let config = CachingPoolConfig { batch_size: 3, ..CachingPoolConfig::default() };
-        let pool = CachingPool::new(&device, config).unwrap();
+        let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -244,11 +266,11 @@ proptest! {
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
         let config = CachingPoolConfig {
-            max_pool_size: 12 << 20,
+            max_reserved: Some(12 << 20),
             cross_stream_wait: false,
             ..CachingPoolConfig::default()
         };
-        let pool = CachingPool::new(&device, config).unwrap();
+        let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -260,7 +282,11 @@ proptest! {
 #[test]
 fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
     let (device, sim) = sim(1 << 30);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -296,7 +322,7 @@ fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
         cross_stream_wait: false,
         ..Default::default()
     };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -332,7 +358,7 @@ fn batches_record_one_event_per_stream_per_batch() {
         batch_size: 8,
         ..Default::default()
     };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let ptrs: Vec<_> = (0..32)
         .map(|_| pool.allocate_async(512, &s).unwrap())
@@ -360,7 +386,11 @@ fn batches_record_one_event_per_stream_per_batch() {
 #[test]
 fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
     let (device, sim) = sim(64 << 20);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -374,11 +404,11 @@ fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
     for &b in &blocks {
         pool.deallocate_async(b, Some(8 << 20), &s).unwrap();
     }
-    assert_eq!(pool.cached_bytes(), 48 << 20);
+    assert_eq!(pool.free_bytes(), 48 << 20);
     // 32 MiB does not fit next to 48 MiB of cache: the pool synchronizes S,
     // gives the cache back and retries.
     let big = pool.allocate_async(32 << 20, &t).unwrap();
-    assert!(pool.cached_bytes() < 48 << 20);
+    assert!(pool.free_bytes() < 48 << 20);
     assert_eq!(pool.live_bytes(), 32 << 20);
     // More than the device: a clean error with the numbers.
     let err = pool.allocate_async(64 << 20, &t).unwrap_err();
@@ -401,7 +431,11 @@ fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
 fn injected_out_of_memory_is_retried_and_loses_nothing() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let warm = pool.allocate_async(4 << 20, &s).unwrap();
     pool.deallocate_async(warm, Some(4 << 20), &s).unwrap();
@@ -432,10 +466,12 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
     {
-        let mr = FixedSizeResource::with_blocks_per_chunk(
+        let mr = FixedSizeResource::new(
             DeviceResource::new(device.clone()),
-            1 << 20,
-            4,
+            FixedSizeConfig {
+                block_size: 1 << 20,
+                blocks_per_chunk: Some(4),
+            },
         )
         .unwrap();
         let s = device.create_stream().unwrap();
@@ -456,8 +492,11 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
         mr.deallocate(q, 1000, 256, &s).unwrap();
     }
     {
-        let mr =
-            BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20).unwrap();
+        let mr = BinningResource::new(
+            DeviceResource::new(device.clone()),
+            BinningConfig::fixed_bins(8, 20),
+        )
+        .unwrap();
         let s = device.create_stream().unwrap();
         let warm = mr.allocate(1 << 20, 256, &s).unwrap();
         mr.deallocate(warm, 1 << 20, 256, &s).unwrap();
@@ -479,10 +518,10 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
 fn pool_limit_is_an_out_of_memory_with_the_limit() {
     let (device, _) = sim(1 << 30);
     let config = CachingPoolConfig {
-        max_pool_size: 8 << 20,
+        max_reserved: Some(8 << 20),
         ..Default::default()
     };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = pool.allocate_async(4 << 20, &s).unwrap();
     let err = pool.allocate_async(8 << 20, &s).unwrap_err();
@@ -500,7 +539,11 @@ fn pool_limit_is_an_out_of_memory_with_the_limit() {
 #[test]
 fn bad_frees_are_errors_and_change_nothing() {
     let (device, _) = sim(1 << 30);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let p = pool.allocate_async(1000, &s).unwrap();
     assert!(matches!(
@@ -539,7 +582,11 @@ fn bad_frees_are_errors_and_change_nothing() {
         })
     ));
     assert_eq!(pool.live_bytes(), 0);
-    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096).unwrap();
+    let fixed = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(4096),
+    )
+    .unwrap();
     let q = fixed.allocate(100, 256, &s).unwrap();
     fixed.deallocate(q, 100, 256, &s).unwrap();
     assert!(matches!(
@@ -556,7 +603,7 @@ fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
         max_block_size: 1 << 20,
         ..Default::default()
     };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(pool.block_size_for(1), Some(512));
     assert_eq!(pool.block_size_for(600), Some(1024));
@@ -583,8 +630,16 @@ fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
 fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
     let (device, sim) = sim(1 << 30);
     let base_streams = sim.live_streams();
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
-    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 1 << 16).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
+    let fixed = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(1 << 16),
+    )
+    .unwrap();
     let t = device.create_stream().unwrap();
     let (p, f, raw, pos);
     {
@@ -632,7 +687,7 @@ fn many_threads_on_many_streams_share_one_caching_pool() {
     let base = sim.device_bytes(0);
     let pool = Arc::new(
         CachingPool::new(
-            &device,
+            DeviceResource::new(device.clone()),
             CachingPoolConfig {
                 batch_size: 16,
                 ..Default::default()
@@ -692,7 +747,11 @@ fn many_threads_on_many_streams_share_one_caching_pool() {
 #[test]
 fn device_buffer_round_trips_through_a_caching_pool() {
     let (device, _) = common::device(true);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let data: Vec<u32> = (0..100_000u32)
         .map(|i| i.wrapping_mul(2_654_435_761))

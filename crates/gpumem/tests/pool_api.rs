@@ -11,8 +11,8 @@ use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::async_pool::AsyncResource;
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    Pool, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, FixedSizeConfig,
+    FixedSizeResource, Pool, PoolResource, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Backend, Device};
@@ -37,29 +37,29 @@ fn caching_pools(device: &Device) -> Vec<(&'static str, Box<dyn Pool>)> {
         ),
         (
             "CachingPool",
-            Box::new(CachingPool::with_upstream(up(), CachingPoolConfig::default()).unwrap()),
+            Box::new(CachingPool::with_defaults(up()).unwrap()),
         ),
         (
             "FixedSizeResource",
-            Box::new(FixedSizeResource::new(up(), BLOCK).unwrap()),
-        ),
-        (
-            "BinningResource",
-            Box::new(BinningResource::with_fixed_bins(up(), 8, 24).unwrap()),
-        ),
-        (
-            "VirtualPool",
-            Box::new(VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()),
-        ),
-        (
-            "PinnedPool",
             Box::new(
-                PinnedPool::with_upstream(PinnedHostResource::new(device.clone()), pinned).unwrap(),
+                FixedSizeResource::new(up(), FixedSizeConfig::with_block_size(BLOCK)).unwrap(),
             ),
         ),
         (
+            "BinningResource",
+            Box::new(BinningResource::new(up(), BinningConfig::fixed_bins(8, 24)).unwrap()),
+        ),
+        (
+            "VirtualPool",
+            Box::new(VirtualPool::with_defaults(device.clone()).unwrap()),
+        ),
+        (
+            "PinnedPool",
+            Box::new(PinnedPool::new(PinnedHostResource::new(device.clone()), pinned).unwrap()),
+        ),
+        (
             "AsyncResource",
-            Box::new(AsyncResource::new(device.clone()).unwrap()),
+            Box::new(AsyncResource::with_defaults(device.clone()).unwrap()),
         ),
     ]
 }
@@ -128,10 +128,10 @@ fn every_pool_reports_its_peak_trims_to_a_target_and_releases() {
 fn the_arena_holds_its_region_for_life() {
     let (device, _) = common::device(false);
     let config = ArenaConfig {
-        arena_size: Some(64 * MIB),
+        max_reserved: Some(64 * MIB),
         ..ArenaConfig::default()
     };
-    let arena = ArenaResource::with_config(DeviceResource::new(device.clone()), config).unwrap();
+    let arena = ArenaResource::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let p = arena.allocate(BLOCK, 256, &s).unwrap();
     arena.deallocate(p, BLOCK, 256, &s).unwrap();
@@ -163,4 +163,26 @@ fn wrappers_answer_for_the_pool_they_wrap() {
     // The stack is still a resource: a trait object of one upcasts.
     let resource: Arc<dyn MemoryResource> = shared;
     assert!(resource.is_equal(&*pool));
+}
+
+#[test]
+fn every_pool_is_made_with_defaults_the_same_way() {
+    let (device, _) = common::device(false);
+    let up = || DeviceResource::new(device.clone());
+    let pools: Vec<Box<dyn Pool>> = vec![
+        Box::new(PoolResource::with_defaults(up()).unwrap()),
+        Box::new(CachingPool::with_defaults(up()).unwrap()),
+        Box::new(FixedSizeResource::with_defaults(up()).unwrap()),
+        Box::new(BinningResource::with_defaults(up()).unwrap()),
+        Box::new(ArenaResource::with_defaults(up()).unwrap()),
+        Box::new(VirtualPool::with_defaults(device.clone()).unwrap()),
+        Box::new(AsyncResource::with_defaults(device.clone()).unwrap()),
+        Box::new(PinnedPool::with_defaults(PinnedHostResource::new(device.clone())).unwrap()),
+    ];
+    let s = device.create_stream().unwrap();
+    for pool in pools {
+        let p = pool.allocate(MIB, 256, &s).unwrap();
+        pool.deallocate(p, MIB, 256, &s).unwrap();
+        pool.release().unwrap();
+    }
 }

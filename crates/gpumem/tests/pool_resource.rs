@@ -40,7 +40,7 @@ fn pool_with_initial_size_and_limit_passes_the_suite() {
     let (device, _) = common::device(false);
     let config = PoolConfig {
         initial_size: 64 << 20,
-        maximum_size: Some(1 << 30),
+        max_reserved: Some(1 << 30),
         ..PoolConfig::default()
     };
     suite::run_all(Arc::new(pool_on(&device, config)));
@@ -52,7 +52,7 @@ fn config_is_validated() {
     let up = || DeviceResource::new(device.clone());
     let over = PoolConfig {
         initial_size: 2 << 20,
-        maximum_size: Some(1 << 20),
+        max_reserved: Some(1 << 20),
         ..PoolConfig::default()
     };
     assert!(matches!(
@@ -287,7 +287,7 @@ fn injected_out_of_memory_is_retried_then_reported() {
     let limited = pool_on(
         &device,
         PoolConfig {
-            maximum_size: Some(4 << 20),
+            max_reserved: Some(4 << 20),
             ..PoolConfig::default()
         },
     );
@@ -383,7 +383,7 @@ proptest! {
         let (device, sim) = sim(24 << 20);
         let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
-        let config = PoolConfig { maximum_size: Some(20 << 20), ..PoolConfig::default() };
+        let config = PoolConfig { max_reserved: Some(20 << 20), ..PoolConfig::default() };
         run_model(pool_on(&device, config), &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");

@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use common::pattern::{pattern, seconds, Figures};
 use common::suite::LiveSet;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeConfig, FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, Stream};
 use rand::{Rng, SeedableRng};
 
@@ -183,7 +183,7 @@ fn device() -> Device {
 fn stress_pool_resource() {
     let d = device();
     let config = PoolConfig {
-        maximum_size: Some(LIMIT),
+        max_reserved: Some(LIMIT),
         ..PoolConfig::default()
     };
     let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
@@ -194,10 +194,10 @@ fn stress_pool_resource() {
 fn stress_caching_pool() {
     let d = device();
     let config = CachingPoolConfig {
-        max_pool_size: LIMIT,
+        max_reserved: Some(LIMIT),
         ..CachingPoolConfig::default()
     };
-    let mr = Arc::new(CachingPool::with_upstream(DeviceResource::new(d.clone()), config).unwrap());
+    let mr = Arc::new(CachingPool::new(DeviceResource::new(d.clone()), config).unwrap());
     stress("CachingPool", mr.clone(), &d, || mr.live_bytes());
 }
 
@@ -205,7 +205,16 @@ fn stress_caching_pool() {
 fn stress_fixed_size() {
     let d = device();
     let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
-    let mr = Arc::new(FixedSizeResource::with_blocks_per_chunk(up, 512 << 10, 4).unwrap());
+    let mr = Arc::new(
+        FixedSizeResource::new(
+            up,
+            FixedSizeConfig {
+                block_size: 512 << 10,
+                blocks_per_chunk: Some(4),
+            },
+        )
+        .unwrap(),
+    );
     stress("FixedSizeResource", mr.clone(), &d, || mr.live_bytes());
 }
 
@@ -213,11 +222,11 @@ fn stress_fixed_size() {
 fn stress_binning() {
     let d = device();
     let config = PoolConfig {
-        maximum_size: Some(LIMIT),
+        max_reserved: Some(LIMIT),
         ..PoolConfig::default()
     };
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
-    let mr = Arc::new(BinningResource::with_fixed_bins(pool, 8, 16).unwrap());
+    let mr = Arc::new(BinningResource::new(pool, BinningConfig::fixed_bins(8, 16)).unwrap());
     stress("BinningResource", mr.clone(), &d, || mr.live_bytes());
 }
 
@@ -225,7 +234,7 @@ fn stress_binning() {
 fn stress_arena() {
     let d = device();
     let mr = Arc::new(
-        ArenaResource::with_config(
+        ArenaResource::new(
             DeviceResource::new(d.clone()),
             ArenaConfig::with_size(LIMIT),
         )
@@ -238,7 +247,7 @@ fn stress_arena() {
 fn stress_virtual_pool() {
     let d = device();
     let config = VirtualPoolConfig {
-        maximum_physical: Some(LIMIT),
+        max_reserved: Some(LIMIT),
         ..VirtualPoolConfig::default()
     };
     let mr = Arc::new(VirtualPool::new(d.clone(), config).unwrap());
@@ -250,10 +259,14 @@ fn stress_virtual_pool() {
 fn stress_async_resource() {
     let d = device();
     let mr = Arc::new(
-        AsyncResource::builder(d.clone())
-            .max_size(LIMIT)
-            .build()
-            .unwrap(),
+        AsyncResource::new(
+            d.clone(),
+            AsyncResourceConfig {
+                max_reserved: Some(LIMIT),
+                ..AsyncResourceConfig::default()
+            },
+        )
+        .unwrap(),
     );
     stress("AsyncResource", mr.clone(), &d, || {
         mr.used_current().unwrap()
@@ -264,10 +277,10 @@ fn stress_async_resource() {
 fn stress_pinned_pool() {
     let d = device();
     let config = PinnedPoolConfig {
-        maximum_size: Some(LIMIT),
+        max_reserved: Some(LIMIT),
         ..PinnedPoolConfig::default()
     };
-    let mr = Arc::new(PinnedPool::new(d.clone(), config).unwrap());
+    let mr = Arc::new(PinnedPool::new(PinnedHostResource::new(d.clone()), config).unwrap());
     stress("PinnedPool", mr.clone(), &d, || mr.stats().live);
 }
 
@@ -275,7 +288,7 @@ fn stress_pinned_pool() {
 fn stress_statistics_over_a_pool() {
     let d = device();
     let config = PoolConfig {
-        maximum_size: Some(LIMIT),
+        max_reserved: Some(LIMIT),
         ..PoolConfig::default()
     };
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();

@@ -101,7 +101,7 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     let (device, sim) = sim(80 << 30);
     let config = VirtualPoolConfig {
         slack_permille: 0,
-        maximum_physical: Some(22 * 2 * MIB),
+        max_reserved: Some(22 * 2 * MIB),
         max_extent_pages: 32,
         ..VirtualPoolConfig::default()
     };
@@ -310,10 +310,10 @@ fn out_of_memory_reports_detail_and_loses_nothing() {
 }
 
 #[test]
-fn maximum_physical_is_a_limit() {
+fn max_reserved_is_a_limit() {
     let (device, sim) = sim(80 << 30);
     let config = VirtualPoolConfig {
-        maximum_physical: Some(8 * MIB),
+        max_reserved: Some(8 * MIB),
         ..VirtualPoolConfig::default()
     };
     let p = VirtualPool::new(device.clone(), config).unwrap();
@@ -328,14 +328,14 @@ fn maximum_physical_is_a_limit() {
 }
 
 #[test]
-fn maximum_physical_changes_at_run_time_and_the_pool_lists_what_it_holds() {
+fn max_reserved_changes_at_run_time_and_the_pool_lists_what_it_holds() {
     let (device, sim) = sim(80 << 30);
     let p = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
     let b = p.allocate(1000, 256, &s).unwrap();
-    p.set_maximum_physical(Some(8 * MIB));
-    assert_eq!(p.maximum_physical(), Some(8 * MIB));
+    p.set_max_reserved(Some(8 * MIB));
+    assert_eq!(p.max_reserved(), Some(8 * MIB));
     let e = p.allocate(4 * MIB, 256, &s).unwrap_err();
     assert_eq!(e.oom_info().unwrap().limit, Some(8 * MIB));
     // Live blocks, their sizes, and the mapped ranges holding them.
@@ -356,7 +356,7 @@ fn maximum_physical_changes_at_run_time_and_the_pool_lists_what_it_holds() {
     assert_eq!(st.chunks_created as usize, st.chunks);
     assert_eq!(st.peak_chunks, st.chunks);
     assert_eq!(p.free_physical_bytes(), st.reserved - 4 * (2 * MIB));
-    p.set_maximum_physical(None);
+    p.set_max_reserved(None);
     let c = p.allocate(4 * MIB, 256, &s).unwrap();
     for (q, n) in [(a, 6 * MIB), (b, 1000), (c, 4 * MIB)] {
         p.deallocate(q, n, 256, &s).unwrap();

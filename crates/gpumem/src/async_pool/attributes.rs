@@ -54,11 +54,11 @@ pub struct PoolUsage {
     /// Bytes the pool holds from the device now (`RESERVED_MEM_CURRENT`).
     pub reserved: usize,
     /// Highest `reserved` since the last reset (`RESERVED_MEM_HIGH`).
-    pub reserved_high: usize,
+    pub peak_reserved: usize,
     /// Bytes handed out and not yet freed (`USED_MEM_CURRENT`).
-    pub used: usize,
-    /// Highest `used` since the last reset (`USED_MEM_HIGH`).
-    pub used_high: usize,
+    pub live: usize,
+    /// Highest `live` since the last reset (`USED_MEM_HIGH`).
+    pub peak_live: usize,
 }
 
 /// A CUDA memory pool of one device: its handle, what it hands out, and its
@@ -161,10 +161,11 @@ impl MemPool {
         self.handle_type
     }
 
-    /// The pool's size limit in bytes; 0 when it has none (or it is unknown).
+    /// The most bytes the pool may reserve; `None` when it has no limit (or
+    /// the limit is unknown: pools gpumem did not create).
     #[inline]
-    pub fn max_size(&self) -> usize {
-        self.max_size
+    pub fn max_reserved(&self) -> Option<usize> {
+        (self.max_size > 0).then_some(self.max_size)
     }
 
     /// Where the pool's memory can be accessed from.
@@ -241,9 +242,9 @@ impl MemPool {
     pub fn usage(&self) -> Result<PoolUsage> {
         Ok(PoolUsage {
             reserved: self.reserved_current()?,
-            reserved_high: self.reserved_high()?,
-            used: self.used_current()?,
-            used_high: self.used_high()?,
+            peak_reserved: self.reserved_high()?,
+            live: self.used_current()?,
+            peak_live: self.used_high()?,
         })
     }
 

@@ -10,7 +10,7 @@
 
 use std::ops::Deref;
 
-use super::async_resource::AsyncResource;
+use super::async_resource::{AsyncResource, AsyncResourceConfig};
 use super::attributes::MemPool;
 use crate::device::Device;
 use crate::driver::{AllocationType, DevicePtr};
@@ -25,19 +25,21 @@ pub struct AsyncManagedResource {
 }
 
 impl AsyncManagedResource {
-    /// A new managed-memory pool on `device`.
-    pub fn new(device: Device) -> Result<Self> {
-        Self::with_initial_size(device, 0)
+    /// A new managed-memory pool on `device`, made as `config` says for an
+    /// [`AsyncResource`]; its `alloc_type` is always
+    /// [`AllocationType::Managed`].
+    pub fn new(device: Device, config: AsyncResourceConfig) -> Result<Self> {
+        let config = AsyncResourceConfig {
+            alloc_type: AllocationType::Managed,
+            ..config
+        };
+        let inner = AsyncResource::new(device, config)?;
+        Ok(Self { inner })
     }
 
-    /// A new managed-memory pool on `device`, primed with `bytes` (see
-    /// [`AsyncResourceBuilder::initial_size`](super::AsyncResourceBuilder::initial_size)).
-    pub fn with_initial_size(device: Device, bytes: usize) -> Result<Self> {
-        let inner = AsyncResource::builder(device)
-            .alloc_type(AllocationType::Managed)
-            .initial_size(bytes)
-            .build()?;
-        Ok(Self { inner })
+    /// A new managed-memory pool on `device` with the default configuration.
+    pub fn with_defaults(device: Device) -> Result<Self> {
+        Self::new(device, AsyncResourceConfig::default())
     }
 
     /// The pool behind this resource.

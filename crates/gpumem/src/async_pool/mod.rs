@@ -27,7 +27,7 @@
 //! the feature, never a panic.
 //!
 //! ```
-//! use gpumem::async_pool::{AsyncResource, ReusePolicy};
+//! use gpumem::async_pool::{AsyncResource, AsyncResourceConfig, ReusePolicy};
 //! use gpumem::driver::sim::SimConfig;
 //! use gpumem::pool::Pool;
 //! use gpumem::resource::MemoryResource;
@@ -35,9 +35,9 @@
 //!
 //! # fn main() -> gpumem::Result<()> {
 //! let device = Device::sim(SimConfig::default());
-//! let mr = AsyncResource::builder(device.clone())
-//!     .initial_size(64 << 20)
-//!     .build()?;
+//! let mut config = AsyncResourceConfig::default();
+//! config.initial_size = 64 << 20;
+//! let mr = AsyncResource::new(device.clone(), config)?;
 //! assert_eq!(mr.release_threshold()?, u64::MAX);
 //! assert!(mr.reserved_current()? >= 64 << 20);
 //! assert!(mr.reuse_policy(ReusePolicy::AllowOpportunistic)?);
@@ -130,7 +130,7 @@ pub mod ipc;
 mod managed;
 mod view;
 
-pub use async_resource::{AsyncResource, AsyncResourceBuilder};
+pub use async_resource::{AsyncResource, AsyncResourceConfig};
 pub use attributes::{MemPool, PoolUsage, ReusePolicy};
 #[cfg(unix)]
 pub use ipc::ImportedPool;

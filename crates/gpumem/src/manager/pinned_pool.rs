@@ -43,10 +43,12 @@
 //! ```
 //! use allocator_api2::vec::Vec;
 //! use gpumem::driver::sim::SimConfig;
-//! use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+//! use gpumem::manager::PinnedPool;
+//! use gpumem::resource::PinnedHostResource;
 //! use gpumem::Device;
 //!
-//! let pool = PinnedPool::new(Device::sim(SimConfig::default()), PinnedPoolConfig::default()).unwrap();
+//! let device = Device::sim(SimConfig::default());
+//! let pool = PinnedPool::with_defaults(PinnedHostResource::new(device)).unwrap();
 //! let mut v: Vec<f32, &PinnedPool> = Vec::new_in(&pool);
 //! v.extend((0..1000).map(|i| i as f32));
 //! assert_eq!(v[999], 999.0);
@@ -73,13 +75,15 @@ pub const COPY_BATCH: u32 = 32;
 /// Largest alignment the pinned pool serves.
 pub const PINNED_MAX_ALIGNMENT: usize = 1 << 21;
 
-/// Configuration of a [`PinnedPool`].
+/// Configuration of a [`PinnedPool`]. `Default`: nothing pinned up front, no
+/// limit, regions of at least 32 MiB.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinnedPoolConfig {
     /// Bytes pinned when the pool is made (0: nothing up front).
     pub initial_size: usize,
-    /// Most bytes the pool may pin; `None` for no limit.
-    pub maximum_size: Option<usize>,
+    /// Most bytes the pool may pin: its regions (at least `initial_size`).
+    /// A request that would need more is out of memory. `None`: no limit.
+    pub max_reserved: Option<usize>,
     /// Smallest region pinned when the pool grows (requests larger than this
     /// get a region of their own size).
     pub growth: usize,
@@ -89,7 +93,7 @@ impl Default for PinnedPoolConfig {
     fn default() -> Self {
         Self {
             initial_size: 0,
-            maximum_size: None,
+            max_reserved: None,
             growth: 32 << 20,
         }
     }
@@ -100,7 +104,7 @@ impl PinnedPoolConfig {
     pub fn fixed(bytes: usize) -> Self {
         Self {
             initial_size: bytes,
-            maximum_size: Some(bytes),
+            max_reserved: Some(bytes),
             ..Self::default()
         }
     }
@@ -111,6 +115,8 @@ impl PinnedPoolConfig {
 pub struct PinnedPoolStats {
     /// Bytes pinned from the driver.
     pub reserved: usize,
+    /// Highest `reserved` since the pool was made or its peak was reset.
+    pub peak_reserved: usize,
     /// Bytes in blocks handed out (rounded block sizes).
     pub live: usize,
     /// Blocks handed out.
@@ -280,17 +286,15 @@ impl Track {
 }
 
 impl PinnedPool {
-    /// A pool of pinned memory of `device`'s driver (portable, device-mapped).
-    pub fn new(device: Device, config: PinnedPoolConfig) -> Result<Self> {
-        Self::with_upstream(PinnedHostResource::new(device), config)
-    }
-
-    /// A pool over an explicit pinned upstream (other `cuMemHostAlloc` flags).
-    pub fn with_upstream(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
-        if let Some(max) = config.maximum_size {
+    /// A pool over `upstream`, pinning `config.initial_size` bytes at once.
+    /// `PinnedHostResource::new(device)` pins portable, device-mapped memory
+    /// of `device`'s driver; other `cuMemHostAlloc` flags make other
+    /// upstreams.
+    pub fn new(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
+        if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
-                    "pinned pool initial size {} exceeds its maximum size {max}",
+                    "pinned pool initial size {} exceeds its max_reserved {max}",
                     config.initial_size
                 )));
             }
@@ -318,6 +322,11 @@ impl PinnedPool {
         Ok(pool)
     }
 
+    /// A pool over `upstream` with the default configuration.
+    pub fn with_defaults(upstream: PinnedHostResource) -> Result<Self> {
+        Self::new(upstream, PinnedPoolConfig::default())
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PinnedPoolConfig {
         &self.config
@@ -337,6 +346,7 @@ impl PinnedPool {
         let st = self.lock();
         PinnedPoolStats {
             reserved: st.heap.region_bytes() as usize,
+            peak_reserved: st.peak_reserved,
             live: st.live.values().map(|b| b.size as usize).sum(),
             live_blocks: st.live.len(),
             pending_blocks: st.pending.len(),
@@ -479,7 +489,7 @@ impl PinnedPool {
             reserved: Some(st.heap.region_bytes() as usize),
             live: Some(st.heap.used_bytes() as usize),
             largest_free: Some(st.heap.largest_free(LaneId::GLOBAL) as usize),
-            limit: self.config.maximum_size,
+            limit: self.config.max_reserved,
         })
     }
 
@@ -538,7 +548,7 @@ impl PinnedPool {
         let reserved = st.heap.region_bytes() as usize;
         let room = self
             .config
-            .maximum_size
+            .max_reserved
             .map_or(usize::MAX, |m| m.saturating_sub(reserved));
         let want = needed
             .max(self.config.growth.next_multiple_of(256))

@@ -91,12 +91,15 @@ use crate::{check_alignment, Error, FreeError, OomInfo, Result};
 /// Granule of small blocks: sizes round up to it, and it is the alignment served.
 pub(crate) const GRANULE: usize = 256;
 
-/// Configuration of an [`ArenaResource`].
+/// Configuration of an [`ArenaResource`]. `Default`: half the device's free
+/// memory, 1 MiB superblocks, the large threshold and cache limit derived
+/// from them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArenaConfig {
-    /// Bytes taken from the upstream at construction; `None` takes half the
-    /// device's free memory, as RMM does. Rounded down to whole superblocks.
-    pub arena_size: Option<usize>,
+    /// Bytes the arena takes from the upstream at construction, rounded down
+    /// to whole superblocks: all it ever holds. `None` takes half the
+    /// device's free memory, as RMM does.
+    pub max_reserved: Option<usize>,
     /// Superblock size: a power of two from 4 KiB to 8 MiB (default 1 MiB).
     pub superblock_size: usize,
     /// Requests of at least this many bytes take whole superblocks; `None` means
@@ -114,7 +117,7 @@ pub struct ArenaConfig {
 impl Default for ArenaConfig {
     fn default() -> Self {
         Self {
-            arena_size: None,
+            max_reserved: None,
             superblock_size: 1 << 20,
             large_threshold: None,
             cache_limit: None,
@@ -124,36 +127,12 @@ impl Default for ArenaConfig {
 }
 
 impl ArenaConfig {
-    /// The default configuration with an explicit arena size.
+    /// The default configuration with an arena of `bytes`.
     pub fn with_size(bytes: usize) -> Self {
         Self {
-            arena_size: Some(bytes),
+            max_reserved: Some(bytes),
             ..Self::default()
         }
-    }
-
-    /// Sets the superblock size.
-    pub fn superblock_size(mut self, bytes: usize) -> Self {
-        self.superblock_size = bytes;
-        self
-    }
-
-    /// Sets the large-request threshold.
-    pub fn large_threshold(mut self, bytes: usize) -> Self {
-        self.large_threshold = Some(bytes);
-        self
-    }
-
-    /// Sets the per-stream cache limit.
-    pub fn cache_limit(mut self, bytes: usize) -> Self {
-        self.cache_limit = Some(bytes);
-        self
-    }
-
-    /// Asks for a fragmentation report on stderr at out-of-memory.
-    pub fn dump_log_on_oom(mut self, yes: bool) -> Self {
-        self.dump_log_on_oom = yes;
-        self
     }
 }
 
@@ -473,14 +452,14 @@ impl<U: MemoryResource> std::fmt::Debug for ArenaResource<U> {
 impl<U: MemoryResource> ArenaResource<U> {
     /// An arena over `upstream` with the default configuration (half the
     /// device's free memory, 1 MiB superblocks).
-    pub fn new(upstream: U) -> Result<Self> {
-        Self::with_config(upstream, ArenaConfig::default())
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Self::new(upstream, ArenaConfig::default())
     }
 
     /// An arena over `upstream` configured by `config`. Takes the whole arena
     /// from the upstream now; fails with [`Error::InvalidArgument`] for a bad
     /// configuration and with the upstream's error when it cannot serve it.
-    pub fn with_config(upstream: U, config: ArenaConfig) -> Result<Self> {
+    pub fn new(upstream: U, config: ArenaConfig) -> Result<Self> {
         let sb = config.superblock_size;
         if !sb.is_power_of_two() || !(4096..=8 << 20).contains(&sb) {
             return Err(Error::InvalidArgument(format!(
@@ -494,7 +473,7 @@ impl<U: MemoryResource> ArenaResource<U> {
             )));
         }
         let device = upstream.device().clone();
-        let size = match config.arena_size {
+        let size = match config.max_reserved {
             Some(s) => s,
             None => device.mem_info()?.free / 2,
         };

@@ -18,10 +18,11 @@
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::fixed_size::FixedSizeResource;
+use super::fixed_size::{FixedSizeConfig, FixedSizeResource};
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -113,15 +114,36 @@ impl<U: MemoryResource + 'static> Bin<U> {
     }
 }
 
+/// Configuration of a [`BinningResource`]. `Default`: no bins (every request
+/// goes to the upstream until bins are added).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BinningConfig {
+    /// A [`FixedSizeResource`] bin over the upstream for each power of two
+    /// `2^n` bytes, `n` in this range (`8 <= start <= end <= 40`); more bins
+    /// can be added later ([`BinningResource::add_fixed_bins`],
+    /// [`BinningResource::add_bin`]). `None`: no bins.
+    pub fixed_bins: Option<RangeInclusive<u32>>,
+}
+
+impl BinningConfig {
+    /// Fixed-size bins of `2^min_pow2 ..= 2^max_pow2` bytes.
+    pub fn fixed_bins(min_pow2: u32, max_pow2: u32) -> Self {
+        Self {
+            fixed_bins: Some(min_pow2..=max_pow2),
+        }
+    }
+}
+
 /// Size-routed bins over an upstream.
 ///
 /// ```
-/// use gpumem::pool::BinningResource;
+/// use gpumem::pool::{BinningConfig, BinningResource};
 /// use gpumem::resource::{DeviceResource, MemoryResource};
 /// # fn main() -> gpumem::Result<()> {
 /// # let device = gpumem::Device::sim(Default::default());
 /// // Bins of 256 B, 512 B, ... 1 MiB; larger requests go to the device.
-/// let mr = BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20)?;
+/// let config = BinningConfig::fixed_bins(8, 20);
+/// let mr = BinningResource::new(DeviceResource::new(device.clone()), config)?;
 /// let stream = device.create_stream()?;
 /// let small = mr.allocate(300, 256, &stream)?;
 /// let big = mr.allocate(3 << 20, 256, &stream)?;
@@ -146,9 +168,21 @@ impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
 }
 
 impl<U: MemoryResource + 'static> BinningResource<U> {
+    /// Bins over `upstream` as `config` asks. [`Error::InvalidArgument`] for
+    /// fixed bins out of range.
+    pub fn new(upstream: U, config: BinningConfig) -> Result<Self> {
+        let mut b = Self::with_defaults(upstream)?;
+        if let Some(range) = config.fixed_bins {
+            b.add_fixed_bins(*range.start(), *range.end())?;
+        }
+        Ok(b)
+    }
+
     /// No bins yet: every request goes to `upstream` until bins are added.
-    pub fn new(upstream: U) -> Self {
-        Self {
+    /// Never fails (the `Result` keeps the shape of every pool's
+    /// `with_defaults`).
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Ok(Self {
             upstream: Arc::new(Metered {
                 upstream,
                 held: AtomicUsize::new(0),
@@ -156,15 +190,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             }),
             bins: Vec::new(),
             direct: HandedOut::default(),
-        }
-    }
-
-    /// Fixed-size bins of `2^min_pow2 ..= 2^max_pow2` bytes (see
-    /// [`BinningResource::add_fixed_bins`]).
-    pub fn with_fixed_bins(upstream: U, min_pow2: u32, max_pow2: u32) -> Result<Self> {
-        let mut b = Self::new(upstream);
-        b.add_fixed_bins(min_pow2, max_pow2)?;
-        Ok(b)
+        })
     }
 
     /// Adds a [`FixedSizeResource`] over the upstream for each power of two
@@ -185,7 +211,8 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// Adds (or replaces) a [`FixedSizeResource`] bin of `block_size` bytes
     /// over the upstream.
     pub fn add_fixed_bin(&mut self, block_size: usize) -> Result<()> {
-        let f = FixedSizeResource::new(self.upstream.clone(), block_size)?;
+        let config = FixedSizeConfig::with_block_size(block_size);
+        let f = FixedSizeResource::new(self.upstream.clone(), config)?;
         self.insert(Bin {
             max_size: block_size,
             kind: BinKind::Fixed(Arc::new(f)),
@@ -291,8 +318,8 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     }
 
     /// Bytes of free blocks in the fixed-size bins.
-    pub fn cached_bytes(&self) -> usize {
-        self.fixed().map(|f| f.cached_bytes()).sum()
+    pub fn free_bytes(&self) -> usize {
+        self.fixed().map(|f| f.free_bytes()).sum()
     }
 
     /// The blocks handed out, in address order: the fixed-size bins' blocks

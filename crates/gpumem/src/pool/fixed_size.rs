@@ -29,14 +29,45 @@ pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
 /// Frees per stream after which a batch event is recorded by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
 
+/// Configuration of a [`FixedSizeResource`]. `Default`: blocks of 1 MiB (as
+/// RMM's), chunks of about [`DEFAULT_CHUNK_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedSizeConfig {
+    /// The one block size served: a non-zero multiple of 256 bytes.
+    pub block_size: usize,
+    /// Blocks per chunk taken from the upstream; `None`: as many as fit in
+    /// [`DEFAULT_CHUNK_BYTES`], at least one.
+    pub blocks_per_chunk: Option<usize>,
+}
+
+impl Default for FixedSizeConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 1 << 20,
+            blocks_per_chunk: None,
+        }
+    }
+}
+
+impl FixedSizeConfig {
+    /// The default configuration with blocks of `block_size` bytes.
+    pub fn with_block_size(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+}
+
 /// A memory resource that hands out blocks of one size.
 ///
 /// ```
-/// use gpumem::pool::FixedSizeResource;
+/// use gpumem::pool::{FixedSizeConfig, FixedSizeResource};
 /// use gpumem::resource::{DeviceResource, MemoryResource};
 /// # fn main() -> gpumem::Result<()> {
 /// # let device = gpumem::Device::sim(Default::default());
-/// let pool = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096)?;
+/// let config = FixedSizeConfig::with_block_size(4096);
+/// let pool = FixedSizeResource::new(DeviceResource::new(device.clone()), config)?;
 /// let stream = device.create_stream()?;
 /// let p = pool.allocate(3000, 256, &stream)?;
 /// pool.deallocate(p, 3000, 256, &stream)?;
@@ -57,21 +88,14 @@ impl<U: MemoryResource> std::fmt::Debug for FixedSizeResource<U> {
 }
 
 impl<U: MemoryResource> FixedSizeResource<U> {
-    /// Blocks of `block_size` bytes (a non-zero multiple of 256), in chunks of
-    /// about [`DEFAULT_CHUNK_BYTES`].
-    pub fn new(upstream: U, block_size: usize) -> Result<Self> {
-        let blocks = (DEFAULT_CHUNK_BYTES / block_size.max(1)).max(1);
-        Self::with_blocks_per_chunk(upstream, block_size, blocks)
-    }
-
-    /// Blocks of `block_size` bytes, `blocks_per_chunk` per upstream chunk.
+    /// Blocks of `config.block_size` bytes over `upstream`.
     /// [`Error::InvalidArgument`] unless the block size is a non-zero multiple
     /// of 256 and the chunk size is non-zero and fits in memory.
-    pub fn with_blocks_per_chunk(
-        upstream: U,
-        block_size: usize,
-        blocks_per_chunk: usize,
-    ) -> Result<Self> {
+    pub fn new(upstream: U, config: FixedSizeConfig) -> Result<Self> {
+        let block_size = config.block_size;
+        let blocks_per_chunk = config
+            .blocks_per_chunk
+            .unwrap_or_else(|| (DEFAULT_CHUNK_BYTES / block_size.max(1)).max(1));
         if block_size == 0 || !block_size.is_multiple_of(DEFAULT_ALIGNMENT) {
             return Err(Error::InvalidArgument(format!(
                 "block size {block_size} is not a non-zero multiple of {DEFAULT_ALIGNMENT}"
@@ -102,6 +126,11 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         Ok(Self { slab })
     }
 
+    /// Blocks of 1 MiB over `upstream` (the default configuration).
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Self::new(upstream, FixedSizeConfig::default())
+    }
+
     /// The one block size this resource serves.
     pub fn block_size(&self) -> usize {
         self.slab.block_size(0)
@@ -124,7 +153,7 @@ impl<U: MemoryResource> FixedSizeResource<U> {
     }
 
     /// Bytes of free blocks held.
-    pub fn cached_bytes(&self) -> usize {
+    pub fn free_bytes(&self) -> usize {
         self.slab.totals().2
     }
 

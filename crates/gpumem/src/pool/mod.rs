@@ -55,9 +55,9 @@ pub(crate) mod stream_lanes;
 mod virtual_pool;
 
 pub use arena::*;
-pub use binning::BinningResource;
+pub use binning::{BinningConfig, BinningResource};
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
-pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
+pub use fixed_size::{FixedSizeConfig, FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use pool_trait::Pool;
 pub use slab::ClassStats;

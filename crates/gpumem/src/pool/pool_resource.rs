@@ -121,14 +121,17 @@ impl GrowthPolicy {
     }
 }
 
-/// Configuration of a [`PoolResource`].
+/// Configuration of a [`PoolResource`]. `Default`: nothing taken up front,
+/// no limit, the default [`GrowthPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PoolConfig {
     /// Bytes taken from the upstream when the pool is made (0 allowed); the
     /// region serves the heap its size names (large above `small_limit`).
     pub initial_size: usize,
-    /// Most bytes the pool may hold from its upstream; `None` for no limit.
-    pub maximum_size: Option<usize>,
+    /// Most bytes the pool may hold from its upstream: its regions, growths
+    /// in flight included (at least `initial_size`). A growth that would
+    /// pass it is out of memory (after reclaiming). `None`: no limit.
+    pub max_reserved: Option<usize>,
     /// How regions are sized when the pool grows.
     pub growth: GrowthPolicy,
 }
@@ -174,7 +177,7 @@ struct State {
     /// Upstream allocation of each region: base → bytes.
     regions: PtrMap<usize>,
     /// Bytes asked of the upstream by growths in flight: the lock is not held
-    /// across upstream calls, and these count against `maximum_size`.
+    /// across upstream calls, and these count against `max_reserved`.
     growing: usize,
     peak_reserved: usize,
     peak_live: usize,
@@ -227,10 +230,10 @@ fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
 impl<U: MemoryResource> PoolResource<U> {
     /// A pool over `upstream`, taking `config.initial_size` bytes at once.
     pub fn new(upstream: U, config: PoolConfig) -> Result<Self> {
-        if let Some(max) = config.maximum_size {
+        if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
-                    "pool initial size {} exceeds its maximum size {max}",
+                    "pool initial size {} exceeds its max_reserved {max}",
                     config.initial_size
                 )));
             }
@@ -389,7 +392,7 @@ impl<U: MemoryResource> PoolResource<U> {
         class: usize,
         bytes: usize,
     ) -> (MutexGuard<'a, State>, Result<()>) {
-        if let Some(max) = self.config.maximum_size {
+        if let Some(max) = self.config.max_reserved {
             if st
                 .reserved()
                 .saturating_add(st.growing)
@@ -492,7 +495,7 @@ impl<U: MemoryResource> PoolResource<U> {
             reserved: Some(st.reserved()),
             live: Some(st.live()),
             largest_free: Some(st.largest_free_any()),
-            limit: self.config.maximum_size,
+            limit: self.config.max_reserved,
         })
     }
 

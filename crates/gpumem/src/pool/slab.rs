@@ -59,13 +59,13 @@ pub struct ClassStats {
     /// Block size of the class in bytes.
     pub block_size: usize,
     /// Bytes of upstream chunks carved into this class.
-    pub reserved_bytes: usize,
+    pub reserved: usize,
     /// Chunks taken from the upstream.
     pub chunks: usize,
     /// Blocks handed out and not yet freed.
     pub live_blocks: usize,
     /// Bytes callers asked for, over the live blocks.
-    pub live_bytes: usize,
+    pub live: usize,
     /// Free blocks (in any stream's list or free for all).
     pub free_blocks: usize,
 }
@@ -540,10 +540,10 @@ impl<U: MemoryResource> Slab<U> {
         let st = lock(&c.state);
         ClassStats {
             block_size: c.spec.block,
-            reserved_bytes: st.reserved,
+            reserved: st.reserved,
             chunks: st.chunks.len(),
             live_blocks: st.live.len(),
-            live_bytes: st.live_bytes,
+            live: st.live_bytes,
             free_blocks: st.free.count,
         }
     }

@@ -142,9 +142,11 @@ pub struct VirtualPoolConfig {
     /// next step (GPT-2's steady state keeps about 3.5 alias pages per
     /// physical page).
     pub max_alias_ratio: usize,
-    /// Most physical bytes the pool may hold; `None` for no limit. The
-    /// starting value: [`VirtualPool::set_maximum_physical`] changes it.
-    pub maximum_physical: Option<usize>,
+    /// Most physical bytes the pool may hold (mapped plus cached, whole
+    /// pages); `None` for no limit. A request needing new physical memory
+    /// beyond it is out of memory (after reclaiming idle pages). The
+    /// starting value: [`VirtualPool::set_max_reserved`] changes it.
+    pub max_reserved: Option<usize>,
     /// Other devices granted read-write access to every mapped page.
     pub peers: Vec<u32>,
     /// Create physical memory exportable as POSIX file descriptors (see
@@ -161,7 +163,7 @@ impl Default for VirtualPoolConfig {
             max_extent_pages: 6,
             release_threshold: 0,
             max_alias_ratio: 8,
-            maximum_physical: None,
+            max_reserved: None,
             peers: Vec::new(),
             ipc: false,
         }
@@ -282,8 +284,8 @@ struct State {
     chunks_created: u64,
     chunks_released: u64,
     peak_chunks: usize,
-    /// Most physical bytes the pool may hold now (`maximum_physical`, which
-    /// [`VirtualPool::set_maximum_physical`] changes).
+    /// Most physical bytes the pool may hold now (`max_reserved`, which
+    /// [`VirtualPool::set_max_reserved`] changes).
     max_physical: Option<usize>,
     relocations: u64,
     mappings_made: u64,
@@ -469,7 +471,7 @@ impl VirtualPool {
             chunks_created: 0,
             chunks_released: 0,
             peak_chunks: 0,
-            max_physical: config.maximum_physical,
+            max_physical: config.max_reserved,
             relocations: 0,
             mappings_made: 0,
             mappings_unmapped: 0,
@@ -557,7 +559,7 @@ impl VirtualPool {
     }
 
     /// Most physical bytes the pool may hold now; `None` for no limit.
-    pub fn maximum_physical(&self) -> Option<usize> {
+    pub fn max_reserved(&self) -> Option<usize> {
         self.lock().max_physical
     }
 
@@ -565,7 +567,7 @@ impl VirtualPool {
     /// Memory held above a lowered limit stays until it is freed and given
     /// back; meanwhile requests needing new physical memory fail as out of
     /// memory with the limit.
-    pub fn set_maximum_physical(&self, bytes: Option<usize>) {
+    pub fn set_max_reserved(&self, bytes: Option<usize>) {
         self.lock().max_physical = bytes;
     }
 
@@ -1204,7 +1206,7 @@ impl VirtualPool {
         (released, first_err)
     }
 
-    /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
+    /// Creates one extent of up to `n` pages (fewer where `max_reserved`
     /// leaves less room), not cached. Returns its index, or the driver's
     /// error.
     fn create(&self, st: &mut State, n: usize) -> Result<u32> {

@@ -1,11 +1,19 @@
-//! [`Pool`] for [`VirtualPool`]: its reserve is physical memory (mapped plus
-//! cached), and giving back unmaps idle pages and releases physical extents.
+//! [`Pool`] for [`VirtualPool`] (its reserve is physical memory, mapped plus
+//! cached; giving back unmaps idle pages and releases physical extents), and
+//! its `with_defaults`.
 
-use super::{State, VirtualPool};
+use super::{State, VirtualPool, VirtualPoolConfig};
+use crate::device::Device;
 use crate::pool::Pool;
 use crate::Result;
 
 impl VirtualPool {
+    /// A pool on `device` with the default configuration (see
+    /// [`VirtualPool::new`]).
+    pub fn with_defaults(device: Device) -> Result<Self> {
+        Self::new(device, VirtualPoolConfig::default())
+    }
+
     /// Releases the cached extents, after unmapping idle ones into the cache
     /// as needed, until the pool holds at most `to` physical bytes (0: all of
     /// them). Idle pages go only where their freeing streams are known done.
