@@ -592,20 +592,17 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
             limit.unwrap_or(usize::MAX),
         ))
     };
-    let pool_config = || PoolConfig {
-        initial_size: conf.initial_size,
-        max_reserved: conf.max_size,
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.initial_size = conf.initial_size;
+    config.max_reserved = conf.max_size;
+    let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),
-        ResourceKind::Caching => Box::new(CachingPool::new(
-            upstream(),
-            CachingPoolConfig {
-                max_reserved: conf.max_size,
-                ..CachingPoolConfig::default()
-            },
-        )?),
+        ResourceKind::Caching => {
+            let mut config = CachingPoolConfig::default();
+            config.max_reserved = conf.max_size;
+            Box::new(CachingPool::new(upstream(), config)?)
+        }
         ResourceKind::Binning => {
             let pool = PoolResource::new(upstream(), pool_config())?;
             let bins = BinningConfig::fixed_bins(
@@ -627,27 +624,21 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
                 };
                 size = Some(wanted.min(limit));
             }
-            let config = ArenaConfig {
-                max_reserved: size,
-                ..ArenaConfig::default()
-            };
+            let mut config = ArenaConfig::default();
+            config.max_reserved = size;
             Box::new(Tracked::new(ArenaResource::new(upstream(), config)?))
         }
-        ResourceKind::Virtual => Box::new(VirtualPool::new(
-            device.clone(),
-            VirtualPoolConfig {
-                max_reserved: limit,
-                ..VirtualPoolConfig::default()
-            },
-        )?),
+        ResourceKind::Virtual => {
+            let mut config = VirtualPoolConfig::default();
+            config.max_reserved = limit;
+            Box::new(VirtualPool::new(device.clone(), config)?)
+        }
         ResourceKind::Async => {
-            let config = AsyncResourceConfig {
-                initial_size: conf.initial_size,
-                release_threshold: conf.release_threshold,
-                // CUDA's maxSize 0 is no limit.
-                max_reserved: conf.max_size.filter(|&m| m > 0),
-                ..AsyncResourceConfig::default()
-            };
+            let mut config = AsyncResourceConfig::default();
+            config.initial_size = conf.initial_size;
+            config.release_threshold = conf.release_threshold;
+            // CUDA's maxSize 0 is no limit.
+            config.max_reserved = conf.max_size.filter(|&m| m > 0);
             let cuda = AsyncResource::new(device.clone(), config)?;
             let served = LimitingAdaptor::new(cuda, usize::MAX);
             Served::set_limit(&served, limit, conf);

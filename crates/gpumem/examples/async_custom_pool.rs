@@ -19,15 +19,13 @@ fn main() -> gpumem::Result<()> {
     let (device, _) = Device::from_env(SimConfig::backed(256 << 20))?;
     println!("device: {} {}", device.backend(), device.info()?.name);
 
-    let config = AsyncResourceConfig {
-        // allocated and freed once: reserved from the start
-        initial_size: 32 * MIB,
-        // keep everything across synchronizes (the default here)
-        release_threshold: u64::MAX,
-        // never more than this from the device
-        max_reserved: Some(128 * MIB),
-        ..AsyncResourceConfig::default()
-    };
+    let mut config = AsyncResourceConfig::default();
+    // Allocated and freed once: reserved from the start.
+    config.initial_size = 32 * MIB;
+    // Keep everything across synchronizes (the default here).
+    config.release_threshold = u64::MAX;
+    // Never more than this from the device.
+    config.max_reserved = Some(128 * MIB);
     let mr = AsyncResource::new(device.clone(), config)?;
     println!("pool {:#x}: {:?}", mr.raw(), mr.usage()?);
 

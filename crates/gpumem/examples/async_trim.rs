@@ -20,13 +20,9 @@ fn main() -> gpumem::Result<()> {
     println!("device: {} {}", device.backend(), device.info()?.name);
     let stream = device.create_stream()?;
 
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            initial_size: 256 * MIB,
-            ..AsyncResourceConfig::default()
-        },
-    )?;
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 256 * MIB;
+    let mr = AsyncResource::new(device.clone(), config)?;
     println!(
         "primed:              reserved {:>10} bytes",
         mr.reserved_current()?

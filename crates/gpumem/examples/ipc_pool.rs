@@ -71,13 +71,9 @@ fn parent() -> Res<ExitCode> {
         device.ordinal(),
         device.info()?.name
     );
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            handle_type: HandleType::PosixFd,
-            ..AsyncResourceConfig::default()
-        },
-    )?;
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let mr = AsyncResource::new(device.clone(), config)?;
     let stream = device.create_stream()?;
     let data = pattern(LEN);
     // from_slice waits for the copy: the allocation and the bytes are complete

@@ -33,10 +33,8 @@ fn run() -> Result<(), String> {
     let (device, sim) =
         Device::from_env(SimConfig::backed(256 * MIB)).map_err(|e| e.to_string())?;
     println!("vpool_data on {:?}", device.backend());
-    let config = VirtualPoolConfig {
-        max_reserved: Some(64 * MIB),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(64 * MIB);
     let pool = VirtualPool::new(device.clone(), config).map_err(|e| e.to_string())?;
     let streams: Vec<Stream> = (0..2)
         .map(|_| device.create_stream())

@@ -42,14 +42,9 @@ fn default_pool_passes_the_suite() {
 #[test]
 fn custom_pool_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(
-        device,
-        AsyncResourceConfig {
-            initial_size: 32 * MIB,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 32 * MIB;
+    let mr = AsyncResource::new(device, config).unwrap();
     assert!(mr.is_owned());
     assert_eq!(
         mr.release_threshold().unwrap(),
@@ -88,14 +83,9 @@ fn view_of_a_pool_passes_the_suite_and_leaves_the_pool_alone() {
 #[test]
 fn attributes_read_back_what_was_set() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(
-        device,
-        AsyncResourceConfig {
-            release_threshold: 8 * MIB as u64,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.release_threshold = 8 * MIB as u64;
+    let mr = AsyncResource::new(device, config).unwrap();
     assert_eq!(mr.release_threshold().unwrap(), 8 * MIB as u64);
     mr.set_release_threshold(u64::MAX).unwrap();
     assert_eq!(mr.release_threshold().unwrap(), u64::MAX);
@@ -116,14 +106,9 @@ fn attributes_read_back_what_was_set() {
 #[test]
 fn trim_returns_unused_memory() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            initial_size: 64 * MIB,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 64 * MIB;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let keep = mr.allocate(8 * MIB, 256, &s).unwrap();
     let ptrs: Vec<_> = (0..4)
@@ -173,14 +158,9 @@ fn release_threshold_decides_what_synchronize_keeps() {
         "kept across synchronize"
     );
 
-    let keep_none = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            release_threshold: 0,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.release_threshold = 0;
+    let keep_none = AsyncResource::new(device.clone(), config).unwrap();
     let p = keep_none.allocate(32 * MIB, 256, &s).unwrap();
     assert!(keep_none.reserved_current().unwrap() >= 32 * MIB);
     keep_none.deallocate(p, 32 * MIB, 256, &s).unwrap();
@@ -239,10 +219,8 @@ fn highs_track_peaks_and_reset_to_current() {
 #[test]
 fn max_reserved_of_zero_is_refused_not_taken_for_no_limit() {
     let (device, _) = common::device(false);
-    let config = AsyncResourceConfig {
-        max_reserved: Some(0),
-        ..AsyncResourceConfig::default()
-    };
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(0);
     let err = AsyncResource::new(device, config).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
 }
@@ -250,14 +228,9 @@ fn max_reserved_of_zero_is_refused_not_taken_for_no_limit() {
 #[test]
 fn max_reserved_bounds_the_pool_with_numbers() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            max_reserved: Some(64 * MIB),
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(64 * MIB);
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     assert_eq!(mr.max_reserved(), Some(64 * MIB));
     let s = device.create_stream().unwrap();
     let a = mr.allocate(32 * MIB, 256, &s).unwrap();
@@ -285,14 +258,9 @@ fn max_reserved_bounds_the_pool_with_numbers() {
 #[test]
 fn huge_request_reports_reserved_and_device() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            initial_size: 4 * MIB,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 4 * MIB;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let err = mr.allocate(1 << 50, 256, &s).unwrap_err();
     let info = err
@@ -309,36 +277,27 @@ fn huge_request_reports_reserved_and_device() {
 fn bad_builds_are_errors() {
     let (device, _) = common::device(false);
     let n = device.driver().device_count().unwrap();
+    let bad = |edit: &dyn Fn(&mut AsyncResourceConfig)| {
+        let mut config = AsyncResourceConfig::default();
+        edit(&mut config);
+        AsyncResource::new(device.clone(), config)
+    };
     assert!(matches!(
-        AsyncResource::new(
-            device.clone(),
-            AsyncResourceConfig {
-                location: Some(Location::Device(n)),
-                ..AsyncResourceConfig::default()
-            }
-        ),
+        bad(&|c| c.location = Some(Location::Device(n))),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::new(
-            device.clone(),
-            AsyncResourceConfig {
-                max_reserved: Some(MIB),
-                initial_size: 2 * MIB,
-                ..AsyncResourceConfig::default()
-            }
-        ),
+        bad(&|c| {
+            c.max_reserved = Some(MIB);
+            c.initial_size = 2 * MIB;
+        }),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::new(
-            device.clone(),
-            AsyncResourceConfig {
-                location: Some(Location::Host),
-                handle_type: HandleType::PosixFd,
-                ..AsyncResourceConfig::default()
-            }
-        ),
+        bad(&|c| {
+            c.location = Some(Location::Host);
+            c.handle_type = HandleType::PosixFd;
+        }),
         Err(Error::InvalidArgument(_))
     ));
     let mr = AsyncResource::with_defaults(device.clone()).unwrap();
@@ -362,10 +321,9 @@ fn bad_builds_are_errors() {
 
 #[test]
 fn missing_memory_pools_are_unsupported_not_panics() {
-    let device = Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let device = Device::sim(config);
     let f = unsupported_feature(AsyncResource::with_defaults(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let f = unsupported_feature(AsyncResource::default_pool(device.clone()));
@@ -381,18 +339,13 @@ fn missing_memory_pools_are_unsupported_not_panics() {
 
 #[test]
 fn missing_ipc_and_managed_support_are_unsupported() {
-    let device = Device::sim(SimConfig {
-        posix_fd_ipc: false,
-        managed_memory: false,
-        ..SimConfig::default()
-    });
-    let f = unsupported_feature(AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            handle_type: HandleType::PosixFd,
-            ..AsyncResourceConfig::default()
-        },
-    ));
+    let mut config = SimConfig::default();
+    config.posix_fd_ipc = false;
+    config.managed_memory = false;
+    let device = Device::sim(config);
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let f = unsupported_feature(AsyncResource::new(device.clone(), config));
     assert!(f.contains("POSIX file descriptor"), "{f}");
     let fd = std::fs::File::open("/dev/null").unwrap();
     let f = unsupported_feature(AsyncResource::import_fd(device.clone(), fd.as_fd()));
@@ -453,10 +406,9 @@ fn own_device_access_is_read_write_and_fixed() {
 
 #[test]
 fn peer_access_on_two_simulated_devices() {
-    let device = Device::sim(SimConfig {
-        devices: 2,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.devices = 2;
+    let device = Device::sim(config);
     let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     assert_eq!(
         mr.access(1).unwrap(),
@@ -551,14 +503,9 @@ fn export_and_import_within_one_process() {
     let Some(_sim) = common::sim_only(sim, "export_and_import_within_one_process") else {
         return;
     };
-    let mr = AsyncResource::new(
-        device.clone(),
-        AsyncResourceConfig {
-            handle_type: HandleType::PosixFd,
-            ..AsyncResourceConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     assert_eq!(mr.handle_type(), HandleType::PosixFd);
     let stream = device.create_stream().unwrap();
     let pattern = common::random_bytes(3 * MIB + 17, 6);

@@ -389,14 +389,9 @@ fn aligned_adaptor_names_a_double_free() {
 fn caching_pool_names_blocks_freed_with_another_class_or_as_large() {
     let (device, _) = common::device(false);
     let s = device.create_stream().unwrap();
-    let mr = CachingPool::new(
-        DeviceResource::new(device),
-        CachingPoolConfig {
-            max_block_size: MIB,
-            ..CachingPoolConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = MIB;
+    let mr = CachingPool::new(DeviceResource::new(device), config).unwrap();
     let small = mr.allocate(1000, 256, &s).unwrap();
     let large = mr.allocate(3 * MIB, 256, &s).unwrap();
     let mismatch = |p: DevicePtr, allocated, freed| {

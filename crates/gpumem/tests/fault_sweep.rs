@@ -25,13 +25,12 @@ use std::sync::Arc;
 
 use common::suite::LiveSet;
 use gpumem::adaptor::FailureCallbackAdaptor;
-use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
+use gpumem::async_pool::AsyncResource;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
-    FixedSizeConfig, FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool,
-    VirtualPoolConfig,
+    FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DevicePtr, Error, Event, Result, Stream};
@@ -142,10 +141,7 @@ fn subjects() -> Vec<Subject> {
             make: |d| {
                 let p = FixedSizeResource::new(
                     DeviceResource::new(d.clone()),
-                    FixedSizeConfig {
-                        block_size: 4 << 20,
-                        blocks_per_chunk: Some(4),
-                    },
+                    common::fixed_size_config(4 << 20, 4),
                 )?;
                 Ok(Box::new(p))
             },
@@ -187,10 +183,8 @@ fn subjects() -> Vec<Subject> {
             name: "PinnedPool",
             max_request: 64 << 20,
             make: |d| {
-                let config = PinnedPoolConfig {
-                    max_reserved: Some(CAPACITY / 2),
-                    ..PinnedPoolConfig::default()
-                };
+                let mut config = PinnedPoolConfig::default();
+                config.max_reserved = Some(CAPACITY / 2);
                 Ok(Box::new(PinnedPool::new(
                     PinnedHostResource::new(d.clone()),
                     config,
@@ -200,14 +194,7 @@ fn subjects() -> Vec<Subject> {
         Subject {
             name: "AsyncResource",
             max_request: 64 << 20,
-            make: |d| {
-                Ok(Box::new(AsyncResource::new(
-                    d.clone(),
-                    AsyncResourceConfig {
-                        ..AsyncResourceConfig::default()
-                    },
-                )?))
-            },
+            make: |d| Ok(Box::new(AsyncResource::with_defaults(d.clone())?)),
         },
     ]
 }
@@ -405,10 +392,9 @@ const ALLOCATION_CALLS: &[&str] = &[
 /// Runs the workload once with `fault`; `dry` is the fault-free run, whose
 /// refill every run with only an ordering fault must match.
 fn run_once(subject: &Subject, fault: Fault, dry: Option<&Run>) -> Run {
-    let sim = Arc::new(SimDriver::new(SimConfig {
-        capacity: CAPACITY,
-        ..SimConfig::default()
-    }));
+    let mut config = SimConfig::default();
+    config.capacity = CAPACITY;
+    let sim = Arc::new(SimDriver::new(config));
     let device = Device::new(sim.clone(), 0).expect("simulated device");
     let baseline = holdings(&sim);
     let harness = Harness::new(&device);
@@ -552,10 +538,9 @@ fn a_failure_callback_that_releases_the_pools_does_not_deadlock() {
     type Shared = Arc<FailureCallbackAdaptor<DeviceResource>>;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let sim = Arc::new(SimDriver::new(SimConfig {
-            capacity: 64 << 20,
-            ..SimConfig::default()
-        }));
+        let mut config = SimConfig::default();
+        config.capacity = 64 << 20;
+        let sim = Arc::new(SimDriver::new(config));
         let device = Device::new(sim.clone(), 0).expect("simulated device");
         let pools: Arc<OnceLock<[PoolResource<Shared>; 2]>> = Arc::new(OnceLock::new());
         let seen = pools.clone();

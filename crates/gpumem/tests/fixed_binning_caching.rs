@@ -26,10 +26,7 @@ fn fixed_size_passes_the_suite_with_blocks_that_fit_every_request() {
     // The suite asks for at most 4 MiB; 1 PiB is refused with its size.
     let mr = FixedSizeResource::new(
         DeviceResource::new(device),
-        FixedSizeConfig {
-            block_size: 4 << 20,
-            blocks_per_chunk: Some(2),
-        },
+        common::fixed_size_config(4 << 20, 2),
     )
     .unwrap();
     suite::run_all(Arc::new(mr));
@@ -83,10 +80,7 @@ fn fixed_size_rejects_bad_block_sizes() {
     .is_ok());
     assert!(FixedSizeResource::new(
         DeviceResource::new(device),
-        FixedSizeConfig {
-            block_size: 256,
-            blocks_per_chunk: Some(0)
-        }
+        common::fixed_size_config(256, 0)
     )
     .is_err());
 }
@@ -136,13 +130,11 @@ fn caching_pool_passes_the_suite() {
 #[test]
 fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
     let (device, _) = common::device(false);
-    let config = CachingPoolConfig {
-        max_block_size: 64 << 10,
-        chunk_size: 256 << 10,
-        cross_stream_wait: false,
-        batch_size: 4,
-        ..CachingPoolConfig::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = 64 << 10;
+    config.chunk_size = 256 << 10;
+    config.cross_stream_wait = false;
+    config.batch_size = 4;
     suite::run_all(Arc::new(
         CachingPool::new(DeviceResource::new(device.clone()), config).unwrap(),
     ));
@@ -151,37 +143,18 @@ fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
 #[test]
 fn caching_pool_config_is_validated() {
     let (device, _) = common::device(false);
-    let bad = [
-        CachingPoolConfig {
-            max_reserved: Some(0),
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            min_block_size: 128,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            min_block_size: 768,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            max_block_size: 256,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            max_block_size: 3 << 20,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            chunk_size: 1000,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            batch_size: 0,
-            ..Default::default()
-        },
+    let edits: [fn(&mut CachingPoolConfig); 7] = [
+        |c| c.max_reserved = Some(0),
+        |c| c.min_block_size = 128,
+        |c| c.min_block_size = 768,
+        |c| c.max_block_size = 256,
+        |c| c.max_block_size = 3 << 20,
+        |c| c.chunk_size = 1000,
+        |c| c.batch_size = 0,
     ];
-    for config in bad {
+    for edit in edits {
+        let mut config = CachingPoolConfig::default();
+        edit(&mut config);
         let err = CachingPool::new(DeviceResource::new(device.clone()), config.clone())
             .map(|_| ())
             .unwrap_err();
@@ -232,7 +205,7 @@ proptest! {
     #[test]
     fn fixed_size_model(ops in prop::collection::vec(op(12), 1..160)) {
         let (device, sim, streams, base) = model_setup();
-        let pool = FixedSizeResource::new(DeviceResource::new(device), FixedSizeConfig { block_size: 8192, blocks_per_chunk: Some(4) }).unwrap();
+        let pool = FixedSizeResource::new(DeviceResource::new(device), common::fixed_size_config(8192, 4)).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -251,7 +224,8 @@ proptest! {
     #[test]
     fn caching_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
         let (device, sim, streams, base) = model_setup();
-        let config = CachingPoolConfig { batch_size: 3, ..CachingPoolConfig::default() };
+        let mut config = CachingPoolConfig::default();
+        config.batch_size = 3;
         let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
@@ -265,11 +239,9 @@ proptest! {
         let (device, sim) = sim(16 << 20);
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
-        let config = CachingPoolConfig {
-            max_reserved: Some(12 << 20),
-            cross_stream_wait: false,
-            ..CachingPoolConfig::default()
-        };
+        let mut config = CachingPoolConfig::default();
+        config.max_reserved = Some(12 << 20);
+        config.cross_stream_wait = false;
         let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
@@ -318,10 +290,8 @@ fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
 #[test]
 fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
     let (device, sim) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        cross_stream_wait: false,
-        ..Default::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.cross_stream_wait = false;
     let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
@@ -354,10 +324,8 @@ fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
 #[test]
 fn batches_record_one_event_per_stream_per_batch() {
     let (device, sim) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        batch_size: 8,
-        ..Default::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.batch_size = 8;
     let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let ptrs: Vec<_> = (0..32)
@@ -468,10 +436,7 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
     {
         let mr = FixedSizeResource::new(
             DeviceResource::new(device.clone()),
-            FixedSizeConfig {
-                block_size: 1 << 20,
-                blocks_per_chunk: Some(4),
-            },
+            common::fixed_size_config(1 << 20, 4),
         )
         .unwrap();
         let s = device.create_stream().unwrap();
@@ -517,10 +482,8 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
 #[test]
 fn pool_limit_is_an_out_of_memory_with_the_limit() {
     let (device, _) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        max_reserved: Some(8 << 20),
-        ..Default::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.max_reserved = Some(8 << 20);
     let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = pool.allocate_async(4 << 20, &s).unwrap();
@@ -599,10 +562,8 @@ fn bad_frees_are_errors_and_change_nothing() {
 fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
-    let config = CachingPoolConfig {
-        max_block_size: 1 << 20,
-        ..Default::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = 1 << 20;
     let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(pool.block_size_for(1), Some(512));
@@ -685,16 +646,9 @@ fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
 fn many_threads_on_many_streams_share_one_caching_pool() {
     let (device, sim) = sim(4 << 30);
     let base = sim.device_bytes(0);
-    let pool = Arc::new(
-        CachingPool::new(
-            DeviceResource::new(device.clone()),
-            CachingPoolConfig {
-                batch_size: 16,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let mut config = CachingPoolConfig::default();
+    config.batch_size = 16;
+    let pool = Arc::new(CachingPool::new(DeviceResource::new(device.clone()), config).unwrap());
     let live = Arc::new(suite::LiveSet::default());
     let handles: Vec<_> = (0..8)
         .map(|t| {

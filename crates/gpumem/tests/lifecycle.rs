@@ -21,7 +21,7 @@ use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{MemoryManager, PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
-    FixedSizeConfig, FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, Event, Stream};
@@ -108,14 +108,7 @@ fn exit_child() {
     );
     keep!(
         "FixedSizeResource",
-        FixedSizeResource::new(
-            up(),
-            FixedSizeConfig {
-                block_size: 4 << 20,
-                blocks_per_chunk: Some(4)
-            }
-        )
-        .unwrap()
+        FixedSizeResource::new(up(), common::fixed_size_config(4 << 20, 4)).unwrap()
     );
     keep!(
         "BinningResource",

@@ -252,10 +252,9 @@ fn allocator_api2_vec_lives_in_pinned_memory() {
 
 #[test]
 fn cuda_pool_mode_falls_back_to_pool_without_driver_pools() {
-    let device = Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let device = Device::sim(config);
     let mm = MemoryManager::new(device);
     assert!(!mm.supports_async_device_allocator());
     mm.set_device_allocator_mode(DeviceAllocatorMode::CudaAsyncPool)
@@ -277,10 +276,9 @@ fn cuda_pool_mode_falls_back_to_pool_without_driver_pools() {
     );
     mm.free_device(p).unwrap();
     // gpumem's stream-ordered mode needs no driver pools: no fallback.
-    let mm = MemoryManager::new(Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    }));
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let mm = MemoryManager::new(Device::sim(config));
     mm.set_device_allocator_mode(DeviceAllocatorMode::AsyncStreamOrdered)
         .unwrap();
     assert_eq!(

@@ -26,10 +26,8 @@ const BLOCK: usize = 12 * MIB;
 /// The pools that cache what they take, each built fresh on `device`.
 fn caching_pools(device: &Device) -> Vec<(&'static str, Box<dyn Pool>)> {
     let up = || DeviceResource::new(device.clone());
-    let pinned = PinnedPoolConfig {
-        growth: MIB,
-        ..PinnedPoolConfig::default()
-    };
+    let mut pinned = PinnedPoolConfig::default();
+    pinned.growth = MIB;
     vec![
         (
             "PoolResource",
@@ -127,10 +125,8 @@ fn every_pool_reports_its_peak_trims_to_a_target_and_releases() {
 #[test]
 fn the_arena_holds_its_region_for_life() {
     let (device, _) = common::device(false);
-    let config = ArenaConfig {
-        max_reserved: Some(64 * MIB),
-        ..ArenaConfig::default()
-    };
+    let mut config = ArenaConfig::default();
+    config.max_reserved = Some(64 * MIB);
     let arena = ArenaResource::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let p = arena.allocate(BLOCK, 256, &s).unwrap();

@@ -38,11 +38,9 @@ fn pool_passes_the_suite() {
 #[test]
 fn pool_with_initial_size_and_limit_passes_the_suite() {
     let (device, _) = common::device(false);
-    let config = PoolConfig {
-        initial_size: 64 << 20,
-        max_reserved: Some(1 << 30),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.initial_size = 64 << 20;
+    config.max_reserved = Some(1 << 30);
     suite::run_all(Arc::new(pool_on(&device, config)));
 }
 
@@ -50,22 +48,15 @@ fn pool_with_initial_size_and_limit_passes_the_suite() {
 fn config_is_validated() {
     let (device, _) = common::device(false);
     let up = || DeviceResource::new(device.clone());
-    let over = PoolConfig {
-        initial_size: 2 << 20,
-        max_reserved: Some(1 << 20),
-        ..PoolConfig::default()
-    };
+    let mut over = PoolConfig::default();
+    over.initial_size = 2 << 20;
+    over.max_reserved = Some(1 << 20);
     assert!(matches!(
         PoolResource::new(up(), over),
         Err(Error::InvalidArgument(_))
     ));
-    let bad_gran = PoolConfig {
-        growth: GrowthPolicy {
-            granularity: 100,
-            ..GrowthPolicy::default()
-        },
-        ..PoolConfig::default()
-    };
+    let mut bad_gran = PoolConfig::default();
+    bad_gran.growth.granularity = 100;
     assert!(matches!(
         PoolResource::new(up(), bad_gran),
         Err(Error::InvalidArgument(_))
@@ -284,13 +275,9 @@ fn injected_out_of_memory_is_retried_then_reported() {
     // First growth fails, the reclaim retry succeeds.
     let p = pool.allocate(4096, 256, &s).unwrap();
     pool.deallocate(p, 4096, 256, &s).unwrap();
-    let limited = pool_on(
-        &device,
-        PoolConfig {
-            max_reserved: Some(4 << 20),
-            ..PoolConfig::default()
-        },
-    );
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(4 << 20);
+    let limited = pool_on(&device, config);
     let err = limited.allocate(8 << 20, 256, &s).unwrap_err();
     assert_eq!(err.oom_info().unwrap().limit, Some(4 << 20));
     drop(limited);
@@ -383,7 +370,8 @@ proptest! {
         let (device, sim) = sim(24 << 20);
         let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
-        let config = PoolConfig { max_reserved: Some(20 << 20), ..PoolConfig::default() };
+        let mut config = PoolConfig::default();
+        config.max_reserved = Some(20 << 20);
         run_model(pool_on(&device, config), &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");

@@ -28,7 +28,7 @@ use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
-    FixedSizeConfig, FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, Stream};
@@ -182,10 +182,8 @@ fn device() -> Device {
 #[test]
 fn stress_pool_resource() {
     let d = device();
-    let config = PoolConfig {
-        max_reserved: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
     stress("PoolResource", mr.clone(), &d, || mr.live_bytes());
 }
@@ -193,10 +191,8 @@ fn stress_pool_resource() {
 #[test]
 fn stress_caching_pool() {
     let d = device();
-    let config = CachingPoolConfig {
-        max_reserved: Some(LIMIT),
-        ..CachingPoolConfig::default()
-    };
+    let mut config = CachingPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(CachingPool::new(DeviceResource::new(d.clone()), config).unwrap());
     stress("CachingPool", mr.clone(), &d, || mr.live_bytes());
 }
@@ -205,26 +201,15 @@ fn stress_caching_pool() {
 fn stress_fixed_size() {
     let d = device();
     let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
-    let mr = Arc::new(
-        FixedSizeResource::new(
-            up,
-            FixedSizeConfig {
-                block_size: 512 << 10,
-                blocks_per_chunk: Some(4),
-            },
-        )
-        .unwrap(),
-    );
+    let mr = Arc::new(FixedSizeResource::new(up, common::fixed_size_config(512 << 10, 4)).unwrap());
     stress("FixedSizeResource", mr.clone(), &d, || mr.live_bytes());
 }
 
 #[test]
 fn stress_binning() {
     let d = device();
-    let config = PoolConfig {
-        max_reserved: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
     let mr = Arc::new(BinningResource::new(pool, BinningConfig::fixed_bins(8, 16)).unwrap());
     stress("BinningResource", mr.clone(), &d, || mr.live_bytes());
@@ -246,10 +231,8 @@ fn stress_arena() {
 #[test]
 fn stress_virtual_pool() {
     let d = device();
-    let config = VirtualPoolConfig {
-        max_reserved: Some(LIMIT),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(VirtualPool::new(d.clone(), config).unwrap());
     stress("VirtualPool", mr.clone(), &d, || mr.live_bytes());
     mr.check_invariants().unwrap();
@@ -258,16 +241,9 @@ fn stress_virtual_pool() {
 #[test]
 fn stress_async_resource() {
     let d = device();
-    let mr = Arc::new(
-        AsyncResource::new(
-            d.clone(),
-            AsyncResourceConfig {
-                max_reserved: Some(LIMIT),
-                ..AsyncResourceConfig::default()
-            },
-        )
-        .unwrap(),
-    );
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(LIMIT);
+    let mr = Arc::new(AsyncResource::new(d.clone(), config).unwrap());
     stress("AsyncResource", mr.clone(), &d, || {
         mr.used_current().unwrap()
     });
@@ -276,10 +252,8 @@ fn stress_async_resource() {
 #[test]
 fn stress_pinned_pool() {
     let d = device();
-    let config = PinnedPoolConfig {
-        max_reserved: Some(LIMIT),
-        ..PinnedPoolConfig::default()
-    };
+    let mut config = PinnedPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(PinnedPool::new(PinnedHostResource::new(d.clone()), config).unwrap());
     stress("PinnedPool", mr.clone(), &d, || mr.stats().live);
 }
@@ -287,10 +261,8 @@ fn stress_pinned_pool() {
 #[test]
 fn stress_statistics_over_a_pool() {
     let d = device();
-    let config = PoolConfig {
-        max_reserved: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
     let mr = Arc::new(StatisticsAdaptor::new(pool));
     stress("StatisticsAdaptor<PoolResource>", mr.clone(), &d, || {

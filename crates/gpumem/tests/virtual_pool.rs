@@ -99,12 +99,10 @@ fn small_and_large_blocks_map_only_what_they_cover() {
 #[test]
 fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        max_reserved: Some(22 * 2 * MIB),
-        max_extent_pages: 32,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
+    config.max_reserved = Some(22 * 2 * MIB);
+    config.max_extent_pages = 32;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(p.page_size(), 2 * MIB);
@@ -312,10 +310,8 @@ fn out_of_memory_reports_detail_and_loses_nothing() {
 #[test]
 fn max_reserved_is_a_limit() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        max_reserved: Some(8 * MIB),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(8 * MIB);
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
@@ -372,10 +368,8 @@ fn a_failed_mapping_is_undone_entirely() {
     let (device, sim) = sim(80 << 30);
     // Extents of two pages: the 8-page block takes four maps, so the third
     // fails after two succeeded.
-    let config = VirtualPoolConfig {
-        max_extent_pages: 2,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_extent_pages = 2;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
@@ -426,39 +420,30 @@ fn bad_frees_are_errors() {
 
 #[test]
 fn construction_checks_the_device() {
-    let (device, _) = Device::sim_with_driver(SimConfig {
-        vmm: false,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.vmm = false;
+    let (device, _) = Device::sim_with_driver(config);
     assert!(matches!(
         VirtualPool::new(device, VirtualPoolConfig::default()),
         Err(Error::Unsupported { .. })
     ));
     let (device, _) = sim(80 << 30);
-    let bad_peer = VirtualPoolConfig {
-        peers: vec![3],
-        ..VirtualPoolConfig::default()
-    };
+    let mut bad_peer = VirtualPoolConfig::default();
+    bad_peer.peers = vec![3];
     assert!(VirtualPool::new(device.clone(), bad_peer).is_err());
-    let self_peer = VirtualPoolConfig {
-        peers: vec![0],
-        ..VirtualPoolConfig::default()
-    };
+    let mut self_peer = VirtualPoolConfig::default();
+    self_peer.peers = vec![0];
     assert!(VirtualPool::new(device.clone(), self_peer).is_err());
-    let no_space = VirtualPoolConfig {
-        va_multiple: 0,
-        ..VirtualPoolConfig::default()
-    };
+    let mut no_space = VirtualPoolConfig::default();
+    no_space.va_multiple = 0;
     assert!(VirtualPool::new(device, no_space).is_err());
 }
 
 #[test]
 fn peers_get_access_to_every_mapped_run() {
     let (device, sim) = Device::sim_with_driver(SimConfig::multi(2));
-    let config = VirtualPoolConfig {
-        peers: vec![1],
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.peers = vec![1];
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let before = sim.call_count("cuMemSetAccess");
@@ -478,10 +463,8 @@ fn physical_chunks_export_as_file_descriptors() {
     let (device, sim) = sim(80 << 30);
     let plain = pool(&device);
     assert!(plain.export_page_fds().is_err(), "not made with ipc");
-    let config = VirtualPoolConfig {
-        ipc: true,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.ipc = true;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
@@ -554,11 +537,9 @@ fn idle_aliases_are_collected_beyond_the_ratio() {
 /// hold. Checks every live block's bytes after each round.
 fn alias_rounds(max_alias_ratio: usize) -> gpumem::pool::VirtualPoolStats {
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(48 * MIB));
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        max_alias_ratio,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
+    config.max_alias_ratio = max_alias_ratio;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let mut live: Vec<(DeviceBuffer<u8, &VirtualPool>, Vec<u8>)> = Vec::new();
@@ -592,10 +573,8 @@ fn alias_rounds(max_alias_ratio: usize) -> gpumem::pool::VirtualPoolStats {
 #[test]
 fn memory_freed_on_a_busy_stream_is_not_aliased_for_another() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
@@ -664,7 +643,8 @@ proptest! {
         // stream's fill is still pending would be overwritten when that
         // stream runs, through whichever address it was filled by.
         let (device, sim) = Device::sim_with_driver(SimConfig::backed(32 * MIB));
-        let config = VirtualPoolConfig { slack_permille: 0, ..VirtualPoolConfig::default() };
+        let mut config = VirtualPoolConfig::default();
+        config.slack_permille = 0;
         let p = VirtualPool::new(device.clone(), config).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let checker = device.create_stream().unwrap();
@@ -760,10 +740,9 @@ proptest! {
     /// everything goes back on drop.
     #[test]
     fn pages_follow_live_blocks(ops in prop::collection::vec(vop(), 1..120)) {
-        let (device, sim) = Device::sim_with_driver(SimConfig {
-            capacity: 40 * MIB,
-            ..SimConfig::default()
-        });
+        let mut config = SimConfig::default();
+        config.capacity = 40 * MIB;
+        let (device, sim) = Device::sim_with_driver(config);
         let p = pool(&device);
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let checker = device.create_stream().unwrap();

@@ -42,6 +42,7 @@ pub struct AsyncResource {
 /// device memory, no IPC, no limit, release threshold `u64::MAX`, no
 /// priming.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AsyncResourceConfig {
     /// Primes the pool: `initial_size` bytes are allocated and freed on the
     /// device's default stream, which is then synchronized, so the pool holds

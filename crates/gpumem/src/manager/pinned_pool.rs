@@ -78,6 +78,7 @@ pub const PINNED_MAX_ALIGNMENT: usize = 1 << 21;
 /// Configuration of a [`PinnedPool`]. `Default`: nothing pinned up front, no
 /// limit, regions of at least 32 MiB.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PinnedPoolConfig {
     /// Bytes pinned when the pool is made (0: nothing up front).
     pub initial_size: usize,

@@ -70,6 +70,9 @@ pub(crate) mod sync {
     };
 }
 
+#[cfg(not(loom))]
+use directory::OwnerWord;
+#[cfg(loom)]
 pub use directory::{OwnerWord, SuperblockDirectory};
 
 use std::cell::RefCell;
@@ -95,6 +98,7 @@ pub(crate) const GRANULE: usize = 256;
 /// memory, 1 MiB superblocks, the large threshold and cache limit derived
 /// from them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArenaConfig {
     /// Bytes the arena takes from the upstream at construction, rounded down
     /// to whole superblocks: all it ever holds. `None` takes half the

@@ -117,6 +117,7 @@ impl<U: MemoryResource + 'static> Bin<U> {
 /// Configuration of a [`BinningResource`]. `Default`: no bins (every request
 /// goes to the upstream until bins are added).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct BinningConfig {
     /// A [`FixedSizeResource`] bin over the upstream for each power of two
     /// `2^n` bytes, `n` in this range (`8 <= start <= end <= 40`); more bins

@@ -37,6 +37,7 @@ use crate::{Error, FreeError, OomInfo, Result};
 
 /// Configuration of a [`CachingPool`]. `Default` gives the documented values.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CachingPoolConfig {
     /// Most bytes the pool may hold from its upstream: its chunks and its
     /// live blocks above `max_block_size`. A request that would pass it is

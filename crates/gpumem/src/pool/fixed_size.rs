@@ -32,6 +32,7 @@ pub const DEFAULT_BATCH_SIZE: usize = 256;
 /// Configuration of a [`FixedSizeResource`]. `Default`: blocks of 1 MiB (as
 /// RMM's), chunks of about [`DEFAULT_CHUNK_BYTES`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FixedSizeConfig {
     /// The one block size served: a non-zero multiple of 256 bytes.
     pub block_size: usize,

@@ -54,7 +54,11 @@ mod slab;
 pub(crate) mod stream_lanes;
 mod virtual_pool;
 
-pub use arena::*;
+pub use arena::{ArenaConfig, ArenaResource, ArenaStats};
+/// The arena's superblock directory, public only to the `loom` model check
+/// (`tests/loom_arena.rs`, built with `--cfg loom`).
+#[cfg(loom)]
+pub use arena::{OwnerWord, SuperblockDirectory};
 pub use binning::{BinningConfig, BinningResource};
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeConfig, FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};

@@ -80,6 +80,7 @@ pub const POOL_MAX_ALIGNMENT: usize = 1 << 30;
 /// its small and large heaps (see the module documentation). (PyTorch's
 /// caching allocator uses 2 MiB and 20 MiB segments the same way.)
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GrowthPolicy {
     /// Largest request served from a small region.
     pub small_limit: usize,
@@ -124,6 +125,7 @@ impl GrowthPolicy {
 /// Configuration of a [`PoolResource`]. `Default`: nothing taken up front,
 /// no limit, the default [`GrowthPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Bytes taken from the upstream when the pool is made (0 allowed); the
     /// region serves the heap its size names (large above `small_limit`).

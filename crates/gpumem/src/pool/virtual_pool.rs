@@ -111,6 +111,7 @@ pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 
 /// Configuration of a [`VirtualPool`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VirtualPoolConfig {
     /// Virtual address space reserved up front, in multiples of the device's
     /// memory (1 to 16; default 2). More is reserved if it runs out.

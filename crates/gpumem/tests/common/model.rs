@@ -16,10 +16,9 @@ pub fn enqueue_work(stream: &Stream) {
 }
 
 pub fn sim(capacity: usize) -> (Device, Arc<SimDriver>) {
-    Device::sim_with_driver(SimConfig {
-        capacity,
-        ..SimConfig::default()
-    })
+    let mut config = SimConfig::default();
+    config.capacity = capacity;
+    Device::sim_with_driver(config)
 }
 
 #[derive(Debug, Clone)]
