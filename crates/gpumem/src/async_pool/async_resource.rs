@@ -31,8 +31,30 @@ use crate::resource::Properties;
 use crate::{Error, Result};
 
 /// A memory resource over a CUDA memory pool: the device's default pool or one
-/// created from properties. Dereferences to its [`MemPool`] for attributes,
-/// trimming and peer access.
+/// created from properties. Dereferences to its [`MemPool`] for attributes
+/// and peer access; gives memory back through [`Pool`](crate::pool::Pool).
+///
+/// ```
+/// use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
+/// use gpumem::pool::Pool;
+/// use gpumem::{Device, DeviceBuffer};
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let mut config = AsyncResourceConfig::default();
+///     config.initial_size = 32 << 20; // primed: reserved from the start
+///     config.max_reserved = Some(256 << 20);
+///     let pool = AsyncResource::new(device.clone(), config)?;
+///     assert!(pool.reserved_bytes() >= 32 << 20);
+///
+///     let stream = device.create_stream()?;
+///     let buf = DeviceBuffer::<f32, _>::zeroed(1 << 20, &pool, &stream)?;
+///     drop(buf); // freed on `stream`, back in the pool once that has run
+///     assert!(pool.release()? >= 32 << 20); // synchronizes, then trims
+///     assert_eq!(pool.reserved_bytes(), 0);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AsyncResource {
     pool: MemPool,

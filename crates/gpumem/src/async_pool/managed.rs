@@ -19,6 +19,24 @@ use crate::stream::Stream;
 use crate::Result;
 
 /// Managed memory from a stream-ordered pool. Dereferences to its [`MemPool`].
+///
+/// ```
+/// use gpumem::async_pool::AsyncManagedResource;
+/// use gpumem::pool::Pool;
+/// use gpumem::resource::MemoryResource;
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let managed = AsyncManagedResource::with_defaults(device.clone())?;
+///     assert!(managed.properties().host_accessible);
+///     let stream = device.create_stream()?;
+///     let p = managed.allocate(1 << 20, 256, &stream)?;
+///     managed.deallocate(p, 1 << 20, 256, &stream)?;
+///     assert!(managed.release()? >= 1 << 20);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AsyncManagedResource {
     inner: AsyncResource,

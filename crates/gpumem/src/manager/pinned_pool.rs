@@ -212,6 +212,32 @@ struct State {
 
 /// A pool of pinned host memory gated by copy events; see the module
 /// documentation.
+///
+/// ```
+/// use gpumem::driver::sim::SimConfig;
+/// use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+/// use gpumem::pool::Pool;
+/// use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(SimConfig::backed(64 << 20));
+///     let config = PinnedPoolConfig::fixed(8 << 20); // pinned once, never more
+///     let pool = PinnedPool::new(PinnedHostResource::new(device.clone()), config)?;
+///     let dev = DeviceResource::new(device.clone());
+///     let stream = device.create_stream()?;
+///
+///     let host = pool.allocate_sync(4096, 256)?;
+///     let gpu = dev.allocate(4096, 256, &stream)?;
+///     pool.copy_to_device_async(gpu, host, 4096, &stream)?;
+///     pool.free(host)?; // reused only once the copy has run
+///     stream.synchronize()?;
+///     dev.deallocate(gpu, 4096, 256, &stream)?;
+///     assert_eq!(pool.reserved_bytes(), 8 << 20);
+///     assert_eq!(pool.release()?, 8 << 20); // every region is free again
+///     Ok(())
+/// }
+/// ```
 pub struct PinnedPool {
     upstream: PinnedHostResource,
     config: PinnedPoolConfig,

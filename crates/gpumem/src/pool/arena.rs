@@ -437,6 +437,28 @@ impl Core {
 }
 
 /// RMM's arena allocator over an upstream resource; see the module documentation.
+///
+/// ```
+/// use gpumem::pool::{ArenaConfig, ArenaResource, Pool};
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let config = ArenaConfig::with_size(64 << 20);
+///     let arena = ArenaResource::new(DeviceResource::new(device.clone()), config)?;
+///     assert_eq!(arena.reserved_bytes(), 64 << 20); // taken whole, up front
+///
+///     let stream = device.create_stream()?;
+///     let small = arena.allocate(1000, 256, &stream)?; // from the stream's arena
+///     let large = arena.allocate(3 << 20, 256, &stream)?; // whole superblocks
+///     assert_eq!(arena.stats().live, 1024 + (3 << 20));
+///     arena.deallocate(small, 1000, 256, &stream)?;
+///     arena.deallocate(large, 3 << 20, 256, &stream)?;
+///     assert_eq!(arena.stats().live, 0);
+///     Ok(())
+/// }
+/// ```
 pub struct ArenaResource<U: MemoryResource> {
     upstream: U,
     core: Core,

@@ -205,6 +205,34 @@ impl State {
 }
 
 /// A coalescing best-fit pool; see the module documentation.
+///
+/// ```
+/// use gpumem::pool::{Pool, PoolConfig, PoolResource};
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let mut config = PoolConfig::default();
+///     config.max_reserved = Some(64 << 20); // never more than 64 MiB from the device
+///     let pool = PoolResource::new(DeviceResource::new(device.clone()), config)?;
+///     let stream = device.create_stream()?;
+///
+///     let p = pool.allocate(1 << 20, 256, &stream)?; // grows one 2 MiB region
+///     pool.deallocate(p, 1 << 20, 256, &stream)?;
+///     let q = pool.allocate(1 << 20, 256, &stream)?; // same stream: reused at once
+///     assert_eq!(q, p);
+///     assert_eq!(pool.reserved_bytes(), 2 << 20);
+///
+///     // Past the limit: an error with the numbers, not a panic.
+///     let err = pool.allocate(128 << 20, 256, &stream).unwrap_err();
+///     assert_eq!(err.oom_info().unwrap().limit, Some(64 << 20));
+///
+///     pool.deallocate(q, 1 << 20, 256, &stream)?;
+///     assert_eq!(pool.release()?, 2 << 20); // waits for `stream`, gives back
+///     Ok(())
+/// }
+/// ```
 pub struct PoolResource<U: MemoryResource> {
     upstream: U,
     config: PoolConfig,
