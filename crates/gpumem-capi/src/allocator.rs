@@ -53,6 +53,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use gpumem::adaptor::{LoggingAdaptor, StatisticsAdaptor};
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::{Driver, STREAM_LEGACY, STREAM_PER_THREAD};
+use gpumem::pool::Pool;
 use gpumem::resource::{
     HandedOut, LiveBlock, MemoryResource, Properties, Segment, SharedResource, DEFAULT_ALIGNMENT,
 };
@@ -858,7 +859,9 @@ impl Allocator {
     pub fn reset_peak(&self, device: i32) {
         if let Some(s) = self.built(device) {
             s.stack.reset_peak();
-            s.stack.upstream().reset_peak_reserved();
+            let served = s.stack.upstream();
+            Pool::reset_peak(served);
+            served.reset_driver_peaks();
         }
     }
 
@@ -970,7 +973,7 @@ impl Allocator {
     fn empty_cache_of(&self, st: &DeviceState) -> usize {
         let refused = st.uses.wait_all(&st.stack);
         self.report_refused(st, refused);
-        match st.stack.upstream().empty_cache() {
+        match st.stack.upstream().release() {
             Ok(n) => n,
             Err(e) => {
                 log::error!("device {}: empty_cache: {e}", st.device.ordinal());

@@ -1,26 +1,28 @@
 //! The resource that serves one device, and what the C ABI asks of it besides
-//! allocating: its reserve and the driver calls behind it, giving cached
-//! memory back, a limit on what it holds from the driver, and what it holds
-//! now (segments, live blocks) for snapshots.
+//! allocating: its reserve and giving cached memory back (the [`Pool`]
+//! trait), and what is the C ABI's own: the driver calls behind the reserve,
+//! a limit on what it holds from the driver, and what it holds now
+//! (segments, live blocks) for snapshots.
 //!
 //! [`Served`] is that interface. Each resource answers from the numbers it
 //! keeps itself:
 //!
 //! | resource | reserved (peak) | segments | live blocks | largest free block | limit (memory fraction) | empty_cache |
 //! |---|---|---|---|---|---|---|
-//! | `pool` | the pool's regions, counted at its upstream | its `cuMemAlloc` regions | the pool's used blocks (rounded sizes) | largest free block, any lane | at the upstream | `release` |
-//! | `caching` | its chunks and large blocks, counted at its upstream | its `cuMemAlloc` chunks and large blocks | class blocks with the bytes asked for | largest class with a free block | at the upstream | `release` |
+//! | `pool` | the pool's regions | its `cuMemAlloc` regions | the pool's used blocks (rounded sizes) | largest free block, any lane | at the upstream | `release` |
+//! | `caching` | its chunks and large blocks | its `cuMemAlloc` chunks and large blocks | class blocks with the bytes asked for | largest class with a free block | at the upstream | `release` |
 //! | `binning` | the inner pool's regions | the inner pool's regions | the bins' blocks and the direct allocations | the larger of the bins' and the pool's | at the pool's upstream | bins' `release`, then the pool's |
-//! | `arena` | its one region, taken whole up front | that region | tracked here (the arena cannot list them) | the arena's largest free run | at the upstream (the region is sized within it) | stream arenas' cached superblocks go back to the global arena; the device gets nothing back |
+//! | `arena` | its one region, taken whole up front | that region | tracked here (the arena cannot list them) | the arena's largest free run | at the upstream (the region is sized within it) | stream arenas' cached superblocks go back to the global arena, the device synchronized; the device gets nothing back |
 //! | `async` | the pool's `ReservedMemCurrent` (`ReservedMemHigh`) | unknown: one per live block | the pool's allocations, as asked for | reserved minus used (an upper bound: the pool does not say in what pieces) | on the bytes live in the pool, and the release threshold lowered to it | synchronize the device, then `cuMemPoolTrimTo(0)` |
 //! | `vpool` | physical bytes held, mapped or cached (the pool's peak) | runs of mapped pages | the pool's used blocks (rounded sizes) | physical bytes under no live block | the pool's maximum physical | `release`: every page not under a live block goes back |
-//! | `cuda` | live `cuMemAlloc` bytes | one per allocation | the same | 0 (nothing cached) | at the upstream | nothing to give back |
+//! | `cuda` | live `cuMemAlloc` bytes (at 256-byte granularity) | one per allocation | the same | 0 (nothing cached) | at the upstream | nothing to give back |
 //!
 //! "At the upstream" means the resource takes memory through [`Upstream`]: a
 //! [`LimitingAdaptor`] whose limit can change at run time (the memory
 //! fraction) over `cuMemAlloc`, under a [`StatisticsAdaptor`] that counts
 //! what the resource holds (segments, bytes, driver calls; resettable
-//! peaks). Both touch only growth and release, never a pool's fast path.
+//! peaks) for [`Served::driver_stats`]. Both touch only growth and release,
+//! never a pool's fast path.
 //!
 //! CUDA's pool (`async`) cannot list its memory nor say how often it asked
 //! the driver for more: its segments are reported one per live block (the
@@ -32,10 +34,10 @@
 //! driver's microsecond.
 
 use gpumem::adaptor::{LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor};
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, PoolConfig,
-    PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{
     DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
@@ -65,23 +67,16 @@ pub struct DriverStats {
 }
 
 /// What the C ABI needs from the resource serving a device, besides
-/// allocating and freeing.
-pub trait Served: MemoryResource {
+/// allocating and freeing and its [`Pool`] answers: its reserve is what it
+/// holds from the driver, and [`Pool::release`] is `empty_cache`.
+pub trait Served: Pool {
     /// The resource's name in `GPUMEM_CONF`.
     fn kind(&self) -> ResourceKind;
-    /// Bytes held from the driver now.
-    fn reserved_bytes(&self) -> usize;
-    /// Highest [`Served::reserved_bytes`] since creation or the last
-    /// [`Served::reset_peak_reserved`].
-    fn peak_reserved_bytes(&self) -> usize;
-    /// Sets the peaks of the reserve and of the segments to their current
-    /// values.
-    fn reset_peak_reserved(&self);
-    /// Gives cached memory back to the driver (waiting for the streams that
-    /// freed it where needed); returns the bytes given back.
-    fn empty_cache(&self) -> Result<usize>;
     /// Segments, reserve and driver calls (see the module documentation).
     fn driver_stats(&self) -> DriverStats;
+    /// Sets the peaks of [`Served::driver_stats`] to their current values
+    /// ([`Pool::reset_peak`] restarts the reserve's own peak).
+    fn reset_driver_peaks(&self);
     /// The largest request the resource can serve now without taking more
     /// from the driver (PyTorch's `cacheInfo`).
     fn largest_free_block(&self) -> usize;
@@ -157,32 +152,17 @@ impl OverUpstream for CachingPool<Upstream> {
     }
 }
 
-impl OverUpstream for BinningResource<PoolResource<Upstream>> {
-    fn up(&self) -> &Upstream {
-        self.upstream().upstream()
-    }
-}
-
 impl OverUpstream for Tracked<ArenaResource<Upstream>> {
     fn up(&self) -> &Upstream {
         self.inner.upstream()
     }
 }
 
-impl OverUpstream for Upstream {
-    fn up(&self) -> &Upstream {
-        self
-    }
-}
-
 /// The [`Served`] methods every resource over an [`Upstream`] answers from
-/// it: reserve peaks, driver numbers, segments and the limit.
+/// it: driver numbers and their peaks, segments and the limit.
 macro_rules! over_upstream {
     () => {
-        fn peak_reserved_bytes(&self) -> usize {
-            self.up().stats().allocated_bytes.peak.max(0) as usize
-        }
-        fn reset_peak_reserved(&self) {
+        fn reset_driver_peaks(&self) {
             self.up().reset_peak();
         }
         fn driver_stats(&self) -> DriverStats {
@@ -198,16 +178,9 @@ macro_rules! over_upstream {
 }
 
 /// The [`Served`] methods a pool answers with its own methods of the same
-/// names (`reserved_bytes`, `largest_free_block`, `live_blocks`,
-/// `live_block_size`), giving cached memory back with `release`.
+/// names (`largest_free_block`, `live_blocks`, `live_block_size`).
 macro_rules! pool_answers {
     () => {
-        fn reserved_bytes(&self) -> usize {
-            Self::reserved_bytes(self)
-        }
-        fn empty_cache(&self) -> Result<usize> {
-            self.release()
-        }
         fn largest_free_block(&self) -> usize {
             Self::largest_free_block(self)
         }
@@ -236,30 +209,100 @@ impl Served for CachingPool<Upstream> {
     over_upstream!();
 }
 
-impl Served for BinningResource<PoolResource<Upstream>> {
+/// `MemoryResource` for a wrapper, answered by the resource in its field 0.
+macro_rules! forward_resource {
+    ($t:ty) => {
+        impl MemoryResource for $t {
+            #[inline]
+            fn allocate(
+                &self,
+                bytes: usize,
+                alignment: usize,
+                stream: &Stream,
+            ) -> Result<DevicePtr> {
+                self.0.allocate(bytes, alignment, stream)
+            }
+            #[inline]
+            fn deallocate(
+                &self,
+                ptr: DevicePtr,
+                bytes: usize,
+                alignment: usize,
+                stream: &Stream,
+            ) -> Result<()> {
+                self.0.deallocate(ptr, bytes, alignment, stream)
+            }
+            fn device(&self) -> &Device {
+                self.0.device()
+            }
+            fn properties(&self) -> Properties {
+                self.0.properties()
+            }
+            fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+                self.0.allocate_sync(bytes, alignment)
+            }
+            fn deallocate_sync(
+                &self,
+                ptr: DevicePtr,
+                bytes: usize,
+                alignment: usize,
+            ) -> Result<()> {
+                self.0.deallocate_sync(ptr, bytes, alignment)
+            }
+        }
+    };
+}
+
+/// Bins over a pool: the bins hold their chunks from the inner pool, so what
+/// the driver has given is the pool's reserve.
+pub struct Binned(BinningResource<PoolResource<Upstream>>);
+
+forward_resource!(Binned);
+
+impl Pool for Binned {
+    fn reserved_bytes(&self) -> usize {
+        self.0.upstream().reserved_bytes()
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.0.upstream().peak_reserved_bytes()
+    }
+    fn reset_peak(&self) {
+        self.0.upstream().reset_peak()
+    }
+    fn trim(&self, to: usize) -> Result<usize> {
+        // Bins give their free chunks to the pool, the pool its free regions
+        // to the driver: only the second is memory the device gets back.
+        let bins = self.0.trim(0);
+        let pool = self.0.upstream().trim(to);
+        bins.and(pool)
+    }
+    fn release(&self) -> Result<usize> {
+        let bins = self.0.release();
+        let pool = self.0.upstream().release();
+        bins.and(pool)
+    }
+}
+
+impl OverUpstream for Binned {
+    fn up(&self) -> &Upstream {
+        self.0.upstream().upstream()
+    }
+}
+
+impl Served for Binned {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Binning
     }
-    fn reserved_bytes(&self) -> usize {
-        // The bins hold their chunks from the inner pool; what the driver has
-        // given is the pool's reserve.
-        PoolResource::reserved_bytes(self.upstream())
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        // Bins give their free chunks to the pool, the pool its free regions
-        // to the driver: only the second is memory the device gets back.
-        let bins = self.release();
-        let pool = self.upstream().release();
-        bins.and(pool)
-    }
     fn largest_free_block(&self) -> usize {
-        BinningResource::largest_free_block(self).max(self.upstream().largest_free_block())
+        self.0
+            .largest_free_block()
+            .max(self.0.upstream().largest_free_block())
     }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(BinningResource::live_blocks(self))
+        no_stream(self.0.live_blocks())
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        BinningResource::live_block_size(self, ptr)
+        self.0.live_block_size(ptr)
     }
     over_upstream!();
 }
@@ -319,18 +362,27 @@ impl<R: MemoryResource> MemoryResource for Tracked<R> {
     }
 }
 
+impl<R: Pool> Pool for Tracked<R> {
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes()
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.inner.peak_reserved_bytes()
+    }
+    fn reset_peak(&self) {
+        self.inner.reset_peak()
+    }
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.inner.trim(to)
+    }
+    fn release(&self) -> Result<usize> {
+        self.inner.release()
+    }
+}
+
 impl Served for Tracked<ArenaResource<Upstream>> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Arena
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved()
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        // The arena holds its one region for life: cached superblocks go back
-        // to the global arena (so every stream can use them), not the device.
-        self.inner.release_cached();
-        Ok(0)
     }
     fn largest_free_block(&self) -> usize {
         self.inner.stats().largest_free
@@ -362,23 +414,8 @@ impl Served for LimitingAdaptor<AsyncResource> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Async
     }
-    fn reserved_bytes(&self) -> usize {
-        self.upstream().reserved_current().unwrap_or(0)
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        self.upstream().reserved_high().unwrap_or(0)
-    }
-    fn reset_peak_reserved(&self) {
-        let _ = self.upstream().reset_reserved_high();
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        // Frees not yet complete keep their memory in the pool: wait for them
-        // (as PyTorch's cudaMallocAsync backend does), then trim.
-        let cuda = self.upstream();
-        let before = cuda.reserved_current()?;
-        cuda.pool().device().synchronize()?;
-        cuda.trim_to(0)?;
-        Ok(before.saturating_sub(cuda.reserved_current()?))
+    fn reset_driver_peaks(&self) {
+        // The reserve is all the driver says: `Pool::reset_peak` restarts it.
     }
     fn driver_stats(&self) -> DriverStats {
         DriverStats {
@@ -423,17 +460,8 @@ impl Served for VirtualPool {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Virtual
     }
-    fn reserved_bytes(&self) -> usize {
-        VirtualPool::reserved_bytes(self)
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        VirtualPool::peak_reserved_bytes(self)
-    }
-    fn reset_peak_reserved(&self) {
-        self.reset_peaks();
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        self.release()
+    fn reset_driver_peaks(&self) {
+        // The pool's own counters: `Pool::reset_peak` restarts them all.
     }
     fn driver_stats(&self) -> DriverStats {
         let s = self.stats();
@@ -468,28 +496,56 @@ impl Served for VirtualPool {
         VirtualPool::live_block_size(self, ptr)
     }
     fn set_limit(&self, limit: Option<usize>, _: &Conf) {
-        self.set_maximum_physical(limit);
+        self.set_max_reserved(limit);
     }
 }
 
-impl Served for Upstream {
+/// `cuMemAlloc` for every request: it caches nothing, so what it holds from
+/// the driver is what it hands out (at 256-byte granularity).
+pub struct Uncached(Upstream);
+
+forward_resource!(Uncached);
+
+impl Pool for Uncached {
+    fn reserved_bytes(&self) -> usize {
+        self.0.stats().allocated_bytes.current.max(0) as usize
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.0.stats().allocated_bytes.peak.max(0) as usize
+    }
+    fn reset_peak(&self) {
+        self.0.reset_peak();
+    }
+    fn trim(&self, _to: usize) -> Result<usize> {
+        Ok(0)
+    }
+    fn release(&self) -> Result<usize> {
+        Ok(0)
+    }
+}
+
+impl OverUpstream for Uncached {
+    fn up(&self) -> &Upstream {
+        &self.0
+    }
+}
+
+impl Served for Uncached {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Cuda
-    }
-    fn reserved_bytes(&self) -> usize {
-        self.stats().allocated_bytes.current.max(0) as usize
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        Ok(0)
     }
     fn largest_free_block(&self) -> usize {
         0
     }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(self.upstream().upstream().live_blocks())
+        no_stream(self.0.upstream().upstream().live_blocks())
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.upstream().upstream().allocation_size(ptr).map(rounded)
+        self.0
+            .upstream()
+            .upstream()
+            .allocation_size(ptr)
+            .map(rounded)
     }
     over_upstream!();
 }
@@ -500,17 +556,8 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     fn kind(&self) -> ResourceKind {
         self.upstream().kind()
     }
-    fn reserved_bytes(&self) -> usize {
-        self.upstream().reserved_bytes()
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        self.upstream().peak_reserved_bytes()
-    }
-    fn reset_peak_reserved(&self) {
-        self.upstream().reset_peak_reserved()
-    }
-    fn empty_cache(&self) -> Result<usize> {
-        self.upstream().empty_cache()
+    fn reset_driver_peaks(&self) {
+        self.upstream().reset_driver_peaks()
     }
     fn driver_stats(&self) -> DriverStats {
         self.upstream().driver_stats()
@@ -543,29 +590,26 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
             limit.unwrap_or(usize::MAX),
         ))
     };
-    let pool_config = || PoolConfig {
-        initial_size: conf.initial_size,
-        maximum_size: conf.max_size,
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.initial_size = conf.initial_size;
+    config.max_reserved = conf.max_size;
+    let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),
-        ResourceKind::Caching => Box::new(CachingPool::with_upstream(
-            upstream(),
-            CachingPoolConfig {
-                max_pool_size: conf.max_size.unwrap_or(usize::MAX),
-                ..CachingPoolConfig::default()
-            },
-        )?),
+        ResourceKind::Caching => {
+            let mut config = CachingPoolConfig::default();
+            config.max_reserved = conf.max_size;
+            Box::new(CachingPool::new(upstream(), config)?)
+        }
         ResourceKind::Binning => {
             let pool = PoolResource::new(upstream(), pool_config())?;
-            Box::new(BinningResource::with_fixed_bins(
-                pool,
+            let bins = BinningConfig::fixed_bins(
                 conf.min_bin.trailing_zeros(),
                 conf.max_bin.trailing_zeros(),
-            )?)
+            );
+            Box::new(Binned(BinningResource::new(pool, bins)?))
         }
-        ResourceKind::Cuda => Box::new(upstream()),
+        ResourceKind::Cuda => Box::new(Uncached(upstream())),
         ResourceKind::Arena => {
             // The arena takes its whole size up front: initial_size if given,
             // else max_size, else half the device's free memory (RMM's
@@ -578,28 +622,22 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
                 };
                 size = Some(wanted.min(limit));
             }
-            let config = ArenaConfig {
-                arena_size: size,
-                ..ArenaConfig::default()
-            };
-            Box::new(Tracked::new(ArenaResource::with_config(
-                upstream(),
-                config,
-            )?))
+            let mut config = ArenaConfig::default();
+            config.max_reserved = size;
+            Box::new(Tracked::new(ArenaResource::new(upstream(), config)?))
         }
-        ResourceKind::Virtual => Box::new(VirtualPool::new(
-            device.clone(),
-            VirtualPoolConfig {
-                maximum_physical: limit,
-                ..VirtualPoolConfig::default()
-            },
-        )?),
+        ResourceKind::Virtual => {
+            let mut config = VirtualPoolConfig::default();
+            config.max_reserved = limit;
+            Box::new(VirtualPool::new(device.clone(), config)?)
+        }
         ResourceKind::Async => {
-            let cuda = AsyncResource::builder(device.clone())
-                .initial_size(conf.initial_size)
-                .release_threshold(conf.release_threshold)
-                .max_size(conf.max_size.unwrap_or(0))
-                .build()?;
+            let mut config = AsyncResourceConfig::default();
+            config.initial_size = conf.initial_size;
+            config.release_threshold = conf.release_threshold;
+            // CUDA's maxSize 0 is no limit.
+            config.max_reserved = conf.max_size.filter(|&m| m > 0);
+            let cuda = AsyncResource::new(device.clone(), config)?;
             let served = LimitingAdaptor::new(cuda, usize::MAX);
             Served::set_limit(&served, limit, conf);
             Box::new(served)

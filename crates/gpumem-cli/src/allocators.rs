@@ -1,24 +1,19 @@
 //! The allocators the command can measure, by name.
 //!
 //! [`ALLOCATORS`] is a table of name → constructor. Each constructor builds a
-//! fresh allocator over a device together with a [`ReserveProbe`] that reports
-//! the bytes the allocator holds from the driver: pools are built over a
-//! [`CountingResource`] wrapping the device resource (so the probe counts what
-//! they took from `cuMemAlloc`), the plain `cuda` resource is counted the same
-//! way (its reserve is its live bytes), and `cuda-async` reads its pool's
-//! `ReservedMemHigh` attribute. Adding an allocator is one entry in the table.
-//!
-//! The struct order of [`Allocator`] matters: the resource drops before its
-//! probe, so a probe that trims a pool does so once the resource is gone.
+//! fresh allocator over a device together with the [`Pool`] whose reserve is
+//! what the allocator holds from the driver: the allocator itself for the
+//! pools, the pool under the bins for `binning`, and for the plain `cuda`
+//! resource, which caches nothing, its live bytes. Adding an allocator is one
+//! entry in the table.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::async_pool::AsyncResource;
-use gpumem::driver::{PoolAttr, RawPool};
 use gpumem::pool::{
-    ArenaResource, BinningResource, CachingPool, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolResource, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
@@ -42,7 +37,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         name: "cuda",
         about: "cuMemAlloc/cuMemFree for every request (DeviceResource)",
         reserve_note: None,
-        build: |d| counted(d, |up| Ok(up)),
+        build: |d| Ok(Allocator::pool(Arc::new(Uncached::new(d)))),
     },
     AllocatorSpec {
         name: "cuda-async",
@@ -51,18 +46,17 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         build: |d| {
             let r = AsyncResource::default_pool(d.clone())?;
             r.set_release_threshold(u64::MAX)?;
-            let probe = ReserveProbe::Pool {
-                device: d.clone(),
-                pool: r.raw(),
-            };
-            Ok(Allocator::new(Arc::new(r), probe))
+            Ok(Allocator::pool(Arc::new(r)))
         },
     },
     AllocatorSpec {
         name: "pool",
         about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes",
         reserve_note: None,
-        build: |d| counted(d, |up| Ok(Arc::new(PoolResource::with_defaults(up)?))),
+        build: |d| {
+            let pool = PoolResource::with_defaults(DeviceResource::new(d.clone()))?;
+            Ok(Allocator::pool(Arc::new(pool)))
+        },
     },
     AllocatorSpec {
         name: "arena",
@@ -70,19 +64,18 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         reserve_note: Some(
             "arena takes half the device's free memory up front, as RMM's arena does: its reserve does not follow the live bytes",
         ),
-        build: |d| counted(d, |up| Ok(Arc::new(ArenaResource::new(up)?))),
+        build: |d| {
+            let arena = ArenaResource::with_defaults(DeviceResource::new(d.clone()))?;
+            Ok(Allocator::pool(Arc::new(arena)))
+        },
     },
     AllocatorSpec {
         name: "caching",
         about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, per-stream reuse",
         reserve_note: None,
         build: |d| {
-            counted(d, |up| {
-                Ok(Arc::new(CachingPool::with_upstream(
-                    up,
-                    Default::default(),
-                )?))
-            })
+            let pool = CachingPool::with_defaults(DeviceResource::new(d.clone()))?;
+            Ok(Allocator::pool(Arc::new(pool)))
         },
     },
     AllocatorSpec {
@@ -90,8 +83,10 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         about: "VirtualPool: VMM pages mapped only under live blocks and moved where needed (reserve = physical)",
         reserve_note: None,
         build: |d| {
-            let pool = Arc::new(VirtualPool::new(d.clone(), VirtualPoolConfig::default())?);
-            Ok(Allocator::new(pool.clone(), ReserveProbe::Virtual(pool)))
+            let pool = Arc::new(VirtualPool::with_defaults(d.clone())?);
+            let mut a = Allocator::pool(pool.clone());
+            a.virtual_pool = Some(pool);
+            Ok(a)
         },
     },
     AllocatorSpec {
@@ -99,39 +94,51 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         about: "BinningResource: fixed-size bins 256 B..1 MiB over a PoolResource, which also serves larger requests (RMM's binning-over-pool)",
         reserve_note: None,
         build: |d| {
-            counted(d, |up| {
-                let pool = PoolResource::with_defaults(up)?;
-                Ok(Arc::new(BinningResource::with_fixed_bins(pool, 8, 20)?))
-            })
+            let pool = Arc::new(PoolResource::with_defaults(DeviceResource::new(d.clone()))?);
+            let bins = BinningResource::new(pool.clone(), BinningConfig::fixed_bins(8, 20))?;
+            Ok(Allocator::new(Arc::new(bins), pool))
         },
     },
 ];
 
-/// An allocator ready to measure: the resource and its reserve probe.
+/// An allocator ready to measure. Dropping it releases what its pool holds
+/// (CUDA's default pool outlives the allocator: the next one measured in
+/// this process starts from an empty device).
 pub struct Allocator {
     /// The allocator.
     pub resource: SharedResource,
-    /// Reports the bytes it holds from the driver.
-    pub reserve: ReserveProbe,
+    /// The pool whose reserve is what the allocator holds from the driver.
+    pub pool: Arc<dyn Pool>,
+    /// The allocator when it is a [`VirtualPool`], for its mapping counts.
+    pub virtual_pool: Option<Arc<VirtualPool>>,
 }
 
 impl Allocator {
-    /// An allocator from its parts.
-    pub fn new(resource: SharedResource, reserve: ReserveProbe) -> Self {
-        Self { resource, reserve }
+    /// An allocator and the pool that holds its memory from the driver.
+    pub fn new(resource: SharedResource, pool: Arc<dyn Pool>) -> Self {
+        Self {
+            resource,
+            pool,
+            virtual_pool: None,
+        }
+    }
+
+    /// A pool that is the allocator itself.
+    pub fn pool(pool: Arc<dyn Pool>) -> Self {
+        Self::new(pool.clone(), pool)
+    }
+
+    /// For a [`VirtualPool`], the `cuMemMap` calls it has made so far (a
+    /// steady state makes none); `None` for the others.
+    pub fn mappings_made(&self) -> Option<u64> {
+        self.virtual_pool.as_ref().map(|v| v.stats().mappings_made)
     }
 }
 
-/// Builds an allocator over a counted device resource: `wrap` gets the counted
-/// upstream and returns the allocator built on it (the upstream itself for the
-/// plain device resource).
-pub fn counted(
-    device: &Device,
-    wrap: impl FnOnce(Arc<CountingResource>) -> gpumem::Result<SharedResource>,
-) -> gpumem::Result<Allocator> {
-    let upstream = Arc::new(CountingResource::new(DeviceResource::new(device.clone())));
-    let resource = wrap(upstream.clone())?;
-    Ok(Allocator::new(resource, ReserveProbe::Counter(upstream)))
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        let _ = self.pool.release();
+    }
 }
 
 /// The names of every allocator, in table order.
@@ -158,134 +165,25 @@ pub fn select(list: &[String]) -> Result<Vec<&'static AllocatorSpec>> {
     Ok(out)
 }
 
-/// Reports the bytes an allocator holds from the driver.
-pub enum ReserveProbe {
-    /// A counting upstream.
-    Counter(Arc<CountingResource>),
-    /// A CUDA memory pool's `ReservedMem*` attributes. The pool is the device's
-    /// default pool, which outlives the allocator: dropping the probe
-    /// synchronizes the device and trims the pool to nothing, so the next
-    /// allocator measured in this process starts from an empty device.
-    Pool {
-        /// The pool's device.
-        device: Device,
-        /// The pool.
-        pool: RawPool,
-    },
-    /// A [`VirtualPool`]'s physical memory.
-    Virtual(Arc<VirtualPool>),
-}
+/// The plain device resource seen as a pool: it caches nothing, so what it
+/// holds from the driver is exactly what it hands out, counted as asked.
+pub struct Uncached(StatisticsAdaptor<DeviceResource>);
 
-impl ReserveProbe {
-    /// Bytes held now.
-    pub fn current(&self) -> gpumem::Result<usize> {
-        match self {
-            ReserveProbe::Counter(c) => Ok(c.current()),
-            ReserveProbe::Virtual(v) => Ok(v.reserved_bytes()),
-            ReserveProbe::Pool { device, pool } => Ok(device
-                .driver()
-                .mempool_get_attr(*pool, PoolAttr::ReservedMemCurrent)?
-                as usize),
-        }
-    }
-
-    /// For a [`VirtualPool`], the `cuMemMap` calls it has made so far (a
-    /// steady state makes none); `None` for the others.
-    pub fn mappings_made(&self) -> Option<u64> {
-        match self {
-            ReserveProbe::Virtual(v) => Some(v.stats().mappings_made),
-            _ => None,
-        }
-    }
-
-    /// Highest bytes held since the last [`ReserveProbe::reset_peak`].
-    pub fn peak(&self) -> gpumem::Result<usize> {
-        match self {
-            ReserveProbe::Counter(c) => Ok(c.peak()),
-            ReserveProbe::Virtual(v) => Ok(v.peak_reserved_bytes()),
-            ReserveProbe::Pool { device, pool } => Ok(device
-                .driver()
-                .mempool_get_attr(*pool, PoolAttr::ReservedMemHigh)?
-                as usize),
-        }
-    }
-
-    /// Restarts the peak from the current value.
-    pub fn reset_peak(&self) -> gpumem::Result<()> {
-        match self {
-            ReserveProbe::Counter(c) => {
-                c.reset_peak();
-                Ok(())
-            }
-            ReserveProbe::Virtual(v) => {
-                v.reset_peaks();
-                Ok(())
-            }
-            ReserveProbe::Pool { device, pool } => {
-                device
-                    .driver()
-                    .mempool_set_attr(*pool, PoolAttr::ReservedMemHigh, 0)
-            }
-        }
+impl Uncached {
+    /// `cuMemAlloc` on `device`, counted.
+    pub fn new(device: &Device) -> Self {
+        Self(StatisticsAdaptor::new(DeviceResource::new(device.clone())))
     }
 }
 
-impl Drop for ReserveProbe {
-    fn drop(&mut self) {
-        if let ReserveProbe::Pool { device, pool } = self {
-            let _ = device.synchronize();
-            let _ = device.driver().mempool_trim_to(*pool, 0);
-        }
-    }
-}
-
-/// An upstream wrapper that counts the bytes currently allocated through it and
-/// their peak. Two relaxed atomics per call: it sits under pools, where calls
-/// are rare, and under the plain `cuda` resource, where the driver call costs
-/// thousands of times more.
-pub struct CountingResource<R = DeviceResource> {
-    inner: R,
-    current: AtomicUsize,
-    peak: AtomicUsize,
-}
-
-impl<R: MemoryResource> CountingResource<R> {
-    /// Counts what goes through `inner`.
-    pub fn new(inner: R) -> Self {
-        Self {
-            inner,
-            current: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
-        }
-    }
-
-    /// Bytes allocated through this resource and not yet freed.
-    pub fn current(&self) -> usize {
-        self.current.load(Ordering::Relaxed)
-    }
-
-    /// Highest [`CountingResource::current`] since creation or the last reset.
-    pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::Relaxed)
-    }
-
-    /// Restarts the peak from the current value.
-    pub fn reset_peak(&self) {
-        self.peak.store(self.current(), Ordering::Relaxed);
-    }
-}
-
-impl<R: MemoryResource> MemoryResource for CountingResource<R> {
+impl MemoryResource for Uncached {
     fn allocate(
         &self,
         bytes: usize,
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
-        let p = self.inner.allocate(bytes, alignment, stream)?;
-        let now = self.current.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(p)
+        self.0.allocate(bytes, alignment, stream)
     }
 
     fn deallocate(
@@ -295,16 +193,36 @@ impl<R: MemoryResource> MemoryResource for CountingResource<R> {
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<()> {
-        self.inner.deallocate(ptr, bytes, alignment, stream)?;
-        self.current.fetch_sub(bytes, Ordering::Relaxed);
-        Ok(())
+        self.0.deallocate(ptr, bytes, alignment, stream)
     }
 
     fn device(&self) -> &Device {
-        self.inner.device()
+        self.0.device()
     }
 
     fn properties(&self) -> Properties {
-        self.inner.properties()
+        self.0.properties()
+    }
+}
+
+impl Pool for Uncached {
+    fn reserved_bytes(&self) -> usize {
+        self.0.stats().requested_bytes.current.max(0) as usize
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.0.stats().requested_bytes.peak.max(0) as usize
+    }
+
+    fn reset_peak(&self) {
+        self.0.reset_peak()
+    }
+
+    fn trim(&self, _to: usize) -> gpumem::Result<usize> {
+        Ok(0)
+    }
+
+    fn release(&self) -> gpumem::Result<usize> {
+        Ok(0)
     }
 }

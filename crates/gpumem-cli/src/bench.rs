@@ -13,11 +13,12 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
+use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::{Backend, Device, Stream};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::allocators::{Allocator, AllocatorSpec, CountingResource, ALLOCATORS};
+use crate::allocators::{Allocator, AllocatorSpec, ALLOCATORS};
 use crate::outln;
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
@@ -383,10 +384,10 @@ fn threads_peak_live(
     seqs: &[Arc<OpSequence>],
 ) -> Result<u64> {
     let alloc = (spec.build)(device)?;
-    let counter = Arc::new(CountingResource::new(alloc.resource.clone()));
+    let counter = Arc::new(StatisticsAdaptor::new(alloc.resource.clone()));
     let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
     workload::run_threads(&top, device, seqs)?;
-    Ok(counter.peak() as u64)
+    Ok(counter.stats().requested_bytes.peak.max(0) as u64)
 }
 
 /// The median of a non-empty list.
@@ -431,15 +432,15 @@ pub fn run(
             for _ in 0..repeats {
                 let result = (|| -> Result<(Timed, usize, Option<u64>)> {
                     let alloc = (spec.build)(device)?;
-                    alloc.reserve.reset_peak()?;
+                    alloc.pool.reset_peak();
                     let streams = repeat_streams(device, &prep)?;
                     for _ in 0..cfg.warm_passes {
                         run_once(&alloc, device, cfg, &prep, &streams)?;
                     }
-                    let m0 = alloc.reserve.mappings_made();
+                    let m0 = alloc.mappings_made();
                     let t = run_once(&alloc, device, cfg, &prep, &streams)?;
-                    let peak = alloc.reserve.peak()?;
-                    let maps = m0.zip(alloc.reserve.mappings_made()).map(|(a, b)| b - a);
+                    let peak = alloc.pool.peak_reserved_bytes();
+                    let maps = m0.zip(alloc.mappings_made()).map(|(a, b)| b - a);
                     Ok((t, peak, maps))
                 })();
                 progress.inc(1);

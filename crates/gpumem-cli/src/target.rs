@@ -29,10 +29,9 @@ pub struct Target {
 /// used, for the demo's and transfer's content checks; without it the device
 /// is address-only, so traces with 14 GB peaks replay on a small machine.
 pub fn sim_config(backed: bool) -> SimConfig {
-    SimConfig {
-        backed,
-        ..SimConfig::default()
-    }
+    let mut config = SimConfig::default();
+    config.backed = backed;
+    config
 }
 
 /// Opens the device `choice` asks for; `backed` as in [`sim_config`].

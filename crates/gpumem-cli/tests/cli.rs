@@ -224,14 +224,14 @@ fn replay_of_a_real_trace_through_cuda_holds_exactly_the_live_bytes() {
         let t =
             gpumem_cli::workload::run_replay(&*alloc.resource, &device, &prep, None, None).unwrap();
         assert_eq!(t.ops, 10_172);
-        let peak = alloc.reserve.peak().unwrap();
+        let peak = alloc.pool.peak_reserved_bytes();
         assert!(peak >= prep.peak_live, "{}: {peak}", spec.name);
         if spec.name == "cuda" {
             assert_eq!(peak, prep.peak_live);
         }
         // Everything is given back after the replay.
         if spec.name == "cuda" {
-            assert_eq!(alloc.reserve.current().unwrap(), 0);
+            assert_eq!(alloc.pool.reserved_bytes(), 0);
         }
     }
 }

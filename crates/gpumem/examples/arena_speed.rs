@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem::driver::sim::SimConfig;
-use gpumem::pool::{ArenaConfig, ArenaResource};
+use gpumem::pool::{ArenaConfig, ArenaResource, Pool};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DevicePtr};
 use rand::{Rng, SeedableRng};
@@ -91,12 +91,12 @@ fn threads(mr: Arc<ArenaResource<DeviceResource>>, device: &Device, per_thread: 
 fn main() {
     let device = Device::sim(SimConfig::default());
     let mr = Arc::new(
-        ArenaResource::with_config(DeviceResource::new(device.clone()), ArenaConfig::default())
+        ArenaResource::new(DeviceResource::new(device.clone()), ArenaConfig::default())
             .expect("arena"),
     );
     println!(
         "arena over the simulated device: {} GiB region, {} KiB superblocks",
-        mr.reserved() >> 30,
+        mr.reserved_bytes() >> 30,
         mr.superblock_size() >> 10
     );
     println!(

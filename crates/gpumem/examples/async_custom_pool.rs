@@ -8,7 +8,7 @@
 //! cargo run -p gpumem --example async_custom_pool
 //! ```
 
-use gpumem::async_pool::{AsyncResource, ReusePolicy};
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig, ReusePolicy};
 use gpumem::driver::sim::SimConfig;
 use gpumem::resource::MemoryResource;
 use gpumem::{Device, DeviceBuffer};
@@ -19,11 +19,14 @@ fn main() -> gpumem::Result<()> {
     let (device, _) = Device::from_env(SimConfig::backed(256 << 20))?;
     println!("device: {} {}", device.backend(), device.info()?.name);
 
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(32 * MIB) // allocated and freed once: reserved from the start
-        .release_threshold(u64::MAX) // keep everything across synchronizes (the default here)
-        .max_size(128 * MIB) // never more than this from the device
-        .build()?;
+    let mut config = AsyncResourceConfig::default();
+    // Allocated and freed once: reserved from the start.
+    config.initial_size = 32 * MIB;
+    // Keep everything across synchronizes (the default here).
+    config.release_threshold = u64::MAX;
+    // Never more than this from the device.
+    config.max_reserved = Some(128 * MIB);
+    let mr = AsyncResource::new(device.clone(), config)?;
     println!("pool {:#x}: {:?}", mr.raw(), mr.usage()?);
 
     for policy in ReusePolicy::ALL {

@@ -1,4 +1,4 @@
-//! Giving memory back: the release threshold at synchronize, and `trim_to`.
+//! Giving memory back: the release threshold at synchronize, and `Pool::trim`.
 //!
 //! Runs on the simulated device by default; `GPUMEM_DEVICE=cuda` runs it on
 //! the GPU.
@@ -7,8 +7,9 @@
 //! cargo run -p gpumem --example async_trim
 //! ```
 
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::SimConfig;
+use gpumem::pool::Pool;
 use gpumem::resource::MemoryResource;
 use gpumem::Device;
 
@@ -19,9 +20,9 @@ fn main() -> gpumem::Result<()> {
     println!("device: {} {}", device.backend(), device.info()?.name);
     let stream = device.create_stream()?;
 
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(256 * MIB)
-        .build()?;
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 256 * MIB;
+    let mr = AsyncResource::new(device.clone(), config)?;
     println!(
         "primed:              reserved {:>10} bytes",
         mr.reserved_current()?
@@ -39,15 +40,15 @@ fn main() -> gpumem::Result<()> {
         mr.reserved_current()?
     );
 
-    mr.trim_to(64 * MIB)?;
+    let back = mr.trim(64 * MIB)?;
     println!(
-        "trim_to(64 MiB):     reserved {:>10} bytes",
-        mr.reserved_current()?
+        "trim(64 MiB):        reserved {:>10} bytes ({back} given back)",
+        mr.reserved_bytes()
     );
-    mr.trim_to(0)?;
+    let back = mr.trim(0)?;
     println!(
-        "trim_to(0):          reserved {:>10} bytes",
-        mr.reserved_current()?
+        "trim(0):             reserved {:>10} bytes ({back} given back)",
+        mr.reserved_bytes()
     );
 
     // A threshold instead of explicit trims: synchronize keeps at most 16 MiB.

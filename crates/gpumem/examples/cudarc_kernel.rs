@@ -12,7 +12,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpumem::driver::sim::SimConfig;
 use gpumem::interop::{cudarc_context, stream_from_cudarc};
-use gpumem::pool::PoolResource;
+use gpumem::pool::{Pool, PoolResource};
 use gpumem::resource::DeviceResource;
 use gpumem::{Backend, Device, DeviceBuffer};
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use gpumem::async_pool::{ipc, AsyncResource};
+use gpumem::async_pool::{ipc, AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{Backend, HandleType, PoolPtrExport};
 use gpumem::resource::DeviceResource;
@@ -71,9 +71,9 @@ fn parent() -> Res<ExitCode> {
         device.ordinal(),
         device.info()?.name
     );
-    let mr = AsyncResource::builder(device.clone())
-        .handle_type(HandleType::PosixFd)
-        .build()?;
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let mr = AsyncResource::new(device.clone(), config)?;
     let stream = device.create_stream()?;
     let data = pattern(LEN);
     // from_slice waits for the copy: the allocation and the bytes are complete

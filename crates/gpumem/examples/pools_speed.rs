@@ -8,7 +8,10 @@
 use std::time::Instant;
 
 use gpumem::driver::sim::SimConfig;
-use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource};
+use gpumem::pool::{
+    BinningConfig, BinningResource, CachingPool, CachingPoolConfig, FixedSizeConfig,
+    FixedSizeResource,
+};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DevicePtr, Stream};
 use rand::{Rng, SeedableRng};
@@ -86,12 +89,23 @@ fn main() {
         "pool", "1 MiB", "256 B", "random"
     );
     let stream = device.create_stream().unwrap();
-    let caching = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let caching = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     report("CachingPool", &caching, &stream, true);
-    let binning =
-        BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 26).unwrap();
+    let binning = BinningResource::new(
+        DeviceResource::new(device.clone()),
+        BinningConfig::fixed_bins(8, 26),
+    )
+    .unwrap();
     report("BinningResource 2^8..2^26", &binning, &stream, true);
-    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 1 << 20).unwrap();
+    let fixed = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(1 << 20),
+    )
+    .unwrap();
     report("FixedSizeResource 1 MiB", &fixed, &stream, false);
     report(
         "DeviceResource (driver)",

@@ -12,7 +12,7 @@
 //! The pool is capped at 64 MiB of physical memory so pages must move.
 
 use gpumem::driver::sim::SimConfig;
-use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 use gpumem::{Device, DeviceBuffer, Stream};
 
 const MIB: usize = 1 << 20;
@@ -33,10 +33,8 @@ fn run() -> Result<(), String> {
     let (device, sim) =
         Device::from_env(SimConfig::backed(256 * MIB)).map_err(|e| e.to_string())?;
     println!("vpool_data on {:?}", device.backend());
-    let config = VirtualPoolConfig {
-        maximum_physical: Some(64 * MIB),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(64 * MIB);
     let pool = VirtualPool::new(device.clone(), config).map_err(|e| e.to_string())?;
     let streams: Vec<Stream> = (0..2)
         .map(|_| device.create_stream())
@@ -82,7 +80,7 @@ fn run() -> Result<(), String> {
             checked += d.len();
         }
         if round == 20 {
-            pool.trim().map_err(|e| e.to_string())?;
+            pool.trim(0).map_err(|e| e.to_string())?;
         }
         pool.check_invariants()?;
     }

@@ -99,8 +99,10 @@ impl fmt::Display for LiveAllocations {
     }
 }
 
-/// Every error gpumem returns.
+/// Every error gpumem returns. More kinds may come in later versions: match
+/// with a `_` arm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The request cannot be satisfied: the device, a limit or a pool is exhausted.
     #[error("out of memory: {0}")]

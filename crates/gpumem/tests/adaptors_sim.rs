@@ -215,10 +215,9 @@ fn stacked_adaptors_pass_the_suite_and_agree_with_the_device() {
 // ----- registry -----
 
 fn two_devices() -> Device {
-    Device::sim(SimConfig {
-        devices: 2,
-        ..SimConfig::default()
-    })
+    let mut config = SimConfig::default();
+    config.devices = 2;
+    Device::sim(config)
 }
 
 #[test]

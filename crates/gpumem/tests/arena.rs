@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::suite;
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::{ArenaConfig, ArenaResource};
+use gpumem::pool::{ArenaConfig, ArenaResource, Pool};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
@@ -23,8 +23,15 @@ fn enqueue_work(stream: &Stream) {
     ev.record(stream).unwrap();
 }
 
+/// An arena of `size` bytes, configured further by `edit`.
+fn arena_config(size: usize, edit: impl FnOnce(&mut ArenaConfig)) -> ArenaConfig {
+    let mut config = ArenaConfig::with_size(size);
+    edit(&mut config);
+    config
+}
+
 fn arena(device: &Device, size: usize) -> ArenaResource<DeviceResource> {
-    ArenaResource::with_config(
+    ArenaResource::new(
         DeviceResource::new(device.clone()),
         ArenaConfig::with_size(size),
     )
@@ -44,8 +51,8 @@ fn default_arena_takes_half_the_free_memory_and_passes_the_suite() {
         return;
     };
     let free = device.mem_info().unwrap().free;
-    let mr = ArenaResource::new(DeviceResource::new(device.clone())).unwrap();
-    assert_eq!(mr.reserved(), free / 2 / MIB * MIB);
+    let mr = ArenaResource::with_defaults(DeviceResource::new(device.clone())).unwrap();
+    assert_eq!(mr.reserved_bytes(), free / 2 / MIB * MIB);
     assert_eq!(mr.superblock_size(), MIB);
     suite::run_all(Arc::new(mr));
 }
@@ -53,8 +60,8 @@ fn default_arena_takes_half_the_free_memory_and_passes_the_suite() {
 #[test]
 fn small_superblocks_pass_the_suite() {
     let (device, _) = common::device(false);
-    let cfg = ArenaConfig::with_size(64 * MIB).superblock_size(64 << 10);
-    let mr = ArenaResource::with_config(DeviceResource::new(device), cfg).unwrap();
+    let cfg = arena_config(64 * MIB, |c| c.superblock_size = 64 << 10);
+    let mr = ArenaResource::new(DeviceResource::new(device), cfg).unwrap();
     suite::run_all(Arc::new(mr));
 }
 
@@ -63,14 +70,14 @@ fn bad_configurations_are_errors() {
     let (device, _) = common::device(false);
     let up = || DeviceResource::new(device.clone());
     for cfg in [
-        ArenaConfig::with_size(64 * MIB).superblock_size(3 << 20),
-        ArenaConfig::with_size(64 * MIB).superblock_size(16 << 20),
-        ArenaConfig::with_size(64 * MIB).large_threshold(2 * MIB),
+        arena_config(64 * MIB, |c| c.superblock_size = 3 << 20),
+        arena_config(64 * MIB, |c| c.superblock_size = 16 << 20),
+        arena_config(64 * MIB, |c| c.large_threshold = Some(2 * MIB)),
         ArenaConfig::with_size(1000),
     ] {
         assert!(
             matches!(
-                ArenaResource::with_config(up(), cfg.clone()),
+                ArenaResource::new(up(), cfg.clone()),
                 Err(Error::InvalidArgument(_))
             ),
             "{cfg:?}"
@@ -163,7 +170,7 @@ fn injected_upstream_oom_fails_construction_cleanly() {
     };
     let before = sim.device_bytes(0);
     sim.fail_nth_alloc(1);
-    let err = ArenaResource::with_config(
+    let err = ArenaResource::new(
         DeviceResource::new(device.clone()),
         ArenaConfig::with_size(64 * MIB),
     )
@@ -186,9 +193,9 @@ fn out_of_memory_returns_superblocks_and_retries_then_fails_with_detail() {
     let Some(sim) = common::sim_only(sim, "oom_retry") else {
         return;
     };
-    let mr = ArenaResource::with_config(
+    let mr = ArenaResource::new(
         DeviceResource::new(device.clone()),
-        ArenaConfig::with_size(16 * MIB).dump_log_on_oom(true),
+        arena_config(16 * MIB, |c| c.dump_log_on_oom = true),
     )
     .unwrap();
     let a = device.create_stream().unwrap();
@@ -268,7 +275,7 @@ fn many_threads_each_with_its_own_stream() {
     let st = mr.stats();
     assert_eq!(st.live, 0);
     assert!(st.arenas >= 8);
-    mr.release_cached();
+    mr.trim(0).unwrap();
     if sim.is_some() {
         // Every stream is idle: everything is clean and free again.
         assert_eq!(mr.stats().largest_free, 512 * MIB);
@@ -333,7 +340,7 @@ fn a_dropped_user_stream_strands_nothing() {
         mr.deallocate(all, 16 * MIB, 256, &t).unwrap();
         sim.release(raw);
         t.synchronize().unwrap();
-        mr.release_cached();
+        mr.trim(0).unwrap();
         assert_eq!(sim.live_streams(), streams_before + 1, "only t is left");
         drop(t);
         assert_eq!(mr.stats().live, 0);
@@ -425,8 +432,7 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
     let before = sim.device_bytes(0);
     {
         let counted = |bytes| counted(bytes, &cfg);
-        let mr =
-            ArenaResource::with_config(DeviceResource::new(device.clone()), cfg.clone()).unwrap();
+        let mr = ArenaResource::new(DeviceResource::new(device.clone()), cfg.clone()).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let mut live: Vec<Live> = Vec::new();
         let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
@@ -508,10 +514,10 @@ fn run_ops(sim: &Arc<SimDriver>, device: &Device, ops: &[Op], cfg: ArenaConfig) 
         }
         assert_eq!(mr.stats().live, 0);
         sim.complete_all();
-        mr.release_cached();
+        mr.trim(0).unwrap();
         assert_eq!(
             mr.stats().largest_free,
-            mr.reserved(),
+            mr.reserved_bytes(),
             "all clean after the streams finish"
         );
     }
@@ -526,13 +532,13 @@ proptest! {
     #[test]
     fn random_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..160)) {
         let (device, sim) = Device::sim_with_driver(SimConfig::default());
-        run_ops(&sim, &device, &ops, ArenaConfig::with_size(24 * MIB).cache_limit(4 * MIB));
+        run_ops(&sim, &device, &ops, arena_config(24 * MIB, |c| c.cache_limit = Some(4 * MIB)));
     }
 
     #[test]
     fn random_operations_with_small_superblocks(ops in prop::collection::vec(op(), 1..120)) {
         let (device, sim) = Device::sim_with_driver(SimConfig::backed(64 * MIB));
-        let cfg = ArenaConfig::with_size(16 * MIB).superblock_size(256 << 10).large_threshold(64 << 10);
+        let cfg = arena_config(16 * MIB, |c| { c.superblock_size = 256 << 10; c.large_threshold = Some(64 << 10); });
         run_ops(&sim, &device, &ops, cfg);
     }
 }

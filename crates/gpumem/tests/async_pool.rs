@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use common::suite;
 use gpumem::async_pool::{
-    ipc, AsyncManagedResource, AsyncResource, AsyncViewResource, ReusePolicy,
+    ipc, AsyncManagedResource, AsyncResource, AsyncResourceConfig, AsyncViewResource, ReusePolicy,
 };
 use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{AccessFlags, HandleType, Location, PoolPtrExport};
+use gpumem::pool::Pool;
 use gpumem::resource::{DeviceResource, MemoryResource, Properties};
 use gpumem::{Backend, Device, DeviceBuffer, Error};
 
@@ -41,10 +42,9 @@ fn default_pool_passes_the_suite() {
 #[test]
 fn custom_pool_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device)
-        .initial_size(32 * MIB)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 32 * MIB;
+    let mr = AsyncResource::new(device, config).unwrap();
     assert!(mr.is_owned());
     assert_eq!(
         mr.release_threshold().unwrap(),
@@ -59,7 +59,7 @@ fn custom_pool_passes_the_suite() {
 #[test]
 fn view_of_a_pool_passes_the_suite_and_leaves_the_pool_alone() {
     let (device, _) = common::device(false);
-    let owner = AsyncResource::new(device.clone()).unwrap();
+    let owner = AsyncResource::with_defaults(device.clone()).unwrap();
     let view = AsyncViewResource::new(device.clone(), owner.raw(), Properties::DEVICE).unwrap();
     assert!(!view.is_owned());
     suite::run_all(Arc::new(
@@ -83,10 +83,9 @@ fn view_of_a_pool_passes_the_suite_and_leaves_the_pool_alone() {
 #[test]
 fn attributes_read_back_what_was_set() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device)
-        .release_threshold(8 * MIB as u64)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.release_threshold = 8 * MIB as u64;
+    let mr = AsyncResource::new(device, config).unwrap();
     assert_eq!(mr.release_threshold().unwrap(), 8 * MIB as u64);
     mr.set_release_threshold(u64::MAX).unwrap();
     assert_eq!(mr.release_threshold().unwrap(), u64::MAX);
@@ -107,10 +106,9 @@ fn attributes_read_back_what_was_set() {
 #[test]
 fn trim_returns_unused_memory() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(64 * MIB)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 64 * MIB;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let keep = mr.allocate(8 * MIB, 256, &s).unwrap();
     let ptrs: Vec<_> = (0..4)
@@ -125,12 +123,13 @@ fn trim_returns_unused_memory() {
         before >= 64 * MIB,
         "threshold u64::MAX keeps the primed memory: {before}"
     );
-    mr.trim_to(0).unwrap();
+    let back = mr.trim(0).unwrap();
     let after = mr.reserved_current().unwrap();
     assert!(
         after < before,
-        "trim_to(0) returned memory: {before} -> {after}"
+        "trim(0) returned memory: {before} -> {after}"
     );
+    assert_eq!(back, before - after, "trim says what it gave back");
     assert!(
         after >= 8 * MIB,
         "a live allocation's memory stays: {after}"
@@ -138,7 +137,7 @@ fn trim_returns_unused_memory() {
     assert!(mr.used_current().unwrap() >= 8 * MIB);
     mr.deallocate(keep, 8 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     assert_eq!(mr.used_current().unwrap(), 0);
     assert!(
         mr.reserved_current().unwrap() < after,
@@ -150,7 +149,7 @@ fn trim_returns_unused_memory() {
 fn release_threshold_decides_what_synchronize_keeps() {
     let (device, _) = common::device(false);
     let s = device.create_stream().unwrap();
-    let keep_all = AsyncResource::new(device.clone()).unwrap();
+    let keep_all = AsyncResource::with_defaults(device.clone()).unwrap();
     let p = keep_all.allocate(32 * MIB, 256, &s).unwrap();
     keep_all.deallocate(p, 32 * MIB, 256, &s).unwrap();
     device.synchronize().unwrap();
@@ -159,10 +158,9 @@ fn release_threshold_decides_what_synchronize_keeps() {
         "kept across synchronize"
     );
 
-    let keep_none = AsyncResource::builder(device.clone())
-        .release_threshold(0)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.release_threshold = 0;
+    let keep_none = AsyncResource::new(device.clone(), config).unwrap();
     let p = keep_none.allocate(32 * MIB, 256, &s).unwrap();
     assert!(keep_none.reserved_current().unwrap() >= 32 * MIB);
     keep_none.deallocate(p, 32 * MIB, 256, &s).unwrap();
@@ -177,37 +175,37 @@ fn release_threshold_decides_what_synchronize_keeps() {
 #[test]
 fn highs_track_peaks_and_reset_to_current() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let s = device.create_stream().unwrap();
     let a = mr.allocate(16 * MIB, 256, &s).unwrap();
     let b = mr.allocate(16 * MIB, 256, &s).unwrap();
     let u = mr.usage().unwrap();
-    assert!(u.used >= 32 * MIB && u.used_high >= u.used, "{u:?}");
+    assert!(u.live >= 32 * MIB && u.peak_live >= u.live, "{u:?}");
     assert!(
-        u.reserved >= u.used && u.reserved_high >= u.reserved,
+        u.reserved >= u.live && u.peak_reserved >= u.reserved,
         "{u:?}"
     );
     mr.deallocate(a, 16 * MIB, 256, &s).unwrap();
     mr.deallocate(b, 16 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     let u = mr.usage().unwrap();
-    assert_eq!(u.used, 0, "{u:?}");
-    assert!(u.used_high >= 32 * MIB, "the peak is remembered: {u:?}");
+    assert_eq!(u.live, 0, "{u:?}");
+    assert!(u.peak_live >= 32 * MIB, "the peak is remembered: {u:?}");
     // CUDA documents the highs as reset by writing zero; what a reset high
     // reads before the next change is the current value or less.
     mr.reset_used_high().unwrap();
     assert!(mr.used_high().unwrap() <= mr.used_current().unwrap());
 
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     let u = mr.usage().unwrap();
     assert!(
-        u.reserved_high >= 32 * MIB && u.reserved_high > u.reserved,
+        u.peak_reserved >= 32 * MIB && u.peak_reserved > u.reserved,
         "{u:?}"
     );
     mr.reset_reserved_high().unwrap();
     let high = mr.reserved_high().unwrap();
     assert!(
-        high <= mr.reserved_current().unwrap() && high < u.reserved_high,
+        high <= mr.reserved_current().unwrap() && high < u.peak_reserved,
         "{high}"
     );
     // The high follows new growth after a reset.
@@ -219,13 +217,21 @@ fn highs_track_peaks_and_reset_to_current() {
 }
 
 #[test]
-fn max_size_bounds_the_pool_with_numbers() {
+fn max_reserved_of_zero_is_refused_not_taken_for_no_limit() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .max_size(64 * MIB)
-        .build()
-        .unwrap();
-    assert_eq!(mr.max_size(), 64 * MIB);
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(0);
+    let err = AsyncResource::new(device, config).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+}
+
+#[test]
+fn max_reserved_bounds_the_pool_with_numbers() {
+    let (device, _) = common::device(false);
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(64 * MIB);
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
+    assert_eq!(mr.max_reserved(), Some(64 * MIB));
     let s = device.create_stream().unwrap();
     let a = mr.allocate(32 * MIB, 256, &s).unwrap();
     let err = mr.allocate(64 * MIB, 256, &s).unwrap_err();
@@ -242,7 +248,7 @@ fn max_size_bounds_the_pool_with_numbers() {
     );
     mr.deallocate(a, 32 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
-    mr.trim_to(0).unwrap();
+    mr.trim(0).unwrap();
     // Room again once freed and trimmed.
     let b = mr.allocate(48 * MIB, 256, &s).unwrap();
     mr.deallocate(b, 48 * MIB, 256, &s).unwrap();
@@ -252,10 +258,9 @@ fn max_size_bounds_the_pool_with_numbers() {
 #[test]
 fn huge_request_reports_reserved_and_device() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::builder(device.clone())
-        .initial_size(4 * MIB)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.initial_size = 4 * MIB;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let err = mr.allocate(1 << 50, 256, &s).unwrap_err();
     let info = err
@@ -272,27 +277,30 @@ fn huge_request_reports_reserved_and_device() {
 fn bad_builds_are_errors() {
     let (device, _) = common::device(false);
     let n = device.driver().device_count().unwrap();
+    let bad = |edit: &dyn Fn(&mut AsyncResourceConfig)| {
+        let mut config = AsyncResourceConfig::default();
+        edit(&mut config);
+        AsyncResource::new(device.clone(), config)
+    };
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .location(Location::Device(n))
-            .build(),
+        bad(&|c| c.location = Some(Location::Device(n))),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .max_size(MIB)
-            .initial_size(2 * MIB)
-            .build(),
+        bad(&|c| {
+            c.max_reserved = Some(MIB);
+            c.initial_size = 2 * MIB;
+        }),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        AsyncResource::builder(device.clone())
-            .location(Location::Host)
-            .handle_type(HandleType::PosixFd)
-            .build(),
+        bad(&|c| {
+            c.location = Some(Location::Host);
+            c.handle_type = HandleType::PosixFd;
+        }),
         Err(Error::InvalidArgument(_))
     ));
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let s = device.create_stream().unwrap();
     assert!(matches!(
         mr.allocate(64, 512, &s),
@@ -313,17 +321,16 @@ fn bad_builds_are_errors() {
 
 #[test]
 fn missing_memory_pools_are_unsupported_not_panics() {
-    let device = Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    });
-    let f = unsupported_feature(AsyncResource::new(device.clone()));
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let device = Device::sim(config);
+    let f = unsupported_feature(AsyncResource::with_defaults(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let f = unsupported_feature(AsyncResource::default_pool(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let f = unsupported_feature(AsyncViewResource::current(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
-    let f = unsupported_feature(AsyncManagedResource::new(device.clone()));
+    let f = unsupported_feature(AsyncManagedResource::with_defaults(device.clone()));
     assert!(f.contains("memory pools"), "{f}");
     let fd = std::fs::File::open("/dev/null").unwrap();
     let f = unsupported_feature(AsyncResource::import_fd(device, fd.as_fd()));
@@ -332,30 +339,27 @@ fn missing_memory_pools_are_unsupported_not_panics() {
 
 #[test]
 fn missing_ipc_and_managed_support_are_unsupported() {
-    let device = Device::sim(SimConfig {
-        posix_fd_ipc: false,
-        managed_memory: false,
-        ..SimConfig::default()
-    });
-    let f = unsupported_feature(
-        AsyncResource::builder(device.clone())
-            .handle_type(HandleType::PosixFd)
-            .build(),
-    );
+    let mut config = SimConfig::default();
+    config.posix_fd_ipc = false;
+    config.managed_memory = false;
+    let device = Device::sim(config);
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let f = unsupported_feature(AsyncResource::new(device.clone(), config));
     assert!(f.contains("POSIX file descriptor"), "{f}");
     let fd = std::fs::File::open("/dev/null").unwrap();
     let f = unsupported_feature(AsyncResource::import_fd(device.clone(), fd.as_fd()));
     assert!(f.contains("POSIX file descriptor"), "{f}");
-    let f = unsupported_feature(AsyncManagedResource::new(device.clone()));
+    let f = unsupported_feature(AsyncManagedResource::with_defaults(device.clone()));
     assert!(f.contains("managed"), "{f}");
     // Plain pools still work on that device.
-    AsyncResource::new(device).unwrap();
+    AsyncResource::with_defaults(device).unwrap();
 }
 
 #[test]
 fn managed_pool_where_supported() {
     let (device, _) = common::device(false);
-    let mr = match AsyncManagedResource::new(device.clone()) {
+    let mr = match AsyncManagedResource::with_defaults(device.clone()) {
         Ok(mr) => mr,
         Err(Error::Unsupported { feature }) => {
             eprintln!("managed pools unsupported here: {feature}");
@@ -380,7 +384,7 @@ fn managed_pool_where_supported() {
 #[test]
 fn own_device_access_is_read_write_and_fixed() {
     let (device, _) = common::device(false);
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let me = device.ordinal();
     assert_eq!(mr.access(me).unwrap(), AccessFlags::ReadWrite);
     mr.grant_access(me, AccessFlags::ReadWrite).unwrap();
@@ -402,11 +406,10 @@ fn own_device_access_is_read_write_and_fixed() {
 
 #[test]
 fn peer_access_on_two_simulated_devices() {
-    let device = Device::sim(SimConfig {
-        devices: 2,
-        ..SimConfig::default()
-    });
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mut config = SimConfig::default();
+    config.devices = 2;
+    let device = Device::sim(config);
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     assert_eq!(
         mr.access(1).unwrap(),
         AccessFlags::None,
@@ -421,7 +424,7 @@ fn peer_access_on_two_simulated_devices() {
 
     // A pool of device 1, reached from device 0.
     let d1 = device.sibling(1).unwrap();
-    let mr1 = AsyncResource::new(d1.clone()).unwrap();
+    let mr1 = AsyncResource::with_defaults(d1.clone()).unwrap();
     mr1.grant_access(0, AccessFlags::ReadWrite).unwrap();
     assert_eq!(mr1.access(0).unwrap(), AccessFlags::ReadWrite);
     assert_eq!(mr1.access(1).unwrap(), AccessFlags::ReadWrite);
@@ -440,7 +443,7 @@ fn peer_access_on_the_real_devices_when_there_are_two() {
         eprintln!("one device: peer access has no peer to test");
         return;
     };
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     match mr.grant_access(peer, AccessFlags::ReadWrite) {
         Ok(()) => assert_eq!(mr.access(peer).unwrap(), AccessFlags::ReadWrite),
         Err(Error::Unsupported { feature }) => eprintln!("no peer access: {feature}"),
@@ -500,10 +503,9 @@ fn export_and_import_within_one_process() {
     let Some(_sim) = common::sim_only(sim, "export_and_import_within_one_process") else {
         return;
     };
-    let mr = AsyncResource::builder(device.clone())
-        .handle_type(HandleType::PosixFd)
-        .build()
-        .unwrap();
+    let mut config = AsyncResourceConfig::default();
+    config.handle_type = HandleType::PosixFd;
+    let mr = AsyncResource::new(device.clone(), config).unwrap();
     assert_eq!(mr.handle_type(), HandleType::PosixFd);
     let stream = device.create_stream().unwrap();
     let pattern = common::random_bytes(3 * MIB + 17, 6);

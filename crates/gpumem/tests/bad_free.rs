@@ -11,8 +11,8 @@ use common::bad_free::{self, Outcome, Report};
 use gpumem::adaptor::{AlignedAdaptor, LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor};
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeConfig, FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{
     CallbackResource, DeviceResource, ManagedResource, MemoryResource, PinnedHostResource,
@@ -111,29 +111,32 @@ fn pools() {
     let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
     granular("VirtualPool", &r);
 
-    let mr = ArenaResource::with_config(up(), ArenaConfig::with_size(64 * MIB)).unwrap();
+    let mr = ArenaResource::new(up(), ArenaConfig::with_size(64 * MIB)).unwrap();
     let r = bad_free::matrix(&mr, Some(&|| mr.stats().live));
     granular("ArenaResource", &r);
 
-    let mr = CachingPool::with_upstream(up(), CachingPoolConfig::default()).unwrap();
+    let mr = CachingPool::new(up(), CachingPoolConfig::default()).unwrap();
     let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
     exact("CachingPool", &r);
 
-    let mr = FixedSizeResource::new(up(), 4096).unwrap();
+    let mr = FixedSizeResource::new(up(), FixedSizeConfig::with_block_size(4096)).unwrap();
     let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
     exact("FixedSizeResource", &r);
 
-    let mr = BinningResource::with_fixed_bins(up(), 8, 20).unwrap();
+    let mr = BinningResource::new(up(), BinningConfig::fixed_bins(8, 20)).unwrap();
     let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
     exact("BinningResource<DeviceResource>", &r);
 
     // The C ABI's binning: bins over a pool.
-    let mr = BinningResource::with_fixed_bins(PoolResource::with_defaults(up()).unwrap(), 8, 20)
-        .unwrap();
+    let mr = BinningResource::new(
+        PoolResource::with_defaults(up()).unwrap(),
+        BinningConfig::fixed_bins(8, 20),
+    )
+    .unwrap();
     let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
     exact("BinningResource<PoolResource>", &r);
 
-    let mr = AsyncResource::new(device.clone()).unwrap();
+    let mr = AsyncResource::with_defaults(device.clone()).unwrap();
     let r = bad_free::matrix(&mr, None);
     exact("AsyncResource", &r);
 }
@@ -181,7 +184,7 @@ fn binning_frees_a_small_block_with_a_size_above_the_bins_nowhere() {
     let (device, sim) = common::device(false);
     let s = device.create_stream().unwrap();
     let pool = PoolResource::with_defaults(DeviceResource::new(device.clone())).unwrap();
-    let mr = BinningResource::with_fixed_bins(pool, 8, 20).unwrap();
+    let mr = BinningResource::new(pool, BinningConfig::fixed_bins(8, 20)).unwrap();
     let small = mr.allocate(1000, 256, &s).unwrap();
     assert_eq!(
         mr.deallocate(small, 3 * MIB, 256, &s),
@@ -206,7 +209,11 @@ fn binning_frees_a_small_block_with_a_size_above_the_bins_nowhere() {
 
     // Over the driver: the wrong free reached cuMemFree with the chunk, and
     // the correct free afterwards returned Ok too.
-    let mr = BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20).unwrap();
+    let mr = BinningResource::new(
+        DeviceResource::new(device.clone()),
+        BinningConfig::fixed_bins(8, 20),
+    )
+    .unwrap();
     let small = mr.allocate(1000, 256, &s).unwrap();
     let held = sim.as_ref().map(|sim| sim.device_bytes(0));
     assert!(mr.deallocate(small, 3 * MIB, 256, &s).is_err());
@@ -282,7 +289,7 @@ fn arena_checks_the_size_against_the_block_without_panicking() {
     // overflow") in debug builds and wrapped the live count in release.
     let (device, _) = common::device(false);
     let s = device.create_stream().unwrap();
-    let mr = ArenaResource::with_config(
+    let mr = ArenaResource::new(
         DeviceResource::new(device.clone()),
         ArenaConfig::with_size(64 * MIB),
     )
@@ -382,14 +389,9 @@ fn aligned_adaptor_names_a_double_free() {
 fn caching_pool_names_blocks_freed_with_another_class_or_as_large() {
     let (device, _) = common::device(false);
     let s = device.create_stream().unwrap();
-    let mr = CachingPool::with_upstream(
-        DeviceResource::new(device),
-        CachingPoolConfig {
-            max_block_size: MIB,
-            ..CachingPoolConfig::default()
-        },
-    )
-    .unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = MIB;
+    let mr = CachingPool::new(DeviceResource::new(device), config).unwrap();
     let small = mr.allocate(1000, 256, &s).unwrap();
     let large = mr.allocate(3 * MIB, 256, &s).unwrap();
     let mismatch = |p: DevicePtr, allocated, freed| {
@@ -418,9 +420,9 @@ fn null_frees_are_no_ops_everywhere() {
     let s = device.create_stream().unwrap();
     let up = || DeviceResource::new(device.clone());
     let pools: Vec<Arc<dyn MemoryResource>> = vec![
-        Arc::new(FixedSizeResource::new(up(), 4096).unwrap()),
-        Arc::new(CachingPool::with_upstream(up(), CachingPoolConfig::default()).unwrap()),
-        Arc::new(BinningResource::with_fixed_bins(up(), 8, 20).unwrap()),
+        Arc::new(FixedSizeResource::new(up(), FixedSizeConfig::with_block_size(4096)).unwrap()),
+        Arc::new(CachingPool::new(up(), CachingPoolConfig::default()).unwrap()),
+        Arc::new(BinningResource::new(up(), BinningConfig::fixed_bins(8, 20)).unwrap()),
     ];
     for mr in pools {
         for bytes in [0, 1, 4096, 3 * MIB] {

@@ -29,10 +29,10 @@ use gpumem::async_pool::AsyncResource;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DevicePtr, Error, Event, Result, Stream};
 
 /// `CUDA_ERROR_UNKNOWN`: what an injected failure returns.
@@ -54,92 +54,57 @@ const ORDERING_CALLS: &[&str] = &[
 /// What the sweep needs of a pool besides allocating and freeing.
 trait SweepPool: MemoryResource {
     /// Gives back what can be given back without waiting.
-    fn trim(&self) -> Result<usize>;
+    fn sweep_trim(&self) -> Result<usize>;
     /// Waits for the streams, then gives back all cached memory.
-    fn release(&self) -> Result<usize>;
+    fn sweep_release(&self) -> Result<usize>;
     /// The pool's own invariant check, where it has one.
     fn check(&self) -> std::result::Result<(), String> {
         Ok(())
     }
 }
 
-impl SweepPool for PoolResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        PoolResource::trim(self)
-    }
-    fn release(&self) -> Result<usize> {
-        PoolResource::release(self)
-    }
+/// The pools whose sweep gives back through [`Pool`] alone.
+macro_rules! sweep_through_pool {
+    ($($t:ty),*) => {$(
+        impl SweepPool for $t {
+            fn sweep_trim(&self) -> Result<usize> {
+                Pool::trim(self, 0)
+            }
+            fn sweep_release(&self) -> Result<usize> {
+                Pool::release(self)
+            }
+        }
+    )*};
 }
 
-impl SweepPool for CachingPool<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_completed()
-    }
-    fn release(&self) -> Result<usize> {
-        CachingPool::release(self)
-    }
-}
-
-impl SweepPool for FixedSizeResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_completed()
-    }
-    fn release(&self) -> Result<usize> {
-        FixedSizeResource::release(self)
-    }
-}
+sweep_through_pool!(
+    PoolResource<DeviceResource>,
+    CachingPool<DeviceResource>,
+    FixedSizeResource<DeviceResource>,
+    ArenaResource<DeviceResource>,
+    PinnedPool,
+    AsyncResource
+);
 
 impl SweepPool for BinningResource<PoolResource<DeviceResource>> {
-    fn trim(&self) -> Result<usize> {
-        BinningResource::release(self)
+    fn sweep_trim(&self) -> Result<usize> {
+        Pool::release(self)
     }
-    fn release(&self) -> Result<usize> {
-        let bins = BinningResource::release(self)?;
+    fn sweep_release(&self) -> Result<usize> {
+        let bins = Pool::release(self)?;
         Ok(bins + self.upstream().release()?)
     }
 }
 
-impl SweepPool for ArenaResource<DeviceResource> {
-    fn trim(&self) -> Result<usize> {
-        self.release_cached();
-        Ok(0)
-    }
-    fn release(&self) -> Result<usize> {
-        self.release_cached();
-        Ok(0)
-    }
-}
-
 impl SweepPool for VirtualPool {
-    fn trim(&self) -> Result<usize> {
-        VirtualPool::trim(self)
+    fn sweep_trim(&self) -> Result<usize> {
+        Pool::trim(self, 0)
     }
-    fn release(&self) -> Result<usize> {
-        VirtualPool::release(self)
+    fn sweep_release(&self) -> Result<usize> {
+        Pool::release(self)
     }
     fn check(&self) -> std::result::Result<(), String> {
         self.check_invariants()
-    }
-}
-
-impl SweepPool for PinnedPool {
-    fn trim(&self) -> Result<usize> {
-        PinnedPool::trim(self)
-    }
-    fn release(&self) -> Result<usize> {
-        self.wait_pending()?;
-        PinnedPool::trim(self)
-    }
-}
-
-impl SweepPool for AsyncResource {
-    fn trim(&self) -> Result<usize> {
-        self.trim_to(0).map(|_| 0)
-    }
-    fn release(&self) -> Result<usize> {
-        self.pool().device().synchronize()?;
-        self.trim_to(0).map(|_| 0)
     }
 }
 
@@ -165,10 +130,8 @@ fn subjects() -> Vec<Subject> {
             name: "CachingPool",
             max_request: 64 << 20,
             make: |d| {
-                let p = CachingPool::with_upstream(
-                    DeviceResource::new(d.clone()),
-                    CachingPoolConfig::default(),
-                )?;
+                let p =
+                    CachingPool::new(DeviceResource::new(d.clone()), CachingPoolConfig::default())?;
                 Ok(Box::new(p))
             },
         },
@@ -176,10 +139,9 @@ fn subjects() -> Vec<Subject> {
             name: "FixedSizeResource",
             max_request: 4 << 20,
             make: |d| {
-                let p = FixedSizeResource::with_blocks_per_chunk(
+                let p = FixedSizeResource::new(
                     DeviceResource::new(d.clone()),
-                    4 << 20,
-                    4,
+                    common::fixed_size_config(4 << 20, 4),
                 )?;
                 Ok(Box::new(p))
             },
@@ -190,14 +152,17 @@ fn subjects() -> Vec<Subject> {
             make: |d| {
                 let pool =
                     PoolResource::new(DeviceResource::new(d.clone()), PoolConfig::default())?;
-                Ok(Box::new(BinningResource::with_fixed_bins(pool, 8, 20)?))
+                Ok(Box::new(BinningResource::new(
+                    pool,
+                    BinningConfig::fixed_bins(8, 20),
+                )?))
             },
         },
         Subject {
             name: "ArenaResource",
             max_request: 64 << 20,
             make: |d| {
-                let p = ArenaResource::with_config(
+                let p = ArenaResource::new(
                     DeviceResource::new(d.clone()),
                     ArenaConfig::with_size(CAPACITY / 2),
                 )?;
@@ -218,17 +183,18 @@ fn subjects() -> Vec<Subject> {
             name: "PinnedPool",
             max_request: 64 << 20,
             make: |d| {
-                let config = PinnedPoolConfig {
-                    maximum_size: Some(CAPACITY / 2),
-                    ..PinnedPoolConfig::default()
-                };
-                Ok(Box::new(PinnedPool::new(d.clone(), config)?))
+                let mut config = PinnedPoolConfig::default();
+                config.max_reserved = Some(CAPACITY / 2);
+                Ok(Box::new(PinnedPool::new(
+                    PinnedHostResource::new(d.clone()),
+                    config,
+                )?))
             },
         },
         Subject {
             name: "AsyncResource",
             max_request: 64 << 20,
-            make: |d| Ok(Box::new(AsyncResource::builder(d.clone()).build()?)),
+            make: |d| Ok(Box::new(AsyncResource::with_defaults(d.clone())?)),
         },
     ]
 }
@@ -322,13 +288,13 @@ fn workload(pool: &dyn SweepPool, sim: &SimDriver, h: &Harness, max: usize) -> O
     check(&mut out, "allocating on s2");
     sim.release(s1.raw());
     free_all(&mut out, &mut held, s2);
-    let _ = pool.trim();
+    let _ = pool.sweep_trim();
     check(&mut out, "trim");
     for &b in sizes.iter().rev() {
         alloc(&mut out, b, s1, &mut held);
     }
     free_all(&mut out, &mut held, s1);
-    let _ = pool.release();
+    let _ = pool.sweep_release();
     check(&mut out, "release");
     let had_room = std::mem::take(&mut out.failed_allocations);
 
@@ -362,7 +328,7 @@ fn workload(pool: &dyn SweepPool, sim: &SimDriver, h: &Harness, max: usize) -> O
     check(&mut out, "reclaiming");
     sim.release(s2.raw());
     free_all(&mut out, &mut held, s1);
-    let _ = pool.release();
+    let _ = pool.sweep_release();
     check(&mut out, "final release");
     out.failed_allocations = had_room;
     out
@@ -426,10 +392,9 @@ const ALLOCATION_CALLS: &[&str] = &[
 /// Runs the workload once with `fault`; `dry` is the fault-free run, whose
 /// refill every run with only an ordering fault must match.
 fn run_once(subject: &Subject, fault: Fault, dry: Option<&Run>) -> Run {
-    let sim = Arc::new(SimDriver::new(SimConfig {
-        capacity: CAPACITY,
-        ..SimConfig::default()
-    }));
+    let mut config = SimConfig::default();
+    config.capacity = CAPACITY;
+    let sim = Arc::new(SimDriver::new(config));
     let device = Device::new(sim.clone(), 0).expect("simulated device");
     let baseline = holdings(&sim);
     let harness = Harness::new(&device);
@@ -573,10 +538,9 @@ fn a_failure_callback_that_releases_the_pools_does_not_deadlock() {
     type Shared = Arc<FailureCallbackAdaptor<DeviceResource>>;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let sim = Arc::new(SimDriver::new(SimConfig {
-            capacity: 64 << 20,
-            ..SimConfig::default()
-        }));
+        let mut config = SimConfig::default();
+        config.capacity = 64 << 20;
+        let sim = Arc::new(SimDriver::new(config));
         let device = Device::new(sim.clone(), 0).expect("simulated device");
         let pools: Arc<OnceLock<[PoolResource<Shared>; 2]>> = Arc::new(OnceLock::new());
         let seen = pools.clone();

@@ -5,12 +5,15 @@
 
 mod common;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 
 use std::sync::Arc;
 
 use common::suite;
-use gpumem::pool::{BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource};
+use gpumem::pool::{
+    BinningConfig, BinningResource, CachingPool, CachingPoolConfig, FixedSizeConfig,
+    FixedSizeResource, Pool,
+};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
@@ -21,15 +24,22 @@ use proptest::prelude::*;
 fn fixed_size_passes_the_suite_with_blocks_that_fit_every_request() {
     let (device, _) = common::device(false);
     // The suite asks for at most 4 MiB; 1 PiB is refused with its size.
-    let mr =
-        FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 4 << 20, 2).unwrap();
+    let mr = FixedSizeResource::new(
+        DeviceResource::new(device),
+        common::fixed_size_config(4 << 20, 2),
+    )
+    .unwrap();
     suite::run_all(Arc::new(mr));
 }
 
 #[test]
 fn fixed_size_small_blocks_serve_small_requests_and_refuse_larger_ones() {
     let (device, _) = common::device(false);
-    let mr = FixedSizeResource::new(DeviceResource::new(device.clone()), 256).unwrap();
+    let mr = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(256),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     suite::zero_bytes(&mr, &s);
     for align in [1, 2, 64, 256] {
@@ -56,18 +66,33 @@ fn fixed_size_rejects_bad_block_sizes() {
     let (device, _) = common::device(false);
     for bad in [0usize, 100, 300, 1000] {
         assert!(matches!(
-            FixedSizeResource::new(DeviceResource::new(device.clone()), bad),
+            FixedSizeResource::new(
+                DeviceResource::new(device.clone()),
+                FixedSizeConfig::with_block_size(bad)
+            ),
             Err(Error::InvalidArgument(_))
         ));
     }
-    assert!(FixedSizeResource::new(DeviceResource::new(device.clone()), 768).is_ok());
-    assert!(FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 256, 0).is_err());
+    assert!(FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(768)
+    )
+    .is_ok());
+    assert!(FixedSizeResource::new(
+        DeviceResource::new(device),
+        common::fixed_size_config(256, 0)
+    )
+    .is_err());
 }
 
 #[test]
 fn binning_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mr = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 20).unwrap();
+    let mr = BinningResource::new(
+        DeviceResource::new(device),
+        BinningConfig::fixed_bins(8, 20),
+    )
+    .unwrap();
     assert_eq!(mr.bin_sizes().len(), 13);
     suite::run_all(Arc::new(mr));
 }
@@ -75,9 +100,16 @@ fn binning_passes_the_suite() {
 #[test]
 fn binning_with_a_custom_bin_passes_the_suite() {
     let (device, _) = common::device(false);
-    let mut mr =
-        BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 9, 16).unwrap();
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let mut mr = BinningResource::new(
+        DeviceResource::new(device.clone()),
+        BinningConfig::fixed_bins(9, 16),
+    )
+    .unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     mr.add_bin(4 << 20, pool).unwrap();
     assert!(mr.add_fixed_bins(7, 9).is_err());
     assert!(mr.add_bin(0, DeviceResource::new(device)).is_err());
@@ -87,147 +119,83 @@ fn binning_with_a_custom_bin_passes_the_suite() {
 #[test]
 fn caching_pool_passes_the_suite() {
     let (device, _) = common::device(false);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     suite::run_all(Arc::new(pool));
 }
 
 #[test]
 fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
     let (device, _) = common::device(false);
-    let config = CachingPoolConfig {
-        max_block_size: 64 << 10,
-        chunk_size: 256 << 10,
-        cross_stream_wait: false,
-        batch_size: 4,
-        ..CachingPoolConfig::default()
-    };
-    suite::run_all(Arc::new(CachingPool::new(&device, config).unwrap()));
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = 64 << 10;
+    config.chunk_size = 256 << 10;
+    config.cross_stream_wait = false;
+    config.batch_size = 4;
+    suite::run_all(Arc::new(
+        CachingPool::new(DeviceResource::new(device.clone()), config).unwrap(),
+    ));
 }
 
 #[test]
 fn caching_pool_config_is_validated() {
     let (device, _) = common::device(false);
-    let bad = [
-        CachingPoolConfig {
-            max_pool_size: 0,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            min_block_size: 128,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            min_block_size: 768,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            max_block_size: 256,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            max_block_size: 3 << 20,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            chunk_size: 1000,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            batch_size: 0,
-            ..Default::default()
-        },
-        CachingPoolConfig {
-            device_id: Some(7),
-            ..Default::default()
-        },
+    let edits: [fn(&mut CachingPoolConfig); 7] = [
+        |c| c.max_reserved = Some(0),
+        |c| c.min_block_size = 128,
+        |c| c.min_block_size = 768,
+        |c| c.max_block_size = 256,
+        |c| c.max_block_size = 3 << 20,
+        |c| c.chunk_size = 1000,
+        |c| c.batch_size = 0,
     ];
-    for config in bad {
-        let err = CachingPool::new(&device, config.clone())
+    for edit in edits {
+        let mut config = CachingPoolConfig::default();
+        edit(&mut config);
+        let err = CachingPool::new(DeviceResource::new(device.clone()), config.clone())
             .map(|_| ())
             .unwrap_err();
         assert!(
-            matches!(err, Error::InvalidArgument(_) | Error::NoSuchDevice { .. }),
+            matches!(err, Error::InvalidArgument(_)),
             "{config:?}: {err:?}"
         );
     }
-    let err = CachingPool::with_upstream(
-        DeviceResource::new(device.clone()),
-        CachingPoolConfig {
-            device_id: Some(3),
-            ..Default::default()
-        },
-    )
-    .map(|_| ())
-    .unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)));
-    assert!(CachingPool::new(
-        &device,
-        CachingPoolConfig {
-            device_id: Some(0),
-            ..Default::default()
-        }
-    )
-    .is_ok());
 }
 
 // ----- the random-sequence model checks -----
 
-impl<U: MemoryResource> Pool for FixedSizeResource<U> {
+impl<U: MemoryResource> Modeled for FixedSizeResource<U> {
     fn live(&self) -> usize {
         self.live_bytes()
-    }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
     }
     fn process(&self) {
         self.process_deferred().unwrap();
     }
-    fn trim(&self) {
-        self.release_completed().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
-    }
 }
 
-impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
+impl<U: MemoryResource + 'static> Modeled for BinningResource<U> {
     fn live(&self) -> usize {
         self.live_bytes()
-    }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
     }
     fn process(&self) {
         self.process_deferred().unwrap();
     }
-    fn trim(&self) {
-        self.process_deferred().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
-    }
 }
 
-impl<U: MemoryResource> Pool for CachingPool<U> {
+impl<U: MemoryResource> Modeled for CachingPool<U> {
     fn live(&self) -> usize {
         let s = self.stats();
-        assert_eq!(s.live_bytes, self.live_bytes());
-        assert_eq!(s.reserved_bytes, self.reserved_bytes());
+        assert_eq!(s.live, self.live_bytes());
+        assert_eq!(s.reserved, self.reserved_bytes());
         let in_use: usize = s.classes.iter().map(|c| c.live_blocks * c.block_size).sum();
-        assert_eq!(s.cached_bytes + in_use, s.reserved_bytes, "{s:?}");
+        assert_eq!(s.free + in_use, s.reserved, "{s:?}");
         self.live_bytes()
-    }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
     }
     fn process(&self) {
         self.process_deferred().unwrap();
-    }
-    fn trim(&self) {
-        self.release_completed().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 
@@ -237,7 +205,7 @@ proptest! {
     #[test]
     fn fixed_size_model(ops in prop::collection::vec(op(12), 1..160)) {
         let (device, sim, streams, base) = model_setup();
-        let pool = FixedSizeResource::with_blocks_per_chunk(DeviceResource::new(device), 8192, 4).unwrap();
+        let pool = FixedSizeResource::new(DeviceResource::new(device), common::fixed_size_config(8192, 4)).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -247,7 +215,7 @@ proptest! {
     fn binning_model(ops in prop::collection::vec(op(16), 1..160)) {
         let (device, sim, streams, base) = model_setup();
         // Largest bin 128 KiB covers every request of the model.
-        let pool = BinningResource::with_fixed_bins(DeviceResource::new(device), 8, 17).unwrap();
+        let pool = BinningResource::new(DeviceResource::new(device), BinningConfig::fixed_bins(8, 17)).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -256,8 +224,9 @@ proptest! {
     #[test]
     fn caching_pool_model(ops in prop::collection::vec(op(22), 1..160)) {
         let (device, sim, streams, base) = model_setup();
-        let config = CachingPoolConfig { batch_size: 3, ..CachingPoolConfig::default() };
-        let pool = CachingPool::new(&device, config).unwrap();
+        let mut config = CachingPoolConfig::default();
+        config.batch_size = 3;
+        let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -270,12 +239,10 @@ proptest! {
         let (device, sim) = sim(16 << 20);
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
-        let config = CachingPoolConfig {
-            max_pool_size: 12 << 20,
-            cross_stream_wait: false,
-            ..CachingPoolConfig::default()
-        };
-        let pool = CachingPool::new(&device, config).unwrap();
+        let mut config = CachingPoolConfig::default();
+        config.max_reserved = Some(12 << 20);
+        config.cross_stream_wait = false;
+        let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
         run_model(pool, &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
@@ -287,7 +254,11 @@ proptest! {
 #[test]
 fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
     let (device, sim) = sim(1 << 30);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -319,11 +290,9 @@ fn a_block_freed_on_a_busy_stream_goes_to_another_stream_only_after_a_wait() {
 #[test]
 fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
     let (device, sim) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        cross_stream_wait: false,
-        ..Default::default()
-    };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.cross_stream_wait = false;
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -355,11 +324,9 @@ fn without_stream_waits_a_busy_streams_blocks_stay_with_it_until_complete() {
 #[test]
 fn batches_record_one_event_per_stream_per_batch() {
     let (device, sim) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        batch_size: 8,
-        ..Default::default()
-    };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.batch_size = 8;
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let ptrs: Vec<_> = (0..32)
         .map(|_| pool.allocate_async(512, &s).unwrap())
@@ -387,7 +354,11 @@ fn batches_record_one_event_per_stream_per_batch() {
 #[test]
 fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
     let (device, sim) = sim(64 << 20);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
         device.create_stream().unwrap(),
@@ -401,11 +372,11 @@ fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
     for &b in &blocks {
         pool.deallocate_async(b, Some(8 << 20), &s).unwrap();
     }
-    assert_eq!(pool.cached_bytes(), 48 << 20);
+    assert_eq!(pool.free_bytes(), 48 << 20);
     // 32 MiB does not fit next to 48 MiB of cache: the pool synchronizes S,
     // gives the cache back and retries.
     let big = pool.allocate_async(32 << 20, &t).unwrap();
-    assert!(pool.cached_bytes() < 48 << 20);
+    assert!(pool.free_bytes() < 48 << 20);
     assert_eq!(pool.live_bytes(), 32 << 20);
     // More than the device: a clean error with the numbers.
     let err = pool.allocate_async(64 << 20, &t).unwrap_err();
@@ -428,7 +399,11 @@ fn caching_pool_gives_cache_back_on_out_of_memory_and_retries() {
 fn injected_out_of_memory_is_retried_and_loses_nothing() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let warm = pool.allocate_async(4 << 20, &s).unwrap();
     pool.deallocate_async(warm, Some(4 << 20), &s).unwrap();
@@ -459,10 +434,9 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
     {
-        let mr = FixedSizeResource::with_blocks_per_chunk(
+        let mr = FixedSizeResource::new(
             DeviceResource::new(device.clone()),
-            1 << 20,
-            4,
+            common::fixed_size_config(1 << 20, 4),
         )
         .unwrap();
         let s = device.create_stream().unwrap();
@@ -483,8 +457,11 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
         mr.deallocate(q, 1000, 256, &s).unwrap();
     }
     {
-        let mr =
-            BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20).unwrap();
+        let mr = BinningResource::new(
+            DeviceResource::new(device.clone()),
+            BinningConfig::fixed_bins(8, 20),
+        )
+        .unwrap();
         let s = device.create_stream().unwrap();
         let warm = mr.allocate(1 << 20, 256, &s).unwrap();
         mr.deallocate(warm, 1 << 20, 256, &s).unwrap();
@@ -505,11 +482,9 @@ fn fixed_size_and_binning_recover_from_injected_out_of_memory() {
 #[test]
 fn pool_limit_is_an_out_of_memory_with_the_limit() {
     let (device, _) = sim(1 << 30);
-    let config = CachingPoolConfig {
-        max_pool_size: 8 << 20,
-        ..Default::default()
-    };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.max_reserved = Some(8 << 20);
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = pool.allocate_async(4 << 20, &s).unwrap();
     let err = pool.allocate_async(8 << 20, &s).unwrap_err();
@@ -527,7 +502,11 @@ fn pool_limit_is_an_out_of_memory_with_the_limit() {
 #[test]
 fn bad_frees_are_errors_and_change_nothing() {
     let (device, _) = sim(1 << 30);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let s = device.create_stream().unwrap();
     let p = pool.allocate_async(1000, &s).unwrap();
     assert!(matches!(
@@ -566,7 +545,11 @@ fn bad_frees_are_errors_and_change_nothing() {
         })
     ));
     assert_eq!(pool.live_bytes(), 0);
-    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096).unwrap();
+    let fixed = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(4096),
+    )
+    .unwrap();
     let q = fixed.allocate(100, 256, &s).unwrap();
     fixed.deallocate(q, 100, 256, &s).unwrap();
     assert!(matches!(
@@ -579,11 +562,9 @@ fn bad_frees_are_errors_and_change_nothing() {
 fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
-    let config = CachingPoolConfig {
-        max_block_size: 1 << 20,
-        ..Default::default()
-    };
-    let pool = CachingPool::new(&device, config).unwrap();
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = 1 << 20;
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(pool.block_size_for(1), Some(512));
     assert_eq!(pool.block_size_for(600), Some(1024));
@@ -610,8 +591,16 @@ fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
 fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
     let (device, sim) = sim(1 << 30);
     let base_streams = sim.live_streams();
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
-    let fixed = FixedSizeResource::new(DeviceResource::new(device.clone()), 1 << 16).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
+    let fixed = FixedSizeResource::new(
+        DeviceResource::new(device.clone()),
+        FixedSizeConfig::with_block_size(1 << 16),
+    )
+    .unwrap();
     let t = device.create_stream().unwrap();
     let (p, f, raw, pos);
     {
@@ -657,16 +646,9 @@ fn a_dropped_streams_free_blocks_are_neither_stranded_nor_corrupted() {
 fn many_threads_on_many_streams_share_one_caching_pool() {
     let (device, sim) = sim(4 << 30);
     let base = sim.device_bytes(0);
-    let pool = Arc::new(
-        CachingPool::new(
-            &device,
-            CachingPoolConfig {
-                batch_size: 16,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let mut config = CachingPoolConfig::default();
+    config.batch_size = 16;
+    let pool = Arc::new(CachingPool::new(DeviceResource::new(device.clone()), config).unwrap());
     let live = Arc::new(suite::LiveSet::default());
     let handles: Vec<_> = (0..8)
         .map(|t| {
@@ -719,7 +701,11 @@ fn many_threads_on_many_streams_share_one_caching_pool() {
 #[test]
 fn device_buffer_round_trips_through_a_caching_pool() {
     let (device, _) = common::device(true);
-    let pool = CachingPool::new(&device, CachingPoolConfig::default()).unwrap();
+    let pool = CachingPool::new(
+        DeviceResource::new(device.clone()),
+        CachingPoolConfig::default(),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let data: Vec<u32> = (0..100_000u32)
         .map(|i| i.wrapping_mul(2_654_435_761))

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use allocator_api2::vec::Vec as PinnedVec;
 use gpumem::driver::sim::SimDriver;
 use gpumem::manager::{MemoryManager, PinnedPool, PinnedPoolConfig};
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, DevicePtr, Error, LiveAllocations, Stream};
 
 fn pool(device: &Device, config: PinnedPoolConfig) -> PinnedPool {
-    PinnedPool::new(device.clone(), config).unwrap()
+    PinnedPool::new(PinnedHostResource::new(device.clone()), config).unwrap()
 }
 
 fn in_use(e: &Error) -> &LiveAllocations {

@@ -20,10 +20,10 @@ use gpumem::async_pool::AsyncResource;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::manager::{MemoryManager, PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, Event, Stream};
 
 /// The variable that makes this binary play a child's part.
@@ -104,37 +104,43 @@ fn exit_child() {
     );
     keep!(
         "CachingPool",
-        CachingPool::with_upstream(up(), CachingPoolConfig::default()).unwrap()
+        CachingPool::new(up(), CachingPoolConfig::default()).unwrap()
     );
     keep!(
         "FixedSizeResource",
-        FixedSizeResource::with_blocks_per_chunk(up(), 4 << 20, 4).unwrap()
+        FixedSizeResource::new(up(), common::fixed_size_config(4 << 20, 4)).unwrap()
     );
     keep!(
         "BinningResource",
-        BinningResource::with_fixed_bins(
+        BinningResource::new(
             PoolResource::new(up(), PoolConfig::default()).unwrap(),
-            8,
-            20
+            BinningConfig::fixed_bins(8, 20)
         )
         .unwrap()
     );
     keep!(
         "ArenaResource",
-        ArenaResource::with_config(up(), ArenaConfig::with_size(64 << 20)).unwrap()
+        ArenaResource::new(up(), ArenaConfig::with_size(64 << 20)).unwrap()
     );
     keep!(
         "VirtualPool",
         VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()
     );
-    keep!("AsyncResource", AsyncResource::new(device.clone()).unwrap());
+    keep!(
+        "AsyncResource",
+        AsyncResource::with_defaults(device.clone()).unwrap()
+    );
     keep!(
         "StatisticsAdaptor<PoolResource>",
         StatisticsAdaptor::new(PoolResource::new(up(), PoolConfig::default()).unwrap())
     );
     keep!(
         "PinnedPool",
-        PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap()
+        PinnedPool::new(
+            PinnedHostResource::new(device.clone()),
+            PinnedPoolConfig::default()
+        )
+        .unwrap()
     );
     let mm = MemoryManager::new(device.clone());
     let _ = mm.allocate_device(1 << 20).unwrap();

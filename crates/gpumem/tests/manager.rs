@@ -10,7 +10,7 @@ use gpumem::driver::sim::SimConfig;
 use gpumem::manager::{
     DeviceAllocatorMode, MemoryManager, PinnedPool, PinnedPoolConfig, PlanPhase,
 };
-use gpumem::resource::{MemoryResource, Properties};
+use gpumem::resource::{MemoryResource, PinnedHostResource, Properties};
 use gpumem::{Device, DevicePtr, Error, FreeError};
 
 fn backed() -> (Device, Arc<gpumem::driver::sim::SimDriver>) {
@@ -20,7 +20,8 @@ fn backed() -> (Device, Arc<gpumem::driver::sim::SimDriver>) {
 #[test]
 fn pinned_pool_passes_the_suite() {
     let (device, _) = common::device(true);
-    let pool = PinnedPool::new(device, PinnedPoolConfig::default()).unwrap();
+    let pool =
+        PinnedPool::new(PinnedHostResource::new(device), PinnedPoolConfig::default()).unwrap();
     assert_eq!(pool.properties(), Properties::HOST_AND_DEVICE);
     // PinnedPool frees by address whatever the size: back to `run_all` (the
     // bad-free matrix) once it refuses wrong sizes.
@@ -30,14 +31,22 @@ fn pinned_pool_passes_the_suite() {
 #[test]
 fn fixed_pinned_pool_passes_the_suite() {
     let (device, _) = common::device(true);
-    let pool = PinnedPool::new(device, PinnedPoolConfig::fixed(64 << 20)).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device),
+        PinnedPoolConfig::fixed(64 << 20),
+    )
+    .unwrap();
     suite::run_all(Arc::new(pool));
 }
 
 #[test]
 fn a_freed_pinned_block_is_not_reused_while_its_copy_is_pending() {
     let (device, sim) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::default(),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let dev = device.driver().mem_alloc(0, 1 << 20).unwrap();
     let a = pool.allocate_sync(1 << 20, 256).unwrap();
@@ -67,7 +76,11 @@ fn a_freed_pinned_block_is_not_reused_while_its_copy_is_pending() {
 #[test]
 fn copies_are_batched_one_event_per_batch_not_per_free() {
     let (device, sim) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::default(),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let dev = device.driver().mem_alloc(0, 4096).unwrap();
     sim.hold(stream.raw());
@@ -96,7 +109,11 @@ fn copies_are_batched_one_event_per_batch_not_per_free() {
 #[test]
 fn a_full_pinned_pool_waits_for_pending_copies_instead_of_failing() {
     let (device, sim) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::fixed(1 << 20)).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::fixed(1 << 20),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let dev = device.driver().mem_alloc(0, 1 << 20).unwrap();
     let a = pool.allocate_sync(1 << 20, 256).unwrap();
@@ -117,7 +134,11 @@ fn a_full_pinned_pool_waits_for_pending_copies_instead_of_failing() {
 #[test]
 fn pinned_data_round_trips_and_bad_ranges_are_errors() {
     let (device, _) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::default(),
+    )
+    .unwrap();
     let stream = device.create_stream().unwrap();
     let dev = device.driver().mem_alloc(0, 4096).unwrap();
     let a = pool.allocate_sync(4096, 256).unwrap();
@@ -151,7 +172,11 @@ fn pinned_data_round_trips_and_bad_ranges_are_errors() {
 #[test]
 fn a_double_free_is_reported_as_one() {
     let (device, sim) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::default(),
+    )
+    .unwrap();
     let reason = |r: gpumem::Result<()>| match r {
         Err(Error::InvalidFree { reason, .. }) => reason,
         other => panic!("{other:?}"),
@@ -191,7 +216,11 @@ fn a_double_free_is_reported_as_one() {
 #[test]
 fn allocator_api2_vec_lives_in_pinned_memory() {
     let (device, sim) = backed();
-    let pool = PinnedPool::new(device.clone(), PinnedPoolConfig::default()).unwrap();
+    let pool = PinnedPool::new(
+        PinnedHostResource::new(device.clone()),
+        PinnedPoolConfig::default(),
+    )
+    .unwrap();
     let before = sim.pinned_host_bytes();
     {
         let mut v: allocator_api2::vec::Vec<u64, &PinnedPool> =
@@ -223,10 +252,9 @@ fn allocator_api2_vec_lives_in_pinned_memory() {
 
 #[test]
 fn cuda_pool_mode_falls_back_to_pool_without_driver_pools() {
-    let device = Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let device = Device::sim(config);
     let mm = MemoryManager::new(device);
     assert!(!mm.supports_async_device_allocator());
     mm.set_device_allocator_mode(DeviceAllocatorMode::CudaAsyncPool)
@@ -248,10 +276,9 @@ fn cuda_pool_mode_falls_back_to_pool_without_driver_pools() {
     );
     mm.free_device(p).unwrap();
     // gpumem's stream-ordered mode needs no driver pools: no fallback.
-    let mm = MemoryManager::new(Device::sim(SimConfig {
-        memory_pools: false,
-        ..SimConfig::default()
-    }));
+    let mut config = SimConfig::default();
+    config.memory_pools = false;
+    let mm = MemoryManager::new(Device::sim(config));
     mm.set_device_allocator_mode(DeviceAllocatorMode::AsyncStreamOrdered)
         .unwrap();
     assert_eq!(

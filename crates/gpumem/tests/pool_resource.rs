@@ -6,31 +6,22 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 use common::suite;
-use gpumem::pool::{GrowthPolicy, PoolConfig, PoolResource};
+use gpumem::pool::{GrowthPolicy, Pool, PoolConfig, PoolResource};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError};
 use proptest::prelude::*;
 
-impl<U: MemoryResource> Pool for PoolResource<U> {
+impl<U: MemoryResource> Modeled for PoolResource<U> {
     fn accounted(&self, bytes: usize) -> usize {
         bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
         self.live_bytes()
     }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
-    }
     fn process(&self) {
         // The pool has no deferred work; settling happens on its slow path.
-    }
-    fn trim(&self) {
-        PoolResource::trim(self).unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 
@@ -47,11 +38,9 @@ fn pool_passes_the_suite() {
 #[test]
 fn pool_with_initial_size_and_limit_passes_the_suite() {
     let (device, _) = common::device(false);
-    let config = PoolConfig {
-        initial_size: 64 << 20,
-        maximum_size: Some(1 << 30),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.initial_size = 64 << 20;
+    config.max_reserved = Some(1 << 30);
     suite::run_all(Arc::new(pool_on(&device, config)));
 }
 
@@ -59,22 +48,15 @@ fn pool_with_initial_size_and_limit_passes_the_suite() {
 fn config_is_validated() {
     let (device, _) = common::device(false);
     let up = || DeviceResource::new(device.clone());
-    let over = PoolConfig {
-        initial_size: 2 << 20,
-        maximum_size: Some(1 << 20),
-        ..PoolConfig::default()
-    };
+    let mut over = PoolConfig::default();
+    over.initial_size = 2 << 20;
+    over.max_reserved = Some(1 << 20);
     assert!(matches!(
         PoolResource::new(up(), over),
         Err(Error::InvalidArgument(_))
     ));
-    let bad_gran = PoolConfig {
-        growth: GrowthPolicy {
-            granularity: 100,
-            ..GrowthPolicy::default()
-        },
-        ..PoolConfig::default()
-    };
+    let mut bad_gran = PoolConfig::default();
+    bad_gran.growth.granularity = 100;
     assert!(matches!(
         PoolResource::new(up(), bad_gran),
         Err(Error::InvalidArgument(_))
@@ -202,14 +184,14 @@ fn trim_and_release_give_free_regions_back() {
     pool.deallocate(big, 64 << 20, 256, &s).unwrap();
     // The stream is idle (the simulator runs work at once): trim settles and
     // gives the free 64 MiB region back, keeping the region still in use.
-    let released = pool.trim().unwrap();
+    let released = pool.trim(0).unwrap();
     assert_eq!(released, 64 << 20);
     assert_eq!(pool.reserved_bytes(), 2 << 20);
     // A held stream's frees are not settled by trim, but release waits.
     sim.hold(s.raw());
     enqueue_work(&s);
     pool.deallocate(small, 4096, 256, &s).unwrap();
-    assert_eq!(pool.trim().unwrap(), 0);
+    assert_eq!(pool.trim(0).unwrap(), 0);
     assert_eq!(pool.release().unwrap(), 2 << 20);
     assert_eq!(pool.reserved_bytes(), 0);
     assert_eq!(sim.pending_ops(s.raw()), 0, "release waited for the stream");
@@ -293,13 +275,9 @@ fn injected_out_of_memory_is_retried_then_reported() {
     // First growth fails, the reclaim retry succeeds.
     let p = pool.allocate(4096, 256, &s).unwrap();
     pool.deallocate(p, 4096, 256, &s).unwrap();
-    let limited = pool_on(
-        &device,
-        PoolConfig {
-            maximum_size: Some(4 << 20),
-            ..PoolConfig::default()
-        },
-    );
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(4 << 20);
+    let limited = pool_on(&device, config);
     let err = limited.allocate(8 << 20, 256, &s).unwrap_err();
     assert_eq!(err.oom_info().unwrap().limit, Some(4 << 20));
     drop(limited);
@@ -392,7 +370,8 @@ proptest! {
         let (device, sim) = sim(24 << 20);
         let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let base = sim.device_bytes(0);
-        let config = PoolConfig { maximum_size: Some(20 << 20), ..PoolConfig::default() };
+        let mut config = PoolConfig::default();
+        config.max_reserved = Some(20 << 20);
         run_model(pool_on(&device, config), &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");

@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use common::pattern::{pattern, seconds, Figures};
 use common::suite::LiveSet;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
-    ArenaConfig, ArenaResource, BinningResource, CachingPool, CachingPoolConfig, FixedSizeResource,
-    PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
+    ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
+    FixedSizeResource, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Device, DeviceBuffer, Stream};
 use rand::{Rng, SeedableRng};
 
@@ -182,10 +182,8 @@ fn device() -> Device {
 #[test]
 fn stress_pool_resource() {
     let d = device();
-    let config = PoolConfig {
-        maximum_size: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
     stress("PoolResource", mr.clone(), &d, || mr.live_bytes());
 }
@@ -193,11 +191,9 @@ fn stress_pool_resource() {
 #[test]
 fn stress_caching_pool() {
     let d = device();
-    let config = CachingPoolConfig {
-        max_pool_size: LIMIT,
-        ..CachingPoolConfig::default()
-    };
-    let mr = Arc::new(CachingPool::with_upstream(DeviceResource::new(d.clone()), config).unwrap());
+    let mut config = CachingPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
+    let mr = Arc::new(CachingPool::new(DeviceResource::new(d.clone()), config).unwrap());
     stress("CachingPool", mr.clone(), &d, || mr.live_bytes());
 }
 
@@ -205,19 +201,17 @@ fn stress_caching_pool() {
 fn stress_fixed_size() {
     let d = device();
     let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
-    let mr = Arc::new(FixedSizeResource::with_blocks_per_chunk(up, 512 << 10, 4).unwrap());
+    let mr = Arc::new(FixedSizeResource::new(up, common::fixed_size_config(512 << 10, 4)).unwrap());
     stress("FixedSizeResource", mr.clone(), &d, || mr.live_bytes());
 }
 
 #[test]
 fn stress_binning() {
     let d = device();
-    let config = PoolConfig {
-        maximum_size: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
-    let mr = Arc::new(BinningResource::with_fixed_bins(pool, 8, 16).unwrap());
+    let mr = Arc::new(BinningResource::new(pool, BinningConfig::fixed_bins(8, 16)).unwrap());
     stress("BinningResource", mr.clone(), &d, || mr.live_bytes());
 }
 
@@ -225,7 +219,7 @@ fn stress_binning() {
 fn stress_arena() {
     let d = device();
     let mr = Arc::new(
-        ArenaResource::with_config(
+        ArenaResource::new(
             DeviceResource::new(d.clone()),
             ArenaConfig::with_size(LIMIT),
         )
@@ -237,10 +231,8 @@ fn stress_arena() {
 #[test]
 fn stress_virtual_pool() {
     let d = device();
-    let config = VirtualPoolConfig {
-        maximum_physical: Some(LIMIT),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let mr = Arc::new(VirtualPool::new(d.clone(), config).unwrap());
     stress("VirtualPool", mr.clone(), &d, || mr.live_bytes());
     mr.check_invariants().unwrap();
@@ -249,12 +241,9 @@ fn stress_virtual_pool() {
 #[test]
 fn stress_async_resource() {
     let d = device();
-    let mr = Arc::new(
-        AsyncResource::builder(d.clone())
-            .max_size(LIMIT)
-            .build()
-            .unwrap(),
-    );
+    let mut config = AsyncResourceConfig::default();
+    config.max_reserved = Some(LIMIT);
+    let mr = Arc::new(AsyncResource::new(d.clone(), config).unwrap());
     stress("AsyncResource", mr.clone(), &d, || {
         mr.used_current().unwrap()
     });
@@ -263,21 +252,17 @@ fn stress_async_resource() {
 #[test]
 fn stress_pinned_pool() {
     let d = device();
-    let config = PinnedPoolConfig {
-        maximum_size: Some(LIMIT),
-        ..PinnedPoolConfig::default()
-    };
-    let mr = Arc::new(PinnedPool::new(d.clone(), config).unwrap());
+    let mut config = PinnedPoolConfig::default();
+    config.max_reserved = Some(LIMIT);
+    let mr = Arc::new(PinnedPool::new(PinnedHostResource::new(d.clone()), config).unwrap());
     stress("PinnedPool", mr.clone(), &d, || mr.stats().live);
 }
 
 #[test]
 fn stress_statistics_over_a_pool() {
     let d = device();
-    let config = PoolConfig {
-        maximum_size: Some(LIMIT),
-        ..PoolConfig::default()
-    };
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     let pool = PoolResource::new(DeviceResource::new(d.clone()), config).unwrap();
     let mr = Arc::new(StatisticsAdaptor::new(pool));
     stress("StatisticsAdaptor<PoolResource>", mr.clone(), &d, || {

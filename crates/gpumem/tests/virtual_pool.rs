@@ -11,35 +11,28 @@ mod common;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Pool};
+use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
 use common::suite;
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 use gpumem::resource::MemoryResource;
 use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
-impl Pool for VirtualPool {
+impl Modeled for VirtualPool {
     fn accounted(&self, bytes: usize) -> usize {
         bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
         self.live_bytes()
     }
-    fn reserved(&self) -> usize {
-        self.reserved_bytes()
-    }
     fn process(&self) {
         self.check_invariants().unwrap();
     }
-    fn trim(&self) {
-        VirtualPool::trim(self).unwrap();
+    fn check(&self) {
         self.check_invariants().unwrap();
-    }
-    fn give_back(&self) {
-        self.release().unwrap();
     }
 }
 
@@ -49,10 +42,8 @@ fn pool(device: &Device) -> VirtualPool {
 
 /// A pool whose physical memory can be exported.
 fn ipc_pool(device: &Device) -> VirtualPool {
-    let config = VirtualPoolConfig {
-        ipc: true,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.ipc = true;
     VirtualPool::new(device.clone(), config).unwrap()
 }
 
@@ -105,7 +96,7 @@ fn small_and_large_blocks_map_only_what_they_cover() {
     assert_eq!(p.live_bytes(), 0);
     // Idle pages stay mapped until trimmed.
     assert!(p.stats().idle_mapped > 0);
-    let back = p.trim().unwrap();
+    let back = p.trim(0).unwrap();
     assert!(back > 0);
     assert_eq!(sim.physical_bytes(), 0);
     assert_eq!(p.stats().reserved, 0);
@@ -116,12 +107,10 @@ fn small_and_large_blocks_map_only_what_they_cover() {
 #[test]
 fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        maximum_physical: Some(22 * 2 * MIB),
-        max_extent_pages: 32,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
+    config.max_reserved = Some(22 * 2 * MIB);
+    config.max_extent_pages = 32;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(p.page_size(), 2 * MIB);
@@ -166,7 +155,7 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     p.deallocate(b, 42 * MIB, 256, &s).unwrap();
     s.synchronize().unwrap();
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 42 * MIB);
+    assert_eq!(p.trim(0).unwrap(), 42 * MIB);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 2);
     p.deallocate(fence, 2 * MIB, 256, &s).unwrap();
     drop(p);
@@ -199,7 +188,7 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     assert_eq!(p.stats().idle_mapped, bytes / 2);
     // A partly idle extent cannot be split: nothing is given back.
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 0);
+    assert_eq!(p.trim(0).unwrap(), 0);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps);
     assert_eq!(sim.physical_bytes(), bytes);
     p.check_invariants().unwrap();
@@ -207,7 +196,7 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     p.deallocate(half, bytes / 2, 256, &s).unwrap();
     s.synchronize().unwrap();
     let releases = sim.call_count("cuMemRelease");
-    assert_eq!(p.trim().unwrap(), bytes);
+    assert_eq!(p.trim(0).unwrap(), bytes);
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
     assert_eq!(sim.call_count("cuMemRelease"), releases + 1);
     assert_eq!(p.stats().mappings_unmapped, 1);
@@ -253,7 +242,7 @@ fn pages_pending_on_a_busy_stream_are_not_unmapped() {
     drop(a); // freed on s, its work still pending
     assert!(p.stats().idle_mapped >= 20 * MIB);
     let unmaps = sim.call_count("cuMemUnmap");
-    assert_eq!(p.trim().unwrap(), 0, "pending pages are not given back");
+    assert_eq!(p.trim(0).unwrap(), 0, "pending pages are not given back");
     assert_eq!(
         sim.call_count("cuMemUnmap"),
         unmaps,
@@ -285,19 +274,19 @@ fn idle_pages_are_reclaimed_once_the_freeing_stream_is_done() {
     sim.hold(s.raw());
     enqueue_work(&s);
     p.deallocate(a, 16 * MIB, 256, &s).unwrap();
-    assert_eq!(p.trim().unwrap(), 0, "pending: nothing given back");
+    assert_eq!(p.trim(0).unwrap(), 0, "pending: nothing given back");
     assert_eq!(sim.physical_bytes(), 16 * MIB);
     sim.release(s.raw());
-    assert_eq!(p.trim().unwrap(), 16 * MIB, "done: all given back");
+    assert_eq!(p.trim(0).unwrap(), 16 * MIB, "done: all given back");
     // The freeing stream's work is known done by an event on a later pass
     // too: hold, free, trim (records an event), complete, trim.
     let b = p.allocate(4 * MIB, 256, &t).unwrap();
     sim.hold(t.raw());
     enqueue_work(&t);
     p.deallocate(b, 4 * MIB, 256, &t).unwrap();
-    assert_eq!(p.trim().unwrap(), 0);
+    assert_eq!(p.trim(0).unwrap(), 0);
     sim.complete(t.raw());
-    assert!(p.trim().unwrap() > 0);
+    assert!(p.trim(0).unwrap() > 0);
     sim.release(t.raw());
     drop(p);
     assert_all_back(&sim);
@@ -327,12 +316,10 @@ fn out_of_memory_reports_detail_and_loses_nothing() {
 }
 
 #[test]
-fn maximum_physical_is_a_limit() {
+fn max_reserved_is_a_limit() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        maximum_physical: Some(8 * MIB),
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(8 * MIB);
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
@@ -345,14 +332,14 @@ fn maximum_physical_is_a_limit() {
 }
 
 #[test]
-fn maximum_physical_changes_at_run_time_and_the_pool_lists_what_it_holds() {
+fn max_reserved_changes_at_run_time_and_the_pool_lists_what_it_holds() {
     let (device, sim) = sim(80 << 30);
     let p = VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap();
     let s = device.create_stream().unwrap();
     let a = p.allocate(6 * MIB, 256, &s).unwrap();
     let b = p.allocate(1000, 256, &s).unwrap();
-    p.set_maximum_physical(Some(8 * MIB));
-    assert_eq!(p.maximum_physical(), Some(8 * MIB));
+    p.set_max_reserved(Some(8 * MIB));
+    assert_eq!(p.max_reserved(), Some(8 * MIB));
     let e = p.allocate(4 * MIB, 256, &s).unwrap_err();
     assert_eq!(e.oom_info().unwrap().limit, Some(8 * MIB));
     // Live blocks, their sizes, and the mapped ranges holding them.
@@ -373,7 +360,7 @@ fn maximum_physical_changes_at_run_time_and_the_pool_lists_what_it_holds() {
     assert_eq!(st.chunks_created as usize, st.chunks);
     assert_eq!(st.peak_chunks, st.chunks);
     assert_eq!(p.free_physical_bytes(), st.reserved - 4 * (2 * MIB));
-    p.set_maximum_physical(None);
+    p.set_max_reserved(None);
     let c = p.allocate(4 * MIB, 256, &s).unwrap();
     for (q, n) in [(a, 6 * MIB), (b, 1000), (c, 4 * MIB)] {
         p.deallocate(q, n, 256, &s).unwrap();
@@ -389,14 +376,12 @@ fn a_failed_mapping_is_undone_entirely() {
     let (device, sim) = sim(80 << 30);
     // Extents of two pages: the 8-page block takes four maps, so the third
     // fails after two succeeded.
-    let config = VirtualPoolConfig {
-        max_extent_pages: 2,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.max_extent_pages = 2;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
-        p.trim().unwrap(); // nothing mapped: the next allocation maps
+        p.trim(0).unwrap(); // nothing mapped: the next allocation maps
         let mapped = sim.mapped_bytes();
         let live = p.live_bytes();
         sim.fail_call(call, nth, 1);
@@ -443,39 +428,30 @@ fn bad_frees_are_errors() {
 
 #[test]
 fn construction_checks_the_device() {
-    let (device, _) = Device::sim_with_driver(SimConfig {
-        vmm: false,
-        ..SimConfig::default()
-    });
+    let mut config = SimConfig::default();
+    config.vmm = false;
+    let (device, _) = Device::sim_with_driver(config);
     assert!(matches!(
         VirtualPool::new(device, VirtualPoolConfig::default()),
         Err(Error::Unsupported { .. })
     ));
     let (device, _) = sim(80 << 30);
-    let bad_peer = VirtualPoolConfig {
-        peers: vec![3],
-        ..VirtualPoolConfig::default()
-    };
+    let mut bad_peer = VirtualPoolConfig::default();
+    bad_peer.peers = vec![3];
     assert!(VirtualPool::new(device.clone(), bad_peer).is_err());
-    let self_peer = VirtualPoolConfig {
-        peers: vec![0],
-        ..VirtualPoolConfig::default()
-    };
+    let mut self_peer = VirtualPoolConfig::default();
+    self_peer.peers = vec![0];
     assert!(VirtualPool::new(device.clone(), self_peer).is_err());
-    let no_space = VirtualPoolConfig {
-        va_multiple: 0,
-        ..VirtualPoolConfig::default()
-    };
+    let mut no_space = VirtualPoolConfig::default();
+    no_space.va_multiple = 0;
     assert!(VirtualPool::new(device, no_space).is_err());
 }
 
 #[test]
 fn peers_get_access_to_every_mapped_run() {
     let (device, sim) = Device::sim_with_driver(SimConfig::multi(2));
-    let config = VirtualPoolConfig {
-        peers: vec![1],
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.peers = vec![1];
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let before = sim.call_count("cuMemSetAccess");
@@ -604,11 +580,9 @@ fn idle_aliases_are_collected_beyond_the_ratio() {
 /// hold. Checks every live block's bytes after each round.
 fn alias_rounds(max_alias_ratio: usize) -> gpumem::pool::VirtualPoolStats {
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(48 * MIB));
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        max_alias_ratio,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
+    config.max_alias_ratio = max_alias_ratio;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
     let mut live: Vec<(DeviceBuffer<u8, &VirtualPool>, Vec<u8>)> = Vec::new();
@@ -642,10 +616,8 @@ fn alias_rounds(max_alias_ratio: usize) -> gpumem::pool::VirtualPoolStats {
 #[test]
 fn memory_freed_on_a_busy_stream_is_not_aliased_for_another() {
     let (device, sim) = sim(80 << 30);
-    let config = VirtualPoolConfig {
-        slack_permille: 0,
-        ..VirtualPoolConfig::default()
-    };
+    let mut config = VirtualPoolConfig::default();
+    config.slack_permille = 0;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
@@ -714,7 +686,8 @@ proptest! {
         // stream's fill is still pending would be overwritten when that
         // stream runs, through whichever address it was filled by.
         let (device, sim) = Device::sim_with_driver(SimConfig::backed(32 * MIB));
-        let config = VirtualPoolConfig { slack_permille: 0, ..VirtualPoolConfig::default() };
+        let mut config = VirtualPoolConfig::default();
+        config.slack_permille = 0;
         let p = VirtualPool::new(device.clone(), config).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let checker = device.create_stream().unwrap();
@@ -752,7 +725,7 @@ proptest! {
                 }
                 VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
                 VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
-                VOp::Trim => { p.trim().unwrap(); }
+                VOp::Trim => { p.trim(0).unwrap(); }
             }
             p.check_invariants().map_err(TestCaseError::fail)?;
         }
@@ -810,10 +783,9 @@ proptest! {
     /// everything goes back on drop.
     #[test]
     fn pages_follow_live_blocks(ops in prop::collection::vec(vop(), 1..120)) {
-        let (device, sim) = Device::sim_with_driver(SimConfig {
-            capacity: 40 * MIB,
-            ..SimConfig::default()
-        });
+        let mut config = SimConfig::default();
+        config.capacity = 40 * MIB;
+        let (device, sim) = Device::sim_with_driver(config);
         let p = pool(&device);
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let checker = device.create_stream().unwrap();
@@ -852,7 +824,7 @@ proptest! {
                 }
                 VOp::Hold { stream } => { sim.hold(streams[stream].raw()); held[stream] = true; }
                 VOp::Release { stream } => { sim.release(streams[stream].raw()); held[stream] = false; }
-                VOp::Trim => { p.trim().unwrap(); }
+                VOp::Trim => { p.trim(0).unwrap(); }
             }
             p.check_invariants().map_err(TestCaseError::fail)?;
             // Every live block is mapped with access: a memset on a free-running

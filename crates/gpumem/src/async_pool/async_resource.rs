@@ -31,99 +31,109 @@ use crate::resource::Properties;
 use crate::{Error, Result};
 
 /// A memory resource over a CUDA memory pool: the device's default pool or one
-/// created from properties. Dereferences to its [`MemPool`] for attributes,
-/// trimming and peer access.
+/// created from properties. Dereferences to its [`MemPool`] for attributes
+/// and peer access; gives memory back through [`Pool`](crate::pool::Pool).
+///
+/// ```
+/// use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
+/// use gpumem::pool::Pool;
+/// use gpumem::{Device, DeviceBuffer};
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let mut config = AsyncResourceConfig::default();
+///     config.initial_size = 32 << 20; // primed: reserved from the start
+///     config.max_reserved = Some(256 << 20);
+///     let pool = AsyncResource::new(device.clone(), config)?;
+///     assert!(pool.reserved_bytes() >= 32 << 20);
+///
+///     let stream = device.create_stream()?;
+///     let buf = DeviceBuffer::<f32, _>::zeroed(1 << 20, &pool, &stream)?;
+///     drop(buf); // freed on `stream`, back in the pool once that has run
+///     assert!(pool.release()? >= 32 << 20); // synchronizes, then trims
+///     assert_eq!(pool.reserved_bytes(), 0);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AsyncResource {
     pool: MemPool,
 }
 
-/// Builds an [`AsyncResource`] over a new memory pool; see
-/// [`AsyncResource::builder`].
-#[derive(Debug, Clone)]
-pub struct AsyncResourceBuilder {
-    device: Device,
-    initial_size: usize,
-    release_threshold: u64,
-    max_size: usize,
-    handle_type: HandleType,
-    alloc_type: AllocationType,
-    location: Option<Location>,
-}
-
-impl AsyncResourceBuilder {
-    /// Primes the pool: allocates and frees `bytes` on the device's default
-    /// stream and synchronizes, so the pool holds that much from the start
-    /// (kept if the release threshold allows). Default 0: no priming.
-    pub fn initial_size(mut self, bytes: usize) -> Self {
-        self.initial_size = bytes;
-        self
-    }
-
-    /// Unused bytes the pool keeps across synchronizations. Default `u64::MAX`
-    /// (keep everything), as RMM does; the driver's own default is 0.
-    pub fn release_threshold(mut self, bytes: u64) -> Self {
-        self.release_threshold = bytes;
-        self
-    }
-
-    /// The most the pool may reserve from the device; 0 (the default) means no
-    /// limit. Allocations beyond it fail with [`Error::OutOfMemory`].
-    pub fn max_size(mut self, bytes: usize) -> Self {
-        self.max_size = bytes;
-        self
-    }
-
+/// Configuration of an [`AsyncResource`] over a new memory pool. `Default`:
+/// device memory, no IPC, no limit, release threshold `u64::MAX`, no
+/// priming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AsyncResourceConfig {
+    /// Primes the pool: `initial_size` bytes are allocated and freed on the
+    /// device's default stream, which is then synchronized, so the pool holds
+    /// that much from the start (kept if the release threshold allows).
+    /// Default 0: no priming.
+    pub initial_size: usize,
+    /// Unused bytes the pool keeps across synchronizations. Default
+    /// `u64::MAX` (keep everything), as RMM does; the driver's own default
+    /// is 0.
+    pub release_threshold: u64,
+    /// Most bytes the pool may reserve from the device (its `maxSize`):
+    /// allocations beyond it fail with [`Error::OutOfMemory`]. `None`
+    /// (default): no limit; `Some(0)` is refused.
+    pub max_reserved: Option<usize>,
     /// The IPC handle type the pool can be exported as (default
     /// [`HandleType::None`]). [`HandleType::PosixFd`] makes
     /// [`MemPool::export_fd`] and [`MemPool::export_pointer`] work.
-    pub fn handle_type(mut self, handle_type: HandleType) -> Self {
-        self.handle_type = handle_type;
-        self
-    }
+    pub handle_type: HandleType,
+    /// Pinned (device or pinned host, the default) or managed memory (CUDA
+    /// 13 drivers only).
+    pub alloc_type: AllocationType,
+    /// Where the memory lives: `None` (default) for the resource's device,
+    /// or host memory ([`Location::Host`], [`Location::HostNuma`]), which
+    /// devices reach over the bus. A [`Location::Device`] other than the
+    /// resource's device is an error: build on that device instead.
+    pub location: Option<Location>,
+}
 
-    /// Pinned (device or pinned host, the default) or managed memory (CUDA 13
-    /// drivers only).
-    pub fn alloc_type(mut self, alloc_type: AllocationType) -> Self {
-        self.alloc_type = alloc_type;
-        self
-    }
-
-    /// Where the memory lives: the builder's device (the default) or host
-    /// memory ([`Location::Host`], [`Location::HostNuma`]), which devices reach
-    /// over the bus. A [`Location::Device`] other than the builder's device is
-    /// an error: build from that device instead.
-    pub fn location(mut self, location: Location) -> Self {
-        self.location = Some(location);
-        self
-    }
-
-    /// The pool properties this builder asks the driver for.
-    pub fn props(&self) -> PoolProps {
-        PoolProps {
-            alloc_type: self.alloc_type,
-            location: self
-                .location
-                .unwrap_or(Location::Device(self.device.ordinal())),
-            handle_type: self.handle_type,
-            max_size: self.max_size,
+impl Default for AsyncResourceConfig {
+    fn default() -> Self {
+        Self {
+            initial_size: 0,
+            release_threshold: u64::MAX,
+            max_reserved: None,
+            handle_type: HandleType::None,
+            alloc_type: AllocationType::Pinned,
+            location: None,
         }
     }
+}
 
-    /// Creates the pool, sets its release threshold and primes it.
+impl AsyncResourceConfig {
+    /// The pool properties this configuration asks the driver for on `device`.
+    fn props(&self, device: &Device) -> PoolProps {
+        PoolProps {
+            alloc_type: self.alloc_type,
+            location: self.location.unwrap_or(Location::Device(device.ordinal())),
+            handle_type: self.handle_type,
+            max_size: self.max_reserved.unwrap_or(0),
+        }
+    }
+}
+
+impl AsyncResource {
+    /// A resource over a new pool on `device` made as `config` says: creates
+    /// the pool, sets its release threshold and primes it.
     ///
     /// [`Error::Unsupported`] names the missing feature when the device has no
     /// memory pools, no POSIX fd IPC (for [`HandleType::PosixFd`]), no managed
     /// memory (for [`AllocationType::Managed`]), or the driver refuses the
     /// combination as not supported.
-    pub fn build(self) -> Result<AsyncResource> {
-        let props = self.props();
-        let ordinal = self.device.ordinal();
+    pub fn new(device: Device, config: AsyncResourceConfig) -> Result<Self> {
+        let props = config.props(&device);
+        let ordinal = device.ordinal();
         if let Location::Device(d) = props.location {
             if d != ordinal {
                 return Err(Error::InvalidArgument(format!(
-                    "pool location is device {d} but the builder's device is {ordinal}; \
-                     build from device {d} instead"
+                    "pool location is device {d} but the resource's device is {ordinal}; \
+                     build on device {d} instead"
                 )));
             }
         }
@@ -136,14 +146,21 @@ impl AsyncResourceBuilder {
                 props.handle_type
             )));
         }
-        if self.max_size > 0 && self.initial_size > self.max_size {
-            return Err(Error::InvalidArgument(format!(
-                "initial size {} exceeds the pool's maximum size {}",
-                self.initial_size, self.max_size
-            )));
+        if let Some(max) = config.max_reserved {
+            if max == 0 {
+                return Err(Error::InvalidArgument(
+                    "max_reserved must be non-zero (use None for no limit)".into(),
+                ));
+            }
+            if config.initial_size > max {
+                return Err(Error::InvalidArgument(format!(
+                    "initial size {} exceeds the pool's max_reserved {max}",
+                    config.initial_size
+                )));
+            }
         }
-        let info = require_pools(&self.device)?;
-        match self.handle_type {
+        let info = require_pools(&device)?;
+        match config.handle_type {
             HandleType::PosixFd if !info.posix_fd_ipc => {
                 return Err(Error::unsupported(format!(
                     "POSIX file descriptor IPC handles for memory pools on device {ordinal}"
@@ -151,12 +168,12 @@ impl AsyncResourceBuilder {
             }
             _ => {}
         }
-        if self.alloc_type == AllocationType::Managed && !info.managed_memory {
+        if config.alloc_type == AllocationType::Managed && !info.managed_memory {
             return Err(Error::unsupported(format!(
                 "managed memory pools on device {ordinal} (no managed memory)"
             )));
         }
-        let feature = || match (self.alloc_type, self.handle_type, props.location) {
+        let feature = || match (config.alloc_type, config.handle_type, props.location) {
             (AllocationType::Managed, _, _) => {
                 format!("managed memory pools on device {ordinal} (needs a CUDA 13 driver)")
             }
@@ -171,7 +188,7 @@ impl AsyncResourceBuilder {
             }
             _ => format!("memory pools with properties {props:?}"),
         };
-        let driver = self.device.driver();
+        let driver = device.driver();
         driver.set_current_device(ordinal)?;
         let raw = driver
             .mempool_create(&props)
@@ -181,7 +198,7 @@ impl AsyncResourceBuilder {
             _ => Properties::HOST_AND_DEVICE,
         };
         let pool = MemPool::new(
-            self.device.clone(),
+            device.clone(),
             raw,
             true,
             props.location,
@@ -190,33 +207,17 @@ impl AsyncResourceBuilder {
             props.max_size,
         );
         // From here on `pool` destroys the handle if anything fails.
-        pool.set_release_threshold(self.release_threshold)?;
+        pool.set_release_threshold(config.release_threshold)?;
         let mr = AsyncResource { pool };
-        if self.initial_size > 0 {
-            mr.prime(self.initial_size)?;
+        if config.initial_size > 0 {
+            mr.prime(config.initial_size)?;
         }
         Ok(mr)
     }
-}
 
-impl AsyncResource {
-    /// A builder for a new pool on `device`: device memory, no IPC, no size
-    /// limit, release threshold `u64::MAX`, no priming.
-    pub fn builder(device: Device) -> AsyncResourceBuilder {
-        AsyncResourceBuilder {
-            device,
-            initial_size: 0,
-            release_threshold: u64::MAX,
-            max_size: 0,
-            handle_type: HandleType::None,
-            alloc_type: AllocationType::Pinned,
-            location: None,
-        }
-    }
-
-    /// A new device-memory pool on `device` with the builder's defaults.
-    pub fn new(device: Device) -> Result<Self> {
-        Self::builder(device).build()
+    /// A new device-memory pool on `device` with the default configuration.
+    pub fn with_defaults(device: Device) -> Result<Self> {
+        Self::new(device, AsyncResourceConfig::default())
     }
 
     /// The device's default pool (`cuDeviceGetDefaultMemPool`), the one

@@ -2,7 +2,7 @@
 //!
 //! Every async resource holds one `MemPool` and dereferences to it, so the
 //! attributes read the same on all of them: `resource.release_threshold()`,
-//! `resource.trim_to(0)`, `resource.usage()`. Each getter or setter is one
+//! `resource.usage()`. Each getter or setter is one
 //! `cuMemPoolGetAttribute` / `cuMemPoolSetAttribute` call (tens of ns on the
 //! driver, no synchronization).
 //!
@@ -54,11 +54,11 @@ pub struct PoolUsage {
     /// Bytes the pool holds from the device now (`RESERVED_MEM_CURRENT`).
     pub reserved: usize,
     /// Highest `reserved` since the last reset (`RESERVED_MEM_HIGH`).
-    pub reserved_high: usize,
+    pub peak_reserved: usize,
     /// Bytes handed out and not yet freed (`USED_MEM_CURRENT`).
-    pub used: usize,
-    /// Highest `used` since the last reset (`USED_MEM_HIGH`).
-    pub used_high: usize,
+    pub live: usize,
+    /// Highest `live` since the last reset (`USED_MEM_HIGH`).
+    pub peak_live: usize,
 }
 
 /// A CUDA memory pool of one device: its handle, what it hands out, and its
@@ -161,10 +161,11 @@ impl MemPool {
         self.handle_type
     }
 
-    /// The pool's size limit in bytes; 0 when it has none (or it is unknown).
+    /// The most bytes the pool may reserve; `None` when it has no limit (or
+    /// the limit is unknown: pools gpumem did not create).
     #[inline]
-    pub fn max_size(&self) -> usize {
-        self.max_size
+    pub fn max_reserved(&self) -> Option<usize> {
+        (self.max_size > 0).then_some(self.max_size)
     }
 
     /// Where the pool's memory can be accessed from.
@@ -241,9 +242,9 @@ impl MemPool {
     pub fn usage(&self) -> Result<PoolUsage> {
         Ok(PoolUsage {
             reserved: self.reserved_current()?,
-            reserved_high: self.reserved_high()?,
-            used: self.used_current()?,
-            used_high: self.used_high()?,
+            peak_reserved: self.reserved_high()?,
+            live: self.used_current()?,
+            peak_live: self.used_high()?,
         })
     }
 
@@ -261,11 +262,28 @@ impl MemPool {
         self.handed_out.bytes_of(ptr)
     }
 
-    /// Returns unused memory to the device until the pool keeps at most `bytes`
-    /// of it (`cuMemPoolTrimTo`). Memory whose free has not yet run on its
-    /// stream is not unused: synchronize first to trim everything.
-    pub fn trim_to(&self, bytes: usize) -> Result<()> {
-        self.device.driver().mempool_trim_to(self.raw, bytes)
+    /// Returns unused memory to the device (`cuMemPoolTrimTo`: CUDA keeps at
+    /// least `to` bytes, the simulated device at most `to`); the bytes given
+    /// back. Memory whose free has not yet run on its stream is not unused.
+    pub(crate) fn give_back(&self, to: usize) -> Result<usize> {
+        self.giving_back(|| self.device.driver().mempool_trim_to(self.raw, to))
+    }
+
+    /// Synchronizes the device, so every free has run (the synchronization
+    /// itself returns what the release threshold does not keep), then
+    /// returns all unused memory; the bytes given back.
+    pub(crate) fn give_back_all(&self) -> Result<usize> {
+        self.giving_back(|| {
+            self.device.synchronize()?;
+            self.device.driver().mempool_trim_to(self.raw, 0)
+        })
+    }
+
+    /// The reserved bytes `give` returns to the device.
+    fn giving_back(&self, give: impl FnOnce() -> Result<()>) -> Result<usize> {
+        let before = self.reserved_current()?;
+        give()?;
+        Ok(before.saturating_sub(self.reserved_current()?))
     }
 
     /// Allocates from the pool on `stream` (`cuMemAllocFromPoolAsync`) with the

@@ -10,7 +10,7 @@
 
 use std::ops::Deref;
 
-use super::async_resource::AsyncResource;
+use super::async_resource::{AsyncResource, AsyncResourceConfig};
 use super::attributes::MemPool;
 use crate::device::Device;
 use crate::driver::{AllocationType, DevicePtr};
@@ -19,25 +19,45 @@ use crate::stream::Stream;
 use crate::Result;
 
 /// Managed memory from a stream-ordered pool. Dereferences to its [`MemPool`].
+///
+/// ```
+/// use gpumem::async_pool::AsyncManagedResource;
+/// use gpumem::pool::Pool;
+/// use gpumem::resource::MemoryResource;
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let managed = AsyncManagedResource::with_defaults(device.clone())?;
+///     assert!(managed.properties().host_accessible);
+///     let stream = device.create_stream()?;
+///     let p = managed.allocate(1 << 20, 256, &stream)?;
+///     managed.deallocate(p, 1 << 20, 256, &stream)?;
+///     assert!(managed.release()? >= 1 << 20);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AsyncManagedResource {
     inner: AsyncResource,
 }
 
 impl AsyncManagedResource {
-    /// A new managed-memory pool on `device`.
-    pub fn new(device: Device) -> Result<Self> {
-        Self::with_initial_size(device, 0)
+    /// A new managed-memory pool on `device`, made as `config` says for an
+    /// [`AsyncResource`]; its `alloc_type` is always
+    /// [`AllocationType::Managed`].
+    pub fn new(device: Device, config: AsyncResourceConfig) -> Result<Self> {
+        let config = AsyncResourceConfig {
+            alloc_type: AllocationType::Managed,
+            ..config
+        };
+        let inner = AsyncResource::new(device, config)?;
+        Ok(Self { inner })
     }
 
-    /// A new managed-memory pool on `device`, primed with `bytes` (see
-    /// [`AsyncResourceBuilder::initial_size`](super::AsyncResourceBuilder::initial_size)).
-    pub fn with_initial_size(device: Device, bytes: usize) -> Result<Self> {
-        let inner = AsyncResource::builder(device)
-            .alloc_type(AllocationType::Managed)
-            .initial_size(bytes)
-            .build()?;
-        Ok(Self { inner })
+    /// A new managed-memory pool on `device` with the default configuration.
+    pub fn with_defaults(device: Device) -> Result<Self> {
+        Self::new(device, AsyncResourceConfig::default())
     }
 
     /// The pool behind this resource.
@@ -79,3 +99,5 @@ impl MemoryResource for AsyncManagedResource {
         Properties::HOST_AND_DEVICE
     }
 }
+
+super::pool_of_mempool!(AsyncManagedResource);

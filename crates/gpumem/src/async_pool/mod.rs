@@ -10,8 +10,8 @@
 //! - [`AsyncManagedResource`]: a managed-memory pool (CUDA 13 drivers).
 //! - [`MemPool`]: the pool behind each of them, with typed attributes (release
 //!   threshold, reuse policies, reserved and used memory and their highs),
-//!   `trim_to`, and peer access (`grant_access`, `access`). Every resource
-//!   dereferences to its `MemPool`.
+//!   and peer access (`grant_access`, `access`). Every resource
+//!   dereferences to its `MemPool` and is a [`Pool`](crate::pool::Pool).
 //! - IPC ([`ipc`]): export a pool as a POSIX file descriptor and its
 //!   allocations as 64-byte records, import both in another process
 //!   ([`AsyncResource::import_fd`], [`ImportedPool`]), and pass descriptors over
@@ -27,16 +27,17 @@
 //! the feature, never a panic.
 //!
 //! ```
-//! use gpumem::async_pool::{AsyncResource, ReusePolicy};
+//! use gpumem::async_pool::{AsyncResource, AsyncResourceConfig, ReusePolicy};
 //! use gpumem::driver::sim::SimConfig;
+//! use gpumem::pool::Pool;
 //! use gpumem::resource::MemoryResource;
 //! use gpumem::Device;
 //!
 //! # fn main() -> gpumem::Result<()> {
 //! let device = Device::sim(SimConfig::default());
-//! let mr = AsyncResource::builder(device.clone())
-//!     .initial_size(64 << 20)
-//!     .build()?;
+//! let mut config = AsyncResourceConfig::default();
+//! config.initial_size = 64 << 20;
+//! let mr = AsyncResource::new(device.clone(), config)?;
 //! assert_eq!(mr.release_threshold()?, u64::MAX);
 //! assert!(mr.reserved_current()? >= 64 << 20);
 //! assert!(mr.reuse_policy(ReusePolicy::AllowOpportunistic)?);
@@ -45,7 +46,7 @@
 //! let p = mr.allocate(1 << 20, 256, &stream)?;
 //! mr.deallocate(p, 1 << 20, 256, &stream)?;
 //! stream.synchronize()?;
-//! mr.trim_to(0)?;
+//! assert!(mr.trim(0)? >= 64 << 20);
 //! assert_eq!(mr.reserved_current()?, 0);
 //! # Ok(())
 //! # }
@@ -85,9 +86,41 @@ macro_rules! forward_to_pool {
                 self.pool().properties()
             }
         }
+
+        $crate::async_pool::pool_of_mempool!($t);
     };
 }
 use forward_to_pool;
+
+/// Implements [`Pool`](crate::pool::Pool) for a resource over a [`MemPool`].
+/// A failed attribute read counts as 0 and a failed reset is ignored (the
+/// [`MemPool`] getters and setters return the driver's error).
+macro_rules! pool_of_mempool {
+    ($t:ty) => {
+        /// The pool's `ReservedMemCurrent` and `ReservedMemHigh`.
+        /// [`Pool::trim`](crate::pool::Pool::trim) is `cuMemPoolTrimTo`
+        /// (unused memory whose frees have run); [`Pool::release`](crate::pool::Pool::release)
+        /// synchronizes the device first.
+        impl $crate::pool::Pool for $t {
+            fn reserved_bytes(&self) -> usize {
+                self.pool().reserved_current().unwrap_or(0)
+            }
+            fn peak_reserved_bytes(&self) -> usize {
+                self.pool().reserved_high().unwrap_or(0)
+            }
+            fn reset_peak(&self) {
+                let _ = self.pool().reset_reserved_high();
+            }
+            fn trim(&self, to: usize) -> $crate::Result<usize> {
+                self.pool().give_back(to)
+            }
+            fn release(&self) -> $crate::Result<usize> {
+                self.pool().give_back_all()
+            }
+        }
+    };
+}
+use pool_of_mempool;
 
 mod access;
 mod async_resource;
@@ -97,7 +130,7 @@ pub mod ipc;
 mod managed;
 mod view;
 
-pub use async_resource::{AsyncResource, AsyncResourceBuilder};
+pub use async_resource::{AsyncResource, AsyncResourceConfig};
 pub use attributes::{MemPool, PoolUsage, ReusePolicy};
 #[cfg(unix)]
 pub use ipc::ImportedPool;

@@ -18,6 +18,25 @@ use crate::resource::Properties;
 use crate::Result;
 
 /// A resource over a pool it does not own. Dereferences to its [`MemPool`].
+///
+/// ```
+/// use gpumem::async_pool::{AsyncResource, AsyncViewResource};
+/// use gpumem::resource::{MemoryResource, Properties};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     // A pool made elsewhere (here by gpumem; say, by another library).
+///     let owner = AsyncResource::with_defaults(device.clone())?;
+///     let view = AsyncViewResource::new(device.clone(), owner.raw(), Properties::DEVICE)?;
+///     let stream = device.create_stream()?;
+///     let p = view.allocate(1 << 20, 256, &stream)?;
+///     view.deallocate(p, 1 << 20, 256, &stream)?;
+///     drop(view); // the pool lives on
+///     assert!(owner.is_owned() && owner.release_threshold()? == u64::MAX);
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 pub struct AsyncViewResource {
     pool: MemPool,

@@ -28,7 +28,11 @@ pub mod cuda;
 pub mod sim;
 mod types;
 
-pub use types::*;
+pub use types::{
+    AccessFlags, AllocationType, Backend, DeviceInfo, DevicePtr, HandleType, HostAllocFlags,
+    Location, MemInfo, PoolAttr, PoolProps, PoolPtrExport, RawEvent, RawPhys, RawPool, RawStream,
+    STREAM_LEGACY, STREAM_PER_THREAD,
+};
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 

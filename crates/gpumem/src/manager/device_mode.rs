@@ -20,10 +20,10 @@
 //!   `DeviceInfo::memory_pools`; without them the effective mode is `Pool`
 //!   and the manager says why.
 
-use crate::async_pool::AsyncResource;
+use crate::async_pool::{AsyncResource, AsyncResourceConfig};
 use crate::device::Device;
-use crate::pool::{PoolConfig, PoolResource};
-use crate::resource::{DeviceResource, MemoryResource};
+use crate::pool::{Pool, PoolConfig, PoolResource};
+use crate::resource::DeviceResource;
 use crate::Result;
 
 /// Which allocator serves the manager's device memory; see the module
@@ -65,21 +65,19 @@ impl DeviceBackend {
     ) -> Result<Self> {
         match mode {
             DeviceAllocatorMode::CudaAsyncPool => {
-                let mut b = AsyncResource::builder(device.clone());
+                let mut config = AsyncResourceConfig::default();
                 if let Some(bytes) = size {
-                    b = b.initial_size(bytes).max_size(bytes);
+                    config.initial_size = bytes;
+                    config.max_reserved = Some(bytes);
                 }
-                Ok(Self::Cuda(b.build()?))
+                Ok(Self::Cuda(AsyncResource::new(device.clone(), config)?))
             }
             _ => {
-                let config = match size {
-                    Some(bytes) => PoolConfig {
-                        initial_size: bytes,
-                        maximum_size: Some(bytes),
-                        ..PoolConfig::default()
-                    },
-                    None => PoolConfig::default(),
-                };
+                let mut config = PoolConfig::default();
+                if let Some(bytes) = size {
+                    config.initial_size = bytes;
+                    config.max_reserved = Some(bytes);
+                }
                 Ok(Self::Gpumem(Box::new(PoolResource::new(
                     DeviceResource::new(device.clone()),
                     config,
@@ -88,7 +86,7 @@ impl DeviceBackend {
         }
     }
 
-    pub(super) fn resource(&self) -> &dyn MemoryResource {
+    pub(super) fn resource(&self) -> &dyn Pool {
         match self {
             Self::Gpumem(p) => &**p,
             Self::Cuda(c) => c,
@@ -97,9 +95,6 @@ impl DeviceBackend {
 
     /// Bytes held from the device.
     pub(super) fn reserved(&self) -> usize {
-        match self {
-            Self::Gpumem(p) => p.reserved_bytes(),
-            Self::Cuda(c) => c.reserved_current().unwrap_or(0),
-        }
+        self.resource().reserved_bytes()
     }
 }

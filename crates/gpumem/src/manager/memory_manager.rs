@@ -19,7 +19,9 @@ use super::pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedRelease};
 use super::planned_pool::PlannedPool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{MemoryResource, Properties, SharedResource, DEFAULT_ALIGNMENT};
+use crate::resource::{
+    MemoryResource, PinnedHostResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
+};
 use crate::stream::Stream;
 use crate::{Error, Result};
 
@@ -290,7 +292,8 @@ impl MemoryManager {
             Some(bytes) => PinnedPoolConfig::fixed(bytes),
             None => PinnedPoolConfig::default(),
         };
-        let pool = Arc::new(PinnedPool::new(self.device.clone(), config)?);
+        let upstream = PinnedHostResource::new(self.device.clone());
+        let pool = Arc::new(PinnedPool::new(upstream, config)?);
         *slot = Some(pool.clone());
         self.pinned_started.store(true, Ordering::Release);
         Ok(pool)

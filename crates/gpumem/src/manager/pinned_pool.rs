@@ -44,10 +44,12 @@
 //! ```
 //! use allocator_api2::vec::Vec;
 //! use gpumem::driver::sim::SimConfig;
-//! use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+//! use gpumem::manager::PinnedPool;
+//! use gpumem::resource::PinnedHostResource;
 //! use gpumem::Device;
 //!
-//! let pool = PinnedPool::new(Device::sim(SimConfig::default()), PinnedPoolConfig::default()).unwrap();
+//! let device = Device::sim(SimConfig::default());
+//! let pool = PinnedPool::with_defaults(PinnedHostResource::new(device)).unwrap();
 //! let mut v: Vec<f32, &PinnedPool> = Vec::new_in(&pool);
 //! v.extend((0..1000).map(|i| i as f32));
 //! assert_eq!(v[999], 999.0);
@@ -62,6 +64,7 @@ use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::pool::Pool;
 use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
 use crate::stream::{Event, Stream, StreamId};
 use crate::suballoc::{LaneHeap, LaneId};
@@ -73,13 +76,16 @@ pub const COPY_BATCH: u32 = 32;
 /// Largest alignment the pinned pool serves.
 pub const PINNED_MAX_ALIGNMENT: usize = 1 << 21;
 
-/// Configuration of a [`PinnedPool`].
+/// Configuration of a [`PinnedPool`]. `Default`: nothing pinned up front, no
+/// limit, regions of at least 32 MiB.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PinnedPoolConfig {
     /// Bytes pinned when the pool is made (0: nothing up front).
     pub initial_size: usize,
-    /// Most bytes the pool may pin; `None` for no limit.
-    pub maximum_size: Option<usize>,
+    /// Most bytes the pool may pin: its regions (at least `initial_size`).
+    /// A request that would need more is out of memory. `None`: no limit.
+    pub max_reserved: Option<usize>,
     /// Smallest region pinned when the pool grows (requests larger than this
     /// get a region of their own size).
     pub growth: usize,
@@ -89,7 +95,7 @@ impl Default for PinnedPoolConfig {
     fn default() -> Self {
         Self {
             initial_size: 0,
-            maximum_size: None,
+            max_reserved: None,
             growth: 32 << 20,
         }
     }
@@ -100,7 +106,7 @@ impl PinnedPoolConfig {
     pub fn fixed(bytes: usize) -> Self {
         Self {
             initial_size: bytes,
-            maximum_size: Some(bytes),
+            max_reserved: Some(bytes),
             ..Self::default()
         }
     }
@@ -111,6 +117,8 @@ impl PinnedPoolConfig {
 pub struct PinnedPoolStats {
     /// Bytes pinned from the driver.
     pub reserved: usize,
+    /// Highest `reserved` since the pool was made or its peak was reset.
+    pub peak_reserved: usize,
     /// Bytes in blocks handed out (rounded block sizes).
     pub live: usize,
     /// Blocks handed out.
@@ -198,11 +206,39 @@ struct State {
     tracks: HashMap<StreamId, Track>,
     events_recorded: u64,
     copies: u64,
+    /// Highest bytes pinned since creation or the last reset.
+    peak_reserved: usize,
     shut: bool,
 }
 
 /// A pool of pinned host memory gated by copy events; see the module
 /// documentation.
+///
+/// ```
+/// use gpumem::driver::sim::SimConfig;
+/// use gpumem::manager::{PinnedPool, PinnedPoolConfig};
+/// use gpumem::pool::Pool;
+/// use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(SimConfig::backed(64 << 20));
+///     let config = PinnedPoolConfig::fixed(8 << 20); // pinned once, never more
+///     let pool = PinnedPool::new(PinnedHostResource::new(device.clone()), config)?;
+///     let dev = DeviceResource::new(device.clone());
+///     let stream = device.create_stream()?;
+///
+///     let host = pool.allocate_sync(4096, 256)?;
+///     let gpu = dev.allocate(4096, 256, &stream)?;
+///     pool.copy_to_device_async(gpu, host, 4096, &stream)?;
+///     pool.free(host)?; // reused only once the copy has run
+///     stream.synchronize()?;
+///     dev.deallocate(gpu, 4096, 256, &stream)?;
+///     assert_eq!(pool.reserved_bytes(), 8 << 20);
+///     assert_eq!(pool.release()?, 8 << 20); // every region is free again
+///     Ok(())
+/// }
+/// ```
 pub struct PinnedPool {
     upstream: PinnedHostResource,
     config: PinnedPoolConfig,
@@ -278,17 +314,15 @@ impl Track {
 }
 
 impl PinnedPool {
-    /// A pool of pinned memory of `device`'s driver (portable, device-mapped).
-    pub fn new(device: Device, config: PinnedPoolConfig) -> Result<Self> {
-        Self::with_upstream(PinnedHostResource::new(device), config)
-    }
-
-    /// A pool over an explicit pinned upstream (other `cuMemHostAlloc` flags).
-    pub fn with_upstream(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
-        if let Some(max) = config.maximum_size {
+    /// A pool over `upstream`, pinning `config.initial_size` bytes at once.
+    /// `PinnedHostResource::new(device)` pins portable, device-mapped memory
+    /// of `device`'s driver; other `cuMemHostAlloc` flags make other
+    /// upstreams.
+    pub fn new(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
+        if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
-                    "pinned pool initial size {} exceeds its maximum size {max}",
+                    "pinned pool initial size {} exceeds its max_reserved {max}",
                     config.initial_size
                 )));
             }
@@ -304,6 +338,7 @@ impl PinnedPool {
                 tracks: HashMap::new(),
                 events_recorded: 0,
                 copies: 0,
+                peak_reserved: 0,
                 shut: false,
             }),
         };
@@ -313,6 +348,11 @@ impl PinnedPool {
             pool.add_region(&mut st, bytes)?;
         }
         Ok(pool)
+    }
+
+    /// A pool over `upstream` with the default configuration.
+    pub fn with_defaults(upstream: PinnedHostResource) -> Result<Self> {
+        Self::new(upstream, PinnedPoolConfig::default())
     }
 
     /// The configuration.
@@ -334,6 +374,7 @@ impl PinnedPool {
         let st = self.lock();
         PinnedPoolStats {
             reserved: st.heap.region_bytes() as usize,
+            peak_reserved: st.peak_reserved,
             live: st.live.values().map(|b| b.size as usize).sum(),
             live_blocks: st.live.len(),
             pending_blocks: st.pending.len(),
@@ -354,18 +395,28 @@ impl PinnedPool {
             )));
         }
         st.regions.insert(base.0, bytes);
+        st.peak_reserved = st.peak_reserved.max(st.heap.region_bytes() as usize);
         Ok(())
     }
 
-    /// Gives every entirely free region back to the driver; returns the bytes.
-    /// Gives every entirely free region back to the driver. A region the
+    /// Gives entirely free regions back to the driver, largest first, until
+    /// the pool pins at most `to` bytes (0: every free region). A region the
     /// driver refuses to unpin stays the pool's, free. Returns the bytes
     /// given back and the first error.
-    fn trim_locked(&self, st: &mut State) -> (usize, Option<Error>) {
-        let free: Vec<_> = st.heap.free_regions().map(|(id, _, _)| id).collect();
+    fn trim_locked(&self, st: &mut State, to: usize) -> (usize, Option<Error>) {
+        let mut excess = (st.heap.region_bytes() as usize).saturating_sub(to);
+        let mut free: Vec<_> = st
+            .heap
+            .free_regions()
+            .map(|(id, _, size)| (id, size))
+            .collect();
+        free.sort_by_key(|&(_, size)| std::cmp::Reverse(size));
         let mut bytes = 0;
         let mut first_err = None;
-        for id in free {
+        for (id, _) in free {
+            if excess == 0 {
+                break;
+            }
             let Ok((base, size)) = st.heap.remove_region(id) else {
                 continue;
             };
@@ -376,6 +427,7 @@ impl PinnedPool {
                 Ok(()) => {
                     st.regions.remove(&base);
                     bytes += size as usize;
+                    excess = excess.saturating_sub(size as usize);
                 }
                 Err(e) => {
                     // Removed a moment ago: it fits back, free.
@@ -385,19 +437,6 @@ impl PinnedPool {
             }
         }
         (bytes, first_err)
-    }
-
-    /// Gives every entirely free region back to the driver (after processing
-    /// pending blocks); returns the bytes given back, or the first error
-    /// (what could be given back was).
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        let processed = Self::process_locked(&mut st);
-        let (bytes, err) = self.trim_locked(&mut st);
-        match (err, processed) {
-            (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(_)) => Ok(bytes),
-        }
     }
 
     /// Seals and polls every stream's batches, then frees the pending
@@ -439,6 +478,17 @@ impl PinnedPool {
         first_err.map_or(Ok(released), Err)
     }
 
+    /// Unpins free regions down to `to` bytes (see [`PinnedPool::trim_locked`])
+    /// after `processed`, the pending blocks' processing: the bytes given
+    /// back, or the first error of the two.
+    fn give_back(&self, st: &mut State, processed: Result<()>, to: usize) -> Result<usize> {
+        let (bytes, err) = self.trim_locked(st, to);
+        match (err, processed) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(bytes),
+        }
+    }
+
     /// Moves freed blocks whose copies have completed back to the free index;
     /// returns how many. Allocations call it when blocks are pending.
     pub fn process_pending(&self) -> Result<usize> {
@@ -467,7 +517,7 @@ impl PinnedPool {
             reserved: Some(st.heap.region_bytes() as usize),
             live: Some(st.heap.used_bytes() as usize),
             largest_free: Some(st.heap.largest_free(LaneId::GLOBAL) as usize),
-            limit: self.config.maximum_size,
+            limit: self.config.max_reserved,
         })
     }
 
@@ -526,7 +576,7 @@ impl PinnedPool {
         let reserved = st.heap.region_bytes() as usize;
         let room = self
             .config
-            .maximum_size
+            .max_reserved
             .map_or(usize::MAX, |m| m.saturating_sub(reserved));
         let want = needed
             .max(self.config.growth.next_multiple_of(256))
@@ -538,7 +588,7 @@ impl PinnedPool {
             Ok(()) => {}
             Err(e) if e.is_oom() => {
                 // 3. Unpin entirely free regions and try once more.
-                if self.trim_locked(st).0 == 0 {
+                if self.trim_locked(st, 0).0 == 0 {
                     return Err(e);
                 }
                 self.add_region(st, needed)?;
@@ -931,6 +981,39 @@ fn add_use(uses: &mut Vec<Use>, u: Use) {
     match uses.iter_mut().find(|(s, _)| *s == u.0) {
         Some(x) => x.1 = x.1.max(u.1),
         None => uses.push(u),
+    }
+}
+
+/// The pool's reserve is its pinned regions. [`Pool::trim`] processes the
+/// pending blocks (their copies' events polled, never waited for) and unpins
+/// entirely free regions, largest first; [`Pool::release`] first waits for
+/// every copy enqueued through the pool. Both return the first error after
+/// giving back what could go. Unlike [`PinnedPool::release_all`], neither
+/// touches live allocations nor shuts the pool.
+impl Pool for PinnedPool {
+    fn reserved_bytes(&self) -> usize {
+        self.lock().heap.region_bytes() as usize
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.heap.region_bytes() as usize;
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        let mut st = self.lock();
+        let processed = Self::process_locked(&mut st).map(|_| ());
+        self.give_back(&mut st, processed, to)
+    }
+
+    fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        let waited = Self::wait_locked(&mut st);
+        self.give_back(&mut st, waited, 0)
     }
 }
 

@@ -70,6 +70,9 @@ pub(crate) mod sync {
     };
 }
 
+#[cfg(not(loom))]
+use directory::OwnerWord;
+#[cfg(loom)]
 pub use directory::{OwnerWord, SuperblockDirectory};
 
 use std::cell::RefCell;
@@ -80,6 +83,8 @@ use std::sync::{Arc, Mutex};
 use global::GlobalArena;
 use stream_arena::{ArenaState, StreamArena};
 
+use super::Pool;
+
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
@@ -89,12 +94,16 @@ use crate::{check_alignment, Error, FreeError, OomInfo, Result};
 /// Granule of small blocks: sizes round up to it, and it is the alignment served.
 pub(crate) const GRANULE: usize = 256;
 
-/// Configuration of an [`ArenaResource`].
+/// Configuration of an [`ArenaResource`]. `Default`: half the device's free
+/// memory, 1 MiB superblocks, the large threshold and cache limit derived
+/// from them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArenaConfig {
-    /// Bytes taken from the upstream at construction; `None` takes half the
-    /// device's free memory, as RMM does. Rounded down to whole superblocks.
-    pub arena_size: Option<usize>,
+    /// Bytes the arena takes from the upstream at construction, rounded down
+    /// to whole superblocks: all it ever holds. `None` takes half the
+    /// device's free memory, as RMM does.
+    pub max_reserved: Option<usize>,
     /// Superblock size: a power of two from 4 KiB to 8 MiB (default 1 MiB).
     pub superblock_size: usize,
     /// Requests of at least this many bytes take whole superblocks; `None` means
@@ -112,7 +121,7 @@ pub struct ArenaConfig {
 impl Default for ArenaConfig {
     fn default() -> Self {
         Self {
-            arena_size: None,
+            max_reserved: None,
             superblock_size: 1 << 20,
             large_threshold: None,
             cache_limit: None,
@@ -122,10 +131,10 @@ impl Default for ArenaConfig {
 }
 
 impl ArenaConfig {
-    /// The default configuration with an explicit arena size.
+    /// The default configuration with an arena of `bytes`.
     pub fn with_size(bytes: usize) -> Self {
         Self {
-            arena_size: Some(bytes),
+            max_reserved: Some(bytes),
             ..Self::default()
         }
     }
@@ -449,6 +458,28 @@ impl Core {
 }
 
 /// RMM's arena allocator over an upstream resource; see the module documentation.
+///
+/// ```
+/// use gpumem::pool::{ArenaConfig, ArenaResource, Pool};
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let config = ArenaConfig::with_size(64 << 20);
+///     let arena = ArenaResource::new(DeviceResource::new(device.clone()), config)?;
+///     assert_eq!(arena.reserved_bytes(), 64 << 20); // taken whole, up front
+///
+///     let stream = device.create_stream()?;
+///     let small = arena.allocate(1000, 256, &stream)?; // from the stream's arena
+///     let large = arena.allocate(3 << 20, 256, &stream)?; // whole superblocks
+///     assert_eq!(arena.stats().live, 1024 + (3 << 20));
+///     arena.deallocate(small, 1000, 256, &stream)?;
+///     arena.deallocate(large, 3 << 20, 256, &stream)?;
+///     assert_eq!(arena.stats().live, 0);
+///     Ok(())
+/// }
+/// ```
 pub struct ArenaResource<U: MemoryResource> {
     upstream: U,
     core: Core,
@@ -468,14 +499,14 @@ impl<U: MemoryResource> std::fmt::Debug for ArenaResource<U> {
 impl<U: MemoryResource> ArenaResource<U> {
     /// An arena over `upstream` with the default configuration (half the
     /// device's free memory, 1 MiB superblocks).
-    pub fn new(upstream: U) -> Result<Self> {
-        Self::with_config(upstream, ArenaConfig::default())
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Self::new(upstream, ArenaConfig::default())
     }
 
     /// An arena over `upstream` configured by `config`. Takes the whole arena
     /// from the upstream now; fails with [`Error::InvalidArgument`] for a bad
     /// configuration and with the upstream's error when it cannot serve it.
-    pub fn with_config(upstream: U, config: ArenaConfig) -> Result<Self> {
+    pub fn new(upstream: U, config: ArenaConfig) -> Result<Self> {
         let sb = config.superblock_size;
         if !sb.is_power_of_two() || !(4096..=8 << 20).contains(&sb) {
             return Err(Error::InvalidArgument(format!(
@@ -489,7 +520,7 @@ impl<U: MemoryResource> ArenaResource<U> {
             )));
         }
         let device = upstream.device().clone();
-        let size = match config.arena_size {
+        let size = match config.max_reserved {
             Some(s) => s,
             None => device.mem_info()?.free / 2,
         };
@@ -531,11 +562,6 @@ impl<U: MemoryResource> ArenaResource<U> {
         &self.upstream
     }
 
-    /// Bytes taken from the upstream.
-    pub fn reserved(&self) -> usize {
-        self.core.size
-    }
-
     /// The superblock size.
     pub fn superblock_size(&self) -> usize {
         self.core.sb_size()
@@ -556,13 +582,6 @@ impl<U: MemoryResource> ArenaResource<U> {
     /// A human-readable account of where the free memory is.
     pub fn fragmentation_report(&self) -> String {
         self.core.report()
-    }
-
-    /// Returns every stream arena's cached free superblocks to the global
-    /// arena (fenced per the stream-ordering policy) and drops the arenas (and
-    /// their stream clones) that hold nothing.
-    pub fn release_cached(&self) {
-        self.core.reclaim(false);
     }
 
     fn invalid(ptr: DevicePtr, reason: FreeError) -> Error {
@@ -696,6 +715,37 @@ impl<U: MemoryResource> ArenaResource<U> {
         }
         core.with_arena(stream, |_, st| st.add_spare(core, idx, n));
         Ok(())
+    }
+}
+
+/// The arena holds its one region, taken whole at construction, for its
+/// whole life: its reserve and peak are that region, and nothing goes back to
+/// the upstream before the drop. [`Pool::trim`] returns every stream arena's
+/// cached free superblocks to the global arena (fenced per the
+/// stream-ordering policy), so every stream can use them, and drops the
+/// stream arenas (and their stream clones) that hold nothing;
+/// [`Pool::release`] synchronizes the device first, so they go back clean.
+/// Both return 0.
+impl<U: MemoryResource> Pool for ArenaResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.core.size
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.core.size
+    }
+
+    fn reset_peak(&self) {}
+
+    fn trim(&self, _to: usize) -> Result<usize> {
+        self.core.reclaim(false);
+        Ok(0)
+    }
+
+    fn release(&self) -> Result<usize> {
+        self.core.device.synchronize()?;
+        self.core.reclaim(true);
+        Ok(0)
     }
 }
 

@@ -18,9 +18,12 @@
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::fixed_size::FixedSizeResource;
+use super::fixed_size::{FixedSizeConfig, FixedSizeResource};
+use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
@@ -31,8 +34,69 @@ use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
 
 enum BinKind<U: MemoryResource + 'static> {
-    Fixed(Arc<FixedSizeResource<Arc<U>>>),
+    Fixed(Arc<FixedSizeResource<Arc<Metered<U>>>>),
     Other(SharedResource),
+}
+
+/// The upstream as the fixed-size bins (their chunks) and the direct
+/// allocations reach it, counting the bytes it holds for them and their
+/// peak: the resource's reserve. Two relaxed atomics per upstream call, on
+/// paths that call the upstream anyway.
+struct Metered<U> {
+    upstream: U,
+    held: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl<U> Metered<U> {
+    fn count(&self, got: Result<DevicePtr>, bytes: usize) -> Result<DevicePtr> {
+        let p = got?;
+        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    fn uncount(&self, ptr: DevicePtr, bytes: usize) {
+        if !ptr.is_null() {
+            self.held.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for Metered<U> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.count(self.upstream.allocate(bytes, alignment, stream), bytes)
+    }
+
+    fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
+        self.count(self.upstream.allocate_sync(bytes, alignment), bytes)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+        self.uncount(ptr, bytes);
+        Ok(())
+    }
+
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+        self.upstream.deallocate_sync(ptr, bytes, alignment)?;
+        self.uncount(ptr, bytes);
+        Ok(())
+    }
+
+    fn device(&self) -> &Device {
+        self.upstream.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.upstream.properties()
+    }
 }
 
 struct Bin<U: MemoryResource + 'static> {
@@ -50,15 +114,37 @@ impl<U: MemoryResource + 'static> Bin<U> {
     }
 }
 
+/// Configuration of a [`BinningResource`]. `Default`: no bins (every request
+/// goes to the upstream until bins are added).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BinningConfig {
+    /// A [`FixedSizeResource`] bin over the upstream for each power of two
+    /// `2^n` bytes, `n` in this range (`8 <= start <= end <= 40`); more bins
+    /// can be added later ([`BinningResource::add_fixed_bins`],
+    /// [`BinningResource::add_bin`]). `None`: no bins.
+    pub fixed_bins: Option<RangeInclusive<u32>>,
+}
+
+impl BinningConfig {
+    /// Fixed-size bins of `2^min_pow2 ..= 2^max_pow2` bytes.
+    pub fn fixed_bins(min_pow2: u32, max_pow2: u32) -> Self {
+        Self {
+            fixed_bins: Some(min_pow2..=max_pow2),
+        }
+    }
+}
+
 /// Size-routed bins over an upstream.
 ///
 /// ```
-/// use gpumem::pool::BinningResource;
+/// use gpumem::pool::{BinningConfig, BinningResource};
 /// use gpumem::resource::{DeviceResource, MemoryResource};
 /// # fn main() -> gpumem::Result<()> {
 /// # let device = gpumem::Device::sim(Default::default());
 /// // Bins of 256 B, 512 B, ... 1 MiB; larger requests go to the device.
-/// let mr = BinningResource::with_fixed_bins(DeviceResource::new(device.clone()), 8, 20)?;
+/// let config = BinningConfig::fixed_bins(8, 20);
+/// let mr = BinningResource::new(DeviceResource::new(device.clone()), config)?;
 /// let stream = device.create_stream()?;
 /// let small = mr.allocate(300, 256, &stream)?;
 /// let big = mr.allocate(3 << 20, 256, &stream)?;
@@ -67,7 +153,7 @@ impl<U: MemoryResource + 'static> Bin<U> {
 /// # Ok(()) }
 /// ```
 pub struct BinningResource<U: MemoryResource + 'static> {
-    upstream: Arc<U>,
+    upstream: Arc<Metered<U>>,
     bins: Vec<Bin<U>>,
     /// Allocations taken straight from the upstream.
     direct: HandedOut,
@@ -77,27 +163,35 @@ impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BinningResource")
             .field("bins", &self.bin_sizes())
-            .field("reserved_bytes", &self.reserved_bytes())
+            .field("reserved_bytes", &Pool::reserved_bytes(self))
             .finish()
     }
 }
 
 impl<U: MemoryResource + 'static> BinningResource<U> {
-    /// No bins yet: every request goes to `upstream` until bins are added.
-    pub fn new(upstream: U) -> Self {
-        Self {
-            upstream: Arc::new(upstream),
-            bins: Vec::new(),
-            direct: HandedOut::default(),
+    /// Bins over `upstream` as `config` asks. [`Error::InvalidArgument`] for
+    /// fixed bins out of range.
+    pub fn new(upstream: U, config: BinningConfig) -> Result<Self> {
+        let mut b = Self::with_defaults(upstream)?;
+        if let Some(range) = config.fixed_bins {
+            b.add_fixed_bins(*range.start(), *range.end())?;
         }
+        Ok(b)
     }
 
-    /// Fixed-size bins of `2^min_pow2 ..= 2^max_pow2` bytes (see
-    /// [`BinningResource::add_fixed_bins`]).
-    pub fn with_fixed_bins(upstream: U, min_pow2: u32, max_pow2: u32) -> Result<Self> {
-        let mut b = Self::new(upstream);
-        b.add_fixed_bins(min_pow2, max_pow2)?;
-        Ok(b)
+    /// No bins yet: every request goes to `upstream` until bins are added.
+    /// Never fails (the `Result` keeps the shape of every pool's
+    /// `with_defaults`).
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Ok(Self {
+            upstream: Arc::new(Metered {
+                upstream,
+                held: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+            }),
+            bins: Vec::new(),
+            direct: HandedOut::default(),
+        })
     }
 
     /// Adds a [`FixedSizeResource`] over the upstream for each power of two
@@ -118,7 +212,8 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// Adds (or replaces) a [`FixedSizeResource`] bin of `block_size` bytes
     /// over the upstream.
     pub fn add_fixed_bin(&mut self, block_size: usize) -> Result<()> {
-        let f = FixedSizeResource::new(self.upstream.clone(), block_size)?;
+        let config = FixedSizeConfig::with_block_size(block_size);
+        let f = FixedSizeResource::new(self.upstream.clone(), config)?;
         self.insert(Bin {
             max_size: block_size,
             kind: BinKind::Fixed(Arc::new(f)),
@@ -163,7 +258,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
 
     /// The upstream resource (larger requests, and the fixed bins' chunks).
     pub fn upstream(&self) -> &U {
-        &self.upstream
+        &self.upstream.upstream
     }
 
     #[inline]
@@ -172,7 +267,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             .get(self.bins.partition_point(|b| b.max_size < bytes))
     }
 
-    fn fixed(&self) -> impl Iterator<Item = &FixedSizeResource<Arc<U>>> {
+    fn fixed(&self) -> impl Iterator<Item = &FixedSizeResource<Arc<Metered<U>>>> {
         self.bins.iter().filter_map(|b| match &b.kind {
             BinKind::Fixed(f) => Some(&**f),
             BinKind::Other(_) => None,
@@ -192,13 +287,22 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         first
     }
 
-    /// Gives the fixed-size bins' entirely free chunks back to the upstream,
-    /// after the streams that freed them are done. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
+    /// Runs `give_back` on every fixed-size bin with the bytes still to give
+    /// back before the resource holds at most `to`, while some are; returns
+    /// the bytes given back, or the first error once every bin was tried.
+    fn give_back(
+        &self,
+        to: usize,
+        give_back: impl Fn(&FixedSizeResource<Arc<Metered<U>>>, usize) -> Result<usize>,
+    ) -> Result<usize> {
         let mut total = 0;
         let mut first = None;
         for f in self.fixed() {
-            match f.release() {
+            let excess = Pool::reserved_bytes(self).saturating_sub(to);
+            if excess == 0 {
+                break;
+            }
+            match give_back(f, excess) {
                 Ok(b) => total += b,
                 Err(e) => {
                     first.get_or_insert(e);
@@ -208,12 +312,6 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         first.map_or(Ok(total), Err)
     }
 
-    /// Bytes the fixed-size bins hold from the upstream, plus live bytes taken
-    /// straight from it.
-    pub fn reserved_bytes(&self) -> usize {
-        self.fixed().map(|f| f.reserved_bytes()).sum::<usize>() + self.direct.bytes()
-    }
-
     /// Bytes callers hold from the fixed-size bins and the upstream (other
     /// bins are not counted).
     pub fn live_bytes(&self) -> usize {
@@ -221,8 +319,8 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     }
 
     /// Bytes of free blocks in the fixed-size bins.
-    pub fn cached_bytes(&self) -> usize {
-        self.fixed().map(|f| f.cached_bytes()).sum()
+    pub fn free_bytes(&self) -> usize {
+        self.fixed().map(|f| f.free_bytes()).sum()
     }
 
     /// The blocks handed out, in address order: the fixed-size bins' blocks
@@ -249,14 +347,17 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     /// The largest free block of the fixed-size bins (the upstream's free
     /// memory is the upstream's to report).
     pub fn largest_free_block(&self) -> usize {
-        self.fixed().map(|f| f.largest_free()).max().unwrap_or(0)
+        self.fixed()
+            .map(|f| f.largest_free_block())
+            .max()
+            .unwrap_or(0)
     }
 
     fn oom_info(&self, requested: usize) -> OomInfo {
         OomInfo {
             requested,
             device: Some(self.upstream.device().ordinal()),
-            reserved: Some(self.reserved_bytes()),
+            reserved: Some(Pool::reserved_bytes(self)),
             live: Some(self.live_bytes()),
             largest_free: Some(self.largest_free_block()),
             limit: None,
@@ -342,6 +443,35 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
     }
 }
 
+/// The resource's reserve is what its fixed-size bins hold from the upstream
+/// (their chunks) plus the allocations taken straight from it; bins of other
+/// resources hold their own. [`Pool::trim`] and [`Pool::release`] give back
+/// the fixed-size bins' entirely free chunks (see [`FixedSizeResource`]).
+impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.upstream.held.load(Ordering::Relaxed)
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.upstream.peak.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak(&self) {
+        let now = Pool::reserved_bytes(self);
+        self.upstream.peak.store(now, Ordering::Relaxed);
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.give_back(to, |f, excess| {
+            f.trim(Pool::reserved_bytes(f).saturating_sub(excess))
+        })
+    }
+
+    fn release(&self) -> Result<usize> {
+        self.give_back(0, |f, _| f.release())
+    }
+}
+
 impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
     #[inline]
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
@@ -350,7 +480,7 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
         }
         match self.try_allocate(bytes, alignment, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.release();
+                let _ = Pool::release(self);
                 match self.try_allocate(bytes, alignment, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,

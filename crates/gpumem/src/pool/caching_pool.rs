@@ -18,7 +18,7 @@
 //! and cached bytes are counted per class under the class lock the fast path
 //! holds anyway and summed when read, so concurrent threads share no counter.
 //!
-//! Out of memory (upstream failure or `max_pool_size`): the streams holding
+//! Out of memory (upstream failure or `max_reserved`): the streams holding
 //! free blocks are synchronized, every entirely free chunk goes back to the
 //! upstream, the request is retried; then [`Error::OutOfMemory`] carries the
 //! requested, reserved and live bytes and the largest free block.
@@ -37,10 +37,13 @@ use crate::{Error, FreeError, OomInfo, Result};
 
 /// Configuration of a [`CachingPool`]. `Default` gives the documented values.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CachingPoolConfig {
-    /// Most bytes the pool may hold from its upstream (default `usize::MAX`:
-    /// no limit). Must be non-zero.
-    pub max_pool_size: usize,
+    /// Most bytes the pool may hold from its upstream: its chunks and its
+    /// live blocks above `max_block_size`. A request that would pass it is
+    /// out of memory (after giving back free chunks). `None` (default): no
+    /// limit; `Some(0)` is refused.
+    pub max_reserved: Option<usize>,
     /// Smallest class, in bytes: a power of two, at least 256 (default 512).
     pub min_block_size: usize,
     /// Largest cached class: a power of two, at least `min_block_size`, at
@@ -59,23 +62,18 @@ pub struct CachingPoolConfig {
     pub cross_stream_wait: bool,
     /// Frees on one stream after which a batch event is recorded (default 256).
     pub batch_size: usize,
-    /// Device ordinal; `None` (default) takes the device given to
-    /// [`CachingPool::new`] or the upstream's device. With an upstream, it
-    /// must match the upstream's device.
-    pub device_id: Option<u32>,
 }
 
 impl Default for CachingPoolConfig {
     fn default() -> Self {
         Self {
-            max_pool_size: usize::MAX,
+            max_reserved: None,
             min_block_size: 512,
             max_block_size: 2 << 30,
             chunk_size: 2 << 20,
             stream_ordered: true,
             cross_stream_wait: true,
             batch_size: 256,
-            device_id: None,
         }
     }
 }
@@ -84,8 +82,8 @@ impl CachingPoolConfig {
     /// Checks the configuration; [`Error::InvalidArgument`] names the bad field.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
-        if self.max_pool_size == 0 {
-            return bad("max_pool_size must be non-zero".into());
+        if self.max_reserved == Some(0) {
+            return bad("max_reserved must be non-zero".into());
         }
         if !self.min_block_size.is_power_of_two() || self.min_block_size < DEFAULT_ALIGNMENT {
             return bad(format!(
@@ -119,11 +117,13 @@ impl CachingPoolConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CachingPoolStats {
     /// Bytes held from the upstream (chunks and uncached large blocks).
-    pub reserved_bytes: usize,
+    pub reserved: usize,
+    /// Highest `reserved` since the pool was made or its peak was reset.
+    pub peak_reserved: usize,
     /// Bytes callers asked for and have not freed.
-    pub live_bytes: usize,
+    pub live: usize,
     /// Bytes of free cached blocks.
-    pub cached_bytes: usize,
+    pub free: usize,
     /// Live allocations above `max_block_size` (served by the upstream).
     pub large_allocations: usize,
     /// One entry per class, smallest first.
@@ -138,11 +138,12 @@ pub struct CachingPoolStats {
 /// The synchronous forms are the trait's `allocate_sync` / `deallocate_sync`.
 ///
 /// ```
-/// use gpumem::pool::{CachingPool, CachingPoolConfig};
+/// use gpumem::pool::CachingPool;
+/// use gpumem::resource::DeviceResource;
 /// use gpumem::DeviceBuffer;
 /// # fn main() -> gpumem::Result<()> {
 /// # let device = gpumem::Device::sim(Default::default());
-/// let pool = CachingPool::new(&device, CachingPoolConfig::default())?;
+/// let pool = CachingPool::with_defaults(DeviceResource::new(device.clone()))?;
 /// let stream = device.create_stream()?;
 /// let p = pool.allocate_async(1 << 20, &stream)?;
 /// pool.deallocate_async(p, Some(1 << 20), &stream)?;
@@ -164,37 +165,16 @@ impl<U: MemoryResource> std::fmt::Debug for CachingPool<U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingPool")
             .field("config", &self.config)
-            .field("reserved_bytes", &self.reserved_bytes())
+            .field("reserved_bytes", &self.slab.reserved())
             .finish()
-    }
-}
-
-impl CachingPool<DeviceResource> {
-    /// A pool over `cuMemAlloc` on `device` (or on its sibling
-    /// `config.device_id`).
-    pub fn new(device: &Device, config: CachingPoolConfig) -> Result<Self> {
-        config.validate()?;
-        let device = match config.device_id {
-            Some(d) if d != device.ordinal() => device.sibling(d)?,
-            _ => device.clone(),
-        };
-        Self::with_upstream(DeviceResource::new(device), config)
     }
 }
 
 impl<U: MemoryResource> CachingPool<U> {
     /// A pool over `upstream`. [`Error::InvalidArgument`] for a bad
-    /// configuration or a `device_id` other than the upstream's device.
-    pub fn with_upstream(upstream: U, config: CachingPoolConfig) -> Result<Self> {
+    /// configuration.
+    pub fn new(upstream: U, config: CachingPoolConfig) -> Result<Self> {
         config.validate()?;
-        let ordinal = upstream.device().ordinal();
-        if let Some(d) = config.device_id {
-            if d != ordinal {
-                return Err(Error::InvalidArgument(format!(
-                    "device_id {d} differs from the upstream's device {ordinal}"
-                )));
-            }
-        }
         let min_shift = config.min_block_size.trailing_zeros();
         let max_shift = config.max_block_size.trailing_zeros();
         let specs: Vec<ClassSpec> = (min_shift..=max_shift)
@@ -213,7 +193,7 @@ impl<U: MemoryResource> CachingPool<U> {
                 stream_ordered: config.stream_ordered,
                 cross_stream_wait: config.cross_stream_wait,
                 batch_size: config.batch_size as u64,
-                max_reserved: config.max_pool_size,
+                max_reserved: config.max_reserved.unwrap_or(usize::MAX),
             },
         );
         Ok(Self {
@@ -222,6 +202,11 @@ impl<U: MemoryResource> CachingPool<U> {
             min_shift,
             large: Mutex::new(PtrMap::default()),
         })
+    }
+
+    /// A pool over `upstream` with the default configuration.
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Self::new(upstream, CachingPoolConfig::default())
     }
 
     /// The configuration.
@@ -295,7 +280,7 @@ impl<U: MemoryResource> CachingPool<U> {
     fn allocate_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         match self.try_large(bytes, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.slab.release(true);
+                let _ = self.slab.release(true, 0);
                 match self.try_large(bytes, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,
@@ -315,6 +300,7 @@ impl<U: MemoryResource> CachingPool<U> {
             .allocate(bytes, DEFAULT_ALIGNMENT, stream)
         {
             Ok(p) => {
+                self.slab.note_reserved();
                 lock(&self.large).insert(p.0, bytes);
                 Ok(p)
             }
@@ -401,30 +387,13 @@ impl<U: MemoryResource> CachingPool<U> {
         self.slab.process_deferred()
     }
 
-    /// Waits for the streams that freed blocks, then gives every entirely free
-    /// chunk back to the upstream. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        self.slab.release(true)
-    }
-
-    /// Like [`CachingPool::release`] without waiting: gives back only chunks
-    /// whose frees are known complete.
-    pub fn release_completed(&self) -> Result<usize> {
-        self.slab.release(false)
-    }
-
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.slab.reserved()
-    }
-
     /// Bytes callers asked for and have not freed.
     pub fn live_bytes(&self) -> usize {
         self.slab.totals().0 + lock(&self.large).values().sum::<usize>()
     }
 
     /// Bytes of free cached blocks.
-    pub fn cached_bytes(&self) -> usize {
+    pub fn free_bytes(&self) -> usize {
         self.slab.totals().2
     }
 
@@ -464,10 +433,10 @@ impl<U: MemoryResource> CachingPool<U> {
             .collect();
         let large = lock(&self.large);
         CachingPoolStats {
-            reserved_bytes: self.slab.reserved(),
-            live_bytes: classes.iter().map(|c| c.live_bytes).sum::<usize>()
-                + large.values().sum::<usize>(),
-            cached_bytes: classes.iter().map(|c| c.free_blocks * c.block_size).sum(),
+            reserved: self.slab.reserved(),
+            peak_reserved: self.slab.peak_reserved(),
+            live: classes.iter().map(|c| c.live).sum::<usize>() + large.values().sum::<usize>(),
+            free: classes.iter().map(|c| c.free_blocks * c.block_size).sum(),
             large_allocations: large.len(),
             classes,
         }
@@ -479,6 +448,16 @@ impl<U: MemoryResource> CachingPool<U> {
         info
     }
 }
+
+super::slab::pool_over_slab!(
+    /// The pool's reserve is its chunks and its live large blocks.
+    /// [`Pool::trim`](super::Pool::trim) gives back chunks whose blocks are
+    /// all free and known complete (batch events polled, never waited for),
+    /// smallest classes first; [`Pool::release`](super::Pool::release) waits
+    /// for the streams that freed blocks first. Large blocks go back when
+    /// they are freed.
+    CachingPool<U>
+);
 
 impl<U: MemoryResource> MemoryResource for CachingPool<U> {
     #[inline]

@@ -8,15 +8,13 @@
 //! corruption: a pointer that is not a live block, or a size other than the
 //! one allocated, frees nothing). Growth takes a chunk of
 //! `blocks_per_chunk` blocks from the upstream (a single block when the
-//! chunk does not fit). [`release`]
+//! chunk does not fit). [`Pool::release`](super::Pool::release)
 //! gives back the chunks whose blocks are all free; drop gives back every
 //! chunk.
 //!
 //! A request larger than the block size is [`Error::OutOfMemory`] with the
 //! block size as `limit`: this resource can never serve it.
 //! [`BinningResource`](super::BinningResource) routes sizes to such bins.
-//!
-//! [`release`]: FixedSizeResource::release
 
 use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
 use crate::device::Device;
@@ -31,14 +29,46 @@ pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
 /// Frees per stream after which a batch event is recorded by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
 
+/// Configuration of a [`FixedSizeResource`]. `Default`: blocks of 1 MiB (as
+/// RMM's), chunks of about [`DEFAULT_CHUNK_BYTES`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FixedSizeConfig {
+    /// The one block size served: a non-zero multiple of 256 bytes.
+    pub block_size: usize,
+    /// Blocks per chunk taken from the upstream; `None`: as many as fit in
+    /// [`DEFAULT_CHUNK_BYTES`], at least one.
+    pub blocks_per_chunk: Option<usize>,
+}
+
+impl Default for FixedSizeConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 1 << 20,
+            blocks_per_chunk: None,
+        }
+    }
+}
+
+impl FixedSizeConfig {
+    /// The default configuration with blocks of `block_size` bytes.
+    pub fn with_block_size(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+}
+
 /// A memory resource that hands out blocks of one size.
 ///
 /// ```
-/// use gpumem::pool::FixedSizeResource;
+/// use gpumem::pool::{FixedSizeConfig, FixedSizeResource};
 /// use gpumem::resource::{DeviceResource, MemoryResource};
 /// # fn main() -> gpumem::Result<()> {
 /// # let device = gpumem::Device::sim(Default::default());
-/// let pool = FixedSizeResource::new(DeviceResource::new(device.clone()), 4096)?;
+/// let config = FixedSizeConfig::with_block_size(4096);
+/// let pool = FixedSizeResource::new(DeviceResource::new(device.clone()), config)?;
 /// let stream = device.create_stream()?;
 /// let p = pool.allocate(3000, 256, &stream)?;
 /// pool.deallocate(p, 3000, 256, &stream)?;
@@ -59,21 +89,14 @@ impl<U: MemoryResource> std::fmt::Debug for FixedSizeResource<U> {
 }
 
 impl<U: MemoryResource> FixedSizeResource<U> {
-    /// Blocks of `block_size` bytes (a non-zero multiple of 256), in chunks of
-    /// about [`DEFAULT_CHUNK_BYTES`].
-    pub fn new(upstream: U, block_size: usize) -> Result<Self> {
-        let blocks = (DEFAULT_CHUNK_BYTES / block_size.max(1)).max(1);
-        Self::with_blocks_per_chunk(upstream, block_size, blocks)
-    }
-
-    /// Blocks of `block_size` bytes, `blocks_per_chunk` per upstream chunk.
+    /// Blocks of `config.block_size` bytes over `upstream`.
     /// [`Error::InvalidArgument`] unless the block size is a non-zero multiple
     /// of 256 and the chunk size is non-zero and fits in memory.
-    pub fn with_blocks_per_chunk(
-        upstream: U,
-        block_size: usize,
-        blocks_per_chunk: usize,
-    ) -> Result<Self> {
+    pub fn new(upstream: U, config: FixedSizeConfig) -> Result<Self> {
+        let block_size = config.block_size;
+        let blocks_per_chunk = config
+            .blocks_per_chunk
+            .unwrap_or_else(|| (DEFAULT_CHUNK_BYTES / block_size.max(1)).max(1));
         if block_size == 0 || !block_size.is_multiple_of(DEFAULT_ALIGNMENT) {
             return Err(Error::InvalidArgument(format!(
                 "block size {block_size} is not a non-zero multiple of {DEFAULT_ALIGNMENT}"
@@ -104,6 +127,11 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         Ok(Self { slab })
     }
 
+    /// Blocks of 1 MiB over `upstream` (the default configuration).
+    pub fn with_defaults(upstream: U) -> Result<Self> {
+        Self::new(upstream, FixedSizeConfig::default())
+    }
+
     /// The one block size this resource serves.
     pub fn block_size(&self) -> usize {
         self.slab.block_size(0)
@@ -120,30 +148,13 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         self.slab.process_deferred()
     }
 
-    /// Waits for the streams that freed blocks, then gives every chunk whose
-    /// blocks are all free back to the upstream. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        self.slab.release(true)
-    }
-
-    /// Like [`FixedSizeResource::release`] without waiting: gives back only
-    /// chunks whose frees are already known complete.
-    pub fn release_completed(&self) -> Result<usize> {
-        self.slab.release(false)
-    }
-
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.slab.reserved()
-    }
-
     /// Bytes callers asked for, over the blocks they hold.
     pub fn live_bytes(&self) -> usize {
         self.slab.totals().0
     }
 
     /// Bytes of free blocks held.
-    pub fn cached_bytes(&self) -> usize {
+    pub fn free_bytes(&self) -> usize {
         self.slab.totals().2
     }
 
@@ -153,7 +164,7 @@ impl<U: MemoryResource> FixedSizeResource<U> {
     }
 
     /// Largest free block: the block size when one is free, else 0.
-    pub fn largest_free(&self) -> usize {
+    pub fn largest_free_block(&self) -> usize {
         self.slab.largest_free()
     }
 
@@ -178,6 +189,15 @@ impl<U: MemoryResource> FixedSizeResource<U> {
         self.slab.lookup(ptr)
     }
 }
+
+super::slab::pool_over_slab!(
+    /// The resource's reserve is its chunks.
+    /// [`Pool::trim`](super::Pool::trim) gives back chunks whose blocks are
+    /// all free and known complete (batch events polled, never waited for);
+    /// [`Pool::release`](super::Pool::release) waits for the streams that
+    /// freed blocks first.
+    FixedSizeResource<U>
+);
 
 impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
     #[inline]

@@ -49,15 +49,21 @@ mod caching_pool;
 mod fixed_size;
 mod heap_lanes;
 mod pool_resource;
+mod pool_trait;
 mod slab;
 pub(crate) mod stream_lanes;
 mod virtual_pool;
 
-pub use arena::*;
-pub use binning::BinningResource;
+pub use arena::{ArenaConfig, ArenaResource, ArenaStats};
+/// The arena's superblock directory, public only to the `loom` model check
+/// (`tests/loom_arena.rs`, built with `--cfg loom`).
+#[cfg(loom)]
+pub use arena::{OwnerWord, SuperblockDirectory};
+pub use binning::{BinningConfig, BinningResource};
 pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
-pub use fixed_size::{FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
+pub use fixed_size::{FixedSizeConfig, FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
+pub use pool_trait::Pool;
 pub use slab::ClassStats;
 pub use virtual_pool::{
     PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, VIRTUAL_POOL_MAX_ALIGNMENT,

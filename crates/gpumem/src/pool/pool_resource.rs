@@ -58,6 +58,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::heap_lanes::{self, HeapLanes};
 use super::stream_lanes::PtrMap;
+use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
@@ -76,6 +77,7 @@ pub const POOL_MAX_ALIGNMENT: usize = 1 << 30;
 /// its small and large heaps (see the module documentation). (PyTorch's
 /// caching allocator uses 2 MiB and 20 MiB segments the same way.)
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GrowthPolicy {
     /// Largest request served from a small region.
     pub small_limit: usize,
@@ -117,14 +119,18 @@ impl GrowthPolicy {
     }
 }
 
-/// Configuration of a [`PoolResource`].
+/// Configuration of a [`PoolResource`]. `Default`: nothing taken up front,
+/// no limit, the default [`GrowthPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Bytes taken from the upstream when the pool is made (0 allowed); the
     /// region serves the heap its size names (large above `small_limit`).
     pub initial_size: usize,
-    /// Most bytes the pool may hold from its upstream; `None` for no limit.
-    pub maximum_size: Option<usize>,
+    /// Most bytes the pool may hold from its upstream: its regions, growths
+    /// in flight included (at least `initial_size`). A growth that would
+    /// pass it is out of memory (after reclaiming). `None`: no limit.
+    pub max_reserved: Option<usize>,
     /// How regions are sized when the pool grows.
     pub growth: GrowthPolicy,
 }
@@ -170,7 +176,7 @@ struct State {
     /// Upstream allocation of each region: base → bytes.
     regions: PtrMap<usize>,
     /// Bytes asked of the upstream by growths in flight: the lock is not held
-    /// across upstream calls, and these count against `maximum_size`.
+    /// across upstream calls, and these count against `max_reserved`.
     growing: usize,
     peak_reserved: usize,
     peak_live: usize,
@@ -196,6 +202,34 @@ impl State {
 }
 
 /// A coalescing best-fit pool; see the module documentation.
+///
+/// ```
+/// use gpumem::pool::{Pool, PoolConfig, PoolResource};
+/// use gpumem::resource::{DeviceResource, MemoryResource};
+/// use gpumem::Device;
+///
+/// fn main() -> gpumem::Result<()> {
+///     let device = Device::sim(Default::default());
+///     let mut config = PoolConfig::default();
+///     config.max_reserved = Some(64 << 20); // never more than 64 MiB from the device
+///     let pool = PoolResource::new(DeviceResource::new(device.clone()), config)?;
+///     let stream = device.create_stream()?;
+///
+///     let p = pool.allocate(1 << 20, 256, &stream)?; // grows one 2 MiB region
+///     pool.deallocate(p, 1 << 20, 256, &stream)?;
+///     let q = pool.allocate(1 << 20, 256, &stream)?; // same stream: reused at once
+///     assert_eq!(q, p);
+///     assert_eq!(pool.reserved_bytes(), 2 << 20);
+///
+///     // Past the limit: an error with the numbers, not a panic.
+///     let err = pool.allocate(128 << 20, 256, &stream).unwrap_err();
+///     assert_eq!(err.oom_info().unwrap().limit, Some(64 << 20));
+///
+///     pool.deallocate(q, 1 << 20, 256, &stream)?;
+///     assert_eq!(pool.release()?, 2 << 20); // waits for `stream`, gives back
+///     Ok(())
+/// }
+/// ```
 pub struct PoolResource<U: MemoryResource> {
     upstream: U,
     config: PoolConfig,
@@ -223,10 +257,10 @@ fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
 impl<U: MemoryResource> PoolResource<U> {
     /// A pool over `upstream`, taking `config.initial_size` bytes at once.
     pub fn new(upstream: U, config: PoolConfig) -> Result<Self> {
-        if let Some(max) = config.maximum_size {
+        if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
-                    "pool initial size {} exceeds its maximum size {max}",
+                    "pool initial size {} exceeds its max_reserved {max}",
                     config.initial_size
                 )));
             }
@@ -324,11 +358,6 @@ impl<U: MemoryResource> PoolResource<U> {
         out
     }
 
-    /// Bytes held from the upstream.
-    pub fn reserved_bytes(&self) -> usize {
-        self.lock().reserved()
-    }
-
     /// Bytes handed out.
     pub fn live_bytes(&self) -> usize {
         self.lock().live()
@@ -350,22 +379,6 @@ impl<U: MemoryResource> PoolResource<U> {
     /// freed it, when that is another stream).
     pub fn largest_free_block(&self) -> usize {
         self.lock().largest_free_any()
-    }
-
-    /// Gives back every region that is entirely free and whose blocks are known
-    /// safe, without waiting for any stream. Returns the bytes given back.
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle(&mut st, None);
-        self.release_free_regions(st).1
-    }
-
-    /// Waits for every stream with free blocks, then gives back every region
-    /// that is entirely free. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle_blocking(&mut st)?;
-        self.release_free_regions(st).1
     }
 
     /// The lane of `stream`, created on first use (the same number in both
@@ -406,7 +419,7 @@ impl<U: MemoryResource> PoolResource<U> {
         class: usize,
         bytes: usize,
     ) -> (MutexGuard<'a, State>, Result<()>) {
-        if let Some(max) = self.config.maximum_size {
+        if let Some(max) = self.config.max_reserved {
             if st
                 .reserved()
                 .saturating_add(st.growing)
@@ -440,7 +453,8 @@ impl<U: MemoryResource> PoolResource<U> {
         (st, Ok(()))
     }
 
-    /// Gives every entirely free region of both heaps back to the upstream,
+    /// Gives entirely free regions of both heaps back to the upstream, largest
+    /// first, until the pool holds at most `to` bytes (0: every free region),
     /// without holding the lock across the upstream calls. A region the
     /// upstream refuses stays the pool's, free in its heap, so nothing is
     /// lost; the first such error is returned once every region was tried.
@@ -448,16 +462,29 @@ impl<U: MemoryResource> PoolResource<U> {
     fn release_free_regions<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
+        to: usize,
     ) -> (MutexGuard<'a, State>, Result<usize>) {
-        let mut taken = Vec::new();
+        let mut excess = st.reserved().saturating_sub(to);
         let s = &mut *st;
-        for (class, heap) in s.heaps.iter_mut().enumerate() {
-            let free: Vec<_> = heap.free_regions().map(|(id, _, _)| id).collect();
-            for id in free {
-                if let Ok((base, _)) = heap.remove_region(id) {
-                    let bytes = s.regions.remove(&base).expect("region was recorded");
-                    taken.push((class, base, bytes));
-                }
+        let mut free: Vec<_> = s
+            .heaps
+            .iter()
+            .enumerate()
+            .flat_map(|(class, heap)| {
+                heap.free_regions()
+                    .map(move |(id, _, size)| (class, id, size))
+            })
+            .collect();
+        free.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
+        let mut taken = Vec::new();
+        for (class, id, _) in free {
+            if excess == 0 {
+                break;
+            }
+            if let Ok((base, _)) = s.heaps[class].remove_region(id) {
+                let bytes = s.regions.remove(&base).expect("region was recorded");
+                excess = excess.saturating_sub(bytes);
+                taken.push((class, base, bytes));
             }
         }
         if taken.is_empty() {
@@ -495,7 +522,7 @@ impl<U: MemoryResource> PoolResource<U> {
             reserved: Some(st.reserved()),
             live: Some(st.live()),
             largest_free: Some(st.largest_free_any()),
-            limit: self.config.maximum_size,
+            limit: self.config.max_reserved,
         })
     }
 
@@ -575,7 +602,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         // A region the upstream refuses to take back stays free in the pool;
         // growing may still succeed, so its error is not the answer here.
-        let (g, _) = self.release_free_regions(st);
+        let (g, _) = self.release_free_regions(st, 0);
         st = g;
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
@@ -664,6 +691,38 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
 
     fn properties(&self) -> Properties {
         self.upstream.properties()
+    }
+}
+
+/// The pool's reserve is its regions. [`Pool::trim`] gives back entirely
+/// free regions whose blocks are known safe (streams found idle), largest
+/// first; [`Pool::release`] waits for every stream with free blocks first.
+/// [`Pool::reset_peak`] restarts the peaks of reserved and live bytes.
+impl<U: MemoryResource> Pool for PoolResource<U> {
+    fn reserved_bytes(&self) -> usize {
+        self.lock().reserved()
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.reserved();
+        st.peak_live = st.live();
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        let mut st = self.lock();
+        self.settle(&mut st, None);
+        self.release_free_regions(st, to).1
+    }
+
+    fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        self.settle_blocking(&mut st)?;
+        self.release_free_regions(st, 0).1
     }
 }
 

@@ -59,13 +59,13 @@ pub struct ClassStats {
     /// Block size of the class in bytes.
     pub block_size: usize,
     /// Bytes of upstream chunks carved into this class.
-    pub reserved_bytes: usize,
+    pub reserved: usize,
     /// Chunks taken from the upstream.
     pub chunks: usize,
     /// Blocks handed out and not yet freed.
     pub live_blocks: usize,
     /// Bytes callers asked for, over the live blocks.
-    pub live_bytes: usize,
+    pub live: usize,
     /// Free blocks (in any stream's list or free for all).
     pub free_blocks: usize,
 }
@@ -84,6 +84,38 @@ struct Class {
     state: Mutex<ClassState>,
 }
 
+/// Implements [`Pool`](super::Pool) for a resource over a [`Slab`] in its
+/// field `slab`: the reserve is the slab's; a trim polls the batch events
+/// and a release waits for the streams that freed blocks, then both give back
+/// the chunks whose blocks are all free.
+macro_rules! pool_over_slab {
+    ($(#[$doc:meta])* $t:ty) => {
+        $(#[$doc])*
+        impl<U: MemoryResource> super::Pool for $t {
+            fn reserved_bytes(&self) -> usize {
+                self.slab.reserved()
+            }
+
+            fn peak_reserved_bytes(&self) -> usize {
+                self.slab.peak_reserved()
+            }
+
+            fn reset_peak(&self) {
+                self.slab.reset_peak()
+            }
+
+            fn trim(&self, to: usize) -> Result<usize> {
+                self.slab.release(false, to)
+            }
+
+            fn release(&self) -> Result<usize> {
+                self.slab.release(true, 0)
+            }
+        }
+    };
+}
+pub(crate) use pool_over_slab;
+
 /// Size classes over one upstream.
 pub(crate) struct Slab<U: MemoryResource> {
     upstream: U,
@@ -91,6 +123,8 @@ pub(crate) struct Slab<U: MemoryResource> {
     streams: StreamTable,
     classes: Box<[Class]>,
     reserved: AtomicUsize,
+    /// Highest `reserved` after a successful upstream allocation.
+    peak_reserved: AtomicUsize,
     cfg: SlabConfig,
     /// Every chunk: base → (length, class). Touched when growing and
     /// releasing, read to find the class of a pointer freed without its size.
@@ -119,6 +153,7 @@ impl<U: MemoryResource> Slab<U> {
             device,
             classes,
             reserved: AtomicUsize::new(0),
+            peak_reserved: AtomicUsize::new(0),
             cfg,
             index: RwLock::new(BTreeMap::new()),
         }
@@ -206,7 +241,7 @@ impl<U: MemoryResource> Slab<U> {
             }
         }
         // Out of memory: wait for the streams, give back whole free chunks.
-        let _ = self.release(true);
+        let _ = self.release(true, 0);
         {
             let mut st = lock(&c.state);
             let got = if self.cfg.stream_ordered {
@@ -239,6 +274,23 @@ impl<U: MemoryResource> Slab<U> {
         self.reserved.fetch_sub(len, Ordering::AcqRel);
     }
 
+    /// Raises the peak to the bytes reserved now, after the upstream served
+    /// a reservation (so a refused one never counts).
+    pub(crate) fn note_reserved(&self) {
+        self.peak_reserved
+            .fetch_max(self.reserved(), Ordering::AcqRel);
+    }
+
+    /// Highest [`Slab::reserved`] since creation or [`Slab::reset_peak`].
+    pub(crate) fn peak_reserved(&self) -> usize {
+        self.peak_reserved.load(Ordering::Acquire)
+    }
+
+    /// Restarts the peak from the bytes reserved now.
+    pub(crate) fn reset_peak(&self) {
+        self.peak_reserved.store(self.reserved(), Ordering::Release);
+    }
+
     /// Takes a chunk of `blocks` blocks from the upstream, hands out its first
     /// block and frees the others onto `stream`'s lane.
     fn grow_and_take(
@@ -261,6 +313,7 @@ impl<U: MemoryResource> Slab<U> {
                 return Err(e);
             }
         };
+        self.note_reserved();
         crate::pool::stream_lanes::write_lock(&self.index).insert(base, (len, class));
         let mut st = lock(&c.state);
         st.chunks.insert(base, len);
@@ -375,10 +428,11 @@ impl<U: MemoryResource> Slab<U> {
         res
     }
 
-    /// Gives every chunk whose blocks are all free and complete back to the
-    /// upstream; with `blocking`, first waits for the streams that freed
-    /// blocks. Returns the bytes given back.
-    pub(crate) fn release(&self, blocking: bool) -> Result<usize> {
+    /// Gives chunks whose blocks are all free and complete back to the
+    /// upstream, smallest classes first, until the slab holds at most `to`
+    /// bytes (0: every such chunk); with `blocking`, first waits for the
+    /// streams that freed blocks. Returns the bytes given back.
+    pub(crate) fn release(&self, blocking: bool, to: usize) -> Result<usize> {
         let mut first_err = None;
         if self.cfg.stream_ordered {
             let r = if blocking {
@@ -390,8 +444,12 @@ impl<U: MemoryResource> Slab<U> {
                 first_err.get_or_insert(e);
             }
         }
+        let mut excess = self.reserved().saturating_sub(to);
         let mut to_free: Vec<(u64, usize, usize)> = Vec::new();
         for (ci, c) in self.classes.iter().enumerate() {
+            if excess == 0 {
+                break;
+            }
             let block = c.spec.block as u64;
             let mut st = lock(&c.state);
             st.free.settle();
@@ -413,7 +471,8 @@ impl<U: MemoryResource> Slab<U> {
                 while i < ready.len() && ready[i] < end {
                     i += 1;
                 }
-                if (i - start) as u64 * block == len as u64 {
+                if excess > 0 && (i - start) as u64 * block == len as u64 {
+                    excess = excess.saturating_sub(len);
                     freed.push((base, len));
                 } else {
                     keep.extend_from_slice(&ready[start..i]);
@@ -481,10 +540,10 @@ impl<U: MemoryResource> Slab<U> {
         let st = lock(&c.state);
         ClassStats {
             block_size: c.spec.block,
-            reserved_bytes: st.reserved,
+            reserved: st.reserved,
             chunks: st.chunks.len(),
             live_blocks: st.live.len(),
-            live_bytes: st.live_bytes,
+            live: st.live_bytes,
             free_blocks: st.free.count,
         }
     }

@@ -8,7 +8,7 @@
 //! once the slab has grown to the peak number of blocks.
 
 /// Index of "no block" in every link field.
-pub const NIL: u32 = u32::MAX;
+pub(crate) const NIL: u32 = u32::MAX;
 
 /// Lane value stored in a used block.
 const USED: u32 = u32::MAX;
@@ -20,7 +20,7 @@ const VACANT: u32 = u32::MAX - 1;
 /// Lane 0 ([`LaneId::GLOBAL`]) holds free blocks anyone may use; other lanes
 /// hold blocks freed on one stream and not yet safe for others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LaneId(pub u32);
+pub struct LaneId(pub(crate) u32);
 
 impl LaneId {
     /// The global lane: free blocks any stream may use.
@@ -129,7 +129,7 @@ impl Block {
 }
 
 /// The largest lane number a lane may have (the two top values encode states).
-pub const MAX_LANE: u32 = u32::MAX - 2;
+pub(crate) const MAX_LANE: u32 = u32::MAX - 2;
 
 /// A slab of [`Block`]s with `u32` indices and a free-slot list.
 #[derive(Debug, Default, Clone)]

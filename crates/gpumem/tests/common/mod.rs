@@ -10,6 +10,7 @@ pub mod suite;
 use std::sync::Arc;
 
 use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::pool::FixedSizeConfig;
 use gpumem::Device;
 
 /// The device the tests run on: the simulated device by default, the real GPU
@@ -31,6 +32,13 @@ pub fn sim_only(sim: Option<Arc<SimDriver>>, test: &str) -> Option<Arc<SimDriver
         eprintln!("{test}: simulator-only test, skipped on the real GPU");
     }
     sim
+}
+
+/// Blocks of `block_size` bytes, `blocks_per_chunk` to an upstream chunk.
+pub fn fixed_size_config(block_size: usize, blocks_per_chunk: usize) -> FixedSizeConfig {
+    let mut config = FixedSizeConfig::with_block_size(block_size);
+    config.blocks_per_chunk = Some(blocks_per_chunk);
+    config
 }
 
 /// Deterministic random bytes for data checks.

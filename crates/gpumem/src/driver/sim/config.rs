@@ -8,6 +8,7 @@
 /// The default is one 80 GiB device in address-only mode (no host RAM behind
 /// device memory) with every feature on, like an H100.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SimConfig {
     /// Number of devices (at most [`SimConfig::MAX_DEVICES`]; more are ignored).
     pub devices: u32,

@@ -95,11 +95,6 @@ impl SuperblockDirectory {
         self.owners.len() as u32
     }
 
-    /// True for a directory of no superblocks.
-    pub fn is_empty(&self) -> bool {
-        self.owners.is_empty()
-    }
-
     fn tree(&self) -> super::sync::MutexGuard<'_, MaxTree<u32>> {
         // A panic while holding this lock cannot leave the tree half-updated in
         // a way later calls cannot use, so poisoning is ignored.

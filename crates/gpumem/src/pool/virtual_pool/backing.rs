@@ -141,7 +141,7 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// Creates one extent of up to `n` pages (fewer where `maximum_physical`
+    /// Creates one extent of up to `n` pages (fewer where `max_reserved`
     /// leaves less room), not cached. Returns its index, or the driver's
     /// error.
     pub(super) fn create(&self, st: &mut State, n: usize) -> Result<ExtentId> {

@@ -7,6 +7,7 @@ pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 
 /// Configuration of a [`VirtualPool`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VirtualPoolConfig {
     /// Virtual address space reserved up front, in multiples of the device's
     /// memory (1 to 16; default 2). More is reserved if it runs out.
@@ -37,9 +38,11 @@ pub struct VirtualPoolConfig {
     /// next step (GPT-2's replay keeps several mappings per physical page in
     /// its steady state: `bench/results/NOTES-virtual-pool.md`).
     pub max_alias_ratio: usize,
-    /// Most physical bytes the pool may hold; `None` for no limit. The
-    /// starting value: [`VirtualPool::set_maximum_physical`] changes it.
-    pub maximum_physical: Option<usize>,
+    /// Most physical bytes the pool may hold (mapped plus cached, whole
+    /// pages); `None` for no limit. A request needing new physical memory
+    /// beyond it is out of memory (after reclaiming idle pages). The
+    /// starting value: [`VirtualPool::set_max_reserved`] changes it.
+    pub max_reserved: Option<usize>,
     /// Other devices granted read-write access to every mapped page.
     pub peers: Vec<u32>,
     /// Create physical memory exportable as POSIX file descriptors (see
@@ -56,7 +59,7 @@ impl Default for VirtualPoolConfig {
             max_extent_pages: 6,
             release_threshold: 0,
             max_alias_ratio: 8,
-            maximum_physical: None,
+            max_reserved: None,
             peers: Vec::new(),
             ipc: false,
         }
@@ -75,7 +78,7 @@ impl VirtualPool {
     }
 
     /// Most physical bytes the pool may hold now; `None` for no limit.
-    pub fn maximum_physical(&self) -> Option<usize> {
+    pub fn max_reserved(&self) -> Option<usize> {
         self.lock().max_physical
     }
 
@@ -83,7 +86,7 @@ impl VirtualPool {
     /// Memory held above a lowered limit stays until it is freed and given
     /// back; meanwhile requests needing new physical memory fail as out of
     /// memory with the limit.
-    pub fn set_maximum_physical(&self, bytes: Option<usize>) {
+    pub fn set_max_reserved(&self, bytes: Option<usize>) {
         self.lock().max_physical = bytes;
     }
 }

@@ -63,7 +63,7 @@
 //!   new extents are created. On a busy GPU, pages freed by work still in
 //!   flight cannot pass to another stream yet: the reserve can exceed the
 //!   live bytes by what is in flight.
-//! - *Giving back* (`reclaim`): [`VirtualPool::trim`] unmaps every idle
+//! - *Giving back* (`reclaim`): [`Pool::trim`](crate::pool::Pool::trim) unmaps every idle
 //!   mapping whose freeing streams are done and releases extents mapped
 //!   nowhere; cached extents above `release_threshold` bytes are released
 //!   after each mapping call; aliases beyond `max_alias_ratio` are unmapped.
@@ -100,6 +100,7 @@ mod ipc;
 mod page_table;
 mod phys_cache;
 mod placement;
+mod pool_api;
 mod reclaim;
 mod stats;
 
@@ -149,8 +150,8 @@ struct State {
     extents_created: u64,
     extents_released: u64,
     peak_extents: usize,
-    /// Most physical bytes the pool may hold now (`maximum_physical`, which
-    /// [`VirtualPool::set_maximum_physical`] changes).
+    /// Most physical bytes the pool may hold now (`max_reserved`, which
+    /// [`VirtualPool::set_max_reserved`] changes).
     max_physical: Option<usize>,
     relocations: u64,
     mappings_made: u64,
@@ -187,11 +188,11 @@ fn area_at(area_ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
 /// Addresses come from TLSF lanes over one reserved virtual range (small
 /// requests packed in their own area); a block whose pages are mapped costs
 /// no driver call; idle pages stay mapped until a mapping elsewhere needs
-/// them (and their freeing stream's work is done) or [`VirtualPool::trim`].
+/// them (and their freeing stream's work is done) or [`Pool::trim`](crate::pool::Pool::trim).
 ///
 /// ```
 /// use gpumem::driver::sim::SimConfig;
-/// use gpumem::pool::{VirtualPool, VirtualPoolConfig};
+/// use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
 /// use gpumem::resource::MemoryResource;
 /// use gpumem::Device;
 ///
@@ -203,7 +204,7 @@ fn area_at(area_ranges: &[(u64, u64, usize)], addr: u64) -> Option<usize> {
 /// pool.deallocate(p, 10 << 20, 256, &s).unwrap();
 /// assert_eq!(pool.stats().idle_mapped, 10 << 20); // kept for re-use
 /// s.synchronize().unwrap();
-/// assert_eq!(pool.trim().unwrap(), 10 << 20); // given back
+/// assert_eq!(pool.trim(0).unwrap(), 10 << 20); // given back
 /// assert_eq!(pool.stats().reserved, 0);
 /// ```
 pub struct VirtualPool {
@@ -299,7 +300,7 @@ impl VirtualPool {
             extents_created: 0,
             extents_released: 0,
             peak_extents: 0,
-            max_physical: config.maximum_physical,
+            max_physical: config.max_reserved,
             relocations: 0,
             mappings_made: 0,
             mappings_unmapped: 0,

@@ -9,34 +9,6 @@ use crate::driver::DevicePtr;
 use crate::{Error, Result};
 
 impl VirtualPool {
-    /// Unmaps every idle page whose freeing streams are known complete
-    /// (without waiting for any) and releases every extent that is then
-    /// mapped nowhere. Returns the physical bytes given back.
-    pub fn trim(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.reclaim(&mut st, usize::MAX)?;
-        match self.release_cached(&mut st, 0) {
-            (_, Some(e)) => Err(e),
-            (bytes, None) => Ok(bytes),
-        }
-    }
-
-    /// Waits for every stream that freed blocks, then trims: all physical
-    /// memory not under a live block goes back. Returns the bytes given back.
-    pub fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        st.streams.synchronize_all(&self.device)?;
-        for a in st.areas.iter_mut() {
-            a.lanes.settle_blocking(&mut a.heap)?;
-        }
-        st.streams.prune();
-        self.reclaim(&mut st, usize::MAX)?;
-        match self.release_cached(&mut st, 0) {
-            (_, Some(e)) => Err(e),
-            (bytes, None) => Ok(bytes),
-        }
-    }
-
     /// Unmaps idle aliases: mappings of extents mapped elsewhere too whose
     /// pages have no live block, own no physical page (the memory is in use
     /// or kept through another mapping) and were freed by streams known

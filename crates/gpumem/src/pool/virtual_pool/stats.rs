@@ -107,15 +107,6 @@ impl VirtualPool {
         }
     }
 
-    /// Restarts the peaks (`peak_reserved`, `peak_live`) from the current
-    /// values.
-    pub fn reset_peaks(&self) {
-        let mut st = self.lock();
-        st.peak_reserved = st.phys.total_pages() * self.gran;
-        st.peak_live = st.live_bytes();
-        st.peak_extents = st.phys.extent_count();
-    }
-
     /// Physical bytes held and not under any live block: what the pool can
     /// map under new blocks without creating memory (cached extents, and
     /// idle mapped pages it can alias elsewhere). O(pages).
@@ -155,17 +146,6 @@ impl VirtualPool {
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         heap_lanes::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
-    }
-
-    /// Physical bytes held from the driver (mapped plus cached).
-    pub fn reserved_bytes(&self) -> usize {
-        self.lock().phys.total_pages() * self.gran
-    }
-
-    /// Highest physical bytes held since creation or the last
-    /// [`VirtualPool::reset_peaks`] (O(1); [`VirtualPool::stats`] scans pages).
-    pub fn peak_reserved_bytes(&self) -> usize {
-        self.lock().peak_reserved
     }
 
     /// Bytes in blocks handed out.

@@ -1,0 +1,78 @@
+//! [`Pool`] for [`VirtualPool`] (its reserve is physical memory, mapped plus
+//! cached; giving back unmaps idle pages and releases physical extents), and
+//! its `with_defaults`.
+
+use super::{State, VirtualPool, VirtualPoolConfig};
+use crate::device::Device;
+use crate::pool::Pool;
+use crate::Result;
+
+impl VirtualPool {
+    /// A pool on `device` with the default configuration (see
+    /// [`VirtualPool::new`]).
+    pub fn with_defaults(device: Device) -> Result<Self> {
+        Self::new(device, VirtualPoolConfig::default())
+    }
+
+    /// Releases the cached extents, after unmapping idle ones into the cache
+    /// as needed, until the pool holds at most `to` physical bytes (0: all of
+    /// them). Idle pages go only where their freeing streams are known done.
+    fn give_back(&self, st: &mut State, to: usize) -> Result<usize> {
+        let reserved = st.phys.total_pages() * self.gran;
+        let Some(excess) = reserved.checked_sub(to).filter(|&e| e > 0) else {
+            return Ok(0);
+        };
+        let want = if to == 0 {
+            usize::MAX
+        } else {
+            excess
+                .div_ceil(self.gran)
+                .saturating_sub(st.phys.cached_pages())
+        };
+        self.reclaim(st, want)?;
+        let keep = (st.phys.cached_pages() * self.gran).saturating_sub(excess);
+        match self.release_cached(st, keep) {
+            (_, Some(e)) => Err(e),
+            (bytes, None) => Ok(bytes),
+        }
+    }
+}
+
+/// The reserve is the physical memory held (mapped plus cached), whole pages.
+/// [`Pool::trim`] unmaps idle pages whose freeing streams are known complete
+/// (without waiting for any) and releases the extents then mapped nowhere,
+/// largest first; [`Pool::release`] first waits for every stream that freed
+/// blocks, so all physical memory not under a live block goes back.
+/// [`Pool::reset_peak`] restarts the peaks of reserved and live bytes and of
+/// physical allocations.
+impl Pool for VirtualPool {
+    fn reserved_bytes(&self) -> usize {
+        self.lock().phys.total_pages() * self.gran
+    }
+
+    /// O(1); [`VirtualPool::stats`] scans pages.
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved
+    }
+
+    fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.peak_reserved = st.phys.total_pages() * self.gran;
+        st.peak_live = st.live_bytes();
+        st.peak_extents = st.phys.extent_count();
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.give_back(&mut self.lock(), to)
+    }
+
+    fn release(&self) -> Result<usize> {
+        let mut st = self.lock();
+        st.streams.synchronize_all(&self.device)?;
+        for a in st.areas.iter_mut() {
+            a.lanes.settle_blocking(&mut a.heap)?;
+        }
+        st.streams.prune();
+        self.give_back(&mut st, 0)
+    }
+}
