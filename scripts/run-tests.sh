@@ -9,6 +9,8 @@ mkdir -p "$logs"
 export GPUMEM_DEVICE=${GPUMEM_DEVICE:-cuda}
 # Tests that run the command find it here rather than in the build tree.
 export GPUMEM_BIN=$PWD/bin/gpumem
+# The plot tests need a TrueType font; the bundle carries one.
+[[ -f fonts/DejaVuSans.ttf ]] && export GPUMEM_FONT=${GPUMEM_FONT:-$PWD/fonts/DejaVuSans.ttf}
 passed=0 failed=0 ignored=0 bad=()
 for t in tests/*; do
   name=$(basename "$t")
