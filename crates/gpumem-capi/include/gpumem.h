@@ -330,6 +330,80 @@ int gpumem_snapshot(int device,
                     size_t max_blocks,
                     size_t *n_blocks);
 
+/**
+ * Routes allocations to the graph-private pool `(id0, id1)` of `device`
+ * from now on (PyTorch's `beginAllocateToPool`): creates it, or counts one
+ * more use of it, which [`gpumem_graph_pool_release`] drops. The caller
+ * decides which allocations go there ([`gpumem_graph_pool_malloc`]). The
+ * pool's blocks keep their addresses for the life of the pool and are never
+ * handed to allocations outside it. 0 on success, -1 with the reason in
+ * [`gpumem_last_error`].
+ */
+int gpumem_graph_pool_begin(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Ends one capture into the graph pool `(id0, id1)` (PyTorch's
+ * `endAllocateToPool`). 0 on success, -1 when none was under way.
+ */
+int gpumem_graph_pool_end(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Counts one more use of the graph pool `(id0, id1)`, creating it if needed
+ * (PyTorch's `createOrIncrefPool`). 0 on success, -1 on failure.
+ */
+int gpumem_graph_pool_retain(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Counts one use of the graph pool `(id0, id1)` less (PyTorch's
+ * `releasePool`). With no use and no capture left, the pool goes once its
+ * last block is freed, and its memory goes back to the driver after the
+ * device's work is done. 0 on success, -1 when the pool does not exist or
+ * was released more often than used.
+ */
+int gpumem_graph_pool_release(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * The uses counted for the graph pool `(id0, id1)`; 0 when it does not
+ * exist.
+ */
+int gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Allocates `size` bytes from the graph pool `(id0, id1)` on `stream`.
+ * NULL for zero bytes and on failure (the reason in [`gpumem_last_error`]);
+ * out of memory empties the device's cache and retries once first.
+ */
+void *gpumem_graph_pool_malloc(size_t size,
+                               int device,
+                               uint64_t id0,
+                               uint64_t id1,
+                               gpumem_stream_t stream);
+
+/**
+ * Frees a block of the graph pool `(id0, id1)` with the size and stream it
+ * was allocated with. A bad free frees nothing and is counted and reported.
+ */
+void gpumem_graph_pool_free(void *ptr,
+                            size_t size,
+                            int device,
+                            uint64_t id0,
+                            uint64_t id1,
+                            gpumem_stream_t stream);
+
+/**
+ * Frees a block from [`gpumem_malloc`] that was freed on `stream` while
+ * `stream` captures into the graph pool `(id0, id1)`: the graph may use it
+ * in every replay, so it is held until the graph pool goes, then freed as
+ * [`gpumem_free`] would. With no capture into that pool under way, it is
+ * freed at once.
+ */
+void gpumem_graph_pool_hold(void *ptr,
+                            size_t size,
+                            int device,
+                            uint64_t id0,
+                            uint64_t id1,
+                            gpumem_stream_t stream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -60,6 +60,7 @@ use gpumem::resource::{
 use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
+use crate::graph_pools::{GraphPools, Held, PoolId, Retired};
 use crate::served::{self, Served};
 use crate::stream_uses::{Refused, Stack, StreamUses};
 use crate::types::gpumem_device_stats_t;
@@ -160,6 +161,8 @@ struct DeviceState {
     ooms: AtomicU64,
     /// The statistics at the last reset of accumulated statistics.
     baseline: Mutex<gpumem_device_stats_t>,
+    /// CUDA graphs' private pools.
+    graphs: GraphPools,
 }
 
 /// What a device holds at one moment ([`Allocator::snapshot`]).
@@ -495,6 +498,7 @@ impl Allocator {
             retries: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
             baseline: Mutex::new(gpumem_device_stats_t::default()),
+            graphs: GraphPools::default(),
         })
     }
 
@@ -730,6 +734,188 @@ impl Allocator {
         }
     }
 
+    /// Starts routing allocations to the graph pool `pool` of `device`
+    /// (PyTorch's `beginAllocateToPool`): creates it or counts one more use
+    /// of it. Which allocations go there is the caller's choice
+    /// ([`Allocator::graph_pool_malloc`]). While a capture into any graph
+    /// pool is under way, blocks freed on the capturing stream can be held
+    /// for the graph ([`Allocator::graph_pool_hold`]).
+    pub fn graph_pool_begin(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        if unusable() {
+            return Err("gpumem cannot be used in this process".into());
+        }
+        let st = self.state(device)?;
+        st.graphs
+            .begin(pool, &st.device)
+            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+    }
+
+    /// Ends one capture into `pool` (PyTorch's `endAllocateToPool`).
+    pub fn graph_pool_end(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        let st = self
+            .built(device)
+            .ok_or_else(|| format!("device {device} was never used"))?;
+        let retired = st.graphs.end(pool)?;
+        self.give_back_retired(st, retired);
+        Ok(())
+    }
+
+    /// Counts one more use of `pool` (PyTorch's `createOrIncrefPool`),
+    /// creating it if needed.
+    pub fn graph_pool_retain(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        if unusable() {
+            return Err("gpumem cannot be used in this process".into());
+        }
+        let st = self.state(device)?;
+        st.graphs
+            .retain(pool, &st.device)
+            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+    }
+
+    /// Counts one use of `pool` less (PyTorch's `releasePool`, when a graph
+    /// is deleted). With no use and no capture left, the pool goes once its
+    /// last block is freed: its memory goes back to the driver after the
+    /// device's work is done.
+    pub fn graph_pool_release(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        let st = self
+            .built(device)
+            .ok_or_else(|| format!("device {device} was never used"))?;
+        let retired = st.graphs.release(pool)?;
+        self.give_back_retired(st, retired);
+        Ok(())
+    }
+
+    /// Uses of `pool` counted; 0 when it does not exist.
+    pub fn graph_pool_use_count(&self, device: i32, pool: PoolId) -> u32 {
+        self.built(device).map_or(0, |st| st.graphs.use_count(pool))
+    }
+
+    /// The live blocks of `pool`, `None` when it does not exist.
+    pub fn graph_pool_live_blocks(&self, device: i32, pool: PoolId) -> Option<Vec<DevicePtr>> {
+        self.built(device)?.graphs.live_blocks(pool)
+    }
+
+    /// Number of graph pools `device` has.
+    pub fn graph_pool_count(&self, device: i32) -> usize {
+        self.built(device).map_or(0, |st| st.graphs.len())
+    }
+
+    /// Allocates `size` bytes from the graph pool `pool` on `stream`. NULL
+    /// on failure, with the reason as the thread's [`last_error`]. Out of
+    /// memory empties the device's cache and retries once first.
+    pub fn graph_pool_malloc(
+        &self,
+        size: usize,
+        device: i32,
+        pool: PoolId,
+        stream: u64,
+    ) -> DevicePtr {
+        clear_last_error();
+        if size == 0 {
+            return DevicePtr::NULL;
+        }
+        let result = match self.built(device) {
+            None => Err(format!("device {device} was never used")),
+            Some(st) => {
+                let s = self.stream(st, stream);
+                let mut r = st.graphs.allocate(pool, size, &s);
+                if matches!(&r, Err(e) if e.is_oom()) {
+                    st.retries.fetch_add(1, Ordering::Relaxed);
+                    self.empty_cache_of(st);
+                    r = st.graphs.allocate(pool, size, &s);
+                    if matches!(&r, Err(e) if e.is_oom()) {
+                        st.ooms.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                r.map_err(|e| e.to_string())
+            }
+        };
+        result.unwrap_or_else(|e| {
+            let msg = format!(
+                "device {device}: allocation of {size} bytes in graph pool {pool:?} failed: {e}"
+            );
+            set_last_error(&msg);
+            self.report_oom(&format!("{msg}; returning NULL"));
+            DevicePtr::NULL
+        })
+    }
+
+    /// Frees a block of the graph pool `pool`; a bad free is counted and
+    /// reported.
+    pub fn graph_pool_free(
+        &self,
+        ptr: DevicePtr,
+        size: usize,
+        device: i32,
+        pool: PoolId,
+        stream: u64,
+    ) {
+        if ptr.is_null() || unusable() {
+            return;
+        }
+        let Some(st) = self.built(device) else {
+            self.report_bad_free(
+                device,
+                &format!("free of {ptr:#x} on device {device}, where nothing was allocated"),
+            );
+            return;
+        };
+        let s = self.stream(st, stream);
+        match st.graphs.free(pool, ptr, size, &s) {
+            Ok(retired) => self.give_back_retired(st, retired),
+            Err(e) => self.report_bad_free(
+                device,
+                &format!("bad free of {ptr:#x} ({size} bytes) in graph pool {pool:?} on device {device}: {}", free_reason(e)),
+            ),
+        }
+    }
+
+    /// Keeps a block of the device's pool, freed on `stream` while that
+    /// stream captures into `pool`, until the graph pool goes: the captured
+    /// graph may still use it in replays. Frees it at once when no capture
+    /// into `pool` is under way.
+    pub fn graph_pool_hold(
+        &self,
+        ptr: DevicePtr,
+        size: usize,
+        device: i32,
+        pool: PoolId,
+        stream: u64,
+    ) {
+        if ptr.is_null() || unusable() {
+            return;
+        }
+        let Some(st) = self.built(device) else {
+            return self.free(ptr, size, device, stream);
+        };
+        let held = Held {
+            ptr,
+            size,
+            stream: self.stream(st, stream),
+        };
+        if let Err(held) = st.graphs.hold(pool, held) {
+            self.free(held.ptr, held.size, device, stream);
+        }
+    }
+
+    /// Frees the blocks a retired graph pool held for the device.
+    fn give_back_retired(&self, st: &DeviceState, retired: Option<Retired>) {
+        for h in retired.into_iter().flatten() {
+            if let Err(e) = self.free_on(st, h.ptr, h.size, &h.stream) {
+                let device = st.device.ordinal() as i32;
+                self.report_bad_free(
+                    device,
+                    &format!(
+                        "bad free of {:#x} ({} bytes) held for a graph on device {device}: {}",
+                        h.ptr,
+                        h.size,
+                        free_reason(e)
+                    ),
+                );
+            }
+        }
+    }
+
     /// Frees memory from [`Allocator::malloc`] with the size and stream it
     /// was allocated with. NULL is ignored (whatever the size); a bad free
     /// frees nothing and is counted and reported.
@@ -830,7 +1016,7 @@ impl Allocator {
     /// at 256-byte granularity); 0 for a device not used yet.
     pub fn allocated_bytes(&self, device: i32) -> usize {
         self.built(device).map_or(0, |s| {
-            s.stack.stats().allocated_bytes.current.max(0) as usize
+            s.stack.stats().allocated_bytes.current.max(0) as usize + s.graphs.allocated_bytes()
         })
     }
 
@@ -843,8 +1029,9 @@ impl Allocator {
 
     /// Bytes the resource of `device` holds from the driver.
     pub fn reserved_bytes(&self, device: i32) -> usize {
-        self.built(device)
-            .map_or(0, |s| s.stack.upstream().reserved_bytes())
+        self.built(device).map_or(0, |s| {
+            s.stack.upstream().reserved_bytes() + s.graphs.reserved_bytes()
+        })
     }
 
     /// Highest [`Allocator::reserved_bytes`] since the start or the last
@@ -882,7 +1069,7 @@ impl Allocator {
         let served = st.stack.upstream();
         let d = served.driver_stats();
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        gpumem_device_stats_t {
+        let mut stats = gpumem_device_stats_t {
             allocation: s.allocation.into(),
             segment: d.segments.unwrap_or(s.active).into(),
             active: s.active.into(),
@@ -895,7 +1082,9 @@ impl Allocator {
             num_device_alloc: count(d.device_allocs),
             num_device_free: count(d.device_frees),
             largest_free_block: count(served.largest_free_block() as u64),
-        }
+        };
+        st.graphs.add_stats(&mut stats);
+        stats
     }
 
     /// Restarts every accumulated statistic of `device` (totals allocated and

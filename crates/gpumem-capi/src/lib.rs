@@ -23,6 +23,12 @@
 //! void   gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
 //! int    gpumem_snapshot(int device, gpumem_segment_t *segments, size_t max_segments, size_t *n_segments,
 //!                        gpumem_block_t *blocks, size_t max_blocks, size_t *n_blocks);
+//! // CUDA graphs' private pools (PyTorch's MempoolId_t is the pair id0, id1):
+//! int    gpumem_graph_pool_begin(int device, uint64_t id0, uint64_t id1);   // and _end, _retain, _release
+//! void  *gpumem_graph_pool_malloc(size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
+//! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
+//! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
+//! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! ```
 //!
 //! `gpumem_stream_t` is `void*`: pass a `cudaStream_t`/`CUstream` as it is
@@ -67,6 +73,8 @@
 pub mod allocator;
 #[deny(unsafe_code)]
 pub mod conf;
+/// CUDA graphs' private pools.
+pub mod graph_pools;
 #[deny(unsafe_code)]
 pub mod served;
 #[deny(unsafe_code)]
@@ -480,4 +488,131 @@ unsafe fn copy_out<T: Copy>(items: &[T], dst: *mut T, max: usize, n: *mut usize)
         // SAFETY: `n` is writable (the caller's promise).
         unsafe { n.write(items.len()) };
     }
+}
+
+/// 0 on success; -1 with the reason as the thread's [`gpumem_last_error`].
+fn status(r: Result<(), String>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            allocator::set_last_error(&e);
+            -1
+        }
+    }
+}
+
+/// Routes allocations to the graph-private pool `(id0, id1)` of `device`
+/// from now on (PyTorch's `beginAllocateToPool`): creates it, or counts one
+/// more use of it, which [`gpumem_graph_pool_release`] drops. The caller
+/// decides which allocations go there ([`gpumem_graph_pool_malloc`]). The
+/// pool's blocks keep their addresses for the life of the pool and are never
+/// handed to allocations outside it. 0 on success, -1 with the reason in
+/// [`gpumem_last_error`].
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_begin(device: c_int, id0: u64, id1: u64) -> c_int {
+    guard("gpumem_graph_pool_begin", -1, || {
+        status(global().graph_pool_begin(device, (id0, id1)))
+    })
+}
+
+/// Ends one capture into the graph pool `(id0, id1)` (PyTorch's
+/// `endAllocateToPool`). 0 on success, -1 when none was under way.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_end(device: c_int, id0: u64, id1: u64) -> c_int {
+    guard("gpumem_graph_pool_end", -1, || {
+        status(global().graph_pool_end(device, (id0, id1)))
+    })
+}
+
+/// Counts one more use of the graph pool `(id0, id1)`, creating it if needed
+/// (PyTorch's `createOrIncrefPool`). 0 on success, -1 on failure.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_retain(device: c_int, id0: u64, id1: u64) -> c_int {
+    guard("gpumem_graph_pool_retain", -1, || {
+        status(global().graph_pool_retain(device, (id0, id1)))
+    })
+}
+
+/// Counts one use of the graph pool `(id0, id1)` less (PyTorch's
+/// `releasePool`). With no use and no capture left, the pool goes once its
+/// last block is freed, and its memory goes back to the driver after the
+/// device's work is done. 0 on success, -1 when the pool does not exist or
+/// was released more often than used.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_release(device: c_int, id0: u64, id1: u64) -> c_int {
+    guard("gpumem_graph_pool_release", -1, || {
+        status(global().graph_pool_release(device, (id0, id1)))
+    })
+}
+
+/// The uses counted for the graph pool `(id0, id1)`; 0 when it does not
+/// exist.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_use_count(device: c_int, id0: u64, id1: u64) -> c_int {
+    guard("gpumem_graph_pool_use_count", 0, || {
+        global().graph_pool_use_count(device, (id0, id1)) as c_int
+    })
+}
+
+/// Allocates `size` bytes from the graph pool `(id0, id1)` on `stream`.
+/// NULL for zero bytes and on failure (the reason in [`gpumem_last_error`]);
+/// out of memory empties the device's cache and retries once first.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_malloc(
+    size: usize,
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    stream: gpumem_stream_t,
+) -> *mut c_void {
+    guard("gpumem_graph_pool_malloc", std::ptr::null_mut(), || {
+        to_ptr(global().graph_pool_malloc(size, device, (id0, id1), stream as usize as u64))
+    })
+}
+
+/// Frees a block of the graph pool `(id0, id1)` with the size and stream it
+/// was allocated with. A bad free frees nothing and is counted and reported.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    stream: gpumem_stream_t,
+) {
+    guard("gpumem_graph_pool_free", (), || {
+        global().graph_pool_free(
+            from_ptr(ptr),
+            size,
+            device,
+            (id0, id1),
+            stream as usize as u64,
+        )
+    })
+}
+
+/// Frees a block from [`gpumem_malloc`] that was freed on `stream` while
+/// `stream` captures into the graph pool `(id0, id1)`: the graph may use it
+/// in every replay, so it is held until the graph pool goes, then freed as
+/// [`gpumem_free`] would. With no capture into that pool under way, it is
+/// freed at once.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_hold(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    stream: gpumem_stream_t,
+) {
+    guard("gpumem_graph_pool_hold", (), || {
+        global().graph_pool_hold(
+            from_ptr(ptr),
+            size,
+            device,
+            (id0, id1),
+            stream as usize as u64,
+        )
+    })
 }

@@ -17,6 +17,7 @@
 //! | [`LoggingAdaptor`] | RMM's CSV log | one formatted line into a buffer under a mutex |
 //! | [`AlignedAdaptor`] | alignments above 256 bytes | none below the threshold; a map insert/remove above it |
 //! | [`FailureCallbackAdaptor`] | a user callback and retry on out-of-memory | none unless the upstream fails |
+//! | [`HoldingAdaptor`] | frees held until given back (a graph-private pool's upstream: captured addresses never reused) | one mutex push per free (frees reach it only when a pool trims) |
 //! | [`ThreadSafeAdaptor`] | a mutex around a `&mut self` resource | one mutex per call |
 //! | [`PrefetchAdaptor`] | prefetch of managed memory after allocation | one driver call per allocation of managed memory |
 //!
@@ -26,6 +27,7 @@
 
 mod aligned;
 mod failure_callback;
+mod holding;
 mod limiting;
 mod logging;
 mod prefetch;
@@ -35,6 +37,7 @@ mod tracking;
 
 pub use aligned::{AlignedAdaptor, DEFAULT_ALIGNMENT_THRESHOLD};
 pub use failure_callback::{FailureCallbackAdaptor, RetryCounter};
+pub use holding::HoldingAdaptor;
 pub use limiting::LimitingAdaptor;
 pub use logging::{format_log_line, LogAction, LoggingAdaptor, LOG_FILE_ENV, LOG_HEADER};
 pub use prefetch::PrefetchAdaptor;

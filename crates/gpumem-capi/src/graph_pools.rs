@@ -1,0 +1,315 @@
+//! Graph-private pools: PyTorch's private memory pools for CUDA graphs,
+//! served by gpumem.
+//!
+//! While a stream captures a graph, the memory allocated on it must keep its
+//! address for every replay of the graph and must not be handed to work
+//! outside the graph. PyTorch names a pool per graph (or one shared by
+//! several graphs, `MempoolId_t`), routes the capturing stream's allocations
+//! to it (`beginAllocateToPool` / `endAllocateToPool`, with a filter on the
+//! stream's capture id that the native allocator applies), and releases it
+//! when the graphs are deleted (`releasePool`).
+//!
+//! Here each pool id on a device gets its own [`PoolResource`] over the
+//! driver, whatever the device's resource: its blocks never mix with the
+//! device's pool, and only later captures into the same id reuse them. A
+//! block freed during a capture is reused by later allocations of that
+//! capture's stream (the graph orders them as the stream did). Its regions
+//! sit over a [`HoldingAdaptor`]: if the pool trims on out of memory, a
+//! region it gives back is held, not freed, so no address a captured graph
+//! uses is handed out again while the graph lives. (A VirtualPool would move
+//! physical pages away from addresses freed during a capture, which the
+//! graph's replays still write.) The pool holds what it was given until it is released and its last
+//! block is freed; then, once the device's work is done, everything it held
+//! goes back to the driver, along with the blocks of the device's pool that
+//! were freed while a capture into it was under way (captured work may still
+//! use those in replays, so they are held, not reused).
+//!
+//! Allocations into a graph pool are rare (during captures only) and take a
+//! lock per device; the device's own allocation path checks one atomic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use gpumem::adaptor::{HoldingAdaptor, StatisticsAdaptor};
+use gpumem::pool::PoolResource;
+use gpumem::resource::{DeviceResource, MemoryResource, DEFAULT_ALIGNMENT};
+use gpumem::{Device, DevicePtr, Stream};
+
+use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
+
+/// A graph pool's stack: statistics of what it hands out, the pool, the
+/// holding adaptor, and statistics of what it takes from the driver.
+type Stack = StatisticsAdaptor<PoolResource<HoldingAdaptor<StatisticsAdaptor<DeviceResource>>>>;
+
+/// PyTorch's `MempoolId_t`: two numbers, one of them zero.
+pub type PoolId = (u64, u64);
+
+/// A block of the device's pool freed while a capture into a graph pool was
+/// under way: given back to the device's pool when the graph pool goes.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: usize,
+    pub(crate) stream: Stream,
+}
+
+struct GraphPool {
+    resource: Stack,
+    /// `retain` minus `release` calls: the graphs (or handles) using it.
+    uses: u32,
+    /// Captures into it under way (`begin` minus `end`).
+    capturing: u32,
+    held: Vec<Held>,
+}
+
+impl GraphPool {
+    fn live(&self) -> bool {
+        self.resource.stats().allocated_bytes.current > 0
+    }
+}
+
+/// The graph pools of one device.
+#[derive(Default)]
+pub(crate) struct GraphPools {
+    pools: Mutex<HashMap<PoolId, GraphPool>>,
+    /// Captures into any of them under way: the device's free path holds
+    /// the blocks freed on a capturing stream while this is not zero.
+    capturing: AtomicUsize,
+}
+
+/// What a device must do once a graph pool is gone: give these blocks back
+/// to its pool (after its work is done).
+pub(crate) type Retired = Vec<Held>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GraphPools {
+    /// Creates the pool `id` with the device's configuration, or counts one
+    /// more use of it.
+    pub(crate) fn retain(&self, id: PoolId, device: &Device) -> gpumem::Result<()> {
+        let mut pools = lock(&self.pools);
+        if let Some(p) = pools.get_mut(&id) {
+            p.uses += 1;
+            return Ok(());
+        }
+        let driver =
+            HoldingAdaptor::new(StatisticsAdaptor::new(DeviceResource::new(device.clone())));
+        let resource = StatisticsAdaptor::new(PoolResource::with_defaults(driver)?);
+        pools.insert(
+            id,
+            GraphPool {
+                resource,
+                uses: 1,
+                capturing: 0,
+                held: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Routes allocations to `id` from now on (creating it if needed, and
+    /// counting a use, as PyTorch's `beginAllocateToPool` does: the graph
+    /// releases it when it is deleted); the caller decides which streams'
+    /// allocations come here.
+    pub(crate) fn begin(&self, id: PoolId, device: &Device) -> gpumem::Result<()> {
+        self.retain(id, device)?;
+        let mut pools = lock(&self.pools);
+        let p = pools.get_mut(&id).expect("retained above");
+        if p.capturing > 0 {
+            p.uses -= 1;
+            return Err(gpumem::Error::InvalidArgument(format!(
+                "allocations already go to graph pool {id:?}"
+            )));
+        }
+        p.capturing += 1;
+        self.capturing.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Ends one capture into `id`. Returns what must go back to the device
+    /// when the pool is no longer used by anything. `Err` when no capture
+    /// into `id` was under way.
+    pub(crate) fn end(&self, id: PoolId) -> Result<Option<Retired>, String> {
+        let mut pools = lock(&self.pools);
+        let Some(p) = pools.get_mut(&id) else {
+            return Err(format!("no capture into graph pool {id:?} is under way"));
+        };
+        if p.capturing == 0 {
+            return Err(format!("no capture into graph pool {id:?} is under way"));
+        }
+        p.capturing -= 1;
+        self.capturing.fetch_sub(1, Ordering::AcqRel);
+        Ok(self.sweep(&mut pools))
+    }
+
+    /// Counts one use of `id` less; when none is left, the pool goes once its
+    /// last block is freed (returned: what the device gets back then).
+    pub(crate) fn release(&self, id: PoolId) -> Result<Option<Retired>, String> {
+        let mut pools = lock(&self.pools);
+        let Some(p) = pools.get_mut(&id) else {
+            return Err(format!("graph pool {id:?} does not exist"));
+        };
+        if p.uses == 0 {
+            return Err(format!(
+                "graph pool {id:?} was released more often than retained"
+            ));
+        }
+        p.uses -= 1;
+        Ok(self.sweep(&mut pools))
+    }
+
+    /// Drops every pool that nothing uses, with no capture into it and no
+    /// live block, and returns the blocks they held for the device. Nothing
+    /// while any capture is under way: waiting for the device would break it.
+    fn sweep(&self, pools: &mut HashMap<PoolId, GraphPool>) -> Option<Retired> {
+        if self.capturing() {
+            return None;
+        }
+        let done: Vec<PoolId> = pools
+            .iter()
+            .filter(|(_, p)| p.uses == 0 && p.capturing == 0 && !p.live())
+            .map(|(id, _)| *id)
+            .collect();
+        let first = pools.get(done.first()?)?;
+        // Captured work may still run (a replay in flight): wait for the
+        // device before memory goes back. If the wait fails, the memory goes
+        // back anyway (the device is then unusable for work in any case).
+        if let Err(e) = first.resource.device().synchronize() {
+            log::warn!("graph pools: waiting for the device failed: {e}");
+        }
+        let mut held = Vec::new();
+        for id in done {
+            let Some(p) = pools.remove(&id) else { continue };
+            // Dropping the pool gives its regions to the holding adaptor,
+            // which gives everything back to the driver as it drops.
+            held.extend(p.held);
+            drop(p.resource);
+        }
+        Some(held)
+    }
+
+    /// Uses of `id` counted (0 when it does not exist).
+    pub(crate) fn use_count(&self, id: PoolId) -> u32 {
+        lock(&self.pools).get(&id).map_or(0, |p| p.uses)
+    }
+
+    /// The live blocks of `id` (addresses), `None` when it does not exist.
+    pub(crate) fn live_blocks(&self, id: PoolId) -> Option<Vec<DevicePtr>> {
+        lock(&self.pools).get(&id).map(|p| {
+            p.resource
+                .upstream()
+                .live_blocks()
+                .into_iter()
+                .map(|b| b.address)
+                .collect()
+        })
+    }
+
+    /// Allocates `size` bytes in `id` on `stream`.
+    pub(crate) fn allocate(
+        &self,
+        id: PoolId,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
+        let pools = lock(&self.pools);
+        let Some(p) = pools.get(&id) else {
+            return Err(gpumem::Error::InvalidArgument(format!(
+                "graph pool {id:?} does not exist (beginAllocateToPool was not called)"
+            )));
+        };
+        p.resource.allocate(size, DEFAULT_ALIGNMENT, stream)
+    }
+
+    /// Frees a block of `id`; returns what the device gets back if that was
+    /// the last block of a released pool.
+    pub(crate) fn free(
+        &self,
+        id: PoolId,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<Option<Retired>> {
+        let mut pools = lock(&self.pools);
+        let Some(p) = pools.get(&id) else {
+            return Err(gpumem::Error::InvalidArgument(format!(
+                "graph pool {id:?} does not exist"
+            )));
+        };
+        p.resource
+            .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
+        Ok(self.sweep(&mut pools))
+    }
+
+    /// Whether a capture into any pool is under way (one atomic load).
+    #[inline]
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire) > 0
+    }
+
+    /// Keeps a block of the device's pool, freed on `stream` while it
+    /// captures into `id`, until `id` goes. `Err(held)` when `id` has no
+    /// capture under way (the caller frees it as usual).
+    pub(crate) fn hold(&self, id: PoolId, held: Held) -> Result<(), Held> {
+        let mut pools = lock(&self.pools);
+        match pools.get_mut(&id) {
+            Some(p) if p.capturing > 0 => {
+                p.held.push(held);
+                Ok(())
+            }
+            _ => Err(held),
+        }
+    }
+
+    /// The graph pools' statistics added to `stats` (current values and
+    /// totals add up exactly; peaks are the sum of each pool's peak).
+    pub(crate) fn add_stats(&self, stats: &mut gpumem_device_stats_t) {
+        let add = |to: &mut gpumem_stat_t, from: gpumem_stat_t| {
+            to.current += from.current;
+            to.peak += from.peak;
+            to.allocated += from.allocated;
+            to.freed += from.freed;
+        };
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for p in lock(&self.pools).values() {
+            let s = p.resource.stats();
+            let d = p.resource.upstream().upstream().upstream().stats();
+            add(&mut stats.allocation, s.allocation.into());
+            add(&mut stats.segment, d.allocation.into());
+            add(&mut stats.active, s.active.into());
+            add(&mut stats.allocated_bytes, s.allocated_bytes.into());
+            add(&mut stats.requested_bytes, s.requested_bytes.into());
+            add(&mut stats.reserved_bytes, d.allocated_bytes.into());
+            add(&mut stats.active_bytes, s.active_bytes.into());
+            stats.num_device_alloc += count(d.allocation.total);
+            stats.num_device_free += count(d.allocation.freed);
+        }
+    }
+
+    /// Bytes the graph pools hold from the driver.
+    pub(crate) fn reserved_bytes(&self) -> usize {
+        lock(&self.pools)
+            .values()
+            .map(|p| {
+                let d = p.resource.upstream().upstream().upstream().stats();
+                d.allocated_bytes.current.max(0) as usize
+            })
+            .sum()
+    }
+
+    /// Bytes in the graph pools' live blocks.
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        lock(&self.pools)
+            .values()
+            .map(|p| p.resource.stats().allocated_bytes.current.max(0) as usize)
+            .sum()
+    }
+
+    /// Number of graph pools that exist.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.pools).len()
+    }
+}
