@@ -2,6 +2,7 @@
 
     python3 python/bench/torch_allocators.py speed  --out results.jsonl
     python3 python/bench/torch_allocators.py batch  --out results.jsonl --free-gib 6
+    python3 python/bench/torch_allocators.py graph  --out results.jsonl --configs torch,native:pool
 
 Every configuration runs in a fresh process (this script calling itself with
 ``child``). Configurations: ``torch`` (PyTorch's caching allocator),
@@ -16,6 +17,10 @@ Every configuration runs in a fresh process (this script calling itself with
   ballast (CuPy's runtime.malloc), the largest batch of 1024-token sequences
   of GPT-2 small that trains one step, found in one process by doubling and
   bisection, catching torch.OutOfMemoryError.
+- graph: a GPT-2 small training step (8 x 1024 tokens, bf16 autocast,
+  capturable AdamW; gpumem.graph_models.gpt) captured with torch.cuda.graph:
+  seconds per replay over 50 replays after 5, three rounds alternating the
+  configurations.
 
 Each result is one JSON line with date, device and command.
 """
@@ -119,6 +124,30 @@ def child_speed(config, model):
             if not config.startswith("pluggable") else None}
 
 
+def child_graph(config):
+    """A GPT-2 small training step (8 x 1024 tokens, bf16 autocast, AdamW)
+    captured into a CUDA graph: seconds per replay, and per eager step of
+    the same model for reference."""
+    import torch
+    from gpumem.graph_models import captured_step, gpt
+
+    setup(config)
+    model = gpt().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
+    tokens = torch.randint(0, 50257, (8, 1024), device="cuda")
+    g, loss = captured_step(model, opt, tokens, warmup=3, autocast=torch.bfloat16)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(50):
+        g.replay()
+    torch.cuda.synchronize()
+    replay = (time.perf_counter() - t) / 50
+    return {"bench": "graph", "model": "gpt2", "s_per_replay": replay, "loss": loss.item(),
+            "peak_reserved": peak_reserved(config)}
+
+
 def child_batch(config, free_gib):
     import cupy
     import torch
@@ -162,6 +191,9 @@ def run(kind, configs, out, extra):
     date = datetime.date.today().isoformat()
     command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     jobs = [(c, m) for c in configs for m in (["gpt2", "resnet50"] if kind == "speed" else ["gpt2"])]
+    if kind == "graph":
+        # Alternate the configurations, three rounds, so drift hits all alike.
+        jobs = [(c, "gpt2") for _ in range(3) for c in configs]
     for config, model in jobs:
         p = subprocess.run([sys.executable, __file__, "child", kind, config, model, str(extra)],
                            capture_output=True, text=True, timeout=900)
@@ -178,7 +210,7 @@ def run(kind, configs, out, extra):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["speed", "batch", "child"])
+    ap.add_argument("what", choices=["speed", "batch", "graph", "child"])
     ap.add_argument("rest", nargs="*")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out")
@@ -186,7 +218,12 @@ def main():
     a = ap.parse_args()
     if a.what == "child":
         kind, config, model, extra = a.rest
-        r = child_speed(config, model) if kind == "speed" else child_batch(config, float(extra))
+        if kind == "speed":
+            r = child_speed(config, model)
+        elif kind == "graph":
+            r = child_graph(config)
+        else:
+            r = child_batch(config, float(extra))
         print("RESULT " + json.dumps(r), flush=True)
         return
     run(a.what, a.configs.split(","), a.out, a.free_gib)

@@ -19,8 +19,12 @@ is active:
   once), ``torch.cuda.memory_stats()`` and the functions built on it,
   ``empty_cache``, ``set_per_process_memory_fraction``,
   ``Tensor.record_stream``, ``cudnn.benchmark`` (``cacheInfo``) and
-  ``torch.cuda.memory._snapshot()``. CUDA graph capture and CUDA IPC of
-  tensors raise an error that names the MemPool mode.
+  ``torch.cuda.memory._snapshot()``, and CUDA graphs (``torch.cuda.graph``,
+  ``make_graphed_callables``, ``torch.compile(mode="reduce-overhead")``):
+  memory allocated during a capture comes from a graph-private gpumem pool
+  that keeps its addresses until the graph is deleted. A CUDA graph tree
+  checkpoint that would have to re-create blocks is refused with an error,
+  and so is CUDA IPC of tensors; both name the MemPool mode.
 - ``"pluggable"``: ``torch.cuda.memory.CUDAPluggableAllocator`` over
   ``gpumem_malloc``/``gpumem_free``, used when the native allocator cannot be
   built (no compiler, another PyTorch version: ``enable()`` warns and says
@@ -88,6 +92,14 @@ _API = (
     "get_memory_fraction",
     "record_stream",
     "snapshot",
+    "graph_pool_begin",
+    "graph_pool_end",
+    "graph_pool_retain",
+    "graph_pool_release",
+    "graph_pool_use_count",
+    "graph_pool_malloc",
+    "graph_pool_free",
+    "graph_pool_hold",
 )
 
 _mode = None

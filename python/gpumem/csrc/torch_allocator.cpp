@@ -19,9 +19,21 @@
 //   allocator orders it. raw_delete looks raw allocations up in a small map.
 // - statistics, reset, cacheInfo, emptyCache, the memory fraction,
 //   recordStream and snapshot map to their gpumem_* counterparts.
-// - CUDA graph pools (beginAllocateToPool) and CUDA IPC of tensors are not
-//   supported by this mode: they raise an error naming gpumem and the way out
-//   (the MemPool mode, gpumem.torch.mempool, supports both).
+// - CUDA graphs: beginAllocateToPool / endAllocateToPool / releasePool /
+//   createOrIncrefPool map to gpumem's graph-private pools
+//   (gpumem_graph_pool_*). While a capture into a pool is under way, each
+//   allocation's stream is passed to the capture's filter (PyTorch's: "is
+//   this stream capturing into this graph?"), and a match allocates from the
+//   graph's pool; every gpumem call then runs in relaxed capture mode, as
+//   PyTorch's own allocator does around cudaMalloc. A block of the device's
+//   pool freed during a capture, on the capturing stream (or by the thread
+//   that began the only capture under way), is held for the graph until its
+//   pool goes: the captured work may use it in every replay.
+//   Checkpoints (torch.compile's CUDA graph trees) are taken, and restored
+//   when nothing has changed since; a restore that would have to re-create
+//   blocks is refused with an error.
+// - CUDA IPC of tensors is not supported by this mode: it raises an error
+//   naming gpumem and the way out (the MemPool mode, gpumem.torch.mempool).
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -36,14 +48,20 @@
 #include "gpumem.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 // The table gpumem.torch fills with the addresses of libgpumem's functions,
@@ -61,6 +79,14 @@ struct gpumem_torch_api {
   decltype(&gpumem_get_memory_fraction) get_memory_fraction;
   decltype(&gpumem_record_stream) record_stream;
   decltype(&gpumem_snapshot) snapshot;
+  decltype(&gpumem_graph_pool_begin) graph_pool_begin;
+  decltype(&gpumem_graph_pool_end) graph_pool_end;
+  decltype(&gpumem_graph_pool_retain) graph_pool_retain;
+  decltype(&gpumem_graph_pool_release) graph_pool_release;
+  decltype(&gpumem_graph_pool_use_count) graph_pool_use_count;
+  decltype(&gpumem_graph_pool_malloc) graph_pool_malloc;
+  decltype(&gpumem_graph_pool_free) graph_pool_free;
+  decltype(&gpumem_graph_pool_hold) graph_pool_hold;
 };
 
 namespace gpumem_torch {
@@ -72,24 +98,155 @@ using c10::CachingDeviceAllocator::Stat;
 using c10::CachingDeviceAllocator::StatArray;
 using c10::CachingDeviceAllocator::StatType;
 
-// What a DataPtr's context holds: everything gpumem_free needs.
+using PoolId = c10::MempoolId_t;
+constexpr PoolId kDevicePool{0, 0};
+
+// What a DataPtr's context holds: everything gpumem_free needs, and the
+// graph pool the block came from ({0, 0}: the device's pool).
 struct Allocation {
   void* ptr;
   size_t size;
   cudaStream_t stream;
   c10::DeviceIndex device;
+  PoolId pool;
 };
 
 gpumem_torch_api api;
+
+// A capture into a graph pool under way (beginAllocateToPool).
+struct Capture {
+  c10::DeviceIndex device;
+  PoolId pool;
+  std::function<bool(cudaStream_t)> filter;
+  std::thread::id thread;
+};
+
+// The captures under way, and their number for the allocation path's one
+// atomic check.
+std::mutex captures_mutex;
+std::vector<Capture> captures;
+std::atomic<int> n_captures{0};
+
+// Live blocks of each graph pool, for checkpoints and live-allocation
+// checks (graph pools allocate during captures only: rare).
+std::mutex pool_blocks_mutex;
+std::map<std::pair<c10::DeviceIndex, PoolId>, std::map<void*, size_t>> pool_blocks;
+
+bool capturing() {
+  return n_captures.load(std::memory_order_acquire) > 0;
+}
+
+// This thread in relaxed capture mode while `on` (PyTorch's allocator does
+// the same around cudaMalloc): with a global-mode capture under way on any
+// thread, driver allocations and frees would otherwise invalidate it.
+class RelaxedMode {
+ public:
+  explicit RelaxedMode(bool on) : on_(on) {
+    if (on_) {
+      prev_ = cudaStreamCaptureModeRelaxed;
+      C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&prev_));
+    }
+  }
+  ~RelaxedMode() {
+    if (on_) {
+      (void)cudaThreadExchangeStreamCaptureMode(&prev_);
+    }
+  }
+  RelaxedMode(const RelaxedMode&) = delete;
+  RelaxedMode& operator=(const RelaxedMode&) = delete;
+
+ private:
+  bool on_;
+  cudaStreamCaptureMode prev_{};
+};
+
+// The graph pool an allocation on `stream` goes to, if a capture's filter
+// takes it.
+bool pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
+  std::lock_guard<std::mutex> lock(captures_mutex);
+  for (const auto& c : captures) {
+    if (c.device == device && c.filter(stream)) {
+      *pool = c.pool;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The graph pool that must hold a block of the device's pool freed now: the
+// one whose capture takes the block's stream, else, if this thread began the
+// only capture under way on the device, that one.
+bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
+  std::lock_guard<std::mutex> lock(captures_mutex);
+  const Capture* by_thread = nullptr;
+  int on_device = 0;
+  for (const auto& c : captures) {
+    if (c.device != device) {
+      continue;
+    }
+    ++on_device;
+    if (c.filter(stream)) {
+      *pool = c.pool;
+      return true;
+    }
+    if (c.thread == std::this_thread::get_id()) {
+      by_thread = &c;
+    }
+  }
+  if (on_device == 1 && by_thread != nullptr) {
+    *pool = by_thread->pool;
+    return true;
+  }
+  return false;
+}
+
+void note_pool_block(const Allocation& a, bool live) {
+  std::lock_guard<std::mutex> lock(pool_blocks_mutex);
+  auto& blocks = pool_blocks[{a.device, a.pool}];
+  if (live) {
+    blocks[a.ptr] = a.size;
+  } else {
+    blocks.erase(a.ptr);
+  }
+}
+
+// Frees `a` where it came from.
+void free_block(const Allocation& a) {
+  if (a.pool != kDevicePool) {
+    note_pool_block(a, false);
+    RelaxedMode relaxed(capturing());
+    api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
+    return;
+  }
+  if (capturing()) {
+    RelaxedMode relaxed(true);
+    PoolId pool;
+    if (hold_pool_for(a.device, a.stream, &pool)) {
+      api.graph_pool_hold(a.ptr, a.size, a.device, pool.first, pool.second, a.stream);
+    } else {
+      api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+    }
+    return;
+  }
+  api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+}
 
 void free_allocation(void* ctx) {
   auto* a = static_cast<Allocation*>(ctx);
   if (a == nullptr) {
     return;
   }
-  api.free(a->ptr, static_cast<ssize_t>(a->size), a->device, a->stream);
+  free_block(*a);
   delete a;
 }
+
+// A checkpoint of a graph pool: its live blocks (torch.compile's CUDA graph
+// trees take one after recording each graph).
+struct Checkpoint final : AllocatorState {
+  c10::DeviceIndex device;
+  PoolId pool;
+  std::map<void*, size_t> blocks;
+};
 
 // Messages are formatted with snprintf, never with iostreams: the compiler
 // that builds this file may bring another libstdc++ than the one PyTorch
@@ -141,8 +298,8 @@ class GpumemAllocator final : public CUDAAllocator {
       return {nullptr, nullptr, &free_allocation, where};
     }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    void* p = malloc_or_throw(size, device, stream);
-    return {p, new Allocation{p, size, stream, device}, &free_allocation, where};
+    Allocation a = allocate_block(size, device, stream);
+    return {a.ptr, new Allocation(a), &free_allocation, where};
   }
 
   void* raw_alloc(size_t nbytes) override {
@@ -171,7 +328,7 @@ class GpumemAllocator final : public CUDAAllocator {
       a = it->second;
       raw_.erase(it);
     }
-    api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+    free_block(a);
   }
 
   void init(int /*device_count*/) override {}
@@ -271,19 +428,90 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   void beginAllocateToPool(
-      c10::DeviceIndex /*device*/,
-      c10::MempoolId_t /*mempool_id*/,
-      std::function<bool(cudaStream_t)> /*filter*/) override {
-    fail(graph_message());
+      c10::DeviceIndex device,
+      c10::MempoolId_t mempool_id,
+      std::function<bool(cudaStream_t)> filter) override {
+    if (api.graph_pool_begin(device, mempool_id.first, mempool_id.second) != 0) {
+      fail(std::string("gpumem: beginAllocateToPool: ") + last_error());
+    }
+    std::lock_guard<std::mutex> lock(captures_mutex);
+    captures.push_back(
+        Capture{device, mempool_id, std::move(filter), std::this_thread::get_id()});
+    n_captures.fetch_add(1, std::memory_order_acq_rel);
   }
-  void endAllocateToPool(
-      c10::DeviceIndex /*device*/,
-      c10::MempoolId_t /*mempool_id*/) override {
-    fail(graph_message());
-  }
-  void releasePool(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/)
+
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id)
       override {
-    // Nothing was ever allocated to a pool (beginAllocateToPool refuses).
+    {
+      std::lock_guard<std::mutex> lock(captures_mutex);
+      auto it = std::find_if(captures.begin(), captures.end(), [&](const Capture& c) {
+        return c.device == device && c.pool == mempool_id;
+      });
+      if (it != captures.end()) {
+        captures.erase(it);
+        n_captures.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+    if (api.graph_pool_end(device, mempool_id.first, mempool_id.second) != 0) {
+      TORCH_WARN(std::string("gpumem: endAllocateToPool: ") + last_error());
+    }
+  }
+
+  // Called as graphs are destroyed: warns rather than throws.
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id)
+      override {
+    if (api.graph_pool_release(device, mempool_id.first, mempool_id.second) != 0) {
+      TORCH_WARN(std::string("gpumem: releasePool: ") + last_error());
+    }
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id)
+      override {
+    return api.graph_pool_use_count(device, mempool_id.first, mempool_id.second);
+  }
+
+  void createOrIncrefPool(
+      c10::DeviceIndex device,
+      c10::MempoolId_t mempool_id,
+      std::shared_ptr<CUDAAllocator> allocator) override {
+    if (allocator != nullptr && allocator.get() != this) {
+      fail(
+          "gpumem's native allocator cannot serve a MemPool made with another "
+          "allocator; create the MemPool without one, or use PyTorch's "
+          "allocator with gpumem.torch.mempool()");
+    }
+    if (api.graph_pool_retain(device, mempool_id.first, mempool_id.second) != 0) {
+      fail(std::string("gpumem: createOrIncrefPool: ") + last_error());
+    }
+  }
+
+  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/, bool use_on_oom)
+      override {
+    if (use_on_oom) {
+      fail("gpumem's native allocator does not serve out-of-memory retries from a MemPool (use_on_oom)");
+    }
+  }
+
+  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override {
+    // gpumem's graph pools split blocks as their pool does; nothing to set.
+  }
+
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device,
+      c10::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override {
+    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
+    auto it = pool_blocks.find({device, mempool_id});
+    size_t live = it == pool_blocks.end() ? 0 : it->second.size();
+    if (live != expected_live_allocations.size()) {
+      return false;
+    }
+    for (void* p : expected_live_allocations) {
+      if (it == pool_blocks.end() || it->second.count(p) == 0) {
+        return false;
+      }
+    }
+    return true;
   }
 
   ShareableHandle shareIpcHandle(void* /*ptr*/) override {
@@ -343,14 +571,43 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   std::shared_ptr<AllocatorState> getCheckpointState(
-      c10::DeviceIndex /*device*/,
-      c10::MempoolId_t /*id*/) override {
-    fail(graph_message());
+      c10::DeviceIndex device,
+      c10::MempoolId_t id) override {
+    auto state = std::make_shared<Checkpoint>();
+    state->device = device;
+    state->pool = id;
+    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
+    auto it = pool_blocks.find({device, id});
+    if (it != pool_blocks.end()) {
+      state->blocks = it->second;
+    }
+    return state;
   }
+
+  // Restores a checkpoint when the pool's live blocks are those it holds
+  // (nothing to free or re-create); anything else is refused: gpumem cannot
+  // re-create a block at a given address.
   CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex /*device*/,
-      std::shared_ptr<AllocatorState> /*pps*/) override {
-    fail(graph_message());
+      c10::DeviceIndex device,
+      std::shared_ptr<AllocatorState> pps) override {
+    auto* state = dynamic_cast<Checkpoint*>(pps.get());
+    if (state == nullptr || state->device != device) {
+      fail("gpumem: setCheckpointPoolState: not a checkpoint of gpumem's on this device");
+    }
+    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
+    auto it = pool_blocks.find({device, state->pool});
+    std::map<void*, size_t> now;
+    if (it != pool_blocks.end()) {
+      now = it->second;
+    }
+    if (now != state->blocks) {
+      fail(
+          "gpumem's native allocator cannot restore this CUDA graph tree "
+          "checkpoint (blocks changed since it was taken; torch.compile "
+          "records a new graph path): run torch.compile(mode=\"reduce-overhead\") "
+          "under gpumem.torch.mempool() or PyTorch's allocator for such models");
+    }
+    return CheckpointDelta{};
   }
 
   std::string name() override {
@@ -362,12 +619,36 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
  private:
-  static std::string graph_message() {
-    return "gpumem's native allocator does not support CUDA graph memory pools "
-           "(torch.cuda.graph, make_graphed_callables, torch.compile's "
-           "reduce-overhead mode) yet; capture under gpumem.torch.mempool() "
-           "instead, which routes the graph's memory through PyTorch's pool "
-           "with gpumem underneath";
+  static std::string last_error() {
+    const char* e = api.last_error();
+    return e != nullptr ? e : "no reason given";
+  }
+
+  // Allocates from the graph pool a capture's filter takes the stream to, or
+  // from the device's pool; relaxed capture mode while any capture is under
+  // way.
+  Allocation allocate_block(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    if (!capturing()) {
+      return Allocation{malloc_or_throw(size, device, stream), size, stream, device, kDevicePool};
+    }
+    RelaxedMode relaxed(true);
+    PoolId pool;
+    if (!pool_for(device, stream, &pool)) {
+      return Allocation{malloc_or_throw(size, device, stream), size, stream, device, kDevicePool};
+    }
+    void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
+    if (p == nullptr) {
+      std::string why = last_error();
+      std::string where = format_bytes(size) + " on device " + std::to_string(static_cast<int>(device));
+      if (why.find("out of memory") != std::string::npos) {
+        notify_oom(device);
+        fail_out_of_memory("CUDA out of memory. Tried to allocate " + where + " for a CUDA graph through gpumem: " + why);
+      }
+      fail("gpumem could not allocate " + where + " for a CUDA graph: " + why);
+    }
+    Allocation a{p, size, stream, device, pool};
+    note_pool_block(a, true);
+    return a;
   }
 
   static std::string ipc_message() {
@@ -401,10 +682,10 @@ class GpumemAllocator final : public CUDAAllocator {
     if (size == 0) {
       return nullptr;
     }
-    void* p = malloc_or_throw(size, device, stream);
+    Allocation a = allocate_block(size, device, stream);
     std::lock_guard<std::mutex> lock(raw_mutex_);
-    raw_[p] = Allocation{p, size, stream, device};
-    return p;
+    raw_[a.ptr] = a;
+    return a.ptr;
   }
 
   void notify_oom(c10::DeviceIndex device) {
