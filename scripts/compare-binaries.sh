@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Replays the traces through two `gpumem` binaries (an old and a new build)
+# on the same GPU in one run, alternating them three rounds so drift hits
+# both alike, and prints the median ns per operation of each (first pass and
+# steady state) with new/old. JSON lines go to OUT_DIR/compare.jsonl.
+#
+# Usage: compare-binaries.sh OLD_BIN NEW_BIN OUT_DIR TRACE... 
+# Env: ALLOCS (default pool,vpool,caching,arena), REPEATS (default 5),
+# DEVICE (default cuda; sim for a dry run).
+set -uo pipefail
+old=$1 new=$2 out=$3
+shift 3
+mkdir -p "$out"
+allocs=${ALLOCS:-pool,vpool,caching,arena}
+for round in 1 2 3; do
+  for which in old new; do
+    bin=$old; [[ $which == new ]] && bin=$new
+    for trace in "$@"; do
+      for mode in cold warm; do
+        flag=(); [[ $mode == warm ]] && flag=(--warm)
+        "$bin" replay "$trace" --device "${DEVICE:-cuda}" --alloc "$allocs" --repeats "${REPEATS:-5}" --json "${flag[@]}" 2>>"$out/compare.err" |
+          sed "s/^{/{\"binary\":\"$which\",\"round\":$round,\"pass\":\"$mode\",\"trace_file\":\"$(basename "$trace")\",/" >>"$out/compare.jsonl"
+      done
+    done
+  done
+done
+python3 - "$out/compare.jsonl" <<'PY'
+import json, statistics, sys
+from collections import defaultdict
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+key = lambda r: (r["trace_file"], r.get("allocator", r.get("alloc")), r["pass"])
+ns = defaultdict(lambda: defaultdict(list))
+for r in rows:
+    v = r.get("ns_per_op") or r.get("median_ns_per_op")
+    if v is not None:
+        ns[key(r)][r["binary"]].append(v)
+print(f"{'trace':28} {'alloc':8} {'pass':5} {'old ns/op':>10} {'new ns/op':>10} {'new/old':>8}")
+for k in sorted(ns):
+    o, n = ns[k].get("old"), ns[k].get("new")
+    if o and n:
+        mo, mn = statistics.median(o), statistics.median(n)
+        print(f"{k[0]:28} {k[1]:8} {k[2]:5} {mo:10.1f} {mn:10.1f} {mn / mo:8.3f}")
+PY
