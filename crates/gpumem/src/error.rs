@@ -135,6 +135,21 @@ pub enum Error {
         name: String,
     },
 
+    /// A driver call that a stream capture refused, or that failed because
+    /// such a refusal broke the capture it belongs to: the `CUresult` codes
+    /// `CUDA_ERROR_STREAM_CAPTURE_*` (900 to 906, 908) and
+    /// `CUDA_ERROR_CAPTURED_EVENT` (907). See [`crate::driver::CaptureMode`]
+    /// for which calls a capture refuses.
+    #[error("CUDA driver call {call} is not allowed during stream capture: {name} ({code})")]
+    StreamCapture {
+        /// The driver function, such as `cuMemAlloc`.
+        call: &'static str,
+        /// The numeric `CUresult`.
+        code: i32,
+        /// The `CUresult` name, such as `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+        name: String,
+    },
+
     /// No CUDA driver library could be loaded, or it has no usable device.
     #[error("no CUDA driver: {reason}")]
     NoDriver {
@@ -185,6 +200,10 @@ pub enum Error {
     #[error("I/O error: {0}")]
     Io(String),
 }
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (900) to
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (908).
+const CAPTURE_CODES: std::ops::RangeInclusive<i32> = 900..=908;
 
 /// Why a free was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +256,23 @@ impl Error {
         matches!(self, Error::OutOfMemory(_))
     }
 
+    /// True for [`Error::StreamCapture`]: the call failed because of a stream
+    /// capture.
+    pub fn is_capture_error(&self) -> bool {
+        matches!(self, Error::StreamCapture { .. })
+    }
+
+    /// The error for a failed driver call with `CUresult` `code` named `name`:
+    /// [`Error::StreamCapture`] for the stream-capture codes, else
+    /// [`Error::Driver`].
+    pub(crate) fn from_driver(call: &'static str, code: i32, name: String) -> Self {
+        if CAPTURE_CODES.contains(&code) {
+            Error::StreamCapture { call, code, name }
+        } else {
+            Error::Driver { call, code, name }
+        }
+    }
+
     /// The out-of-memory detail, if this is an out-of-memory error.
     pub fn oom_info(&self) -> Option<&OomInfo> {
         match self {
@@ -274,6 +310,23 @@ mod tests {
         assert!(s.contains("1125899906842624"), "{s}");
         assert!(s.contains("device 0") && s.contains("4096") && s.contains("512"));
         assert_eq!(e.oom_info().unwrap().requested, 1 << 50);
+    }
+
+    #[test]
+    fn capture_codes_are_stream_capture_errors_and_others_driver_errors() {
+        let e = Error::from_driver(
+            "cuMemAlloc",
+            900,
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED".into(),
+        );
+        assert!(e.is_capture_error(), "{e:?}");
+        assert!(e.to_string().contains("cuMemAlloc"), "{e}");
+        assert!(Error::from_driver("cuEventQuery", 907, String::new()).is_capture_error());
+        assert!(Error::from_driver("cuStreamEndCapture", 908, String::new()).is_capture_error());
+        for code in [1, 401, 899, 909] {
+            let e = Error::from_driver("cuMemAlloc", code, String::new());
+            assert!(matches!(e, Error::Driver { .. }), "{code}: {e:?}");
+        }
     }
 
     #[test]

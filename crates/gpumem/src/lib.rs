@@ -17,6 +17,7 @@ pub mod driver;
 mod error;
 pub mod exit;
 pub mod fork;
+pub mod graph;
 #[allow(unsafe_code)]
 pub mod interop;
 pub mod logger;
@@ -34,4 +35,5 @@ pub use buffer::DeviceBuffer;
 pub use device::Device;
 pub use driver::{Backend, DevicePtr};
 pub use error::{check_alignment, Error, FreeError, LiveAllocations, OomInfo, Result};
+pub use graph::{Graph, GraphExec, RelaxedCapture};
 pub use stream::{Event, Stream, StreamId};

@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::driver::{RawEvent, RawStream, STREAM_LEGACY, STREAM_PER_THREAD};
+use crate::driver::{
+    CaptureInfo, CaptureMode, CaptureStatus, RawEvent, RawStream, STREAM_LEGACY, STREAM_PER_THREAD,
+};
+use crate::graph::Graph;
 use crate::Result;
 
 /// Process-unique identity of a stream, used as the stream-ordering key.
@@ -153,6 +156,46 @@ impl Stream {
             .device
             .driver()
             .stream_wait_event(self.inner.raw, event.raw)
+    }
+
+    /// Begins a capture (`cuStreamBeginCapture`): from now on, work enqueued
+    /// on this stream, and on streams that wait on events recorded on it, is
+    /// recorded into a graph instead of run, until [`Stream::end_capture`].
+    /// `mode` says which calls the capture forbids meanwhile (see
+    /// [`CaptureMode`]); [`CaptureMode::Global`] is CUDA's and PyTorch's
+    /// default. The legacy default stream cannot capture.
+    pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        self.inner
+            .device
+            .driver()
+            .stream_begin_capture(self.inner.raw, mode)
+    }
+
+    /// Ends the capture begun on this stream and returns its graph
+    /// (`cuStreamEndCapture`). Fails with [`crate::Error::StreamCapture`],
+    /// ending the capture all the same, when a forbidden call invalidated it
+    /// or a stream that joined it was not joined back.
+    pub fn end_capture(&self) -> Result<Graph> {
+        let raw = self
+            .inner
+            .device
+            .driver()
+            .stream_end_capture(self.inner.raw)?;
+        Ok(Graph::from_raw(self.inner.device.clone(), raw))
+    }
+
+    /// Whether the stream is capturing, and the capture's id
+    /// (`cuStreamGetCaptureInfo`).
+    pub fn capture_info(&self) -> Result<CaptureInfo> {
+        self.inner
+            .device
+            .driver()
+            .stream_capture_info(self.inner.raw)
+    }
+
+    /// Whether the stream is capturing: [`Stream::capture_info`]'s status.
+    pub fn capture_status(&self) -> Result<CaptureStatus> {
+        Ok(self.capture_info()?.status)
     }
 
     /// Makes later work on this stream wait for all work enqueued on `other` so far.

@@ -29,9 +29,10 @@ pub mod sim;
 mod types;
 
 pub use types::{
-    AccessFlags, AllocationType, Backend, DeviceInfo, DevicePtr, HandleType, HostAllocFlags,
-    Location, MemInfo, PoolAttr, PoolProps, PoolPtrExport, RawEvent, RawPhys, RawPool, RawStream,
-    STREAM_LEGACY, STREAM_PER_THREAD,
+    AccessFlags, AllocationType, Backend, CaptureInfo, CaptureMode, CaptureStatus, DeviceInfo,
+    DevicePtr, HandleType, HostAllocFlags, Location, MemInfo, PoolAttr, PoolProps, PoolPtrExport,
+    RawEvent, RawGraph, RawGraphExec, RawPhys, RawPool, RawStream, STREAM_LEGACY,
+    STREAM_PER_THREAD,
 };
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -91,6 +92,36 @@ pub trait Driver: Send + Sync + 'static {
     fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()>;
     /// Blocks until all work on `device` is complete.
     fn device_synchronize(&self, device: u32) -> Result<()>;
+
+    // ----- stream capture and graphs -----
+
+    /// `cuStreamBeginCapture`: from now on, work enqueued on `stream` (and on
+    /// streams that wait on events recorded in the capture, which join it) is
+    /// recorded into a graph instead of run. `mode` says which calls the
+    /// capture forbids (see [`CaptureMode`]). The legacy default stream cannot
+    /// capture.
+    fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()>;
+    /// `cuStreamEndCapture`: ends the capture that began on `stream` and
+    /// returns its graph, which the caller owns. Fails, still ending the
+    /// capture, when a forbidden call invalidated it or when a stream that
+    /// joined it has work the origin stream did not wait for.
+    fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph>;
+    /// `cuStreamGetCaptureInfo`: whether `stream` is capturing, and the
+    /// capture's id.
+    fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo>;
+    /// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture
+    /// mode and returns the one it had. Meant to be used in pairs: set, call,
+    /// restore.
+    fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode>;
+    /// `cuGraphInstantiate`: an executable graph of `graph`, which the caller
+    /// owns. The graph itself may be destroyed afterwards.
+    fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec>;
+    /// `cuGraphLaunch`: enqueues one run of the graph's work on `stream`.
+    fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()>;
+    /// `cuGraphDestroy`.
+    fn graph_destroy(&self, graph: RawGraph) -> Result<()>;
+    /// `cuGraphExecDestroy`: launches already enqueued still run.
+    fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()>;
 
     // ----- plain allocation -----
 

@@ -54,6 +54,10 @@ pub type RawEvent = u64;
 pub type RawPool = u64;
 /// A raw physical allocation handle (a `CUmemGenericAllocationHandle`).
 pub type RawPhys = u64;
+/// A raw graph handle (a `CUgraph`), as stream capture returns it.
+pub type RawGraph = u64;
+/// A raw executable-graph handle (a `CUgraphExec`).
+pub type RawGraphExec = u64;
 
 /// The legacy default stream, `CU_STREAM_LEGACY` (same semantics as handle 0).
 pub const STREAM_LEGACY: RawStream = 0x1;
@@ -215,3 +219,66 @@ pub enum AccessFlags {
 /// (`CUmemPoolPtrExportData`, 64 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolPtrExport(pub [u8; 64]);
+
+/// How a stream capture, or a thread, treats calls that are "potentially
+/// unsafe" during capture (`CUstreamCaptureMode`): the calls that act at once
+/// instead of in stream order, such as `cuMemAlloc`, which a graph could not
+/// replay.
+///
+/// A capture's mode is given when it begins; a thread's mode is set with
+/// `Driver::thread_exchange_capture_mode` (every thread starts in
+/// [`CaptureMode::Global`]). A thread in mode `Global` may not make such calls
+/// while it has a capture of its own that is not `Relaxed`, or while any
+/// thread has a `Global` capture; in mode `ThreadLocal`, only its own captures
+/// count; in mode `Relaxed`, it may make them. A refused call fails and
+/// invalidates the captures that refused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL`, the default.
+    #[default]
+    Global,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`.
+    ThreadLocal,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+    Relaxed,
+}
+
+impl std::fmt::Display for CaptureMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureMode::Global => "global",
+            CaptureMode::ThreadLocal => "thread-local",
+            CaptureMode::Relaxed => "relaxed",
+        })
+    }
+}
+
+/// Whether a stream is capturing (`CUstreamCaptureStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaptureStatus {
+    /// Not capturing: work runs when enqueued.
+    None,
+    /// Capturing: work is recorded into a graph.
+    Active,
+    /// Capturing, but a forbidden call broke the capture: ending it fails.
+    Invalidated,
+}
+
+impl std::fmt::Display for CaptureStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureStatus::None => "none",
+            CaptureStatus::Active => "active",
+            CaptureStatus::Invalidated => "invalidated",
+        })
+    }
+}
+
+/// A stream's capture state, as `cuStreamGetCaptureInfo` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CaptureInfo {
+    /// Whether the stream is capturing.
+    pub status: CaptureStatus,
+    /// The capture's id, unique in the process (0 when not capturing).
+    pub id: u64,
+}

@@ -95,6 +95,20 @@ pub(super) const SYM_STREAM_GET_DEVICE: &str = "cuStreamGetDevice"; // 12.8
 pub(super) const SYM_PREFETCH_V2: &str = "cuMemPrefetchAsync_v2"; // 12.2
 pub(super) const SYM_ADVISE_V2: &str = "cuMemAdvise_v2"; // 12.2
 
+/// Stream capture and graphs (CUDA 12.3 and later): checked as a group, so
+/// that a driver lacking one still serves everything else and only capture
+/// calls report [`Error::Unsupported`].
+pub(super) const SYMS_GRAPHS: &[&str] = &[
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuStreamGetCaptureInfo_v3",
+    "cuThreadExchangeStreamCaptureMode",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+];
+
 /// Whether cudarc can find `libcuda` under one of its names.
 pub(super) fn library_present() -> bool {
     // SAFETY: is_culib_present only dlopens the candidate names and drops what
@@ -118,6 +132,8 @@ pub(super) struct Loaded {
     pub has_prefetch_v2: bool,
     /// Whether `cuMemAdvise_v2` (location-based advice) exists.
     pub has_advise_v2: bool,
+    /// The first stream-capture symbol missing, if any ([`SYMS_GRAPHS`]).
+    pub missing_graph_symbol: Option<&'static str>,
 }
 
 /// Finds the library, checks its symbols, runs `cuInit(0)`, lists devices.
@@ -170,6 +186,7 @@ pub(super) fn load() -> Result<Loaded> {
         has_stream_get_device: has_symbol(SYM_STREAM_GET_DEVICE),
         has_prefetch_v2: has_symbol(SYM_PREFETCH_V2),
         has_advise_v2: has_symbol(SYM_ADVISE_V2),
+        missing_graph_symbol: SYMS_GRAPHS.iter().copied().find(|s| !has_symbol(s)),
     })
 }
 

@@ -5,6 +5,8 @@
 //!   [`Error::OutOfMemory`] carrying the requested bytes and the device.
 //! - `CUDA_ERROR_NOT_SUPPORTED` is [`Error::Unsupported`] naming the call: the
 //!   device or driver lacks the feature (an IPC handle type, managed pools...).
+//! - The stream-capture codes (`CUDA_ERROR_STREAM_CAPTURE_*`,
+//!   `CUDA_ERROR_CAPTURED_EVENT`) are [`Error::StreamCapture`].
 //! - Everything else is [`Error::Driver`] with the call, the code and the name
 //!   `cuGetErrorName` gives (or the binding's variant name, identical, when the
 //!   library is not loaded).
@@ -58,11 +60,7 @@ pub(super) fn to_error(res: CUresult, call: &'static str) -> Error {
                 "{call}: not supported by this device or driver (CUDA_ERROR_NOT_SUPPORTED)"
             ),
         },
-        _ => Error::Driver {
-            call,
-            code: res as i32,
-            name: error_name(res),
-        },
+        _ => Error::from_driver(call, res as i32, error_name(res)),
     }
 }
 

@@ -10,11 +10,12 @@
 //!
 //! Files, one concept each: `context` (loading, primary contexts, device
 //! queries), `stream` (streams and events), `memory` (plain allocation and
-//! copies), `pool` (stream-ordered pools), `vmm` (virtual memory), `error`
-//! (`CUresult` to [`Error`]).
+//! copies), `pool` (stream-ordered pools), `vmm` (virtual memory), `graph`
+//! (stream capture and graphs), `error` (`CUresult` to [`Error`]).
 
 mod context;
 mod error;
+mod graph;
 mod memory;
 mod pool;
 mod stream;
@@ -38,6 +39,8 @@ pub struct CudaDriver {
     has_stream_get_device: bool,
     has_prefetch_v2: bool,
     has_advise_v2: bool,
+    /// The first stream-capture symbol the driver lacks, if any.
+    missing_graph_symbol: Option<&'static str>,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -69,6 +72,7 @@ impl CudaDriver {
                     has_stream_get_device: loaded.has_stream_get_device,
                     has_prefetch_v2: loaded.has_prefetch_v2,
                     has_advise_v2: loaded.has_advise_v2,
+                    missing_graph_symbol: loaded.missing_graph_symbol,
                 }))
             })
             .clone()
@@ -169,6 +173,31 @@ impl Driver for CudaDriver {
     }
     fn device_synchronize(&self, device: u32) -> Result<()> {
         self.device_synchronize_impl(device)
+    }
+
+    fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()> {
+        self.stream_begin_capture_impl(stream, mode)
+    }
+    fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph> {
+        self.stream_end_capture_impl(stream)
+    }
+    fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
+        self.stream_capture_info_impl(stream)
+    }
+    fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
+        self.thread_exchange_capture_mode_impl(mode)
+    }
+    fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec> {
+        self.graph_instantiate_impl(graph)
+    }
+    fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
+        self.graph_launch_impl(exec, stream)
+    }
+    fn graph_destroy(&self, graph: RawGraph) -> Result<()> {
+        self.graph_destroy_impl(graph)
+    }
+    fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()> {
+        self.graph_exec_destroy_impl(exec)
     }
 
     fn mem_alloc(&self, device: u32, bytes: usize) -> Result<DevicePtr> {

@@ -1,11 +1,11 @@
 //! The `Driver` trait over the simulator: each method counts its call under
-//! its CUDA name (maybe failing it, see `faults`), makes a passed device
-//! current on the calling thread, and hands over to the `State` method that
-//! models it. Costs: one mutex lock per call plus the modelled work.
+//! its CUDA name (maybe failing it, see `faults`), applies the stream-capture
+//! rules (see `capture`), makes a passed device current on the calling
+//! thread, and hands over to the `State` method that models it. Costs: one mutex lock per call plus the modelled work.
 
 use super::faults::{self, drv, INVALID_HANDLE, NOT_SUPPORTED};
 use super::memory::Addr;
-use super::streams::{EventState, Op};
+use super::streams::{EventState, Op, Record};
 use super::{SimDriver, TAG_EVENT};
 use crate::driver::*;
 use crate::Result;
@@ -74,9 +74,9 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_create(&self, device: u32, _non_blocking: bool) -> Result<RawStream> {
+    fn stream_create(&self, device: u32, non_blocking: bool) -> Result<RawStream> {
         self.call_dev("cuStreamCreate", device, |st, _| {
-            Ok(st.stream_create(device))
+            Ok(st.stream_create(device, non_blocking))
         })
     }
 
@@ -93,8 +93,9 @@ impl Driver for SimDriver {
 
     fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
         const CALL: &str = "cuStreamSynchronize";
-        self.call(CALL, |st, ctx| {
+        self.call_raw(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
+            st.check_stream_sync(q, CALL, ctx)?;
             let device = st.queue_device(q);
             st.force_all(q);
             st.release_at_sync(device);
@@ -104,8 +105,9 @@ impl Driver for SimDriver {
 
     fn stream_query(&self, stream: RawStream) -> Result<bool> {
         const CALL: &str = "cuStreamQuery";
-        self.call(CALL, |st, ctx| {
+        self.call_raw(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
+            st.check_stream_sync(q, CALL, ctx)?;
             Ok(st.queues.get(&q).is_none_or(|q| q.pending_len() == 0))
         })
     }
@@ -117,7 +119,7 @@ impl Driver for SimDriver {
                 h,
                 EventState {
                     device,
-                    record: None,
+                    record: Record::Never,
                 },
             );
             Ok(h)
@@ -141,30 +143,40 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, INVALID_HANDLE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
-            st.event_record(event, q)
+            match st.stream_gate(q, CALL)? {
+                Some(id) => {
+                    st.capture_event_record(event, q, id);
+                    Ok(())
+                }
+                None => st.event_record(event, q),
+            }
         })
     }
 
     fn event_query(&self, event: RawEvent) -> Result<bool> {
         const CALL: &str = "cuEventQuery";
-        self.call(CALL, |st, _| {
-            let e = st
-                .events
-                .get(&event)
-                .ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
-            Ok(e.record.is_none_or(|(q, p)| st.reached(q, p)))
+        self.call_raw(CALL, |st, ctx| {
+            if !st.events.contains_key(&event) {
+                return Err(drv(CALL, INVALID_HANDLE));
+            }
+            st.check_event_use(event, CALL, ctx)?;
+            Ok(match st.events[&event].record {
+                Record::At(q, p) => st.reached(q, p),
+                Record::Never | Record::Captured(..) => true,
+            })
         })
     }
 
     fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         const CALL: &str = "cuEventSynchronize";
-        self.call(CALL, |st, _| {
-            let e = st
-                .events
-                .get(&event)
-                .ok_or_else(|| drv(CALL, INVALID_HANDLE))?;
+        self.call_raw(CALL, |st, ctx| {
+            if !st.events.contains_key(&event) {
+                return Err(drv(CALL, INVALID_HANDLE));
+            }
+            st.check_event_use(event, CALL, ctx)?;
+            let e = &st.events[&event];
             let device = e.device;
-            if let Some((q, p)) = e.record {
+            if let Record::At(q, p) = e.record {
                 st.force(q, p);
             }
             st.release_at_sync(device);
@@ -179,18 +191,71 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, INVALID_HANDLE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
-            st.stream_wait_event(q, event)
+            let gate = st.stream_gate(q, CALL)?;
+            st.wait_event(q, gate, event)
         })
     }
 
     fn device_synchronize(&self, device: u32) -> Result<()> {
-        self.call_dev("cuCtxSynchronize", device, |st, _| {
+        const CALL: &str = "cuCtxSynchronize";
+        self.call_dev(CALL, device, |st, _| {
+            st.check_device_sync(device, CALL)?;
             for q in st.queues_of_device(device) {
                 st.force_all(q);
             }
             st.release_at_sync(device);
             Ok(())
         })
+    }
+
+    fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()> {
+        const CALL: &str = "cuStreamBeginCapture";
+        self.call(CALL, |st, ctx| {
+            let q = st.queue_of(stream, ctx, CALL)?;
+            st.begin_capture(q, mode, ctx)
+        })
+    }
+
+    fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph> {
+        const CALL: &str = "cuStreamEndCapture";
+        self.call(CALL, |st, ctx| {
+            let q = st.queue_of(stream, ctx, CALL)?;
+            st.end_capture(q, ctx)
+        })
+    }
+
+    fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
+        const CALL: &str = "cuStreamGetCaptureInfo";
+        self.call(CALL, |st, ctx| {
+            let q = st.queue_of(stream, ctx, CALL)?;
+            Ok(st.capture_info(q))
+        })
+    }
+
+    fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
+        self.call("cuThreadExchangeStreamCaptureMode", |_, _| Ok(()))?;
+        Ok(self.exchange_thread_mode(mode))
+    }
+
+    fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec> {
+        self.call("cuGraphInstantiate", |st, _| st.graph_instantiate(graph))
+    }
+
+    fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
+        const CALL: &str = "cuGraphLaunch";
+        self.call(CALL, |st, ctx| {
+            let q = st.queue_of(stream, ctx, CALL)?;
+            let gate = st.stream_gate(q, CALL)?;
+            st.graph_launch(exec, q, gate)
+        })
+    }
+
+    fn graph_destroy(&self, graph: RawGraph) -> Result<()> {
+        self.call("cuGraphDestroy", |st, _| st.graph_destroy(graph))
+    }
+
+    fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()> {
+        self.call("cuGraphExecDestroy", |st, _| st.graph_exec_destroy(exec))
     }
 
     fn mem_alloc(&self, device: u32, bytes: usize) -> Result<DevicePtr> {
@@ -238,6 +303,7 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, faults::INVALID_VALUE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
+            st.stream_gate(q, CALL)?;
             st.enqueue(q, Op::Marker);
             Ok(())
         })
@@ -276,6 +342,7 @@ impl Driver for SimDriver {
         const CALL: &str = "cuMemsetD8Async";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
+            st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
             st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
             st.enqueue(
@@ -300,6 +367,7 @@ impl Driver for SimDriver {
         const CALL: &str = "cuMemcpyDtoDAsync";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
+            st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
             st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
             st.resolve(src.0, bytes as u64, dev, false, CALL)?;
@@ -328,6 +396,9 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, faults::INVALID_VALUE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
+            if let Some(id) = st.stream_gate(q, CALL)? {
+                return Err(st.refuse_pageable_copy(CALL, id));
+            }
             let dev = st.queue_device(q);
             st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
             st.enqueue(
@@ -355,6 +426,9 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, faults::INVALID_VALUE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
+            if let Some(id) = st.stream_gate(q, CALL)? {
+                return Err(st.refuse_pageable_copy(CALL, id));
+            }
             let dev = st.queue_device(q);
             st.resolve(src.0, bytes as u64, dev, false, CALL)?;
             st.enqueue(
@@ -425,7 +499,12 @@ impl Driver for SimDriver {
         self.call(CALL, |st, ctx| {
             let id = st.pool_of(pool, CALL)?;
             let q = st.queue_of(stream, ctx, CALL)?;
-            st.pool_alloc(id, bytes, q, CALL)
+            let gate = st.stream_gate(q, CALL)?;
+            let ptr = st.pool_alloc(id, bytes, q, CALL)?;
+            if let Some(c) = gate {
+                st.capture_alloc(c, ptr);
+            }
+            Ok(ptr)
         })
     }
 
@@ -433,10 +512,15 @@ impl Driver for SimDriver {
         const CALL: &str = "cuMemAllocAsync";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
+            let gate = st.stream_gate(q, CALL)?;
             let device = st.queue_device(q);
             let h = st.mempool_default(device, CALL)?;
             let id = st.pool_of(h, CALL)?;
-            st.pool_alloc(id, bytes, q, CALL)
+            let ptr = st.pool_alloc(id, bytes, q, CALL)?;
+            if let Some(c) = gate {
+                st.capture_alloc(c, ptr);
+            }
+            Ok(ptr)
         })
     }
 
@@ -447,7 +531,12 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, NOT_SUPPORTED));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
-            st.mem_free_async(ptr, q)
+            match st.stream_gate(q, CALL)? {
+                Some(c) => st.capture_free(c, q, ptr),
+                None => st
+                    .free_graph_alloc(ptr, q)
+                    .unwrap_or_else(|| st.mem_free_async(ptr, q)),
+            }
         })
     }
 

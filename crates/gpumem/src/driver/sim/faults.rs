@@ -19,8 +19,28 @@ pub(super) const INVALID_DEVICE: i32 = 101;
 pub(super) const INVALID_CONTEXT: i32 = 201;
 /// `CUDA_ERROR_INVALID_HANDLE`.
 pub(super) const INVALID_HANDLE: i32 = 400;
+/// `CUDA_ERROR_ILLEGAL_STATE`.
+pub(super) const ILLEGAL_STATE: i32 = 401;
 /// `CUDA_ERROR_NOT_SUPPORTED`.
 pub(super) const NOT_SUPPORTED: i32 = 801;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: not permitted while capturing.
+pub(super) const CAPTURE_UNSUPPORTED: i32 = 900;
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the capture was broken earlier.
+pub(super) const CAPTURE_INVALIDATED: i32 = 901;
+/// `CUDA_ERROR_STREAM_CAPTURE_MERGE`: would merge two captures.
+pub(super) const CAPTURE_MERGE: i32 = 902;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`: the capture did not begin on this stream.
+pub(super) const CAPTURE_UNMATCHED: i32 = 903;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`: a joined stream was not joined back.
+pub(super) const CAPTURE_UNJOINED: i32 = 904;
+/// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`: a dependency on uncaptured work.
+pub(super) const CAPTURE_ISOLATION: i32 = 905;
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`: the legacy stream would depend on a capture.
+pub(super) const CAPTURE_IMPLICIT: i32 = 906;
+/// `CUDA_ERROR_CAPTURED_EVENT`: the event was last recorded in a capture.
+pub(super) const CAPTURED_EVENT: i32 = 907;
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: ended from another thread.
+pub(super) const CAPTURE_WRONG_THREAD: i32 = 908;
 
 /// The `CUresult` name of a code, for [`Error::Driver`].
 pub fn cu_result_name(code: i32) -> String {
@@ -44,19 +64,25 @@ pub fn cu_result_name(code: i32) -> String {
         719 => "CUDA_ERROR_LAUNCH_FAILED",
         801 => "CUDA_ERROR_NOT_SUPPORTED",
         802 => "CUDA_ERROR_SYSTEM_NOT_READY",
+        900 => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        901 => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        902 => "CUDA_ERROR_STREAM_CAPTURE_MERGE",
+        903 => "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+        904 => "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+        905 => "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+        906 => "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        907 => "CUDA_ERROR_CAPTURED_EVENT",
+        908 => "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
         999 => "CUDA_ERROR_UNKNOWN",
         other => return format!("CUDA_ERROR_{other}"),
     };
     s.to_string()
 }
 
-/// An [`Error::Driver`] for `call` with `code`.
+/// The error a real driver call failing with `code` gives: [`Error::Driver`],
+/// or [`Error::StreamCapture`] for the stream-capture codes.
 pub(super) fn drv(call: &'static str, code: i32) -> Error {
-    Error::Driver {
-        call,
-        code,
-        name: cu_result_name(code),
-    }
+    Error::from_driver(call, code, cu_result_name(code))
 }
 
 /// An out-of-memory error for `requested` bytes on `device`.

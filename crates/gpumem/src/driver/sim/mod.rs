@@ -12,6 +12,8 @@
 //! - `streams`: per-stream queues, events, waits and the ordering oracle.
 //!   Work runs the moment it is enqueued unless a test holds the stream.
 //! - `pools`: stream-ordered memory pools. `vmm`: virtual memory management.
+//! - `capture`: stream capture and the calls it forbids (the rules are listed
+//!   there). `graphs`: captured graphs, their launches and their allocations.
 //! - `faults`: call counting and fault injection. `ipc`: in-process export.
 //! - `driver_impl`: the `Driver` trait, method by method, over the above.
 //!
@@ -41,6 +43,11 @@
 //! | `event_synchronize` | `cuEventSynchronize` |
 //! | `stream_wait_event` | `cuStreamWaitEvent` |
 //! | `device_synchronize` | `cuCtxSynchronize` |
+//! | `stream_begin_capture` / `stream_end_capture` | `cuStreamBeginCapture` / `cuStreamEndCapture` |
+//! | `stream_capture_info` | `cuStreamGetCaptureInfo` |
+//! | `thread_exchange_capture_mode` | `cuThreadExchangeStreamCaptureMode` |
+//! | `graph_instantiate` / `graph_launch` | `cuGraphInstantiate` / `cuGraphLaunch` |
+//! | `graph_destroy` / `graph_exec_destroy` | `cuGraphDestroy` / `cuGraphExecDestroy` |
 //! | `mem_alloc` / `mem_free` | `cuMemAlloc` / `cuMemFree` |
 //! | `mem_alloc_managed` | `cuMemAllocManaged` |
 //! | `mem_alloc_host` / `mem_free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
@@ -74,9 +81,11 @@
 //! - `cuMemSetAccess` and `cuMemUnmap` ranges must consist of whole mappings.
 
 mod address_space;
+mod capture;
 mod config;
 mod driver_impl;
 mod faults;
+mod graphs;
 mod ipc;
 mod memory;
 mod pools;
@@ -89,9 +98,10 @@ mod tests;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
+pub use capture::{CaptureViolation, UNSAFE_DURING_CAPTURE};
 pub use config::SimConfig;
 pub use faults::cu_result_name;
 pub use memory::DataStats;
@@ -99,7 +109,9 @@ pub use memory::DataStats;
 use crate::driver::*;
 use crate::Result;
 use address_space::AddressSpace;
+use capture::{Capture, CaptureId};
 use faults::{drv, Faults, INVALID_DEVICE};
+use graphs::{GraphAlloc, GraphBody};
 use memory::{HostAlloc, Region};
 use pools::{PoolHandle, PoolState};
 use streams::{EventState, Queue, QueueId};
@@ -114,6 +126,8 @@ const TAG_STREAM: u64 = 0x51;
 const TAG_EVENT: u64 = 0x52;
 const TAG_POOL: u64 = 0x53;
 const TAG_PHYS: u64 = 0x54;
+const TAG_GRAPH: u64 = 0x55;
+const TAG_GRAPH_EXEC: u64 = 0x56;
 
 /// Where device address ranges start (2^47).
 const DEVICE_BASE: u64 = 1 << 47;
@@ -126,14 +140,23 @@ const VMM_SPAN: u64 = 1 << 46;
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// Current device per driver instance on this thread.
-    static CURRENT: RefCell<HashMap<u64, u32>> = RefCell::new(HashMap::new());
+    /// This thread's view of each driver instance.
+    static CURRENT: RefCell<HashMap<u64, ThreadView>> = RefCell::new(HashMap::new());
 }
 
-/// The calling thread's view: its current device and identity.
+/// What a thread keeps per driver instance, as CUDA keeps it per OS thread:
+/// its current device and its stream-capture mode.
+#[derive(Debug, Clone, Copy, Default)]
+struct ThreadView {
+    device: u32,
+    mode: CaptureMode,
+}
+
+/// The calling thread's view: its current device, capture mode and identity.
 #[derive(Debug, Clone, Copy)]
 struct Ctx {
     device: u32,
+    mode: CaptureMode,
     thread: ThreadId,
 }
 
@@ -184,6 +207,15 @@ struct State {
     mapped_bytes: u64,
     faults: Faults,
     stats: DataStats,
+    /// Captures begun and not yet ended.
+    captures: HashMap<CaptureId, Capture>,
+    /// Live graph and executable-graph handles; both share the body.
+    graphs: HashMap<RawGraph, Arc<GraphBody>>,
+    graph_execs: HashMap<RawGraphExec, Arc<GraphBody>>,
+    /// Allocations made during captures, by address, while their graph lives.
+    graph_allocs: HashMap<u64, GraphAlloc>,
+    /// Calls refused because of a capture, in order.
+    violations: Vec<CaptureViolation>,
     next_id: u64,
 }
 
@@ -221,10 +253,15 @@ impl State {
             mapped_bytes: 0,
             faults: Faults::default(),
             stats: DataStats::default(),
+            captures: HashMap::new(),
+            graphs: HashMap::new(),
+            graph_execs: HashMap::new(),
+            graph_allocs: HashMap::new(),
+            violations: Vec::new(),
             next_id: 0,
         };
         for d in 0..n {
-            let legacy = st.new_queue(d);
+            let legacy = st.new_queue(d, true);
             st.devices.push(DeviceState {
                 space: AddressSpace::new(DEVICE_BASE + u64::from(d) * span, span),
                 used: 0,
@@ -305,15 +342,39 @@ impl SimDriver {
     }
 
     fn ctx(&self) -> Ctx {
-        let device = CURRENT.with(|c| c.borrow().get(&self.uid).copied().unwrap_or(0));
+        let view = CURRENT.with(|c| c.borrow().get(&self.uid).copied().unwrap_or_default());
         Ctx {
-            device,
+            device: view.device,
+            mode: view.mode,
             thread: std::thread::current().id(),
         }
     }
 
-    /// Runs a call: counts it (maybe failing it), then `f`.
+    /// Sets this thread's capture mode for this driver; returns the old one.
+    fn exchange_thread_mode(&self, mode: CaptureMode) -> CaptureMode {
+        CURRENT.with(|c| {
+            let mut map = c.borrow_mut();
+            let view = map.entry(self.uid).or_default();
+            std::mem::replace(&mut view.mode, mode)
+        })
+    }
+
+    /// Runs a call: counts it (maybe failing it), applies the capture rule for
+    /// potentially unsafe calls (see `capture`), then `f`.
     fn call<T>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(&mut State, Ctx) -> Result<T>,
+    ) -> Result<T> {
+        self.call_raw(name, |st, ctx| {
+            st.check_unsafe(name, ctx)?;
+            f(st, ctx)
+        })
+    }
+
+    /// Runs a call that applies the capture rules itself: counts it (maybe
+    /// failing it), then `f`.
+    fn call_raw<T>(
         &self,
         name: &'static str,
         f: impl FnOnce(&mut State, Ctx) -> Result<T>,
@@ -333,14 +394,8 @@ impl SimDriver {
     ) -> Result<T> {
         self.call(name, |st, ctx| {
             st.check_device(device, name)?;
-            CURRENT.with(|c| c.borrow_mut().insert(self.uid, device));
-            f(
-                st,
-                Ctx {
-                    device,
-                    thread: ctx.thread,
-                },
-            )
+            CURRENT.with(|c| c.borrow_mut().entry(self.uid).or_default().device = device);
+            f(st, Ctx { device, ..ctx })
         })
     }
 
@@ -549,5 +604,33 @@ impl SimDriver {
     /// Counters of memsets and copies.
     pub fn data_stats(&self) -> DataStats {
         self.lock().stats
+    }
+
+    // ----- stream capture -----
+
+    /// Every call refused because of a stream capture so far, in order: what a
+    /// test asserts empty to show that code made no call a capture forbids.
+    pub fn capture_violations(&self) -> Vec<CaptureViolation> {
+        self.lock().violations.clone()
+    }
+
+    /// Forgets the recorded capture violations.
+    pub fn clear_capture_violations(&self) {
+        self.lock().violations.clear();
+    }
+
+    /// Captures begun and not yet ended (invalidated ones included).
+    pub fn active_captures(&self) -> usize {
+        self.lock().captures.len()
+    }
+
+    /// Graphs made by captures and not yet destroyed.
+    pub fn live_graphs(&self) -> usize {
+        self.lock().graphs.len()
+    }
+
+    /// Executable graphs instantiated and not yet destroyed.
+    pub fn live_graph_execs(&self) -> usize {
+        self.lock().graph_execs.len()
     }
 }

@@ -13,7 +13,12 @@
 //! The legacy default stream (handles 0 and `CU_STREAM_LEGACY`) is one queue
 //! per device; `CU_STREAM_PER_THREAD` is one queue per device and OS thread.
 //! The legacy stream's implicit synchronization with blocking streams is not
-//! modelled: all streams behave as non-blocking.
+//! modelled: all streams behave as non-blocking (a queue remembers whether it
+//! is blocking only for the stream-capture rules, see `capture`).
+//!
+//! A capturing queue (see `capture`) runs nothing: `enqueue` hands its work to
+//! the capture, and event records on it capture the stream's dependencies
+//! instead of a position.
 //!
 //! Costs: enqueueing on an idle, unheld queue runs the operation at once, O(1)
 //! plus the operation; when some queue has pending work, every enqueue also
@@ -22,6 +27,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::capture::CaptureId;
 use super::faults::{drv, INVALID_CONTEXT, INVALID_HANDLE};
 use super::memory::Addr;
 use super::{Ctx, State};
@@ -31,8 +37,8 @@ use crate::Result;
 /// Internal queue identity (never reused).
 pub(super) type QueueId = u64;
 
-/// An operation on a queue.
-#[derive(Debug)]
+/// An operation on a queue (or a node of a captured graph).
+#[derive(Debug, Clone)]
 pub(super) enum Op {
     /// `cuMemsetD8Async`.
     Memset { dst: u64, value: u8, len: u64 },
@@ -57,14 +63,19 @@ pub(super) struct Queue {
     /// Operations run so far (a prefix of the enqueued ones).
     pub(super) completed: u64,
     pub(super) held: bool,
-    destroyed: bool,
+    pub(super) destroyed: bool,
+    /// Whether the stream synchronizes with the legacy stream (only the
+    /// capture rules look at it).
+    pub(super) blocking: bool,
+    /// The capture this queue records into, if it is capturing.
+    pub(super) capture: Option<CaptureId>,
     /// Pending waits as (own position, source queue, source position), in
     /// position order; a wait leaves the list when it runs.
     waits: VecDeque<(u64, QueueId, u64)>,
 }
 
 impl Queue {
-    pub(super) fn new(device: u32) -> Self {
+    pub(super) fn new(device: u32, blocking: bool) -> Self {
         Queue {
             device,
             pending: VecDeque::new(),
@@ -72,6 +83,8 @@ impl Queue {
             completed: 0,
             held: false,
             destroyed: false,
+            blocking,
+            capture: None,
             waits: VecDeque::new(),
         }
     }
@@ -82,11 +95,23 @@ impl Queue {
     }
 }
 
-/// An event: its latest record, if any.
+/// An event's latest record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Record {
+    /// Never recorded: queries say complete, waits do nothing.
+    Never,
+    /// Recorded on a running queue: complete once it has run this far.
+    At(QueueId, u64),
+    /// Recorded on a capturing stream: the nodes the stream's next work would
+    /// have depended on (what a wait on it joins).
+    Captured(CaptureId, Vec<usize>),
+}
+
+/// An event: its latest record.
 #[derive(Debug)]
 pub(super) struct EventState {
     pub(super) device: u32,
-    pub(super) record: Option<(QueueId, u64)>,
+    pub(super) record: Record,
 }
 
 impl State {
@@ -110,7 +135,7 @@ impl State {
                 if let Some(&q) = self.per_thread.get(&(ctx.device, ctx.thread)) {
                     return Ok(q);
                 }
-                let q = self.new_queue(ctx.device);
+                let q = self.new_queue(ctx.device, true);
                 self.per_thread.insert((ctx.device, ctx.thread), q);
                 Ok(q)
             }
@@ -123,10 +148,18 @@ impl State {
     }
 
     /// A new empty queue on `device`.
-    pub(super) fn new_queue(&mut self, device: u32) -> QueueId {
+    pub(super) fn new_queue(&mut self, device: u32, blocking: bool) -> QueueId {
         let id = self.fresh_id();
-        self.queues.insert(id, Queue::new(device));
+        self.queues.insert(id, Queue::new(device, blocking));
         id
+    }
+
+    /// Whether `q` is a device's legacy default stream.
+    pub(super) fn is_legacy(&self, q: QueueId) -> bool {
+        self.queues
+            .get(&q)
+            .and_then(|x| self.devices.get(x.device as usize))
+            .is_some_and(|d| d.legacy == q)
     }
 
     /// The device of a queue.
@@ -148,12 +181,17 @@ impl State {
     }
 
     /// Enqueues `op` on `q` and returns its position; runs it (and whatever it
-    /// unblocks) at once unless the queue is held or busy.
+    /// unblocks) at once unless the queue is held or busy. On a capturing
+    /// queue the capture records it instead (position 0).
     pub(super) fn enqueue(&mut self, q: QueueId, op: Op) -> u64 {
         let ready = self.ready(&op);
         let Some(queue) = self.queues.get_mut(&q) else {
             return 0;
         };
+        if let Some(c) = queue.capture {
+            self.capture_node(c, q, op);
+            return 0;
+        }
         queue.enqueued += 1;
         let pos = queue.enqueued;
         if let Op::Wait { queue: src, pos: p } = op {
@@ -285,8 +323,8 @@ impl State {
     }
 
     /// `cuStreamCreate`.
-    pub(super) fn stream_create(&mut self, device: u32) -> RawStream {
-        let q = self.new_queue(device);
+    pub(super) fn stream_create(&mut self, device: u32, non_blocking: bool) -> RawStream {
+        let q = self.new_queue(device, !non_blocking);
         let h = self.fresh_handle(super::TAG_STREAM);
         self.streams.insert(h, q);
         h
@@ -302,30 +340,32 @@ impl State {
         if let Some(queue) = self.queues.get_mut(&q) {
             queue.destroyed = true;
         }
+        self.capture_stream_gone(q);
         self.tidy(q);
         self.pump();
         Ok(())
     }
 
-    /// `cuEventRecord`.
+    /// `cuEventRecord` on a running queue.
     pub(super) fn event_record(&mut self, event: RawEvent, q: QueueId) -> Result<()> {
         if !self.events.contains_key(&event) {
             return Err(drv("cuEventRecord", INVALID_HANDLE));
         }
         let pos = self.enqueue(q, Op::Marker);
         if let Some(e) = self.events.get_mut(&event) {
-            e.record = Some((q, pos));
+            e.record = Record::At(q, pos);
         }
         Ok(())
     }
 
-    /// `cuStreamWaitEvent`; waiting on a never-recorded event enqueues nothing.
+    /// `cuStreamWaitEvent` of a running queue on an event recorded on a
+    /// running queue; waiting on a never-recorded event enqueues nothing.
     pub(super) fn stream_wait_event(&mut self, q: QueueId, event: RawEvent) -> Result<()> {
         let e = self
             .events
             .get(&event)
             .ok_or_else(|| drv("cuStreamWaitEvent", INVALID_HANDLE))?;
-        if let Some((queue, pos)) = e.record {
+        if let Record::At(queue, pos) = e.record {
             if queue != q {
                 self.enqueue(q, Op::Wait { queue, pos });
             }

@@ -1,0 +1,213 @@
+//! Stream capture and graphs: `cuStreamBeginCapture`, `cuStreamEndCapture`,
+//! `cuStreamGetCaptureInfo`, `cuThreadExchangeStreamCaptureMode` and the
+//! graph calls capture needs (instantiate, launch, destroy). Each is one
+//! driver call once a context is current.
+//!
+//! The symbols are checked as a group at load; without them these calls are
+//! [`Error::Unsupported`] and the rest of the backend works.
+
+use cudarc::driver::sys::{self, CUstreamCaptureMode, CUstreamCaptureStatus};
+
+use super::error::check;
+use super::stream::cu_stream;
+use super::CudaDriver;
+use crate::driver::{CaptureInfo, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, RawStream};
+use crate::{Error, Result};
+
+fn cu_mode(mode: CaptureMode) -> CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
+}
+
+fn from_cu_mode(mode: CUstreamCaptureMode) -> CaptureMode {
+    match mode {
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL => CaptureMode::Global,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL => CaptureMode::ThreadLocal,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED => CaptureMode::Relaxed,
+    }
+}
+
+fn from_cu_status(status: CUstreamCaptureStatus) -> CaptureStatus {
+    match status {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED => CaptureStatus::Invalidated,
+    }
+}
+
+#[inline]
+fn cu_graph(g: RawGraph) -> sys::CUgraph {
+    g as usize as sys::CUgraph
+}
+
+#[inline]
+fn cu_exec(e: RawGraphExec) -> sys::CUgraphExec {
+    e as usize as sys::CUgraphExec
+}
+
+fn null_handle(call: &str, what: &str) -> Error {
+    Error::InvalidArgument(format!("{call}: null {what} handle"))
+}
+
+impl CudaDriver {
+    /// Fails unless the driver has every stream-capture symbol (so that no
+    /// call below can reach a missing one), then makes a context current.
+    fn graphs_ready(&self, call: &str) -> Result<()> {
+        if let Some(sym) = self.missing_graph_symbol {
+            return Err(Error::unsupported(format!(
+                "{call}: the CUDA driver lacks {sym} (stream capture needs CUDA 12.3 or newer)"
+            )));
+        }
+        self.ensure_context()
+    }
+
+    pub(super) fn stream_begin_capture_impl(
+        &self,
+        stream: RawStream,
+        mode: CaptureMode,
+    ) -> Result<()> {
+        const CALL: &str = "cuStreamBeginCapture";
+        self.graphs_ready(CALL)?;
+        check(
+            // SAFETY: the symbol was found at load; handle and mode by value,
+            // the driver validates the handle.
+            unsafe { sys::cuStreamBeginCapture_v2(cu_stream(stream), cu_mode(mode)) },
+            CALL,
+        )
+    }
+
+    pub(super) fn stream_end_capture_impl(&self, stream: RawStream) -> Result<RawGraph> {
+        const CALL: &str = "cuStreamEndCapture";
+        self.graphs_ready(CALL)?;
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        check(
+            // SAFETY: the symbol was found at load; `g` is a valid out-pointer.
+            unsafe { sys::cuStreamEndCapture(cu_stream(stream), &mut g) },
+            CALL,
+        )?;
+        Ok(g as usize as RawGraph)
+    }
+
+    pub(super) fn stream_capture_info_impl(&self, stream: RawStream) -> Result<CaptureInfo> {
+        const CALL: &str = "cuStreamGetCaptureInfo";
+        self.graphs_ready(CALL)?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        check(
+            // SAFETY: the symbol was found at load; `status` and `id` are valid
+            // out-pointers, and the graph, dependency and edge outputs are
+            // optional (null: not wanted).
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v3(
+                    cu_stream(stream),
+                    &mut status,
+                    &mut id,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            },
+            CALL,
+        )?;
+        let status = from_cu_status(status);
+        let id = if status == CaptureStatus::None { 0 } else { id };
+        Ok(CaptureInfo { status, id })
+    }
+
+    pub(super) fn thread_exchange_capture_mode_impl(
+        &self,
+        mode: CaptureMode,
+    ) -> Result<CaptureMode> {
+        const CALL: &str = "cuThreadExchangeStreamCaptureMode";
+        self.graphs_ready(CALL)?;
+        let mut m = cu_mode(mode);
+        check(
+            // SAFETY: the symbol was found at load; `m` is a valid in/out pointer.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) },
+            CALL,
+        )?;
+        Ok(from_cu_mode(m))
+    }
+
+    pub(super) fn graph_instantiate_impl(&self, graph: RawGraph) -> Result<RawGraphExec> {
+        const CALL: &str = "cuGraphInstantiate";
+        if graph == 0 {
+            return Err(null_handle(CALL, "graph"));
+        }
+        self.graphs_ready(CALL)?;
+        let mut e: sys::CUgraphExec = std::ptr::null_mut();
+        check(
+            // SAFETY: the symbol was found at load; `e` is a valid out-pointer,
+            // the graph a non-null handle the driver validates; flags 0.
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut e, cu_graph(graph), 0) },
+            CALL,
+        )?;
+        Ok(e as usize as RawGraphExec)
+    }
+
+    pub(super) fn graph_launch_impl(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
+        const CALL: &str = "cuGraphLaunch";
+        if exec == 0 {
+            return Err(null_handle(CALL, "executable graph"));
+        }
+        self.graphs_ready(CALL)?;
+        check(
+            // SAFETY: the symbol was found at load; handles by value, the
+            // driver validates them.
+            unsafe { sys::cuGraphLaunch(cu_exec(exec), cu_stream(stream)) },
+            CALL,
+        )
+    }
+
+    pub(super) fn graph_destroy_impl(&self, graph: RawGraph) -> Result<()> {
+        const CALL: &str = "cuGraphDestroy";
+        if graph == 0 {
+            return Err(null_handle(CALL, "graph"));
+        }
+        self.graphs_ready(CALL)?;
+        check(
+            // SAFETY: the symbol was found at load; a non-null handle the
+            // caller owns and destroys once (the trait's contract).
+            unsafe { sys::cuGraphDestroy(cu_graph(graph)) },
+            CALL,
+        )
+    }
+
+    pub(super) fn graph_exec_destroy_impl(&self, exec: RawGraphExec) -> Result<()> {
+        const CALL: &str = "cuGraphExecDestroy";
+        if exec == 0 {
+            return Err(null_handle(CALL, "executable graph"));
+        }
+        self.graphs_ready(CALL)?;
+        check(
+            // SAFETY: the symbol was found at load; a non-null handle the
+            // caller owns and destroys once (the trait's contract).
+            unsafe { sys::cuGraphExecDestroy(cu_exec(exec)) },
+            CALL,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_round_trip_through_the_driver_enum() {
+        for m in [
+            CaptureMode::Global,
+            CaptureMode::ThreadLocal,
+            CaptureMode::Relaxed,
+        ] {
+            assert_eq!(from_cu_mode(cu_mode(m)), m);
+        }
+        assert_eq!(
+            from_cu_status(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED),
+            CaptureStatus::Invalidated
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! CUDA graphs made by stream capture, their executables, and the guard that
+//! lets a thread make calls a capture would otherwise forbid.
+//!
+//! Capture work with [`Stream::begin_capture`] and [`Stream::end_capture`],
+//! which returns a [`Graph`]; [`Graph::instantiate`] makes a [`GraphExec`]
+//! that [`GraphExec::launch`] runs on any stream, as often as wanted. Both
+//! own their driver handles and destroy them on drop, in any order (an
+//! executable does not need its graph, and launches already enqueued still
+//! run).
+//!
+//! While a capture is under way, calls that act at once instead of in stream
+//! order (`cuMemAlloc`, `cuMemCreate`, event queries...) fail and break the
+//! capture, unless the calling thread is in relaxed mode: [`RelaxedCapture`]
+//! puts it there for a scope, as PyTorch's allocator does around its own
+//! `cudaMalloc`. See [`CaptureMode`] for the rules.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::driver::{CaptureMode, Driver, RawGraph, RawGraphExec};
+use crate::stream::Stream;
+use crate::Result;
+
+/// A graph of captured work, destroyed on drop.
+pub struct Graph {
+    device: Device,
+    raw: RawGraph,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({:#x})", self.raw)
+    }
+}
+
+impl Graph {
+    /// Takes ownership of a graph handle of `device`'s driver.
+    pub(crate) fn from_raw(device: Device, raw: RawGraph) -> Self {
+        Self { device, raw }
+    }
+
+    /// Makes an executable of the graph (`cuGraphInstantiate`). The graph may
+    /// be dropped afterwards.
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        let raw = self.device.driver().graph_instantiate(self.raw)?;
+        Ok(GraphExec {
+            device: self.device.clone(),
+            raw,
+        })
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> RawGraph {
+        self.raw
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let (driver, raw) = (self.device.driver(), self.raw);
+        crate::exit::give_back(|| format!("graph {raw:#x}"), || driver.graph_destroy(raw));
+    }
+}
+
+/// An executable graph, destroyed on drop.
+pub struct GraphExec {
+    device: Device,
+    raw: RawGraphExec,
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:#x})", self.raw)
+    }
+}
+
+impl GraphExec {
+    /// Enqueues one run of the graph's work on `stream` (`cuGraphLaunch`): it
+    /// runs in stream order, after the work enqueued before it.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        self.device.driver().graph_launch(self.raw, stream.raw())
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> RawGraphExec {
+        self.raw
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let (driver, raw) = (self.device.driver(), self.raw);
+        crate::exit::give_back(
+            || format!("executable graph {raw:#x}"),
+            || driver.graph_exec_destroy(raw),
+        );
+    }
+}
+
+/// Puts the calling thread in relaxed capture mode until dropped, then
+/// restores the mode it had: calls made meanwhile on this thread (such as a
+/// pool growing through `cuMemAlloc` or `cuMemMap`) do not break a stream
+/// capture that is under way. Calls that conflict with a capture whatever
+/// the mode (synchronizing a capturing stream, querying an event recorded in
+/// a capture) still fail.
+///
+/// The mode is per thread, so the guard cannot leave its thread. Nest guards
+/// in scope order.
+pub struct RelaxedCapture {
+    driver: Arc<dyn Driver>,
+    previous: CaptureMode,
+    /// Not `Send`: the mode belongs to the thread that set it.
+    _thread: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for RelaxedCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelaxedCapture")
+            .field("previous", &self.previous)
+            .finish()
+    }
+}
+
+impl RelaxedCapture {
+    /// Sets this thread's capture mode to relaxed for `device`'s driver
+    /// (`cuThreadExchangeStreamCaptureMode`).
+    pub fn new(device: &Device) -> Result<Self> {
+        let driver = device.driver().clone();
+        let previous = driver.thread_exchange_capture_mode(CaptureMode::Relaxed)?;
+        Ok(Self {
+            driver,
+            previous,
+            _thread: PhantomData,
+        })
+    }
+
+    /// The mode the thread had before, which drop restores.
+    pub fn previous(&self) -> CaptureMode {
+        self.previous
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        let previous = self.previous;
+        crate::exit::give_back(
+            || format!("this thread's capture mode ({previous})"),
+            || self.driver.thread_exchange_capture_mode(previous).map(drop),
+        );
+    }
+}

@@ -1,0 +1,614 @@
+//! Stream capture and graphs through the driver and the handle layer: replay
+//! writes memory on every launch and not at capture, forbidden calls
+//! invalidate the capture and are reported, relaxed mode lets a thread
+//! allocate during a capture, joined streams, graph allocations, and drop
+//! order.
+//!
+//! The tests run on the simulated device (backed where they check data), and
+//! with `GPUMEM_DEVICE=cuda` on the GPU, except those marked simulator-only
+//! (they need its violation log or its counters). A Global-mode capture
+//! forbids calls on every thread of the process, so the tests of this file
+//! take turns ([`serial`]).
+
+mod common;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::driver::{
+    AccessFlags, CaptureMode, CaptureStatus, DevicePtr, Driver, HandleType, HostAllocFlags,
+    PoolAttr, PoolProps, RawStream,
+};
+use gpumem::{Device, Error, Event, RelaxedCapture, Stream};
+
+const N: usize = 64 << 10;
+
+/// Holds the other tests of this file off: on a GPU, one test's Global
+/// capture would refuse another test's `cuMemAlloc`.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The `CUresult` of a driver or stream-capture error.
+fn code(e: &Error) -> i32 {
+    match e {
+        Error::Driver { code, .. } | Error::StreamCapture { code, .. } => *code,
+        other => panic!("expected a driver error, got {other:?}"),
+    }
+}
+
+const INVALID_VALUE: i32 = 1;
+const UNSUPPORTED: i32 = 900;
+const INVALIDATED: i32 = 901;
+const UNMATCHED: i32 = 903;
+const UNJOINED: i32 = 904;
+const ISOLATION: i32 = 905;
+const IMPLICIT: i32 = 906;
+const CAPTURED_EVENT: i32 = 907;
+const WRONG_THREAD: i32 = 908;
+
+fn memset(
+    d: &dyn Driver,
+    dst: DevicePtr,
+    value: u8,
+    bytes: usize,
+    s: RawStream,
+) -> gpumem::Result<()> {
+    // SAFETY: the tests pass device memory they allocated and keep alive
+    // until the work (or the graph holding it) has run.
+    unsafe { d.memset_async(dst, value, bytes, s) }
+}
+
+fn dtod(
+    d: &dyn Driver,
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    s: RawStream,
+) -> gpumem::Result<()> {
+    // SAFETY: as for `memset`.
+    unsafe { d.memcpy_dtod_async(dst, src, bytes, s) }
+}
+
+/// Device memory at `src`, read on `s` (not capturing) after its other work.
+fn read(d: &dyn Driver, src: DevicePtr, bytes: usize, s: &Stream) -> Vec<u8> {
+    let mut v = vec![0xEEu8; bytes];
+    // SAFETY: `v` is `bytes` writable bytes, untouched until the synchronize.
+    unsafe { d.memcpy_dtoh_async(v.as_mut_ptr(), src, bytes, s.raw()) }.unwrap();
+    s.synchronize().unwrap();
+    v
+}
+
+fn bytes_used_by_default_pool(d: &dyn Driver, ordinal: u32) -> u64 {
+    let pool = d.mempool_default(ordinal).unwrap();
+    d.mempool_get_attr(pool, PoolAttr::UsedMemCurrent).unwrap()
+}
+
+fn assert_no_violation(sim: &Option<Arc<SimDriver>>) {
+    if let Some(sim) = sim {
+        let v = sim.capture_violations();
+        assert!(v.is_empty(), "forbidden calls: {v:?}");
+    }
+}
+
+#[test]
+fn replay_runs_the_captured_work_on_every_launch_and_not_at_capture() {
+    let _turn = serial();
+    let (dev, sim) = common::device(true);
+    let (d, o) = (dev.driver().as_ref(), dev.ordinal());
+    let (a, b) = (d.mem_alloc(o, N).unwrap(), d.mem_alloc(o, N).unwrap());
+    let s = dev.create_stream().unwrap();
+    memset(d, a, 0, N, s.raw()).unwrap();
+    memset(d, b, 0, N, s.raw()).unwrap();
+    s.synchronize().unwrap();
+
+    s.begin_capture(CaptureMode::Global).unwrap();
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
+    memset(d, a, 0x5A, N, s.raw()).unwrap();
+    dtod(d, b, a, N, s.raw()).unwrap();
+    memset(d, a, 0x11, N / 2, s.raw()).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::None);
+    assert_eq!(
+        read(d, a, N, &s),
+        vec![0; N],
+        "captured work ran at capture"
+    );
+    assert_eq!(
+        read(d, b, N, &s),
+        vec![0; N],
+        "captured work ran at capture"
+    );
+
+    let exec = graph.instantiate().unwrap();
+    drop(graph);
+    let mut want_a = vec![0x11u8; N / 2];
+    want_a.resize(N, 0x5A);
+    for round in 0..3u8 {
+        memset(d, a, round, N, s.raw()).unwrap();
+        memset(d, b, round, N, s.raw()).unwrap();
+        exec.launch(&s).unwrap();
+        assert_eq!(read(d, a, N, &s), want_a, "launch {round}");
+        assert_eq!(read(d, b, N, &s), vec![0x5A; N], "launch {round}");
+    }
+    drop(exec);
+    d.mem_free(o, a).unwrap();
+    d.mem_free(o, b).unwrap();
+    assert_no_violation(&sim);
+}
+
+/// What the forbidden calls of one case act on, made before the capture on
+/// a fresh simulated device.
+struct Fixture {
+    dev: Device,
+    other: Stream,
+    /// A `cuMemAlloc` allocation.
+    plain: DevicePtr,
+    /// Pinned host memory.
+    host: DevicePtr,
+    /// Physical memory not mapped anywhere.
+    phys: gpumem::driver::RawPhys,
+    /// A reserved range with nothing mapped, two granules.
+    free_va: DevicePtr,
+    /// A mapped granule.
+    mapped: DevicePtr,
+    gran: usize,
+    /// An event recorded on `other`, complete.
+    done: Event,
+    /// A pool allocation made before the capture.
+    pool_ptr: DevicePtr,
+    /// A pool the case may destroy.
+    pool: gpumem::driver::RawPool,
+}
+
+impl Fixture {
+    fn new() -> (Fixture, Arc<SimDriver>) {
+        let (dev, sim) = Device::sim_with_driver(SimConfig::backed(64 << 20));
+        let (d, o) = (dev.driver().clone(), dev.ordinal());
+        let gran = d.vmm_granularity(o, false).unwrap();
+        let other = dev.create_stream().unwrap();
+        let phys = d.vmm_create(o, gran, HandleType::None).unwrap();
+        let mapped_phys = d.vmm_create(o, gran, HandleType::None).unwrap();
+        let mapped = d.vmm_reserve(gran, gran).unwrap();
+        d.vmm_map(mapped, gran, 0, mapped_phys).unwrap();
+        d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)
+            .unwrap();
+        let done = Event::new(&dev).unwrap();
+        done.record(&other).unwrap();
+        done.synchronize().unwrap();
+        let pool_ptr = d.mem_alloc_async(4096, other.raw()).unwrap();
+        other.synchronize().unwrap();
+        let fixture = Fixture {
+            plain: d.mem_alloc(o, 4096).unwrap(),
+            host: d
+                .mem_alloc_host(o, 4096, HostAllocFlags::default())
+                .unwrap(),
+            phys,
+            free_va: d.vmm_reserve(2 * gran, gran).unwrap(),
+            mapped,
+            gran,
+            done,
+            pool_ptr,
+            pool: d.mempool_create(&PoolProps::device(o)).unwrap(),
+            other,
+            dev,
+        };
+        sim.clear_capture_violations();
+        (fixture, sim)
+    }
+
+    fn d(&self) -> &dyn Driver {
+        self.dev.driver().as_ref()
+    }
+}
+
+/// One forbidden call: its CUDA name, the `CUresult` it must fail with, and
+/// how to make it while `s` captures.
+type Case = (
+    &'static str,
+    i32,
+    fn(&Fixture, &Stream) -> gpumem::Result<()>,
+);
+
+const FORBIDDEN: &[Case] = &[
+    ("cuMemAlloc", UNSUPPORTED, |f, _| {
+        f.d().mem_alloc(0, 4096).map(drop)
+    }),
+    ("cuMemFree", UNSUPPORTED, |f, _| f.d().mem_free(0, f.plain)),
+    ("cuMemAllocManaged", UNSUPPORTED, |f, _| {
+        f.d().mem_alloc_managed(0, 4096).map(drop)
+    }),
+    ("cuMemHostAlloc", UNSUPPORTED, |f, _| {
+        f.d()
+            .mem_alloc_host(0, 4096, HostAllocFlags::default())
+            .map(drop)
+    }),
+    ("cuMemFreeHost", UNSUPPORTED, |f, _| {
+        f.d().mem_free_host(f.host)
+    }),
+    ("cuMemCreate", UNSUPPORTED, |f, _| {
+        f.d().vmm_create(0, f.gran, HandleType::None).map(drop)
+    }),
+    ("cuMemRelease", UNSUPPORTED, |f, _| {
+        f.d().vmm_release(f.phys)
+    }),
+    ("cuMemMap", UNSUPPORTED, |f, _| {
+        f.d().vmm_map(f.free_va, f.gran, 0, f.phys)
+    }),
+    ("cuMemUnmap", UNSUPPORTED, |f, _| {
+        f.d().vmm_unmap(f.mapped, f.gran)
+    }),
+    ("cuMemSetAccess", UNSUPPORTED, |f, _| {
+        f.d().vmm_set_access(f.mapped, f.gran, 0, AccessFlags::Read)
+    }),
+    ("cuMemAddressReserve", UNSUPPORTED, |f, _| {
+        f.d().vmm_reserve(f.gran, f.gran).map(drop)
+    }),
+    ("cuMemAddressFree", UNSUPPORTED, |f, _| {
+        f.d().vmm_free_address(f.free_va, 2 * f.gran)
+    }),
+    ("cuMemPoolTrimTo", UNSUPPORTED, |f, _| {
+        f.d().mempool_trim_to(f.pool, 0)
+    }),
+    ("cuMemPoolDestroy", UNSUPPORTED, |f, _| {
+        f.d().mempool_destroy(f.pool)
+    }),
+    ("cuEventQuery", UNSUPPORTED, |f, _| {
+        f.done.is_complete().map(drop)
+    }),
+    ("cuEventSynchronize", UNSUPPORTED, |f, _| {
+        f.done.synchronize()
+    }),
+    ("cuStreamQuery", UNSUPPORTED, |f, _| {
+        f.other.is_idle().map(drop)
+    }),
+    ("cuStreamSynchronize", UNSUPPORTED, |f, _| {
+        f.other.synchronize()
+    }),
+    ("cuStreamSynchronize", UNSUPPORTED, |_, s| s.synchronize()),
+    ("cuStreamQuery", UNSUPPORTED, |_, s| s.is_idle().map(drop)),
+    ("cuEventQuery", CAPTURED_EVENT, |f, s| {
+        let e = Event::new(&f.dev)?;
+        e.record(s)?;
+        // Relaxed mode does not help: the event belongs to the capture.
+        let _relaxed = RelaxedCapture::new(&f.dev)?;
+        e.is_complete().map(drop)
+    }),
+    ("cuEventSynchronize", CAPTURED_EVENT, |f, s| {
+        let e = Event::new(&f.dev)?;
+        e.record(s)?;
+        let _relaxed = RelaxedCapture::new(&f.dev)?;
+        e.synchronize()
+    }),
+    ("cuCtxSynchronize", UNSUPPORTED, |f, _| {
+        let _relaxed = RelaxedCapture::new(&f.dev)?;
+        f.dev.synchronize()
+    }),
+    ("cuStreamWaitEvent", ISOLATION, |f, s| s.wait_event(&f.done)),
+    ("cuMemcpyHtoDAsync", UNSUPPORTED, |f, s| {
+        let data = [1u8; 16];
+        // SAFETY: refused before anything is enqueued; `data` outlives the call.
+        unsafe { f.d().memcpy_htod_async(f.plain, data.as_ptr(), 16, s.raw()) }
+    }),
+    ("cuMemFreeAsync", INVALID_VALUE, |f, s| {
+        f.d().mem_free_async(f.pool_ptr, s.raw())
+    }),
+];
+
+#[test]
+fn forbidden_calls_fail_invalidate_the_capture_and_are_reported() {
+    let _turn = serial();
+    for &(call, want, make) in FORBIDDEN {
+        let (f, sim) = Fixture::new();
+        let s = f.dev.create_stream().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let id = s.capture_info().unwrap().id;
+        let e = make(&f, &s).expect_err(call);
+        assert_eq!(code(&e), want, "{call}: {e}");
+        assert_eq!(e.is_capture_error(), want != INVALID_VALUE, "{call}: {e:?}");
+        assert_eq!(
+            s.capture_status().unwrap(),
+            CaptureStatus::Invalidated,
+            "{call}"
+        );
+        // Later work on the stream is refused too, and ending fails.
+        let later = memset(f.d(), f.plain, 0, 16, s.raw()).unwrap_err();
+        assert_eq!(code(&later), INVALIDATED, "{call}");
+        let end = s.end_capture().unwrap_err();
+        assert_eq!(code(&end), INVALIDATED, "{call}: {end}");
+        assert_eq!(s.capture_status().unwrap(), CaptureStatus::None, "{call}");
+        let v = sim.capture_violations();
+        assert_eq!(v.len(), 2, "{call}: {v:?}");
+        assert_eq!(v[0].call, call, "{v:?}");
+        assert_eq!(v[0].invalidated, vec![id], "{call}: {v:?}");
+        assert_eq!(
+            (v[1].call, v[1].error.as_str()),
+            ("cuMemsetD8Async", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
+        );
+        assert_eq!(sim.active_captures(), 0);
+    }
+}
+
+#[test]
+fn relaxed_mode_permits_allocation_during_a_global_capture() {
+    let _turn = serial();
+    let (dev, sim) = common::device(false);
+    let (d, o) = (dev.driver().as_ref(), dev.ordinal());
+    let s = dev.create_stream().unwrap();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let p = {
+        let relaxed = RelaxedCapture::new(&dev).unwrap();
+        assert_eq!(relaxed.previous(), CaptureMode::Global);
+        let p = d.mem_alloc(o, N).unwrap();
+        memset(d, p, 3, N, s.raw()).unwrap();
+        p
+    };
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
+    assert_no_violation(&sim);
+    // The guard restored Global mode: the same call is refused now.
+    let e = d.mem_alloc(o, N).unwrap_err();
+    assert!(e.is_capture_error(), "{e:?}");
+    assert!(s.end_capture().unwrap_err().is_capture_error());
+    d.mem_free(o, p).unwrap();
+}
+
+#[test]
+fn a_global_capture_binds_other_threads_unless_they_opt_out() {
+    let _turn = serial();
+    let (dev, _sim) = common::device(false);
+    let (d, o) = (dev.driver().clone(), dev.ordinal());
+    let s = dev.create_stream().unwrap();
+    let from_another_thread = |mode: Option<CaptureMode>| {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            if let Some(m) = mode {
+                d.thread_exchange_capture_mode(m).unwrap();
+            }
+            let r = d.mem_alloc(o, 4096);
+            if let Ok(p) = r {
+                d.mem_free(o, p).unwrap();
+            }
+            r.map(drop)
+        })
+        .join()
+        .unwrap()
+    };
+
+    // A thread-local capture does not bind other threads.
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    from_another_thread(None).unwrap();
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
+    s.end_capture().unwrap();
+
+    // A global one does, unless the other thread is thread-local or relaxed.
+    s.begin_capture(CaptureMode::Global).unwrap();
+    from_another_thread(Some(CaptureMode::ThreadLocal)).unwrap();
+    from_another_thread(Some(CaptureMode::Relaxed)).unwrap();
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
+    let e = from_another_thread(None).unwrap_err();
+    assert_eq!(code(&e), UNSUPPORTED, "{e}");
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Invalidated);
+    assert_eq!(code(&s.end_capture().unwrap_err()), INVALIDATED);
+}
+
+#[test]
+fn a_joined_stream_is_captured_and_must_rejoin() {
+    let _turn = serial();
+    let (dev, sim) = common::device(true);
+    let (d, o) = (dev.driver().as_ref(), dev.ordinal());
+    let (a, b) = (d.mem_alloc(o, N).unwrap(), d.mem_alloc(o, N).unwrap());
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let (fork, join) = (Event::new(&dev).unwrap(), Event::new(&dev).unwrap());
+    memset(d, a, 0, N, s1.raw()).unwrap();
+    memset(d, b, 0, N, s1.raw()).unwrap();
+    s1.synchronize().unwrap();
+
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    fork.record(&s1).unwrap();
+    s2.wait_event(&fork).unwrap();
+    let (i1, i2) = (s1.capture_info().unwrap(), s2.capture_info().unwrap());
+    assert_eq!(
+        i2.status,
+        CaptureStatus::Active,
+        "waiting on a captured event joins"
+    );
+    assert_eq!(i1.id, i2.id);
+    memset(d, a, 0x21, N, s1.raw()).unwrap();
+    memset(d, b, 0x42, N, s2.raw()).unwrap();
+    join.record(&s2).unwrap();
+    s1.wait_event(&join).unwrap();
+    // Only the origin can end the capture.
+    assert_eq!(code(&s2.end_capture().unwrap_err()), UNMATCHED);
+    let exec = s1.end_capture().unwrap().instantiate().unwrap();
+    assert_eq!(s2.capture_status().unwrap(), CaptureStatus::None);
+    assert_eq!(
+        read(d, b, N, &s2),
+        vec![0; N],
+        "the joined stream's work ran at capture"
+    );
+    exec.launch(&s1).unwrap();
+    assert_eq!(read(d, a, N, &s1), vec![0x21; N]);
+    assert_eq!(read(d, b, N, &s1), vec![0x42; N]);
+    drop(exec);
+    if let Some(sim) = &sim {
+        // The UNMATCHED refusal above is the only one.
+        assert_eq!(sim.capture_violations().len(), 1);
+        sim.clear_capture_violations();
+    }
+
+    // Without the join back, ending fails and takes both out of capture.
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    fork.record(&s1).unwrap();
+    s2.wait_event(&fork).unwrap();
+    memset(d, b, 0x43, N, s2.raw()).unwrap();
+    assert_eq!(code(&s1.end_capture().unwrap_err()), UNJOINED);
+    assert_eq!(s1.capture_status().unwrap(), CaptureStatus::None);
+    assert_eq!(s2.capture_status().unwrap(), CaptureStatus::None);
+    d.mem_free(o, a).unwrap();
+    d.mem_free(o, b).unwrap();
+}
+
+#[test]
+fn only_the_thread_that_began_a_capture_ends_it_unless_relaxed() {
+    let _turn = serial();
+    let (dev, _sim) = common::device(false);
+    let s = dev.create_stream().unwrap();
+    let end_elsewhere = |s: &Stream| {
+        let s = s.clone();
+        std::thread::spawn(move || s.end_capture().map(drop))
+            .join()
+            .unwrap()
+    };
+    s.begin_capture(CaptureMode::Global).unwrap();
+    assert_eq!(code(&end_elsewhere(&s).unwrap_err()), WRONG_THREAD);
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
+    s.end_capture().unwrap();
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    end_elsewhere(&s).unwrap();
+    assert_eq!(s.capture_status().unwrap(), CaptureStatus::None);
+}
+
+#[test]
+fn graphs_executables_and_streams_drop_in_any_order_and_leak_nothing() {
+    let _turn = serial();
+    let (dev, sim) = common::device(true);
+    let (d, o) = (dev.driver().clone(), dev.ordinal());
+    let used_before = bytes_used_by_default_pool(d.as_ref(), o);
+    for order in 0..3 {
+        let s = dev.create_stream().unwrap();
+        s.begin_capture(CaptureMode::Global).unwrap();
+        let scratch = d.mem_alloc_async(N, s.raw()).unwrap();
+        memset(d.as_ref(), scratch, 9, N, s.raw()).unwrap();
+        d.mem_free_async(scratch, s.raw()).unwrap();
+        let graph = s.end_capture().unwrap();
+        let exec = graph.instantiate().unwrap();
+        exec.launch(&s).unwrap();
+        match order {
+            0 => {
+                drop(s);
+                drop(graph);
+                drop(exec);
+            }
+            1 => {
+                drop(exec);
+                drop(s);
+                drop(graph);
+            }
+            _ => {
+                drop(graph);
+                drop(exec);
+                drop(s);
+            }
+        }
+        dev.synchronize().unwrap();
+        if let Some(sim) = &sim {
+            assert_eq!(sim.live_graphs(), 0, "order {order}");
+            assert_eq!(sim.live_graph_execs(), 0, "order {order}");
+            assert_eq!(sim.live_streams(), 0, "order {order}");
+            assert_eq!(sim.active_captures(), 0, "order {order}");
+            assert_eq!(
+                bytes_used_by_default_pool(d.as_ref(), o),
+                used_before,
+                "order {order}"
+            );
+        }
+    }
+    assert_no_violation(&sim);
+}
+
+#[test]
+fn graph_allocations_keep_their_address_and_go_back_with_the_graph() {
+    let _turn = serial();
+    let (dev, sim) = common::device(true);
+    let Some(sim) = common::sim_only(sim, "graph_allocations_keep_their_address") else {
+        return;
+    };
+    let (d, o) = (dev.driver().as_ref(), dev.ordinal());
+    let s = dev.create_stream().unwrap();
+
+    // An allocation the graph does not free is the caller's after each launch.
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let out = d.mem_alloc_async(N, s.raw()).unwrap();
+    memset(d, out, 7, N, s.raw()).unwrap();
+    let exec = s.end_capture().unwrap().instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(read(d, out, N, &s), vec![7; N]);
+    let e = exec.launch(&s).unwrap_err();
+    assert_eq!(
+        code(&e),
+        INVALID_VALUE,
+        "relaunch before the output was freed: {e}"
+    );
+    d.mem_free_async(out, s.raw()).unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(
+        read(d, out, N, &s),
+        vec![7; N],
+        "same address on every launch"
+    );
+    d.mem_free_async(out, s.raw()).unwrap();
+    assert_eq!(
+        code(&d.mem_free_async(out, s.raw()).unwrap_err()),
+        INVALID_VALUE
+    );
+    drop(exec);
+    assert_eq!(bytes_used_by_default_pool(d, o), 0);
+
+    // Scratch memory the graph frees itself is never the caller's.
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let scratch = d.mem_alloc_async(N, s.raw()).unwrap();
+    d.mem_free_async(scratch, s.raw()).unwrap();
+    let graph = s.end_capture().unwrap();
+    let exec = graph.instantiate().unwrap();
+    // One executable at a time for a graph with allocations.
+    assert!(graph.instantiate().is_err());
+    exec.launch(&s).unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(
+        code(&d.mem_free_async(scratch, s.raw()).unwrap_err()),
+        INVALID_VALUE
+    );
+    assert!(
+        bytes_used_by_default_pool(d, o) > 0,
+        "the graph holds its scratch"
+    );
+    drop((graph, exec));
+    assert_eq!(bytes_used_by_default_pool(d, o), 0);
+    assert!(sim.capture_violations().is_empty());
+}
+
+#[test]
+fn the_legacy_stream_is_refused_while_a_blocking_stream_captures() {
+    let _turn = serial();
+    let (dev, sim) = common::device(false);
+    let Some(sim) = common::sim_only(sim, "the_legacy_stream_is_refused") else {
+        return;
+    };
+    let d = dev.driver().as_ref();
+    let blocking = d.stream_create(0, false).unwrap();
+    let legacy = dev.default_stream();
+    let p = d.mem_alloc(0, 4096).unwrap();
+
+    // A non-blocking stream's capture leaves the legacy stream alone.
+    let s = dev.create_stream().unwrap();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    memset(d, p, 1, 4096, legacy.raw()).unwrap();
+    s.end_capture().unwrap();
+
+    d.stream_begin_capture(blocking, CaptureMode::Global)
+        .unwrap();
+    let e = memset(d, p, 1, 4096, legacy.raw()).unwrap_err();
+    assert_eq!(code(&e), IMPLICIT, "{e}");
+    assert_eq!(
+        code(&d.stream_end_capture(blocking).unwrap_err()),
+        INVALIDATED
+    );
+    assert_eq!(
+        code(&legacy.begin_capture(CaptureMode::Global).unwrap_err()),
+        UNSUPPORTED
+    );
+    assert_eq!(sim.capture_violations().len(), 2);
+    d.stream_destroy(blocking).unwrap();
+    d.mem_free(0, p).unwrap();
+}
