@@ -18,6 +18,7 @@ mod error;
 pub mod exit;
 pub mod fork;
 pub mod graph;
+pub mod graph_pool;
 #[allow(unsafe_code)]
 pub mod interop;
 pub mod logger;
