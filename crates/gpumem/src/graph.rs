@@ -122,6 +122,14 @@ impl std::fmt::Debug for RelaxedCapture {
     }
 }
 
+/// Relaxed capture mode for this scope where the driver has it: `None`
+/// where it cannot be set (a driver without stream capture), then the calls
+/// go ahead as they would have. What pools wrap their driver allocations and
+/// frees in, so a capture under way on any thread is not broken by them.
+pub(crate) fn relaxed(device: &Device) -> Option<RelaxedCapture> {
+    RelaxedCapture::new(device).ok()
+}
+
 impl RelaxedCapture {
     /// Sets this thread's capture mode to relaxed for `device`'s driver
     /// (`cuThreadExchangeStreamCaptureMode`).

@@ -68,6 +68,7 @@ impl MemoryResource for DeviceResource {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
+        let _relaxed = crate::graph::relaxed(&self.device);
         let p = self
             .device
             .driver()
@@ -87,6 +88,7 @@ impl MemoryResource for DeviceResource {
             return Ok(());
         }
         self.handed_out.free_with(ptr, bytes, |_| {
+            let _relaxed = crate::graph::relaxed(&self.device);
             self.device.driver().mem_free(self.device.ordinal(), ptr)
         })
     }

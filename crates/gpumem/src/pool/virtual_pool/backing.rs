@@ -18,6 +18,7 @@ impl VirtualPool {
         requested: usize,
         taker: u64,
     ) -> Result<()> {
+        let _relaxed = crate::graph::relaxed(&self.device);
         let res = span.res;
         let runs = st.pages.unmapped_runs(span);
         let driver = self.device.driver();

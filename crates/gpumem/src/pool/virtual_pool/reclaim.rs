@@ -99,6 +99,7 @@ impl VirtualPool {
         if want == 0 || st.pages.idle_pages() == 0 {
             return Ok(0);
         }
+        let _relaxed = crate::graph::relaxed(&self.device);
         st.streams.begin_pass();
         let State {
             pages,
@@ -230,6 +231,7 @@ impl VirtualPool {
     /// release or the drop tries again). Returns the bytes released, and the
     /// first error.
     pub(super) fn release_cached(&self, st: &mut State, keep: usize) -> (usize, Option<Error>) {
+        let _relaxed = crate::graph::relaxed(&self.device);
         let driver = self.device.driver();
         let mut released = 0;
         let mut first_err = None;
