@@ -25,8 +25,9 @@
 
 use std::sync::Mutex;
 
+use super::ptr_map::PtrMap;
 use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
-use super::stream_lanes::{lock, PtrMap};
+use super::stream_order::sync::lock;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{

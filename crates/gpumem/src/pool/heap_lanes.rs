@@ -12,7 +12,7 @@
 //! them after one event recorded on S and one `cuStreamWaitEvent` on T
 //! (`steal`). No event on the fast path.
 
-use super::stream_lanes::PtrMap;
+use super::ptr_map::PtrMap;
 use crate::device::Device;
 use crate::driver::{DevicePtr, STREAM_PER_THREAD};
 use crate::resource::LiveBlock;

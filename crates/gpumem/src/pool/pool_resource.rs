@@ -57,7 +57,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use super::heap_lanes::{self, HeapLanes};
-use super::stream_lanes::PtrMap;
+use super::ptr_map::PtrMap;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -307,7 +307,7 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_lanes::lock(&self.state)
+        super::stream_order::sync::lock(&self.state)
     }
 
     /// The size class (heap) serving a request of `bytes`.

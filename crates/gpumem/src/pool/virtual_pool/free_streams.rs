@@ -5,7 +5,7 @@ use std::thread::ThreadId;
 
 use crate::device::Device;
 use crate::driver::STREAM_PER_THREAD;
-use crate::pool::stream_lanes::PtrMap;
+use crate::pool::ptr_map::PtrMap;
 use crate::stream::{Event, Stream};
 
 /// Frees recorded on some memory: the stream slots (mod 64) that freed

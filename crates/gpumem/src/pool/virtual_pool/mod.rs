@@ -340,7 +340,7 @@ impl VirtualPool {
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_lanes::lock(&self.state)
+        super::stream_order::sync::lock(&self.state)
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {
