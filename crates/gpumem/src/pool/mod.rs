@@ -27,7 +27,7 @@ mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
-mod heap_lanes;
+mod live_blocks;
 mod pool_resource;
 mod pool_trait;
 pub(crate) mod ptr_map;

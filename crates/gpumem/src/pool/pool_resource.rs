@@ -22,7 +22,7 @@
 //! size names, else in the other one.
 //!
 //! Each stream that frees blocks has its own lane, the same lane number in
-//! both heaps (kept in step by the lane logic of `pool/heap_lanes.rs`, shared
+//! both heaps (kept in step by the lane logic of `pool/stream_order/heap_lanes.rs`, shared
 //! with [`VirtualPool`](super::VirtualPool); see the stream-ordering policy
 //! in [`crate::pool`]): an
 //! allocation on stream S tries S's lane, then the global lane (blocks safe
@@ -56,8 +56,9 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::heap_lanes::{self, HeapLanes};
+use super::live_blocks;
 use super::ptr_map::PtrMap;
+use super::stream_order::heap_lanes::HeapLanes;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -366,12 +367,12 @@ impl<U: MemoryResource> PoolResource<U> {
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        heap_lanes::live_blocks(&self.lock().heaps)
+        live_blocks::live_blocks(&self.lock().heaps)
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        heap_lanes::live_block_size(&self.lock().heaps, ptr)
+        live_blocks::live_block_size(&self.lock().heaps, ptr)
     }
 
     /// The largest free block in any lane of either heap: the largest request

@@ -65,6 +65,7 @@ pub(crate) mod batched;
 pub(crate) mod events;
 pub(crate) mod free_lists;
 pub(crate) mod handoff;
+pub(crate) mod heap_lanes;
 pub(crate) mod per_thread;
 pub(crate) mod slots;
 pub(crate) mod streams;

@@ -129,10 +129,14 @@ impl<T> StreamSlots<T> {
         Some(slot)
     }
 
-    /// Forgets every stream its user dropped for which `done` holds.
-    pub(crate) fn prune(&mut self, mut done: impl FnMut(&Slot<T>) -> bool) {
+    /// Forgets every stream its user dropped for which `done(index, slot)`
+    /// holds.
+    pub(crate) fn prune(&mut self, mut done: impl FnMut(u32, &Slot<T>) -> bool) {
         for i in 0..self.slots.len() as u32 {
-            if self.get(i).is_some_and(|s| s.held.is_dropped() && done(s)) {
+            if self
+                .get(i)
+                .is_some_and(|s| s.held.is_dropped() && done(i, s))
+            {
                 self.remove(i);
             }
         }
@@ -156,12 +160,12 @@ mod tests {
         assert_eq!(slots.insert(&s, 'a'), 0);
         assert_eq!(slots.insert(&t, 'b'), 1);
         assert_eq!((slots.find(&s), slots.peek(&t)), (Some(0), Some(1)));
-        slots.prune(|_| true);
+        slots.prune(|_, _| true);
         assert_eq!(slots.len(), 2, "both streams are still the user's");
         drop(s);
-        slots.prune(|x| x.data != 'a');
+        slots.prune(|_, x| x.data != 'a');
         assert_eq!(slots.len(), 2, "kept while its owner says so");
-        slots.prune(|_| true);
+        slots.prune(|_, _| true);
         assert_eq!(slots.len(), 1);
         let u = device.create_stream().unwrap();
         assert_eq!(slots.find(&u), None);

@@ -110,7 +110,7 @@ use self::free_streams::FreeStreams;
 use self::page_table::PageTable;
 use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
-use super::heap_lanes::HeapLanes;
+use super::stream_order::heap_lanes::HeapLanes;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType};
 use crate::resource::{validate_request, MemoryResource, Properties};
