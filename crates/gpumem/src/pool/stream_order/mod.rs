@@ -44,7 +44,8 @@
 //! - The pools' uses of them: `batched.rs` and `free_lists.rs` (the slab
 //!   pools: numbered frees, batch events, per-stream free lists),
 //!   `heap_lanes.rs` (the `LaneHeap` pools: per-stream lanes moved whole),
-//!   `ticks.rs` (`VirtualPool`: stream bits and one monotone tick per free),
+//!   `free_streams.rs` (`VirtualPool`: stream bits and one monotone tick per
+//!   free, recorded per piece of memory),
 //!   the arena's fences and the pinned pool's copy batches.
 //!
 //! # Driver calls
@@ -64,6 +65,7 @@
 pub(crate) mod batched;
 pub(crate) mod events;
 pub(crate) mod free_lists;
+pub(crate) mod free_streams;
 pub(crate) mod handoff;
 pub(crate) mod heap_lanes;
 pub(crate) mod per_thread;
