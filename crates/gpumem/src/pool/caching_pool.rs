@@ -497,7 +497,7 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
         }
         let stream = self.device().default_stream();
         let ptr = self.allocate_async(bytes, &stream)?;
-        if let Err(e) = stream.synchronize() {
+        if let Err(e) = super::stream_order::streams::synchronize(&stream) {
             let _ = self.free(ptr, Some(bytes), Some(&stream));
             return Err(e);
         }

@@ -759,7 +759,7 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
             // The driver may already be gone: leak rather than call into it.
             return;
         }
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = super::stream_order::sync::get_mut(&mut self.state);
         // Work still using pool memory must finish before the regions go back.
         st.lanes.synchronize_all(self.upstream.device());
         for (&base, &bytes) in st.regions.iter() {

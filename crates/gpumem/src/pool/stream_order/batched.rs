@@ -85,10 +85,7 @@ impl BatchedStream {
 
     /// Marks complete what the completed batches cover.
     fn poll_batches(&self, batches: &mut Batches, events: &EventPool) -> Result<()> {
-        if let Some(upto) = batches.poll(events)? {
-            self.frees.mark_complete_upto(upto);
-        }
-        Ok(())
+        batches.poll(events, |upto| self.frees.mark_complete_upto(upto))
     }
 
     /// Advances the completion mark without blocking: checks the sealed

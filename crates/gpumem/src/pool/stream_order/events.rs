@@ -90,18 +90,18 @@ impl Batches {
     }
 
     /// Drops the completed batches from the front (an event query each, up
-    /// to the first busy one); returns the highest number they cover.
-    pub(crate) fn poll(&mut self, events: &EventPool) -> Result<Option<u64>> {
-        let mut done = None;
+    /// to the first busy one), calling `done` with the number each covers.
+    /// A failed query stops there, after the batches found complete.
+    pub(crate) fn poll(&mut self, events: &EventPool, mut done: impl FnMut(u64)) -> Result<()> {
         while let Some((ev, upto)) = self.queue.front() {
             if !ev.is_complete()? {
                 break;
             }
-            done = Some(*upto);
+            done(*upto);
             let (ev, _) = self.queue.pop_front().expect("front exists");
             events.put(ev);
         }
-        Ok(done)
+        Ok(())
     }
 
     /// Blocks until the latest batch is complete; returns the number it

@@ -230,7 +230,10 @@ impl FreeStreams {
             return false;
         }
         f.asked_in = pass;
-        if let Ok(Some(t)) = f.pending.poll(&self.events) {
+        let mut sealed_done = None;
+        // A failed query leaves the event pending: a later pass asks again.
+        let _ = f.pending.poll(&self.events, |t| sealed_done = Some(t));
+        if let Some(t) = sealed_done {
             f.frees.set_complete_upto(t);
             if f.frees.is_complete(tick) {
                 return true;

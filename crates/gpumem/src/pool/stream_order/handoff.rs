@@ -28,6 +28,6 @@ impl Fence {
     /// fence after `taker`'s work so far: the batch is `taker`'s from now on.
     pub(crate) fn hand_to(&self, taker: &Stream) -> Result<()> {
         taker.wait_event(&self.event)?;
-        self.event.record(taker)
+        self.extend(taker)
     }
 }

@@ -59,9 +59,6 @@
 //! ([`EventPool`](events::EventPool), [`Batches`](events::Batches),
 //! [`Fence`](events::Fence)); stream waits on events in `handoff.rs`.
 
-// Parts the pools not yet ported will use.
-#![allow(dead_code)]
-
 pub(crate) mod batched;
 pub(crate) mod events;
 pub(crate) mod free_lists;
