@@ -70,7 +70,7 @@ use crate::pool::stream_order::sync::lock;
 use crate::pool::Pool;
 use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
 use crate::stream::{Stream, StreamId};
-use crate::suballoc::{LaneHeap, LaneId};
+use crate::suballoc::{span_with_padding, LaneHeap, LaneId};
 use crate::{Error, FreeError, LiveAllocations, OomInfo, Result};
 
 /// Copies a stream's batch may hold before the copy path seals it with an event.
@@ -560,10 +560,7 @@ impl PinnedPool {
             }
         }
         // 2. Grow, within the maximum.
-        let Some(needed) = bytes
-            .checked_add(alignment.max(256) - 256)
-            .and_then(|n| n.checked_next_multiple_of(256))
-        else {
+        let Some(needed) = span_with_padding(bytes, alignment) else {
             return Ok(None);
         };
         let reserved = st.heap.region_bytes() as usize;

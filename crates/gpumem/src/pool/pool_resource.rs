@@ -64,7 +64,7 @@ use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
 use crate::stream::Stream;
-use crate::suballoc::{HeapError, LaneHeap, LaneId};
+use crate::suballoc::{span_with_padding, HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
 /// Largest alignment the pool serves (padding is split off inside a block).
@@ -560,10 +560,7 @@ impl<U: MemoryResource> PoolResource<U> {
         bytes: usize,
         alignment: usize,
     ) -> Result<DevicePtr> {
-        let needed = bytes
-            .checked_next_multiple_of(256)
-            .and_then(|b| b.checked_add(alignment.max(256) - 256))
-            .ok_or_else(|| self.oom(&st, bytes))?;
+        let needed = span_with_padding(bytes, alignment).ok_or_else(|| self.oom(&st, bytes))?;
         let lane = self.lane_of(&mut st, stream)?;
         self.settle(&mut st, Some(lane));
         if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
