@@ -42,6 +42,7 @@ use cudarc::driver::{
 use crate::buffer::DeviceBuffer;
 use crate::device::Device;
 use crate::driver::{Backend, RawStream};
+use crate::pool::stream_order::sync::lock;
 use crate::resource::MemoryResource;
 use crate::stream::{Event, Stream};
 use crate::{Error, Result};
@@ -95,7 +96,7 @@ pub fn cudarc_context(device: &Device) -> Result<Arc<CudaContext>> {
             "cudarc interop needs the CUDA backend (GPUMEM_DEVICE=cuda)",
         ));
     }
-    let mut g = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&CONTEXTS);
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(c) = map.get(&device.ordinal()) {
         return Ok(c.clone());
@@ -115,7 +116,7 @@ pub fn cudarc_context(device: &Device) -> Result<Arc<CudaContext>> {
 /// [`Error::Unsupported`] on the simulated backend.
 pub fn cudarc_stream(stream: &Stream) -> Result<Arc<CudaStream>> {
     let ctx = cudarc_context(stream.device())?;
-    let mut g = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&STREAMS);
     g.get_or_insert_with(StreamCache::new)
         .get_or_wrap(stream, || {
             // SAFETY: the handle is a live stream of this device's primary

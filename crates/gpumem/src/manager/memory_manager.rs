@@ -19,6 +19,7 @@ use super::pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedRelease};
 use super::planned_pool::PlannedPool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::sync::{lock, read_lock, write_lock};
 use crate::resource::{
     MemoryResource, PinnedHostResource, Properties, SharedResource, DEFAULT_ALIGNMENT,
 };
@@ -114,12 +115,8 @@ impl std::fmt::Debug for MemoryManager {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn read<T: Clone>(m: &RwLock<Option<T>>) -> Option<T> {
-    m.read().unwrap_or_else(|e| e.into_inner()).clone()
+    read_lock(m).clone()
 }
 
 static GLOBAL: OnceLock<MemoryManager> = OnceLock::new();
@@ -283,7 +280,7 @@ impl MemoryManager {
             return Ok(p);
         }
         let s = lock(&self.settings);
-        let mut slot = self.pinned.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write_lock(&self.pinned);
         self.check_open()?;
         if let Some(p) = &*slot {
             return Ok(p.clone());
@@ -305,7 +302,7 @@ impl MemoryManager {
             return Ok(p);
         }
         let s = lock(&self.settings);
-        let mut slot = self.device_pool.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write_lock(&self.device_pool);
         self.check_open()?;
         if let Some(p) = &*slot {
             return Ok(p.clone());
@@ -519,7 +516,7 @@ impl MemoryManager {
         let _s = lock(&self.settings);
         let mut report = ShutdownReport::default();
         {
-            let mut slot = self.pinned.write().unwrap_or_else(|e| e.into_inner());
+            let mut slot = write_lock(&self.pinned);
             if let Some(p) = &*slot {
                 // Refused (live allocations, a failed wait): nothing changed.
                 let r = release_pinned(p)?;
@@ -530,11 +527,7 @@ impl MemoryManager {
             self.shut.store(true, Ordering::Release);
         }
         let mut first_err = None;
-        let backend = self
-            .device_pool
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let backend = write_lock(&self.device_pool).take();
         let outstanding: Vec<_> = std::mem::take(&mut *lock(&self.live_device))
             .into_iter()
             .map(|(p, n)| (DevicePtr(p), n))

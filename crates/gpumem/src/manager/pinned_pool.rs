@@ -56,7 +56,7 @@
 //! ```
 
 use std::alloc::Layout;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
@@ -64,14 +64,20 @@ use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::events::{Batches, EventPool};
+use crate::pool::stream_order::streams::{query, HeldStream, Progress};
+use crate::pool::stream_order::sync::lock;
 use crate::pool::Pool;
 use crate::resource::{validate_request, MemoryResource, PinnedHostResource, Properties};
-use crate::stream::{Event, Stream, StreamId};
-use crate::suballoc::{LaneHeap, LaneId};
+use crate::stream::{Stream, StreamId};
+use crate::suballoc::{span_with_padding, LaneHeap, LaneId};
 use crate::{Error, FreeError, LiveAllocations, OomInfo, Result};
 
 /// Copies a stream's batch may hold before the copy path seals it with an event.
 pub const COPY_BATCH: u32 = 32;
+
+/// Spare events the pool keeps for its copy batches.
+const SPARE_EVENTS: usize = 64;
 
 /// Largest alignment the pinned pool serves.
 pub const PINNED_MAX_ALIGNMENT: usize = 1 << 21;
@@ -185,16 +191,16 @@ struct Pending {
     uses: Vec<Use>,
 }
 
+/// The copy batches of one stream.
 struct Track {
-    stream: Stream,
+    held: HeldStream,
     /// The batch that new copies join; batches are numbered from 1.
     open_seq: u64,
     open_copies: u32,
-    /// Sealed batches and their events, oldest first.
-    sealed: VecDeque<(u64, Event)>,
+    /// Sealed batches, oldest first.
+    sealed: Batches,
     /// Every batch up to this one is complete.
     done_seq: u64,
-    spare: Vec<Event>,
 }
 
 struct State {
@@ -204,6 +210,8 @@ struct State {
     live: BTreeMap<u64, LiveBlock>,
     pending: Vec<Pending>,
     tracks: HashMap<StreamId, Track>,
+    /// Spare events for the tracks' batches.
+    events: EventPool,
     events_recorded: u64,
     copies: u64,
     /// Highest bytes pinned since creation or the last reset.
@@ -262,52 +270,37 @@ fn done(tracks: &HashMap<StreamId, Track>, uses: &[Use]) -> bool {
 impl Track {
     fn new(stream: &Stream) -> Self {
         Self {
-            stream: stream.clone(),
+            held: HeldStream::new(stream),
             open_seq: 1,
             open_copies: 0,
-            sealed: VecDeque::new(),
+            sealed: Batches::default(),
             done_seq: 0,
-            spare: Vec::new(),
         }
     }
 
     /// Records the open batch's event; returns whether one was recorded.
-    fn seal(&mut self) -> Result<bool> {
+    fn seal(&mut self, events: &EventPool) -> Result<bool> {
         if self.open_copies == 0 {
             return Ok(false);
         }
-        let ev = match self.spare.pop() {
-            Some(e) => e,
-            None => Event::new(self.stream.device())?,
-        };
-        ev.record(&self.stream)?;
-        self.sealed.push_back((self.open_seq, ev));
+        self.sealed
+            .seal(self.held.stream(), self.open_seq, events)?;
         self.open_seq += 1;
         self.open_copies = 0;
         Ok(true)
     }
 
     /// Moves the completion watermark over every completed sealed batch.
-    fn poll(&mut self) -> Result<()> {
-        while let Some((seq, ev)) = self.sealed.front() {
-            if !ev.is_complete()? {
-                break;
-            }
-            self.done_seq = *seq;
-            if let Some((_, ev)) = self.sealed.pop_front() {
-                self.spare.push(ev);
-            }
-        }
-        Ok(())
+    fn poll(&mut self, events: &EventPool) -> Result<()> {
+        let done_seq = &mut self.done_seq;
+        self.sealed.poll(events, |seq| *done_seq = seq)
     }
 
     /// Seals and waits for every batch of this stream.
-    fn wait(&mut self) -> Result<bool> {
-        let recorded = self.seal()?;
-        if let Some((seq, ev)) = self.sealed.back() {
-            ev.synchronize()?;
-            self.done_seq = *seq;
-            self.spare.extend(self.sealed.drain(..).map(|(_, e)| e));
+    fn wait(&mut self, events: &EventPool) -> Result<bool> {
+        let recorded = self.seal(events)?;
+        if let Some(seq) = self.sealed.wait_all(events)? {
+            self.done_seq = seq;
         }
         Ok(recorded)
     }
@@ -336,6 +329,7 @@ impl PinnedPool {
                 live: BTreeMap::new(),
                 pending: Vec::new(),
                 tracks: HashMap::new(),
+                events: EventPool::new(SPARE_EVENTS),
                 events_recorded: 0,
                 copies: 0,
                 peak_reserved: 0,
@@ -366,7 +360,7 @@ impl PinnedPool {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// The current numbers.
@@ -450,14 +444,14 @@ impl PinnedPool {
         for t in st.tracks.values_mut() {
             if !st.pending.is_empty() {
                 // A pending block may wait for the open batch: seal it.
-                match t.seal() {
+                match t.seal(&st.events) {
                     Ok(sealed) => st.events_recorded += u64::from(sealed),
                     Err(e) => {
                         first_err.get_or_insert(e);
                     }
                 }
             }
-            if let Err(e) = t.poll() {
+            if let Err(e) = t.poll(&st.events) {
                 first_err.get_or_insert(e);
             }
         }
@@ -472,9 +466,8 @@ impl PinnedPool {
                 i += 1;
             }
         }
-        st.tracks.retain(|_, t| {
-            !(t.stream.is_sole_handle() && t.sealed.is_empty() && t.open_copies == 0)
-        });
+        st.tracks
+            .retain(|_, t| !(t.held.is_dropped() && t.sealed.is_empty() && t.open_copies == 0));
         first_err.map_or(Ok(released), Err)
     }
 
@@ -498,7 +491,7 @@ impl PinnedPool {
     fn wait_locked(st: &mut State) -> Result<()> {
         let mut recorded = 0;
         for t in st.tracks.values_mut() {
-            recorded += u64::from(t.wait()?);
+            recorded += u64::from(t.wait(&st.events)?);
         }
         st.events_recorded += recorded;
         Self::process_locked(st).map(|_| ())
@@ -567,10 +560,7 @@ impl PinnedPool {
             }
         }
         // 2. Grow, within the maximum.
-        let Some(needed) = bytes
-            .checked_add(alignment.max(256) - 256)
-            .and_then(|n| n.checked_next_multiple_of(256))
-        else {
+        let Some(needed) = span_with_padding(bytes, alignment) else {
             return Ok(None);
         };
         let reserved = st.heap.region_bytes() as usize;
@@ -632,7 +622,7 @@ impl PinnedPool {
             });
         }
         if let Some(s) = stream {
-            if s.raw() != 0 && !s.is_idle().unwrap_or(false) {
+            if s.raw() != 0 && query(s) != Progress::Idle {
                 let t = st.tracks.entry(s.id()).or_insert_with(|| Track::new(s));
                 t.open_copies += 1;
                 add_use(&mut blk.uses, (s.id(), t.open_seq));
@@ -645,7 +635,7 @@ impl PinnedPool {
                     // The free has happened either way: if the event cannot
                     // be recorded, the batch stays open and the block waits
                     // in the pending list until a later seal succeeds.
-                    recorded += u64::from(t.seal().unwrap_or(false));
+                    recorded += u64::from(t.seal(&st.events).unwrap_or(false));
                 }
             }
         }
@@ -762,7 +752,7 @@ impl PinnedPool {
         if t.open_copies >= COPY_BATCH {
             // If the event cannot be recorded, the batch stays open; a later
             // copy, free or `process_pending` seals it.
-            st.events_recorded += u64::from(t.seal().unwrap_or(false));
+            st.events_recorded += u64::from(t.seal(&st.events).unwrap_or(false));
         }
         st.copies += 1;
         if let Some((_, b)) = st.live.range_mut(..=host.0).next_back() {

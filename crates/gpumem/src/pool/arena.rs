@@ -83,6 +83,8 @@ use std::sync::{Arc, Mutex};
 use global::GlobalArena;
 use stream_arena::{ArenaState, StreamArena};
 
+use super::stream_order::streams::synchronize_device;
+use super::stream_order::sync::lock;
 use super::Pool;
 
 use crate::device::Device;
@@ -245,10 +247,6 @@ impl Req {
 enum Hit<R> {
     Done(R),
     Miss,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Core {
@@ -743,7 +741,7 @@ impl<U: MemoryResource> Pool for ArenaResource<U> {
     }
 
     fn release(&self) -> Result<usize> {
-        self.core.device.synchronize()?;
+        synchronize_device(&self.core.device)?;
         self.core.reclaim(true);
         Ok(0)
     }
@@ -763,7 +761,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         }
         // Out of superblocks: collect every arena's free ones, then synchronize.
         for synced in [false, true] {
-            if synced && core.device.synchronize().is_err() {
+            if synced && synchronize_device(&core.device).is_err() {
                 break;
             }
             core.reclaim(synced);
@@ -829,7 +827,7 @@ impl<U: MemoryResource> Drop for ArenaResource<U> {
             reg.by_uid.drain().map(|(_, a)| a).collect()
         };
         // Work still queued on the arenas' streams may touch the region.
-        let _ = self.core.device.synchronize();
+        let _ = synchronize_device(&self.core.device);
         for a in arenas {
             a.lock().retire();
         }

@@ -25,8 +25,9 @@
 
 use std::sync::Mutex;
 
+use super::ptr_map::PtrMap;
 use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
-use super::stream_lanes::{lock, PtrMap};
+use super::stream_order::sync::lock;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{
@@ -496,7 +497,7 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
         }
         let stream = self.device().default_stream();
         let ptr = self.allocate_async(bytes, &stream)?;
-        if let Err(e) = stream.synchronize() {
+        if let Err(e) = super::stream_order::streams::synchronize(&stream) {
             let _ = self.free(ptr, Some(bytes), Some(&stream));
             return Err(e);
         }

@@ -243,7 +243,7 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         }
         let stream = self.device().default_stream();
         let ptr = self.allocate(bytes, alignment, &stream)?;
-        if let Err(e) = stream.synchronize() {
+        if let Err(e) = super::stream_order::streams::synchronize(&stream) {
             let _ = self.deallocate(ptr, bytes, alignment, &stream);
             return Err(e);
         }

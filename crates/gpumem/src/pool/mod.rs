@@ -16,42 +16,23 @@
 //!   moved (unmapped, cached, re-mapped) to where they are needed, so the
 //!   physical memory held follows the live bytes.
 //!
-//! # Stream-ordering policy (every pool of this module follows it)
+//! # Stream ordering
 //!
-//! A block freed on stream S is reusable at once by allocations on S: stream
-//! order protects it, no event is needed. Another stream T gets it only
-//! - once S's work up to the free is known complete: S found idle by a
-//!   stream query, or an event recorded on S after the free has completed; or
-//! - after T is made to wait for it (`cuStreamWaitEvent(T, event recorded on
-//!   S after the free)`); the blocks then belong to T.
-//!
-//! There is no event per free: `cuEventRecord` (~290 ns) and
-//! `cuStreamWaitEvent` (~220 ns) on an H100 (`bench/results/NOTES.md`)
-//! exceed the whole budget of an operation. Events are recorded only on slow paths or once per stream per
-//! batch of frees (sealed when a batch grows past its size, or by
-//! `process_deferred`). A pool keeps a clone of the [`Stream`] of every
-//! stream that has free blocks, so a stream the user drops is not destroyed
-//! while its blocks sit free (its handle stays valid for queries and
-//! records); a foreign stream whose query fails is handled by
-//! synchronizing the device before its blocks are reused.
-//!
-//! Out of memory: every pool first waits for the streams that freed its
-//! cached blocks, gives entirely free chunks back to its upstream and retries;
-//! then it fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
-//! carrying the requested, reserved and live bytes and the largest free block.
-//! Dropping a pool gives all its upstream memory back.
-//!
-//! [`Stream`]: crate::Stream
+//! A block freed on stream S is reused on S at once; another stream gets it
+//! once S's work up to the free is known done, or after it was made to wait
+//! for S; no event per free. The policy and every stream decision of the
+//! pools are in one component, `pool/stream_order/`.
 
 mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
-mod heap_lanes;
+mod live_blocks;
 mod pool_resource;
 mod pool_trait;
+pub(crate) mod ptr_map;
 mod slab;
-pub(crate) mod stream_lanes;
+pub(crate) mod stream_order;
 mod virtual_pool;
 
 pub use arena::{ArenaConfig, ArenaResource, ArenaStats};

@@ -22,7 +22,7 @@
 //! size names, else in the other one.
 //!
 //! Each stream that frees blocks has its own lane, the same lane number in
-//! both heaps (kept in step by the lane logic of `pool/heap_lanes.rs`, shared
+//! both heaps (kept in step by the lane logic of `pool/stream_order/heap_lanes.rs`, shared
 //! with [`VirtualPool`](super::VirtualPool); see the stream-ordering policy
 //! in [`crate::pool`]): an
 //! allocation on stream S tries S's lane, then the global lane (blocks safe
@@ -56,14 +56,15 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::heap_lanes::{self, HeapLanes};
-use super::stream_lanes::PtrMap;
+use super::live_blocks;
+use super::ptr_map::PtrMap;
+use super::stream_order::heap_lanes::HeapLanes;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
 use crate::stream::Stream;
-use crate::suballoc::{HeapError, LaneHeap, LaneId};
+use crate::suballoc::{span_with_padding, HeapError, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
 /// Largest alignment the pool serves (padding is split off inside a block).
@@ -307,7 +308,7 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_lanes::lock(&self.state)
+        super::stream_order::sync::lock(&self.state)
     }
 
     /// The size class (heap) serving a request of `bytes`.
@@ -366,12 +367,12 @@ impl<U: MemoryResource> PoolResource<U> {
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        heap_lanes::live_blocks(&self.lock().heaps)
+        live_blocks::live_blocks(&self.lock().heaps)
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        heap_lanes::live_block_size(&self.lock().heaps, ptr)
+        live_blocks::live_block_size(&self.lock().heaps, ptr)
     }
 
     /// The largest free block in any lane of either heap: the largest request
@@ -559,10 +560,7 @@ impl<U: MemoryResource> PoolResource<U> {
         bytes: usize,
         alignment: usize,
     ) -> Result<DevicePtr> {
-        let needed = bytes
-            .checked_next_multiple_of(256)
-            .and_then(|b| b.checked_add(alignment.max(256) - 256))
-            .ok_or_else(|| self.oom(&st, bytes))?;
+        let needed = span_with_padding(bytes, alignment).ok_or_else(|| self.oom(&st, bytes))?;
         let lane = self.lane_of(&mut st, stream)?;
         self.settle(&mut st, Some(lane));
         if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
@@ -758,7 +756,7 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
             // The driver may already be gone: leak rather than call into it.
             return;
         }
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = super::stream_order::sync::get_mut(&mut self.state);
         // Work still using pool memory must finish before the regions go back.
         st.lanes.synchronize_all(self.upstream.device());
         for (&base, &bytes) in st.regions.iter() {

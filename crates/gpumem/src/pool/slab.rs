@@ -1,7 +1,7 @@
 //! The engine under [`FixedSizeResource`](super::FixedSizeResource) and
 //! [`CachingPool`](super::CachingPool): size classes of equal blocks carved
 //! from upstream chunks, each class behind its own lock, free blocks kept per
-//! stream (see `stream_lanes`).
+//! stream (see `stream_order::free_lists`).
 //!
 //! Allocation of class `c` on stream T, cheapest first:
 //! 1. under `c`'s lock, no driver call: T's own lane (back), the blocks free
@@ -24,7 +24,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use super::stream_lanes::{lock, FreeBlocks, PtrMap, StreamTable};
+use super::ptr_map::PtrMap;
+use super::stream_order::batched::BatchedStreams;
+use super::stream_order::free_lists::FreeBlocks;
+use super::stream_order::sync::{lock, read_lock, write_lock};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
@@ -120,7 +123,7 @@ pub(crate) use pool_over_slab;
 pub(crate) struct Slab<U: MemoryResource> {
     upstream: U,
     device: Device,
-    streams: StreamTable,
+    streams: BatchedStreams,
     classes: Box<[Class]>,
     reserved: AtomicUsize,
     /// Highest `reserved` after a successful upstream allocation.
@@ -149,7 +152,7 @@ impl<U: MemoryResource> Slab<U> {
             .collect();
         Self {
             upstream,
-            streams: StreamTable::new(device.clone()),
+            streams: BatchedStreams::default(),
             device,
             classes,
             reserved: AtomicUsize::new(0),
@@ -314,7 +317,7 @@ impl<U: MemoryResource> Slab<U> {
             }
         };
         self.note_reserved();
-        crate::pool::stream_lanes::write_lock(&self.index).insert(base, (len, class));
+        write_lock(&self.index).insert(base, (len, class));
         let mut st = lock(&c.state);
         st.chunks.insert(base, len);
         st.reserved += len;
@@ -381,7 +384,7 @@ impl<U: MemoryResource> Slab<U> {
 
     /// The class whose chunk holds `ptr` at a block boundary.
     pub(crate) fn locate(&self, ptr: DevicePtr) -> Option<usize> {
-        let index = crate::pool::stream_lanes::read_lock(&self.index);
+        let index = read_lock(&self.index);
         let (&base, &(len, class)) = index.range(..=ptr.0).next_back()?;
         let off = ptr.0 - base;
         (off < len as u64 && off.is_multiple_of(self.classes[class].spec.block as u64))
@@ -488,7 +491,7 @@ impl<U: MemoryResource> Slab<U> {
             to_free.extend(freed.into_iter().map(|(base, len)| (base, len, ci)));
         }
         if !to_free.is_empty() {
-            let mut index = crate::pool::stream_lanes::write_lock(&self.index);
+            let mut index = write_lock(&self.index);
             for (base, _, _) in &to_free {
                 index.remove(base);
             }
@@ -518,7 +521,7 @@ impl<U: MemoryResource> Slab<U> {
     /// off the books and the upstream refused to take back.
     #[cold]
     fn restore_chunk(&self, class: usize, base: u64, len: usize) {
-        crate::pool::stream_lanes::write_lock(&self.index).insert(base, (len, class));
+        write_lock(&self.index).insert(base, (len, class));
         let c = &self.classes[class];
         let block = c.spec.block as u64;
         let mut st = lock(&c.state);

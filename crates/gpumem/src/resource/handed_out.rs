@@ -22,7 +22,8 @@ use std::sync::Mutex;
 
 use super::{LiveBlock, DEFAULT_ALIGNMENT};
 use crate::driver::DevicePtr;
-use crate::pool::stream_lanes::{lock, PtrMap};
+use crate::pool::ptr_map::PtrMap;
+use crate::pool::stream_order::sync::lock;
 use crate::{Error, FreeError};
 
 /// Shards of the table (a power of two).

@@ -35,5 +35,6 @@ mod proptests;
 
 pub use block_arena::{Block, BlockId, BlockState, LaneId};
 pub use heap::{Allocation, HeapError, HeapStats, LaneHeap, RegionId};
+pub(crate) use size_class::span_with_padding;
 pub use size_class::GRANULE;
 pub use tlsf::Tlsf;

@@ -59,6 +59,18 @@ pub fn round_to_granule(size: u64) -> Option<u64> {
     Some(size.checked_add(GRANULE - 1)? & !(GRANULE - 1))
 }
 
+/// The free bytes a heap must find to place a block of `bytes` at
+/// `alignment` (a power of two) wherever its free block starts: `bytes`
+/// rounded up to the granule plus the most padding the alignment can cost.
+/// `None` on overflow.
+#[inline]
+pub(crate) fn span_with_padding(bytes: usize, alignment: usize) -> Option<usize> {
+    let granule = GRANULE as usize;
+    bytes
+        .checked_next_multiple_of(granule)?
+        .checked_add(alignment.max(granule) - granule)
+}
+
 #[inline]
 fn class_of_units(u: u64) -> SizeClass {
     if u < SL_COUNT as u64 {
@@ -105,6 +117,15 @@ pub fn search_class(size: u64) -> Option<SizeClass> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_span_with_padding_covers_the_rounded_size_and_the_alignment() {
+        assert_eq!(span_with_padding(1, 1), Some(256));
+        assert_eq!(span_with_padding(256, 256), Some(256));
+        assert_eq!(span_with_padding(300, 4096), Some(512 + 4096 - 256));
+        assert_eq!(span_with_padding(usize::MAX, 256), None);
+        assert_eq!(span_with_padding(usize::MAX - 1023, 1 << 20), None);
+    }
 
     fn all_classes() -> impl Iterator<Item = SizeClass> {
         (0..CLASS_COUNT).map(|i| SizeClass {

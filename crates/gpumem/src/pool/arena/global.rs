@@ -14,15 +14,20 @@
 
 use super::directory::SuperblockDirectory;
 use crate::device::Device;
-use crate::stream::{Event, Stream, StreamId};
+use crate::pool::stream_order::events::{EventPool, Fence};
+use crate::pool::stream_order::streams::{query, synchronize_device, HeldStream, Progress};
+use crate::pool::stream_order::sync::lock;
+use crate::stream::Stream;
 use std::sync::Mutex;
+
+/// Spare events kept for batches and deferred frees.
+const SPARE_EVENTS: usize = 256;
 
 /// Runs released on one stream, fenced by one event.
 struct Batch {
-    id: StreamId,
     /// Keeps the stream alive while its runs wait (a user may drop theirs).
-    _stream: Stream,
-    event: Event,
+    owner: HeldStream,
+    fence: Fence,
     runs: Vec<(u32, u32)>,
 }
 
@@ -31,14 +36,11 @@ pub(crate) struct GlobalArena {
     pub(crate) dir: SuperblockDirectory,
     device: Device,
     batches: Mutex<Vec<Batch>>,
-    events: Mutex<Vec<Event>>,
+    /// Spare events, also for the stream arenas' deferred frees.
+    pub(crate) events: EventPool,
     /// Superblocks that could not be proven idle (device synchronization
     /// failed): never reused.
     lost: Mutex<u64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Takes `len` superblocks from the first run of `runs` that fits.
@@ -59,24 +61,8 @@ impl GlobalArena {
             dir: SuperblockDirectory::new(superblocks),
             device,
             batches: Mutex::new(Vec::new()),
-            events: Mutex::new(Vec::new()),
+            events: EventPool::new(SPARE_EVENTS),
             lost: Mutex::new(0),
-        }
-    }
-
-    /// An event from the pool, or a new one.
-    pub(crate) fn event(&self) -> crate::Result<Event> {
-        if let Some(e) = lock(&self.events).pop() {
-            return Ok(e);
-        }
-        Event::new(&self.device)
-    }
-
-    /// Returns an event whose last record is complete to the pool.
-    pub(crate) fn recycle_event(&self, event: Event) {
-        let mut pool = lock(&self.events);
-        if pool.len() < 256 {
-            pool.push(event);
         }
     }
 
@@ -89,7 +75,7 @@ impl GlobalArena {
     /// Last resort when the driver cannot tell whether `runs` are idle:
     /// synchronize the device, else never reuse them.
     fn give_back_after_sync(&self, runs: &[(u32, u32)]) {
-        if self.device.synchronize().is_ok() {
+        if synchronize_device(&self.device).is_ok() {
             self.give_back_all(runs);
         } else {
             *lock(&self.lost) += runs.iter().map(|&(_, l)| l as u64).sum::<u64>();
@@ -102,15 +88,15 @@ impl GlobalArena {
         if runs.is_empty() {
             return;
         }
-        match stream.is_idle() {
-            Ok(true) => return self.give_back_all(&runs),
-            Ok(false) => {}
-            Err(_) => return self.give_back_after_sync(&runs),
+        match query(stream) {
+            Progress::Idle => return self.give_back_all(&runs),
+            Progress::Busy | Progress::NotHere => {}
+            Progress::Unknown => return self.give_back_after_sync(&runs),
         }
         let mut batches = lock(&self.batches);
         let id = stream.id();
-        if let Some(b) = batches.iter_mut().find(|b| b.id == id) {
-            if b.event.record(stream).is_ok() {
+        if let Some(b) = batches.iter_mut().find(|b| b.owner.id() == id) {
+            if b.fence.extend(stream).is_ok() {
                 b.runs.extend(runs);
                 return;
             }
@@ -118,21 +104,13 @@ impl GlobalArena {
             drop(batches);
             return self.give_back_after_sync(&runs);
         }
-        let event = match self.event() {
-            Ok(e) => e,
-            Err(_) => {
-                drop(batches);
-                return self.give_back_after_sync(&runs);
-            }
-        };
-        if event.record(stream).is_err() {
+        let Ok(fence) = Fence::new(stream, &self.events) else {
             drop(batches);
             return self.give_back_after_sync(&runs);
-        }
+        };
         batches.push(Batch {
-            id,
-            _stream: stream.clone(),
-            event,
+            owner: HeldStream::new(stream),
+            fence,
             runs,
         });
     }
@@ -143,11 +121,10 @@ impl GlobalArena {
         let mut batches = lock(&self.batches);
         let mut i = 0;
         while i < batches.len() {
-            let done = synced || matches!(batches[i].event.is_complete(), Ok(true));
-            if done {
+            if synced || batches[i].fence.has_passed() {
                 let b = batches.swap_remove(i);
                 self.give_back_all(&b.runs);
-                self.recycle_event(b.event);
+                b.fence.recycle(&self.events);
             } else {
                 i += 1;
             }
@@ -167,7 +144,7 @@ impl GlobalArena {
             if batches.is_empty() {
                 return None;
             }
-            if let Some(b) = batches.iter_mut().find(|b| b.id == id) {
+            if let Some(b) = batches.iter_mut().find(|b| b.owner.id() == id) {
                 if let Some(s) = take_from_runs(&mut b.runs, len) {
                     return Some(s);
                 }
@@ -181,24 +158,23 @@ impl GlobalArena {
         // Oldest first: make `stream` wait, then the batch is `stream`'s.
         let i = batches
             .iter()
-            .position(|b| b.id != id && b.runs.iter().any(|&(_, l)| l >= len))?;
+            .position(|b| b.owner.id() != id && b.runs.iter().any(|&(_, l)| l >= len))?;
         let b = &mut batches[i];
-        if stream.wait_event(&b.event).is_err() || b.event.record(stream).is_err() {
+        if b.fence.hand_to(stream).is_err() {
             drop(batches);
-            if self.device.synchronize().is_ok() {
+            if synchronize_device(&self.device).is_ok() {
                 self.collect(true);
             }
             return self.dir.take(len);
         }
-        b.id = id;
-        b._stream = stream.clone();
+        b.owner = HeldStream::new(stream);
         let s = take_from_runs(&mut b.runs, len);
         // Merge `stream`'s older batch into this one: the new record covers it.
-        if let Some(j) = (0..batches.len()).find(|&j| j != i && batches[j].id == id) {
+        if let Some(j) = (0..batches.len()).find(|&j| j != i && batches[j].owner.id() == id) {
             let old = batches.swap_remove(j);
             let i = if i == batches.len() { j } else { i };
             batches[i].runs.extend(old.runs);
-            self.recycle_event(old.event);
+            old.fence.recycle(&self.events);
         }
         s
     }
@@ -224,7 +200,7 @@ impl GlobalArena {
             .map(|b| {
                 format!(
                     "fenced on stream {}: {} runs, {} superblocks (largest {})",
-                    b.id.0,
+                    b.owner.id().0,
                     b.runs.len(),
                     b.runs.iter().map(|&(_, l)| l as u64).sum::<u64>(),
                     b.runs.iter().map(|&(_, l)| l).max().unwrap_or(0)
@@ -236,6 +212,6 @@ impl GlobalArena {
     /// Drops every batch (the resource is going away, the device synchronized).
     pub(crate) fn clear(&self) {
         lock(&self.batches).clear();
-        lock(&self.events).clear();
+        self.events.clear();
     }
 }

@@ -16,7 +16,10 @@ use super::directory::OwnerWord;
 use super::superblock::Superblock;
 use super::tree::MaxTree;
 use super::Core;
-use crate::stream::{Event, Stream, StreamId};
+use crate::pool::stream_order::events::Fence;
+use crate::pool::stream_order::streams::{synchronize, synchronize_device};
+use crate::pool::stream_order::sync::lock;
+use crate::stream::{Stream, StreamId};
 use crate::FreeError;
 
 /// Fully free superblocks an arena keeps for its small blocks before caching
@@ -31,7 +34,7 @@ const QUICK_DEPTH: usize = 8;
 /// Small blocks freed on another stream, waiting for that stream's event.
 struct Deferred {
     stream: StreamId,
-    event: Event,
+    fence: Fence,
     /// `(slot, first granule, granules)`.
     blocks: Vec<(u32, u32, u32)>,
 }
@@ -61,7 +64,7 @@ impl StreamArena {
     /// consistent before anything can panic).
     #[inline]
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ArenaState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 }
 
@@ -284,25 +287,23 @@ impl ArenaState {
         sb.check_live(off, g)?;
         let id = stream.id();
         if let Some(d) = self.deferred.iter_mut().find(|d| d.stream == id) {
-            if d.event.record(stream).is_ok() {
+            if d.fence.extend(stream).is_ok() {
                 sb.defer(off, g)?;
                 d.blocks.push((slot, off, g));
                 return Ok(());
             }
-        } else if let Ok(event) = core.global.event() {
-            if event.record(stream).is_ok() {
-                sb.defer(off, g)?;
-                self.deferred.push(Deferred {
-                    stream: id,
-                    event,
-                    blocks: vec![(slot, off, g)],
-                });
-                return Ok(());
-            }
+        } else if let Ok(fence) = Fence::new(stream, &core.global.events) {
+            sb.defer(off, g)?;
+            self.deferred.push(Deferred {
+                stream: id,
+                fence,
+                blocks: vec![(slot, off, g)],
+            });
+            return Ok(());
         }
         // No event can be recorded on the freeing stream: wait for it (or the
         // device) now, then the block is free for everyone.
-        if stream.synchronize().is_ok() || core.device.synchronize().is_ok() {
+        if synchronize(stream).is_ok() || synchronize_device(&core.device).is_ok() {
             return self.free_small(core, slot, off, g);
         }
         // The device cannot tell us the block is idle: never reuse it.
@@ -315,8 +316,7 @@ impl ArenaState {
         let mut applied = false;
         let mut i = 0;
         while i < self.deferred.len() {
-            let done = synced || matches!(self.deferred[i].event.is_complete(), Ok(true));
-            if !done {
+            if !(synced || self.deferred[i].fence.has_passed()) {
                 i += 1;
                 continue;
             }
@@ -324,7 +324,7 @@ impl ArenaState {
             for (slot, off, g) in d.blocks {
                 self.merge_free(core, slot, |sb| sb.apply_deferred(off, g));
             }
-            core.global.recycle_event(d.event);
+            d.fence.recycle(&core.global.events);
             applied = true;
         }
         applied

@@ -4,6 +4,8 @@
 use super::page_table::PageRef;
 use super::VirtualPool;
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::streams::synchronize_device;
+use crate::pool::stream_order::sync::get_mut;
 
 impl Drop for VirtualPool {
     fn drop(&mut self) {
@@ -11,13 +13,13 @@ impl Drop for VirtualPool {
             // The driver may already be gone: leak rather than call into it.
             return;
         }
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = get_mut(&mut self.state);
         // Work still using pool memory must finish before pages go.
         for a in &st.areas {
             a.lanes.synchronize_all(&self.device);
         }
         if st.streams.synchronize_all(&self.device).is_err() {
-            let _ = self.device.synchronize();
+            let _ = synchronize_device(&self.device);
         }
         let driver = self.device.driver();
         let g = self.gran;

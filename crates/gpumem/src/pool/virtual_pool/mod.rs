@@ -95,7 +95,6 @@ mod bits;
 mod check;
 mod config;
 mod drop;
-mod free_streams;
 mod ipc;
 mod page_table;
 mod phys_cache;
@@ -106,11 +105,11 @@ mod stats;
 
 use std::sync::{Mutex, MutexGuard};
 
-use self::free_streams::FreeStreams;
 use self::page_table::PageTable;
 use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
-use super::heap_lanes::HeapLanes;
+use super::stream_order::free_streams::FreeStreams;
+use super::stream_order::heap_lanes::HeapLanes;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType};
 use crate::resource::{validate_request, MemoryResource, Properties};
@@ -292,7 +291,7 @@ impl VirtualPool {
             area_ranges: Vec::new(),
             pages: PageTable::new(gran as u64),
             phys: PhysCache::default(),
-            streams: FreeStreams::new(),
+            streams: FreeStreams::default(),
             peak_reserved: 0,
             peak_live: 0,
             pages_created: 0,
@@ -340,7 +339,7 @@ impl VirtualPool {
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_lanes::lock(&self.state)
+        super::stream_order::sync::lock(&self.state)
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {

@@ -34,8 +34,8 @@
 use std::ops::{Index, IndexMut};
 
 use super::bits::{all_set, any_set, bit, next_clear, set_bits, words};
-use super::free_streams::{FreeStreams, Frees};
 use super::phys_cache::{ExtentId, PhysCache, NO_OWNER};
+use crate::pool::stream_order::free_streams::{FreeStreams, Frees};
 
 /// A physical page: page `index` of extent `extent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1018,7 +1018,7 @@ mod tests {
         map(&mut t, &mut phys, 3, 2);
         map(&mut t, &mut phys, 100, 1);
         take(&mut t, &mut phys, sp(3, 4));
-        let mut streams = FreeStreams::new();
+        let mut streams = FreeStreams::default();
         let runs = t.reclaimable_runs(&mut streams, &phys);
         assert_eq!(runs, vec![(pg(0), 3), (pg(100), 1)]);
     }

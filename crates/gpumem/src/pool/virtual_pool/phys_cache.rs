@@ -18,9 +18,9 @@
 //! kept by the extent when a mapping goes). Costs: put and
 //! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
-use super::free_streams::Frees;
 use super::page_table::PackedPage;
 use crate::driver::RawPhys;
+use crate::pool::stream_order::free_streams::Frees;
 
 /// The index of an extent in the [`PhysCache`] (reused once the extent is
 /// released).

@@ -4,7 +4,7 @@
 use super::page_table::{Acquired, PageSpan};
 use super::{State, VirtualPool, LARGE, SMALL};
 use crate::stream::Stream;
-use crate::suballoc::{Allocation, BlockId, LaneId, RegionId};
+use crate::suballoc::{span_with_padding, Allocation, BlockId, LaneId, RegionId};
 use crate::{Error, Result};
 
 /// Address space reserved, in multiples of the device's memory, beyond which
@@ -49,10 +49,7 @@ impl VirtualPool {
         bytes: usize,
         alignment: usize,
     ) -> Result<Allocation> {
-        let needed = bytes
-            .checked_next_multiple_of(256)
-            .and_then(|b| b.checked_add(alignment.max(256) - 256))
-            .ok_or_else(|| self.oom(st, bytes))?;
+        let needed = span_with_padding(bytes, alignment).ok_or_else(|| self.oom(st, bytes))?;
         let a = &mut st.areas[area];
         a.lanes.settle(&mut a.heap, Some(lane));
         if let Some(x) = a

@@ -1,11 +1,11 @@
 //! Giving memory back: collecting idle aliases, unmapping idle extents into
 //! the cache, and releasing cached extents to the driver.
 
-use super::free_streams::FreeStreams;
 use super::page_table::{PackedPage, PageRef, PageTable};
 use super::phys_cache::ExtentId;
 use super::{area_at, State, VirtualPool};
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::free_streams::FreeStreams;
 use crate::{Error, Result};
 
 impl VirtualPool {

@@ -2,7 +2,7 @@
 
 use super::VirtualPool;
 use crate::driver::DevicePtr;
-use crate::pool::heap_lanes;
+use crate::pool::live_blocks;
 use crate::resource::{merge_adjacent, LiveBlock, Segment};
 
 /// Numbers describing a [`VirtualPool`] at one moment. Names follow the
@@ -140,12 +140,12 @@ impl VirtualPool {
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        heap_lanes::live_blocks(self.lock().areas.iter().map(|a| &a.heap))
+        live_blocks::live_blocks(self.lock().areas.iter().map(|a| &a.heap))
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        heap_lanes::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
+        live_blocks::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
     }
 
     /// Bytes in blocks handed out.

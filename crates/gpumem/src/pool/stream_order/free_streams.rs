@@ -1,33 +1,47 @@
-//! The streams that free blocks in a [`VirtualPool`](super::VirtualPool),
-//! and what is known of their completion in terms of free ticks.
+//! [`FreeStreams`]: the streams that free blocks in a pool that records its
+//! frees per piece of memory rather than per block
+//! ([`VirtualPool`](crate::pool::VirtualPool), per group of pages), and what
+//! is known of their completion.
+//!
+//! Each stream gets a small slot (a [`StreamSlots`] index) and its bit,
+//! `1 << (slot % 64)`; every free gets the next tick of one monotone clock
+//! shared by all streams. Memory records its frees as a [`Frees`]: the union
+//! of the bits of the streams that freed there and the latest tick. "Are
+//! these frees done?" ([`FreeStreams::complete`]) asks each stream of the
+//! mask whether its frees up to the tick have run: its [`Watermark`] on the
+//! tick clock, else a sealed event, else one stream query per reclaim pass
+//! (recording an event on a busy stream, so a later pass learns of its
+//! progress); never a wait.
 
-use std::thread::ThreadId;
-
+use super::events::{Batches, EventPool};
+use super::slots::StreamSlots;
+use super::streams::{synchronize_each, Progress, Watermark};
 use crate::device::Device;
-use crate::driver::STREAM_PER_THREAD;
-use crate::pool::stream_lanes::PtrMap;
-use crate::stream::{Event, Stream};
+use crate::stream::Stream;
+
+/// Spare events kept for busy streams.
+const SPARE_EVENTS: usize = 8;
 
 /// Frees recorded on some memory: the stream slots (mod 64) that freed
 /// blocks there and the tick of the latest such free (no reset: a mask only
 /// grows, so the record is conservative).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Frees {
-    pub(super) mask: u64,
-    pub(super) tick: u64,
+pub(crate) struct Frees {
+    pub(crate) mask: u64,
+    pub(crate) tick: u64,
 }
 
 impl Frees {
     /// Adds a free by stream slot bit `bit` at `tick` (ticks only grow).
     #[inline]
-    pub(super) fn add(&mut self, bit: u64, tick: u64) {
+    pub(crate) fn add(&mut self, bit: u64, tick: u64) {
         self.mask |= bit;
         self.tick = tick;
     }
 
     /// The union of two records.
     #[inline]
-    pub(super) fn union(self, o: Frees) -> Frees {
+    pub(crate) fn union(self, o: Frees) -> Frees {
         Frees {
             mask: self.mask | o.mask,
             tick: self.tick.max(o.tick),
@@ -37,35 +51,29 @@ impl Frees {
     /// True when nothing is recorded, or `done(mask, tick)` says the
     /// recorded frees have run.
     #[inline]
-    pub(super) fn quiet(&self, done: impl FnOnce(u64, u64) -> bool) -> bool {
+    pub(crate) fn quiet(&self, done: impl FnOnce(u64, u64) -> bool) -> bool {
         self.mask == 0 || done(self.mask, self.tick)
     }
 }
 
-struct FreeStream {
-    stream: Stream,
-    /// For the per-thread default stream: only its own thread may query it.
-    thread: Option<ThreadId>,
-    /// Every free on this stream with a tick at or below this has run.
-    idle_tick: u64,
-    /// Tick of this stream's latest free (all its frees have run once
-    /// `idle_tick` reaches it).
-    last_free: u64,
-    /// An event recorded on the stream and the tick it covers.
-    pending: Option<(Event, u64)>,
+/// What a pool knows of one stream's frees, on the table's tick clock.
+struct StreamFrees {
+    /// The tick of its latest free, and the tick up to which all its frees
+    /// have run.
+    frees: Watermark,
+    /// At most one event recorded on the stream, with the tick it covers.
+    pending: Batches,
     /// The reclaim pass that last asked the driver about this stream.
     asked_in: u64,
 }
 
 /// The streams that free blocks, and what is known of their completion in
 /// terms of free ticks.
-pub(super) struct FreeStreams {
-    slots: Vec<Option<FreeStream>>,
-    by_id: PtrMap<u32>,
-    /// The last stream looked up and its slot (stream ids are never reused).
-    last: Option<(u64, u32)>,
+pub(crate) struct FreeStreams {
+    slots: StreamSlots<StreamFrees>,
+    events: EventPool,
     /// The tick of the latest free.
-    pub(super) tick: u64,
+    tick: u64,
     /// Every slot bit that ever freed a block.
     ever: u64,
     pass: u64,
@@ -76,12 +84,11 @@ pub(super) struct FreeStreams {
     refloor: bool,
 }
 
-impl FreeStreams {
-    pub(super) fn new() -> Self {
+impl Default for FreeStreams {
+    fn default() -> Self {
         Self {
-            slots: Vec::new(),
-            by_id: PtrMap::default(),
-            last: None,
+            slots: StreamSlots::default(),
+            events: EventPool::new(SPARE_EVENTS),
             tick: 0,
             ever: 0,
             pass: 0,
@@ -89,30 +96,24 @@ impl FreeStreams {
             refloor: false,
         }
     }
+}
 
+impl FreeStreams {
     /// Streams known.
-    pub(super) fn len(&self) -> usize {
-        self.by_id.len()
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Registers a free on `stream`: returns its slot bit and the free's tick.
     #[inline]
-    pub(super) fn on_free(&mut self, stream: &Stream) -> (u64, u64) {
-        let id = stream.id().0;
-        let slot = match self.last {
-            Some((last, s)) if last == id => s,
-            _ => {
-                let s = match self.by_id.get(&id) {
-                    Some(&s) => s,
-                    None => self.add(stream),
-                };
-                self.last = Some((id, s));
-                s
-            }
+    pub(crate) fn on_free(&mut self, stream: &Stream) -> (u64, u64) {
+        let slot = match self.slots.find(stream) {
+            Some(s) => s,
+            None => self.add(stream),
         };
         self.tick += 1;
-        if let Some(s) = self.slots[slot as usize].as_mut() {
-            s.last_free = self.tick;
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.data.frees.note(self.tick);
         }
         let bit = 1u64 << (slot % 64);
         self.ever |= bit;
@@ -121,41 +122,22 @@ impl FreeStreams {
 
     #[cold]
     fn add(&mut self, stream: &Stream) -> u32 {
-        let entry = FreeStream {
-            stream: stream.clone(),
-            thread: (stream.raw() == STREAM_PER_THREAD).then(|| std::thread::current().id()),
+        let entry = StreamFrees {
             // Nothing was freed on it before: complete up to now.
-            idle_tick: self.tick,
-            last_free: 0,
-            pending: None,
+            frees: Watermark::complete_upto(self.tick),
+            pending: Batches::default(),
             asked_in: 0,
         };
-        let slot = match self.slots.iter().position(Option::is_none) {
-            Some(i) => {
-                self.slots[i] = Some(entry);
-                i
-            }
-            None => {
-                self.slots.push(Some(entry));
-                self.slots.len() - 1
-            }
-        };
-        self.by_id.insert(stream.id().0, slot as u32);
-        slot as u32
+        self.slots.insert(stream, entry)
     }
 
     /// The *taker bit* of `stream`, about to use memory: its slot bit when
     /// it is the only stream on that bit (its own frees need no check before
     /// it re-uses their memory), else 0.
     #[inline]
-    pub(super) fn taker_bit(&self, stream: &Stream) -> u64 {
-        let id = stream.id().0;
-        let slot = match self.last {
-            Some((last, s)) if last == id => Some(s),
-            _ => self.by_id.get(&id).copied(),
-        };
-        match slot {
-            Some(s) if self.slots.len() <= 64 => 1u64 << s,
+    pub(crate) fn taker_bit(&self, stream: &Stream) -> u64 {
+        match self.slots.peek(stream) {
+            Some(s) if self.slots.capacity() <= 64 => 1u64 << s,
             _ => 0,
         }
     }
@@ -164,7 +146,7 @@ impl FreeStreams {
     /// [`FreeStreams::taker_bit`]) ever freed a block: when none did, all
     /// frees are the taking stream's own, ordered before its new work.
     #[inline]
-    pub(super) fn others_freed(&self, taker: u64) -> bool {
+    pub(crate) fn others_freed(&self, taker: u64) -> bool {
         self.ever & !taker != 0
     }
 
@@ -172,7 +154,7 @@ impl FreeStreams {
     /// stream of bit `taker` (see [`FreeStreams::taker_bit`]) are safe to
     /// follow: the stream's own frees are ordered before its new work, the
     /// others must be known done (a query at most, never a wait).
-    pub(super) fn safe_for(&mut self, taker: u64, mask: u64, tick: u64) -> bool {
+    pub(crate) fn safe_for(&mut self, taker: u64, mask: u64, tick: u64) -> bool {
         let others = mask & !taker;
         if others == 0 || tick <= self.floor {
             return true;
@@ -182,7 +164,7 @@ impl FreeStreams {
     }
 
     /// Starts a reclaim pass: each stream is asked about at most once per pass.
-    pub(super) fn begin_pass(&mut self) {
+    pub(crate) fn begin_pass(&mut self) {
         self.pass += 1;
         self.floor = self.min_idle_tick();
         self.refloor = false;
@@ -192,12 +174,11 @@ impl FreeStreams {
         // A stream known idle since its latest free is done up to now.
         self.slots
             .iter()
-            .flatten()
-            .map(|s| {
-                if s.idle_tick >= s.last_free {
+            .map(|(_, s)| {
+                if s.data.frees.all_complete() {
                     self.tick
                 } else {
-                    s.idle_tick
+                    s.data.frees.completed()
                 }
             })
             .min()
@@ -208,7 +189,7 @@ impl FreeStreams {
     /// have run. May query streams (once per pass each) and record an event
     /// on a busy stream so a later pass learns of its progress; never blocks.
     #[inline]
-    pub(super) fn complete(&mut self, mask: u64, tick: u64) -> bool {
+    pub(crate) fn complete(&mut self, mask: u64, tick: u64) -> bool {
         if tick <= self.floor {
             return true;
         }
@@ -226,8 +207,8 @@ impl FreeStreams {
             let b = bits.trailing_zeros() as usize;
             bits &= bits - 1;
             let mut slot = b;
-            while slot < self.slots.len() {
-                if !self.slot_complete(slot, tick) {
+            while slot < self.slots.capacity() {
+                if !self.slot_complete(slot as u32, tick) {
                     return false;
                 }
                 slot += 64;
@@ -236,73 +217,61 @@ impl FreeStreams {
         true
     }
 
-    fn slot_complete(&mut self, slot: usize, tick: u64) -> bool {
+    fn slot_complete(&mut self, slot: u32, tick: u64) -> bool {
         let (now, pass) = (self.tick, self.pass);
-        let Some(s) = self.slots[slot].as_mut() else {
+        let Some(s) = self.slots.get_mut(slot) else {
             return true;
         };
-        if s.idle_tick >= tick.min(s.last_free) {
+        let f = &mut s.data;
+        if f.frees.is_complete(tick.min(f.frees.latest())) {
             return true;
         }
-        if s.asked_in == pass {
+        if f.asked_in == pass {
             return false;
         }
-        s.asked_in = pass;
-        if let Some((ev, t)) = &s.pending {
-            if ev.is_complete().unwrap_or(false) {
-                s.idle_tick = s.idle_tick.max(*t);
-                s.pending = None;
-                if s.idle_tick >= tick {
-                    return true;
-                }
+        f.asked_in = pass;
+        let mut sealed_done = None;
+        // A failed query leaves the event pending: a later pass asks again.
+        let _ = f.pending.poll(&self.events, |t| sealed_done = Some(t));
+        if let Some(t) = sealed_done {
+            f.frees.set_complete_upto(t);
+            if f.frees.is_complete(tick) {
+                return true;
             }
         }
-        if s.thread.is_some_and(|t| t != std::thread::current().id()) {
-            return false;
-        }
-        match s.stream.is_idle() {
-            Ok(true) => {
-                s.idle_tick = now;
-                s.pending = None;
+        match s.held.query() {
+            Progress::Idle => {
+                f.frees.set_complete_upto(now);
+                f.pending.forget(&self.events);
                 self.refloor = true;
                 true
             }
-            Ok(false) => {
-                if s.pending.is_none() {
-                    if let Ok(ev) = Event::new(s.stream.device()) {
-                        if ev.record(&s.stream).is_ok() {
-                            s.pending = Some((ev, now));
-                        }
-                    }
+            Progress::Busy => {
+                if f.pending.is_empty() {
+                    // Best effort: without it, a later pass queries again.
+                    let _ = f.pending.seal(s.held.stream(), now, &self.events);
                 }
                 false
             }
-            // A foreign stream that cannot be queried: the blocking paths
-            // synchronize the device for it.
-            Err(_) => false,
+            // Another thread's per-thread stream, or a foreign stream that
+            // cannot be queried: the blocking paths synchronize the device.
+            Progress::NotHere | Progress::Unknown => false,
         }
     }
 
     /// Blocks until every free so far has run (each stream synchronized, the
     /// device when one cannot be).
-    pub(super) fn synchronize_all(&mut self, device: &Device) -> crate::Result<()> {
+    pub(crate) fn synchronize_all(&mut self, device: &Device) -> crate::Result<()> {
         let now = self.tick;
-        let mut device_sync = false;
-        for s in self.slots.iter_mut().flatten() {
-            if s.idle_tick >= now {
-                continue;
-            }
-            let here = s.thread.is_none_or(|t| t == std::thread::current().id());
-            if !here || s.stream.synchronize().is_err() {
-                device_sync = true;
-            }
-        }
-        if device_sync {
-            device.synchronize()?;
-        }
-        for s in self.slots.iter_mut().flatten() {
-            s.idle_tick = now;
-            s.pending = None;
+        let busy = self
+            .slots
+            .iter()
+            .filter(|(_, s)| !s.data.frees.is_complete(now))
+            .map(|(_, s)| &s.held);
+        synchronize_each(busy, device)?;
+        for (_, s) in self.slots.iter_mut() {
+            s.data.frees.set_complete_upto(now);
+            s.data.pending.forget(&self.events);
         }
         Ok(())
     }
@@ -311,19 +280,9 @@ impl FreeStreams {
     /// are known to have run, so user-dropped streams are destroyed. (A slot
     /// reused by a new stream starts complete up to the current tick, which
     /// stays true of the old stream.)
-    pub(super) fn prune(&mut self) {
+    pub(crate) fn prune(&mut self) {
         let now = self.tick;
-        for slot in self.slots.iter_mut() {
-            if slot
-                .as_ref()
-                .is_some_and(|s| s.idle_tick >= now && s.stream.is_sole_handle())
-            {
-                if let Some(s) = slot.take() {
-                    self.by_id.remove(&s.stream.id().0);
-                    self.last = None;
-                }
-            }
-        }
+        self.slots.prune(|_, s| s.data.frees.is_complete(now));
     }
 }
 
@@ -331,6 +290,8 @@ impl FreeStreams {
 mod tests {
     use super::*;
     use crate::driver::sim::SimConfig;
+    use crate::stream::Event;
+    use crate::Device;
 
     /// An event recorded on `stream`: work that stays pending while the
     /// simulator holds the stream.
@@ -373,7 +334,7 @@ mod tests {
             device.create_stream().unwrap(),
             device.create_stream().unwrap(),
         );
-        let mut streams = FreeStreams::new();
+        let mut streams = FreeStreams::default();
         assert_eq!(
             streams.taker_bit(&s),
             0,
@@ -395,7 +356,7 @@ mod tests {
             device.create_stream().unwrap(),
             device.create_stream().unwrap(),
         );
-        let mut streams = FreeStreams::new();
+        let mut streams = FreeStreams::default();
         let (own, _) = streams.on_free(&s);
         sim.hold(t.raw());
         enqueue_work(&t);
@@ -417,7 +378,7 @@ mod tests {
     fn synchronize_all_completes_every_free_and_prune_forgets_dropped_streams() {
         let (device, sim) = Device::sim_with_driver(SimConfig::default());
         let s = device.create_stream().unwrap();
-        let mut streams = FreeStreams::new();
+        let mut streams = FreeStreams::default();
         sim.hold(s.raw());
         enqueue_work(&s);
         let (bit, tick) = streams.on_free(&s);
