@@ -57,7 +57,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     cu_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     {
-        let launch = |dst: &mut DeviceBuffer<f32, &GraphPool>, src: &DeviceBuffer<f32, &GraphPool>, a: f32, b: f32| {
+        let launch = |dst: &mut DeviceBuffer<f32, &GraphPool>,
+                      src: &DeviceBuffer<f32, &GraphPool>,
+                      a: f32,
+                      b: f32| {
             let mut l = cu_stream.launch_builder(&axpb);
             l.arg(dst).arg(src).arg(&n).arg(&a).arg(&b);
             // SAFETY: the kernel takes (float*, const float*, unsigned, float,

@@ -100,7 +100,13 @@ impl MemoryResource for GraphPool {
         self.pool.allocate(bytes, alignment, stream)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, bytes: usize, alignment: usize, stream: &Stream) -> Result<()> {
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         self.pool.deallocate(ptr, bytes, alignment, stream)
     }
 

@@ -13,7 +13,10 @@ use crate::Result;
 /// until now is then `taker`'s. Returns false (and does nothing) when `from`
 /// cannot be recorded on from this thread.
 pub(crate) fn hand_over(from: &HeldStream, taker: &Stream, events: &EventPool) -> Result<bool> {
-    if !from.is_here() {
+    if !from.is_here()
+        || super::streams::capturing(from.stream())
+        || super::streams::capturing(taker)
+    {
         return Ok(false);
     }
     let ev = record_new(from.stream(), events)?;

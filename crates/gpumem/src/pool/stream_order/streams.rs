@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::per_thread::HomeThread;
 use crate::device::Device;
+use crate::driver::CaptureStatus;
 use crate::stream::{Stream, StreamId};
 use crate::Result;
 
@@ -26,10 +27,24 @@ pub(crate) enum Progress {
     Unknown,
 }
 
+/// Whether `stream` is capturing a CUDA graph (its work is recorded, not
+/// run: querying or synchronizing it would break the capture). A stream
+/// whose status cannot be read counts as not capturing.
+pub(crate) fn capturing(stream: &Stream) -> bool {
+    matches!(
+        stream.capture_status(),
+        Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+    )
+}
+
 /// Asks the driver once whether `stream` (a handle of the calling thread) is
-/// idle.
+/// idle. A capturing stream is busy: what it freed is used by the graph's
+/// launches, whose time is not known.
 #[inline]
 pub(crate) fn query(stream: &Stream) -> Progress {
+    if capturing(stream) {
+        return Progress::Busy;
+    }
     match stream.is_idle() {
         Ok(true) => Progress::Idle,
         Ok(false) => Progress::Busy,
@@ -37,8 +52,14 @@ pub(crate) fn query(stream: &Stream) -> Progress {
     }
 }
 
-/// Blocks until all work of `stream` (a handle of the calling thread) is done.
+/// Blocks until all work of `stream` (a handle of the calling thread) is
+/// done. A capturing stream cannot be waited for: an error says so.
 pub(crate) fn synchronize(stream: &Stream) -> Result<()> {
+    if capturing(stream) {
+        return Err(crate::Error::InvalidArgument(
+            "a stream that is capturing a CUDA graph cannot be waited for (the memory it freed serves the graph's launches)".into(),
+        ));
+    }
     stream.synchronize()
 }
 

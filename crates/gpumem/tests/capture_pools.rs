@@ -1,0 +1,178 @@
+//! Every pool while a stream captures a CUDA graph (Global mode, the
+//! strictest): allocating and freeing on the capturing stream makes no call
+//! CUDA forbids during a capture (the simulator logs and refuses them), and
+//! the capture ends with a graph. Then [`GraphPool`]: the capture's memory
+//! keeps its address for every launch and is not handed out elsewhere.
+//!
+//! Simulator-only where they read its violation log; a Global capture binds
+//! every thread, so the tests take turns.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gpumem::adaptor::StatisticsAdaptor;
+use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::driver::CaptureMode;
+use gpumem::graph_pool::GraphPool;
+use gpumem::pool::{
+    ArenaConfig, ArenaResource, CachingPool, CachingPoolConfig, FixedSizeConfig, FixedSizeResource,
+    PoolResource, VirtualPool, VirtualPoolConfig,
+};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{Device, DeviceBuffer, DevicePtr, Stream};
+
+const MIB: usize = 1 << 20;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sim() -> (Device, Arc<SimDriver>) {
+    Device::sim_with_driver(SimConfig::backed(2 << 30))
+}
+
+/// Allocates and frees on `s` while it captures: a few sizes, a temporary
+/// freed and allocated again. Returns the violations the simulator logged
+/// and whether the capture ended with a graph.
+fn capture_with<R: MemoryResource>(
+    mr: &R,
+    sim: &SimDriver,
+    s: &Stream,
+    sizes: &[usize],
+) -> (Vec<String>, bool) {
+    // Warm: the pool holds memory before the capture.
+    for &n in sizes {
+        let p = mr.allocate(n, 256, s).unwrap();
+        mr.deallocate(p, n, 256, s).unwrap();
+    }
+    s.synchronize().unwrap();
+    sim.clear_capture_violations();
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let mut live: Vec<(DevicePtr, usize)> = Vec::new();
+    for &n in sizes {
+        if let Ok(p) = mr.allocate(n, 256, s) {
+            live.push((p, n));
+        }
+    }
+    let (t, n) = live.pop().unwrap_or((DevicePtr::NULL, 0));
+    if !t.is_null() {
+        let _ = mr.deallocate(t, n, 256, s);
+        if let Ok(p) = mr.allocate(n, 256, s) {
+            live.push((p, n));
+        }
+    }
+    let ended = s.end_capture().is_ok();
+    let violations = sim
+        .capture_violations()
+        .iter()
+        .map(|v| format!("{} ({})", v.call, v.reason))
+        .collect();
+    for (p, n) in live {
+        mr.deallocate(p, n, 256, s).unwrap();
+    }
+    s.synchronize().unwrap();
+    (violations, ended)
+}
+
+fn check<R: MemoryResource>(name: &str, mr: &R, sim: &SimDriver, s: &Stream, sizes: &[usize]) {
+    let (violations, ended) = capture_with(mr, sim, s, sizes);
+    assert!(
+        violations.is_empty(),
+        "{name}: forbidden calls during capture: {violations:?}"
+    );
+    assert!(ended, "{name}: the capture was invalidated");
+}
+
+#[test]
+fn every_pool_allocates_and_frees_inside_a_capture_without_a_forbidden_call() {
+    let _turn = serial();
+    let sizes = [1000, 64 << 10, MIB, 3 * MIB];
+    let (device, sim) = sim();
+    let s = device.create_stream().unwrap();
+    let up = || DeviceResource::new(device.clone());
+    check(
+        "pool",
+        &PoolResource::with_defaults(up()).unwrap(),
+        &sim,
+        &s,
+        &sizes,
+    );
+    check(
+        "caching",
+        &CachingPool::new(up(), CachingPoolConfig::default()).unwrap(),
+        &sim,
+        &s,
+        &sizes,
+    );
+    check(
+        "arena",
+        &ArenaResource::new(up(), ArenaConfig::with_size(64 * MIB)).unwrap(),
+        &sim,
+        &s,
+        &sizes,
+    );
+    check(
+        "fixed",
+        &FixedSizeResource::new(up(), FixedSizeConfig::default()).unwrap(),
+        &sim,
+        &s,
+        &[4096; 4],
+    );
+    check(
+        "vpool",
+        &VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap(),
+        &sim,
+        &s,
+        &sizes,
+    );
+    check(
+        "graph pool",
+        &GraphPool::new(&device).unwrap(),
+        &sim,
+        &s,
+        &sizes,
+    );
+}
+
+#[test]
+fn a_graph_pool_grows_during_a_global_capture_and_its_memory_stays_the_graphs() {
+    let _turn = serial();
+    let (device, sim) = sim();
+    let s = device.create_stream().unwrap();
+    let pool = GraphPool::new(&device).unwrap();
+    let other = StatisticsAdaptor::new(
+        PoolResource::with_defaults(DeviceResource::new(device.clone())).unwrap(),
+    );
+    sim.clear_capture_violations();
+    pool.begin(&s, CaptureMode::Global).unwrap();
+    let out = DeviceBuffer::<u32, _>::zeroed(MIB, &pool, &s).unwrap();
+    let tmp = DeviceBuffer::<u32, _>::zeroed(2 * MIB, &pool, &s).unwrap(); // a temporary
+    let tmp_ptr = tmp.as_device_ptr();
+    drop(tmp); // freed in the capture: reusable by it, by no one else
+    let again = DeviceBuffer::<u32, _>::zeroed(2 * MIB, &pool, &s).unwrap();
+    assert_eq!(
+        again.as_device_ptr(),
+        tmp_ptr,
+        "the capture's stream reuses its own temporary"
+    );
+    drop(again);
+    let exec = pool.end(&s).unwrap().instantiate().unwrap();
+    assert!(
+        sim.capture_violations().is_empty(),
+        "{:?}",
+        sim.capture_violations()
+    );
+    for _ in 0..3 {
+        exec.launch(&s).unwrap();
+        assert_eq!(out.to_vec().unwrap(), vec![0u32; MIB]);
+    }
+    // Other work never gets the graph's memory.
+    let p = other.allocate(2 * MIB * 4, 256, &s).unwrap();
+    assert!(p.0 + (8 * MIB) as u64 <= tmp_ptr.0 || p.0 >= tmp_ptr.0 + (8 * MIB) as u64);
+    other.deallocate(p, 2 * MIB * 4, 256, &s).unwrap();
+    drop(out);
+    drop(exec);
+    let given = pool.release().unwrap();
+    assert!(given >= 12 * MIB, "gave back {given}");
+    assert_eq!(pool.live_bytes(), 0);
+}
