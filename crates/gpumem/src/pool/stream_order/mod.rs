@@ -45,8 +45,9 @@
 //!   pools: numbered frees, batch events, per-stream free lists),
 //!   `heap_lanes.rs` (the `LaneHeap` pools: per-stream lanes moved whole),
 //!   `free_streams.rs` (`VirtualPool`: stream bits and one monotone tick per
-//!   free, recorded per piece of memory),
-//!   the arena's fences and the pinned pool's copy batches.
+//!   free, recorded per piece of memory). Outside this folder, the arena's
+//!   fenced batches and deferred frees (`pool/arena/`) hold `Fence`s, and
+//!   `PinnedPool`'s copy batches (`manager/pinned_pool.rs`) hold `Batches`.
 //!
 //! # Driver calls
 //!
