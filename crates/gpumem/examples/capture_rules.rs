@@ -272,6 +272,18 @@ const CASES: &[Case] = &[
         when: When::AfterEnd,
         call: |f, _| f.event.is_complete().map(drop),
     },
+    during("stream_end_capture (the capturing stream)", |_, s| {
+        s.end_capture().map(drop)
+    }),
+    Case {
+        name: "stream_end_capture (a stream that joined)",
+        prep: |f, s| {
+            f.event.record(s)?;
+            f.other.wait_event(&f.event)
+        },
+        when: When::During,
+        call: |f, _| f.other.end_capture().map(drop),
+    },
     during("stream_query (the capturing stream)", |_, s| {
         s.is_idle().map(drop)
     }),
