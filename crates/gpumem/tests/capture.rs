@@ -418,8 +418,6 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
     memset(d, b, 0x42, N, s2.raw()).unwrap();
     join.record(&s2).unwrap();
     s1.wait_event(&join).unwrap();
-    // Only the origin can end the capture.
-    assert_eq!(code(&s2.end_capture().unwrap_err()), UNMATCHED);
     let exec = s1.end_capture().unwrap().instantiate().unwrap();
     assert_eq!(s2.capture_status().unwrap(), CaptureStatus::None);
     assert_eq!(
@@ -431,11 +429,7 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
     assert_eq!(read(d, a, N, &s1), vec![0x21; N]);
     assert_eq!(read(d, b, N, &s1), vec![0x42; N]);
     drop(exec);
-    if let Some(sim) = &sim {
-        // The UNMATCHED refusal above is the only one.
-        assert_eq!(sim.capture_violations().len(), 1);
-        sim.clear_capture_violations();
-    }
+    assert_no_violation(&sim);
 
     // Without the join back, ending fails and takes both out of capture.
     s1.begin_capture(CaptureMode::Global).unwrap();
@@ -445,6 +439,17 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
     assert_eq!(code(&s1.end_capture().unwrap_err()), UNJOINED);
     assert_eq!(s1.capture_status().unwrap(), CaptureStatus::None);
     assert_eq!(s2.capture_status().unwrap(), CaptureStatus::None);
+
+    // Only the origin can end the capture. (Whether the refusal also
+    // invalidates the capture, CUDA does not say; the simulator does not.)
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    fork.record(&s1).unwrap();
+    s2.wait_event(&fork).unwrap();
+    assert_eq!(code(&s2.end_capture().unwrap_err()), UNMATCHED);
+    let end = s1.end_capture();
+    if sim.is_some() {
+        end.unwrap();
+    }
     d.mem_free(o, a).unwrap();
     d.mem_free(o, b).unwrap();
 }
@@ -452,7 +457,7 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
 #[test]
 fn only_the_thread_that_began_a_capture_ends_it_unless_relaxed() {
     let _turn = serial();
-    let (dev, _sim) = common::device(false);
+    let (dev, sim) = common::device(false);
     let s = dev.create_stream().unwrap();
     let end_elsewhere = |s: &Stream| {
         let s = s.clone();
@@ -462,8 +467,11 @@ fn only_the_thread_that_began_a_capture_ends_it_unless_relaxed() {
     };
     s.begin_capture(CaptureMode::Global).unwrap();
     assert_eq!(code(&end_elsewhere(&s).unwrap_err()), WRONG_THREAD);
-    assert_eq!(s.capture_status().unwrap(), CaptureStatus::Active);
-    s.end_capture().unwrap();
+    // The capture goes on in the simulator; CUDA does not say.
+    let end = s.end_capture();
+    if sim.is_some() {
+        end.unwrap();
+    }
     s.begin_capture(CaptureMode::Relaxed).unwrap();
     end_elsewhere(&s).unwrap();
     assert_eq!(s.capture_status().unwrap(), CaptureStatus::None);

@@ -185,6 +185,9 @@ pub trait Driver: Send + Sync + 'static {
     /// # Safety
     /// `src..src+bytes` must be readable host memory and stay valid and unchanged
     /// until the copy has run on `stream`.
+    /// If `stream` is capturing and the driver accepts the copy into the graph,
+    /// it runs at every launch of the graph: the range must then stay valid
+    /// for as long as the graph can be launched.
     unsafe fn memcpy_htod_async(
         &self,
         dst: DevicePtr,
@@ -197,6 +200,9 @@ pub trait Driver: Send + Sync + 'static {
     /// # Safety
     /// `dst..dst+bytes` must be writable host memory that nothing else touches
     /// until the copy has run on `stream`.
+    /// If `stream` is capturing and the driver accepts the copy into the graph,
+    /// it runs at every launch of the graph: the range must then stay valid
+    /// for as long as the graph can be launched.
     unsafe fn memcpy_dtoh_async(
         &self,
         dst: *mut u8,

@@ -226,7 +226,8 @@ pub struct PoolPtrExport(pub [u8; 64]);
 /// replay.
 ///
 /// A capture's mode is given when it begins; a thread's mode is set with
-/// `Driver::thread_exchange_capture_mode` (every thread starts in
+/// [`Driver::thread_exchange_capture_mode`](crate::driver::Driver::thread_exchange_capture_mode)
+/// (every thread starts in
 /// [`CaptureMode::Global`]). A thread in mode `Global` may not make such calls
 /// while it has a capture of its own that is not `Relaxed`, or while any
 /// thread has a `Global` capture; in mode `ThreadLocal`, only its own captures

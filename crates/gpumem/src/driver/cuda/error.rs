@@ -168,6 +168,22 @@ mod tests {
     }
 
     #[test]
+    fn capture_failures_are_stream_capture_errors() {
+        for res in [
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            CUresult::CUDA_ERROR_CAPTURED_EVENT,
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+        ] {
+            let e = check(res, "cuMemAlloc").unwrap_err();
+            assert!(
+                matches!(&e, Error::StreamCapture { call: "cuMemAlloc", code, .. } if *code == res as i32),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
     fn generic_failure_is_driver_error_with_code_and_name() {
         let e = check(CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAlloc").unwrap_err();
         assert_eq!(

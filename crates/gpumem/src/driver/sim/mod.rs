@@ -461,7 +461,8 @@ impl SimDriver {
 
     /// Operations enqueued on `stream` so far: its enqueue position. Every
     /// memset, copy, event record, wait on a recorded event, asynchronous
-    /// allocation, asynchronous free and prefetch counts one.
+    /// allocation, asynchronous free and prefetch counts one. Work a capture
+    /// records does not count; a launch of its graph counts each node.
     pub fn stream_position(&self, stream: RawStream) -> u64 {
         let ctx = self.ctx();
         let mut st = self.lock();
