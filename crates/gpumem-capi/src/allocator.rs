@@ -741,35 +741,18 @@ impl Allocator {
     /// pool is under way, blocks freed on the capturing stream can be held
     /// for the graph ([`Allocator::graph_pool_hold`]).
     pub fn graph_pool_begin(&self, device: i32, pool: PoolId) -> Result<(), String> {
-        if unusable() {
-            return Err("gpumem cannot be used in this process".into());
-        }
-        let st = self.state(device)?;
-        st.graphs
-            .begin(pool, &st.device)
-            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+        self.create_graph_pool(device, pool, GraphPools::begin)
     }
 
     /// Ends one capture into `pool` (PyTorch's `endAllocateToPool`).
     pub fn graph_pool_end(&self, device: i32, pool: PoolId) -> Result<(), String> {
-        let st = self
-            .built(device)
-            .ok_or_else(|| format!("device {device} was never used"))?;
-        let retired = st.graphs.end(pool)?;
-        self.give_back_retired(st, retired);
-        Ok(())
+        self.drop_graph_pool_use(device, |g| g.end(pool))
     }
 
     /// Counts one more use of `pool` (PyTorch's `createOrIncrefPool`),
     /// creating it if needed.
     pub fn graph_pool_retain(&self, device: i32, pool: PoolId) -> Result<(), String> {
-        if unusable() {
-            return Err("gpumem cannot be used in this process".into());
-        }
-        let st = self.state(device)?;
-        st.graphs
-            .retain(pool, &st.device)
-            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+        self.create_graph_pool(device, pool, GraphPools::retain)
     }
 
     /// Counts one use of `pool` less (PyTorch's `releasePool`, when a graph
@@ -777,10 +760,36 @@ impl Allocator {
     /// last block is freed: its memory goes back to the driver after the
     /// device's work is done.
     pub fn graph_pool_release(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        self.drop_graph_pool_use(device, |g| g.release(pool))
+    }
+
+    /// `begin` or `retain` on `device`'s graph pools (building the device's
+    /// state on first use).
+    fn create_graph_pool(
+        &self,
+        device: i32,
+        pool: PoolId,
+        f: fn(&GraphPools, PoolId, &Device) -> gpumem::Result<()>,
+    ) -> Result<(), String> {
+        if unusable() {
+            return Err("gpumem cannot be used in this process".into());
+        }
+        let st = self.state(device)?;
+        f(&st.graphs, pool, &st.device)
+            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+    }
+
+    /// `end` or `release` on `device`'s graph pools, then frees what a
+    /// retired pool held for the device.
+    fn drop_graph_pool_use(
+        &self,
+        device: i32,
+        f: impl FnOnce(&GraphPools) -> Result<Option<Retired>, String>,
+    ) -> Result<(), String> {
         let st = self
             .built(device)
             .ok_or_else(|| format!("device {device} was never used"))?;
-        let retired = st.graphs.release(pool)?;
+        let retired = f(&st.graphs)?;
         self.give_back_retired(st, retired);
         Ok(())
     }
