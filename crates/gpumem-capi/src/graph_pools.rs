@@ -9,12 +9,12 @@
 //! stream's capture id that the native allocator applies), and releases it
 //! when the graphs are deleted (`releasePool`).
 //!
-//! Here each pool id on a device gets its own [`PoolResource`] over the
+//! Here each pool id on a device gets its own [`PoolResource`](gpumem::pool::PoolResource) over the
 //! driver, whatever the device's resource: its blocks never mix with the
 //! device's pool, and only later captures into the same id reuse them. A
 //! block freed during a capture is reused by later allocations of that
 //! capture's stream (the graph orders them as the stream did). Its regions
-//! sit over a [`HoldingAdaptor`]: if the pool trims on out of memory, a
+//! sit over a [`HoldingAdaptor`](gpumem::adaptor::HoldingAdaptor): if the pool trims on out of memory, a
 //! region it gives back is held, not freed, so no address a captured graph
 //! uses is handed out again while the graph lives. (A VirtualPool would move
 //! physical pages away from addresses freed during a capture, which the
