@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumem::adaptor::{HoldingAdaptor, StatisticsAdaptor};
+use gpumem::captures::CaptureNotice;
 use gpumem::pool::PoolResource;
 use gpumem::resource::{DeviceResource, MemoryResource, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
@@ -60,6 +61,8 @@ struct GraphPool {
     uses: u32,
     /// Captures into it under way (`begin` minus `end`).
     capturing: u32,
+    /// Tells gpumem's pools that the capture is under way.
+    notice: Option<CaptureNotice>,
     held: Vec<Held>,
 }
 
@@ -97,13 +100,15 @@ impl GraphPools {
         }
         let driver =
             HoldingAdaptor::new(StatisticsAdaptor::new(DeviceResource::new(device.clone())));
-        let resource = StatisticsAdaptor::new(PoolResource::with_defaults(driver)?);
+        let resource =
+            StatisticsAdaptor::new(PoolResource::with_defaults(driver)?.reusing_captured_frees());
         pools.insert(
             id,
             GraphPool {
                 resource,
                 uses: 1,
                 capturing: 0,
+                notice: None,
                 held: Vec::new(),
             },
         );
@@ -125,6 +130,7 @@ impl GraphPools {
             )));
         }
         p.capturing += 1;
+        p.notice = Some(CaptureNotice::new());
         self.capturing.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
@@ -141,6 +147,7 @@ impl GraphPools {
             return Err(format!("no capture into graph pool {id:?} is under way"));
         }
         p.capturing -= 1;
+        p.notice = None;
         self.capturing.fetch_sub(1, Ordering::AcqRel);
         Ok(self.sweep(&mut pools))
     }

@@ -60,7 +60,7 @@ impl GraphPool {
     pub fn new(device: &Device) -> Result<Self> {
         let upstream = HoldingAdaptor::new(DeviceResource::new(device.clone()));
         Ok(Self {
-            pool: PoolResource::with_defaults(upstream)?,
+            pool: PoolResource::with_defaults(upstream)?.reusing_captured_frees(),
         })
     }
 

@@ -11,6 +11,7 @@ pub mod adaptor;
 pub mod async_pool;
 #[allow(unsafe_code)]
 pub mod buffer;
+pub mod captures;
 pub mod device;
 #[allow(unsafe_code)]
 pub mod driver;

@@ -45,6 +45,7 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        crate::captures::ended(self.device.driver(), self.raw);
         // Work already enqueued still completes.
         if self.owned {
             let (driver, raw) = (self.device.driver(), self.raw);
@@ -168,7 +169,9 @@ impl Stream {
         self.inner
             .device
             .driver()
-            .stream_begin_capture(self.inner.raw, mode)
+            .stream_begin_capture(self.inner.raw, mode)?;
+        crate::captures::began(self);
+        Ok(())
     }
 
     /// Ends the capture begun on this stream and returns its graph
@@ -176,12 +179,16 @@ impl Stream {
     /// ending the capture all the same, when a forbidden call invalidated it
     /// or a stream that joined it was not joined back.
     pub fn end_capture(&self) -> Result<Graph> {
-        let raw = self
-            .inner
-            .device
-            .driver()
-            .stream_end_capture(self.inner.raw)?;
-        Ok(Graph::from_raw(self.inner.device.clone(), raw))
+        let driver = self.inner.device.driver();
+        let res = driver.stream_end_capture(self.inner.raw);
+        // Some failures end the capture too, some do not.
+        if !matches!(
+            self.capture_status(),
+            Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+        ) {
+            crate::captures::ended(driver, self.inner.raw);
+        }
+        Ok(Graph::from_raw(self.inner.device.clone(), res?))
     }
 
     /// Whether the stream is capturing, and the capture's id
@@ -247,6 +254,11 @@ impl Event {
     /// The raw handle.
     pub fn raw(&self) -> RawEvent {
         self.raw
+    }
+
+    /// The device the event belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 }
 

@@ -19,6 +19,7 @@ use gpumem::pool::{
 };
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DeviceBuffer, DevicePtr, Stream};
+use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
@@ -175,4 +176,122 @@ fn a_graph_pool_grows_during_a_global_capture_and_its_memory_stays_the_graphs() 
     let given = pool.release().unwrap();
     assert!(given >= 12 * MIB, "gave back {given}");
     assert_eq!(pool.live_bytes(), 0);
+}
+
+/// One step of the interleaving proptest.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Allocate a size (by index) on the capturing stream or the other one.
+    Alloc { on_capturing: bool, size: usize },
+    /// Free a live block (by index, modulo) on one of the streams.
+    Free { pick: usize, on_capturing: bool },
+    /// Queue work on the other stream over a live block, so its frees wait.
+    Work { pick: usize },
+    /// Begin a Global capture on the capturing stream, or end it.
+    Toggle,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (any::<bool>(), 0..5usize).prop_map(|(on_capturing, size)| Step::Alloc { on_capturing, size }),
+        3 => (any::<usize>(), any::<bool>()).prop_map(|(pick, on_capturing)| Step::Free { pick, on_capturing }),
+        1 => any::<usize>().prop_map(|pick| Step::Work { pick }),
+        1 => Just(Step::Toggle),
+    ]
+}
+
+const STEP_SIZES: [usize; 5] = [512, 4096, 100_000, MIB, 3 * MIB];
+
+fn overlaps(a: (u64, usize), b: (u64, usize)) -> bool {
+    a.0 < b.0 + b.1 as u64 && b.0 < a.0 + a.1 as u64
+}
+
+/// Runs `steps` on `mr`: stream `s` captures now and then while stream `t`
+/// runs uncaptured work beside it on the same thread. Checks that no call
+/// breaks a capture, that live blocks never overlap, and that no block
+/// freed during a capture (the graph's) is handed out again.
+fn interleave<R: MemoryResource>(mr: &R, sim: &SimDriver, device: &Device, steps: &[Step]) {
+    let s = device.create_stream().unwrap();
+    let t = device.create_stream().unwrap();
+    sim.clear_capture_violations();
+    let mut live: Vec<(u64, usize, bool)> = Vec::new(); // ptr, bytes, allocated on s
+    let mut graphs_own: Vec<(u64, usize)> = Vec::new();
+    let mut capturing = false;
+    let mut graphs = Vec::new();
+    for st in steps {
+        match *st {
+            Step::Alloc { on_capturing, size } => {
+                let n = STEP_SIZES[size];
+                let stream = if on_capturing { &s } else { &t };
+                let p = mr
+                    .allocate(n, 256, stream)
+                    .unwrap_or_else(|e| panic!("{st:?}: {e}"));
+                let b = (p.0, n);
+                assert!(
+                    live.iter().all(|&(q, m, _)| !overlaps(b, (q, m))),
+                    "{b:?} overlaps a live block"
+                );
+                assert!(
+                    graphs_own.iter().all(|&g| !overlaps(b, g)),
+                    "{b:?} overlaps memory a graph freed during its capture"
+                );
+                live.push((p.0, n, on_capturing));
+            }
+            Step::Free { pick, on_capturing } if !live.is_empty() => {
+                let (p, n, _) = live.swap_remove(pick % live.len());
+                let stream = if on_capturing { &s } else { &t };
+                mr.deallocate(DevicePtr(p), n, 256, stream)
+                    .unwrap_or_else(|e| panic!("{st:?}: {e}"));
+                if on_capturing && capturing {
+                    graphs_own.push((p, n));
+                }
+            }
+            Step::Work { pick } if !live.is_empty() => {
+                let (p, n, _) = live[pick % live.len()];
+                // SAFETY: a live block of `n` bytes, kept until the work ran.
+                unsafe { device.driver().memset_async(DevicePtr(p), 7, n, t.raw()) }.unwrap();
+            }
+            Step::Toggle if capturing => {
+                graphs.push(s.end_capture().expect("the capture ends with a graph"));
+                capturing = false;
+            }
+            Step::Toggle => {
+                s.begin_capture(CaptureMode::Global).unwrap();
+                capturing = true;
+            }
+            _ => {}
+        }
+        let v = sim.capture_violations();
+        assert!(v.is_empty(), "after {st:?}: {v:?}");
+    }
+    if capturing {
+        graphs.push(s.end_capture().expect("the capture ends with a graph"));
+    }
+    for (p, n, _) in live {
+        mr.deallocate(DevicePtr(p), n, 256, &t).unwrap();
+    }
+    t.synchronize().unwrap();
+    s.synchronize().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn captured_and_uncaptured_work_interleave_safely(
+        steps in proptest::collection::vec(step(), 1..48),
+    ) {
+        let _turn = serial();
+        let (device, sim) = Device::sim_with_driver(SimConfig::default());
+        let up = || DeviceResource::new(device.clone());
+        interleave(&PoolResource::with_defaults(up()).unwrap(), &sim, &device, &steps);
+        interleave(&CachingPool::new(up(), CachingPoolConfig::default()).unwrap(), &sim, &device, &steps);
+        interleave(&ArenaResource::new(up(), ArenaConfig::with_size(256 * MIB)).unwrap(), &sim, &device, &steps);
+        interleave(
+            &VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap(),
+            &sim,
+            &device,
+            &steps,
+        );
+    }
 }

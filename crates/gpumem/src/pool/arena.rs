@@ -83,6 +83,7 @@ use std::sync::{Arc, Mutex};
 use global::GlobalArena;
 use stream_arena::{ArenaState, StreamArena};
 
+use super::stream_order::parked::Parked;
 use super::stream_order::streams::synchronize_device;
 use super::stream_order::sync::lock;
 use super::Pool;
@@ -482,6 +483,8 @@ pub struct ArenaResource<U: MemoryResource> {
     upstream: U,
     core: Core,
     region: DevicePtr,
+    /// Blocks freed on capturing streams (see `stream_order::parked`).
+    parked: Parked,
 }
 
 impl<U: MemoryResource> std::fmt::Debug for ArenaResource<U> {
@@ -552,6 +555,7 @@ impl<U: MemoryResource> ArenaResource<U> {
             upstream,
             core,
             region,
+            parked: Parked::default(),
         })
     }
 
@@ -787,6 +791,9 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         let off = ptr.0.wrapping_sub(core.base);
         if bytes == 0 || ptr.0 < core.base || off >= core.size as u64 {
             return Err(Self::invalid(ptr, FreeError::Unknown));
+        }
+        if self.parked.park_if_capturing(ptr, bytes, stream)? {
+            return Ok(());
         }
         let idx = (off >> core.sb_shift) as u32;
         let within = off & (core.sb_size() as u64 - 1);

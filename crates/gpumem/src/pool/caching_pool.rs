@@ -264,6 +264,15 @@ impl<U: MemoryResource> CachingPool<U> {
         if ptr.is_null() {
             return Ok(());
         }
+        if let Some(s) = stream {
+            if self
+                .slab
+                .parked
+                .park_if_capturing(ptr, bytes.unwrap_or(0), s)?
+            {
+                return Ok(());
+            }
+        }
         match bytes {
             Some(b) if b <= self.config.max_block_size => self
                 .slab

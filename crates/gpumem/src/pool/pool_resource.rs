@@ -59,6 +59,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::live_blocks;
 use super::ptr_map::PtrMap;
 use super::stream_order::heap_lanes::HeapLanes;
+use super::stream_order::parked::Parked;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -235,6 +236,9 @@ pub struct PoolResource<U: MemoryResource> {
     upstream: U,
     config: PoolConfig,
     state: Mutex<State>,
+    /// Blocks freed on capturing streams (see `stream_order::parked`);
+    /// `None` in a graph pool, whose captures reuse what they free.
+    parked: Option<Parked>,
 }
 
 impl<U: MemoryResource> std::fmt::Debug for PoolResource<U> {
@@ -283,6 +287,7 @@ impl<U: MemoryResource> PoolResource<U> {
                 peak_reserved: 0,
                 peak_live: 0,
             }),
+            parked: Some(Parked::default()),
         };
         if pool.config.initial_size > 0 {
             let bytes = pool.config.initial_size.next_multiple_of(256);
@@ -295,6 +300,17 @@ impl<U: MemoryResource> PoolResource<U> {
     /// A pool with the default configuration: nothing taken up front, no limit.
     pub fn with_defaults(upstream: U) -> Result<Self> {
         Self::new(upstream, PoolConfig::default())
+    }
+
+    /// Makes this a graph-private pool, as in a
+    /// [`GraphPool`](crate::graph_pool::GraphPool): a block freed on a
+    /// capturing stream goes back to the pool, for the same capture and
+    /// later captures into it, instead of being parked for the graph (see
+    /// [`crate::captures`]). Only for a pool that nothing but graph
+    /// captures allocate from.
+    pub fn reusing_captured_frees(mut self) -> Self {
+        self.parked = None;
+        self
     }
 
     /// The upstream resource.
@@ -666,6 +682,11 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
+        }
+        if let Some(parked) = &self.parked {
+            if parked.park_if_capturing(ptr, bytes, stream)? {
+                return Ok(());
+            }
         }
         // The size names the heap; a wrong size costs one more lookup (the
         // heaps' regions are disjoint, so the other heap's miss is cheap).

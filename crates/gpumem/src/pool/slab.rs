@@ -27,6 +27,7 @@ use std::sync::{Mutex, RwLock};
 use super::ptr_map::PtrMap;
 use super::stream_order::batched::BatchedStreams;
 use super::stream_order::free_lists::FreeBlocks;
+use super::stream_order::parked::Parked;
 use super::stream_order::sync::{lock, read_lock, write_lock};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -132,6 +133,8 @@ pub(crate) struct Slab<U: MemoryResource> {
     /// Every chunk: base → (length, class). Touched when growing and
     /// releasing, read to find the class of a pointer freed without its size.
     index: RwLock<BTreeMap<u64, (usize, usize)>>,
+    /// Blocks freed on capturing streams (see `stream_order::parked`).
+    pub(crate) parked: Parked,
 }
 
 impl<U: MemoryResource> Slab<U> {
@@ -159,6 +162,7 @@ impl<U: MemoryResource> Slab<U> {
             peak_reserved: AtomicUsize::new(0),
             cfg,
             index: RwLock::new(BTreeMap::new()),
+            parked: Parked::default(),
         }
     }
 

@@ -30,8 +30,7 @@
 //! | any use of the legacy stream | while a blocking stream of its device is capturing | `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` | those captures |
 //! | `cuStreamWaitEvent` | capturing stream, event recorded outside any capture | `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` | the capture |
 //! | `cuStreamWaitEvent` | stream of one capture, event recorded in another | `CUDA_ERROR_STREAM_CAPTURE_MERGE` | both |
-//! | `cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync` | pageable host memory on a capturing stream | `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` | the capture |
-//! | `cuMemFreeAsync` | on a capturing stream, of memory not allocated in that capture | `CUDA_ERROR_INVALID_VALUE` | the capture |
+//! | `cuMemFreeAsync` | on a capturing stream, of memory not allocated in that capture | `CUDA_ERROR_INVALID_VALUE` | no: the capture goes on |
 //! | any use of a stream or an event of an invalidated capture | | `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` | |
 //! | `cuStreamBeginCapture` | on the legacy stream | `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` | |
 //! | `cuStreamEndCapture` | on a stream that joined but is not the origin | `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` | |
@@ -45,11 +44,14 @@
 //! last record was in a capture that has ended (`CUDA_ERROR_INVALID_VALUE`).
 //!
 //! Which calls CUDA counts as potentially unsafe it does not list; it names
-//! `cudaMalloc` as the example. The simulator takes every call that creates,
-//! maps, unmaps or frees memory outside stream order, and every event and
-//! stream query or synchronize (PyTorch records `cudaEventQuery` of events
-//! recorded before a capture breaking it); `examples/capture_rules.rs`
-//! prints the same table on a GPU to check them.
+//! `cudaMalloc` as the example. The simulator's list is what
+//! `examples/capture_rules.rs` found on an H100 with driver 580: `cuMemAlloc`
+//! and `cuMemFree`, pinned host allocation and free, pool trimming, and
+//! every event and stream query or synchronize, even of an event or stream
+//! with nothing to do with the capture. The virtual memory calls (create,
+//! map, set access, unmap, release, address reserve and free) are allowed
+//! in every mode, and so are copies of pageable host memory on a capturing
+//! stream (they become graph nodes like any other copy).
 //!
 //! Not modelled: other errors of calls on a capturing stream (an invalid
 //! pointer, say) do not invalidate the capture; captures of several devices
@@ -84,13 +86,6 @@ pub const UNSAFE_DURING_CAPTURE: &[&str] = &[
     "cuMemAllocManaged",
     "cuMemHostAlloc",
     "cuMemFreeHost",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
     "cuMemPoolTrimTo",
     "cuMemPoolDestroy",
     "cuEventQuery",
@@ -338,12 +333,6 @@ impl State {
         Err(self.refuse(call, code, reason, &ids))
     }
 
-    /// Refuses a copy of pageable host memory on a capturing stream.
-    pub(super) fn refuse_pageable_copy(&mut self, call: &'static str, id: CaptureId) -> Error {
-        let reason = format!("a copy of pageable host memory cannot be captured (capture {id})");
-        self.refuse(call, CAPTURE_UNSUPPORTED, reason, &[id])
-    }
-
     /// `cuStreamBeginCapture`.
     pub(super) fn begin_capture(&mut self, q: QueueId, mode: CaptureMode, ctx: Ctx) -> Result<()> {
         const CALL: &str = "cuStreamBeginCapture";
@@ -503,7 +492,8 @@ impl State {
                 let reason = format!(
                     "{ptr:#x} was not allocated in capture {id}, or was freed there already"
                 );
-                Err(self.refuse(CALL, INVALID_VALUE, reason, &[id]))
+                // A plain error on the GPU: the capture goes on.
+                Err(self.refuse(CALL, INVALID_VALUE, reason, &[]))
             }
         }
     }

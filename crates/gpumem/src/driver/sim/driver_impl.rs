@@ -396,9 +396,7 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, faults::INVALID_VALUE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
-            if let Some(id) = st.stream_gate(q, CALL)? {
-                return Err(st.refuse_pageable_copy(CALL, id));
-            }
+            st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
             st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
             st.enqueue(
@@ -426,9 +424,7 @@ impl Driver for SimDriver {
                 return Err(drv(CALL, faults::INVALID_VALUE));
             }
             let q = st.queue_of(stream, ctx, CALL)?;
-            if let Some(id) = st.stream_gate(q, CALL)? {
-                return Err(st.refuse_pageable_copy(CALL, id));
-            }
+            st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
             st.resolve(src.0, bytes as u64, dev, false, CALL)?;
             st.enqueue(

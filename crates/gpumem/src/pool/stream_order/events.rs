@@ -53,7 +53,10 @@ impl EventPool {
 }
 
 /// An event from `events`, recorded at the current end of `stream`.
+/// Refused on a capturing stream: the record would belong to the capture,
+/// and querying it would break the capture.
 pub(crate) fn record_new(stream: &Stream, events: &EventPool) -> Result<Event> {
+    refuse_capturing(stream)?;
     let ev = events.get(stream.device())?;
     match ev.record(stream) {
         Ok(()) => Ok(ev),
@@ -62,6 +65,15 @@ pub(crate) fn record_new(stream: &Stream, events: &EventPool) -> Result<Event> {
             Err(e)
         }
     }
+}
+
+fn refuse_capturing(stream: &Stream) -> Result<()> {
+    if super::streams::capturing(stream) {
+        return Err(crate::Error::InvalidArgument(
+            "no event is recorded on a stream that is capturing a CUDA graph".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A stream's sealed batches: one event recorded per batch, each with the
@@ -93,6 +105,10 @@ impl Batches {
     /// to the first busy one), calling `done` with the number each covers.
     /// A failed query stops there, after the batches found complete.
     pub(crate) fn poll(&mut self, events: &EventPool, mut done: impl FnMut(u64)) -> Result<()> {
+        let Some((first, _)) = self.queue.front() else {
+            return Ok(());
+        };
+        let _relaxed = crate::captures::relaxed_if_underway(first.device());
         while let Some((ev, upto)) = self.queue.front() {
             if !ev.is_complete()? {
                 break;
@@ -110,7 +126,10 @@ impl Batches {
         let Some((ev, upto)) = self.queue.back() else {
             return Ok(None);
         };
-        ev.synchronize()?;
+        {
+            let _relaxed = crate::captures::relaxed_if_underway(ev.device());
+            ev.synchronize()?;
+        }
         let upto = *upto;
         self.forget(events);
         Ok(Some(upto))
@@ -138,12 +157,14 @@ impl Fence {
 
     /// Moves the fence after the work enqueued on `stream` so far.
     pub(crate) fn extend(&self, stream: &Stream) -> Result<()> {
+        refuse_capturing(stream)?;
         self.event.record(stream)
     }
 
     /// True when the fenced work is known done (an event query; a failed
     /// query counts as not done).
     pub(crate) fn has_passed(&self) -> bool {
+        let _relaxed = crate::captures::relaxed_if_underway(self.event.device());
         matches!(self.event.is_complete(), Ok(true))
     }
 

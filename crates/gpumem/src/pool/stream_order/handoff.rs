@@ -29,7 +29,14 @@ pub(crate) fn hand_over(from: &HeldStream, taker: &Stream, events: &EventPool) -
 impl Fence {
     /// Makes later work on `taker` wait for the fenced work, then moves the
     /// fence after `taker`'s work so far: the batch is `taker`'s from now on.
+    /// Refused when `taker` captures: a captured wait on an event recorded
+    /// outside the capture breaks it.
     pub(crate) fn hand_to(&self, taker: &Stream) -> Result<()> {
+        if super::streams::capturing(taker) {
+            return Err(crate::Error::InvalidArgument(
+                "a capturing stream cannot wait for work outside its capture".into(),
+            ));
+        }
         taker.wait_event(&self.event)?;
         self.extend(taker)
     }

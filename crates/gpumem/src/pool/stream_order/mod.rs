@@ -23,6 +23,14 @@
 //! synchronizing the device before its blocks are reused. The per-thread
 //! default stream is queried and recorded on only by its own thread.
 //!
+//! Graph capture ([`crate::captures`]): while gpumem counts a capture under
+//! way, a block freed on a capturing stream is parked for the graph and
+//! never handed out again (`parked.rs`); no event is recorded on a
+//! capturing stream and no capturing stream waits for one recorded outside
+//! its capture; queries and stream synchronizations run in relaxed capture
+//! mode, and device synchronization is refused (CUDA would refuse it and
+//! break the capture). A capturing stream counts as busy.
+//!
 //! Out of memory: every pool first waits for the streams that freed its
 //! cached blocks, gives entirely free chunks back to its upstream and retries;
 //! then it fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
@@ -40,6 +48,7 @@
 //! - `per_thread.rs`: the per-thread default stream rule.
 //! - `events.rs`: the event pool, sealed batches, fences.
 //! - `handoff.rs`: handing memory to another stream after one event wait.
+//! - `parked.rs`: memory freed on a capturing stream, kept for the graph.
 //! - `sync.rs`: the poison-tolerant lock helpers.
 //! - The pools' uses of them: `batched.rs` and `free_lists.rs` (the slab
 //!   pools: numbered frees, batch events, per-stream free lists),
@@ -66,6 +75,7 @@ pub(crate) mod free_lists;
 pub(crate) mod free_streams;
 pub(crate) mod handoff;
 pub(crate) mod heap_lanes;
+pub(crate) mod parked;
 pub(crate) mod per_thread;
 pub(crate) mod slots;
 pub(crate) mod streams;

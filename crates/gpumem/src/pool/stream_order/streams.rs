@@ -28,13 +28,16 @@ pub(crate) enum Progress {
 }
 
 /// Whether `stream` is capturing a CUDA graph (its work is recorded, not
-/// run: querying or synchronizing it would break the capture). A stream
-/// whose status cannot be read counts as not capturing.
+/// run: querying or synchronizing it would break the capture). Asks the
+/// driver only while [`crate::captures`] counts a capture; a stream whose
+/// status cannot be read counts as not capturing.
+#[inline]
 pub(crate) fn capturing(stream: &Stream) -> bool {
-    matches!(
-        stream.capture_status(),
-        Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
-    )
+    crate::captures::underway()
+        && matches!(
+            stream.capture_status(),
+            Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
+        )
 }
 
 /// Asks the driver once whether `stream` (a handle of the calling thread) is
@@ -45,6 +48,7 @@ pub(crate) fn query(stream: &Stream) -> Progress {
     if capturing(stream) {
         return Progress::Busy;
     }
+    let _relaxed = crate::captures::relaxed_if_underway(stream.device());
     match stream.is_idle() {
         Ok(true) => Progress::Idle,
         Ok(false) => Progress::Busy,
@@ -60,12 +64,20 @@ pub(crate) fn synchronize(stream: &Stream) -> Result<()> {
             "a stream that is capturing a CUDA graph cannot be waited for (the memory it freed serves the graph's launches)".into(),
         ));
     }
+    let _relaxed = crate::captures::relaxed_if_underway(stream.device());
     stream.synchronize()
 }
 
 /// Blocks until all work on `device` is done: the fallback for streams that
-/// cannot be queried or synchronized.
+/// cannot be queried or synchronized. Refused while a capture is counted
+/// (CUDA refuses it, in any mode, when a stream of the device captures, and
+/// the refusal breaks the capture).
 pub(crate) fn synchronize_device(device: &Device) -> Result<()> {
+    if crate::captures::underway() {
+        return Err(crate::Error::InvalidArgument(
+            "the device cannot be synchronized while a stream captures a CUDA graph".into(),
+        ));
+    }
     device.synchronize()
 }
 

@@ -110,6 +110,7 @@ use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
+use super::stream_order::parked::Parked;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType};
 use crate::resource::{validate_request, MemoryResource, Properties};
@@ -213,6 +214,8 @@ pub struct VirtualPool {
     capacity: usize,
     handle_type: HandleType,
     state: Mutex<State>,
+    /// Blocks freed on capturing streams (see `stream_order::parked`).
+    parked: Parked,
 }
 
 impl std::fmt::Debug for VirtualPool {
@@ -334,6 +337,7 @@ impl VirtualPool {
             capacity,
             handle_type,
             state: Mutex::new(st),
+            parked: Parked::default(),
         })
     }
 
@@ -447,6 +451,9 @@ impl MemoryResource for VirtualPool {
                 reason: FreeError::Unknown,
             });
         };
+        if self.parked.park_if_capturing(ptr, bytes, stream)? {
+            return Ok(());
+        }
         let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space

@@ -1,0 +1,119 @@
+//! The stream captures gpumem knows to be under way in the process.
+//!
+//! While any stream captures a graph in global mode, CUDA refuses event and
+//! stream queries and synchronizations on every thread, and the refusal
+//! breaks the capture. The pools query events on their slow paths, and a
+//! free on a capturing stream must not be handed to work outside the graph.
+//! Asking the driver about every stream on every call would cost a driver
+//! call per free, so the pools read one counter instead: captures begun with
+//! [`Stream::begin_capture`] count until they end, and a capture begun
+//! outside gpumem (by PyTorch, or with a raw `cuStreamBeginCapture`) counts
+//! while a [`CaptureNotice`] for it is alive.
+//!
+//! With no capture counted, the pools run as before at the cost of one
+//! atomic load on their slow paths; with one counted, they ask the driver
+//! whether the stream at hand is capturing, park what is freed on a
+//! capturing stream, and make their queries in relaxed capture mode.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::device::Device;
+use crate::driver::{Driver, RawStream};
+use crate::graph::RelaxedCapture;
+use crate::pool::stream_order::sync::lock;
+use crate::stream::Stream;
+
+/// Captures counted: streams in [`CAPTURING`] plus live notices.
+static UNDERWAY: AtomicUsize = AtomicUsize::new(0);
+
+/// Streams capturing through [`Stream::begin_capture`], by driver and handle.
+static CAPTURING: Mutex<Vec<(usize, RawStream)>> = Mutex::new(Vec::new());
+
+/// Whether gpumem knows of a capture under way anywhere in the process.
+#[inline]
+pub(crate) fn underway() -> bool {
+    UNDERWAY.load(Ordering::Acquire) != 0
+}
+
+fn key(driver: &Arc<dyn Driver>, raw: RawStream) -> (usize, RawStream) {
+    (Arc::as_ptr(driver) as *const () as usize, raw)
+}
+
+/// Counts the capture just begun on `stream`.
+pub(crate) fn began(stream: &Stream) {
+    let mut list = lock(&CAPTURING);
+    let k = key(stream.device().driver(), stream.raw());
+    if !list.contains(&k) {
+        list.push(k);
+        UNDERWAY.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Stops counting a capture on stream `raw` of `driver` (it ended, or the
+/// stream is gone).
+pub(crate) fn ended(driver: &Arc<dyn Driver>, raw: RawStream) {
+    if !underway() {
+        return;
+    }
+    let mut list = lock(&CAPTURING);
+    let k = key(driver, raw);
+    if let Some(i) = list.iter().position(|&x| x == k) {
+        list.swap_remove(i);
+        UNDERWAY.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Tells gpumem's pools that a capture they did not begin is under way, for
+/// as long as it lives: create one when a capture begins outside gpumem
+/// (PyTorch's `torch.cuda.graph`, a raw `cuStreamBeginCapture` on a cudarc
+/// stream) and drop it when the capture ends. Captures begun with
+/// [`Stream::begin_capture`] need none.
+///
+/// Without it, a pool serving another stream meanwhile may query an event,
+/// which a global-mode capture forbids on every thread.
+///
+/// ```
+/// use gpumem::captures::CaptureNotice;
+///
+/// let notice = CaptureNotice::new(); // the capture begins elsewhere
+/// // ... allocations and frees through gpumem's pools ...
+/// drop(notice); // the capture has ended
+/// ```
+#[derive(Debug)]
+#[must_use = "the notice counts only while it is alive"]
+pub struct CaptureNotice {
+    _private: (),
+}
+
+impl CaptureNotice {
+    /// Counts one capture under way until the notice is dropped.
+    pub fn new() -> Self {
+        UNDERWAY.fetch_add(1, Ordering::AcqRel);
+        Self { _private: () }
+    }
+}
+
+impl Default for CaptureNotice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for CaptureNotice {
+    fn drop(&mut self) {
+        UNDERWAY.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Relaxed capture mode for this scope when a capture is counted (queries
+/// of streams and events outside the capture are then allowed); nothing
+/// otherwise.
+#[inline]
+pub(crate) fn relaxed_if_underway(device: &Device) -> Option<RelaxedCapture> {
+    if underway() {
+        crate::graph::relaxed(device)
+    } else {
+        None
+    }
+}
