@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # Replays the traces through two `gpumem` binaries (an old and a new build)
-# on the same GPU in one run, alternating them three rounds so drift hits
-# both alike, and prints the median ns per operation of each (first pass and
-# steady state) with new/old. JSON lines go to OUT_DIR/compare.jsonl.
+# on the same GPU in one run, alternating them for several rounds (old first
+# in odd rounds, new first in even ones) so drift and position hit both alike, and prints the median ns per operation of each with
+# new/old. JSON lines go to OUT_DIR/compare.jsonl.
 #
-# Usage: compare-binaries.sh OLD_BIN NEW_BIN OUT_DIR TRACE... 
+# Usage: compare-binaries.sh OLD_BIN NEW_BIN OUT_DIR TRACE...
 # Env: ALLOCS (default pool,vpool,caching,arena), REPEATS (default 5),
-# DEVICE (default cuda; sim for a dry run).
+# ROUNDS (default 3), MODES (default "cold warm": cold is the first pass,
+# warm the pass after one untimed one, steady the pass after WARM_PASSES
+# untimed ones, default 8), DEVICE (default cuda; sim for a dry run).
 set -uo pipefail
 old=$1 new=$2 out=$3
 shift 3
 mkdir -p "$out"
 allocs=${ALLOCS:-pool,vpool,caching,arena}
-for round in 1 2 3; do
-  for which in old new; do
+for round in $(seq "${ROUNDS:-3}"); do
+  order="old new"; (( round % 2 == 0 )) && order="new old"
+  for which in $order; do
     bin=$old; [[ $which == new ]] && bin=$new
     for trace in "$@"; do
-      for mode in cold warm; do
-        flag=(); [[ $mode == warm ]] && flag=(--warm)
+      for mode in ${MODES:-cold warm}; do
+        flag=()
+        [[ $mode == warm ]] && flag=(--warm)
+        [[ $mode == steady ]] && flag=(--warm-passes "${WARM_PASSES:-8}")
         "$bin" replay "$trace" --device "${DEVICE:-cuda}" --alloc "$allocs" --repeats "${REPEATS:-5}" --json "${flag[@]}" 2>>"$out/compare.err" |
           sed "s/^{/{\"binary\":\"$which\",\"round\":$round,\"pass\":\"$mode\",\"trace_file\":\"$(basename "$trace")\",/" >>"$out/compare.jsonl"
       done
