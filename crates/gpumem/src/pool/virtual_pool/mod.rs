@@ -91,6 +91,7 @@
 //! of the live peak (figures and runs in the notes above).
 
 mod backing;
+mod backup;
 mod bits;
 mod check;
 mod config;
@@ -101,13 +102,17 @@ mod phys_cache;
 mod placement;
 mod pool_api;
 mod reclaim;
+mod regions;
+mod sleep;
 mod stats;
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Mutex, MutexGuard};
 
 use self::page_table::PageTable;
 use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
+use self::regions::Regions;
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use crate::device::Device;
@@ -119,6 +124,7 @@ use crate::{Error, FreeError, OomInfo, Result};
 
 pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
 pub use self::ipc::PhysExport;
+pub use self::regions::{Backup, NO_REGION};
 pub use self::stats::VirtualPoolStats;
 
 /// The area of requests up to `small_limit` bytes.
@@ -159,6 +165,8 @@ struct State {
     aliases_made: u64,
     aliases_collected: u64,
     fresh_ranges: u64,
+    /// The region new blocks get, and the regions asleep.
+    regions: Regions,
 }
 
 impl State {
@@ -213,6 +221,9 @@ pub struct VirtualPool {
     capacity: usize,
     handle_type: HandleType,
     state: Mutex<State>,
+    /// Blocks asleep (as many as the state's regions hold, read without the
+    /// lock to let memory operations through while none sleeps).
+    sleeping_blocks: AtomicUsize,
 }
 
 impl std::fmt::Debug for VirtualPool {
@@ -307,6 +318,7 @@ impl VirtualPool {
             aliases_made: 0,
             aliases_collected: 0,
             fresh_ranges: 0,
+            regions: Regions::default(),
         };
         st.pages.add_reservation(base.0, total as u64);
         let parts = [
@@ -334,6 +346,7 @@ impl VirtualPool {
             capacity,
             handle_type,
             state: Mutex::new(st),
+            sleeping_blocks: AtomicUsize::new(0),
         })
     }
 
@@ -370,6 +383,10 @@ impl MemoryResource for VirtualPool {
         let st = &mut *guard;
         if bytes > self.capacity {
             return Err(self.oom(st, bytes));
+        }
+        let tag = st.regions.current;
+        if tag != NO_REGION {
+            Self::check_awake(st, tag, bytes)?;
         }
         let area = if bytes <= self.config.small_limit {
             SMALL
@@ -421,6 +438,9 @@ impl MemoryResource for VirtualPool {
                 return Err(e);
             }
         }
+        if tag != NO_REGION {
+            st.areas[area].heap.set_tag(blk.block, tag);
+        }
         let live = st.live_bytes();
         if live > st.peak_live {
             st.peak_live = live;
@@ -463,7 +483,14 @@ impl MemoryResource for VirtualPool {
         if let Some(span) = st.pages.span(ptr.0, size) {
             st.pages.release(span, bit, tick);
         }
+        if st.regions.has_sleeping_blocks() {
+            self.forget_sleeping(st, ptr.0);
+        }
         Ok(())
+    }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.check_access_of(ptr, bytes)
     }
 
     fn device(&self) -> &Device {
