@@ -106,7 +106,7 @@ mod regions;
 mod sleep;
 mod stats;
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
 
 use self::page_table::PageTable;
@@ -221,9 +221,9 @@ pub struct VirtualPool {
     capacity: usize,
     handle_type: HandleType,
     state: Mutex<State>,
-    /// Blocks asleep (as many as the state's regions hold, read without the
-    /// lock to let memory operations through while none sleeps).
-    sleeping_blocks: AtomicUsize,
+    /// Some region sleeps (read without the lock, so memory operations go
+    /// through at once while none does).
+    any_asleep: AtomicBool,
 }
 
 impl std::fmt::Debug for VirtualPool {
@@ -346,7 +346,7 @@ impl VirtualPool {
             capacity,
             handle_type,
             state: Mutex::new(st),
-            sleeping_blocks: AtomicUsize::new(0),
+            any_asleep: AtomicBool::new(false),
         })
     }
 
@@ -384,9 +384,8 @@ impl MemoryResource for VirtualPool {
         if bytes > self.capacity {
             return Err(self.oom(st, bytes));
         }
-        let tag = st.regions.current;
-        if tag != NO_REGION {
-            Self::check_awake(st, tag, bytes)?;
+        if st.regions.current != NO_REGION {
+            Self::check_awake(st, bytes)?;
         }
         let area = if bytes <= self.config.small_limit {
             SMALL
@@ -438,6 +437,8 @@ impl MemoryResource for VirtualPool {
                 return Err(e);
             }
         }
+        // Read again rather than kept in a register across the call above.
+        let tag = st.regions.current;
         if tag != NO_REGION {
             st.areas[area].heap.set_tag(blk.block, tag);
         }
@@ -484,7 +485,7 @@ impl MemoryResource for VirtualPool {
             st.pages.release(span, bit, tick);
         }
         if st.regions.has_sleeping_blocks() {
-            self.forget_sleeping(st, ptr.0);
+            st.regions.forget(ptr.0);
         }
         Ok(())
     }

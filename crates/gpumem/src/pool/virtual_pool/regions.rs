@@ -134,8 +134,10 @@ impl Regions {
     }
 
     /// Forgets the sleeping block at `addr` (just freed), if it is one: the
-    /// region's backup goes once no block needs it.
+    /// region's backup goes once no block needs it. Out of line: frees call
+    /// it only while some block sleeps.
     #[cold]
+    #[inline(never)]
     pub(super) fn forget(&mut self, addr: u64) {
         let Some(b) = self.blocks.remove(&addr) else {
             return;
@@ -251,10 +253,13 @@ impl VirtualPool {
             .map_or(0, |a| a.bytes as usize)
     }
 
-    /// Refuses an allocation of `bytes` in region `tag` while it sleeps.
-    #[inline]
-    pub(super) fn check_awake(st: &State, tag: u32, bytes: usize) -> Result<()> {
-        if st.regions.asleep.is_empty() || st.regions.asleep(tag).is_none() {
+    /// Refuses an allocation of `bytes` in the region begun while it
+    /// sleeps. Out of line: allocations outside regions never call it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn check_awake(st: &State, bytes: usize) -> Result<()> {
+        let tag = st.regions.current;
+        if st.regions.asleep(tag).is_none() {
             return Ok(());
         }
         Err(asleep_error(
@@ -263,19 +268,11 @@ impl VirtualPool {
         ))
     }
 
-    /// The block at `addr` was just freed: forgets it if it slept.
-    #[cold]
-    pub(super) fn forget_sleeping(&self, st: &mut State, addr: u64) {
-        st.regions.forget(addr);
-        self.sleeping_blocks
-            .store(st.regions.blocks.len(), Ordering::Relaxed);
-    }
-
     /// [`MemoryResource::check_access`](crate::resource::MemoryResource::check_access):
     /// [`Error::Asleep`] when the range overlaps a block asleep. One atomic
-    /// load while no block sleeps.
+    /// load while no region sleeps.
     pub(super) fn check_access_of(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        if self.sleeping_blocks.load(Ordering::Relaxed) == 0 {
+        if !self.any_asleep.load(Ordering::Relaxed) {
             return Ok(());
         }
         let st = self.lock();

@@ -104,8 +104,7 @@ impl VirtualPool {
             Err(Unwound::Stuck(e)) => (0, Some(e)),
         };
         st.regions.fall_asleep(tag, kept, &placed);
-        self.sleeping_blocks
-            .store(st.regions.blocks.len(), Ordering::Relaxed);
+        self.any_asleep.store(true, Ordering::Relaxed);
         match stuck {
             Some(e) => Err(e),
             None => Ok(released),
@@ -146,8 +145,8 @@ impl VirtualPool {
         if let Some(b) = st.regions.wake(tag) {
             Self::free_backup(&st.regions.host, b);
         }
-        self.sleeping_blocks
-            .store(st.regions.blocks.len(), Ordering::Relaxed);
+        self.any_asleep
+            .store(!st.regions.asleep.is_empty(), Ordering::Relaxed);
         Ok(bytes as usize)
     }
 
