@@ -312,7 +312,8 @@ void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
  * blocks (in address order; size as the resource rounds it, requested as
  * asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
  * `*n_blocks` to the totals, so a caller can retry with larger arrays.
- * Every live block lies inside one segment; a stream is 0 where unknown.
+ * Every live block lies inside one segment (but the blocks of a region
+ * asleep, whose memory is given back); a stream is 0 where unknown.
  * 0 on success (nothing for a device not used yet); -1 for a device out of
  * range. A NULL array is allowed with a maximum of 0; a NULL count is not
  * written.

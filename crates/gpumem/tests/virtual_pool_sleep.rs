@@ -393,6 +393,76 @@ fn a_failure_halfway_through_wake_leaves_the_region_asleep() {
     assert_all_back(&sim);
 }
 
+/// Driver calls sleep and wake make, directly or through the pinned pool.
+const CALLS: [&str; 10] = [
+    "cuMemHostAlloc",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyHtoDAsync",
+    "cuStreamSynchronize",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuMemUnmap",
+    "cuMemRelease",
+    "cuMemCreate",
+    "cuMemMap",
+];
+
+#[test]
+fn every_single_driver_failure_in_sleep_or_wake_is_all_or_nothing() {
+    let mut data = Vec::new();
+    let (device, sim, p) = faulty_setup(&mut data);
+    let s = device.create_stream().unwrap();
+    let bufs: Vec<Buf> = data.iter().map(|d| buf_in(&p, WEIGHTS, d, &s)).collect();
+    let intact = |what: &str| {
+        for (b, d) in bufs.iter().zip(&data) {
+            assert_eq!(&b.to_vec().unwrap(), d, "{what}: contents kept");
+        }
+    };
+    for call in CALLS.iter().chain(["cuMemSetAccess"].iter()) {
+        for nth in 1..=10 {
+            let what = format!("sleep, {call} #{nth}");
+            let mapped = sim.mapped_bytes();
+            sim.fail_call(call, nth, 1);
+            let slept = p.sleep(WEIGHTS, Backup::HostPinned, &s);
+            sim.clear_faults();
+            p.check_invariants()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            match slept {
+                Ok(_) => {
+                    assert!(p.is_asleep(WEIGHTS), "{what}");
+                    p.wake(WEIGHTS, &s).unwrap();
+                }
+                Err(_) => {
+                    assert!(!p.is_asleep(WEIGHTS), "{what}: awake");
+                    assert_eq!(sim.mapped_bytes(), mapped, "{what}: every page back");
+                }
+            }
+            intact(&what);
+
+            let what = format!("wake, {call} #{nth}");
+            p.sleep(WEIGHTS, Backup::HostPinned, &s).unwrap();
+            let (mapped, physical) = (sim.mapped_bytes(), sim.physical_bytes());
+            sim.fail_call(call, nth, 1);
+            let woke = p.wake(WEIGHTS, &s);
+            sim.clear_faults();
+            p.check_invariants()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            if woke.is_err() {
+                assert!(p.is_asleep(WEIGHTS), "{what}: asleep");
+                assert_eq!(sim.mapped_bytes(), mapped, "{what}: nothing left mapped");
+                assert_eq!(sim.physical_bytes(), physical, "{what}: nothing kept");
+                p.wake(WEIGHTS, &s).unwrap();
+            }
+            assert!(!p.is_asleep(WEIGHTS), "{what}");
+            intact(&what);
+        }
+    }
+    assert_eq!(sim.data_stats().faults, 0);
+    drop(bufs);
+    drop(p);
+    assert_all_back(&sim);
+}
+
 #[test]
 fn freeing_a_sleeping_block_forgets_it() {
     let (_device, sim, p, s) = setup(true);
