@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::sim_only;
+use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::pool::{Backup, Pool, VirtualPool, VirtualPoolConfig, NO_REGION};
 use gpumem::resource::MemoryResource;
@@ -493,6 +494,23 @@ fn freeing_a_sleeping_block_forgets_it() {
     assert_eq!(p.wake(WEIGHTS, &s).unwrap(), 0);
     p.check_invariants().unwrap();
     drop(c);
+    close(p, sim);
+}
+
+#[test]
+fn adaptors_over_the_pool_refuse_sleeping_blocks_too() {
+    let (_device, sim, p, s) = setup(true);
+    let stack = LimitingAdaptor::new(StatisticsAdaptor::new(&p), usize::MAX);
+    p.begin_region(KV).unwrap();
+    let kv = DeviceBuffer::from_slice(&[7u8; 4096], &stack, &s).unwrap();
+    p.end_region().unwrap();
+    p.sleep(KV, Backup::HostPinned, &s).unwrap();
+    assert_asleep(kv.to_vec().unwrap_err(), KV);
+    assert_asleep(kv.memset_async(1).unwrap_err(), KV);
+    p.wake(KV, &s).unwrap();
+    assert_eq!(kv.to_vec().unwrap(), [7u8; 4096]);
+    drop(kv);
+    drop(stack);
     close(p, sim);
 }
 
