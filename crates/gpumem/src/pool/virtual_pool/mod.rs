@@ -72,6 +72,12 @@
 //!   then mapped nowhere and retries with one-page extents; then it undoes
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
+//! - *Regions* (`regions`, `sleep`, `backup`): blocks allocated while a
+//!   region is begun carry its tag; [`VirtualPool::sleep`] copies a region's
+//!   blocks to pinned host memory (or not) and releases the extents mapped
+//!   only under pages of sleeping blocks, keeping the addresses;
+//!   [`VirtualPool::wake`] maps memory there again and copies back. Both
+//!   are all or nothing.
 //!
 //! Bad frees: a free is checked against the block the heap finds for it (its
 //! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
