@@ -9,7 +9,7 @@ types of those that are there, and callers test for one with
 import ctypes
 
 _vp, _ssz, _sz, _i = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_int
-_i64, _u64 = ctypes.c_int64, ctypes.c_uint64
+_i64, _u64, _u32 = ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32
 
 
 class Stat(ctypes.Structure):
@@ -96,6 +96,22 @@ NEWER_SIGNATURES = {
         ],
     ),
 }
+
+
+# Regions of a VirtualPool: sleep and wake (issue 20): absent from older builds.
+NEWER_SIGNATURES.update(
+    {
+        "gpumem_region_begin": (_i, [_i, _u32]),
+        "gpumem_region_end": (_i, [_i]),
+        "gpumem_sleep": (_i, [_i, _u32, _i]),
+        "gpumem_wake": (_i, [_i, _u32]),
+        "gpumem_sleeping_bytes": (_sz, [_i, _u32]),
+    }
+)
+
+# What gpumem_region_*, gpumem_sleep and gpumem_wake return when the device's
+# resource is not a VirtualPool (resource=vpool).
+NOT_A_VIRTUAL_POOL = -2
 
 
 def declare(lib):

@@ -40,11 +40,23 @@ graphs, out-of-memory errors all work) and asks gpumem only for segments.
 
 ``GPUMEM_TORCH_MODE=native|pluggable`` chooses the mode when ``enable()`` is
 called without one.
+
+Sleep and wake (with ``resource="vpool"``, native or pluggable mode): every
+tensor PyTorch allocates inside ``with gpumem.torch.region("weights"):``
+belongs to region "weights"; ``gpumem.torch.sleep("weights")`` gives their
+GPU memory back to the driver (their contents first copied to pinned host
+memory; ``backup=False`` drops them, as for a KV cache) and
+``gpumem.torch.wake("weights")`` brings it back at the same addresses, so
+the tensors, and CUDA graphs captured with them, work again. A name maps to
+a small integer tag, the same for the whole process (``gpumem.regions``).
+Tensors of a region asleep must not be used; freeing them is fine.
 """
 
 import ctypes
 import os
 import warnings
+
+from . import regions as _regions
 
 from . import (  # noqa: F401  (re-exported statistics)
     allocated_bytes as _allocated_bytes,
@@ -74,6 +86,10 @@ __all__ = [
     "reset_peak",
     "empty_cache",
     "bad_free_count",
+    "region",
+    "sleep",
+    "wake",
+    "sleeping_bytes",
 ]
 
 MODE_ENV = "GPUMEM_TORCH_MODE"
@@ -297,3 +313,34 @@ def reset_peak(device=None):
 def empty_cache(device=None):
     """Gives the memory cached on `device` back to the driver."""
     _empty_cache(_device(device))
+
+
+def region(name, device=None):
+    """A context manager: the tensors allocated on `device` (default: the
+    current device) inside it belong to region `name` (a str, or an int tag
+    from 1 up; see ``gpumem.regions``). Regions nest. Needs
+    ``resource="vpool"``; raises ``gpumem.regions.RegionError`` otherwise."""
+    return _regions.region(name, _device(device))
+
+
+def sleep(name, backup=True, device=None):
+    """Gives the GPU memory of region `name`'s tensors back to the driver,
+    after all work on `device` is done; with `backup`, their contents are
+    copied to pinned host memory first and ``wake`` restores them, else they
+    come back undefined (a KV cache). The tensors keep their addresses; do
+    not use them until ``wake``. Raises ``gpumem.regions.RegionError`` (and
+    the region stays awake) on failure."""
+    _regions.sleep(name, backup, _device(device))
+
+
+def wake(name, device=None):
+    """Maps GPU memory again under region `name`'s tensors, at the same
+    addresses, and restores their contents if they slept with a backup.
+    Raises ``gpumem.regions.RegionError`` (the region still asleep, e.g. out
+    of memory) on failure."""
+    _regions.wake(name, _device(device))
+
+
+def sleeping_bytes(name, device=None):
+    """Bytes of region `name`'s tensors asleep on `device` (0 while awake)."""
+    return _regions.sleeping_bytes(name, _device(device))

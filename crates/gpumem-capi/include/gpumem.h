@@ -312,7 +312,8 @@ void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
  * blocks (in address order; size as the resource rounds it, requested as
  * asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
  * `*n_blocks` to the totals, so a caller can retry with larger arrays.
- * Every live block lies inside one segment; a stream is 0 where unknown.
+ * Every live block lies inside one segment (but the blocks of a region
+ * asleep, whose memory is given back); a stream is 0 where unknown.
  * 0 on success (nothing for a device not used yet); -1 for a device out of
  * range. A NULL array is allowed with a maximum of 0; a NULL count is not
  * written.
@@ -403,6 +404,50 @@ void gpumem_graph_pool_hold(void *ptr,
                             uint64_t id0,
                             uint64_t id1,
                             gpumem_stream_t stream);
+
+/**
+ * Begins region `tag` (1 and up) on `device`: every allocation on the
+ * device from now on, from any thread, carries the tag until
+ * [`gpumem_region_end`]. Regions nest. 0 on success; -1 on failure (tag 0,
+ * a device out of range); -2 when the device's resource is not a
+ * VirtualPool (`resource=vpool`); the reason in `gpumem_last_error`.
+ */
+int gpumem_region_begin(int device, uint32_t tag);
+
+/**
+ * Ends the region begun last on `device`: allocations carry the region
+ * begun before it again (or none). 0 on success; -1 when no region is
+ * begun; -2 when the device's resource is not a VirtualPool.
+ */
+int gpumem_region_end(int device);
+
+/**
+ * Puts region `tag` of `device` to sleep: waits for all work on the
+ * device, copies the region's blocks to pinned host memory when `backup`
+ * is not 0, then gives their physical memory back to the driver. The
+ * blocks keep their addresses (nothing else gets them); while the region
+ * sleeps, freeing them is allowed, allocating in the region fails and
+ * kernels must not touch them. On failure the region stays awake as it
+ * was. 0 on success; -1 on failure (the region already asleep, a driver
+ * error); -2 when the device's resource is not a VirtualPool.
+ */
+int gpumem_sleep(int device, uint32_t tag, int backup);
+
+/**
+ * Wakes region `tag` of `device`: maps memory again at the same addresses
+ * and copies the backup back (contents are undefined after a sleep without
+ * backup), then waits for the copies. Pointers into the region, and CUDA
+ * graphs that use them, work again. On failure (out of memory included)
+ * the region stays asleep as it was. 0 on success; -1 on failure (the
+ * region not asleep); -2 when the device's resource is not a VirtualPool.
+ */
+int gpumem_wake(int device, uint32_t tag);
+
+/**
+ * Bytes of the live blocks of region `tag` on `device` that sleep (0 while
+ * it is awake, and for a device not served by a VirtualPool).
+ */
+size_t gpumem_sleeping_bytes(int device, uint32_t tag);
 
 #ifdef __cplusplus
 }  // extern "C"

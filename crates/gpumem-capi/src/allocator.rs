@@ -1008,12 +1008,28 @@ impl Allocator {
             ));
             return;
         };
-        match st.stack.upstream().live_block_size(ptr) {
-            Some(size) => st.uses.record(ptr, size, self.stream(st, stream)),
+        let served = st.stack.upstream();
+        match served.live_block_size(ptr) {
+            Some(size) => match served.check_access(ptr, size) {
+                Ok(()) => st.uses.record(ptr, size, self.stream(st, stream)),
+                Err(e) => self.report_misuse(&format!(
+                    "record_stream of {ptr:#x} on device {device}: {e}; ignored"
+                )),
+            },
             None => self.report_misuse(&format!(
                 "record_stream of {ptr:#x} on device {device}: not a live allocation; ignored"
             )),
         }
+    }
+
+    /// The resource serving `device` (built on first use), its device and
+    /// legacy default stream: what [`crate::regions`] works on.
+    pub(crate) fn served(&self, device: i32) -> Result<(&dyn Served, &Device, &Stream), String> {
+        if unusable() {
+            return Err("gpumem cannot be used in this process".into());
+        }
+        let st = self.state(device)?;
+        Ok((st.stack.upstream().as_ref(), &st.device, &st.legacy))
     }
 
     /// Deferred frees of `device` waiting for their recorded streams.

@@ -29,6 +29,11 @@
 //! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
+//! // Regions of a VirtualPool (resource=vpool): sleep and wake (see regions):
+//! int    gpumem_region_begin(int device, uint32_t tag);  // and gpumem_region_end(device)
+//! int    gpumem_sleep(int device, uint32_t tag, int backup);
+//! int    gpumem_wake(int device, uint32_t tag);
+//! size_t gpumem_sleeping_bytes(int device, uint32_t tag);
 //! ```
 //!
 //! `gpumem_stream_t` is `void*`: pass a `cudaStream_t`/`CUstream` as it is
@@ -75,6 +80,9 @@ pub mod allocator;
 pub mod conf;
 /// CUDA graphs' private pools.
 pub mod graph_pools;
+// Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
+// counts; it has no `unsafe` block.
+pub mod regions;
 #[deny(unsafe_code)]
 pub mod served;
 #[deny(unsafe_code)]
@@ -90,6 +98,9 @@ use gpumem::resource::SharedResource;
 use gpumem::DevicePtr;
 
 pub use allocator::{Allocator, Backend, Snapshot};
+pub use regions::{
+    gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,
+};
 pub use types::{gpumem_block_t, gpumem_device_stats_t, gpumem_segment_t, gpumem_stat_t};
 
 /// A CUDA stream handle (`cudaStream_t`, `CUstream`), passed as `void*`.
@@ -421,7 +432,8 @@ pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, device: c_int, stream: 
 /// blocks (in address order; size as the resource rounds it, requested as
 /// asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
 /// `*n_blocks` to the totals, so a caller can retry with larger arrays.
-/// Every live block lies inside one segment; a stream is 0 where unknown.
+/// Every live block lies inside one segment (but the blocks of a region
+/// asleep, whose memory is given back); a stream is 0 where unknown.
 /// 0 on success (nothing for a device not used yet); -1 for a device out of
 /// range. A NULL array is allowed with a maximum of 0; a NULL count is not
 /// written.

@@ -93,6 +93,11 @@ pub trait Served: Pool {
     /// configuration it serves (`async` lowers the release threshold it
     /// asks for to the cap).
     fn set_limit(&self, limit: Option<usize>, conf: &Conf);
+    /// The [`VirtualPool`] the resource is, for its regions (sleep and
+    /// wake); `None` for the other resources.
+    fn virtual_pool(&self) -> Option<&VirtualPool> {
+        None
+    }
 }
 
 fn upstream_stats(u: &Upstream) -> DriverStats {
@@ -498,6 +503,9 @@ impl Served for VirtualPool {
     fn set_limit(&self, limit: Option<usize>, _: &Conf) {
         self.set_max_reserved(limit);
     }
+    fn virtual_pool(&self) -> Option<&VirtualPool> {
+        Some(self)
+    }
 }
 
 /// `cuMemAlloc` for every request: it caches nothing, so what it holds from
@@ -576,6 +584,9 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     }
     fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
         self.upstream().set_limit(limit, conf)
+    }
+    fn virtual_pool(&self) -> Option<&VirtualPool> {
+        self.upstream().virtual_pool()
     }
 }
 

@@ -61,6 +61,11 @@ fn header_is_up_to_date() {
         "int gpumem_set_memory_fraction(int device, double fraction);",
         "double gpumem_get_memory_fraction(int device);",
         "void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);",
+        "int gpumem_region_begin(int device, uint32_t tag);",
+        "int gpumem_region_end(int device);",
+        "int gpumem_sleep(int device, uint32_t tag, int backup);",
+        "int gpumem_wake(int device, uint32_t tag);",
+        "size_t gpumem_sleeping_bytes(int device, uint32_t tag);",
         "typedef struct gpumem_stat_t {",
         "} gpumem_device_stats_t;",
         "} gpumem_segment_t;",
@@ -109,8 +114,10 @@ int use(cudaStream_t s) {
     gpumem_record_stream(p, 0, s);
     const char *last = gpumem_last_error();
     double f = gpumem_get_memory_fraction(0);
+    ok += gpumem_region_begin(0, 1) + gpumem_region_end(0) + gpumem_sleep(0, 1, 1) + gpumem_wake(0, 1);
+    size_t asleep = gpumem_sleeping_bytes(0, 1);
     return (int)(gpumem_allocated_bytes(0) + gpumem_reserved_bytes(0) + gpumem_peak_reserved_bytes(0) + bad + (why != NULL)
-        + ok + stats.allocation.current + stats.largest_free_block + (last != NULL) + (f < 1.0) + n_segments + n_blocks);
+        + ok + stats.allocation.current + stats.largest_free_block + (last != NULL) + (f < 1.0) + n_segments + n_blocks + asleep);
 }
 "#;
     for (compiler, file) in [("cc", "t.c"), ("c++", "t.cpp")] {

@@ -163,11 +163,18 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         }
     }
 
+    /// Whether the resource lets its memory be used now (see
+    /// [`MemoryResource::check_access`]).
+    fn check_access(&self) -> Result<()> {
+        self.resource.check_access(self.ptr, self.size_bytes())
+    }
+
     /// Fills every byte with `value`, asynchronously on the buffer's stream.
     pub fn memset_async(&self, value: u8) -> Result<()> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
+        self.check_access()?;
         // SAFETY: the buffer owns this range while it lives; no host code gets
         // a reference to it, and its free is ordered after this work.
         unsafe {
@@ -235,6 +242,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
+        self.check_access()?;
         let bytes: &[u8] = bytemuck::cast_slice(src);
         // SAFETY: forwarded to the caller (see above); the range is `bytes`.
         unsafe {
@@ -257,6 +265,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
+        self.check_access()?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         // SAFETY: forwarded to the caller (see above); the range is `bytes`.
         unsafe {
@@ -280,6 +289,8 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         if self.size_bytes() == 0 {
             return Ok(());
         }
+        self.check_access()?;
+        src.check_access()?;
         // SAFETY: both buffers own their ranges while they live and hand no
         // host references out; `src` is borrowed for the enqueue, and each free
         // is stream-ordered (ordering across streams is the caller's, as for any

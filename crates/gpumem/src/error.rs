@@ -199,6 +199,17 @@ pub enum Error {
     /// done and the operating system's message.
     #[error("I/O error: {0}")]
     Io(String),
+
+    /// Memory of a [`VirtualPool`](crate::pool::VirtualPool) region that is
+    /// asleep was used, or the region was asked to allocate: its physical
+    /// pages are given back until it wakes.
+    #[error("region {tag} is asleep: {what} (wake it first)")]
+    Asleep {
+        /// The region's tag.
+        tag: u32,
+        /// What was refused, such as `cannot copy to 0x7f0000000000+4096`.
+        what: String,
+    },
 }
 
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (900) to

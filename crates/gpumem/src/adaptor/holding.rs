@@ -89,6 +89,10 @@ impl<U: MemoryResource> MemoryResource for HoldingAdaptor<U> {
     fn properties(&self) -> Properties {
         self.upstream.properties()
     }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.upstream.check_access(ptr, bytes)
+    }
 }
 
 impl<U: MemoryResource> Drop for HoldingAdaptor<U> {

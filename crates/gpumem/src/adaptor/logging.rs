@@ -353,6 +353,10 @@ impl<U: MemoryResource> MemoryResource for LoggingAdaptor<U> {
     fn properties(&self) -> Properties {
         self.upstream.properties()
     }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.upstream.check_access(ptr, bytes)
+    }
 }
 
 impl<U> Drop for LoggingAdaptor<U> {

@@ -102,4 +102,8 @@ impl<U: MemoryResource> MemoryResource for PrefetchAdaptor<U> {
     fn properties(&self) -> Properties {
         self.upstream.properties()
     }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.upstream.check_access(ptr, bytes)
+    }
 }

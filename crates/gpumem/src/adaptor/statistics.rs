@@ -429,6 +429,10 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
     fn properties(&self) -> Properties {
         self.upstream.properties()
     }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.upstream.check_access(ptr, bytes)
+    }
 }
 
 #[cfg(test)]

@@ -258,6 +258,10 @@ impl<U: MemoryResource> MemoryResource for TrackingAdaptor<U> {
     fn properties(&self) -> Properties {
         self.upstream.properties()
     }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.upstream.check_access(ptr, bytes)
+    }
 }
 
 impl<U> Drop for TrackingAdaptor<U> {

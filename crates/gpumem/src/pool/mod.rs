@@ -47,5 +47,6 @@ pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_
 pub use pool_trait::Pool;
 pub use slab::ClassStats;
 pub use virtual_pool::{
-    PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, VIRTUAL_POOL_MAX_ALIGNMENT,
+    Backup, PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, NO_REGION,
+    VIRTUAL_POOL_MAX_ALIGNMENT,
 };

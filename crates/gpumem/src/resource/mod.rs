@@ -144,6 +144,18 @@ pub trait MemoryResource: Send + Sync {
         self.deallocate(ptr, bytes, alignment, &self.device().default_stream())
     }
 
+    /// Checks that the `bytes` at `ptr`, memory this resource handed out, can
+    /// be used now: the memory operations of gpumem (such as
+    /// [`DeviceBuffer`](crate::DeviceBuffer)'s copies) call it first. Always
+    /// `Ok` but where a resource can take the memory of live blocks away for
+    /// a while: [`VirtualPool`](crate::pool::VirtualPool) refuses blocks of
+    /// a region asleep ([`Error::Asleep`]). Adaptors ask their upstream.
+    #[inline]
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        let _ = (ptr, bytes);
+        Ok(())
+    }
+
     /// The address that identifies this resource; wrappers such as `Arc<R>`
     /// report their inner resource's identity.
     fn identity(&self) -> *const () {
@@ -194,6 +206,10 @@ macro_rules! forward_resource {
             }
             fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
                 (**self).deallocate_sync(ptr, bytes, alignment)
+            }
+            #[inline]
+            fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+                (**self).check_access(ptr, bytes)
             }
             fn identity(&self) -> *const () {
                 (**self).identity()

@@ -57,7 +57,9 @@ pub struct Block {
     pub(crate) prev_phys: u32,
     /// Next block by address within the region, or [`NIL`].
     pub(crate) next_phys: u32,
-    /// Previous block in the same free list, or [`NIL`]. For vacant slots, unused.
+    /// Previous block in the same free list, or [`NIL`]. For vacant slots,
+    /// unused. For a used block, which is in no list: its tag (0 unless the
+    /// heap's owner set one, see [`LaneHeap::set_tag`](super::LaneHeap::set_tag)).
     pub(crate) prev_free: u32,
     /// Next block in the same free list, or [`NIL`]. For vacant slots, the next
     /// vacant slot.
@@ -118,9 +120,16 @@ impl Block {
     pub fn is_used(&self) -> bool {
         self.lane == USED
     }
+    /// The tag of a used block (0 unless set; meaningless for other blocks).
+    #[inline]
+    pub fn tag(&self) -> u32 {
+        self.prev_free
+    }
+    /// Marks the block handed out, with tag 0.
     #[inline]
     pub(crate) fn set_used(&mut self) {
         self.lane = USED;
+        self.prev_free = 0;
     }
     #[inline]
     pub(crate) fn is_vacant(&self) -> bool {

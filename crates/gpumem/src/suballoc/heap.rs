@@ -461,6 +461,35 @@ impl LaneHeap {
         })
     }
 
+    /// Every used block carrying `tag` as `(addr, size)`, in the order of
+    /// [`LaneHeap::used_ranges`]. O(blocks).
+    pub fn tagged_ranges(&self, tag: u32) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.regions().flat_map(move |(id, _, _)| {
+            self.region_blocks(id)
+                .filter(move |(_, b)| b.is_used() && b.tag() == tag)
+                .map(|(_, b)| (b.addr, b.size))
+        })
+    }
+
+    /// Gives the used block `block` the tag `tag`, a number the heap keeps
+    /// for its owner (every used block starts with 0). Nothing happens for a
+    /// block that is not used. O(1): one store in the block's entry.
+    #[inline]
+    pub fn set_tag(&mut self, block: BlockId, tag: u32) {
+        if let Some(b) = self.arena.get(block.0) {
+            if b.is_used() {
+                self.arena[block.0].prev_free = tag;
+            }
+        }
+    }
+
+    /// The tag of the used block starting at `addr`, if there is one. O(1).
+    pub fn used_tag(&self, addr: u64) -> Option<u32> {
+        self.used_block(addr)
+            .and_then(|id| self.block(id))
+            .map(|b| b.tag())
+    }
+
     /// The size of the used block starting at `addr`, if there is one. O(1).
     pub fn used_size(&self, addr: u64) -> Option<u64> {
         self.used_block(addr)

@@ -484,3 +484,31 @@ fn a_sized_free_must_name_the_blocks_granules() {
     assert_eq!(h.free_absorbing_sized(b.addr, lane, 3841), Ok(4096));
     h.check_invariants().unwrap();
 }
+
+#[test]
+fn a_used_block_keeps_its_tag_and_a_reused_one_starts_untagged() {
+    let (mut h, _) = heap_with(0, MIB);
+    let a = h.allocate(G, 4096, 256).unwrap();
+    let b = h.allocate(G, 4096, 256).unwrap();
+    assert_eq!(
+        h.used_tag(a.addr),
+        Some(0),
+        "every used block starts with 0"
+    );
+    h.set_tag(a.block, 7);
+    assert_eq!((h.used_tag(a.addr), h.used_tag(b.addr)), (Some(7), Some(0)));
+    assert_eq!(h.tagged_ranges(7).collect::<Vec<_>>(), vec![(a.addr, 4096)]);
+    h.check_invariants().unwrap();
+    // Freed (its entry then links a free list) and handed out again: no tag.
+    h.free(a.addr, G).unwrap();
+    assert_eq!(h.used_tag(a.addr), None);
+    let c = h.allocate(G, 4096, 256).unwrap();
+    assert_eq!(c.addr, a.addr);
+    assert_eq!(h.used_tag(c.addr), Some(0));
+    assert_eq!(h.tagged_ranges(7).count(), 0);
+    // A free block is not tagged.
+    let free = h.free_blocks_at_least(G, 256, 1)[0].0;
+    h.set_tag(free, 9);
+    h.check_invariants().unwrap();
+    assert_eq!(h.tagged_ranges(9).count(), 0);
+}

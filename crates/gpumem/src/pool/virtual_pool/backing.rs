@@ -7,6 +7,9 @@ use super::{State, VirtualPool, SMALL};
 use crate::driver::{AccessFlags, DevicePtr};
 use crate::{Error, Result};
 
+/// Mappings made: (reservation, first page, extent).
+pub(super) type Mapped = Vec<(usize, usize, ExtentId)>;
+
 impl VirtualPool {
     /// Maps physical memory under the unmapped pages of `span`, all or
     /// nothing, for the stream of bit `taker`.
@@ -18,13 +21,32 @@ impl VirtualPool {
         requested: usize,
         taker: u64,
     ) -> Result<()> {
-        let _relaxed = crate::graph::relaxed(&self.device);
-        let res = span.res;
         let runs = st.pages.unmapped_runs(span);
-        let driver = self.device.driver();
-        let g = self.gran;
-        let mut done: Vec<(usize, ExtentId)> = Vec::new();
-        let mut result = self.back_runs(st, res, &runs, requested, taker, &mut done);
+        self.map_runs(st, &[(span.res, runs)], requested, taker)
+            .map(drop)
+    }
+
+    /// Maps physical memory under `runs` (unmapped pages, per reservation:
+    /// (first page, pages)) and makes them accessible, all or nothing, for
+    /// the stream of bit `taker`; returns the mappings made.
+    pub(super) fn map_runs(
+        &self,
+        st: &mut State,
+        runs: &[(usize, Vec<(usize, usize)>)],
+        requested: usize,
+        taker: u64,
+    ) -> Result<Mapped> {
+        let _relaxed = crate::graph::relaxed(&self.device);
+        let mut made: Mapped = Vec::new();
+        let mut result = Ok(());
+        for (res, r) in runs {
+            let mut done = Vec::new();
+            result = self.back_runs(st, *res, r, requested, taker, &mut done);
+            made.extend(done.into_iter().map(|(start, x)| (*res, start, x)));
+            if result.is_err() {
+                break;
+            }
+        }
         if result.is_ok()
             && Self::alias_pages(st)
                 > self
@@ -36,31 +58,52 @@ impl VirtualPool {
             result = self.collect_aliases(st).map(|_| ());
         }
         if result.is_ok() {
-            'access: for &(start, count) in &runs {
-                let addr = DevicePtr(st.pages.addr(PageRef { res, idx: start }));
-                let devices =
-                    std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
-                for d in devices {
-                    if let Err(e) =
-                        driver.vmm_set_access(addr, count * g, d, AccessFlags::ReadWrite)
-                    {
-                        result = Err(e);
-                        break 'access;
-                    }
-                }
-            }
+            result = runs.iter().try_for_each(|(res, r)| {
+                r.iter()
+                    .try_for_each(|&(start, count)| self.grant_access(st, *res, start, count))
+            });
         }
         if let Err(e) = result {
-            for (start, x) in done {
-                let n = st.phys.pages(x);
-                // A mapping the driver keeps stays recorded (the drop unmaps it).
-                let _ = self.unmap_mapping(st, x, PageTable::pack(res, start), n);
-            }
-            self.release_cached(st, self.config.release_threshold);
+            self.unmap_made(st, &made);
             return Err(e);
         }
         self.release_cached(st, self.config.release_threshold);
+        Ok(made)
+    }
+
+    /// Gives the device and its peers read-write access to the `count`
+    /// mapped pages from page `start` of reservation `res` (whole mappings):
+    /// one `cuMemSetAccess` per device.
+    pub(super) fn grant_access(
+        &self,
+        st: &State,
+        res: usize,
+        start: usize,
+        count: usize,
+    ) -> Result<()> {
+        let addr = DevicePtr(st.pages.addr(PageRef { res, idx: start }));
+        let devices =
+            std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
+        for d in devices {
+            self.device.driver().vmm_set_access(
+                addr,
+                count * self.gran,
+                d,
+                AccessFlags::ReadWrite,
+            )?;
+        }
         Ok(())
+    }
+
+    /// Undoes the mappings `made` (their extents go to the cache, and back
+    /// to the driver beyond `release_threshold`).
+    pub(super) fn unmap_made(&self, st: &mut State, made: &[(usize, usize, ExtentId)]) {
+        for &(res, start, x) in made {
+            let n = st.phys.pages(x);
+            // A mapping the driver keeps stays recorded (the drop unmaps it).
+            let _ = self.unmap_mapping(st, x, PageTable::pack(res, start), n);
+        }
+        self.release_cached(st, self.config.release_threshold);
     }
 
     /// Backs the unmapped `runs` of reservation `res`: cached extents that fit, idle

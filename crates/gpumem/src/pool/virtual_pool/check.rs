@@ -2,6 +2,8 @@
 //! invariants in `docs/virtual_pool.md`; each check names its number, and so
 //! does its error.
 
+use std::sync::atomic::Ordering;
+
 use super::page_table::{PageRef, PageTable, PhysPage};
 use super::phys_cache::NO_OWNER;
 use super::VirtualPool;
@@ -66,8 +68,9 @@ impl VirtualPool {
             ));
         }
         // 3, 4, 5 (the page side) and 6: the page table against the live
-        // blocks and the owners.
-        st.pages.check(&live, &st.phys)?;
+        // blocks (those asleep apart) and the owners.
+        let asleep: Vec<u64> = st.regions.blocks.keys().copied().collect();
+        st.pages.check(&live, &asleep, &st.phys)?;
         // 5 (the extent side). An owner entry names a page that maps that
         // very physical page.
         for (x, ext) in st.phys.extents() {
@@ -142,7 +145,64 @@ impl VirtualPool {
                 ));
             }
         }
-        st.phys.check()
+        st.phys.check()?;
+        // 10. The blocks asleep are exactly the live blocks carrying the tag
+        //     of a region asleep, and each region counts them.
+        let r = &st.regions;
+        let mut counted = 0;
+        for a in &r.asleep {
+            let mut tagged: Vec<(u64, u64)> = st
+                .areas
+                .iter()
+                .flat_map(|area| area.heap.tagged_ranges(a.tag))
+                .collect();
+            tagged.sort_unstable();
+            let held: Vec<(u64, u64)> = r
+                .placed(a.tag)
+                .into_iter()
+                .map(|(addr, size, _)| (addr, size))
+                .collect();
+            if tagged != held {
+                return Err(format!(
+                    "invariant 10: region {} has live blocks {tagged:#x?} but {held:#x?} asleep",
+                    a.tag
+                ));
+            }
+            let bytes: u64 = held.iter().map(|b| b.1).sum();
+            if (a.blocks, a.bytes) != (held.len(), bytes) {
+                return Err(format!(
+                    "invariant 10: region {} counts {} blocks of {} bytes asleep, holds {} of {bytes}",
+                    a.tag,
+                    a.blocks,
+                    a.bytes,
+                    held.len()
+                ));
+            }
+            if let Some(b) = a.backup {
+                let end = r.placed(a.tag).iter().map(|p| p.2 + p.1).max().unwrap_or(0);
+                if end > b.bytes as u64 {
+                    return Err(format!(
+                        "invariant 10: region {}'s blocks reach {end} bytes into a backup of {}",
+                        a.tag, b.bytes
+                    ));
+                }
+            }
+            counted += held.len();
+        }
+        if counted != r.blocks.len() {
+            return Err(format!(
+                "invariant 10: {counted} blocks of regions asleep, {} held",
+                r.blocks.len()
+            ));
+        }
+        if self.any_asleep.load(Ordering::Relaxed) == r.asleep.is_empty() {
+            return Err(format!(
+                "invariant 10: {} regions asleep, but the flag says {}",
+                r.asleep.len(),
+                self.any_asleep.load(Ordering::Relaxed)
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! Dropping a [`VirtualPool`]: every mapping, extent and reservation goes
-//! back to the driver.
+//! back to the driver, and the pinned memory of host backups with them.
 
 use super::page_table::PageRef;
 use super::VirtualPool;
@@ -49,6 +49,12 @@ impl Drop for VirtualPool {
                 || format!("VirtualPool address range {:#x}", r.base),
                 || driver.vmm_free_address(DevicePtr(r.base), r.bytes as usize),
             );
+        }
+        // The backups of regions asleep go before their pinned pool does.
+        for a in st.regions.asleep.drain(..) {
+            if let Some(b) = a.backup {
+                Self::free_backup(&st.regions.host, b);
+            }
         }
     }
 }

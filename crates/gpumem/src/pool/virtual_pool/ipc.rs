@@ -2,6 +2,7 @@
 
 use std::os::fd::OwnedFd;
 
+use super::regions::asleep_error;
 use super::VirtualPool;
 use crate::driver::DevicePtr;
 use crate::{Error, Result};
@@ -21,6 +22,7 @@ pub struct PhysExport {
 impl VirtualPool {
     /// Exports every extent as a POSIX file descriptor (the pool must
     /// have been made with `ipc`), with where its pages are mapped now.
+    /// [`Error::Asleep`] while a region with live blocks sleeps.
     pub fn export_page_fds(&self) -> Result<Vec<PhysExport>> {
         if !self.config.ipc {
             return Err(Error::InvalidArgument(
@@ -28,6 +30,12 @@ impl VirtualPool {
             ));
         }
         let st = self.lock();
+        if let Some(a) = st.regions.asleep.iter().find(|a| a.blocks > 0) {
+            return Err(asleep_error(
+                a.tag,
+                "cannot export the pool's memory while some of it is given back".into(),
+            ));
+        }
         let mut out: Vec<PhysExport> = Vec::new();
         let mut index = vec![
             usize::MAX;

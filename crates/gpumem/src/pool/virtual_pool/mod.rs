@@ -72,6 +72,12 @@
 //!   then mapped nowhere and retries with one-page extents; then it undoes
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
 //!   reserved physical, live, largest free block).
+//! - *Regions* (`regions`, `sleep`, `backup`): blocks allocated while a
+//!   region is begun carry its tag; [`VirtualPool::sleep`] copies a region's
+//!   blocks to pinned host memory (or not) and releases the extents mapped
+//!   only under pages of sleeping blocks, keeping the addresses;
+//!   [`VirtualPool::wake`] maps memory there again and copies back. Both
+//!   are all or nothing.
 //!
 //! Bad frees: a free is checked against the block the heap finds for it (its
 //! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
@@ -91,6 +97,7 @@
 //! of the live peak (figures and runs in the notes above).
 
 mod backing;
+mod backup;
 mod bits;
 mod check;
 mod config;
@@ -101,13 +108,17 @@ mod phys_cache;
 mod placement;
 mod pool_api;
 mod reclaim;
+mod regions;
+mod sleep;
 mod stats;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
 
 use self::page_table::PageTable;
 use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
+use self::regions::Regions;
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
@@ -120,6 +131,7 @@ use crate::{Error, FreeError, OomInfo, Result};
 
 pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
 pub use self::ipc::PhysExport;
+pub use self::regions::{Backup, NO_REGION};
 pub use self::stats::VirtualPoolStats;
 
 /// The area of requests up to `small_limit` bytes.
@@ -160,6 +172,8 @@ struct State {
     aliases_made: u64,
     aliases_collected: u64,
     fresh_ranges: u64,
+    /// The region new blocks get, and the regions asleep.
+    regions: Regions,
 }
 
 impl State {
@@ -216,6 +230,9 @@ pub struct VirtualPool {
     state: Mutex<State>,
     /// Blocks freed on capturing streams (see `stream_order::parked`).
     parked: Parked,
+    /// Some region sleeps (read without the lock, so memory operations go
+    /// through at once while none does).
+    any_asleep: AtomicBool,
 }
 
 impl std::fmt::Debug for VirtualPool {
@@ -310,6 +327,7 @@ impl VirtualPool {
             aliases_made: 0,
             aliases_collected: 0,
             fresh_ranges: 0,
+            regions: Regions::default(),
         };
         st.pages.add_reservation(base.0, total as u64);
         let parts = [
@@ -338,6 +356,7 @@ impl VirtualPool {
             handle_type,
             state: Mutex::new(st),
             parked: Parked::default(),
+            any_asleep: AtomicBool::new(false),
         })
     }
 
@@ -374,6 +393,9 @@ impl MemoryResource for VirtualPool {
         let st = &mut *guard;
         if bytes > self.capacity {
             return Err(self.oom(st, bytes));
+        }
+        if st.regions.current != NO_REGION {
+            Self::check_awake(st, bytes)?;
         }
         let area = if bytes <= self.config.small_limit {
             SMALL
@@ -425,6 +447,11 @@ impl MemoryResource for VirtualPool {
                 return Err(e);
             }
         }
+        // Read again rather than kept in a register across the call above.
+        let tag = st.regions.current;
+        if tag != NO_REGION {
+            st.areas[area].heap.set_tag(blk.block, tag);
+        }
         let live = st.live_bytes();
         if live > st.peak_live {
             st.peak_live = live;
@@ -470,7 +497,14 @@ impl MemoryResource for VirtualPool {
         if let Some(span) = st.pages.span(ptr.0, size) {
             st.pages.release(span, bit, tick);
         }
+        if st.regions.has_sleeping_blocks() {
+            st.regions.forget(ptr.0);
+        }
         Ok(())
+    }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.check_access_of(ptr, bytes)
     }
 
     fn device(&self) -> &Device {

@@ -569,6 +569,12 @@ impl PageTable {
         bit(&self.reservations[p.res].bits(OWNS), p.idx)
     }
 
+    /// Live blocks that begin or end on page `p` (0 for a page strictly
+    /// inside a block).
+    pub(super) fn users(&self, p: PageRef) -> u32 {
+        self.reservations[p.res].page(p.idx).users
+    }
+
     /// True when a live block lies on page `p`.
     pub(super) fn busy(&self, p: PageRef) -> bool {
         bit(&self.reservations[p.res].bits(BUSY), p.idx)
@@ -711,16 +717,24 @@ impl PageTable {
         })
     }
 
-    /// Checks the table against the live blocks `[addr, addr + size)` and
-    /// the extents' owners: invariants 3, 4, the page side of 5, and 6 of
+    /// Checks the table against the live blocks `[addr, addr + size)`, of
+    /// which those at the addresses `asleep` (sorted) sleep, and the
+    /// extents' owners: invariants 3, 4, the page side of 5, and 6 of
     /// `docs/virtual_pool.md`.
-    pub(super) fn check(&self, live: &[(u64, u64)], phys: &PhysCache) -> Result<(), String> {
+    pub(super) fn check(
+        &self,
+        live: &[(u64, u64)],
+        asleep: &[u64],
+        phys: &PhysCache,
+    ) -> Result<(), String> {
         let mut users: Vec<Vec<u32>> = self.reservations.iter().map(|r| vec![0; r.len]).collect();
         let mut busy: Vec<Vec<bool>> = self
             .reservations
             .iter()
             .map(|r| vec![false; r.len])
             .collect();
+        // Pages an awake block lies on.
+        let mut awake = busy.clone();
         for &(addr, size) in live {
             let PageSpan { res, first, last } = self.span(addr, size).ok_or_else(|| {
                 format!("invariant 3: live block {addr:#x}+{size} outside every reservation")
@@ -731,6 +745,11 @@ impl PageTable {
             }
             for b in &mut busy[res][first..=last] {
                 *b = true;
+            }
+            if asleep.binary_search(&addr).is_err() {
+                for a in &mut awake[res][first..=last] {
+                    *a = true;
+                }
             }
         }
         let mut mapped = 0;
@@ -747,15 +766,16 @@ impl PageTable {
                 if bit(&r.bits(BUSY), idx) != busy[res][idx] {
                     return Err(format!("invariant 3: page {addr:#x}: busy bit is wrong"));
                 }
-                // 4. Busy pages are mapped and own their memory.
+                // 4. Pages with awake blocks are mapped; busy pages that are
+                //    mapped own their memory.
                 let is_mapped = p.extent != UNMAPPED;
                 let owns = bit(&r.bits(OWNS), idx);
-                if busy[res][idx] && !is_mapped {
+                if awake[res][idx] && !is_mapped {
                     return Err(format!(
-                        "invariant 4: page {addr:#x} has live blocks but is unmapped"
+                        "invariant 4: page {addr:#x} has awake blocks but is unmapped"
                     ));
                 }
-                if busy[res][idx] && !owns {
+                if busy[res][idx] && is_mapped && !owns {
                     return Err(format!(
                         "invariant 4: page {addr:#x} has live blocks but does not own its physical page"
                     ));
@@ -925,12 +945,12 @@ mod tests {
         let (a_at, b_at) = ((BASE, 2 * G + G / 2), (BASE + 2 * G + G / 2, 2 * G + G / 2));
         assert_eq!(t.span(a_at.0, a_at.1), Some(a));
         assert_eq!(t.span(b_at.0, b_at.1), Some(b));
-        t.check(&[a_at, b_at], &phys).unwrap();
+        t.check(&[a_at, b_at], &[], &phys).unwrap();
         assert_eq!(t.idle_pages(), 1, "page 5 only");
         t.release(a, 1, 1);
         assert!(t.busy(pg(2)), "page 2 still carries the second block");
         assert!(!t.busy(pg(0)) && !t.busy(pg(1)));
-        t.check(&[b_at], &phys).unwrap();
+        t.check(&[b_at], &[], &phys).unwrap();
         assert_eq!(t.idle_pages(), 3);
         assert_eq!(t.mapped_pages(), 6);
     }
@@ -984,13 +1004,13 @@ mod tests {
         assert!(!t.owns(pg(0)) && t.owns(pg(10)) && t.owns(pg(12)));
         assert_eq!(phys.owner(x, 1), PageTable::pack(0, 11));
         assert!(t.extent_busy(x, &phys));
-        t.check(&[block(10, 12)], &phys).unwrap();
+        t.check(&[block(10, 12)], &[], &phys).unwrap();
         // Now the first place conflicts: its memory is in use through the alias.
         assert!(t.has_conflict(here, &phys));
         let back = take(&mut t, &mut phys, here);
         assert!(back.conflict && back.all_mapped);
         t.unacquire(here);
-        t.check(&[block(10, 12)], &phys).unwrap();
+        t.check(&[block(10, 12)], &[], &phys).unwrap();
     }
 
     #[test]
@@ -1008,7 +1028,7 @@ mod tests {
         assert_eq!(asked.get(), 1, "asked once for the extent");
         assert!(t.owns(pg(0)) && !t.owns(pg(20)), "nothing moved");
         t.unacquire(there);
-        t.check(&[], &phys).unwrap();
+        t.check(&[], &[], &phys).unwrap();
     }
 
     #[test]
@@ -1030,9 +1050,9 @@ mod tests {
         let s = sp(0, 1);
         take(&mut t, &mut phys, s);
         let live = [block(0, 1)];
-        t.check(&live, &phys).unwrap();
+        t.check(&live, &[], &phys).unwrap();
         let expect = |t: &PageTable, phys: &PhysCache, n: &str| {
-            let err = t.check(&live, phys).unwrap_err();
+            let err = t.check(&live, &[], phys).unwrap_err();
             assert!(err.starts_with(&format!("invariant {n}:")), "{err}");
         };
         // 3: a boundary count off by one.
@@ -1058,6 +1078,6 @@ mod tests {
         t.mapped_pages += 1;
         expect(&t, &phys, "6");
         t.mapped_pages -= 1;
-        t.check(&live, &phys).unwrap();
+        t.check(&live, &[], &phys).unwrap();
     }
 }

@@ -265,15 +265,46 @@ impl PhysCache {
                 kept.push(x);
                 continue;
             }
-            let ext = self.extents[x as usize].take().expect("cached extent");
-            let pages = std::mem::take(&mut self.summaries[x as usize]).pages;
-            self.cached_pages -= pages as usize;
-            self.total_pages -= pages as usize;
-            self.vacant.push(x);
-            out.push((ext.handle, pages));
+            out.push(self.forget(x));
         }
         self.cached = kept;
         out
+    }
+
+    /// Takes the cached extents `xs` out, for the caller to release: their
+    /// handles and page counts. Extents not cached are skipped.
+    pub(super) fn take_cached(&mut self, xs: &[ExtentId]) -> Vec<(RawPhys, u32)> {
+        let mut out = Vec::new();
+        for &x in xs {
+            if let Some(i) = self.cached.iter().position(|&c| c == x) {
+                self.cached.swap_remove(i);
+                out.push(self.forget(x));
+            }
+        }
+        out
+    }
+
+    /// Takes cached extent `x` out of the cache, to be mapped again; false
+    /// when it is not cached.
+    pub(super) fn uncache(&mut self, x: ExtentId) -> bool {
+        let Some(i) = self.cached.iter().position(|&c| c == x) else {
+            return false;
+        };
+        self.cached.swap_remove(i);
+        self.cached_pages -= self.pages(x);
+        true
+    }
+
+    /// Forgets extent `x`, already out of the cache list (its pages still
+    /// counted as cached): its index becomes vacant. Returns its handle and
+    /// pages.
+    fn forget(&mut self, x: ExtentId) -> (RawPhys, u32) {
+        let ext = self.extents[x as usize].take().expect("cached extent");
+        let pages = std::mem::take(&mut self.summaries[x as usize]).pages;
+        self.cached_pages -= pages as usize;
+        self.total_pages -= pages as usize;
+        self.vacant.push(x);
+        (ext.handle, pages)
     }
 }
 

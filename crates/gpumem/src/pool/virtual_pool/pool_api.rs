@@ -42,7 +42,10 @@ impl VirtualPool {
 /// [`Pool::trim`] unmaps idle pages whose freeing streams are known complete
 /// (without waiting for any) and releases the extents then mapped nowhere,
 /// largest first; [`Pool::release`] first waits for every stream that freed
-/// blocks, so all physical memory not under a live block goes back.
+/// blocks, so all physical memory not under a live block goes back, and
+/// gives back the pinned host memory kept from region backups no longer
+/// needed ([`VirtualPool::release_host_backups`]; not in the bytes returned,
+/// which are device memory).
 /// [`Pool::reset_peak`] restarts the peaks of reserved and live bytes and of
 /// physical allocations.
 impl Pool for VirtualPool {
@@ -73,6 +76,8 @@ impl Pool for VirtualPool {
             a.lanes.settle_blocking(&mut a.heap)?;
         }
         st.streams.prune();
-        self.give_back(&mut st, 0)
+        let given = self.give_back(&mut st, 0)?;
+        st.regions.host.as_ref().map_or(Ok(0), Pool::release)?;
+        Ok(given)
     }
 }

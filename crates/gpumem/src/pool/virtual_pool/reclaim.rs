@@ -4,7 +4,7 @@
 use super::page_table::{PackedPage, PageRef, PageTable};
 use super::phys_cache::ExtentId;
 use super::{area_at, State, VirtualPool};
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, RawPhys};
 use crate::pool::stream_order::free_streams::FreeStreams;
 use crate::{Error, Result};
 
@@ -231,11 +231,23 @@ impl VirtualPool {
     /// release or the drop tries again). Returns the bytes released, and the
     /// first error.
     pub(super) fn release_cached(&self, st: &mut State, keep: usize) -> (usize, Option<Error>) {
+        let taken = st.phys.take_releasable(keep / self.gran);
+        self.release_taken(st, taken)
+    }
+
+    /// Releases extents taken out of the cache (handles and pages); one the
+    /// driver refuses goes back to the cache. Returns the bytes released,
+    /// and the first error.
+    pub(super) fn release_taken(
+        &self,
+        st: &mut State,
+        taken: Vec<(RawPhys, u32)>,
+    ) -> (usize, Option<Error>) {
         let _relaxed = crate::graph::relaxed(&self.device);
         let driver = self.device.driver();
         let mut released = 0;
         let mut first_err = None;
-        for (h, pages) in st.phys.take_releasable(keep / self.gran) {
+        for (h, pages) in taken {
             if let Err(e) = driver.vmm_release(h) {
                 let x = st.phys.add_extent(h, pages);
                 st.phys.put(x);
