@@ -283,6 +283,9 @@ fn faulty_setup(tag_data: &mut Vec<Vec<u8>>) -> (Device, Arc<SimDriver>, Virtual
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(256 * MIB));
     let mut config = VirtualPoolConfig::default();
     config.max_extent_pages = 2;
+    // Each block a slice of its own when it wakes: failures in later slices
+    // find earlier ones mapped and their copies under way.
+    config.wake_slice_bytes = 8 * MIB;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     *tag_data = (0..4).map(|i| common::random_bytes(8 * MIB, i)).collect();
     (device, sim, p)
@@ -359,6 +362,7 @@ fn a_failure_halfway_through_wake_leaves_the_region_asleep() {
         ("cuMemMap", 8),
         ("cuMemSetAccess", 1),
         ("cuMemcpyHtoDAsync", 1),
+        ("cuMemcpyHtoDAsync", 3),
         ("cuStreamSynchronize", 1),
     ];
     for (call, nth) in cases {

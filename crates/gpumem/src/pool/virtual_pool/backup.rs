@@ -88,8 +88,8 @@ impl VirtualPool {
     }
 
     /// Copies `backup` back into `placed` blocks (`(address, size, offset)`:
-    /// those it was made from, or some of them) on `stream` and waits for
-    /// the copies.
+    /// those it was made from, or some of them) on `stream`, after the work
+    /// enqueued there; the caller synchronizes the stream.
     pub(super) fn restore(
         &self,
         host: &mut Option<PinnedPool>,
@@ -108,7 +108,6 @@ impl VirtualPool {
                     stream,
                 )
             })
-            .and_then(|()| stream.synchronize())
     }
 
     /// Gives a backup's memory back to the pinned pool (reused once its

@@ -48,6 +48,10 @@ pub struct VirtualPoolConfig {
     /// Create physical memory exportable as POSIX file descriptors (see
     /// [`VirtualPool::export_page_fds`]).
     pub ipc: bool,
+    /// Bytes of a waking region mapped before their contents are copied back
+    /// (whole blocks; default 512 MiB): the copies of one slice run while
+    /// the next is mapped ([`VirtualPool::wake`]).
+    pub wake_slice_bytes: usize,
 }
 
 impl Default for VirtualPoolConfig {
@@ -62,6 +66,7 @@ impl Default for VirtualPoolConfig {
             max_reserved: None,
             peers: Vec::new(),
             ipc: false,
+            wake_slice_bytes: 512 << 20,
         }
     }
 }

@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
+use super::backing::Mapped;
 use super::backup::layout;
 use super::page_table::{PackedPage, PageRef, PageTable};
 use super::phys_cache::ExtentId;
@@ -131,16 +132,34 @@ impl VirtualPool {
         let backup = asleep.backup;
         let placed = st.regions.placed(tag);
         let bytes: u64 = placed.iter().map(|p| p.1).sum();
-        let runs = Self::unmapped_under(st, &placed);
         let taker = st.streams.taker_bit(stream);
-        let made = self.map_runs(st, &runs, bytes as usize, taker)?;
-        if let Some(b) = backup {
-            if let Err(e) = self.restore(&mut st.regions.host, b, &placed, stream) {
-                // No copy may still write the pages about to go.
-                let _ = stream.synchronize();
-                self.unmap_made(st, &made);
-                return Err(e);
+        // In slices, each one's copies enqueued as soon as it is mapped: the
+        // copy engine runs while the next slice is mapped.
+        let mut made: Mapped = Vec::new();
+        let mut result = Ok(());
+        for slice in wake_slices(&placed, self.config.wake_slice_bytes as u64) {
+            let runs = Self::unmapped_under(st, slice);
+            let slice_bytes: u64 = slice.iter().map(|p| p.1).sum();
+            result = self
+                .map_runs(st, &runs, slice_bytes as usize, taker)
+                .map(|m| made.extend(m));
+            if result.is_ok() {
+                if let Some(b) = backup {
+                    result = self.restore(&mut st.regions.host, b, slice, stream);
+                }
             }
+            if result.is_err() {
+                break;
+            }
+        }
+        if backup.is_some() && result.is_ok() {
+            result = stream.synchronize();
+        }
+        if let Err(e) = result {
+            // No copy may still write the pages about to go.
+            let _ = stream.synchronize();
+            self.unmap_made(st, &made);
+            return Err(e);
         }
         if let Some(b) = st.regions.wake(tag) {
             Self::free_backup(&st.regions.host, b);
@@ -303,5 +322,52 @@ impl VirtualPool {
             }
         }
         Unwound::Back(e)
+    }
+}
+
+/// `placed` (address order) cut into slices of about `limit` bytes (whole
+/// blocks; a larger block is a slice of its own).
+fn wake_slices(placed: &[(u64, u64, u64)], limit: u64) -> Vec<&[(u64, u64, u64)]> {
+    let mut slices = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, p) in placed.iter().enumerate() {
+        if bytes > 0 && bytes + p.1 > limit {
+            slices.push(&placed[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += p.1;
+    }
+    if start < placed.len() {
+        slices.push(&placed[start..]);
+    }
+    slices
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wake_slices;
+
+    #[test]
+    fn wake_slices_cut_at_whole_blocks_and_cover_everything() {
+        let placed: Vec<(u64, u64, u64)> = [3, 3, 5, 1, 1, 1, 9]
+            .iter()
+            .scan(0, |a, &n| {
+                *a += n;
+                Some((*a - n, n, 0))
+            })
+            .collect();
+        let sizes = |v: Vec<&[(u64, u64, u64)]>| -> Vec<Vec<u64>> {
+            v.iter().map(|s| s.iter().map(|p| p.1).collect()).collect()
+        };
+        assert_eq!(
+            sizes(wake_slices(&placed, 6)),
+            vec![vec![3, 3], vec![5, 1], vec![1, 1], vec![9]]
+        );
+        assert_eq!(
+            sizes(wake_slices(&placed, 100)),
+            vec![vec![3, 3, 5, 1, 1, 1, 9]]
+        );
+        assert_eq!(sizes(wake_slices(&placed, 1)).len(), placed.len());
+        assert!(wake_slices(&[], 6).is_empty());
     }
 }
