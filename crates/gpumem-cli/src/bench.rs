@@ -2,11 +2,13 @@
 //!
 //! Each (workload, allocator) pair runs `repeats` times; every repeat builds
 //! the allocator afresh (so pools pay for their growth), runs the timed loop
-//! and frees everything. With `warm`, each repeat first runs the workload
-//! untimed on the same allocator (`warm_passes` times, default once), so the
-//! timed run measures the steady state (RMM's own benchmarks pre-size their
-//! pools the same way); records say which. The reported `ns_per_op` is the
-//! median over repeats;
+//! `passes` times on it (default once), timing each pass, and frees
+//! everything. With `warm`, each repeat first runs the workload untimed on
+//! the same allocator (`warm_passes` times, default once), so the timed run
+//! measures the steady state (RMM's own benchmarks pre-size their pools the
+//! same way); records say which. The reported `ns_per_op` is the median over
+//! repeats of the timed passes together, and each pass's own median is
+//! reported too (first, second, steady: the median of the later passes);
 //! `peak_reserved` is the most the allocator held from the driver in any
 //! repeat, and `peak_live` the most the workload had allocated at once.
 
@@ -19,6 +21,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::allocators::{Allocator, AllocatorSpec, ALLOCATORS};
+use crate::iterations::{self, IterationsConfig};
 use crate::outln;
 use crate::replay::{self, PreparedReplay};
 use crate::units::{fmt_bytes, fmt_count};
@@ -39,6 +42,9 @@ pub enum Workload {
     Holes,
     /// A trace (`--trace`) replayed op by op.
     Replay,
+    /// A synthetic training loop of `--iterations` iterations per pass whose
+    /// sizes change by up to `--vary` (see [`crate::iterations`]).
+    Iterations,
 }
 
 impl Workload {
@@ -50,6 +56,7 @@ impl Workload {
             Workload::Threads => "threads",
             Workload::Holes => "holes",
             Workload::Replay => "replay",
+            Workload::Iterations => "iterations",
         }
     }
 }
@@ -86,6 +93,14 @@ pub struct BenchConfig {
     /// Untimed runs of each workload on the same allocator before the timed
     /// one (0: cold, growth included).
     pub warm_passes: usize,
+    /// Timed runs of each workload on the same allocator, each timed alone.
+    pub passes: usize,
+    /// `iterations`: iterations per pass.
+    pub iterations: usize,
+    /// `iterations`: how much sizes change between iterations, 0 to 1.
+    pub vary: f64,
+    /// `iterations`: sequences per batch.
+    pub batch: usize,
 }
 
 impl Default for BenchConfig {
@@ -107,6 +122,10 @@ impl Default for BenchConfig {
             thread_max_size: 4 << 20,
             seed: 42,
             warm_passes: 0,
+            passes: 1,
+            iterations: 20,
+            vary: 0.3,
+            batch: iterations::BATCH,
             threads: 8,
             holes: 4096,
             trace: None,
@@ -126,10 +145,14 @@ impl BenchConfig {
             ("--max-live", self.max_live),
             ("--min-size", self.min_size),
             ("--threads", self.threads),
+            ("--passes", self.passes),
+            ("--iterations", self.iterations),
+            ("--batch", self.batch),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
             bail!("{name} 0: must be at least 1");
         }
+        check_vary(self.vary).map_err(|e| anyhow::anyhow!("--vary {}: {e}", self.vary))?;
         let has = |w| self.workloads.contains(&w);
         if has(Workload::Random) && self.min_size > self.max_size {
             bail!(
@@ -155,6 +178,15 @@ impl BenchConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses a `--vary` outside 0.0..=1.0 (or not a number), saying why.
+pub fn check_vary(vary: f64) -> std::result::Result<f64, String> {
+    if (0.0..=1.0).contains(&vary) {
+        Ok(vary)
+    } else {
+        Err("must be between 0.0 (identical iterations) and 1.0".into())
     }
 }
 
@@ -212,12 +244,27 @@ pub struct BenchRecord {
     /// Untimed runs before the timed one (0 when cold).
     #[serde(default)]
     pub warm_passes: usize,
+    /// Timed passes per repeat, one after the other on the same allocator.
+    pub passes: usize,
+    /// Median over repeats of each timed pass's ns per operation, in order.
+    pub pass_ns_per_op: Vec<f64>,
+    /// The first timed pass's ns per operation.
+    pub first_ns_per_op: Option<f64>,
+    /// The second timed pass's; null with one pass.
+    pub second_ns_per_op: Option<f64>,
+    /// The steady state: the median of the passes after the second, or the
+    /// last pass when there are fewer than three.
+    pub steady_ns_per_op: Option<f64>,
+    /// `iterations` only: iterations per pass.
+    pub iterations: Option<usize>,
+    /// `iterations` only: how much sizes change between iterations.
+    pub vary: Option<f64>,
     /// VirtualPool only: the most `cuMemMap` calls one timed run made
     /// (0 once a repeating workload's aliases are all in place).
     #[serde(default)]
     pub vmm_mappings: Option<u64>,
-    /// Median over repeats of nanoseconds per operation (allocate or free);
-    /// null when the run failed.
+    /// Median over repeats of nanoseconds per operation (allocate or free),
+    /// all timed passes together; null when the run failed.
     pub ns_per_op: Option<f64>,
     /// Fastest repeat.
     pub ns_per_op_min: Option<f64>,
@@ -225,7 +272,7 @@ pub struct BenchRecord {
     pub ns_per_op_max: Option<f64>,
     /// Median time of one repeat's timed loop, in milliseconds.
     pub time_ms: Option<f64>,
-    /// Operations per repeat.
+    /// Operations per repeat (all timed passes).
     pub ops: u64,
     /// Repeats run.
     pub repeats: usize,
@@ -255,6 +302,7 @@ enum Prepared {
     Threads(Vec<Arc<OpSequence>>),
     Holes,
     Replay(Arc<PreparedReplay>),
+    Iterations(IterationsConfig),
 }
 
 impl Prepared {
@@ -266,6 +314,9 @@ impl Prepared {
             Prepared::Threads(s) => s.iter().map(|s| s.peak_live as u64).sum(),
             Prepared::Holes => ((2 * cfg.holes + 1) * workload::HOLE_SIZE) as u64,
             Prepared::Replay(p) => p.peak_live as u64,
+            Prepared::Iterations(c) => {
+                iterations::peak_live(c, cfg.warm_passes + cfg.passes) as u64
+            }
         }
     }
 }
@@ -304,6 +355,15 @@ fn params(w: Workload, cfg: &BenchConfig, prep: &Prepared) -> String {
             p.skipped_failures + p.skipped_unknown_frees + p.skipped_zero
         ),
         (Workload::Replay, _) => String::new(),
+        (Workload::Iterations, _) => format!(
+            "iterations={} vary={} batch={} layers={} streams={} seed={}",
+            cfg.iterations,
+            cfg.vary,
+            cfg.batch,
+            iterations::LAYERS,
+            iterations::STREAMS,
+            cfg.seed
+        ),
     }
 }
 
@@ -340,6 +400,12 @@ fn prepare(w: Workload, cfg: &BenchConfig) -> Result<Prepared> {
             };
             Prepared::Replay(trace.prep.clone())
         }
+        Workload::Iterations => Prepared::Iterations(IterationsConfig {
+            iterations: cfg.iterations,
+            vary: cfg.vary,
+            seed: cfg.seed,
+            batch: cfg.batch,
+        }),
     })
 }
 
@@ -349,16 +415,21 @@ fn repeat_streams(device: &Device, prep: &Prepared) -> gpumem::Result<Vec<Stream
     match prep {
         Prepared::Replay(p) => workload::replay_streams(device, p),
         Prepared::Threads(_) => Ok(Vec::new()),
+        Prepared::Iterations(_) => (0..iterations::STREAMS)
+            .map(|_| device.create_stream())
+            .collect(),
         _ => Ok(vec![device.create_stream()?]),
     }
 }
 
+/// Runs pass `pass` (warm passes counted) of a workload once, timed.
 fn run_once(
     alloc: &Allocator,
     device: &Device,
     cfg: &BenchConfig,
     prep: &Prepared,
     streams: &[Stream],
+    pass: usize,
 ) -> Result<Timed> {
     let r = &*alloc.resource;
     let one = || {
@@ -373,6 +444,10 @@ fn run_once(
         Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs)?,
         Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters)?,
         Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None)?,
+        Prepared::Iterations(c) => {
+            let pass = iterations::generate(c, pass);
+            workload::run_replay(r, device, &pass.prep, Some(streams), None)?
+        }
     })
 }
 
@@ -401,6 +476,23 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The steady state of per-pass timings: the median of the passes after
+/// the second, or the last pass when there are fewer than three.
+pub fn steady(pass_ns: &[f64]) -> Option<f64> {
+    match pass_ns.len() {
+        0..=2 => pass_ns.last().copied(),
+        _ => Some(median(&mut pass_ns[2..].to_vec())),
+    }
+}
+
+/// Timed passes as one run: their times and operations summed.
+fn together(passes: &[Timed]) -> Timed {
+    Timed {
+        elapsed: passes.iter().map(|t| t.elapsed).sum(),
+        ops: passes.iter().map(|t| t.ops).sum(),
+    }
+}
+
 /// Runs every workload of `cfg` through every allocator of `specs`, calling
 /// `on_record` as each (workload, allocator) finishes. A failing allocator
 /// yields a record with `error` set; the others go on. Fails only when a
@@ -425,27 +517,32 @@ pub fn run(
         for spec in specs {
             progress.set_message(format!("{} / {}", w.name(), spec.name));
             let mut times = Vec::with_capacity(repeats);
+            let mut pass_times: Vec<Vec<Timed>> = Vec::with_capacity(repeats);
             let mut ops = 0;
             let mut peak_reserved: Option<u64> = Some(0);
             let mut vmm_mappings: Option<u64> = None;
             let mut error = None;
             for _ in 0..repeats {
-                let result = (|| -> Result<(Timed, usize, Option<u64>)> {
+                let result = (|| -> Result<(Vec<Timed>, usize, Option<u64>)> {
                     let alloc = (spec.build)(device)?;
                     alloc.pool.reset_peak();
                     let streams = repeat_streams(device, &prep)?;
-                    for _ in 0..cfg.warm_passes {
-                        run_once(&alloc, device, cfg, &prep, &streams)?;
+                    for pass in 0..cfg.warm_passes {
+                        run_once(&alloc, device, cfg, &prep, &streams, pass)?;
                     }
                     let m0 = alloc.mappings_made();
-                    let t = run_once(&alloc, device, cfg, &prep, &streams)?;
+                    let t = (cfg.warm_passes..cfg.warm_passes + cfg.passes)
+                        .map(|pass| run_once(&alloc, device, cfg, &prep, &streams, pass))
+                        .collect::<Result<Vec<_>>>()?;
                     let peak = alloc.pool.peak_reserved_bytes();
                     let maps = m0.zip(alloc.mappings_made()).map(|(a, b)| b - a);
                     Ok((t, peak, maps))
                 })();
                 progress.inc(1);
                 match result {
-                    Ok((t, peak, maps)) => {
+                    Ok((passes, peak, maps)) => {
+                        let t = together(&passes);
+                        pass_times.push(passes);
                         times.push(t);
                         ops = t.ops;
                         peak_reserved = peak_reserved.map(|p| p.max(peak as u64));
@@ -478,6 +575,17 @@ pub fn run(
                 .map(|t| t.elapsed.as_secs_f64() * 1e3)
                 .collect();
             let peak_reserved = peak_reserved.filter(|_| ok);
+            let pass_ns: Vec<f64> = if ok {
+                (0..cfg.passes)
+                    .map(|p| {
+                        let mut v: Vec<f64> = pass_times.iter().map(|r| r[p].ns_per_op()).collect();
+                        median(&mut v)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let is_iterations = w == Workload::Iterations;
             let rec = BenchRecord {
                 alloc: spec.name.to_string(),
                 workload: w.name().to_string(),
@@ -485,6 +593,13 @@ pub fn run(
                 device_name: ctx.device_name.clone(),
                 warm: cfg.warm_passes > 0,
                 warm_passes: cfg.warm_passes,
+                passes: cfg.passes,
+                first_ns_per_op: pass_ns.first().copied(),
+                second_ns_per_op: pass_ns.get(1).copied(),
+                steady_ns_per_op: steady(&pass_ns),
+                pass_ns_per_op: pass_ns,
+                iterations: is_iterations.then_some(cfg.iterations),
+                vary: is_iterations.then_some(cfg.vary),
                 vmm_mappings,
                 ns_per_op: ok.then(|| median(&mut ns)),
                 ns_per_op_min: ok.then(|| ns[0]),
@@ -560,45 +675,74 @@ pub fn print_table(records: &[BenchRecord]) -> Result<()> {
             .filter(|r| r.error.is_none())
             .map(|r| r.repeats)
             .max();
+        let passes = rows.iter().map(|r| r.passes).max().unwrap_or(1);
+        let each = if passes > 1 {
+            format!(", {passes} timed passes each")
+        } else {
+            String::new()
+        };
         match repeats {
-            Some(n) => outln!("\n{w}: {} (median of {n} repeats)", first.params)?,
+            Some(n) => outln!("\n{w}: {} (median of {n} repeats{each})", first.params)?,
             None => outln!("\n{w}: {} (every allocator failed)", first.params)?,
         }
-        outln!(
-            "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
-            "allocator",
-            "ns/op",
-            "min..max",
-            "ops",
-            "peak live",
-            "peak reserved",
-            "res/live"
-        )?;
+        // Several timed passes: each pass's ns/op in place of the spread.
+        let by_pass = rows.iter().any(|r| r.passes > 1);
+        let mut head = vec!["ns/op".to_string()];
+        if by_pass {
+            head.extend(["first", "second", "steady"].map(String::from));
+        } else {
+            head.push("min..max".into());
+        }
+        head.extend(["ops", "peak live", "peak reserved", "res/live"].map(String::from));
+        let widths: Vec<usize> = head
+            .iter()
+            .map(|h| match h.as_str() {
+                "min..max" => 21,
+                "ops" | "res/live" => 9,
+                "peak live" => 11,
+                "peak reserved" => 13,
+                _ => 10,
+            })
+            .collect();
+        let line = |name: &str, cells: &[String]| {
+            let mut l = format!("  {name:<name_w$}");
+            for (c, w) in cells.iter().zip(&widths) {
+                l.push_str(&format!(" {c:>w$}"));
+            }
+            l
+        };
+        outln!("{}", line("allocator", &head))?;
         for r in rows {
             match (&r.error, r.ns_per_op) {
-                (None, Some(ns)) => outln!(
-                    "  {:<name_w$} {:>10} {:>21} {:>9} {:>11} {:>13} {:>9}",
-                    r.alloc,
-                    fmt_count(ns),
-                    format!(
-                        "{}..{}",
-                        fmt_count(r.ns_per_op_min.unwrap_or(ns)),
-                        fmt_count(r.ns_per_op_max.unwrap_or(ns))
-                    ),
-                    r.ops,
-                    fmt_bytes(r.peak_live),
-                    r.peak_reserved.map(fmt_bytes).unwrap_or_else(|| "-".into()),
-                    r.reserved_over_live
-                        .map(|x| {
-                            let mark = if reserve_note(&r.alloc).is_some() {
-                                "*"
-                            } else {
-                                ""
-                            };
-                            format!("{x:.2}{mark}")
-                        })
-                        .unwrap_or_else(|| "-".into()),
-                )?,
+                (None, Some(ns)) => {
+                    let opt = |x: Option<f64>| x.map_or_else(|| "-".into(), fmt_count);
+                    let mut cells = vec![fmt_count(ns)];
+                    if by_pass {
+                        cells.push(opt(r.first_ns_per_op));
+                        cells.push(opt(r.second_ns_per_op));
+                        cells.push(opt(r.steady_ns_per_op));
+                    } else {
+                        cells.push(format!(
+                            "{}..{}",
+                            fmt_count(r.ns_per_op_min.unwrap_or(ns)),
+                            fmt_count(r.ns_per_op_max.unwrap_or(ns))
+                        ));
+                    }
+                    let mark = if reserve_note(&r.alloc).is_some() {
+                        "*"
+                    } else {
+                        ""
+                    };
+                    cells.extend([
+                        r.ops.to_string(),
+                        fmt_bytes(r.peak_live),
+                        r.peak_reserved.map(fmt_bytes).unwrap_or_else(|| "-".into()),
+                        r.reserved_over_live
+                            .map(|x| format!("{x:.2}{mark}"))
+                            .unwrap_or_else(|| "-".into()),
+                    ]);
+                    outln!("{}", line(&r.alloc, &cells))?
+                }
                 (e, _) => outln!(
                     "  {:<name_w$} error: {}",
                     r.alloc,

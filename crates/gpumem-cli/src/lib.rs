@@ -6,6 +6,7 @@
 pub mod allocators;
 pub mod bench;
 pub mod demo;
+pub mod iterations;
 pub mod output;
 pub mod pickle_bounds;
 pub mod plot;

@@ -72,7 +72,7 @@ struct BenchArgs {
     #[command(flatten)]
     alloc: AllocArg,
     /// Workloads, comma-separated (default: same,random,threads,holes, plus
-    /// replay when --trace is given).
+    /// replay when --trace is given; iterations only when asked for).
     #[arg(long, value_delimiter = ',', value_enum)]
     workload: Vec<Workload>,
     /// Runs per workload and allocator (1 to 1000); the median is reported.
@@ -121,6 +121,31 @@ struct BenchArgs {
     /// Like --warm, with this many untimed runs first (1 to 1000).
     #[arg(long, value_name = "N", value_parser = count_in(1..=1000))]
     warm_passes: Option<usize>,
+    /// Timed runs of each workload on the same allocator, each timed alone
+    /// (1 to 1000): ns/op of the first, the second and the steady state (the
+    /// median of the later passes) are reported.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = count_in(1..=1000))]
+    passes: usize,
+    /// iterations: training iterations per pass (1 to 100000).
+    #[arg(long, default_value_t = 20, value_parser = count_in(1..=100_000))]
+    iterations: usize,
+    /// iterations: how much sizes change between iterations, 0.0 (identical
+    /// iterations) to 1.0 (a size factor log-uniform in [1 - 0.9 F, 1 + F]
+    /// per iteration).
+    #[arg(long, value_name = "F", default_value_t = 0.3, value_parser = parse_vary, allow_negative_numbers = true)]
+    vary: f64,
+    /// iterations: sequences per batch (1 to 4096); activations grow with it.
+    #[arg(long, default_value_t = gpumem_cli::iterations::BATCH, value_parser = count_in(1..=4096))]
+    batch: usize,
+}
+
+/// `--vary`: a number from 0.0 to 1.0.
+fn parse_vary(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    bench::check_vary(v)
 }
 
 #[derive(Args, Debug)]
@@ -308,6 +333,10 @@ fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
         holes: a.holes,
         trace: None,
         warm_passes: warm_passes(a.warm, a.warm_passes),
+        passes: a.passes,
+        iterations: a.iterations,
+        vary: a.vary,
+        batch: a.batch,
     };
     cfg.check()?;
     if let (Some(path), true) = (&a.trace, cfg.workloads.contains(&Workload::Replay)) {

@@ -68,6 +68,7 @@ fn tiny_config(trace: &Path) -> BenchConfig {
             Workload::Threads,
             Workload::Holes,
             Workload::Replay,
+            Workload::Iterations,
         ],
         repeats: 3,
         size: 4096,
@@ -82,6 +83,10 @@ fn tiny_config(trace: &Path) -> BenchConfig {
         holes: 8,
         trace: Some(replay::load(trace).unwrap()),
         warm_passes: 0,
+        passes: 1,
+        iterations: 2,
+        vary: 0.5,
+        batch: 1,
     }
 }
 
@@ -142,7 +147,7 @@ fn bench_json_contract_in_process() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(records.len(), 5 * specs.len());
+    assert_eq!(records.len(), 6 * specs.len());
     assert_eq!(streamed, records.len());
     for r in &records {
         assert!(
@@ -180,6 +185,16 @@ fn bench_json_contract_in_process() {
     assert_eq!(get("cuda", "threads").ops, 200);
     // The replay skips the failure row and the unknown free.
     assert_eq!(get("cuda", "replay").ops, 7);
+    // The training loop: the same sequence for every allocator.
+    let loop_ops = get("cuda", "iterations").ops;
+    assert!(records
+        .iter()
+        .filter(|r| r.workload == "iterations")
+        .all(|r| r.ops == loop_ops && r.vary == Some(0.5) && r.iterations == Some(2)));
+    assert_eq!(
+        get("cuda", "iterations").peak_reserved,
+        Some(get("cuda", "iterations").peak_live)
+    );
     // The plain device resource holds exactly what is live.
     assert_eq!(get("cuda", "same").peak_reserved, Some(4096));
     assert_eq!(get("cuda", "same").reserved_over_live, Some(1.0));
@@ -361,6 +376,19 @@ fn gpumem(args: &[&str]) -> std::process::Output {
     gpumem_command(args).output().unwrap()
 }
 
+/// The JSON lines a successful run printed.
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 #[test]
 fn command_line_bench_json_and_errors() {
     let out = gpumem(&["bench", "--list-allocators"]);
@@ -384,16 +412,7 @@ fn command_line_bench_json_and_errors() {
         "--alloc",
         "cuda",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 2);
     for v in &lines {
         for k in KEYS {
@@ -476,6 +495,43 @@ fn command_line_bench_json_and_errors() {
     assert!(String::from_utf8(out.stderr)
         .unwrap()
         .contains("unknown allocator"));
+}
+
+#[test]
+fn command_line_iterations_report_every_pass_in_json_and_the_table() {
+    let args = [
+        "--device",
+        "sim",
+        "bench",
+        "--workload",
+        "iterations",
+        "--vary",
+        "0.3",
+        "--passes",
+        "3",
+        "--iterations",
+        "2",
+        "--batch",
+        "1",
+        "--repeats",
+        "1",
+        "--alloc",
+        "pool,cuda-async",
+    ];
+    let lines = json_lines(&gpumem(&[&args[..], &["--json"]].concat()));
+    assert_eq!(lines.len(), 2);
+    for v in &lines {
+        assert_eq!(v["workload"], "iterations");
+        assert_eq!(v["vary"], 0.3);
+        assert_eq!(v["passes"], 3);
+        assert_eq!(v["pass_ns_per_op"].as_array().unwrap().len(), 3);
+    }
+    let out = gpumem(&args);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    for word in ["first", "second", "steady", "3 timed passes", "vary=0.3"] {
+        assert!(table.contains(word), "{word}: {table}");
+    }
 }
 
 /// A few quick runs that print to standard output.
@@ -570,6 +626,14 @@ fn numbers_that_make_no_sense_are_refused_with_one_line() {
         &["bench", "--min-size", "0"],
         &["bench", "--holes", "99999999999"],
         &["bench", "--warm-passes", "0"],
+        &["bench", "--passes", "0"],
+        &["bench", "--passes", "1001"],
+        &["bench", "--iterations", "0"],
+        &["bench", "--batch", "0"],
+        &["bench", "--vary", "1.5"],
+        &["bench", "--vary", "-0.1"],
+        &["bench", "--vary", "NaN"],
+        &["bench", "--vary", "lots"],
         &["replay", trace, "--repeats", "0"],
         &["replay", trace, "--warm-passes", "0"],
         &["transfer", "--repeats", "0"],
@@ -658,6 +722,20 @@ fn bench_run_refuses_a_config_that_makes_no_sense() {
                 ..BenchConfig::default()
             },
             "--min-size 1.00 GiB is larger than --max-size",
+        ),
+        (
+            BenchConfig {
+                vary: 1.01,
+                ..BenchConfig::default()
+            },
+            "--vary 1.01: must be between 0.0 (identical iterations) and 1.0",
+        ),
+        (
+            BenchConfig {
+                passes: 0,
+                ..BenchConfig::default()
+            },
+            "--passes 0",
         ),
     ] {
         let err = bench::run(&ctx, &cfg, &specs, &ProgressBar::hidden(), |_| Ok(())).unwrap_err();

@@ -19,9 +19,13 @@
 //! holds anyway and summed when read, so concurrent threads share no counter.
 //!
 //! Out of memory (upstream failure or `max_reserved`): the streams holding
-//! free blocks are synchronized, every entirely free chunk goes back to the
-//! upstream, the request is retried; then [`Error::OutOfMemory`] carries the
-//! requested, reserved and live bytes and the largest free block.
+//! free blocks are synchronized and entirely free chunks go back to the
+//! upstream, the largest first, just enough to make room for the request's
+//! block, and the request is retried; then every free chunk goes back and it
+//! is retried again; then [`Error::OutOfMemory`] carries the requested,
+//! reserved and live bytes and the largest free block. A loop whose sizes
+//! change every iteration at the memory limit thus keeps most of its cache
+//! rather than taking it all from the upstream again.
 
 use std::sync::Mutex;
 

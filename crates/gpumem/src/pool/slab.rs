@@ -11,10 +11,14 @@
 //!    record and one wait) and take its lane;
 //! 4. take a chunk from the upstream (a configured number of blocks), then a
 //!    single block;
-//! 5. out of memory: synchronize the streams holding free blocks, give every
-//!    entirely free chunk back to the upstream, retry 1 and a single block;
-//!    then [`Error::OutOfMemory`] with requested, reserved, live and largest
-//!    free block.
+//! 5. out of memory: synchronize the streams holding free blocks, give
+//!    entirely free chunks back to the upstream, the largest first, just
+//!    enough to make room for one block, retry 1 and a single block; then
+//!    the same giving back every free chunk; then [`Error::OutOfMemory`]
+//!    with requested, reserved, live and largest free block. Giving back no
+//!    more than needed keeps the rest of the cache: a loop whose sizes
+//!    change every iteration, at its memory limit, would otherwise refill
+//!    the whole cache from the upstream each time it meets a new size.
 //!
 //! Free blocks never move to the upstream except whole chunks whose blocks
 //! are all free and complete (`release`, step 5, drop). Live blocks are kept
@@ -119,6 +123,15 @@ macro_rules! pool_over_slab {
     };
 }
 pub(crate) use pool_over_slab;
+
+/// The order in which [`Slab::release`] looks at the classes.
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// A trim: small chunks first.
+    SmallestFirst,
+    /// Making room under memory pressure: the fewest chunks.
+    LargestFirst,
+}
 
 /// Size classes over one upstream.
 pub(crate) struct Slab<U: MemoryResource> {
@@ -247,24 +260,35 @@ impl<U: MemoryResource> Slab<U> {
                 other => return other,
             }
         }
-        // Out of memory: wait for the streams, give back whole free chunks.
-        let _ = self.release(true, 0);
-        {
-            let mut st = lock(&c.state);
-            let got = if self.cfg.stream_ordered {
-                st.free.take(id)
-            } else {
-                st.free.take_settled()
-            };
-            if let Some(p) = got {
-                st.note_alloc(p, bytes);
-                return Ok(DevicePtr(p));
+        // Out of memory: wait for the streams and give back whole free
+        // chunks, the largest first, just enough for one block; if that is
+        // not enough, all of them. Emptying the whole cache at once would
+        // send a loop whose sizes change back to the upstream for every
+        // block it frees.
+        let enough = self.reserved().saturating_sub(c.spec.block);
+        for (round, to) in [enough, 0].into_iter().enumerate() {
+            let given = self.release_from(true, to, Order::LargestFirst);
+            if round > 0 && given.unwrap_or(0) == 0 {
+                break; // nothing more to give back: the retry would fail again
+            }
+            {
+                let mut st = lock(&c.state);
+                let got = if self.cfg.stream_ordered {
+                    st.free.take(id)
+                } else {
+                    st.free.take_settled()
+                };
+                if let Some(p) = got {
+                    st.note_alloc(p, bytes);
+                    return Ok(DevicePtr(p));
+                }
+            }
+            match self.grow_and_take(class, bytes, stream, 1) {
+                Err(e) if e.is_oom() => {}
+                other => return other,
             }
         }
-        match self.grow_and_take(class, bytes, stream, 1) {
-            Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
-            other => other,
-        }
+        Err(Error::oom_with(self.oom_info(bytes)))
     }
 
     /// Reserves `len` bytes of the upstream budget.
@@ -440,6 +464,11 @@ impl<U: MemoryResource> Slab<U> {
     /// bytes (0: every such chunk); with `blocking`, first waits for the
     /// streams that freed blocks. Returns the bytes given back.
     pub(crate) fn release(&self, blocking: bool, to: usize) -> Result<usize> {
+        self.release_from(blocking, to, Order::SmallestFirst)
+    }
+
+    /// [`Slab::release`], taking the classes in `order`.
+    fn release_from(&self, blocking: bool, to: usize, order: Order) -> Result<usize> {
         let mut first_err = None;
         if self.cfg.stream_ordered {
             let r = if blocking {
@@ -453,7 +482,12 @@ impl<U: MemoryResource> Slab<U> {
         }
         let mut excess = self.reserved().saturating_sub(to);
         let mut to_free: Vec<(u64, usize, usize)> = Vec::new();
-        for (ci, c) in self.classes.iter().enumerate() {
+        let n = self.classes.len();
+        for ci in (0..n).map(|i| match order {
+            Order::SmallestFirst => i,
+            Order::LargestFirst => n - 1 - i,
+        }) {
+            let c = &self.classes[ci];
             if excess == 0 {
                 break;
             }
