@@ -283,9 +283,10 @@ fn faulty_setup(tag_data: &mut Vec<Vec<u8>>) -> (Device, Arc<SimDriver>, Virtual
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(256 * MIB));
     let mut config = VirtualPoolConfig::default();
     config.max_extent_pages = 2;
-    // Each block a slice of its own when it wakes: failures in later slices
-    // find earlier ones mapped and their copies under way.
-    config.wake_slice_bytes = 8 * MIB;
+    // Each block a slice of its own when it sleeps or wakes: failures in
+    // later slices find earlier ones released (or mapped) and copies under
+    // way.
+    config.copy_slice_bytes = 8 * MIB;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     *tag_data = (0..4).map(|i| common::random_bytes(8 * MIB, i)).collect();
     (device, sim, p)
@@ -301,7 +302,10 @@ fn a_failure_halfway_through_sleep_leaves_the_region_awake() {
     let cases = [
         ("cuMemHostAlloc", 1),
         ("cuMemcpyDtoHAsync", 1),
-        ("cuStreamSynchronize", 1),
+        ("cuMemcpyDtoHAsync", 3),
+        ("cuEventSynchronize", 1),
+        ("cuEventSynchronize", 3),
+        ("cuEventSynchronize", 4),
         ("cuMemUnmap", 1),
         ("cuMemUnmap", 2),
         ("cuMemUnmap", 5),
@@ -399,13 +403,14 @@ fn a_failure_halfway_through_wake_leaves_the_region_asleep() {
 }
 
 /// Driver calls sleep and wake make, directly or through the pinned pool.
-const CALLS: [&str; 10] = [
+const CALLS: [&str; 11] = [
     "cuMemHostAlloc",
     "cuMemcpyDtoHAsync",
     "cuMemcpyHtoDAsync",
     "cuStreamSynchronize",
     "cuEventRecord",
     "cuEventQuery",
+    "cuEventSynchronize",
     "cuMemUnmap",
     "cuMemRelease",
     "cuMemCreate",

@@ -135,6 +135,23 @@ impl Batches {
         Ok(Some(upto))
     }
 
+    /// Blocks until the batches covering everything up to `upto` are
+    /// complete (the first batch covering `upto`, and so those before it).
+    pub(crate) fn wait_for(&mut self, upto: u64, events: &EventPool) -> Result<()> {
+        let Some(i) = self.queue.iter().position(|&(_, u)| u >= upto) else {
+            return Ok(());
+        };
+        {
+            let ev = &self.queue[i].0;
+            let _relaxed = crate::captures::relaxed_if_underway(ev.device());
+            ev.synchronize()?;
+        }
+        for (ev, _) in self.queue.drain(..=i) {
+            events.put(ev);
+        }
+        Ok(())
+    }
+
     /// Forgets every batch (the stream was found idle or synchronized).
     pub(crate) fn forget(&mut self, events: &EventPool) {
         for (ev, _) in self.queue.drain(..) {

@@ -9,6 +9,7 @@
 use super::VirtualPool;
 use crate::driver::DevicePtr;
 use crate::manager::PinnedPool;
+use crate::pool::stream_order::events::{Batches, EventPool};
 use crate::pool::Pool;
 use crate::resource::{MemoryResource, PinnedHostResource};
 use crate::stream::Stream;
@@ -19,6 +20,51 @@ use crate::Result;
 pub(super) struct HostBackup {
     pub(super) ptr: DevicePtr,
     pub(super) bytes: usize,
+}
+
+/// The copies of a backup under way, one event per slice of blocks.
+pub(super) struct CopiedSlices {
+    batches: Batches,
+    events: EventPool,
+    /// The end address of each slice's last block, in order.
+    ends: Vec<u64>,
+}
+
+impl CopiedSlices {
+    /// Copies known to have run (nothing left to wait for).
+    pub(super) fn done() -> Self {
+        Self {
+            batches: Batches::default(),
+            events: EventPool::new(0),
+            ends: Vec::new(),
+        }
+    }
+
+    /// Blocks until the copies of every block below `addr` (and of the slice
+    /// holding it) have run.
+    pub(super) fn wait_below(&mut self, addr: u64) -> Result<()> {
+        let i = self.ends.partition_point(|&end| end < addr);
+        self.batches
+            .wait_for((i as u64 + 1).min(self.ends.len() as u64), &self.events)
+    }
+}
+
+/// `placed` (address order) cut into slices of about `limit` bytes (whole
+/// blocks; a larger block is a slice of its own).
+pub(super) fn slices(placed: &[(u64, u64, u64)], limit: u64) -> Vec<&[(u64, u64, u64)]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, p) in placed.iter().enumerate() {
+        if bytes > 0 && bytes + p.1 > limit {
+            out.push(&placed[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += p.1;
+    }
+    if start < placed.len() {
+        out.push(&placed[start..]);
+    }
+    out
 }
 
 /// Where `blocks` (`(address, size)`, in address order) lie in a backup
@@ -62,29 +108,37 @@ impl VirtualPool {
 
     /// Copies `placed` blocks (`(address, size, offset)`, as [`layout`]
     /// places them; `bytes` in all, more than 0) into a new backup on
-    /// `stream`, after the work enqueued there, and waits for the copies. On
-    /// an error nothing is kept.
+    /// `stream`, after the work enqueued there, in slices of about `slice`
+    /// bytes with an event after each ([`CopiedSlices`]): the caller waits
+    /// for a slice before its pages go. On an error nothing is kept.
     pub(super) fn back_up(
         &self,
         host: &mut Option<PinnedPool>,
         placed: &[(u64, u64, u64)],
         bytes: usize,
+        slice: u64,
         stream: &Stream,
-    ) -> Result<HostBackup> {
+    ) -> Result<(HostBackup, CopiedSlices)> {
         let pool = self.host_pool(host)?;
         let ptr = pool.allocate(bytes, 256, stream)?;
         let backup = HostBackup { ptr, bytes };
-        let copies = copy_runs(placed)
-            .into_iter()
-            .try_for_each(|(addr, off, n)| {
+        let mut copied = CopiedSlices::done();
+        let copies = slices(placed, slice).into_iter().try_for_each(|part| {
+            copy_runs(part).into_iter().try_for_each(|(addr, off, n)| {
                 pool.copy_to_host_async(DevicePtr(ptr.0 + off), DevicePtr(addr), n as usize, stream)
-            });
-        if let Err(e) = copies.and_then(|()| stream.synchronize()) {
+            })?;
+            let last = part.last().expect("slices are not empty");
+            copied.ends.push(last.0 + last.1);
+            let n = copied.ends.len() as u64;
+            copied.batches.seal(stream, n, &copied.events)
+        });
+        if let Err(e) = copies {
             // Reused only once the copies enqueued have run.
+            let _ = stream.synchronize();
             Self::free_backup(host, backup);
             return Err(e);
         }
-        Ok(backup)
+        Ok((backup, copied))
     }
 
     /// Copies `backup` back into `placed` blocks (`(address, size, offset)`:
@@ -135,7 +189,7 @@ impl VirtualPool {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy_runs, layout};
+    use super::{copy_runs, layout, slices};
 
     #[test]
     fn adjacent_blocks_are_copied_together() {
@@ -159,5 +213,26 @@ mod tests {
             vec![(0x1000, 0, 0x100), (0x1100, 0x200, 0x100)]
         );
         assert_eq!(copy_runs(&[]), vec![]);
+    }
+
+    #[test]
+    fn slices_cut_at_whole_blocks_and_cover_everything() {
+        let placed: Vec<(u64, u64, u64)> = [3, 3, 5, 1, 1, 1, 9]
+            .iter()
+            .scan(0, |a, &n| {
+                *a += n;
+                Some((*a - n, n, 0))
+            })
+            .collect();
+        let sizes = |v: Vec<&[(u64, u64, u64)]>| -> Vec<Vec<u64>> {
+            v.iter().map(|s| s.iter().map(|p| p.1).collect()).collect()
+        };
+        assert_eq!(
+            sizes(slices(&placed, 6)),
+            vec![vec![3, 3], vec![5, 1], vec![1, 1], vec![9]]
+        );
+        assert_eq!(sizes(slices(&placed, 100)), vec![vec![3, 3, 5, 1, 1, 1, 9]]);
+        assert_eq!(sizes(slices(&placed, 1)).len(), placed.len());
+        assert!(slices(&[], 6).is_empty());
     }
 }

@@ -48,10 +48,11 @@ pub struct VirtualPoolConfig {
     /// Create physical memory exportable as POSIX file descriptors (see
     /// [`VirtualPool::export_page_fds`]).
     pub ipc: bool,
-    /// Bytes of a waking region mapped before their contents are copied back
-    /// (whole blocks; default 512 MiB): the copies of one slice run while
-    /// the next is mapped ([`VirtualPool::wake`]).
-    pub wake_slice_bytes: usize,
+    /// Bytes of a region copied to or from its host backup at a time (whole
+    /// blocks; default 512 MiB): a sleep releases one slice's memory while
+    /// the next is copied out, a wake maps the next slice while one is
+    /// copied back ([`VirtualPool::sleep`], [`VirtualPool::wake`]).
+    pub copy_slice_bytes: usize,
 }
 
 impl Default for VirtualPoolConfig {
@@ -66,7 +67,7 @@ impl Default for VirtualPoolConfig {
             max_reserved: None,
             peers: Vec::new(),
             ipc: false,
-            wake_slice_bytes: 512 << 20,
+            copy_slice_bytes: 512 << 20,
         }
     }
 }

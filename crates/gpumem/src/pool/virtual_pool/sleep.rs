@@ -3,18 +3,21 @@
 //! their addresses stay theirs, and comes back at the same addresses.
 //!
 //! Sleep, ordered on a stream: the contents are copied to a pinned host
-//! backup (or not, [`Backup::Discard`]) after the work enqueued there, and
-//! the stream is waited for; then every extent mapped under the region's
-//! blocks whose pages carry no awake block (through any of its mappings) is
-//! unmapped everywhere and released. Pages an awake block shares, through
+//! backup (or not, [`Backup::Discard`]) after the work enqueued there; every
+//! extent mapped under the region's blocks whose pages carry no awake block
+//! (through any of its mappings) is unmapped everywhere and released, with
+//! a backup as soon as the copies of its pages have run (the copies go in
+//! slices with an event after each, so the copy engine runs while extents
+//! go), else once the stream is waited for. Pages an awake block shares, through
 //! the page or through an extent, stay mapped (and held) while the region
 //! sleeps. Wake maps memory under the unmapped pages of the region's blocks
 //! as a new block's are mapped (`map_runs`: the cache, idle extents, new
 //! ones), grants access, and copies the backup back.
 //!
 //! Each is all or nothing: on an error, the mappings made so far are undone
-//! (wake) or made again where a block lies (sleep), and the region is as it
-//! was. Should making a mapping again fail too, the sleep goes through
+//! (wake) or made again where a block lies (sleep; where extents were
+//! already released, fresh memory is mapped and the backup copied back),
+//! and the region is as it was. Should making a mapping again fail too, the sleep goes through
 //! (its backup taken, the pages that could not come back unmapped) and the
 //! first error is returned: the region is then asleep, and wakes whole.
 //!
@@ -27,7 +30,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
 use super::backing::Mapped;
-use super::backup::layout;
+use super::backup::{layout, slices, CopiedSlices, HostBackup};
 use super::page_table::{PackedPage, PageRef, PageTable};
 use super::phys_cache::ExtentId;
 use super::regions::{check_tag, Backup};
@@ -41,6 +44,9 @@ enum Unwound {
     Back(Error),
     /// Asleep: a mapping could not be made again.
     Stuck(Error),
+    /// Some extents were already released: the blocks need fresh memory
+    /// and their contents from the backup to be awake again.
+    Released(Error),
 }
 
 /// Per page under sleeping blocks: the blocks that begin or end on it, and
@@ -84,27 +90,54 @@ impl VirtualPool {
         blocks.sort_unstable();
         let placed = layout(&blocks);
         let bytes: u64 = blocks.iter().map(|b| b.1).sum();
-        // The work on the blocks done (and their contents kept).
-        let kept = match backup {
-            Backup::HostPinned if bytes > 0 => {
-                Some(self.back_up(&mut st.regions.host, &placed, bytes as usize, stream)?)
-            }
+        // The work on the blocks done (and their contents kept): with a
+        // backup, slice by slice as the copies run, each slice's pages going
+        // while the next is copied.
+        let mut kept = match backup {
+            Backup::HostPinned if bytes > 0 => Some(self.back_up(
+                &mut st.regions.host,
+                &placed,
+                bytes as usize,
+                self.config.copy_slice_bytes as u64,
+                stream,
+            )?),
             _ => {
                 stream.synchronize()?;
                 None
             }
         };
-        let (released, stuck) = match self.release_pages(st, &blocks) {
+        let outcome = self.release_pages(st, &blocks, kept.as_mut().map(|k| &mut k.1));
+        // Every copy done, those of blocks on pages that stay mapped too.
+        let outcome = match (outcome, kept.as_mut()) {
+            (Ok(n), Some((_, copied))) => copied
+                .wait_below(u64::MAX)
+                .map(|()| n)
+                .map_err(Unwound::Released),
+            (other, _) => other,
+        };
+        let (released, stuck) = match outcome {
             Ok(n) => (n, None),
             Err(Unwound::Back(e)) => {
-                if let Some(b) = kept {
+                if let Some((b, _)) = kept {
+                    let _ = stream.synchronize();
                     Self::free_backup(&st.regions.host, b);
                 }
                 return Err(e);
             }
+            Err(Unwound::Released(e)) => {
+                let (b, _) = kept
+                    .take()
+                    .expect("only a sleep with a backup releases early");
+                if self.rewake(st, &placed, b, stream).is_ok() {
+                    Self::free_backup(&st.regions.host, b);
+                    return Err(e);
+                }
+                kept = Some((b, CopiedSlices::done()));
+                (0, Some(e))
+            }
             Err(Unwound::Stuck(e)) => (0, Some(e)),
         };
-        st.regions.fall_asleep(tag, kept, &placed);
+        st.regions.fall_asleep(tag, kept.map(|k| k.0), &placed);
         self.any_asleep.store(true, Ordering::Relaxed);
         match stuck {
             Some(e) => Err(e),
@@ -137,7 +170,7 @@ impl VirtualPool {
         // copy engine runs while the next slice is mapped.
         let mut made: Mapped = Vec::new();
         let mut result = Ok(());
-        for slice in wake_slices(&placed, self.config.wake_slice_bytes as u64) {
+        for slice in slices(&placed, self.config.copy_slice_bytes as u64) {
             let runs = Self::unmapped_under(st, slice);
             let slice_bytes: u64 = slice.iter().map(|p| p.1).sum();
             result = self
@@ -225,7 +258,12 @@ impl VirtualPool {
     /// (about to sleep) whose pages, through every mapping, carry no awake
     /// block; returns the bytes released. On an error, mappings under
     /// blocks are made again.
-    fn release_pages(&self, st: &mut State, blocks: &[(u64, u64)]) -> Result<usize, Unwound> {
+    fn release_pages(
+        &self,
+        st: &mut State,
+        blocks: &[(u64, u64)],
+        copied: Option<&mut CopiedSlices>,
+    ) -> Result<usize, Unwound> {
         let quiet = Self::quiet_pages(st, blocks);
         let awake_on = |pages: &PageTable, p: PageRef| {
             pages.busy(p)
@@ -276,6 +314,9 @@ impl VirtualPool {
                 .map_err(Unwound::Back)?;
         }
         let _relaxed = crate::graph::relaxed(&self.device);
+        if let Some(copied) = copied {
+            return self.release_as_copied(st, &cands, copied);
+        }
         let mut gone: Vec<(ExtentId, PackedPage)> = Vec::new();
         for &x in &cands {
             let n = st.phys.pages(x);
@@ -294,6 +335,96 @@ impl VirtualPool {
         // trim tries again.
         let taken = st.phys.take_cached(&cands);
         Ok(self.release_taken(st, taken).0)
+    }
+
+    /// Unmaps and releases `cands` in address order, each once the copies
+    /// of the blocks on its pages have run (`copied`), so the copy engine
+    /// works while they go. A failure after a release is
+    /// [`Unwound::Released`].
+    fn release_as_copied(
+        &self,
+        st: &mut State,
+        cands: &[ExtentId],
+        copied: &mut CopiedSlices,
+    ) -> Result<usize, Unwound> {
+        let gran = self.gran as u64;
+        let mut order: Vec<(u64, ExtentId)> = cands
+            .iter()
+            .map(|&x| {
+                let n = st.phys.pages(x);
+                let end = st.phys.extent(x).map_or(0, |ext| {
+                    ext.mappings
+                        .iter()
+                        .map(|&at| {
+                            let p = PageTable::unpack(at);
+                            let last = PageRef {
+                                res: p.res,
+                                idx: p.idx + n - 1,
+                            };
+                            st.pages.addr(last) + gran
+                        })
+                        .max()
+                        .unwrap_or(0)
+                });
+                (end, x)
+            })
+            .collect();
+        order.sort_unstable();
+        let mut released = 0;
+        let mut any_released = false;
+        let after = |any: bool, u: Unwound| match u {
+            Unwound::Back(e) if any => Unwound::Released(e),
+            u => u,
+        };
+        for (end, x) in order {
+            if let Err(e) = copied.wait_below(end) {
+                return Err(after(any_released, Unwound::Back(e)));
+            }
+            let n = st.phys.pages(x);
+            let mappings = st
+                .phys
+                .extent(x)
+                .map_or_else(Vec::new, |ext| ext.mappings.clone());
+            let mut gone: Vec<(ExtentId, PackedPage)> = Vec::new();
+            for at in mappings {
+                if let Err(e) = self.unmap_mapping(st, x, at, n) {
+                    return Err(after(any_released, self.map_again(st, &gone, e)));
+                }
+                gone.push((x, at));
+            }
+            // An extent the driver refuses to release stays cached.
+            let taken = st.phys.take_cached(&[x]);
+            released += self.release_taken(st, taken).0;
+            any_released = true;
+        }
+        Ok(released)
+    }
+
+    /// Undoes a sleep that released memory before it failed: fresh memory
+    /// under the blocks' unmapped pages, their contents copied back from
+    /// `backup`.
+    fn rewake(
+        &self,
+        st: &mut State,
+        placed: &[(u64, u64, u64)],
+        backup: HostBackup,
+        stream: &Stream,
+    ) -> Result<()> {
+        // Every copy into the backup done.
+        stream.synchronize()?;
+        let runs = Self::unmapped_under(st, placed);
+        let bytes: u64 = placed.iter().map(|p| p.1).sum();
+        let taker = st.streams.taker_bit(stream);
+        let made = self.map_runs(st, &runs, bytes as usize, taker)?;
+        let copied = self
+            .restore(&mut st.regions.host, backup, placed, stream)
+            .and_then(|()| stream.synchronize());
+        if let Err(e) = copied {
+            let _ = stream.synchronize();
+            self.unmap_made(st, &made);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// After `e`, maps again the mappings `gone` that lie under a block (an
@@ -322,52 +453,5 @@ impl VirtualPool {
             }
         }
         Unwound::Back(e)
-    }
-}
-
-/// `placed` (address order) cut into slices of about `limit` bytes (whole
-/// blocks; a larger block is a slice of its own).
-fn wake_slices(placed: &[(u64, u64, u64)], limit: u64) -> Vec<&[(u64, u64, u64)]> {
-    let mut slices = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, p) in placed.iter().enumerate() {
-        if bytes > 0 && bytes + p.1 > limit {
-            slices.push(&placed[start..i]);
-            (start, bytes) = (i, 0);
-        }
-        bytes += p.1;
-    }
-    if start < placed.len() {
-        slices.push(&placed[start..]);
-    }
-    slices
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wake_slices;
-
-    #[test]
-    fn wake_slices_cut_at_whole_blocks_and_cover_everything() {
-        let placed: Vec<(u64, u64, u64)> = [3, 3, 5, 1, 1, 1, 9]
-            .iter()
-            .scan(0, |a, &n| {
-                *a += n;
-                Some((*a - n, n, 0))
-            })
-            .collect();
-        let sizes = |v: Vec<&[(u64, u64, u64)]>| -> Vec<Vec<u64>> {
-            v.iter().map(|s| s.iter().map(|p| p.1).collect()).collect()
-        };
-        assert_eq!(
-            sizes(wake_slices(&placed, 6)),
-            vec![vec![3, 3], vec![5, 1], vec![1, 1], vec![9]]
-        );
-        assert_eq!(
-            sizes(wake_slices(&placed, 100)),
-            vec![vec![3, 3, 5, 1, 1, 1, 9]]
-        );
-        assert_eq!(sizes(wake_slices(&placed, 1)).len(), placed.len());
-        assert!(wake_slices(&[], 6).is_empty());
     }
 }
