@@ -73,6 +73,8 @@
 pub mod allocator;
 #[deny(unsafe_code)]
 pub mod conf;
+#[deny(unsafe_code)]
+pub mod foreign_streams;
 /// CUDA graphs' private pools.
 pub mod graph_pools;
 #[deny(unsafe_code)]

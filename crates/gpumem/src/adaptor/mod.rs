@@ -27,6 +27,7 @@
 
 mod aligned;
 mod failure_callback;
+mod flag_lock;
 mod holding;
 mod limiting;
 mod logging;
