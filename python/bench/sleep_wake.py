@@ -22,7 +22,9 @@ tensor is captured before the first sleep and replayed after each wake; its
 output must equal the pattern's. ``--pinned-gbs`` is the pinned-memory copy
 bandwidth of the machine (``gpumem transfer``, GB/s, the lower of the two
 directions); each cycle then reports its sleep and wake speed as a fraction
-of it (issue 20 asks for at least 0.8).
+of it, and the summary their medians over the cycles after the first (which
+pins the backup); issue 20 asks for at least 0.8. Contents, graph replays
+and the drop of memory in use are held to every cycle.
 
 Backends: ``torch`` (gpumem.torch.enable, tensors allocated by PyTorch),
 ``abi`` (gpumem_malloc through ctypes; on CUDA, libcuda for cuMemGetInfo and
@@ -36,6 +38,7 @@ Output: one JSON line per measurement, then a summary line with "pass".
 import argparse
 import ctypes
 import json
+import statistics
 import os
 import struct
 import sys
@@ -334,17 +337,19 @@ def main():
         emit(**m)
         results.append(m)
 
+    # The first cycle of the weights pins the backup: its speed is not held
+    # to the limit; the others' speeds are judged by their medians.
+    timed = [r for r in results if r["case"] == "weights" and r.get("cycle", 1) > 1]
+    speeds = {
+        k: statistics.median(r[k] for r in timed) if timed and k in timed[0] else None
+        for k in ("sleep_of_pinned_limit", "wake_of_pinned_limit")
+    }
     ok = all(
         r["drop_of_region"] >= 0.99
         and r["contents_equal"] is not False
         and r.get("graph_replay_equal", True)
-        and r.get("sleep_of_pinned_limit", 1.0) >= 0.8
-        and r.get("wake_of_pinned_limit", 1.0) >= 0.8
         for r in results
-        # The first cycle of the weights pins the backup: its speed is not
-        # held to the limit.
-        if not (r["case"] == "weights" and r.get("cycle") == 1 and "sleep_of_pinned_limit" in r)
-    )
+    ) and all(v is None or v >= 0.8 for v in speeds.values())
     first = next((r for r in results if r.get("cycle") == 1), None)
     emit(
         event="summary",
@@ -353,6 +358,8 @@ def main():
         drop_ok=all(r["drop_of_region"] >= 0.99 for r in results),
         contents_ok=all(r["contents_equal"] is not False for r in results),
         first_cycle_drop=first and first["drop_of_region"],
+        median_sleep_of_pinned_limit=speeds["sleep_of_pinned_limit"],
+        median_wake_of_pinned_limit=speeds["wake_of_pinned_limit"],
         **{"pass": ok},
     )
     b.free(weights)

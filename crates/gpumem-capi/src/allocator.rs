@@ -7,10 +7,9 @@
 //! configuration (reserve, segments and driver calls, see
 //! [`crate::served`]), with RMM's CSV log between them when the
 //! configuration asks for one. Foreign stream handles are wrapped once each
-//! and kept in a per-device map, so a pool sees the same stream id for every
-//! call with the same handle and reuses blocks on it without events; a
-//! one-entry cache per thread skips the map's lock when a thread keeps using
-//! one stream.
+//! and kept per device ([`ForeignStreams`], found without a lock), so a pool
+//! sees the same stream id for every call with the same handle and reuses
+//! blocks on it without events.
 //!
 //! The configuration comes from `GPUMEM_CONF`, or from
 //! [`Allocator::configure`] until the first allocation; from then on it is
@@ -44,15 +43,15 @@
 //! it takes a lock: allocations return NULL with a message saying why and
 //! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use gpumem::adaptor::{LoggingAdaptor, StatisticsAdaptor};
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::driver::{Driver, STREAM_LEGACY, STREAM_PER_THREAD};
+use gpumem::driver::Driver;
 use gpumem::pool::Pool;
 use gpumem::resource::{
     HandedOut, LiveBlock, MemoryResource, Properties, Segment, SharedResource, DEFAULT_ALIGNMENT,
@@ -60,6 +59,7 @@ use gpumem::resource::{
 use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
+use crate::foreign_streams::ForeignStreams;
 use crate::graph_pools::{GraphPools, Held, PoolId, Retired};
 use crate::served::{self, Served};
 use crate::stream_uses::{Refused, Stack, StreamUses};
@@ -147,10 +147,8 @@ struct DeviceState {
     /// Bytes of device memory, the base of the memory fraction.
     total_memory: usize,
     stack: Stack,
-    legacy: Stream,
-    per_thread: Stream,
-    /// One wrapper per foreign stream handle.
-    streams: RwLock<HashMap<u64, Stream>>,
+    /// One wrapper per stream handle.
+    streams: ForeignStreams,
     /// CuPy's allocations and their sizes (its frees carry none).
     cupy: HandedOut,
     /// `record_stream`: recorded streams and deferred frees.
@@ -184,11 +182,7 @@ struct Settings {
     frozen: bool,
 }
 
-static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
-
 thread_local! {
-    /// The last foreign stream this thread used: (allocator, device, handle).
-    static LAST_STREAM: RefCell<Option<(u64, u32, u64, Stream)>> = const { RefCell::new(None) };
     /// Why this thread's last allocation through the C ABI failed.
     static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
     /// `LAST_ERROR` holds a message: a plain flag (no destructor), so the
@@ -238,7 +232,6 @@ pub fn last_error() -> Option<String> {
 
 /// The C ABI's state: configuration, backend and the per-device stacks.
 pub struct Allocator {
-    id: u64,
     backend: Backend,
     settings: Mutex<Settings>,
     /// `settings.invalid`, read by every allocation.
@@ -295,7 +288,6 @@ impl Allocator {
     pub fn new(conf: Conf, backend: Backend) -> Self {
         install_logger();
         Self {
-            id: NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed),
             backend,
             settings: Mutex::new(Settings {
                 conf,
@@ -486,13 +478,11 @@ impl Allocator {
             None => served,
         };
         Some(DeviceState {
-            legacy: device.default_stream(),
-            per_thread: device.per_thread_stream(),
+            streams: ForeignStreams::new(&device),
             device,
             conf,
             total_memory,
             stack: StatisticsAdaptor::new(served),
-            streams: RwLock::new(HashMap::new()),
             cupy: HandedOut::default(),
             uses: StreamUses::default(),
             retries: AtomicU64::new(0),
@@ -503,38 +493,9 @@ impl Allocator {
     }
 
     /// The one wrapper of `raw` on the device of `st`.
-    fn stream(&self, st: &DeviceState, raw: u64) -> Stream {
-        match raw {
-            0 | STREAM_LEGACY => return st.legacy.clone(),
-            STREAM_PER_THREAD => return st.per_thread.clone(),
-            _ => {}
-        }
-        let ordinal = st.device.ordinal();
-        let cached = LAST_STREAM.with(|c| match &*c.borrow() {
-            Some((a, d, r, s)) if *a == self.id && *d == ordinal && *r == raw => Some(s.clone()),
-            _ => None,
-        });
-        if let Some(s) = cached {
-            return s;
-        }
-        let found = st
-            .streams
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&raw)
-            .cloned();
-        let s = match found {
-            Some(s) => s,
-            None => st
-                .streams
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(raw)
-                .or_insert_with(|| Stream::from_raw(st.device.clone(), raw))
-                .clone(),
-        };
-        LAST_STREAM.with(|c| *c.borrow_mut() = Some((self.id, ordinal, raw, s.clone())));
-        s
+    #[inline]
+    fn stream<'a>(&self, st: &'a DeviceState, raw: u64) -> Cow<'a, Stream> {
+        st.streams.get(raw)
     }
 
     /// Reports a failed allocation (an error): the first
@@ -562,6 +523,8 @@ impl Allocator {
 
     /// Counts a bad free on `device` and reports it (see
     /// [`Allocator::report_misuse`]).
+    #[cold]
+    #[inline(never)]
     fn report_bad_free(&self, device: i32, what: &str) {
         let counter = usize::try_from(device)
             .ok()
@@ -594,47 +557,95 @@ impl Allocator {
     /// `stream` (0: the legacy default stream). NULL for zero bytes, and on
     /// failure: reported, and kept as the thread's [`last_error`]. Out of
     /// memory empties the device's cache and retries once first.
+    #[inline]
     pub fn malloc(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
         clear_last_error();
         if size == 0 {
             return DevicePtr::NULL;
         }
-        match self.try_malloc(size, device, stream) {
-            Ok(p) => p,
-            Err(msg) => {
-                set_last_error(&msg);
-                if !gpumem::exit::process_is_exiting() {
-                    self.report_oom(&format!("{msg}; returning NULL"));
-                }
-                DevicePtr::NULL
-            }
+        // Checked before any lock: in a forked child, one the parent held at
+        // the fork stays held.
+        if gpumem::fork::in_forked_child() || gpumem::exit::process_is_exiting() {
+            return self.refuse(size, device);
+        }
+        // A device already built serves the configuration it was built with
+        // (valid, and fixed from then on).
+        let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
+            return self.malloc_first(size, device, stream);
+        };
+        st.streams.with(stream, |s| self.malloc_on(st, size, s))
+    }
+
+    /// [`Allocator::malloc`] on a device not built yet: builds it, unless the
+    /// configuration is invalid.
+    #[cold]
+    #[inline(never)]
+    fn malloc_first(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
+        if self.invalid.load(Ordering::Relaxed) {
+            return self.refuse(size, device);
+        }
+        match self.state(device) {
+            Ok(st) => self.malloc_on(st, size, &self.stream(st, stream)),
+            Err(why) => self.cannot_serve(size, device, why),
         }
     }
 
-    fn try_malloc(&self, size: usize, device: i32, stream: u64) -> Result<DevicePtr, String> {
-        let refused = |why: &dyn std::fmt::Display| {
-            format!("device {device}: allocation of {size} bytes refused: {why}")
-        };
-        if gpumem::fork::in_forked_child() {
-            // Before any lock: one the parent held at the fork stays held here.
-            return Err(refused(&gpumem::fork::forked_error()));
+    #[inline]
+    fn malloc_on(&self, st: &DeviceState, size: usize, stream: &Stream) -> DevicePtr {
+        match self.allocate_on(st, size, DEFAULT_ALIGNMENT, stream) {
+            Ok(p) => p,
+            Err(e) => self.failed(st, size, e),
         }
-        if gpumem::exit::process_is_exiting() {
-            return Err(refused(&"the process is exiting"));
-        }
-        if self.invalid.load(Ordering::Relaxed) {
+    }
+
+    /// An allocation on a device that cannot be served, as a failed one.
+    #[cold]
+    #[inline(never)]
+    fn cannot_serve(&self, size: usize, device: i32, why: String) -> DevicePtr {
+        self.malloc_failed(format!(
+            "device {device}: allocation of {size} bytes refused: {why}"
+        ))
+    }
+
+    /// An allocation the device's stack refused, as a failed one.
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, st: &DeviceState, size: usize, e: Error) -> DevicePtr {
+        let device = st.device.ordinal();
+        self.malloc_failed(format!(
+            "device {device}: allocation of {size} bytes failed: {e}{}",
+            self.fraction_note(st)
+        ))
+    }
+
+    /// Why an allocation cannot be served at all (a forked child, an
+    /// exiting process, an invalid configuration), as a failed allocation.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, size: usize, device: i32) -> DevicePtr {
+        let why = if gpumem::fork::in_forked_child() {
+            gpumem::fork::forked_error().to_string()
+        } else if gpumem::exit::process_is_exiting() {
+            "the process is exiting".to_string()
+        } else {
             let why = self.conf_error().map(|e| e.to_string_lossy().into_owned());
-            return Err(refused(&why.unwrap_or_default()));
+            why.unwrap_or_default()
+        };
+        self.malloc_failed(format!(
+            "device {device}: allocation of {size} bytes refused: {why}"
+        ))
+    }
+
+    /// A failed allocation: `msg` reported and kept as the thread's last
+    /// error; NULL.
+    #[cold]
+    #[inline(never)]
+    fn malloc_failed(&self, msg: String) -> DevicePtr {
+        set_last_error(&msg);
+        if !gpumem::exit::process_is_exiting() {
+            self.report_oom(&format!("{msg}; returning NULL"));
         }
-        let st = self.state(device).map_err(|e| refused(&e))?;
-        let s = self.stream(st, stream);
-        self.allocate_on(st, size, DEFAULT_ALIGNMENT, &s)
-            .map_err(|e| {
-                format!(
-                    "device {device}: allocation of {size} bytes failed: {e}{}",
-                    self.fraction_note(st)
-                )
-            })
+        DevicePtr::NULL
     }
 
     /// ", memory fraction F of T bytes" when a fraction is set on the device.
@@ -651,6 +662,7 @@ impl Allocator {
     /// streams are done go back first; out of memory empties the cache
     /// (waiting for deferred frees) and retries once, then fails with what
     /// the device holds.
+    #[inline]
     fn allocate_on(
         &self,
         st: &DeviceState,
@@ -662,9 +674,22 @@ impl Allocator {
             self.poll_deferred(st);
         }
         match st.stack.allocate(size, alignment, stream) {
-            Err(e) if e.is_oom() => {}
-            other => return other,
+            Err(e) if e.is_oom() => self.retry_after_oom(st, size, alignment, stream),
+            other => other,
         }
+    }
+
+    /// Out of memory: empties the cache (waiting for deferred frees) and
+    /// retries once, then fails with what the device holds.
+    #[cold]
+    #[inline(never)]
+    fn retry_after_oom(
+        &self,
+        st: &DeviceState,
+        size: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
         st.retries.fetch_add(1, Ordering::Relaxed);
         self.empty_cache_of(st);
         match st.stack.allocate(size, alignment, stream) {
@@ -700,20 +725,36 @@ impl Allocator {
         stream: &Stream,
     ) -> gpumem::Result<()> {
         if st.uses.any() {
-            let deferred = st.uses.defer_free(&st.stack, ptr, size, stream)?;
-            let r = if deferred {
-                Ok(())
-            } else {
-                st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
-            };
-            self.poll_deferred(st);
-            return r;
+            return self.free_with_uses(st, ptr, size, stream);
         }
         st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
     }
 
+    /// [`Allocator::free_on`] while some block has recorded streams or a
+    /// deferred free is pending.
+    #[cold]
+    #[inline(never)]
+    fn free_with_uses(
+        &self,
+        st: &DeviceState,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        let deferred = st.uses.defer_free(&st.stack, ptr, size, stream)?;
+        let r = if deferred {
+            Ok(())
+        } else {
+            st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
+        };
+        self.poll_deferred(st);
+        r
+    }
+
     /// Frees the deferred blocks whose streams are done; reports the frees
     /// the resource refused.
+    #[cold]
+    #[inline(never)]
     fn poll_deferred(&self, st: &DeviceState) {
         let refused = st.uses.poll(&st.stack);
         self.report_refused(st, refused);
@@ -900,7 +941,7 @@ impl Allocator {
         let held = Held {
             ptr,
             size,
-            stream: self.stream(st, stream),
+            stream: self.stream(st, stream).into_owned(),
         };
         if let Err(held) = st.graphs.hold(pool, held) {
             self.free(held.ptr, held.size, device, stream);
@@ -928,27 +969,40 @@ impl Allocator {
     /// Frees memory from [`Allocator::malloc`] with the size and stream it
     /// was allocated with. NULL is ignored (whatever the size); a bad free
     /// frees nothing and is counted and reported.
+    #[inline]
     pub fn free(&self, ptr: DevicePtr, size: usize, device: i32, stream: u64) {
         if ptr.is_null() || unusable() {
             return;
         }
-        let Some(st) = self.built(device) else {
-            self.report_bad_free(
-                device,
-                &format!("free of {ptr:#x} on device {device}, where nothing was allocated"),
-            );
-            return;
+        let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
+            return self.free_nowhere(ptr, device);
         };
-        let s = self.stream(st, stream);
-        if let Err(e) = self.free_on(st, ptr, size, &s) {
-            self.report_bad_free(
-                device,
-                &format!(
-                    "bad free of {ptr:#x} ({size} bytes) on device {device}: {}",
-                    free_reason(e)
-                ),
-            );
+        if let Err(e) = st.streams.with(stream, |s| self.free_on(st, ptr, size, s)) {
+            self.refused_free(ptr, size, device, e);
         }
+    }
+
+    /// A free on a device where nothing was allocated: counted and reported.
+    #[cold]
+    #[inline(never)]
+    fn free_nowhere(&self, ptr: DevicePtr, device: i32) {
+        self.report_bad_free(
+            device,
+            &format!("free of {ptr:#x} on device {device}, where nothing was allocated"),
+        );
+    }
+
+    /// A free the device's stack refused: counted and reported.
+    #[cold]
+    #[inline(never)]
+    fn refused_free(&self, ptr: DevicePtr, size: usize, device: i32, e: Error) {
+        self.report_bad_free(
+            device,
+            &format!(
+                "bad free of {ptr:#x} ({size} bytes) on device {device}: {}",
+                free_reason(e)
+            ),
+        );
     }
 
     /// CuPy's allocation: on the legacy default stream, remembering the size
@@ -1011,7 +1065,9 @@ impl Allocator {
         let served = st.stack.upstream();
         match served.live_block_size(ptr) {
             Some(size) => match served.check_access(ptr, size) {
-                Ok(()) => st.uses.record(ptr, size, self.stream(st, stream)),
+                Ok(()) => st
+                    .uses
+                    .record(ptr, size, self.stream(st, stream).into_owned()),
                 Err(e) => self.report_misuse(&format!(
                     "record_stream of {ptr:#x} on device {device}: {e}; ignored"
                 )),
@@ -1024,12 +1080,15 @@ impl Allocator {
 
     /// The resource serving `device` (built on first use), its device and
     /// legacy default stream: what [`crate::regions`] works on.
-    pub(crate) fn served(&self, device: i32) -> Result<(&dyn Served, &Device, &Stream), String> {
+    pub(crate) fn served(
+        &self,
+        device: i32,
+    ) -> Result<(&dyn Served, &Device, std::borrow::Cow<'_, Stream>), String> {
         if unusable() {
             return Err("gpumem cannot be used in this process".into());
         }
         let st = self.state(device)?;
-        Ok((st.stack.upstream().as_ref(), &st.device, &st.legacy))
+        Ok((st.stack.upstream().as_ref(), &st.device, st.streams.get(0)))
     }
 
     /// Deferred frees of `device` waiting for their recorded streams.

@@ -78,6 +78,8 @@
 pub mod allocator;
 #[deny(unsafe_code)]
 pub mod conf;
+#[deny(unsafe_code)]
+pub mod foreign_streams;
 /// CUDA graphs' private pools.
 pub mod graph_pools;
 // Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`

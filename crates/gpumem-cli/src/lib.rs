@@ -5,6 +5,7 @@
 
 pub mod allocators;
 pub mod bench;
+pub mod capi_cost;
 pub mod demo;
 pub mod iterations;
 pub mod output;

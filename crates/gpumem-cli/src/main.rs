@@ -16,7 +16,7 @@ use gpumem_cli::allocators::{self, ALLOCATORS};
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
-use gpumem_cli::{demo, outln, output, plot, progress, replay, snapshot};
+use gpumem_cli::{capi_cost, demo, outln, output, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
 /// information, a short side-by-side benchmark of every allocator and a replay
@@ -55,6 +55,34 @@ enum Command {
     Plot(PlotArgs),
     /// Convert a PyTorch memory snapshot (pickle) to an RMM log (CSV).
     ConvertSnapshot(ConvertArgs),
+    /// What the C ABI (gpumem_malloc/gpumem_free) adds per call over the same
+    /// resource called from Rust.
+    CapiCost(CapiCostArgs),
+}
+
+#[derive(Args, Debug)]
+struct CapiCostArgs {
+    /// The configuration, in GPUMEM_CONF's syntax.
+    #[arg(long, default_value = "resource=pool")]
+    conf: String,
+    /// Allocate/free pairs per timed run and path (1 to 10^9).
+    #[arg(long, default_value_t = 1_000_000, value_parser = count_in(1..=1_000_000_000))]
+    pairs: usize,
+    /// Timed runs per path (1 to 1000); the median is reported.
+    #[arg(long, default_value_t = 7, value_parser = count_in(1..=1000))]
+    runs: usize,
+    /// Request sizes, comma-separated, used in turn.
+    #[arg(long, value_delimiter = ',', default_value = "512,64K,1M", value_parser = parse_nonzero_size)]
+    sizes: Vec<usize>,
+    /// Pass the legacy default stream (0) instead of a stream of its own.
+    #[arg(long)]
+    legacy_stream: bool,
+    /// Paths to measure, comma-separated: resource, stack, capi (default: all).
+    #[arg(long, value_delimiter = ',')]
+    path: Vec<String>,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -262,6 +290,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
         Some(Command::ConvertSnapshot(a)) => cmd_convert(a),
+        Some(Command::CapiCost(a)) => cmd_capi_cost(cli.device, a),
         None => main_job(cli.device, cli.trace),
     }
 }
@@ -447,6 +476,45 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
             fmt_bytes(prep.peak_live as u64),
             tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
         )?;
+    }
+    Ok(())
+}
+
+fn cmd_capi_cost(choice: DeviceChoice, a: CapiCostArgs) -> Result<()> {
+    // The C ABI's allocator takes its backend from GPUMEM_DEVICE when it is
+    // first used, which is below: nothing else runs yet.
+    let backend = match choice {
+        DeviceChoice::Auto => "auto",
+        DeviceChoice::Cuda => "cuda",
+        DeviceChoice::Sim => "sim",
+    };
+    std::env::set_var(gpumem_capi::allocator::DEVICE_ENV, backend);
+    capi_cost::configure(&a.conf)?;
+    let cfg = capi_cost::CostConfig {
+        conf: a.conf,
+        pairs: a.pairs,
+        runs: a.runs,
+        sizes: a.sizes,
+        legacy_stream: a.legacy_stream,
+        paths: a.path,
+    };
+    let device = gpumem_capi::device_resource(0)
+        .context("the C ABI cannot serve device 0")?
+        .device()
+        .clone();
+    let ctx = RunContext::new(device)?;
+    if !a.json {
+        outln!("device: {} ({})", ctx.device_kind, ctx.device_name)?;
+        outln!("measuring: {}", ctx.measures())?;
+    }
+    let records = capi_cost::run(&ctx, &cfg)?;
+    if a.json {
+        for r in &records {
+            let line = serde_json::to_string(r).context("writing a record as JSON")?;
+            outln!("{line}")?;
+        }
+    } else {
+        capi_cost::print_table(&records)?;
     }
     Ok(())
 }

@@ -534,6 +534,60 @@ fn command_line_iterations_report_every_pass_in_json_and_the_table() {
     }
 }
 
+#[test]
+fn capi_cost_measures_the_three_paths() {
+    let lines = json_lines(&gpumem(&[
+        "--device",
+        "sim",
+        "capi-cost",
+        "--pairs",
+        "2000",
+        "--runs",
+        "2",
+        "--sizes",
+        "512,1M",
+        "--json",
+    ]));
+    let paths: Vec<&str> = lines.iter().map(|v| v["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["resource", "stack", "capi"]);
+    for v in &lines {
+        assert!(v["ns_per_call"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["overhead_ns_per_call"].is_f64(), "{v}");
+        assert_eq!(v["device"], "sim");
+        assert_eq!(v["stream"], "created");
+        assert_eq!(v["sizes"], serde_json::json!([512, 1 << 20]));
+        assert!(v["conf"].as_str().unwrap().starts_with("resource=pool"));
+    }
+    assert_eq!(lines[0]["overhead_ns_per_call"], 0.0);
+    // One path alone (for a profiler), on the legacy default stream.
+    let lines = json_lines(&gpumem(&[
+        "--device",
+        "sim",
+        "capi-cost",
+        "--conf",
+        "resource=caching",
+        "--path",
+        "capi",
+        "--legacy-stream",
+        "--pairs",
+        "100",
+        "--runs",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0]["overhead_ns_per_call"].is_null());
+    assert_eq!(lines[0]["stream"], "legacy");
+    for (args, msg) in [
+        (&["--path", "rust"][..], "unknown path \"rust\""),
+        (&["--conf", "resource=nope"][..], "nope"),
+    ] {
+        let out = gpumem(&[&["--device", "sim", "capi-cost", "--pairs", "10"], args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(one_line_error(&out).contains(msg), "{args:?}");
+    }
+}
+
 /// A few quick runs that print to standard output.
 const PRINTING_RUNS: &[&[&str]] = &[
     &["--help"],

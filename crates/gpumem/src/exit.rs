@@ -58,6 +58,7 @@ pub fn process_is_exiting() -> bool {
 /// Registers the exit hook if it is not registered yet. Returns whether the
 /// hook is in place (false if the C runtime refused the registration). Cheap
 /// after the first call.
+#[inline]
 pub fn install_hook() -> bool {
     HOOK.call_once(|| {
         HOOK_OK.store(crate::os::at_exit(on_exit), Ordering::Release);

@@ -171,6 +171,46 @@ fn statistics_counts_bytes_requests_and_ooms() {
 }
 
 #[test]
+fn statistics_lose_no_update_from_threads_allocating_at_once() {
+    let mr = Arc::new(StatisticsAdaptor::new(Fake::new(1 << 30)));
+    let threads = 4;
+    let rounds = 20_000;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let mr = mr.clone();
+            scope.spawn(move || {
+                let s = mr.upstream().stream();
+                let bytes = 256 * (t + 1);
+                let mut held = Vec::new();
+                for i in 0..rounds {
+                    held.push(mr.allocate(bytes, 256, &s).unwrap());
+                    if i % 4 == 3 {
+                        for p in held.drain(..) {
+                            mr.deallocate(p, bytes, 256, &s).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let st = mr.stats();
+    let n = (threads * rounds) as u64;
+    let bytes: u64 = (1..=threads as u64).map(|t| 256 * t * rounds as u64).sum();
+    for (stat, total) in [
+        (st.allocation, n),
+        (st.active, n),
+        (st.allocated_bytes, bytes),
+        (st.requested_bytes, bytes),
+        (st.active_bytes, bytes),
+    ] {
+        assert_eq!((stat.current, stat.total, stat.freed), (0, total, total));
+        // At most four blocks per thread were live at once.
+        assert!(stat.peak > 0 && stat.peak as u64 <= total);
+    }
+    assert!(st.allocation.peak <= 4 * threads as i64);
+}
+
+#[test]
 fn statistics_deferred_frees_stay_active_until_finished() {
     let mr = StatisticsAdaptor::new(Fake::new(1 << 20));
     let s = mr.upstream().stream();

@@ -12,7 +12,7 @@
 //! | adaptor | adds | fast-path cost |
 //! |---|---|---|
 //! | [`LimitingAdaptor`] | a byte limit, changeable at run time | one compare-exchange per allocate, one atomic sub per free |
-//! | [`StatisticsAdaptor`] | current/peak/total bytes and counts, scoped frames, deferred frees | one short uncontended mutex per call |
+//! | [`StatisticsAdaptor`] | current/peak/total bytes and counts, scoped frames, deferred frees | a few counter updates under a one-flag lock (one atomic read-modify-write) per call |
 //! | [`TrackingAdaptor`] | outstanding allocations, leak report, bad-free detection | one hash-map insert/remove under a mutex (plus a backtrace when enabled: µs) |
 //! | [`LoggingAdaptor`] | RMM's CSV log | one formatted line into a buffer under a mutex |
 //! | [`AlignedAdaptor`] | alignments above 256 bytes | none below the threshold; a map insert/remove above it |
@@ -27,6 +27,7 @@
 
 mod aligned;
 mod failure_callback;
+mod flag_lock;
 mod holding;
 mod limiting;
 mod logging;

@@ -34,9 +34,10 @@
 //!   [`RetryCounter`] was given to [`StatisticsAdaptor::with_retry_counter`];
 //!   0 otherwise.
 //!
-//! Fast path: one short, uncontended mutex around a few integer updates of the
-//! top frame after the upstream call; no timers. Zero-byte requests and failed
-//! frees are not counted.
+//! Fast path: a few integer updates of the top frame after the upstream
+//! call, under a lock of one flag (one atomic read-modify-write, see
+//! `flag_lock`); no timers. Zero-byte requests and failed frees are not
+//! counted.
 //!
 //! A free counts the size the caller names, once the upstream has accepted
 //! it. Every gpumem resource refuses a free whose size is not the
@@ -47,8 +48,10 @@
 //!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
+use super::flag_lock::{FlagGuard, FlagLock};
 use super::{granular_size, RetryCounter};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -74,21 +77,8 @@ pub struct Stat {
 // Every update saturates: a size no allocation can have (a caller's bad
 // free accepted by a lenient upstream) must not wrap a counter or panic.
 impl Stat {
-    #[inline]
-    fn add(&mut self, n: u64) {
-        self.current = self.current.saturating_add_unsigned(n);
-        self.total = self.total.saturating_add(n);
-        self.peak = self.peak.max(self.current);
-    }
-
-    #[inline]
-    fn sub(&mut self, n: u64) {
-        self.current = self.current.saturating_sub_unsigned(n);
-        self.freed = self.freed.saturating_add(n);
-    }
-
-    /// Undoes a [`Stat::sub`] (the peak is not touched: the value only comes
-    /// back to where it was).
+    /// Undoes a [`SharedStat::sub`] (the peak is not touched: the value only
+    /// comes back to where it was).
     fn unsub(&mut self, n: u64) {
         self.current = self.current.saturating_add_unsigned(n);
         self.freed = self.freed.saturating_sub(n);
@@ -158,11 +148,159 @@ struct Frame {
     retry_base: u64,
 }
 
+/// One [`Stat`] in atomics, so that the top frame can be shared without a
+/// `Mutex` or `unsafe`: every access holds the adaptor's [`FlagLock`], so
+/// relaxed loads and stores (plain moves) suffice.
+#[derive(Debug, Default)]
+struct SharedStat {
+    current: AtomicI64,
+    peak: AtomicI64,
+    total: AtomicU64,
+    freed: AtomicU64,
+}
+
+impl SharedStat {
+    #[inline(always)]
+    fn get(&self) -> Stat {
+        Stat {
+            current: self.current.load(Relaxed),
+            peak: self.peak.load(Relaxed),
+            total: self.total.load(Relaxed),
+            freed: self.freed.load(Relaxed),
+        }
+    }
+
+    #[inline(always)]
+    fn set(&self, s: Stat) {
+        self.current.store(s.current, Relaxed);
+        self.peak.store(s.peak, Relaxed);
+        self.total.store(s.total, Relaxed);
+        self.freed.store(s.freed, Relaxed);
+    }
+
+    /// Adds `n`: the current value and the total grow, the peak follows.
+    #[inline(always)]
+    fn add(&self, n: u64) {
+        let current = self.current.load(Relaxed).saturating_add_unsigned(n);
+        self.current.store(current, Relaxed);
+        let total = self.total.load(Relaxed).saturating_add(n);
+        self.total.store(total, Relaxed);
+        if current > self.peak.load(Relaxed) {
+            self.peak.store(current, Relaxed);
+        }
+    }
+
+    /// Removes `n`: the current value falls, the total removed grows.
+    #[inline(always)]
+    fn sub(&self, n: u64) {
+        let current = self.current.load(Relaxed).saturating_sub_unsigned(n);
+        self.current.store(current, Relaxed);
+        let freed = self.freed.load(Relaxed).saturating_add(n);
+        self.freed.store(freed, Relaxed);
+    }
+
+    fn unsub(&self, n: u64) {
+        let mut s = self.get();
+        s.unsub(n);
+        self.set(s);
+    }
+}
+
+/// The counters of the top frame (see [`SharedStat`]).
+///
+/// Until a deferred free, `active` and `active_bytes` move exactly as
+/// `allocation` and `allocated_bytes` do (every allocation and free counts
+/// in both): while `deferred` is false they are not updated and read as
+/// those, which spares two of the five updates of every allocation and free.
+/// The first deferred free copies them and sets `deferred`; from then on
+/// the frame keeps all five.
+#[derive(Debug, Default)]
+struct TopFrame {
+    allocated_bytes: SharedStat,
+    requested_bytes: SharedStat,
+    allocation: SharedStat,
+    active_bytes: SharedStat,
+    active: SharedStat,
+    deferred: AtomicBool,
+    num_ooms: AtomicU64,
+    retry_base: AtomicU64,
+}
+
+impl TopFrame {
+    fn get(&self) -> Frame {
+        let (allocated_bytes, allocation) = (self.allocated_bytes.get(), self.allocation.get());
+        let (active_bytes, active) = if self.deferred.load(Relaxed) {
+            (self.active_bytes.get(), self.active.get())
+        } else {
+            (allocated_bytes, allocation)
+        };
+        Frame {
+            stats: MemoryStats {
+                allocated_bytes,
+                requested_bytes: self.requested_bytes.get(),
+                allocation,
+                active_bytes,
+                active,
+                num_ooms: self.num_ooms.load(Relaxed),
+                ..MemoryStats::default()
+            },
+            retry_base: self.retry_base.load(Relaxed),
+        }
+    }
+
+    fn set(&self, f: &Frame) {
+        let s = &f.stats;
+        self.allocated_bytes.set(s.allocated_bytes);
+        self.requested_bytes.set(s.requested_bytes);
+        self.allocation.set(s.allocation);
+        self.active_bytes.set(s.active_bytes);
+        self.active.set(s.active);
+        let same = s.active_bytes == s.allocated_bytes && s.active == s.allocation;
+        self.deferred.store(!same, Relaxed);
+        self.num_ooms.store(s.num_ooms, Relaxed);
+        self.retry_base.store(f.retry_base, Relaxed);
+    }
+
+    /// Starts keeping `active` and `active_bytes` apart (a deferred free is
+    /// about to make them differ).
+    fn defer(&self) {
+        if !self.deferred.load(Relaxed) {
+            self.active_bytes.set(self.allocated_bytes.get());
+            self.active.set(self.allocation.get());
+            self.deferred.store(true, Relaxed);
+        }
+    }
+
+    /// `active_bytes` and `active`, when they are kept apart.
+    #[inline(always)]
+    fn active(&self) -> Option<[&SharedStat; 2]> {
+        self.deferred
+            .load(Relaxed)
+            .then_some([&self.active_bytes, &self.active])
+    }
+
+    fn stats(&self) -> [&SharedStat; 5] {
+        [
+            &self.allocated_bytes,
+            &self.requested_bytes,
+            &self.allocation,
+            &self.active_bytes,
+            &self.active,
+        ]
+    }
+}
+
 /// A resource that counts what goes through it.
 #[derive(Debug)]
 pub struct StatisticsAdaptor<U> {
     upstream: U,
-    frames: Mutex<Vec<Frame>>,
+    /// Held for every access to `top` and `below`.
+    busy: FlagLock,
+    /// The counters of the top frame, the one allocations and frees update.
+    top: TopFrame,
+    /// The frames under the top one, the root first (changed only when
+    /// frames are pushed and popped, holding `busy` too).
+    below: Mutex<Vec<Frame>>,
     retries: Option<RetryCounter>,
 }
 
@@ -171,7 +309,9 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     pub fn new(upstream: U) -> Self {
         Self {
             upstream,
-            frames: Mutex::new(vec![Frame::default()]),
+            busy: FlagLock::default(),
+            top: TopFrame::default(),
+            below: Mutex::new(Vec::new()),
             retries: None,
         }
     }
@@ -183,14 +323,12 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// [`FailureCallbackAdaptor::retry_counter`]: super::FailureCallbackAdaptor::retry_counter
     pub fn with_retry_counter(upstream: U, retries: RetryCounter) -> Self {
         let base = retries.get();
-        Self {
-            upstream,
-            frames: Mutex::new(vec![Frame {
-                retry_base: base,
-                ..Frame::default()
-            }]),
+        let adaptor = Self {
             retries: Some(retries),
-        }
+            ..Self::new(upstream)
+        };
+        adaptor.top.retry_base.store(base, Relaxed);
+        adaptor
     }
 
     /// The wrapped resource.
@@ -198,10 +336,16 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         &self.upstream
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Frame>> {
-        // Each update leaves the counters consistent, so a poisoned lock holds
-        // valid data.
-        self.frames.lock().unwrap_or_else(|p| p.into_inner())
+    /// Holds the counters (every update leaves them consistent, so a panic
+    /// while holding it leaves valid data).
+    #[inline]
+    fn lock(&self) -> FlagGuard<'_> {
+        self.busy.lock()
+    }
+
+    /// The frames under the top one; the caller holds [`Self::lock`].
+    fn below(&self) -> std::sync::MutexGuard<'_, Vec<Frame>> {
+        self.below.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn retries_now(&self) -> u64 {
@@ -217,24 +361,23 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// The counters of the current (top) frame.
     pub fn stats(&self) -> MemoryStats {
-        let frames = self.lock();
-        let top = frames.last().copied().unwrap_or_default();
-        drop(frames);
+        let guard = self.lock();
+        let top = self.top.get();
+        drop(guard);
         self.snapshot(&top)
     }
 
     /// The counters of all frames merged, as if every pushed frame were popped
     /// now: the whole history of the adaptor.
     pub fn total_stats(&self) -> MemoryStats {
-        let frames = self.lock();
-        let mut iter = frames.iter().rev();
-        let mut acc = iter.next().copied().unwrap_or_default();
-        for parent in iter {
+        let guard = self.lock();
+        let mut acc = self.top.get();
+        for parent in self.below().iter().rev() {
             let mut merged = *parent;
             merged.stats.merge_child(&acc.stats);
             acc = merged;
         }
-        drop(frames);
+        drop(guard);
         self.snapshot(&acc)
     }
 
@@ -242,26 +385,25 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// new depth (the root frame is depth 1).
     pub fn push_frame(&self) -> usize {
         let base = self.retries_now();
-        let mut frames = self.lock();
-        frames.push(Frame {
+        let _guard = self.lock();
+        let mut below = self.below();
+        below.push(self.top.get());
+        self.top.set(&Frame {
             retry_base: base,
             ..Frame::default()
         });
-        frames.len()
+        below.len() + 1
     }
 
     /// Removes the top frame, merges it into its parent and returns its
     /// counters. `None` when only the root frame is left (it cannot be popped).
     pub fn pop_frame(&self) -> Option<MemoryStats> {
-        let mut frames = self.lock();
-        if frames.len() < 2 {
-            return None;
-        }
-        let top = frames.pop()?;
-        if let Some(parent) = frames.last_mut() {
-            parent.stats.merge_child(&top.stats);
-        }
-        drop(frames);
+        let guard = self.lock();
+        let mut parent = self.below().pop()?;
+        let top = self.top.get();
+        parent.stats.merge_child(&top.stats);
+        self.top.set(&parent);
+        drop(guard);
         Some(self.snapshot(&top))
     }
 
@@ -277,24 +419,16 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// Number of frames (1 when none is pushed).
     pub fn frame_depth(&self) -> usize {
-        self.lock().len()
+        let _guard = self.lock();
+        self.below().len() + 1
     }
 
     /// Resets the peaks of the top frame to the current values (PyTorch's
     /// `reset_peak_memory_stats`).
     pub fn reset_peak(&self) {
-        let mut frames = self.lock();
-        if let Some(top) = frames.last_mut() {
-            let s = &mut top.stats;
-            for stat in [
-                &mut s.allocated_bytes,
-                &mut s.requested_bytes,
-                &mut s.allocation,
-                &mut s.active_bytes,
-                &mut s.active,
-            ] {
-                stat.peak = stat.current;
-            }
+        let _guard = self.lock();
+        for stat in self.top.stats() {
+            stat.peak.store(stat.current.load(Relaxed), Relaxed);
         }
     }
 
@@ -326,11 +460,12 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// are as if the free had not been made.
     pub fn cancel_deferred_free(&self, bytes: usize) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        if let Some(top) = self.lock().last_mut() {
-            top.stats.allocated_bytes.unsub(counted);
-            top.stats.requested_bytes.unsub(bytes as u64);
-            top.stats.allocation.unsub(1);
-        }
+        let _guard = self.lock();
+        let top = &self.top;
+        top.defer();
+        top.allocated_bytes.unsub(counted);
+        top.requested_bytes.unsub(bytes as u64);
+        top.allocation.unsub(1);
     }
 
     /// Frees `ptr` through the upstream and, once accepted, counts it on
@@ -356,16 +491,20 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     #[inline(always)]
     fn count_free(&self, bytes: usize, side: Side) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        if let Some(top) = self.lock().last_mut() {
-            let s = &mut top.stats;
-            if side != Side::Upstream {
-                s.allocated_bytes.sub(counted);
-                s.requested_bytes.sub(bytes as u64);
-                s.allocation.sub(1);
-            }
-            if side != Side::Caller {
-                s.active_bytes.sub(counted);
-                s.active.sub(1);
+        let _guard = self.lock();
+        let top = &self.top;
+        if side != Side::Both {
+            top.defer();
+        }
+        if side != Side::Upstream {
+            top.allocated_bytes.sub(counted);
+            top.requested_bytes.sub(bytes as u64);
+            top.allocation.sub(1);
+        }
+        if side != Side::Caller {
+            if let Some([active_bytes, active]) = top.active() {
+                active_bytes.sub(counted);
+                active.sub(1);
             }
         }
     }
@@ -382,6 +521,7 @@ enum Side {
 }
 
 impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
+    #[inline]
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
         check_alignment(alignment)?;
         if bytes == 0 {
@@ -390,28 +530,29 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         match self.upstream.allocate(bytes, alignment, stream) {
             Ok(p) => {
                 let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-                let mut frames = self.lock();
-                if let Some(top) = frames.last_mut() {
-                    let s = &mut top.stats;
-                    s.allocated_bytes.add(counted);
-                    s.requested_bytes.add(bytes as u64);
-                    s.allocation.add(1);
-                    s.active_bytes.add(counted);
-                    s.active.add(1);
+                let _guard = self.lock();
+                let top = &self.top;
+                top.allocated_bytes.add(counted);
+                top.requested_bytes.add(bytes as u64);
+                top.allocation.add(1);
+                if let Some([active_bytes, active]) = top.active() {
+                    active_bytes.add(counted);
+                    active.add(1);
                 }
                 Ok(p)
             }
             Err(e) => {
                 if e.is_oom() {
-                    if let Some(top) = self.lock().last_mut() {
-                        top.stats.num_ooms += 1;
-                    }
+                    let _guard = self.lock();
+                    let n = &self.top.num_ooms;
+                    n.store(n.load(Relaxed).saturating_add(1), Relaxed);
                 }
                 Err(e)
             }
         }
     }
 
+    #[inline]
     fn deallocate(
         &self,
         ptr: DevicePtr,
@@ -441,13 +582,13 @@ mod tests {
 
     #[test]
     fn stat_tracks_current_peak_and_totals() {
-        let mut s = Stat::default();
+        let s = SharedStat::default();
         s.add(100);
         s.add(50);
         s.sub(100);
         s.add(20);
         assert_eq!(
-            s,
+            s.get(),
             Stat {
                 current: 70,
                 peak: 150,
@@ -459,14 +600,15 @@ mod tests {
 
     #[test]
     fn counters_saturate_instead_of_wrapping() {
-        let mut s = Stat::default();
-        s.add(1024);
-        s.sub(u64::MAX);
-        s.sub(u64::MAX);
-        assert_eq!(s.current, i64::MIN);
-        assert_eq!(s.freed, u64::MAX);
-        s.add(u64::MAX);
-        s.add(u64::MAX);
+        let shared = SharedStat::default();
+        shared.add(1024);
+        shared.sub(u64::MAX);
+        shared.sub(u64::MAX);
+        assert_eq!(shared.get().current, i64::MIN);
+        assert_eq!(shared.get().freed, u64::MAX);
+        shared.add(u64::MAX);
+        shared.add(u64::MAX);
+        let s = shared.get();
         assert_eq!(s.total, u64::MAX);
         assert!(s.current > 0);
         let mut parent = Stat {
@@ -487,20 +629,164 @@ mod tests {
             total: 1500,
             freed: 500,
         };
-        let mut child = Stat::default();
+        let child = SharedStat::default();
         child.add(500); // 1500 overall: new peak
         child.sub(700);
-        parent.merge_child(&child);
+        parent.merge_child(&child.get());
         assert_eq!(parent.current, 800);
         assert_eq!(parent.peak, 1500);
         assert_eq!(parent.total, 2000);
         assert_eq!(parent.freed, 1200);
 
         // A child whose peak stays under the parent's old peak leaves it.
-        let mut child = Stat::default();
+        let child = SharedStat::default();
         child.add(100);
-        parent.merge_child(&child);
+        parent.merge_child(&child.get());
         assert_eq!(parent.peak, 1500);
         assert_eq!(parent.current, 900);
+    }
+}
+
+/// The adaptor against a model that updates all five statistics of every
+/// frame on every call, as PyTorch's allocator does: the shortcut that keeps
+/// `active` and `active_bytes` on `allocation` and `allocated_bytes` until a
+/// deferred free must never show.
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use crate::driver::sim::SimConfig;
+    use crate::resource::DeviceResource;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Free(usize),
+        Begin(usize),
+        Finish(usize),
+        Cancel(usize),
+        Push,
+        Pop,
+        ResetPeak,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1usize..5000).prop_map(Op::Alloc),
+            2 => any::<usize>().prop_map(Op::Free),
+            1 => any::<usize>().prop_map(Op::Begin),
+            1 => any::<usize>().prop_map(Op::Finish),
+            1 => any::<usize>().prop_map(Op::Cancel),
+            1 => Just(Op::Push),
+            1 => Just(Op::Pop),
+            1 => Just(Op::ResetPeak),
+        ]
+    }
+
+    /// One statistic of the model, plain arithmetic (the values stay small).
+    fn add(s: &mut Stat, n: u64) {
+        s.current += n as i64;
+        s.total += n;
+        s.peak = s.peak.max(s.current);
+    }
+
+    fn sub(s: &mut Stat, n: u64) {
+        s.current -= n as i64;
+        s.freed += n;
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_statistic_matches_the_model(ops in prop::collection::vec(op(), 1..120)) {
+            let device = crate::Device::sim(SimConfig::default());
+            let stream = device.default_stream();
+            let mr = StatisticsAdaptor::new(DeviceResource::new(device));
+            let mut model = vec![MemoryStats::default()];
+            let mut live: Vec<(DevicePtr, usize)> = Vec::new();
+            let mut deferred: Vec<(DevicePtr, usize)> = Vec::new();
+            for op in ops {
+                let depth = model.len();
+                let top = model.last_mut().unwrap();
+                let g = |b: usize| granular_size(b).unwrap() as u64;
+                match op {
+                    Op::Alloc(b) => {
+                        live.push((mr.allocate(b, 256, &stream).unwrap(), b));
+                        add(&mut top.allocated_bytes, g(b));
+                        add(&mut top.requested_bytes, b as u64);
+                        add(&mut top.allocation, 1);
+                        add(&mut top.active_bytes, g(b));
+                        add(&mut top.active, 1);
+                    }
+                    Op::Free(i) | Op::Begin(i) if !live.is_empty() => {
+                        let (p, b) = live.swap_remove(i % live.len());
+                        sub(&mut top.allocated_bytes, g(b));
+                        sub(&mut top.requested_bytes, b as u64);
+                        sub(&mut top.allocation, 1);
+                        if matches!(op, Op::Free(_)) {
+                            mr.deallocate(p, b, 256, &stream).unwrap();
+                            sub(&mut top.active_bytes, g(b));
+                            sub(&mut top.active, 1);
+                        } else {
+                            mr.begin_deferred_free(b);
+                            deferred.push((p, b));
+                        }
+                    }
+                    Op::Finish(i) if !deferred.is_empty() => {
+                        let (p, b) = deferred.swap_remove(i % deferred.len());
+                        mr.finish_deferred_free(p, b, 256, &stream).unwrap();
+                        sub(&mut top.active_bytes, g(b));
+                        sub(&mut top.active, 1);
+                    }
+                    Op::Cancel(i) if !deferred.is_empty() => {
+                        let (p, b) = deferred.swap_remove(i % deferred.len());
+                        mr.cancel_deferred_free(b);
+                        top.allocated_bytes.unsub(g(b));
+                        top.requested_bytes.unsub(b as u64);
+                        top.allocation.unsub(1);
+                        live.push((p, b));
+                    }
+                    Op::Push => {
+                        mr.push_frame();
+                        model.push(MemoryStats::default());
+                    }
+                    Op::Pop if depth > 1 => {
+                        let child = model.pop().unwrap();
+                        model.last_mut().unwrap().merge_child(&child);
+                        let popped = mr.pop_frame().unwrap();
+                        prop_assert_eq!(popped.active, child.active);
+                        prop_assert_eq!(popped.active_bytes, child.active_bytes);
+                    }
+                    Op::ResetPeak => {
+                        mr.reset_peak();
+                        for s in [
+                            &mut top.allocated_bytes,
+                            &mut top.requested_bytes,
+                            &mut top.allocation,
+                            &mut top.active_bytes,
+                            &mut top.active,
+                        ] {
+                            s.peak = s.current;
+                        }
+                    }
+                    _ => {}
+                }
+                let want = *model.last().unwrap();
+                let got = mr.stats();
+                prop_assert_eq!(got.allocated_bytes, want.allocated_bytes);
+                prop_assert_eq!(got.requested_bytes, want.requested_bytes);
+                prop_assert_eq!(got.allocation, want.allocation);
+                prop_assert_eq!(got.active_bytes, want.active_bytes);
+                prop_assert_eq!(got.active, want.active);
+                prop_assert_eq!(mr.frame_depth(), model.len());
+            }
+            for (p, b) in live {
+                mr.deallocate(p, b, 256, &stream).unwrap();
+            }
+            for (p, b) in deferred {
+                mr.finish_deferred_free(p, b, 256, &stream).unwrap();
+            }
+        }
     }
 }
