@@ -1,7 +1,9 @@
 //! Measures what `cuMemSetAccess` and `cuMemUnmap` cost over a range of `n`
 //! pages, when the range is one mapping of one physical allocation and when
 //! it is `n` adjacent mappings of `n` one-page allocations (what a
-//! [`VirtualPool`](gpumem::pool::VirtualPool) maps), plus the per-page calls.
+//! [`VirtualPool`](gpumem::pool::VirtualPool) maps), plus the per-page calls;
+//! then what `cuMemCreate` and `cuMemRelease` cost for one allocation of
+//! `n` pages.
 //!
 //! ```text
 //! GPUMEM_DEVICE=cuda cargo run --release -p gpumem --example vmm_costs
@@ -113,4 +115,28 @@ fn main() {
         );
     }
     d.vmm_free_address(va, max_n * page).expect("free");
+
+    println!(
+        "{:>5} | {:>10} {:>10} {:>12}   (µs, median of {reps})",
+        "pages", "create", "release", "create/page"
+    );
+    for n in [1usize, 2, 4, 6, 8, 16, 32, 64, 256] {
+        let (mut cr, mut rl) = (vec![], vec![]);
+        for _ in 0..reps {
+            let t = Instant::now();
+            let h = d
+                .vmm_create(dev, n * page, Default::default())
+                .expect("create");
+            cr.push(us(t));
+            let t = Instant::now();
+            d.vmm_release(h).expect("release");
+            rl.push(us(t));
+        }
+        let c = median(cr);
+        println!(
+            "{n:>5} | {c:>10.1} {:>10.1} {:>12.2}",
+            median(rl),
+            c / n as f64
+        );
+    }
 }
