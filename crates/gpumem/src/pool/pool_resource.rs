@@ -56,7 +56,9 @@
 //! region. Before growing, a shard adopts an entirely free region (in the
 //! global lane, after settling) from another shard; reclaim on
 //! out-of-memory settles every shard and takes a free block of any shard
-//! before regions go back. `reserved` counts every shard's regions;
+//! before regions go back. Memory kept apart by the shards is the free
+//! space inside partly used regions: whole free regions go to whichever
+//! shard needs to grow. `reserved` counts every shard's regions;
 //! `peak_live` is each shard's peak summed, exact while one thread
 //! allocates and an upper bound with several.
 //!
@@ -592,13 +594,19 @@ impl<U: MemoryResource> PoolResource<U> {
             .collect();
         free.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
         let mut taken = Vec::new();
-        for (class, id, _) in free {
-            if excess == 0 {
-                break;
-            }
-            if let Ok((base, size)) = s.heaps[class].remove_region(id) {
-                excess = excess.saturating_sub(size as usize);
-                taken.push((class, base, size as usize));
+        {
+            // Forgotten before the upstream call: once given back, the
+            // upstream may hand the same base to another thread's growth.
+            let mut g = self.shards.global();
+            for (class, id, _) in free {
+                if excess == 0 {
+                    break;
+                }
+                if let Ok((base, size)) = s.heaps[class].remove_region(id) {
+                    g.regions.remove(base);
+                    excess = excess.saturating_sub(size as usize);
+                    taken.push((class, base, size as usize));
+                }
             }
         }
         drop(st);
@@ -611,7 +619,6 @@ impl<U: MemoryResource> PoolResource<U> {
             match self.upstream.deallocate_sync(DevicePtr(base), bytes, 256) {
                 Ok(()) => {
                     released += bytes;
-                    self.shards.global().regions.remove(base);
                     false
                 }
                 Err(e) => {
@@ -623,7 +630,9 @@ impl<U: MemoryResource> PoolResource<U> {
         let mut st = self.shards.lock(i);
         for (class, base, bytes) in taken {
             // Removed a moment ago and still the pool's: it fits back.
-            let _ = st.heaps[class].add_region(base, bytes as u64);
+            if st.heaps[class].add_region(base, bytes as u64).is_ok() {
+                self.shards.global().regions.insert(base, bytes, i);
+            }
         }
         first_err.map_or(Ok(released), Err)
     }

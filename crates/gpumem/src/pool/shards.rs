@@ -187,7 +187,11 @@ impl<S, G> Shards<S, G> {
     /// The calling thread's shard.
     #[inline]
     pub fn home(&self) -> usize {
-        thread_slot() & self.mask
+        if self.mask == 0 {
+            0
+        } else {
+            thread_slot() & self.mask
+        }
     }
 
     /// Locks shard `i`.
