@@ -187,11 +187,7 @@ impl<S, G> Shards<S, G> {
     /// The calling thread's shard.
     #[inline]
     pub fn home(&self) -> usize {
-        if self.mask == 0 {
-            0
-        } else {
-            thread_slot() & self.mask
-        }
+        thread_slot() & self.mask
     }
 
     /// Locks shard `i`.
