@@ -31,6 +31,7 @@ mod live_blocks;
 mod pool_resource;
 mod pool_trait;
 pub(crate) mod ptr_map;
+mod shards;
 mod slab;
 pub(crate) mod stream_order;
 mod virtual_pool;
@@ -45,6 +46,10 @@ pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeConfig, FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use pool_trait::Pool;
+/// The lock shards, public only to the `loom` model check
+/// (`tests/loom_shards.rs`, built with `--cfg loom`).
+#[cfg(loom)]
+pub use shards::{RegionOwners, Shards, SlotRegistry};
 pub use slab::ClassStats;
 pub use virtual_pool::{
     Backup, PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, NO_REGION,

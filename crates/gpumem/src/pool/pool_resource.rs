@@ -48,16 +48,28 @@
 //! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
 //! `bench/results/NOTES.md`).
 //!
+//! Threads: the pool is split into lock shards (`pool/shards.rs`, which
+//! says why shards and why per thread), each a whole pool as described
+//! above with its own lock, lanes and regions; a thread allocates from its
+//! own shard, so threads do not contend. A free is tried in the calling
+//! thread's shard first and otherwise goes to the shard owning the block's
+//! region. Before growing, a shard adopts an entirely free region (in the
+//! global lane, after settling) from another shard; reclaim on
+//! out-of-memory settles every shard and takes a free block of any shard
+//! before regions go back. Memory kept apart by the shards is the free
+//! space inside partly used regions: whole free regions go to whichever
+//! shard needs to grow. `reserved` counts every shard's regions;
+//! `peak_live` is each shard's peak summed, exact while one thread
+//! allocates and an upper bound with several.
+//!
 //! Growth does not double: RMM's doubling reserves well above the live peak on
 //! real traces. Regions are tiered (2 MiB, 20 MiB, exact) so the reserve
 //! follows the live peak. Free regions are not given back before growing (on
 //! the shared traces the sizes given back were needed again, and the reserve
 //! grew); they go back only on `trim`, `release` and out-of-memory.
 
-use std::sync::{Mutex, MutexGuard};
-
 use super::live_blocks;
-use super::ptr_map::PtrMap;
+use super::shards::{Guard, RegionOwners, Shards};
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use super::Pool;
@@ -135,6 +147,9 @@ pub struct PoolConfig {
     pub max_reserved: Option<usize>,
     /// How regions are sized when the pool grows.
     pub growth: GrowthPolicy,
+    /// Lock shards (rounded up to a power of two): 0 means one per CPU, 1
+    /// one lock for all threads. See the module documentation.
+    pub shards: usize,
 }
 
 /// Numbers describing a pool at one moment.
@@ -158,7 +173,8 @@ pub struct PoolStats {
     pub largest_free: usize,
     /// Regions held from the upstream.
     pub regions: usize,
-    /// Streams with a lane.
+    /// Stream lanes, all shards (a stream used on several threads has a
+    /// lane in each of their shards).
     pub lanes: usize,
 }
 
@@ -169,24 +185,23 @@ const LARGE: usize = 1;
 /// Number of size classes, each served by its own [`LaneHeap`].
 const CLASSES: usize = 2;
 
-struct State {
+/// One lock shard: a whole pool over the regions it owns.
+struct Shard {
     /// One heap per size class ([`SMALL`], [`LARGE`]); both have the same
     /// lanes, so one [`LaneId`] per stream serves both.
     heaps: [LaneHeap; CLASSES],
     /// The streams' lanes of `heaps`, kept in step across both heaps.
     lanes: HeapLanes,
-    /// Upstream allocation of each region: base → bytes.
-    regions: PtrMap<usize>,
-    /// Bytes asked of the upstream by growths in flight: the lock is not held
-    /// across upstream calls, and these count against `max_reserved`.
-    growing: usize,
-    peak_reserved: usize,
     peak_live: usize,
 }
 
-impl State {
-    fn reserved(&self) -> usize {
-        self.heaps.iter().map(|h| h.region_bytes()).sum::<u64>() as usize
+impl Shard {
+    fn new() -> Self {
+        Self {
+            heaps: std::array::from_fn(|_| LaneHeap::new()),
+            lanes: HeapLanes::new(),
+            peak_live: 0,
+        }
     }
 
     #[inline]
@@ -200,6 +215,30 @@ impl State {
             .map(|h| h.largest_free_any())
             .max()
             .unwrap_or(0) as usize
+    }
+
+    /// The lane of `stream`, created on first use (the same number in both
+    /// heaps).
+    #[inline]
+    fn lane_of(&mut self, stream: &Stream) -> Result<LaneId> {
+        self.lanes.lane_of(&mut self.heaps, stream)
+    }
+}
+
+/// What the shards share, under the owners' lock.
+#[derive(Default)]
+struct Shared {
+    /// Upstream allocation of each region and the shard holding it.
+    regions: RegionOwners,
+    /// Bytes asked of the upstream by growths in flight: no lock is held
+    /// across upstream calls, and these count against `max_reserved`.
+    growing: usize,
+    peak_reserved: usize,
+}
+
+impl AsRef<RegionOwners> for Shared {
+    fn as_ref(&self) -> &RegionOwners {
+        &self.regions
     }
 }
 
@@ -235,7 +274,7 @@ impl State {
 pub struct PoolResource<U: MemoryResource> {
     upstream: U,
     config: PoolConfig,
-    state: Mutex<State>,
+    shards: Shards<Shard, Shared>,
     /// Blocks freed on capturing streams (see `stream_order::parked`);
     /// `None` in a graph pool, whose captures reuse what they free.
     parked: Option<Parked>,
@@ -259,6 +298,16 @@ fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
     }
 }
 
+/// The number of shards for a configured count (0: one per CPU).
+fn shard_count(configured: usize) -> usize {
+    if configured > 0 {
+        return configured.min(1024);
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(64)
+}
+
 impl<U: MemoryResource> PoolResource<U> {
     /// A pool over `upstream`, taking `config.initial_size` bytes at once.
     pub fn new(upstream: U, config: PoolConfig) -> Result<Self> {
@@ -276,23 +325,18 @@ impl<U: MemoryResource> PoolResource<U> {
                 config.growth.granularity
             )));
         }
+        let shards = Shards::new(shard_count(config.shards), Shard::new, Shared::default());
         let pool = Self {
             upstream,
             config,
-            state: Mutex::new(State {
-                heaps: std::array::from_fn(|_| LaneHeap::new()),
-                lanes: HeapLanes::new(),
-                regions: PtrMap::default(),
-                growing: 0,
-                peak_reserved: 0,
-                peak_live: 0,
-            }),
+            shards,
             parked: Some(Parked::default()),
         };
         if pool.config.initial_size > 0 {
             let bytes = pool.config.initial_size.next_multiple_of(256);
             let class = pool.class_of(bytes);
-            pool.grow(pool.lock(), class, bytes).1?;
+            let home = pool.shards.home();
+            pool.grow(pool.shards.lock(home), home, class, bytes).1?;
         }
         Ok(pool)
     }
@@ -323,8 +367,11 @@ impl<U: MemoryResource> PoolResource<U> {
         &self.config
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_order::sync::lock(&self.state)
+    /// Runs `f` on every shard in turn (one lock held at a time).
+    fn each_shard(&self, mut f: impl FnMut(usize, &mut Shard)) {
+        for i in 0..self.shards.len() {
+            f(i, &mut self.shards.lock(i));
+        }
     }
 
     /// The size class (heap) serving a request of `bytes`.
@@ -353,135 +400,188 @@ impl<U: MemoryResource> PoolResource<U> {
         base.checked_next_multiple_of(g.granularity.max(256))
     }
 
-    /// The current numbers.
+    /// The current numbers (each shard read under its own lock: exact when
+    /// no other thread is using the pool).
     pub fn stats(&self) -> PoolStats {
-        let st = self.lock();
-        let mut out = PoolStats {
-            peak_reserved: st.peak_reserved,
-            peak_live: st.peak_live,
-            lanes: st.lanes.len(),
-            ..PoolStats::default()
-        };
-        for h in &st.heaps {
-            let s = h.stats();
-            out.reserved += s.region_bytes as usize;
-            out.live += s.used_bytes as usize;
-            out.live_blocks += s.used_blocks;
-            out.free += s.free_bytes as usize;
-            out.free_blocks += s.free_blocks as usize;
-            out.largest_free = out.largest_free.max(s.largest_free as usize);
-            out.regions += s.regions;
-        }
+        let mut out = PoolStats::default();
+        self.each_shard(|_, sh| {
+            out.peak_live += sh.peak_live;
+            out.lanes += sh.lanes.len();
+            for h in &sh.heaps {
+                let s = h.stats();
+                out.live += s.used_bytes as usize;
+                out.live_blocks += s.used_blocks;
+                out.free += s.free_bytes as usize;
+                out.free_blocks += s.free_blocks as usize;
+                out.largest_free = out.largest_free.max(s.largest_free as usize);
+            }
+        });
+        let g = self.shards.global();
+        out.reserved = g.regions.bytes();
+        out.peak_reserved = g.peak_reserved;
+        out.regions = g.regions.len();
         out
     }
 
     /// Bytes handed out.
     pub fn live_bytes(&self) -> usize {
-        self.lock().live()
+        let mut live = 0;
+        self.each_shard(|_, sh| live += sh.live());
+        live
     }
 
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        live_blocks::live_blocks(&self.lock().heaps)
+        let mut out = Vec::new();
+        self.each_shard(|_, sh| out.extend(live_blocks::live_blocks(&sh.heaps)));
+        out.sort_unstable();
+        out
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        live_blocks::live_block_size(&self.lock().heaps, ptr)
+        let mut found = None;
+        self.each_shard(|_, sh| {
+            found = found.or_else(|| live_blocks::live_block_size(&sh.heaps, ptr));
+        });
+        found
     }
 
     /// The largest free block in any lane of either heap: the largest request
     /// the pool can serve without growing (after waiting for the stream that
     /// freed it, when that is another stream).
     pub fn largest_free_block(&self) -> usize {
-        self.lock().largest_free_any()
+        let mut largest = 0;
+        self.each_shard(|_, sh| largest = largest.max(sh.largest_free_any()));
+        largest
     }
 
-    /// The lane of `stream`, created on first use (the same number in both
-    /// heaps).
-    #[inline]
-    fn lane_of(&self, st: &mut State, stream: &Stream) -> Result<LaneId> {
-        st.lanes.lane_of(&mut st.heaps, stream)
+    fn settle(sh: &mut Shard, keep: Option<LaneId>) {
+        sh.lanes.settle(&mut sh.heaps, keep)
     }
 
-    fn settle(&self, st: &mut State, keep: Option<LaneId>) {
-        st.lanes.settle(&mut st.heaps, keep)
-    }
-
-    fn settle_blocking(&self, st: &mut State) -> Result<()> {
-        st.lanes.settle_blocking(&mut st.heaps)
+    fn settle_blocking(sh: &mut Shard) -> Result<()> {
+        sh.lanes.settle_blocking(&mut sh.heaps)
     }
 
     /// Steals a lane with a block of `needed` bytes in heap `class`; the
     /// victim's blocks move in both heaps (one wait covers them all).
-    fn steal(
-        &self,
-        st: &mut State,
-        class: usize,
-        lane: LaneId,
-        stream: &Stream,
-        needed: u64,
-    ) -> bool {
-        st.lanes.steal(&mut st.heaps, class, lane, stream, needed)
+    fn steal(sh: &mut Shard, class: usize, lane: LaneId, stream: &Stream, needed: u64) -> bool {
+        sh.lanes.steal(&mut sh.heaps, class, lane, stream, needed)
     }
 
     /// Takes a region of `bytes` from the upstream into the global lane of
-    /// heap `class`. The lock is released across the upstream call, so an
-    /// upstream that calls back into this pool (a failure callback that
-    /// releases it, say) cannot deadlock; the guard comes back re-taken.
+    /// heap `class` of shard `home`. No lock is held across the upstream
+    /// call, so an upstream that calls back into this pool (a failure
+    /// callback that releases it, say) cannot deadlock; the guard comes back
+    /// re-taken.
     fn grow<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        st: Guard<'a, Shard>,
+        home: usize,
         class: usize,
         bytes: usize,
-    ) -> (MutexGuard<'a, State>, Result<()>) {
-        if let Some(max) = self.config.max_reserved {
-            if st
-                .reserved()
-                .saturating_add(st.growing)
-                .saturating_add(bytes)
-                > max
-            {
-                let e = self.oom(&st, bytes);
-                return (st, Err(e));
+    ) -> (Guard<'a, Shard>, Result<()>) {
+        {
+            let mut g = self.shards.global();
+            if let Some(max) = self.config.max_reserved {
+                if g.regions
+                    .bytes()
+                    .saturating_add(g.growing)
+                    .saturating_add(bytes)
+                    > max
+                {
+                    drop((g, st));
+                    let e = self.oom(bytes);
+                    return (self.shards.lock(home), Err(e));
+                }
             }
+            g.growing += bytes;
         }
-        st.growing += bytes;
         drop(st);
         let got = self.upstream.allocate_sync(bytes, 256);
-        let mut st = self.lock();
-        st.growing -= bytes;
+        let mut st = self.shards.lock(home);
+        let mut g = self.shards.global();
+        g.growing -= bytes;
         let base = match got {
             Ok(base) => base,
-            Err(e) => return (st, Err(e)),
+            Err(e) => {
+                drop(g);
+                return (st, Err(e));
+            }
         };
         if let Err(e) = st.heaps[class].add_region(base.0, bytes as u64) {
-            drop(st);
+            drop((g, st));
             let _ = self.upstream.deallocate_sync(base, bytes, 256);
             let e = Error::InvalidArgument(format!(
                 "upstream returned an unusable region at {:#x}: {e}",
                 base.0
             ));
-            return (self.lock(), Err(e));
+            return (self.shards.lock(home), Err(e));
         }
-        st.regions.insert(base.0, bytes);
-        st.peak_reserved = st.peak_reserved.max(st.reserved());
+        g.regions.insert(base.0, bytes, home);
+        g.peak_reserved = g.peak_reserved.max(g.regions.bytes());
+        drop(g);
         (st, Ok(()))
     }
 
-    /// Gives entirely free regions of both heaps back to the upstream, largest
-    /// first, until the pool holds at most `to` bytes (0: every free region),
-    /// without holding the lock across the upstream calls. A region the
-    /// upstream refuses stays the pool's, free in its heap, so nothing is
-    /// lost; the first such error is returned once every region was tried.
-    /// Returns the bytes given back.
-    fn release_free_regions<'a>(
+    /// Moves an entirely free region of heap `class` of at least `needed`
+    /// bytes from another shard to shard `home` (the smallest such region of
+    /// the first shard that has one; that shard's idle lanes are settled
+    /// first). Returns the guard of `home` re-taken, and whether a region
+    /// came.
+    fn adopt<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
-        to: usize,
-    ) -> (MutexGuard<'a, State>, Result<usize>) {
-        let mut excess = st.reserved().saturating_sub(to);
+        st: Guard<'a, Shard>,
+        home: usize,
+        class: usize,
+        needed: u64,
+    ) -> (Guard<'a, Shard>, bool) {
+        drop(st);
+        for j in (0..self.shards.len()).filter(|&j| j != home) {
+            let mut other = self.shards.lock(j);
+            if other.heaps[class].region_bytes() == 0 {
+                continue;
+            }
+            Self::settle(&mut other, None);
+            let pick = other.heaps[class]
+                .free_regions()
+                .filter(|&(_, _, size)| size >= needed)
+                .min_by_key(|&(_, _, size)| size);
+            let Some((id, _, _)) = pick else { continue };
+            let Ok((base, size)) = other.heaps[class].remove_region(id) else {
+                continue;
+            };
+            self.shards.global().regions.set_owner(base, home);
+            drop(other);
+            let mut st = self.shards.lock(home);
+            if st.heaps[class].add_region(base, size).is_ok() {
+                return (st, true);
+            }
+            // Not expected (regions never overlap): the region goes back.
+            drop(st);
+            let mut other = self.shards.lock(j);
+            if other.heaps[class].add_region(base, size).is_ok() {
+                self.shards.global().regions.set_owner(base, j);
+            }
+            drop(other);
+            return (self.shards.lock(home), false);
+        }
+        (self.shards.lock(home), false)
+    }
+
+    /// Gives entirely free regions of shard `i` back to the upstream, largest
+    /// first, up to `excess` bytes (at least), without holding a lock across
+    /// the upstream calls. A region the upstream refuses stays the pool's,
+    /// free in its heap, so nothing is lost; the first such error is
+    /// returned once every region was tried. Returns the bytes given back.
+    fn release_free_regions(
+        &self,
+        mut st: Guard<'_, Shard>,
+        i: usize,
+        mut excess: usize,
+    ) -> Result<usize> {
         let s = &mut *st;
         let mut free: Vec<_> = s
             .heaps
@@ -494,20 +594,25 @@ impl<U: MemoryResource> PoolResource<U> {
             .collect();
         free.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
         let mut taken = Vec::new();
-        for (class, id, _) in free {
-            if excess == 0 {
-                break;
+        {
+            // Forgotten before the upstream call: once given back, the
+            // upstream may hand the same base to another thread's growth.
+            let mut g = self.shards.global();
+            for (class, id, _) in free {
+                if excess == 0 {
+                    break;
+                }
+                if let Ok((base, size)) = s.heaps[class].remove_region(id) {
+                    g.regions.remove(base);
+                    excess = excess.saturating_sub(size as usize);
+                    taken.push((class, base, size as usize));
+                }
             }
-            if let Ok((base, _)) = s.heaps[class].remove_region(id) {
-                let bytes = s.regions.remove(&base).expect("region was recorded");
-                excess = excess.saturating_sub(bytes);
-                taken.push((class, base, bytes));
-            }
-        }
-        if taken.is_empty() {
-            return (st, Ok(0));
         }
         drop(st);
+        if taken.is_empty() {
+            return Ok(0);
+        }
         let mut released = 0;
         let mut first_err = None;
         taken.retain(|&(_, base, bytes)| {
@@ -522,30 +627,64 @@ impl<U: MemoryResource> PoolResource<U> {
                 }
             }
         });
-        let mut st = self.lock();
+        let mut st = self.shards.lock(i);
         for (class, base, bytes) in taken {
             // Removed a moment ago and still the pool's: it fits back.
             if st.heaps[class].add_region(base, bytes as u64).is_ok() {
-                st.regions.insert(base, bytes);
+                self.shards.global().regions.insert(base, bytes, i);
             }
         }
-        (st, first_err.map_or(Ok(released), Err))
+        first_err.map_or(Ok(released), Err)
     }
 
-    fn oom(&self, st: &State, requested: usize) -> Error {
+    /// Gives entirely free regions of every shard back until the pool holds
+    /// at most `to` bytes, after settling each shard (waiting for its
+    /// streams when `blocking`). Returns the bytes given back.
+    fn release_to(&self, to: usize, blocking: bool) -> Result<usize> {
+        let mut released = 0;
+        let mut first_err = None;
+        for i in 0..self.shards.len() {
+            let excess = self.shards.global().regions.bytes().saturating_sub(to);
+            if excess == 0 {
+                break;
+            }
+            let mut st = self.shards.lock(i);
+            if blocking {
+                Self::settle_blocking(&mut st)?;
+            } else {
+                Self::settle(&mut st, None);
+            }
+            match self.release_free_regions(st, i, excess) {
+                Ok(b) => released += b,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(released), Err)
+    }
+
+    /// The out-of-memory error for a request of `requested` bytes; called
+    /// with no lock held.
+    fn oom(&self, requested: usize) -> Error {
+        let (mut live, mut largest) = (0, 0);
+        self.each_shard(|_, sh| {
+            live += sh.live();
+            largest = largest.max(sh.largest_free_any());
+        });
         Error::oom_with(OomInfo {
             requested,
             device: Some(self.upstream.device().ordinal()),
-            reserved: Some(st.reserved()),
-            live: Some(st.live()),
-            largest_free: Some(st.largest_free_any()),
+            reserved: Some(self.shards.global().regions.bytes()),
+            live: Some(live),
+            largest_free: Some(largest),
             limit: self.config.max_reserved,
         })
     }
 
     #[inline]
     fn take(
-        st: &mut State,
+        st: &mut Shard,
         class: usize,
         lane: LaneId,
         bytes: usize,
@@ -564,67 +703,74 @@ impl<U: MemoryResource> PoolResource<U> {
         Some(DevicePtr(a.addr))
     }
 
-    /// Allocation when both of the stream's lanes missed: settle, steal,
-    /// grow, then reclaim (see the module documentation). Takes the guard:
-    /// growth releases the lock across the upstream call.
+    /// Allocation when both of the stream's lanes in its thread's shard
+    /// missed: settle, steal, adopt, grow, then reclaim (see the module
+    /// documentation). Takes the guard: the slow path releases the lock.
     #[cold]
     fn allocate_slow<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        mut st: Guard<'a, Shard>,
+        home: usize,
         class: usize,
         stream: &Stream,
         bytes: usize,
         alignment: usize,
     ) -> Result<DevicePtr> {
-        let needed = span_with_padding(bytes, alignment).ok_or_else(|| self.oom(&st, bytes))?;
-        let lane = self.lane_of(&mut st, stream)?;
-        self.settle(&mut st, Some(lane));
+        let Some(needed) = span_with_padding(bytes, alignment) else {
+            drop(st);
+            return Err(self.oom(bytes));
+        };
+        let lane = st.lane_of(stream)?;
+        Self::settle(&mut st, Some(lane));
         if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
-        if self.steal(&mut st, class, lane, stream, needed as u64) {
+        if Self::steal(&mut st, class, lane, stream, needed as u64) {
             if let Some(p) = Self::take(&mut st, class, lane, bytes, alignment) {
                 return Ok(p);
             }
         }
-        let region = self
-            .region_in(class, needed)
-            .ok_or_else(|| self.oom(&st, bytes))?;
-        let (g, grown) = self.grow(st, class, region);
+        let Some(region) = self.region_in(class, needed) else {
+            drop(st);
+            return Err(self.oom(bytes));
+        };
+        if self.shards.len() > 1 {
+            let (g, adopted) = self.adopt(st, home, class, needed as u64);
+            st = g;
+            if adopted {
+                if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
+                    return Ok(p);
+                }
+            }
+        }
+        let (g, grown) = self.grow(st, home, class, region);
         st = g;
         match grown {
             // Another thread may have taken the new region meanwhile: any
             // block that fits will do, else go on to reclaim.
             Ok(()) => {
-                if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
+                if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
                     return Ok(p);
                 }
             }
             Err(e) if e.is_oom() => {}
             Err(e) => return Err(e),
         }
-        // Reclaim: wait for every stream's frees, give back free regions, retry.
-        self.settle_blocking(&mut st)?;
-        if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
-            return Ok(p);
-        }
-        // Segregation yields to memory pressure: a free block of the other
-        // heap serves before any region is given back (a pool of fixed size,
-        // initial = maximum, serves every size from its one region).
-        if let Some(p) = Self::take(&mut st, 1 - class, LaneId::GLOBAL, bytes, alignment) {
+        drop(st);
+        if let Some(p) = self.reclaim(home, class, bytes, alignment)? {
             return Ok(p);
         }
         // A region the upstream refuses to take back stays free in the pool;
         // growing may still succeed, so its error is not the answer here.
-        let (g, _) = self.release_free_regions(st, 0);
-        st = g;
+        let _ = self.release_to(0, false);
+        st = self.shards.lock(home);
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
-            let (g, grown) = self.grow(st, class, size);
+            let (g, grown) = self.grow(st, home, class, size);
             st = g;
             match grown {
                 Ok(()) => {
-                    if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
+                    if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
                         return Ok(p);
                     }
                 }
@@ -632,15 +778,42 @@ impl<U: MemoryResource> PoolResource<U> {
                 Err(e) => return Err(e),
             }
         }
-        Err(self.oom(&st, bytes))
+        drop(st);
+        Err(self.oom(bytes))
     }
 
-    /// After a growth: a block from the global lane of `class`, or from the
-    /// stream's own lane (the lock was released, so the lane is looked up
-    /// again).
-    fn take_any(
+    /// Reclaim: waits for every stream's frees in every shard, then takes a
+    /// free block of heap `class`, else of the other heap (segregation
+    /// yields to memory pressure: a pool of fixed size, initial = maximum,
+    /// serves every size from its one region), from shard `home` first. A
+    /// block of another shard stays that shard's.
+    fn reclaim(
         &self,
-        st: &mut State,
+        home: usize,
+        class: usize,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<Option<DevicePtr>> {
+        let n = self.shards.len();
+        for i in 0..n {
+            Self::settle_blocking(&mut self.shards.lock(i))?;
+        }
+        for c in [class, 1 - class] {
+            for i in (0..n).map(|k| (home + k) % n) {
+                let mut st = self.shards.lock(i);
+                if let Some(p) = Self::take(&mut st, c, LaneId::GLOBAL, bytes, alignment) {
+                    return Ok(Some(p));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// After a growth or adoption: a block from the global lane of `class`,
+    /// or from the stream's own lane (the lock was released, so the lane is
+    /// looked up again).
+    fn take_any(
+        st: &mut Shard,
         class: usize,
         stream: &Stream,
         bytes: usize,
@@ -649,7 +822,7 @@ impl<U: MemoryResource> PoolResource<U> {
         if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(Some(p));
         }
-        let lane = self.lane_of(st, stream)?;
+        let lane = st.lane_of(stream)?;
         Ok(Self::take(st, class, lane, bytes, alignment))
     }
 }
@@ -661,15 +834,16 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
             return Ok(DevicePtr::NULL);
         }
         let class = self.class_of(bytes);
-        let mut st = self.lock();
-        let lane = self.lane_of(&mut st, stream)?;
+        let home = self.shards.home();
+        let mut st = self.shards.lock(home);
+        let lane = st.lane_of(stream)?;
         if let Some(p) = Self::take(&mut st, class, lane, bytes, alignment) {
             return Ok(p);
         }
         if let Some(p) = Self::take(&mut st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(p);
         }
-        self.allocate_slow(st, class, stream, bytes, alignment)
+        self.allocate_slow(st, home, class, stream, bytes, alignment)
     }
 
     #[inline]
@@ -693,12 +867,19 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         // The heap checks the size against the block it finds (its 256-byte
         // granules): a wrong size is refused and frees nothing.
         let class = self.class_of(bytes);
-        let mut st = self.lock();
-        let lane = self.lane_of(&mut st, stream)?;
+        let home = self.shards.home();
+        let mut st = self.shards.lock(home);
+        let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
             Ok(_) => Ok(()),
             Err(HeapError::UnknownAddress(_)) => {
-                Self::free_elsewhere(&mut st, class, ptr, bytes, lane)
+                match Self::free_elsewhere(&mut st, class, ptr, bytes, lane) {
+                    Err(HeapError::UnknownAddress(_)) => {
+                        drop(st);
+                        self.free_in_owner(home, class, ptr, bytes, stream)
+                    }
+                    r => r.map_err(|e| heap_error(ptr, e)),
+                }
             }
             Err(e) => Err(heap_error(ptr, e)),
         }
@@ -719,29 +900,28 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
 /// [`Pool::reset_peak`] restarts the peaks of reserved and live bytes.
 impl<U: MemoryResource> Pool for PoolResource<U> {
     fn reserved_bytes(&self) -> usize {
-        self.lock().reserved()
+        self.shards.global().regions.bytes()
     }
 
     fn peak_reserved_bytes(&self) -> usize {
-        self.lock().peak_reserved
+        self.shards.global().peak_reserved
     }
 
     fn reset_peak(&self) {
-        let mut st = self.lock();
-        st.peak_reserved = st.reserved();
-        st.peak_live = st.live();
+        self.each_shard(|_, sh| sh.peak_live = sh.live());
+        let mut g = self.shards.global();
+        g.peak_reserved = g.regions.bytes();
     }
 
     fn trim(&self, to: usize) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle(&mut st, None);
-        self.release_free_regions(st, to).1
+        self.release_to(to, false)
     }
 
     fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        self.settle_blocking(&mut st)?;
-        self.release_free_regions(st, 0).1
+        for i in 0..self.shards.len() {
+            Self::settle_blocking(&mut self.shards.lock(i))?;
+        }
+        self.release_to(0, false)
     }
 }
 
@@ -750,12 +930,12 @@ impl<U: MemoryResource> PoolResource<U> {
     /// that heap freed with a size of the other is refused there).
     #[cold]
     fn free_elsewhere(
-        st: &mut State,
+        st: &mut Shard,
         tried: usize,
         ptr: DevicePtr,
         bytes: usize,
         lane: LaneId,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), HeapError> {
         let mut err = HeapError::UnknownAddress(ptr.0);
         for (c, h) in st.heaps.iter_mut().enumerate() {
             if c == tried {
@@ -767,7 +947,34 @@ impl<U: MemoryResource> PoolResource<U> {
                 Err(e) => err = e,
             }
         }
-        Err(heap_error(ptr, err))
+        Err(err)
+    }
+
+    /// Frees `ptr`, unknown to the calling thread's shard `home`, in the
+    /// shard owning its region, into `stream`'s lane there.
+    #[cold]
+    #[inline(never)]
+    fn free_in_owner(
+        &self,
+        home: usize,
+        class: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let Some(owner) = self.shards.owner_other_than(ptr.0, home) else {
+            return Err(heap_error(ptr, HeapError::UnknownAddress(ptr.0)));
+        };
+        let mut st = self.shards.lock(owner);
+        let lane = st.lane_of(stream)?;
+        match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
+            Ok(_) => Ok(()),
+            Err(HeapError::UnknownAddress(_)) => {
+                Self::free_elsewhere(&mut st, class, ptr, bytes, lane)
+                    .map_err(|e| heap_error(ptr, e))
+            }
+            Err(e) => Err(heap_error(ptr, e)),
+        }
     }
 }
 
@@ -777,15 +984,18 @@ impl<U: MemoryResource> Drop for PoolResource<U> {
             // The driver may already be gone: leak rather than call into it.
             return;
         }
-        let st = super::stream_order::sync::get_mut(&mut self.state);
+        let device = self.upstream.device().clone();
+        let (shards, g) = self.shards.get_mut();
         // Work still using pool memory must finish before the regions go back.
-        st.lanes.synchronize_all(self.upstream.device());
-        for (&base, &bytes) in st.regions.iter() {
+        for sh in shards {
+            sh.lanes.synchronize_all(&device);
+        }
+        for (base, bytes) in g.regions.iter() {
             crate::exit::give_back(
                 || format!("PoolResource region {base:#x}"),
                 || self.upstream.deallocate_sync(DevicePtr(base), bytes, 256),
             );
         }
-        st.regions.clear();
+        g.regions = RegionOwners::default();
     }
 }
