@@ -16,15 +16,14 @@
 //! `VPOOL_VERBOSE` adds a line per pass with the alias counters,
 //! `VPOOL_STEP=N` prints the counters every N events, `VPOOL_FRESH_STREAMS`
 //! makes new streams for every pass. Driver costs used (H100, driver 580; see
-//! `examples/vmm_costs.rs`): cuMemCreate 12 µs, cuMemMap 1.6 µs and
-//! cuMemRelease 11 µs per 2 MiB page; cuMemSetAccess 18 µs per call plus
-//! 25 µs per mapping in its range, cuMemUnmap 9 µs per call plus 17 µs per
-//! mapping (a mapping is one extent, one physical allocation of one or more
-//! pages mapped whole); cuMemAddressReserve 22 µs. Batching mappings into one
-//! call saves only the per-call part: on the H100 the cost follows the
-//! mappings covered. cuMemCreate, cuMemMap and cuMemRelease are charged per
-//! page (measured at one page; conservative for multi-page extents, whose map
-//! was measured at 1-6 µs per call up to 256 pages).
+//! `examples/vmm_costs.rs`, `bench/results/2026-11-23-h100-run24-vmm-create`):
+//! cuMemCreate 15 µs per call plus 0.2 µs per 2 MiB page, cuMemRelease 14
+//! µs per call plus 1.1 µs per page, cuMemMap 1.6 µs per page;
+//! cuMemSetAccess 18 µs per call plus 25 µs per mapping in its range,
+//! cuMemUnmap 9 µs per call plus 17 µs per mapping (a mapping is one
+//! extent, one physical allocation of one or more pages mapped whole);
+//! cuMemAddressReserve 22 µs. Batching mappings into one call saves only the
+//! per-call part: on the H100 the cost follows the mappings covered.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -257,13 +256,15 @@ fn main() {
             let maps = st.mappings_made - st0.mappings_made;
             let unmaps = st.mappings_unmapped - st0.mappings_unmapped;
             let mapped_pages = st.pages_mapped - st0.pages_mapped;
-            let drv_us = created as f64 * 12.0 * scale
+            let drv_us = d[0] as f64 * 15.0
+                + created as f64 * 0.2 * scale
                 + mapped_pages as f64 * 1.6 * scale
                 + d[2] as f64 * 18.0
                 + maps as f64 * 25.0
                 + d[3] as f64 * 9.0
                 + unmaps as f64 * 17.0
-                + released as f64 * 11.0 * scale
+                + d[4] as f64 * 14.0
+                + released as f64 * 1.1 * scale
                 + d[5] as f64 * 22.0;
             let drv = drv_us * 1000.0 / events.len() as f64;
             let sim_calls: u64 = d.iter().sum();
