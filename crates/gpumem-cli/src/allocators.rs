@@ -13,7 +13,8 @@ use anyhow::{bail, Result};
 use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
-    ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolResource, VirtualPool,
+    ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolConfig, PoolResource,
+    VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
@@ -55,6 +56,17 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         reserve_note: None,
         build: |d| {
             let pool = PoolResource::with_defaults(DeviceResource::new(d.clone()))?;
+            Ok(Allocator::pool(Arc::new(pool)))
+        },
+    },
+    AllocatorSpec {
+        name: "pool-sharded",
+        about: "PoolResource with one lock shard per CPU (PoolConfig::shards = 0): threads do not contend",
+        reserve_note: None,
+        build: |d| {
+            let mut config = PoolConfig::default();
+            config.shards = 0;
+            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
             Ok(Allocator::pool(Arc::new(pool)))
         },
     },
