@@ -48,10 +48,11 @@
 //! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
 //! `bench/results/NOTES.md`).
 //!
-//! Threads: the pool is split into lock shards (`pool/shards.rs`, which
-//! says why shards and why per thread), each a whole pool as described
-//! above with its own lock, lanes and regions; a thread allocates from its
-//! own shard, so threads do not contend. A free is tried in the calling
+//! Threads: with [`PoolConfig::shards`] above 1 (the default is one lock),
+//! the pool is split into lock shards (`pool/shards.rs`, which says why
+//! shards and why per thread), each a whole pool as described above with
+//! its own lock, lanes and regions; a thread allocates from its own shard,
+//! so threads do not contend. A free is tried in the calling
 //! thread's shard first and otherwise goes to the shard owning the block's
 //! region. Before growing, a shard adopts an entirely free region (in the
 //! global lane, after settling) from another shard; reclaim on
