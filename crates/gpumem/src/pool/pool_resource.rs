@@ -79,7 +79,7 @@ use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::suballoc::{span_with_padding, HeapError, LaneHeap, LaneId};
-use crate::{Error, FreeError, OomInfo, Result};
+use crate::{Error, OomInfo, Result};
 
 /// Largest alignment the pool serves (padding is split off inside a block).
 pub const POOL_MAX_ALIGNMENT: usize = 1 << 30;
@@ -304,15 +304,6 @@ impl<U: MemoryResource> std::fmt::Debug for PoolResource<U> {
             .field("config", &self.config)
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
-    Error::InvalidFree {
-        ptr: ptr.0,
-        reason: e.free_reason().unwrap_or(FreeError::Unknown),
     }
 }
 
@@ -896,10 +887,10 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
                         drop(st);
                         self.free_in_owner(home, class, ptr, bytes, stream)
                     }
-                    r => r.map_err(|e| heap_error(ptr, e)),
+                    r => r.map_err(|e| e.into_invalid_free(ptr.0)),
                 }
             }
-            Err(e) => Err(heap_error(ptr, e)),
+            Err(e) => Err(e.into_invalid_free(ptr.0)),
         }
     }
 
@@ -981,7 +972,7 @@ impl<U: MemoryResource> PoolResource<U> {
         stream: &Stream,
     ) -> Result<()> {
         let Some(owner) = self.shards.owner_other_than(ptr.0, home) else {
-            return Err(heap_error(ptr, HeapError::UnknownAddress(ptr.0)));
+            return Err(HeapError::UnknownAddress(ptr.0).into_invalid_free(ptr.0));
         };
         let mut st = self.shards.lock(owner);
         let lane = st.lane_of(stream)?;
@@ -989,9 +980,9 @@ impl<U: MemoryResource> PoolResource<U> {
             Ok(_) => Ok(()),
             Err(HeapError::UnknownAddress(_)) => {
                 Self::free_elsewhere(&mut st, class, ptr, bytes, lane)
-                    .map_err(|e| heap_error(ptr, e))
+                    .map_err(|e| e.into_invalid_free(ptr.0))
             }
-            Err(e) => Err(heap_error(ptr, e)),
+            Err(e) => Err(e.into_invalid_free(ptr.0)),
         }
     }
 }

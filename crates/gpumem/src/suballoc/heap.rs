@@ -142,6 +142,17 @@ impl HeapError {
             _ => None,
         }
     }
+
+    /// The error of a rejected free of `ptr`: [`crate::Error::InvalidFree`]
+    /// with [`HeapError::free_reason`] (an unknown pointer otherwise).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn into_invalid_free(self, ptr: u64) -> crate::Error {
+        crate::Error::InvalidFree {
+            ptr,
+            reason: self.free_reason().unwrap_or(crate::FreeError::Unknown),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -126,7 +126,7 @@ use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType};
 use crate::resource::{validate_request, MemoryResource, Properties};
 use crate::stream::Stream;
-use crate::suballoc::{HeapError, LaneHeap, LaneId};
+use crate::suballoc::{LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
 pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
@@ -241,15 +241,6 @@ impl std::fmt::Debug for VirtualPool {
             .field("config", &self.config)
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn heap_error(ptr: DevicePtr, e: HeapError) -> Error {
-    Error::InvalidFree {
-        ptr: ptr.0,
-        reason: e.free_reason().unwrap_or(FreeError::Unknown),
     }
 }
 
@@ -492,7 +483,7 @@ impl MemoryResource for VirtualPool {
         } else {
             a.heap.free_sized(ptr.0, lane, bytes as u64)
         }
-        .map_err(|e| heap_error(ptr, e))?;
+        .map_err(|e| e.into_invalid_free(ptr.0))?;
         let (bit, tick) = st.streams.on_free(stream);
         if let Some(span) = st.pages.span(ptr.0, size) {
             st.pages.release(span, bit, tick);
