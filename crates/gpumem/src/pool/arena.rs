@@ -792,7 +792,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         if bytes == 0 || ptr.0 < core.base || off >= core.size as u64 {
             return Err(Self::invalid(ptr, FreeError::Unknown));
         }
-        if self.parked.park_if_capturing(ptr, bytes, stream)? {
+        if self.parked.park_if_capturing(ptr, stream)? {
             return Ok(());
         }
         let idx = (off >> core.sb_shift) as u32;

@@ -269,11 +269,7 @@ impl<U: MemoryResource> CachingPool<U> {
             return Ok(());
         }
         if let Some(s) = stream {
-            if self
-                .slab
-                .parked
-                .park_if_capturing(ptr, bytes.unwrap_or(0), s)?
-            {
+            if self.slab.parked.park_if_capturing(ptr, s)? {
                 return Ok(());
             }
         }

@@ -224,7 +224,7 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        if self.slab.parked.park_if_capturing(ptr, bytes, stream)? {
+        if self.slab.parked.park_if_capturing(ptr, stream)? {
             return Ok(());
         }
         self.slab.deallocate(0, ptr, Some(bytes), Some(stream))

@@ -867,7 +867,7 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
             return Ok(());
         }
         if let Some(parked) = &self.parked {
-            if parked.park_if_capturing(ptr, bytes, stream)? {
+            if parked.park_if_capturing(ptr, stream)? {
                 return Ok(());
             }
         }

@@ -23,38 +23,33 @@ use crate::error::FreeError;
 use crate::stream::Stream;
 use crate::{Error, Result};
 
-/// A pool's parked blocks: address and size.
+/// A pool's parked blocks, by address.
 #[derive(Debug, Default)]
 pub(crate) struct Parked {
-    blocks: Mutex<Vec<(u64, usize)>>,
+    blocks: Mutex<Vec<u64>>,
 }
 
 impl Parked {
     /// Parks `ptr` when `stream` is capturing; `Ok(false)` when it is not
     /// (the pool frees it as usual).
     #[inline]
-    pub(crate) fn park_if_capturing(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        stream: &Stream,
-    ) -> Result<bool> {
+    pub(crate) fn park_if_capturing(&self, ptr: DevicePtr, stream: &Stream) -> Result<bool> {
         if !capturing(stream) {
             return Ok(false);
         }
-        self.park(ptr, bytes).map(|()| true)
+        self.park(ptr).map(|()| true)
     }
 
     #[cold]
-    fn park(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    fn park(&self, ptr: DevicePtr) -> Result<()> {
         let mut blocks = lock(&self.blocks);
-        if blocks.iter().any(|&(p, _)| p == ptr.0) {
+        if blocks.contains(&ptr.0) {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
                 reason: FreeError::DoubleFree,
             });
         }
-        blocks.push((ptr.0, bytes));
+        blocks.push(ptr.0);
         Ok(())
     }
 }

@@ -469,7 +469,7 @@ impl MemoryResource for VirtualPool {
                 reason: FreeError::Unknown,
             });
         };
-        if self.parked.park_if_capturing(ptr, bytes, stream)? {
+        if self.parked.park_if_capturing(ptr, stream)? {
             return Ok(());
         }
         let a = &mut st.areas[area];
