@@ -92,6 +92,7 @@ fn replay(
     device: &Device,
     events: &[Ev],
     streams: &mut HashMap<u64, Stream>,
+    sim: &SimDriver,
 ) -> (u128, usize) {
     let mut live: HashMap<u64, (DevicePtr, usize)> = HashMap::with_capacity(4096);
     for ev in events {
@@ -108,9 +109,21 @@ fn replay(
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n > 0);
+    let mut calls_before = sim.call_counts();
     let t0 = Instant::now();
     for (i, ev) in events.iter().enumerate() {
         if step.is_some_and(|n| i % n == 0) {
+            // Every driver call since the last step, not only the VMM ones.
+            let now = sim.call_counts();
+            let made: Vec<String> = now
+                .iter()
+                .filter_map(|&(name, n)| {
+                    let was = calls_before.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
+                    (n > was).then(|| format!("{name} {}", n - was))
+                })
+                .collect();
+            calls_before = now;
+            eprintln!("  calls: {}", made.join(", "));
             let st = pool.stats();
             eprintln!(
                 "  event {i}: mappings {} aliases {} reloc {} fresh {} va-mapped GB {:.2}",
@@ -243,7 +256,7 @@ fn main() {
                 // New streams for every pass (a program that keeps none).
                 streams.clear();
             }
-            let (ns, peak) = replay(&pool, &device, &events, &mut streams);
+            let (ns, peak) = replay(&pool, &device, &events, &mut streams, &sim);
             peak_live = peak_live.max(peak);
             let after = counts(&sim);
             let d: Vec<u64> = (0..6).map(|i| after.calls[i] - before.calls[i]).collect();
