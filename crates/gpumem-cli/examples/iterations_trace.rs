@@ -57,7 +57,11 @@ fn main() {
         };
         for op in &p.prep.ops {
             let stream = p.prep.streams[op.stream as usize];
-            let action = if op.alloc { Action::Allocate } else { Action::Free };
+            let action = if op.alloc {
+                Action::Allocate
+            } else {
+                Action::Free
+            };
             live[op.slot as usize] = op.alloc.then_some((op.size, stream));
             event(action, op.slot, op.size, stream);
         }

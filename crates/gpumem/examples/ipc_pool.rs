@@ -5,7 +5,13 @@
 //! checks them, frees its mapping and tells the parent, which frees last.
 //! Exit status 0 means the child saw the parent's bytes.
 //!
-//! Needs a GPU: `GPUMEM_DEVICE=cuda cargo run -p gpumem --example ipc_pool`.
+//! With `--child-device N` the child runs on device `N` (its
+//! `GPUMEM_CUDA_DEVICE`): it grants its device read-write access to the
+//! imported pool and copies the bytes across devices, the exchange between
+//! two GPUs.
+//!
+//! Needs a GPU: `GPUMEM_DEVICE=cuda cargo run -p gpumem --example ipc_pool
+//! [-- --child-device 1]`.
 //! On the simulated device (the default) it says it is skipped and exits 0:
 //! the simulator lives inside one process, so its in-process export/import is
 //! tested by `tests/async_pool.rs` instead.
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use gpumem::async_pool::{ipc, AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::SimConfig;
-use gpumem::driver::{Backend, HandleType, PoolPtrExport};
+use gpumem::driver::{AccessFlags, Backend, HandleType, PoolPtrExport};
 use gpumem::resource::DeviceResource;
 use gpumem::{Device, DeviceBuffer};
 
@@ -28,8 +34,9 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 /// Bytes shared: a few MiB plus an odd tail.
 const LEN: usize = (4 << 20) + 123;
-/// Export record (64 bytes) followed by the length (8 bytes, little endian).
-const MSG: usize = 64 + 8;
+/// Export record (64 bytes), the length (8 bytes, little endian) and the
+/// exporter's device ordinal (4 bytes, little endian).
+const MSG: usize = 64 + 8 + 4;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -40,13 +47,14 @@ fn pattern(len: usize) -> Vec<u8> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let result = if args.get(1).map(String::as_str) == Some("--child") {
-        match args.get(2) {
-            Some(path) => child(Path::new(path)),
-            None => Err("usage: ipc_pool --child SOCKET".into()),
-        }
-    } else {
-        parent()
+    let result = match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("--child"), Some(path)) => child(Path::new(path)),
+        (Some("--child-device"), Some(n)) => match n.parse::<u32>() {
+            Ok(n) => parent(Some(n)),
+            Err(_) => Err(format!("--child-device {n}: not a device ordinal").into()),
+        },
+        (None, _) => parent(None),
+        _ => Err("usage: ipc_pool [--child-device N]".into()),
     };
     match result {
         Ok(code) => code,
@@ -57,7 +65,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn parent() -> Res<ExitCode> {
+fn parent(child_device: Option<u32>) -> Res<ExitCode> {
     let (device, _) = Device::from_env(SimConfig::default())?;
     if device.backend() == Backend::Sim {
         println!(
@@ -92,10 +100,12 @@ fn parent() -> Res<ExitCode> {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     listener.set_nonblocking(true)?;
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("--child")
-        .arg(&path)
-        .spawn()?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command.arg("--child").arg(&path);
+    if let Some(n) = child_device {
+        command.env(gpumem::device::ORDINAL_ENV, n.to_string());
+    }
+    let mut child = command.spawn()?;
 
     let outcome = (|| -> Res<bool> {
         let start = Instant::now();
@@ -118,7 +128,8 @@ fn parent() -> Res<ExitCode> {
         conn.set_read_timeout(Some(TIMEOUT))?;
         let mut msg = [0u8; MSG];
         msg[..64].copy_from_slice(&export.0);
-        msg[64..].copy_from_slice(&(LEN as u64).to_le_bytes());
+        msg[64..72].copy_from_slice(&(LEN as u64).to_le_bytes());
+        msg[72..].copy_from_slice(&device.ordinal().to_le_bytes());
         ipc::send_fd(&conn, pool_fd.as_fd(), &msg)?;
         // The child answers once its mapping is freed and synchronized: only
         // then may this process free the allocation.
@@ -157,10 +168,22 @@ fn child(path: &Path) -> Res<ExitCode> {
     }
     let mut export = [0u8; 64];
     export.copy_from_slice(&msg[..64]);
-    let len = u64::from_le_bytes(msg[64..].try_into()?) as usize;
+    let len = u64::from_le_bytes(msg[64..72].try_into()?) as usize;
+    let exporter = u32::from_le_bytes(msg[72..].try_into()?);
 
     let imported = AsyncResource::import_fd(device.clone(), pool_fd.as_fd())?;
     drop(pool_fd);
+    if device.ordinal() != exporter {
+        // The pool's memory lives on the exporter's device: this device
+        // reads it as a peer.
+        imported
+            .pool()
+            .grant_access(device.ordinal(), AccessFlags::ReadWrite)?;
+        println!(
+            "child: device {} reads the pool of device {exporter} as a peer",
+            device.ordinal()
+        );
+    }
     let ptr = imported.import_pointer(&PoolPtrExport(export))?;
     println!("child: imported the pool and the allocation at {ptr:#x} ({len} bytes)");
 
