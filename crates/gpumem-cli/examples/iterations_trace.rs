@@ -1,7 +1,9 @@
 //! Writes passes of the `iterations` workload as one RMM log, so that tools
 //! that take traces (`gpumem replay`, `examples/vpool_replay.rs` of the
 //! `gpumem` crate) can run it. What a pass leaves live is freed at its end,
-//! as `gpumem bench` does after the clock stops.
+//! as `gpumem bench` does after the clock stops; those frees are written by
+//! thread 2 (every other row by thread 1), so a replayer can leave them
+//! untimed. Pass `p`'s addresses have `p` in their bits 40 and up.
 //!
 //! ```text
 //! cargo run --release -p gpumem-cli --example iterations_trace -- \
@@ -44,10 +46,10 @@ fn main() {
         // Slots are reused once freed; each pass gets addresses of its own.
         let ptr = |slot: u32| ((pass as u64) << 40) | ((slot as u64 + 1) << 12);
         let mut live = vec![None; p.prep.slots];
-        let mut event = |action, slot: u32, size, stream| {
+        let mut event = |thread, action, slot: u32, size, stream| {
             time_us += 1;
             events.push(TraceEvent {
-                thread: 1,
+                thread,
                 time_us,
                 action,
                 ptr: ptr(slot),
@@ -63,11 +65,11 @@ fn main() {
                 Action::Free
             };
             live[op.slot as usize] = op.alloc.then_some((op.size, stream));
-            event(action, op.slot, op.size, stream);
+            event(1, action, op.slot, op.size, stream);
         }
         for (slot, block) in live.iter().enumerate() {
             if let Some((size, stream)) = *block {
-                event(Action::Free, slot as u32, size, stream);
+                event(2, Action::Free, slot as u32, size, stream);
             }
         }
     }
