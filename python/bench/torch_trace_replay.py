@@ -19,8 +19,8 @@ leaves live is freed after its clock stops, as ``gpumem bench`` does.
 
 Per pass: ns per operation (an allocation or a free). Per trace: first,
 second and steady (median of passes 3 on) ns per operation and peak
-reserved (``reserved_bytes.all.peak``) over peak live. Each trace runs in a
-fresh process. Each result is one JSON line with date, device and command.
+reserved (``reserved_bytes.all.peak``) over peak live. Each trace runs
+``--repeats`` times, each in a fresh process; medians are reported. Each result is one JSON line with date, device and command.
 """
 
 import argparse
@@ -139,6 +139,7 @@ def main():
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--split-passes", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per trace; medians reported")
     ap.add_argument("--out", default="torch_trace_replay.jsonl")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -155,13 +156,23 @@ def main():
         cmd = [sys.executable, __file__, trace, "--child", "--passes", str(args.passes)]
         if args.split_passes:
             cmd.append("--split-passes")
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-        got = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        if p.returncode != 0 or not got:
-            print(f"{trace}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}")
+        runs = []
+        for _ in range(args.repeats):
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+            got = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            if p.returncode != 0 or not got:
+                print(f"{trace}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}")
+                break
+            runs.append(got[0])
+        if len(runs) < args.repeats:
             failed += 1
             continue
-        r = dict(got[0], date=datetime.date.today().isoformat(), device=device, command=command)
+        r = dict(runs[0], date=datetime.date.today().isoformat(), device=device, command=command,
+                 repeats=len(runs))
+        for k in ("first", "second", "steady", "peak_reserved", "reserved_over_live"):
+            vals = [x[k] for x in runs if x[k] is not None]
+            r[k] = statistics.median(vals) if vals else None
+        r["ns_per_op"] = [statistics.median(x["ns_per_op"][i] for x in runs) for i in range(r["passes"])]
         with open(args.out, "a") as f:
             f.write(json.dumps(r) + "\n")
         second = r["second"] if r["second"] is not None else float("nan")
