@@ -123,7 +123,7 @@ use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use crate::device::Device;
-use crate::driver::{DevicePtr, HandleType};
+use crate::driver::{DevicePtr, HandleType, PhysProps};
 use crate::resource::{validate_request, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::suballoc::{LaneHeap, LaneId};
@@ -226,7 +226,8 @@ pub struct VirtualPool {
     config: VirtualPoolConfig,
     gran: usize,
     capacity: usize,
-    handle_type: HandleType,
+    /// What every `cuMemCreate` asks for.
+    phys_props: PhysProps,
     state: Mutex<State>,
     /// Blocks freed on capturing streams (see `stream_order::parked`).
     parked: Parked,
@@ -344,7 +345,7 @@ impl VirtualPool {
             config,
             gran,
             capacity,
-            handle_type,
+            phys_props: handle_type.into(),
             state: Mutex::new(st),
             parked: Parked::default(),
             any_asleep: AtomicBool::new(false),
