@@ -7,8 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
-use gpumem::async_pool::AsyncResource;
+use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::driver::{AccessFlags, DevicePtr};
 use gpumem::manager::{DeviceAllocatorMode, MemoryManager};
 use gpumem::pool::{PoolResource, VirtualPool, VirtualPoolConfig};
 use gpumem::registry::Registry;
@@ -139,4 +140,148 @@ fn the_global_managers_are_one_per_device() {
         assert_eq!(m.device().ordinal(), other);
         assert!(std::ptr::eq(MemoryManager::global_for(other).unwrap(), m));
     }
+}
+
+/// Writes a pattern into `block` (memory of `d0`) and has `d1` copy it into
+/// memory of its own with a peer copy run by `d1`: `Ok` with the bytes
+/// checked, or the driver's refusal.
+fn peer_reads(d0: &Device, d1: &Device, block: DevicePtr, n: usize) -> gpumem::Result<()> {
+    let drv = d0.driver();
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let data = common::random_bytes(n, block.0);
+    // SAFETY: `data` outlives the copy: `s0` is synchronized below.
+    unsafe { drv.memcpy_htod_async(block, data.as_ptr(), n, s0.raw()) }.unwrap();
+    s0.synchronize().unwrap();
+    let dst = drv.mem_alloc(d1.ordinal(), n).unwrap();
+    // SAFETY: device memory only; synchronized before it is freed.
+    let copied =
+        unsafe { drv.memcpy_peer_async(dst, d1.ordinal(), block, d0.ordinal(), n, s1.raw()) };
+    let mut back = vec![0u8; n];
+    if copied.is_ok() {
+        // SAFETY: `back` outlives the copy: `s1` is synchronized below.
+        unsafe { drv.memcpy_dtoh_async(back.as_mut_ptr(), dst, n, s1.raw()) }.unwrap();
+    }
+    s1.synchronize().unwrap();
+    drv.mem_free(d1.ordinal(), dst).unwrap();
+    copied?;
+    assert!(back == data, "the bytes of {block:#x} arrived on device 1");
+    Ok(())
+}
+
+/// Two backed devices that reach each other, or `None` (two GPUs that do not).
+fn reaching_pair() -> Option<(Device, Device, Option<Arc<SimDriver>>)> {
+    let (d0, d1, sim) = common::two_devices(SimConfig::backed(256 << 20))?;
+    if !d1
+        .driver()
+        .can_access_peer(d1.ordinal(), d0.ordinal())
+        .unwrap()
+    {
+        eprintln!("the two GPUs cannot reach each other: no peer access to test");
+        return None;
+    }
+    Some((d0, d1, sim))
+}
+
+/// Checks that `d1` reading `block` without `grant` is refused: on the
+/// simulator only (a GPU would fault).
+fn refused_without(
+    sim: &Option<Arc<SimDriver>>,
+    (d0, d1): (&Device, &Device),
+    block: DevicePtr,
+    grant: &str,
+) {
+    let Some(sim) = sim else {
+        return;
+    };
+    match peer_reads(d0, d1, block, MIB) {
+        Err(Error::Driver { code: 705, .. }) => {}
+        other => panic!("expected a refused peer touch, got {other:?}"),
+    }
+    let v = sim.peer_violations();
+    assert!(v.last().unwrap().reason.contains(grant), "{v:?}");
+}
+
+#[test]
+fn a_virtual_pool_maps_every_page_for_its_peers() {
+    let Some((d0, d1, sim)) = reaching_pair() else {
+        return;
+    };
+    let mut config = VirtualPoolConfig::default();
+    config.peers = vec![d1.ordinal()];
+    let pool = VirtualPool::new(d0.clone(), config).unwrap();
+    let s = d0.create_stream().unwrap();
+    // Frees and sizes that send pages through the cache, aliases and new
+    // extents; every block handed out must be open to the peer.
+    let mut live = Vec::new();
+    for (i, n) in [
+        3 * MIB,
+        5 * MIB,
+        700_000,
+        6 * MIB,
+        2 * MIB,
+        9 * MIB,
+        4096,
+        3 * MIB,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = pool.allocate(n, 256, &s).unwrap();
+        peer_reads(&d0, &d1, p, n).unwrap();
+        live.push((p, n));
+        if i % 2 == 1 {
+            let (q, m) = live.remove(0);
+            pool.deallocate(q, m, 256, &s).unwrap();
+        }
+    }
+    for (p, n) in live {
+        pool.deallocate(p, n, 256, &s).unwrap();
+    }
+    s.synchronize().unwrap();
+    assert!(pool.stats().aliases_made >= 1, "an alias was mapped too");
+
+    let alone = VirtualPool::new(d0.clone(), VirtualPoolConfig::default()).unwrap();
+    let p = alone.allocate(MIB, 256, &s).unwrap();
+    refused_without(&sim, (&d0, &d1), p, "cuMemSetAccess");
+    alone.deallocate(p, MIB, 256, &s).unwrap();
+}
+
+#[test]
+fn a_stream_ordered_pool_grants_its_peers() {
+    let Some((d0, d1, sim)) = reaching_pair() else {
+        return;
+    };
+    let mut config = AsyncResourceConfig::default();
+    config.peers = vec![d1.ordinal()];
+    let pool = AsyncResource::new(d0.clone(), config).unwrap();
+    assert_eq!(pool.access(d1.ordinal()).unwrap(), AccessFlags::ReadWrite);
+    let s = d0.create_stream().unwrap();
+    let p = pool.allocate(MIB, 256, &s).unwrap();
+    peer_reads(&d0, &d1, p, MIB).unwrap();
+    pool.deallocate(p, MIB, 256, &s).unwrap();
+
+    let alone = AsyncResource::with_defaults(d0.clone()).unwrap();
+    let p = alone.allocate(MIB, 256, &s).unwrap();
+    refused_without(&sim, (&d0, &d1), p, "cuMemPoolSetAccess");
+    alone.deallocate(p, MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn pools_over_cuda_memory_serve_a_peer_once_the_device_grants_it() {
+    let Some((d0, d1, sim)) = reaching_pair() else {
+        return;
+    };
+    let pool = PoolResource::with_defaults(DeviceResource::new(d0.clone())).unwrap();
+    let s = d0.create_stream().unwrap();
+    let p = pool.allocate(MIB, 256, &s).unwrap();
+    refused_without(&sim, (&d0, &d1), p, "cuCtxEnablePeerAccess");
+    d0.grant_peer_access(d1.ordinal()).unwrap();
+    d0.grant_peer_access(d1.ordinal()).unwrap();
+    peer_reads(&d0, &d1, p, MIB).unwrap();
+    assert!(matches!(
+        d0.grant_peer_access(d0.ordinal()),
+        Err(Error::InvalidArgument(_))
+    ));
+    pool.deallocate(p, MIB, 256, &s).unwrap();
 }
