@@ -109,7 +109,12 @@ def include_dir():
 
 
 # The keys of GPUMEM_CONF (crates/gpumem-capi/src/conf.rs documents them).
-SETTINGS = ("resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin", "log")
+SETTINGS = (
+    "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
+    "nccl_ready", "log",
+)
+# The settings that take True or False.
+SWITCHES = ("nccl_ready",)
 
 
 def conf_text(**settings):
@@ -133,6 +138,9 @@ def conf_text(**settings):
             )
         if value is None:
             continue
+        if key in SWITCHES and isinstance(value, bool):
+            parts.append("%s=%s" % (key, "true" if value else "false"))
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, str, os.PathLike)):
             raise ValueError(
                 "gpumem: %s=%r: expected bytes as an int, a string (\"40GiB\", "
@@ -155,8 +163,8 @@ def configure(**settings):
 
     The keyword arguments are GPUMEM_CONF's keys (SETTINGS): ``resource``,
     ``initial_size``, ``max_size``, ``release_threshold``, ``min_bin``,
-    ``max_bin`` and ``log`` (a file to write the RMM CSV log of every
-    allocation to). Values are ints (bytes), strings (``"40GiB"``,
+    ``max_bin``, ``nccl_ready`` (True: the vpool's NCCL-ready mode) and
+    ``log`` (a file to write the RMM CSV log of every allocation to). Values are ints (bytes), strings (``"40GiB"``,
     ``"none"``, ``"vpool"``, a path) or None (the default). They replace
     GPUMEM_CONF as a whole.
 

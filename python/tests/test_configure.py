@@ -19,8 +19,10 @@ def test_conf_text_joins_the_settings():
     assert gpumem.conf_text(max_size="none", log=None) == "max_size=none"
     assert gpumem.conf_text(log=os.path.join("/tmp", "job.csv")) == "log=/tmp/job.csv"
     assert set(gpumem.SETTINGS) == {
-        "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin", "log",
+        "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
+        "nccl_ready", "log",
     }
+    assert gpumem.conf_text(resource="vpool", nccl_ready=True) == "resource=vpool,nccl_ready=true"
 
 
 def test_a_misspelt_key_is_caught_before_the_library_loads():
@@ -36,7 +38,10 @@ def test_a_misspelt_key_is_caught_before_the_library_loads():
         "print('child ok')\n"
     )
     assert 'unknown setting "max_sise" (did you mean "max_size"?)' in r.stdout
-    assert "resource, initial_size, max_size, release_threshold, min_bin, max_bin, log" in r.stdout
+    assert (
+        "resource, initial_size, max_size, release_threshold, min_bin, max_bin, nccl_ready, log"
+        in r.stdout
+    )
 
 
 @pytest.mark.parametrize(

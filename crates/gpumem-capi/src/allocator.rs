@@ -986,9 +986,13 @@ impl Allocator {
     #[cold]
     #[inline(never)]
     fn free_nowhere(&self, ptr: DevicePtr, device: i32) {
+        let why = match self.holder_of(ptr, device) {
+            Some(owner) => format!("; {}", allocated_on(owner)),
+            None => String::new(),
+        };
         self.report_bad_free(
             device,
-            &format!("free of {ptr:#x} on device {device}, where nothing was allocated"),
+            &format!("free of {ptr:#x} on device {device}, where nothing was allocated{why}"),
         );
     }
 
@@ -996,13 +1000,30 @@ impl Allocator {
     #[cold]
     #[inline(never)]
     fn refused_free(&self, ptr: DevicePtr, size: usize, device: i32, e: Error) {
+        let why = match (&e, self.holder_of(ptr, device)) {
+            (
+                Error::InvalidFree {
+                    reason: FreeError::Unknown,
+                    ..
+                },
+                Some(owner),
+            ) => allocated_on(owner),
+            _ => free_reason(e),
+        };
         self.report_bad_free(
             device,
-            &format!(
-                "bad free of {ptr:#x} ({size} bytes) on device {device}: {}",
-                free_reason(e)
-            ),
+            &format!("bad free of {ptr:#x} ({size} bytes) on device {device}: {why}"),
         );
+    }
+
+    /// The device, other than `device`, whose stack has a live block at
+    /// `ptr`: where a free naming the wrong device belongs. One lookup per
+    /// device built, for reports only.
+    fn holder_of(&self, ptr: DevicePtr, device: i32) -> Option<usize> {
+        (0..MAX_DEVICES).filter(|&d| d as i32 != device).find(|&d| {
+            self.built(d as i32)
+                .is_some_and(|st| st.stack.upstream().live_block_size(ptr).is_some())
+        })
     }
 
     /// CuPy's allocation: on the legacy default stream, remembering the size
@@ -1301,6 +1322,11 @@ fn with_log(served: Box<dyn Served>, path: &std::path::Path) -> Option<Box<dyn S
 }
 
 /// A free's refusal as a phrase.
+/// Why a free naming another device than its block's was refused.
+fn allocated_on(owner: usize) -> String {
+    format!("allocated on device {owner}, not this one (free it there)")
+}
+
 fn free_reason(e: Error) -> String {
     match e {
         Error::InvalidFree { reason, .. } => reason.to_string(),

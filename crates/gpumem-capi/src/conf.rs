@@ -13,6 +13,7 @@
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
+//! | `nccl_ready` | `true`, `false` | `false` | `vpool` only: the NCCL-ready mode (`VirtualPoolConfig::nccl_ready`): every block one physical allocation of its own, POSIX-fd exportable, RDMA-capable where the device can, read-write for every device that can reach it; blocks are rounded up to whole pages (2 MiB on an H100) |
 //! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
 //! Resources: `pool` is gpumem's coalescing TLSF pool (`PoolResource`);
@@ -125,6 +126,8 @@ pub struct Conf {
     pub min_bin: usize,
     /// `binning` only: largest bin (a power of two, default 1 MiB).
     pub max_bin: usize,
+    /// `vpool` only: the NCCL-ready mode (default false).
+    pub nccl_ready: bool,
     /// Where to write RMM's CSV log of every allocation and free (device 0;
     /// see [`log_path`] for the others); `None`: no log.
     pub log: Option<PathBuf>,
@@ -139,6 +142,7 @@ impl Default for Conf {
             release_threshold: u64::MAX,
             min_bin: 256,
             max_bin: 1 << 20,
+            nccl_ready: false,
             log: None,
         }
     }
@@ -161,6 +165,9 @@ impl fmt::Display for Conf {
                 write!(f, ",min_bin={},max_bin={}", self.min_bin, self.max_bin)?
             }
             _ => {}
+        }
+        if self.nccl_ready {
+            write!(f, ",nccl_ready=true")?;
         }
         if let Some(log) = &self.log {
             write!(f, ",log={}", log.display())?;
@@ -353,8 +360,19 @@ pub fn parse(text: &str) -> Parsed {
                 }
                 Ok(())
             }),
+            "nccl_ready" => match value.as_str() {
+                "true" | "1" | "yes" | "on" => {
+                    conf.nccl_ready = true;
+                    Ok(())
+                }
+                "false" | "0" | "no" | "off" => {
+                    conf.nccl_ready = false;
+                    Ok(())
+                }
+                _ => Err(format!("nccl_ready={value}: expected true or false")),
+            },
             _ => Err(format!(
-                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, log)"
+                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, nccl_ready, log)"
             )),
         };
         if let Err(e) = result {
@@ -383,6 +401,12 @@ pub fn parse(text: &str) -> Parsed {
     if release_threshold_set && conf.resource != ResourceKind::Async {
         problems.push(format!(
             "release_threshold means nothing for resource={} (only for async)",
+            conf.resource
+        ));
+    }
+    if conf.nccl_ready && conf.resource != ResourceKind::Virtual {
+        problems.push(format!(
+            "nccl_ready means nothing for resource={} (only for vpool)",
             conf.resource
         ));
     }
@@ -517,6 +541,23 @@ mod tests {
             assert!(p.problems[0].contains(says), "{text}: {:?}", p.problems);
             assert!(p.error().is_some(), "{text}");
         }
+    }
+
+    #[test]
+    fn nccl_ready_is_for_the_virtual_pool() {
+        let p = parse("resource=vpool, NCCL_READY=True");
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert!(p.conf.nccl_ready);
+        assert!(p.conf.to_string().ends_with(",nccl_ready=true"));
+        assert_eq!(parse(&p.conf.to_string()).conf, p.conf, "round trip");
+        assert!(!parse("resource=vpool,nccl_ready=0").conf.nccl_ready);
+        let wrong = parse("resource=pool,nccl_ready=true");
+        assert!(wrong.problems[0].contains("only for vpool"), "{wrong:?}");
+        let bad = parse("resource=vpool,nccl_ready=maybe");
+        assert!(
+            bad.problems[0].contains("expected true or false"),
+            "{bad:?}"
+        );
     }
 
     #[test]

@@ -100,6 +100,19 @@ pub trait Served: Pool {
     }
 }
 
+/// The other devices of `device`'s driver that can reach its memory.
+fn peers_of(device: &Device) -> Result<Vec<u32>> {
+    let driver = device.driver();
+    let me = device.ordinal();
+    let mut peers = Vec::new();
+    for d in (0..driver.device_count()?).filter(|&d| d != me) {
+        if driver.can_access_peer(d, me)? {
+            peers.push(d);
+        }
+    }
+    Ok(peers)
+}
+
 fn upstream_stats(u: &Upstream) -> DriverStats {
     let s = u.stats();
     DriverStats {
@@ -638,7 +651,11 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
             Box::new(Tracked::new(ArenaResource::new(upstream(), config)?))
         }
         ResourceKind::Virtual => {
-            let mut config = VirtualPoolConfig::default();
+            let mut config = if conf.nccl_ready {
+                VirtualPoolConfig::nccl_ready(peers_of(device)?)
+            } else {
+                VirtualPoolConfig::default()
+            };
             config.max_reserved = limit;
             Box::new(VirtualPool::new(device.clone(), config)?)
         }

@@ -232,6 +232,41 @@ fn every_kind_refuses_every_bad_free() {
     );
 }
 
+/// Each device is served by its own stack: a block freed naming another
+/// device is refused there, counted there, and loses nothing.
+fn wrong_device(kind: ResourceKind) {
+    let a = Allocator::from_parsed(parse(&format!("resource={kind}")), Backend::sim());
+    let Backend::Sim(sim) = a.backend().clone() else {
+        unreachable!()
+    };
+    let p0 = a.malloc(MIB, 0, 0);
+    let held0 = sim.device_bytes(0);
+    assert_eq!(sim.device_bytes(1), 0, "{kind}");
+    let p1 = a.malloc(MIB, 1, 0);
+    assert!(!p0.is_null() && !p1.is_null(), "{kind}");
+    assert!(sim.device_bytes(1) > 0, "{kind}: device 1's own memory");
+    assert_eq!(sim.device_bytes(0), held0, "{kind}: device 0 untouched");
+    assert!(p0.0.abs_diff(p1.0) >= MIB as u64, "{kind}: disjoint");
+
+    a.free(p0, MIB, 1, 0);
+    assert_eq!(a.bad_free_count(1), 1, "{kind}: refused on device 1");
+    a.free(p0, MIB, 2, 0);
+    assert_eq!(a.bad_free_count(2), 1, "{kind}: device 2 holds nothing");
+    assert_eq!(a.allocated_bytes(0), MIB, "{kind}: nothing lost");
+    assert_eq!(a.allocated_bytes(1), MIB, "{kind}");
+    a.free(p0, MIB, 0, 0);
+    a.free(p1, MIB, 1, 0);
+    assert_eq!(a.bad_free_count(-1), 2, "{kind}: the right frees are valid");
+    assert_eq!(a.allocated_bytes(0) + a.allocated_bytes(1), 0, "{kind}");
+}
+
+#[test]
+fn every_kind_refuses_a_free_naming_the_wrong_device() {
+    for kind in ResourceKind::ALL {
+        wrong_device(kind);
+    }
+}
+
 const CHILD_ENV: &str = "GPUMEM_CAPI_BAD_FREE_CHILD";
 
 /// The child: bad frees through the C functions, more than are reported.
@@ -325,5 +360,38 @@ fn child_cupy() {
     gpumem_cupy_free(null, q, 0);
     gpumem_cupy_free(null, 0x1000 as *mut _, 0);
     assert_eq!(gpumem_bad_free_count(0), 2);
+    println!("CHILD-OK");
+}
+
+#[test]
+fn a_free_naming_the_wrong_device_says_where_its_block_belongs() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let stderr = run_child("child_wrong_device");
+    let belongs = "allocated on device 0, not this one (free it there); nothing freed";
+    for says in [
+        format!("on device 2, where nothing was allocated; {belongs}"),
+        format!("bytes) on device 1: {belongs}"),
+    ] {
+        assert!(stderr.contains(&says), "{says}: {stderr}");
+    }
+}
+
+#[test]
+fn child_wrong_device() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    use gpumem_capi::*;
+    let null = std::ptr::null_mut();
+    let p = gpumem_malloc(4096, 0, null);
+    let q = gpumem_malloc(4096, 1, null);
+    gpumem_free(p, 4096, 2, null);
+    gpumem_free(p, 4096, 1, null);
+    gpumem_free(p, 4096, 0, null);
+    gpumem_free(q, 4096, 1, null);
+    assert_eq!(gpumem_bad_free_count(-1), 2);
+    assert_eq!(gpumem_allocated_bytes(0), 0);
     println!("CHILD-OK");
 }

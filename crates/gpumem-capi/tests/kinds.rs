@@ -143,3 +143,40 @@ fn allocators_do_not_share_stream_wrappers() {
     assert_eq!(b.allocated_bytes(0), 0);
     let _ = DevicePtr::NULL;
 }
+
+#[test]
+fn vpool_in_the_nccl_ready_mode_gives_each_block_an_allocation_of_its_own() {
+    let a = allocator("resource=vpool,nccl_ready=true");
+    let Backend::Sim(sim) = a.backend().clone() else {
+        unreachable!()
+    };
+    use gpumem::driver::Driver;
+    let access = sim.call_count("cuMemSetAccess");
+    let p = a.malloc(1000, 0, 0);
+    let q = a.malloc(3 * MIB, 0, 0);
+    assert!(!p.is_null() && !q.is_null());
+    assert_eq!(
+        sim.call_count("cuMemSetAccess"),
+        access + 2 * 8,
+        "each block: the device and its seven peers"
+    );
+    assert_eq!(
+        sim.mem_address_range(p).unwrap(),
+        (p, 2 * MIB),
+        "whole pages"
+    );
+    assert_eq!(sim.mem_address_range(q).unwrap(), (q, 4 * MIB));
+    let (hp, hq) = (
+        sim.vmm_retain_handle(p).unwrap(),
+        sim.vmm_retain_handle(q.offset(3 * MIB - 1)).unwrap(),
+    );
+    assert_ne!(hp, hq, "a handle per block");
+    drop(sim.vmm_export_fd(hp).unwrap());
+    for h in [hp, hq] {
+        sim.vmm_release(h).unwrap();
+    }
+    a.free(p, 1000, 0, 0);
+    a.free(q, 3 * MIB, 0, 0);
+    assert_eq!(a.bad_free_count(-1), 0, "freed with the sizes asked for");
+    assert_eq!(a.allocated_bytes(0), 0);
+}

@@ -79,9 +79,9 @@ impl Fixture {
         done.synchronize()?;
         let plain = d.mem_alloc(o, 1 << 20)?;
         let host = d.mem_alloc_host(o, 4096, HostAllocFlags::default())?;
-        let spare_phys = d.vmm_create(o, gran, HandleType::None)?;
+        let spare_phys = d.vmm_create(o, gran, HandleType::None.into())?;
         let free_va = d.vmm_reserve(2 * gran, gran)?;
-        let mapped_phys = d.vmm_create(o, gran, HandleType::None)?;
+        let mapped_phys = d.vmm_create(o, gran, HandleType::None.into())?;
         let mapped = d.vmm_reserve(gran, gran)?;
         d.vmm_map(mapped, gran, 0, mapped_phys)?;
         d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)?;
@@ -207,7 +207,7 @@ const CASES: &[Case] = &[
     during("vmm_create", |f, _| {
         f.made(
             f.d()
-                .vmm_create(f.o(), f.gran, HandleType::None)
+                .vmm_create(f.o(), f.gran, HandleType::None.into())
                 .map(Held::Phys),
         )
     }),

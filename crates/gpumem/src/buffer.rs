@@ -8,8 +8,13 @@
 //! copy. A safe copy never returns, not even with an error, while its copy may
 //! still use the caller's memory: a failed wait is retried, and if the stream
 //! cannot be waited for at all the process aborts
-//! ([`DeviceBuffer::copy_to_host`] says why). Device-to-device copies are asynchronous and safe: they are ordered on
-//! the destination's stream like any kernel.
+//! ([`DeviceBuffer::copy_to_host`] says why). Device-to-device copies are
+//! asynchronous and safe: they are ordered on the destination's stream like
+//! any kernel. Between two devices they are peer copies where the devices
+//! reach each other, else staged through pinned host memory, which waits for
+//! the copy ([`across_devices`]).
+
+pub mod across_devices;
 
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
@@ -281,6 +286,12 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// Enqueues a device-to-device copy from `src` on this buffer's stream. If
     /// `src` is written on another stream, order that work first (for example with
     /// [`Stream::wait_for`]).
+    ///
+    /// `src` may be memory of another device of the same driver: a peer copy
+    /// where this buffer's device can reach it (peer access is enabled on
+    /// first use; memory of a pool or of VMM mappings must grant this device
+    /// access too), else staged through pinned host memory, which returns
+    /// only once the copy has run (see [`across_devices`]).
     pub fn copy_from_device<R2: MemoryResource>(
         &mut self,
         src: &DeviceBuffer<T, R2>,
@@ -291,6 +302,16 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         }
         self.check_access()?;
         src.check_access()?;
+        let src_device = src.resource.device();
+        if !src_device.same_as(self.resource.device()) {
+            return across_devices::copy(
+                self.ptr,
+                src.ptr,
+                src_device,
+                self.size_bytes(),
+                &self.stream,
+            );
+        }
         // SAFETY: both buffers own their ranges while they live and hand no
         // host references out; `src` is borrowed for the enqueue, and each free
         // is stream-ordered (ordering across streams is the caller's, as for any

@@ -159,6 +159,18 @@ impl Device {
         self.driver.device_synchronize(self.ordinal)
     }
 
+    /// Lets work of device `peer` use this device's `cuMemAlloc` memory
+    /// (peer access from `peer`'s context to this one's, enabled once for
+    /// the process): the memory of [`DeviceResource`](crate::resource::DeviceResource)
+    /// and of the pools over it. A stream-ordered pool's memory needs its
+    /// own grant ([`AsyncResourceConfig::peers`](crate::async_pool::AsyncResourceConfig::peers)),
+    /// a virtual pool's its configuration's peers. [`Error::Driver`] with
+    /// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED` where `peer` cannot reach this
+    /// device; [`Error::InvalidArgument`] for the device itself.
+    pub fn grant_peer_access(&self, peer: u32) -> Result<()> {
+        self.driver.enable_peer_access(peer, self.ordinal).map(drop)
+    }
+
     /// True when both handles name the same device of the same driver instance.
     pub fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.driver, &other.driver) && self.ordinal == other.ordinal

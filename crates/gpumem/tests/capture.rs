@@ -168,8 +168,8 @@ impl Fixture {
         let (d, o) = (dev.driver().clone(), dev.ordinal());
         let gran = d.vmm_granularity(o, false).unwrap();
         let other = dev.create_stream().unwrap();
-        let phys = d.vmm_create(o, gran, HandleType::None).unwrap();
-        let mapped_phys = d.vmm_create(o, gran, HandleType::None).unwrap();
+        let phys = d.vmm_create(o, gran, HandleType::None.into()).unwrap();
+        let mapped_phys = d.vmm_create(o, gran, HandleType::None.into()).unwrap();
         let mapped = d.vmm_reserve(gran, gran).unwrap();
         d.vmm_map(mapped, gran, 0, mapped_phys).unwrap();
         d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)
@@ -275,7 +275,7 @@ type Call = fn(&Fixture, &Stream) -> gpumem::Result<()>;
 
 const ALLOWED: &[(&str, Call)] = &[
     ("cuMemCreate", |f, _| {
-        let p = f.d().vmm_create(0, f.gran, HandleType::None)?;
+        let p = f.d().vmm_create(0, f.gran, HandleType::None.into())?;
         f.d().vmm_release(p)
     }),
     ("cuMemRelease", |f, _| f.d().vmm_release(f.phys)),

@@ -479,8 +479,8 @@ fn vmm_map_access_copy_unmap() {
     let va = drv.vmm_reserve(4 * g, 0).unwrap();
     assert!(!va.is_null());
     assert_eq!(va.addr() % g as u64, 0);
-    let h1 = drv.vmm_create(dev, 2 * g, HandleType::None).unwrap();
-    let h2 = drv.vmm_create(dev, 2 * g, HandleType::None).unwrap();
+    let h1 = drv.vmm_create(dev, 2 * g, HandleType::None.into()).unwrap();
+    let h2 = drv.vmm_create(dev, 2 * g, HandleType::None.into()).unwrap();
     drv.vmm_map(va, 2 * g, 0, h1).unwrap();
     drv.vmm_map(va.offset(2 * g), 2 * g, 0, h2).unwrap();
     drv.vmm_set_access(va, 4 * g, dev, AccessFlags::ReadWrite)
@@ -503,7 +503,7 @@ fn vmm_map_access_copy_unmap() {
 
     // Sizes off the granularity are the driver's to refuse, as an error value.
     if g > 1 {
-        assert!(drv.vmm_create(dev, g + 1, HandleType::None).is_err());
+        assert!(drv.vmm_create(dev, g + 1, HandleType::None.into()).is_err());
     }
     assert!(drv.vmm_reserve(0, 0).is_err());
     assert!(matches!(
@@ -541,7 +541,7 @@ fn ipc_export_to_posix_fd() {
     drv.stream_destroy(s).unwrap();
 
     let g = drv.vmm_granularity(dev, false).unwrap();
-    let h = drv.vmm_create(dev, g, HandleType::PosixFd).unwrap();
+    let h = drv.vmm_create(dev, g, HandleType::PosixFd.into()).unwrap();
     let fd = drv.vmm_export_fd(h).unwrap();
     // Importing our own export gives a handle to the same memory.
     let h2 = drv.vmm_import_fd(fd.as_fd()).unwrap();

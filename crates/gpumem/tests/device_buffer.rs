@@ -3,6 +3,10 @@
 
 mod common;
 
+use std::sync::Arc;
+
+use gpumem::buffer::across_devices;
+use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::resource::DeviceResource;
 use gpumem::{DeviceBuffer, Error};
 
@@ -84,4 +88,96 @@ fn drop_returns_memory_to_the_resource() {
         assert!(sim.device_bytes(0) >= before + (1 << 18));
     }
     assert_eq!(sim.device_bytes(0), before);
+}
+
+/// Two backed devices (simulated by default), reaching each other or not.
+fn two_backed(
+    peer_access: bool,
+) -> Option<(gpumem::Device, gpumem::Device, Option<Arc<SimDriver>>)> {
+    let mut config = SimConfig::backed(160 << 20);
+    config.peer_access = peer_access;
+    common::two_devices(config)
+}
+
+#[test]
+fn a_copy_between_devices_is_a_peer_copy_where_they_reach_each_other() {
+    let Some((d0, d1, sim)) = two_backed(true) else {
+        return;
+    };
+    if !d1
+        .driver()
+        .can_access_peer(d1.ordinal(), d0.ordinal())
+        .unwrap()
+    {
+        eprintln!("the two GPUs cannot reach each other: no peer copy to test");
+        return;
+    }
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let (mr0, mr1) = (
+        DeviceResource::new(d0.clone()),
+        DeviceResource::new(d1.clone()),
+    );
+    let data: Vec<u32> = (0..300_000).map(|i| i * 3 + 1).collect();
+    let src = DeviceBuffer::from_slice(&data, &mr0, &s0).unwrap();
+    let mut dst = DeviceBuffer::<u32, _>::zeroed(data.len(), &mr1, &s1).unwrap();
+    let peer_copies = sim.as_ref().map(|s| s.call_count("cuMemcpyPeerAsync"));
+    dst.copy_from_device(&src).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data, "the bytes arrived on device 1");
+    if let Some(sim) = &sim {
+        assert_eq!(
+            Some(sim.call_count("cuMemcpyPeerAsync")),
+            peer_copies.map(|n| n + 1)
+        );
+        assert!(sim.peer_access_enabled(1, 0), "enabled on first use");
+        assert_eq!(sim.pinned_host_bytes(), 0, "nothing staged");
+        assert!(sim.peer_violations().is_empty());
+    }
+    // And back, into device 0.
+    let mut back = DeviceBuffer::<u32, _>::zeroed(data.len(), &mr0, &s0).unwrap();
+    s0.wait_for(&s1).unwrap();
+    back.copy_from_device(&dst).unwrap();
+    assert_eq!(back.to_vec().unwrap(), data);
+}
+
+#[test]
+fn a_copy_between_devices_that_cannot_reach_each_other_is_staged() {
+    let Some((d0, d1, sim)) = two_backed(false) else {
+        return;
+    };
+    let Some(sim) = common::sim_only(sim, "staged copy between devices") else {
+        return;
+    };
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let (mr0, mr1) = (
+        DeviceResource::new(d0.clone()),
+        DeviceResource::new(d1.clone()),
+    );
+    // More than one bounce buffer's worth, and not a multiple of it.
+    let n = across_devices::STAGE_CHUNK + 3 * 4096 + 100;
+    let data = common::random_bytes(n, 11);
+    let src = DeviceBuffer::from_slice(&data, &mr0, &s0).unwrap();
+    let mut dst = DeviceBuffer::<u8, _>::zeroed(n, &mr1, &s1).unwrap();
+    let (out, into) = (
+        sim.call_count("cuMemcpyDtoHAsync"),
+        sim.call_count("cuMemcpyHtoDAsync"),
+    );
+    dst.copy_from_device(&src).unwrap();
+    assert_eq!(
+        sim.call_count("cuMemcpyDtoHAsync"),
+        out + 2,
+        "two chunks out"
+    );
+    assert_eq!(
+        sim.call_count("cuMemcpyHtoDAsync"),
+        into + 2,
+        "two chunks in"
+    );
+    assert_eq!(sim.call_count("cuMemcpyPeerAsync"), 0);
+    assert_eq!(sim.pinned_host_bytes(), 0, "the bounce buffer went back");
+    assert!(
+        sim.peer_violations().is_empty(),
+        "{:?}",
+        sim.peer_violations()
+    );
+    assert_eq!(dst.to_vec().unwrap(), data, "the bytes arrived on device 1");
 }

@@ -180,6 +180,16 @@ fn subjects() -> Vec<Subject> {
             },
         },
         Subject {
+            name: "VirtualPool (NCCL-ready)",
+            max_request: 64 << 20,
+            make: |d| {
+                Ok(Box::new(VirtualPool::new(
+                    d.clone(),
+                    VirtualPoolConfig::nccl_ready(Vec::new()),
+                )?))
+            },
+        },
+        Subject {
             name: "PinnedPool",
             max_request: 64 << 20,
             make: |d| {
@@ -522,6 +532,7 @@ sweep_tests! {
     sweep_binning => "BinningResource",
     sweep_arena => "ArenaResource",
     sweep_virtual_pool => "VirtualPool",
+    sweep_virtual_pool_nccl_ready => "VirtualPool (NCCL-ready)",
     sweep_async_resource => "AsyncResource",
     sweep_pinned_pool => "PinnedPool",
 }

@@ -26,7 +26,7 @@ use std::ops::Deref;
 use super::attributes::MemPool;
 use super::{map_not_supported, require_pools};
 use crate::device::Device;
-use crate::driver::{AllocationType, HandleType, Location, PoolProps};
+use crate::driver::{AccessFlags, AllocationType, HandleType, Location, PoolProps};
 use crate::resource::Properties;
 use crate::{Error, Result};
 
@@ -91,6 +91,10 @@ pub struct AsyncResourceConfig {
     /// devices reach over the bus. A [`Location::Device`] other than the
     /// resource's device is an error: build on that device instead.
     pub location: Option<Location>,
+    /// Other devices given read-write access to all of the pool's memory
+    /// when it is made ([`MemPool::grant_access`]; peer access to the
+    /// devices' own memory does not open a pool's). Default none.
+    pub peers: Vec<u32>,
 }
 
 impl Default for AsyncResourceConfig {
@@ -102,6 +106,7 @@ impl Default for AsyncResourceConfig {
             handle_type: HandleType::None,
             alloc_type: AllocationType::Pinned,
             location: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -120,12 +125,14 @@ impl AsyncResourceConfig {
 
 impl AsyncResource {
     /// A resource over a new pool on `device` made as `config` says: creates
-    /// the pool, sets its release threshold and primes it.
+    /// the pool, sets its release threshold, grants its peers access and
+    /// primes it.
     ///
     /// [`Error::Unsupported`] names the missing feature when the device has no
     /// memory pools, no POSIX fd IPC (for [`HandleType::PosixFd`]), no managed
     /// memory (for [`AllocationType::Managed`]), or the driver refuses the
-    /// combination as not supported.
+    /// combination as not supported; a peer that cannot reach the device is
+    /// [`Error::Unsupported`] too.
     pub fn new(device: Device, config: AsyncResourceConfig) -> Result<Self> {
         let props = config.props(&device);
         let ordinal = device.ordinal();
@@ -208,6 +215,9 @@ impl AsyncResource {
         );
         // From here on `pool` destroys the handle if anything fails.
         pool.set_release_threshold(config.release_threshold)?;
+        for &peer in &config.peers {
+            pool.grant_access(peer, AccessFlags::ReadWrite)?;
+        }
         let mr = AsyncResource { pool };
         if config.initial_size > 0 {
             mr.prime(config.initial_size)?;

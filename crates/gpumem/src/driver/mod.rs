@@ -30,14 +30,22 @@ mod types;
 
 pub use types::{
     AccessFlags, AllocationType, Backend, CaptureInfo, CaptureMode, CaptureStatus, DeviceInfo,
-    DevicePtr, HandleType, HostAllocFlags, Location, MemInfo, PoolAttr, PoolProps, PoolPtrExport,
-    RawEvent, RawGraph, RawGraphExec, RawPhys, RawPool, RawStream, STREAM_LEGACY,
+    DevicePtr, HandleType, HostAllocFlags, Location, MemInfo, PhysProps, PoolAttr, PoolProps,
+    PoolPtrExport, RawEvent, RawGraph, RawGraphExec, RawPhys, RawPool, RawStream, STREAM_LEGACY,
     STREAM_PER_THREAD,
 };
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use crate::Result;
+use crate::{Error, Result};
+
+/// Peer access from a device to itself, refused by both backends: a device
+/// always reaches its own memory.
+pub(crate) fn peer_access_to_itself(device: u32) -> Error {
+    Error::InvalidArgument(format!(
+        "peer access from device {device} to itself: a device always reaches its own memory"
+    ))
+}
 
 /// A CUDA driver: the real one or the simulated device.
 ///
@@ -62,8 +70,19 @@ pub trait Driver: Send + Sync + 'static {
     /// VMM allocation granularity of a device: the minimum if `recommended` is
     /// false, else the recommended one.
     fn vmm_granularity(&self, device: u32, recommended: bool) -> Result<usize>;
-    /// Whether `device` can access memory on `peer` directly.
+    /// Whether `device` can access memory on `peer` directly (true for a
+    /// device and itself).
     fn can_access_peer(&self, device: u32, peer: u32) -> Result<bool>;
+    /// `cuCtxEnablePeerAccess` from `device`'s primary context to `peer`'s:
+    /// work of `device` may then use `peer`'s `cuMemAlloc` memory (memory of
+    /// a pool needs the pool's grant, [`Driver::mempool_set_access`], and VMM
+    /// memory a [`Driver::vmm_set_access`] for `device`). True when this call
+    /// enabled it, false when it already was
+    /// (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`, taken as success). A pair
+    /// that cannot access each other ([`Driver::can_access_peer`] false) is
+    /// refused with `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, a device and
+    /// itself with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    fn enable_peer_access(&self, device: u32, peer: u32) -> Result<bool>;
 
     // ----- streams and events -----
 
@@ -211,6 +230,27 @@ pub trait Driver: Send + Sync + 'static {
         stream: RawStream,
     ) -> Result<()>;
 
+    /// `cuMemcpyPeerAsync`: copies `bytes` from `src`, memory of device
+    /// `src_device`, to `dst`, memory of device `dst_device`, on `stream`.
+    /// The stream's device runs the copy and must be able to reach both
+    /// ranges: its own memory, and the other device's through peer access
+    /// ([`Driver::enable_peer_access`]) or the pool's or the mapping's grant.
+    ///
+    /// # Safety
+    /// As [`Driver::memcpy_dtod_async`].
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// `cuMemGetAddressRange`: the start and size of the allocation that
+    /// holds `ptr` (for VMM memory, of the mapping that holds it).
+    fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)>;
+
     // ----- stream-ordered memory pools -----
 
     /// The device's default memory pool (`cuDeviceGetDefaultMemPool`).
@@ -262,9 +302,14 @@ pub trait Driver: Send + Sync + 'static {
     fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Creates physical memory on `device` (`cuMemCreate`); `bytes` must be a
     /// multiple of the granularity.
-    fn vmm_create(&self, device: u32, bytes: usize, handle_type: HandleType) -> Result<RawPhys>;
+    fn vmm_create(&self, device: u32, bytes: usize, props: PhysProps) -> Result<RawPhys>;
     /// Releases physical memory (`cuMemRelease`); it is freed once unmapped everywhere.
     fn vmm_release(&self, handle: RawPhys) -> Result<()>;
+    /// `cuMemRetainAllocationHandle`: the handle `ptr`'s mapping was made
+    /// with (the same value `cuMemMap` was given), retained once more:
+    /// release it with [`Driver::vmm_release`]. Fails for memory that VMM
+    /// did not map.
+    fn vmm_retain_handle(&self, ptr: DevicePtr) -> Result<RawPhys>;
     /// Maps `bytes` of `handle` starting at `offset` at `ptr` (`cuMemMap`).
     fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()>;
     /// Unmaps a range (`cuMemUnmap`).

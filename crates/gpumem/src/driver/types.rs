@@ -112,6 +112,10 @@ pub struct DeviceInfo {
     pub managed_memory: bool,
     /// Whether the device can access pageable host memory directly (HMM/SAM).
     pub pageable_memory_access: bool,
+    /// Whether VMM memory can be made usable by RDMA devices
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`): what
+    /// [`PhysProps::rdma_capable`] needs.
+    pub gpu_direct_rdma_vmm: bool,
 }
 
 /// Flags for pinned host allocation (`cuMemHostAlloc`).
@@ -155,6 +159,27 @@ pub enum HandleType {
     PosixFd,
     /// A fabric handle (multi-node NVLink).
     Fabric,
+}
+
+/// Properties of new physical memory (the parts of `CUmemAllocationProp`
+/// gpumem sets; the memory is always pinned memory of the device named in
+/// the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PhysProps {
+    /// Which IPC handle the memory can be exported as.
+    pub handle_type: HandleType,
+    /// `allocFlags.gpuDirectRDMACapable`: RDMA devices (GPUDirect RDMA) may
+    /// use the memory. Only where [`DeviceInfo::gpu_direct_rdma_vmm`].
+    pub rdma_capable: bool,
+}
+
+impl From<HandleType> for PhysProps {
+    fn from(handle_type: HandleType) -> Self {
+        Self {
+            handle_type,
+            rdma_capable: false,
+        }
+    }
 }
 
 /// Properties of a new memory pool (`CUmemPoolProps`).

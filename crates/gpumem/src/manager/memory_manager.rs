@@ -1,6 +1,11 @@
 //! `MemoryManager`: one object that owns a pinned host pool and a device pool
 //! for one device, and moves data between them on streams.
 //!
+//! Each device has its own manager ([`MemoryManager::global_for`], or
+//! [`MemoryManager::new`] per device): a manager's pools, records and frees
+//! are its device's alone, so a pointer of another device's manager is
+//! [`Error::InvalidFree`] here and stays live there.
+//!
 //! Pools are built lazily, at the first allocation of each kind, so sizes and
 //! the device allocator mode can be chosen before; afterwards changing them is
 //! an [`Error::InvalidArgument`]. The manager records every device allocation
@@ -129,6 +134,28 @@ impl MemoryManager {
     /// process exits; [`MemoryManager::shutdown`] releases its pools earlier.
     pub fn global() -> &'static MemoryManager {
         GLOBAL.get_or_init(|| MemoryManager::new(Device::auto()))
+    }
+
+    /// The process-wide manager of device `ordinal` of
+    /// [`MemoryManager::global`]'s driver, made at the first call for it:
+    /// each device has its own, with its own pools (the global one is
+    /// device 0's). [`Error::NoSuchDevice`] for an ordinal the driver lacks.
+    pub fn global_for(ordinal: u32) -> Result<&'static MemoryManager> {
+        static OTHERS: OnceLock<Box<[OnceLock<MemoryManager>]>> = OnceLock::new();
+        let global = Self::global();
+        if ordinal == global.device.ordinal() {
+            return Ok(global);
+        }
+        let device = global.device.sibling(ordinal)?;
+        let others = OTHERS.get_or_init(|| {
+            let count = global.device.driver().device_count().unwrap_or(0);
+            (0..count).map(|_| OnceLock::new()).collect()
+        });
+        let slot = others.get(ordinal as usize).ok_or(Error::NoSuchDevice {
+            device: ordinal,
+            count: others.len() as u32,
+        })?;
+        Ok(slot.get_or_init(|| MemoryManager::new(device)))
     }
 
     /// A manager of its own over `device` (tests, several devices).

@@ -25,6 +25,21 @@ pub fn device(backed: bool) -> (Device, Option<Arc<SimDriver>>) {
     Device::from_env(config).expect("GPUMEM_DEVICE names a usable backend")
 }
 
+/// Two devices of one driver: devices 0 and 1 of a simulated driver with
+/// two (configured by `sim`) by default; with `GPUMEM_DEVICE=cuda`, the
+/// first two GPUs, or `None` (and a note) where there is only one.
+pub fn two_devices(mut sim: SimConfig) -> Option<(Device, Device, Option<Arc<SimDriver>>)> {
+    sim.devices = sim.devices.max(2);
+    let (d0, s) = Device::from_env(sim).expect("GPUMEM_DEVICE names a usable backend");
+    match d0.sibling(if d0.ordinal() == 0 { 1 } else { 0 }) {
+        Ok(d1) => Some((d0, d1, s)),
+        Err(_) => {
+            eprintln!("one device: the multi-device test needs two, skipped");
+            None
+        }
+    }
+}
+
 /// The simulated driver, or `None` (and a note) when running on the real GPU:
 /// for tests that need the simulator's controls.
 pub fn sim_only(sim: Option<Arc<SimDriver>>, test: &str) -> Option<Arc<SimDriver>> {

@@ -37,6 +37,7 @@ const SYMBOLS: &[&str] = &[
     "cuDeviceTotalMem_v2",
     "cuDeviceGetAttribute",
     "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
     "cuDevicePrimaryCtxRetain",
     "cuCtxSetCurrent",
     "cuCtxGetCurrent",
@@ -63,6 +64,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyPeerAsync",
+    "cuMemGetAddressRange_v2",
     "cuDeviceGetDefaultMemPool",
     "cuDeviceGetMemPool",
     "cuMemPoolCreate",
@@ -83,6 +86,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemAddressFree",
     "cuMemCreate",
     "cuMemRelease",
+    "cuMemRetainAllocationHandle",
     "cuMemMap",
     "cuMemUnmap",
     "cuMemSetAccess",
@@ -227,7 +231,7 @@ impl CudaDriver {
     }
 
     /// The primary context of `device`, retained on first use.
-    fn primary_ctx(&self, device: u32) -> Result<CtxAddr> {
+    pub(super) fn primary_ctx(&self, device: u32) -> Result<CtxAddr> {
         let dev = self.cu_device(device)?;
         let cell = &self.contexts.primary[device as usize];
         if let Some(c) = cell.get() {
@@ -387,6 +391,10 @@ impl CudaDriver {
             self.attribute(dev, A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
         let managed = self.attribute(dev, A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)?;
         let pageable = self.attribute(dev, A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)?;
+        let rdma_vmm = self.attribute(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+        )?;
         // Bit 0x1 of the pool handle-type mask is CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
         let pool_fd = pool_handles & 0x1 != 0;
         Ok(DeviceInfo {
@@ -399,6 +407,7 @@ impl CudaDriver {
             posix_fd_ipc: vmm_fd != 0 && pool_fd,
             managed_memory: managed != 0,
             pageable_memory_access: pageable != 0,
+            gpu_direct_rdma_vmm: vmm != 0 && rdma_vmm != 0,
         })
     }
 
@@ -428,6 +437,21 @@ impl CudaDriver {
             "cuDeviceCanAccessPeer",
         )?;
         Ok(can != 0)
+    }
+
+    pub(super) fn enable_peer_access_impl(&self, device: u32, peer: u32) -> Result<bool> {
+        if device == peer {
+            return Err(crate::driver::peer_access_to_itself(device));
+        }
+        let peer_ctx = self.primary_ctx(peer)?;
+        self.bind(device)?;
+        // SAFETY: `peer_ctx` is a primary context we retained and never
+        // release; `device`'s own primary context is current; flags must be 0.
+        let res = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx as sys::CUcontext, 0) };
+        match res {
+            CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(false),
+            res => check(res, "cuCtxEnablePeerAccess").map(|()| true),
+        }
     }
 
     pub(super) fn device_synchronize_impl(&self, device: u32) -> Result<()> {

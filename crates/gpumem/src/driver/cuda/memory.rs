@@ -223,6 +223,53 @@ impl CudaDriver {
         )
     }
 
+    pub(super) fn memcpy_peer_async_impl(
+        &self,
+        (dst, dst_device): (DevicePtr, u32),
+        (src, src_device): (DevicePtr, u32),
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "cuMemcpyPeerAsync";
+        if bytes == 0 {
+            return Ok(());
+        }
+        check_range(dst.0, bytes, CALL)?;
+        check_range(src.0, bytes, CALL)?;
+        let dst_ctx = self.primary_ctx(dst_device)?;
+        let src_ctx = self.primary_ctx(src_device)?;
+        self.ensure_context()?;
+        check(
+            // SAFETY: addresses by value, ranges checked not to wrap; both
+            // contexts are primary contexts we retained and never release; as
+            // for the other copies, the caller names memory it owns (trait
+            // contract).
+            unsafe {
+                sys::cuMemcpyPeerAsync(
+                    dst.0,
+                    dst_ctx as sys::CUcontext,
+                    src.0,
+                    src_ctx as sys::CUcontext,
+                    bytes,
+                    cu_stream(stream),
+                )
+            },
+            CALL,
+        )
+    }
+
+    pub(super) fn mem_address_range_impl(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.ensure_context()?;
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        check(
+            // SAFETY: both are valid out-pointers; the address is a value the
+            // driver looks up.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr.0) },
+            "cuMemGetAddressRange",
+        )?;
+        Ok((DevicePtr(base), size))
+    }
+
     /// # Safety
     /// As [`crate::driver::Driver::memcpy_htod_async`].
     pub(super) unsafe fn memcpy_htod_async_impl(

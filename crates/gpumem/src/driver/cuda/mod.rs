@@ -140,6 +140,9 @@ impl Driver for CudaDriver {
     fn can_access_peer(&self, device: u32, peer: u32) -> Result<bool> {
         self.can_access_peer_impl(device, peer)
     }
+    fn enable_peer_access(&self, device: u32, peer: u32) -> Result<bool> {
+        self.enable_peer_access_impl(device, peer)
+    }
 
     fn stream_create(&self, device: u32, non_blocking: bool) -> Result<RawStream> {
         self.stream_create_impl(device, non_blocking)
@@ -280,6 +283,21 @@ impl Driver for CudaDriver {
         unsafe { self.memcpy_dtoh_async_impl(dst, src, bytes, stream) }
     }
 
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.memcpy_peer_async_impl((dst, dst_device), (src, src_device), bytes, stream)
+    }
+    fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.mem_address_range_impl(ptr)
+    }
+
     fn mempool_default(&self, device: u32) -> Result<RawPool> {
         self.mempool_default_impl(device)
     }
@@ -340,11 +358,14 @@ impl Driver for CudaDriver {
     fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.vmm_free_address_impl(ptr, bytes)
     }
-    fn vmm_create(&self, device: u32, bytes: usize, handle_type: HandleType) -> Result<RawPhys> {
-        self.vmm_create_impl(device, bytes, handle_type)
+    fn vmm_create(&self, device: u32, bytes: usize, props: PhysProps) -> Result<RawPhys> {
+        self.vmm_create_impl(device, bytes, props)
     }
     fn vmm_release(&self, handle: RawPhys) -> Result<()> {
         self.vmm_release_impl(handle)
+    }
+    fn vmm_retain_handle(&self, ptr: DevicePtr) -> Result<RawPhys> {
+        self.vmm_retain_handle_impl(ptr)
     }
     fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()> {
         self.vmm_map_impl(ptr, bytes, offset, handle)

@@ -15,19 +15,19 @@ use super::error::{check, check_alloc, check_range};
 use super::memory::device_location;
 use super::pool::{access_desc, export_posix_fd, handle_type_to_cu};
 use super::CudaDriver;
-use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
+use crate::driver::{AccessFlags, DevicePtr, PhysProps, RawPhys};
 use crate::{check_alignment, Error, Result};
 
 /// `CUmemAllocationProp` for pinned memory on device `ordinal`.
-pub(super) fn device_alloc_prop(ordinal: u32, handle_type: HandleType) -> sys::CUmemAllocationProp {
+pub(super) fn device_alloc_prop(ordinal: u32, props: PhysProps) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: handle_type_to_cu(handle_type),
+        requestedHandleTypes: handle_type_to_cu(props.handle_type),
         location: device_location(ordinal),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
-            gpuDirectRDMACapable: 0,
+            gpuDirectRDMACapable: u8::from(props.rdma_capable),
             usage: 0,
             reserved: [0; 4],
         },
@@ -41,7 +41,7 @@ fn zero_bytes(call: &str) -> Error {
 impl CudaDriver {
     pub(super) fn vmm_granularity_impl(&self, device: u32, recommended: bool) -> Result<usize> {
         self.bind(device)?;
-        let prop = device_alloc_prop(device, HandleType::None);
+        let prop = device_alloc_prop(device, PhysProps::default());
         let option = if recommended {
             CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         } else {
@@ -88,13 +88,13 @@ impl CudaDriver {
         &self,
         device: u32,
         bytes: usize,
-        handle_type: HandleType,
+        props: PhysProps,
     ) -> Result<RawPhys> {
         if bytes == 0 {
             return Err(zero_bytes("cuMemCreate"));
         }
         self.bind(device)?;
-        let prop = device_alloc_prop(device, handle_type);
+        let prop = device_alloc_prop(device, props);
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `h` is a valid out-pointer, `prop` fully initialized and
         // alive through the call; flags must be 0.
@@ -108,6 +108,23 @@ impl CudaDriver {
         // SAFETY: a handle by value that the caller owns and releases once;
         // mappings keep the memory alive until unmapped.
         check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+    }
+
+    pub(super) fn vmm_retain_handle_impl(&self, ptr: DevicePtr) -> Result<RawPhys> {
+        self.ensure_context()?;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        check(
+            // SAFETY: `h` is a valid out-pointer; the address is passed as a
+            // pointer value the driver looks up, never dereferenced here.
+            unsafe {
+                sys::cuMemRetainAllocationHandle(
+                    &mut h,
+                    std::ptr::without_provenance_mut(ptr.0 as usize),
+                )
+            },
+            "cuMemRetainAllocationHandle",
+        )?;
+        Ok(h)
     }
 
     pub(super) fn vmm_map_impl(
@@ -194,11 +211,18 @@ impl CudaDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::HandleType;
     use cudarc::driver::sys::CUmemLocationType;
 
     #[test]
     fn device_alloc_prop_is_pinned_on_the_device() {
-        let p = device_alloc_prop(1, HandleType::PosixFd);
+        let p = device_alloc_prop(
+            1,
+            PhysProps {
+                handle_type: HandleType::PosixFd,
+                rdma_capable: true,
+            },
+        );
         assert_eq!(p.type_, CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
         assert_eq!(
             p.location.type_,
@@ -211,5 +235,8 @@ mod tests {
         );
         assert!(p.win32HandleMetaData.is_null());
         assert_eq!(p.allocFlags.compressionType, 0);
+        assert_eq!(p.allocFlags.gpuDirectRDMACapable, 1);
+        let plain = device_alloc_prop(0, PhysProps::default());
+        assert_eq!(plain.allocFlags.gpuDirectRDMACapable, 0);
     }
 }

@@ -34,6 +34,14 @@ pub struct SimConfig {
     pub pageable_memory_access: bool,
     /// Compute capability reported by `device_info`.
     pub compute_capability: (i32, i32),
+    /// Whether distinct devices can access each other's memory
+    /// (`cuDeviceCanAccessPeer`; default true, as over NVLink). Off, every
+    /// `cuCtxEnablePeerAccess` is refused and only copies staged through the
+    /// host cross devices.
+    pub peer_access: bool,
+    /// Whether physical memory can be made RDMA-capable
+    /// (`gpu_direct_rdma_vmm` in `device_info`; default true).
+    pub gpu_direct_rdma: bool,
 }
 
 impl SimConfig {
@@ -87,6 +95,8 @@ impl Default for SimConfig {
             managed_memory: true,
             pageable_memory_access: false,
             compute_capability: (9, 0),
+            peer_access: true,
+            gpu_direct_rdma: true,
         }
     }
 }

@@ -41,6 +41,7 @@ impl Driver for SimDriver {
                 posix_fd_ipc: c.posix_fd_ipc,
                 managed_memory: c.managed_memory,
                 pageable_memory_access: st.cfg.pageable_memory_access,
+                gpu_direct_rdma_vmm: c.vmm && c.gpu_direct_rdma,
             })
         })
     }
@@ -70,7 +71,13 @@ impl Driver for SimDriver {
         self.call(CALL, |st, _| {
             st.check_device(device, CALL)?;
             st.check_device(peer, CALL)?;
-            Ok(device != peer)
+            Ok(st.can_access_peer(device, peer))
+        })
+    }
+
+    fn enable_peer_access(&self, device: u32, peer: u32) -> Result<bool> {
+        self.call("cuCtxEnablePeerAccess", |st, _| {
+            st.enable_peer_access(device, peer)
         })
     }
 
@@ -344,7 +351,7 @@ impl Driver for SimDriver {
             let q = st.queue_of(stream, ctx, CALL)?;
             st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
-            st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
+            st.touch(dst.0, bytes as u64, dev, true, CALL)?;
             st.enqueue(
                 q,
                 Op::Memset {
@@ -368,18 +375,7 @@ impl Driver for SimDriver {
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
             st.stream_gate(q, CALL)?;
-            let dev = st.queue_device(q);
-            st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
-            st.resolve(src.0, bytes as u64, dev, false, CALL)?;
-            st.enqueue(
-                q,
-                Op::Copy {
-                    dst: Addr::Dev(dst.0),
-                    src: Addr::Dev(src.0),
-                    len: bytes as u64,
-                },
-            );
-            Ok(())
+            st.enqueue_dtod(q, dst, src, bytes, CALL)
         })
     }
 
@@ -398,7 +394,7 @@ impl Driver for SimDriver {
             let q = st.queue_of(stream, ctx, CALL)?;
             st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
-            st.resolve(dst.0, bytes as u64, dev, true, CALL)?;
+            st.touch(dst.0, bytes as u64, dev, true, CALL)?;
             st.enqueue(
                 q,
                 Op::Copy {
@@ -426,7 +422,7 @@ impl Driver for SimDriver {
             let q = st.queue_of(stream, ctx, CALL)?;
             st.stream_gate(q, CALL)?;
             let dev = st.queue_device(q);
-            st.resolve(src.0, bytes as u64, dev, false, CALL)?;
+            st.touch(src.0, bytes as u64, dev, false, CALL)?;
             st.enqueue(
                 q,
                 Op::Copy {
@@ -437,6 +433,35 @@ impl Driver for SimDriver {
             );
             Ok(())
         })
+    }
+
+    unsafe fn memcpy_peer_async(
+        &self,
+        dst: DevicePtr,
+        dst_device: u32,
+        src: DevicePtr,
+        src_device: u32,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        const CALL: &str = "cuMemcpyPeerAsync";
+        self.call(CALL, |st, ctx| {
+            st.check_device(dst_device, CALL)?;
+            st.check_device(src_device, CALL)?;
+            let q = st.queue_of(stream, ctx, CALL)?;
+            st.stream_gate(q, CALL)?;
+            if bytes == 0 {
+                return Ok(());
+            }
+            if st.owner_of(dst.0) != Some(dst_device) || st.owner_of(src.0) != Some(src_device) {
+                return Err(drv(CALL, faults::INVALID_VALUE));
+            }
+            st.enqueue_dtod(q, dst, src, bytes, CALL)
+        })
+    }
+
+    fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
+        self.call("cuMemGetAddressRange", |st, _| st.address_range(ptr.0))
     }
 
     fn mempool_default(&self, device: u32) -> Result<RawPool> {
@@ -570,14 +595,20 @@ impl Driver for SimDriver {
         self.call("cuMemAddressFree", |st, _| st.vmm_free_address(ptr, bytes))
     }
 
-    fn vmm_create(&self, device: u32, bytes: usize, handle_type: HandleType) -> Result<RawPhys> {
+    fn vmm_create(&self, device: u32, bytes: usize, props: PhysProps) -> Result<RawPhys> {
         self.call_dev("cuMemCreate", device, |st, _| {
-            st.vmm_create(device, bytes, handle_type)
+            st.vmm_create(device, bytes, props)
         })
     }
 
     fn vmm_release(&self, handle: RawPhys) -> Result<()> {
         self.call("cuMemRelease", |st, _| st.vmm_release(handle))
+    }
+
+    fn vmm_retain_handle(&self, ptr: DevicePtr) -> Result<RawPhys> {
+        self.call("cuMemRetainAllocationHandle", |st, _| {
+            st.vmm_retain_handle(ptr)
+        })
     }
 
     fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()> {

@@ -15,6 +15,13 @@ use crate::{Error, OomInfo};
 pub(super) const INVALID_VALUE: i32 = 1;
 /// `CUDA_ERROR_INVALID_DEVICE`.
 pub(super) const INVALID_DEVICE: i32 = 101;
+/// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`: the two devices cannot reach each other.
+pub(super) const PEER_ACCESS_UNSUPPORTED: i32 = 217;
+/// `CUDA_ERROR_NOT_FOUND`.
+pub(super) const NOT_FOUND: i32 = 500;
+/// `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`: what the simulator answers when a
+/// device would touch another device's memory it was given no access to.
+pub(super) const PEER_ACCESS_NOT_ENABLED: i32 = 705;
 /// `CUDA_ERROR_INVALID_CONTEXT`.
 pub(super) const INVALID_CONTEXT: i32 = 201;
 /// `CUDA_ERROR_INVALID_HANDLE`.
@@ -54,12 +61,15 @@ pub fn cu_result_name(code: i32) -> String {
         100 => "CUDA_ERROR_NO_DEVICE",
         101 => "CUDA_ERROR_INVALID_DEVICE",
         201 => "CUDA_ERROR_INVALID_CONTEXT",
+        217 => "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
         304 => "CUDA_ERROR_OPERATING_SYSTEM",
         400 => "CUDA_ERROR_INVALID_HANDLE",
         401 => "CUDA_ERROR_ILLEGAL_STATE",
         500 => "CUDA_ERROR_NOT_FOUND",
         600 => "CUDA_ERROR_NOT_READY",
         700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        704 => "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+        705 => "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
         709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
         719 => "CUDA_ERROR_LAUNCH_FAILED",
         801 => "CUDA_ERROR_NOT_SUPPORTED",

@@ -21,9 +21,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::address_space::{round_up, BASE_ALIGN};
-use super::faults::{drv, INVALID_VALUE, NOT_SUPPORTED};
+use super::faults::{drv, INVALID_VALUE, NOT_FOUND, NOT_SUPPORTED, PEER_ACCESS_NOT_ENABLED};
+use super::peer::{Denied, Grant, PeerDenial};
+use super::streams::{Op, QueueId};
 use super::{PhysId, PoolId, State};
-use crate::driver::{AccessFlags, DevicePtr, HostAllocFlags};
+use crate::driver::{AccessFlags, DevicePtr, HostAllocFlags, RawPhys};
 use crate::{Error, OomInfo, Result};
 
 /// Real host memory, 256-byte aligned and zeroed, freed on drop.
@@ -107,6 +109,9 @@ pub(super) struct PoolBlock {
 pub(super) struct Mapping {
     pub(super) len: u64,
     pub(super) phys: PhysId,
+    /// The handle `cuMemMap` was given (what `cuMemRetainAllocationHandle`
+    /// answers).
+    pub(super) handle: RawPhys,
     pub(super) offset: u64,
     /// Access per device, set by `cuMemSetAccess`.
     pub(super) access: Vec<AccessFlags>,
@@ -373,7 +378,8 @@ impl State {
     /// Translates `[addr, addr+len)` as seen by `device` into pieces of host
     /// memory. Fails (`CUDA_ERROR_INVALID_VALUE` of `call`) when any byte is
     /// not allocated, not live, not mapped, or not accessible for the access
-    /// asked for.
+    /// asked for; `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED` when the byte is
+    /// another device's memory that `device` was given no access to.
     pub(super) fn resolve(
         &self,
         addr: u64,
@@ -382,16 +388,30 @@ impl State {
         write: bool,
         call: &'static str,
     ) -> Result<Vec<Seg>> {
-        let bad = || drv(call, INVALID_VALUE);
+        self.translate(addr, len, device, write)
+            .map_err(|d| match d {
+                Denied::Invalid => drv(call, INVALID_VALUE),
+                Denied::Peer(_) => drv(call, PEER_ACCESS_NOT_ENABLED),
+            })
+    }
+
+    /// [`State::resolve`], telling why a range is refused.
+    pub(super) fn translate(
+        &self,
+        addr: u64,
+        len: u64,
+        device: u32,
+        write: bool,
+    ) -> std::result::Result<Vec<Seg>, Denied> {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let end = addr.checked_add(len).ok_or_else(bad)?;
+        let end = addr.checked_add(len).ok_or(Denied::Invalid)?;
         if let Some((&a, h)) = self.host.range(..=addr).next_back() {
             let hend = a + h.buf.len() as u64;
             if addr < hend {
                 if end > hend {
-                    return Err(bad());
+                    return Err(Denied::Invalid);
                 }
                 return Ok(vec![(len, Some(h.buf.ptr_at(addr - a)))]);
             }
@@ -399,18 +419,40 @@ impl State {
         let mut segs = Vec::new();
         let mut cur = addr;
         while cur < end {
-            let (&a, r) = self.regions.range(..=cur).next_back().ok_or_else(bad)?;
+            let (&a, r) = self
+                .regions
+                .range(..=cur)
+                .next_back()
+                .ok_or(Denied::Invalid)?;
             let rend = a + r.len();
             if cur >= rend {
-                return Err(bad());
+                return Err(Denied::Invalid);
             }
             let take = end.min(rend) - cur;
             let off = cur - a;
+            let denied = |owner: u32, grant: Grant| {
+                if owner == device {
+                    Denied::Invalid
+                } else {
+                    Denied::Peer(PeerDenial {
+                        addr: cur,
+                        owner,
+                        grant,
+                    })
+                }
+            };
             let ptr = match r {
-                Region::Plain { buf, .. } => buf.as_ref().map(|b| b.ptr_at(off)),
+                Region::Plain {
+                    buf, device: owner, ..
+                } => {
+                    if !self.peer_reaches(device, *owner) {
+                        return Err(denied(*owner, Grant::PeerAccess));
+                    }
+                    buf.as_ref().map(|b| b.ptr_at(off))
+                }
                 Region::Pool(b) => {
                     if !b.live {
-                        return Err(bad());
+                        return Err(Denied::Invalid);
                     }
                     if b.device != device {
                         let acc = self
@@ -418,7 +460,7 @@ impl State {
                             .get(&b.pool)
                             .map_or(AccessFlags::ReadWrite, |p| p.access_of(device));
                         if !allows(acc, write) {
-                            return Err(bad());
+                            return Err(denied(b.device, Grant::Pool));
                         }
                     }
                     b.buf.as_ref().map(|x| x.ptr_at(off))
@@ -429,12 +471,11 @@ impl State {
                         .get(device as usize)
                         .copied()
                         .unwrap_or(AccessFlags::None);
+                    let phys = self.phys.get(&m.phys);
                     if !allows(acc, write) {
-                        return Err(bad());
+                        return Err(denied(phys.map_or(device, |p| p.device), Grant::Mapping));
                     }
-                    self.phys
-                        .get(&m.phys)
-                        .and_then(|p| p.buf.as_ref())
+                    phys.and_then(|p| p.buf.as_ref())
                         .map(|x| x.ptr_at(m.offset + off))
                 }
             };
@@ -442,6 +483,51 @@ impl State {
             cur += take;
         }
         Ok(segs)
+    }
+
+    /// `cuMemGetAddressRange`: the allocation (or VMM mapping) holding `addr`.
+    pub(super) fn address_range(&self, addr: u64) -> Result<(DevicePtr, usize)> {
+        const CALL: &str = "cuMemGetAddressRange";
+        if let Some((&a, h)) = self.host.range(..=addr).next_back() {
+            if addr < a + h.buf.len() as u64 {
+                return Ok((DevicePtr(a), h.buf.len()));
+            }
+        }
+        match self.regions.range(..=addr).next_back() {
+            Some((&a, r)) if addr < a + r.len() => {
+                let len = match r {
+                    Region::Pool(b) if !b.live => return Err(drv(CALL, NOT_FOUND)),
+                    Region::Pool(b) if b.alias_of.is_none() => b.size,
+                    r => r.len(),
+                };
+                Ok((DevicePtr(a), len as usize))
+            }
+            _ => Err(drv(CALL, NOT_FOUND)),
+        }
+    }
+
+    /// Enqueues a copy between device-accessible addresses on queue `q`,
+    /// both ranges checked as seen by the queue's device.
+    pub(super) fn enqueue_dtod(
+        &mut self,
+        q: QueueId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        call: &'static str,
+    ) -> Result<()> {
+        let dev = self.queue_device(q);
+        self.touch(dst.0, bytes as u64, dev, true, call)?;
+        self.touch(src.0, bytes as u64, dev, false, call)?;
+        self.enqueue(
+            q,
+            Op::Copy {
+                dst: Addr::Dev(dst.0),
+                src: Addr::Dev(src.0),
+                len: bytes as u64,
+            },
+        );
+        Ok(())
     }
 
     /// Runs a memset; a translation failure counts as an asynchronous fault.

@@ -14,6 +14,8 @@
 //! - `pools`: stream-ordered memory pools. `vmm`: virtual memory management.
 //! - `capture`: stream capture and the calls it forbids (the rules are listed
 //!   there). `graphs`: captured graphs, their launches and their allocations.
+//! - `peer`: peer access between devices and the grants each kind of memory
+//!   needs before another device may touch it.
 //! - `faults`: call counting and fault injection. `ipc`: in-process export.
 //! - `driver_impl`: the `Driver` trait, method by method, over the above.
 //!
@@ -36,6 +38,7 @@
 //! | `mem_info` | `cuMemGetInfo` |
 //! | `vmm_granularity` | `cuMemGetAllocationGranularity` |
 //! | `can_access_peer` | `cuDeviceCanAccessPeer` |
+//! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
 //! | `stream_create` / `stream_destroy` | `cuStreamCreate` / `cuStreamDestroy` |
 //! | `stream_synchronize` / `stream_query` | `cuStreamSynchronize` / `cuStreamQuery` |
 //! | `event_create` / `event_destroy` | `cuEventCreate` / `cuEventDestroy` |
@@ -54,6 +57,8 @@
 //! | `mem_prefetch` | `cuMemPrefetchAsync` |
 //! | `memset_async` | `cuMemsetD8Async` |
 //! | `memcpy_dtod_async` / `memcpy_htod_async` / `memcpy_dtoh_async` | `cuMemcpyDtoDAsync` / `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` |
+//! | `memcpy_peer_async` | `cuMemcpyPeerAsync` |
+//! | `mem_address_range` | `cuMemGetAddressRange` |
 //! | `mempool_default` / `mempool_current` | `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` |
 //! | `mempool_create` / `mempool_destroy` | `cuMemPoolCreate` / `cuMemPoolDestroy` |
 //! | `mempool_set_attr` / `mempool_get_attr` | `cuMemPoolSetAttribute` / `cuMemPoolGetAttribute` |
@@ -64,6 +69,7 @@
 //! | `mempool_export_pointer` / `mempool_import_pointer` | `cuMemPoolExportPointer` / `cuMemPoolImportPointer` |
 //! | `vmm_reserve` / `vmm_free_address` | `cuMemAddressReserve` / `cuMemAddressFree` |
 //! | `vmm_create` / `vmm_release` | `cuMemCreate` / `cuMemRelease` |
+//! | `vmm_retain_handle` | `cuMemRetainAllocationHandle` |
 //! | `vmm_map` / `vmm_unmap` / `vmm_set_access` | `cuMemMap` / `cuMemUnmap` / `cuMemSetAccess` |
 //! | `vmm_export_fd` / `vmm_import_fd` | `cuMemExportToShareableHandle` / `cuMemImportFromShareableHandle` |
 //!
@@ -79,6 +85,9 @@
 //!   contract), not CUDA's "at least `keep` reserved".
 //! - IPC works only inside the same `SimDriver` (see `ipc`).
 //! - `cuMemSetAccess` and `cuMemUnmap` ranges must consist of whole mappings.
+//! - A copy that touches another device's memory without access is refused
+//!   (see `peer`), where CUDA's copy engines may stage it; `cuMemcpyPeerAsync`
+//!   too.
 
 mod address_space;
 mod capture;
@@ -88,6 +97,7 @@ mod faults;
 mod graphs;
 mod ipc;
 mod memory;
+mod peer;
 mod pools;
 mod streams;
 mod vmm;
@@ -96,7 +106,7 @@ mod vmm;
 mod tests;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
@@ -105,6 +115,7 @@ pub use capture::{CaptureViolation, UNSAFE_DURING_CAPTURE};
 pub use config::SimConfig;
 pub use faults::cu_result_name;
 pub use memory::DataStats;
+pub use peer::PeerViolation;
 
 use crate::driver::*;
 use crate::Result;
@@ -202,7 +213,8 @@ struct State {
     reservations: BTreeMap<u64, u64>,
     reserved_va: u64,
     phys: HashMap<PhysId, Phys>,
-    phys_handles: HashMap<RawPhys, PhysId>,
+    /// Live handles: the memory and how many releases each still takes.
+    phys_handles: HashMap<RawPhys, (PhysId, usize)>,
     physical_bytes: u64,
     mapped_bytes: u64,
     faults: Faults,
@@ -216,6 +228,10 @@ struct State {
     graph_allocs: HashMap<u64, GraphAlloc>,
     /// Calls refused because of a capture, in order.
     violations: Vec<CaptureViolation>,
+    /// Peer access enabled: (device, peer) pairs.
+    peers_enabled: HashSet<(u32, u32)>,
+    /// Touches of another device's memory refused, in order.
+    peer_violations: Vec<PeerViolation>,
     next_id: u64,
 }
 
@@ -258,6 +274,8 @@ impl State {
             graph_execs: HashMap::new(),
             graph_allocs: HashMap::new(),
             violations: Vec::new(),
+            peers_enabled: HashSet::new(),
+            peer_violations: Vec::new(),
             next_id: 0,
         };
         for d in 0..n {
@@ -605,6 +623,28 @@ impl SimDriver {
     /// Counters of memsets and copies.
     pub fn data_stats(&self) -> DataStats {
         self.lock().stats
+    }
+
+    // ----- peer access -----
+
+    /// Every memset or copy refused so far because it would have touched
+    /// another device's memory without access, in order: what a test
+    /// asserts empty to show that code crossed devices only where allowed.
+    pub fn peer_violations(&self) -> Vec<PeerViolation> {
+        self.lock().peer_violations.clone()
+    }
+
+    /// Whether peer access from `device` to `peer` was enabled.
+    pub fn peer_access_enabled(&self, device: u32, peer: u32) -> bool {
+        self.lock().peers_enabled.contains(&(device, peer))
+    }
+
+    /// The properties physical memory was created with, by any live handle
+    /// to it (`None` for an unknown handle).
+    pub fn phys_props(&self, handle: RawPhys) -> Option<PhysProps> {
+        let st = self.lock();
+        let &(id, _) = st.phys_handles.get(&handle)?;
+        st.phys.get(&id).map(|p| p.props)
     }
 
     // ----- stream capture -----

@@ -119,7 +119,10 @@ fn devices_and_features() {
     assert_eq!(code(d.device_info(2).unwrap_err()), 101);
     assert_eq!(code(d.mem_alloc(7, 256).unwrap_err()), 101);
     assert!(d.can_access_peer(0, 1).unwrap());
-    assert!(!d.can_access_peer(1, 1).unwrap());
+    assert!(
+        d.can_access_peer(1, 1).unwrap(),
+        "a device reaches its own memory"
+    );
     assert_eq!(code(d.can_access_peer(0, 5).unwrap_err()), 101);
     assert_eq!(d.vmm_granularity(0, true).unwrap(), 2 * MIB);
     let m = d.mem_info(0).unwrap();
@@ -140,7 +143,10 @@ fn features_switched_off() {
     assert_eq!(code(d.mem_alloc_async(256, 0).unwrap_err()), 801);
     assert_eq!(code(d.vmm_reserve(2 * MIB, 0).unwrap_err()), 801);
     assert_eq!(
-        code(d.vmm_create(0, 2 * MIB, HandleType::None).unwrap_err()),
+        code(
+            d.vmm_create(0, 2 * MIB, HandleType::None.into())
+                .unwrap_err()
+        ),
         801
     );
     assert_eq!(code(d.vmm_granularity(0, false).unwrap_err()), 801);
@@ -224,7 +230,7 @@ fn huge_and_zero_requests_fail_cleanly() {
         .is_oom());
     assert!(d.mem_alloc_managed(0, 1 << 50).unwrap_err().is_oom());
     assert!(d
-        .vmm_create(0, 1 << 50, HandleType::None)
+        .vmm_create(0, 1 << 50, HandleType::None.into())
         .unwrap_err()
         .is_oom());
     assert_eq!(
@@ -778,7 +784,7 @@ fn nth_alloc_fails_and_changes_nothing() {
     // Counted across the four allocation calls.
     d.fail_nth_alloc(3);
     let p = d.mem_alloc_async(256, 0).unwrap();
-    let h = d.vmm_create(0, 2 * MIB, HandleType::None).unwrap();
+    let h = d.vmm_create(0, 2 * MIB, HandleType::None.into()).unwrap();
     let pool = d.mempool_default(0).unwrap();
     let used = d.mempool_get_attr(pool, PoolAttr::UsedMemCurrent).unwrap();
     let pos = d.stream_position(0);
@@ -826,7 +832,7 @@ fn chosen_call_fails_with_its_code() {
     d.stream_synchronize(s).unwrap();
     d.fail_call("cuMemMap", 1, 2);
     let va = d.vmm_reserve(2 * MIB, 0).unwrap();
-    let h = d.vmm_create(0, 2 * MIB, HandleType::None).unwrap();
+    let h = d.vmm_create(0, 2 * MIB, HandleType::None.into()).unwrap();
     assert_eq!(code(d.vmm_map(va, 2 * MIB, 0, h).unwrap_err()), 2);
     assert_eq!(d.mapped_bytes(), 0);
     d.vmm_map(va, 2 * MIB, 0, h).unwrap();
@@ -1069,9 +1075,11 @@ fn pool_access_from_other_devices() {
     assert_eq!(d.mempool_get_access(p, 0).unwrap(), AccessFlags::ReadWrite);
     assert_eq!(d.mempool_get_access(p, 1).unwrap(), AccessFlags::None);
     d.set_current_device(1).unwrap();
-    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 1);
+    // Another device's memory without the pool's grant.
+    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 705);
     d.mempool_set_access(p, 1, AccessFlags::Read).unwrap();
-    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 1, "read only");
+    assert_eq!(code(d.memset(a, 1, 16, 0).unwrap_err()), 705, "read only");
+    assert_eq!(d.peer_violations().len(), 2);
     assert_eq!(get(&d, a, 4), vec![0; 4]);
     d.mempool_set_access(p, 1, AccessFlags::ReadWrite).unwrap();
     d.memset(a, 1, 16, 0).unwrap();
@@ -1164,11 +1172,14 @@ fn vmm_rules() {
     let va = d.vmm_reserve(8 * g, 16 * g).unwrap();
     assert_eq!(va.0 % (16 * g) as u64, 0);
     assert_eq!(
-        code(d.vmm_create(0, g + 256, HandleType::None).unwrap_err()),
+        code(
+            d.vmm_create(0, g + 256, HandleType::None.into())
+                .unwrap_err()
+        ),
         1
     );
-    let h1 = d.vmm_create(0, 2 * g, HandleType::None).unwrap();
-    let h2 = d.vmm_create(0, g, HandleType::None).unwrap();
+    let h1 = d.vmm_create(0, 2 * g, HandleType::None.into()).unwrap();
+    let h2 = d.vmm_create(0, g, HandleType::None.into()).unwrap();
     assert_eq!(d.physical_bytes(), 3 * g);
     assert_eq!(d.device_bytes(0), 3 * g);
     d.vmm_map(va, 2 * g, 0, h1).unwrap();
@@ -1258,9 +1269,9 @@ fn vmm_copies_across_pages_of_different_handles() {
     let g = 2 * MIB;
     let d = SimDriver::new(SimConfig::backed(16 * MIB));
     let va = d.vmm_reserve(3 * g, 0).unwrap();
-    let h1 = d.vmm_create(0, g, HandleType::None).unwrap();
-    let h2 = d.vmm_create(0, g, HandleType::None).unwrap();
-    let h3 = d.vmm_create(0, g, HandleType::None).unwrap();
+    let h1 = d.vmm_create(0, g, HandleType::None.into()).unwrap();
+    let h2 = d.vmm_create(0, g, HandleType::None.into()).unwrap();
+    let h3 = d.vmm_create(0, g, HandleType::None.into()).unwrap();
     d.vmm_map(va, g, 0, h1).unwrap();
     d.vmm_map(va.offset(g), g, 0, h3).unwrap();
     d.vmm_map(va.offset(2 * g), g, 0, h2).unwrap();
@@ -1283,7 +1294,7 @@ fn vmm_copies_across_pages_of_different_handles() {
     assert_eq!(get(&d, va.offset(2 * g + g / 2), 4096), data);
     // Import through a file descriptor needs a PosixFd handle.
     assert_eq!(code(d.vmm_export_fd(h1).unwrap_err()), 1);
-    let hx = d.vmm_create(0, g, HandleType::PosixFd).unwrap();
+    let hx = d.vmm_create(0, g, HandleType::PosixFd.into()).unwrap();
     let fd = d.vmm_export_fd(hx).unwrap();
     let hy = d.vmm_import_fd(fd.as_fd()).unwrap();
     drop(fd);

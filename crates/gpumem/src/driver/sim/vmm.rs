@@ -24,16 +24,17 @@ use super::faults::{drv, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_SUPP
 use super::ipc;
 use super::memory::{HostBuf, Mapping, Region};
 use super::{PhysId, State};
-use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
+use crate::driver::{AccessFlags, DevicePtr, HandleType, PhysProps, RawPhys};
 use crate::{Error, Result};
 
 /// A physical allocation.
 pub(super) struct Phys {
     pub(super) device: u32,
     pub(super) size: u64,
-    pub(super) handle_type: HandleType,
+    pub(super) props: PhysProps,
     pub(super) buf: Option<HostBuf>,
-    /// Handles not yet released.
+    /// Releases still owed: by every handle, each once per creation,
+    /// import or retain.
     pub(super) handles: usize,
     /// Mappings of it.
     pub(super) maps: usize,
@@ -51,7 +52,7 @@ impl State {
     fn phys_of(&self, h: RawPhys, call: &'static str) -> Result<PhysId> {
         self.phys_handles
             .get(&h)
-            .copied()
+            .map(|&(id, _)| id)
             .ok_or_else(|| drv(call, INVALID_HANDLE))
     }
 
@@ -103,11 +104,14 @@ impl State {
         &mut self,
         device: u32,
         bytes: usize,
-        ht: HandleType,
+        props: PhysProps,
     ) -> Result<RawPhys> {
         const CALL: &str = "cuMemCreate";
         self.vmm_on(CALL)?;
-        match ht {
+        if props.rdma_capable && !self.cfg.gpu_direct_rdma {
+            return Err(drv(CALL, NOT_SUPPORTED));
+        }
+        match props.handle_type {
             HandleType::None => {}
             HandleType::PosixFd if self.cfg.posix_fd_ipc => {}
             HandleType::PosixFd => return Err(drv(CALL, NOT_SUPPORTED)),
@@ -138,7 +142,7 @@ impl State {
             Phys {
                 device,
                 size,
-                handle_type: ht,
+                props,
                 buf,
                 handles: 1,
                 maps: 0,
@@ -146,7 +150,7 @@ impl State {
         );
         self.physical_bytes += size;
         let h = self.fresh_handle(super::TAG_PHYS);
-        self.phys_handles.insert(h, id);
+        self.phys_handles.insert(h, (id, 1));
         Ok(h)
     }
 
@@ -167,7 +171,12 @@ impl State {
         const CALL: &str = "cuMemRelease";
         self.vmm_on(CALL)?;
         let id = self.phys_of(h, CALL)?;
-        self.phys_handles.remove(&h);
+        if let Some(owed) = self.phys_handles.get_mut(&h) {
+            owed.1 -= 1;
+            if owed.1 == 0 {
+                self.phys_handles.remove(&h);
+            }
+        }
         if let Some(p) = self.phys.get_mut(&id) {
             p.handles -= 1;
         }
@@ -215,6 +224,7 @@ impl State {
             Region::Map(Mapping {
                 len,
                 phys: id,
+                handle: h,
                 offset: off,
                 access: vec![AccessFlags::None; n],
             }),
@@ -292,7 +302,7 @@ impl State {
         const CALL: &str = "cuMemExportToShareableHandle";
         self.vmm_on(CALL)?;
         let id = self.phys_of(h, CALL)?;
-        if self.phys[&id].handle_type != HandleType::PosixFd {
+        if self.phys[&id].props.handle_type != HandleType::PosixFd {
             return Err(drv(CALL, INVALID_VALUE));
         }
         ipc::export_token(CALL, "phys", self.uid, id)
@@ -313,7 +323,28 @@ impl State {
             .ok_or_else(|| drv(CALL, INVALID_VALUE))?;
         p.handles += 1;
         let h = self.fresh_handle(super::TAG_PHYS);
-        self.phys_handles.insert(h, id);
+        self.phys_handles.insert(h, (id, 1));
+        Ok(h)
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle the mapping at `ptr` was
+    /// made with, owing one more release.
+    pub(super) fn vmm_retain_handle(&mut self, ptr: DevicePtr) -> Result<RawPhys> {
+        const CALL: &str = "cuMemRetainAllocationHandle";
+        self.vmm_on(CALL)?;
+        let bad = || drv(CALL, INVALID_VALUE);
+        let (&a, r) = self.regions.range(..=ptr.0).next_back().ok_or_else(bad)?;
+        let Region::Map(m) = r else {
+            return Err(bad());
+        };
+        if ptr.0 >= a + m.len {
+            return Err(bad());
+        }
+        let (id, h) = (m.phys, m.handle);
+        self.phys_handles.entry(h).or_insert((id, 0)).1 += 1;
+        if let Some(p) = self.phys.get_mut(&id) {
+            p.handles += 1;
+        }
         Ok(h)
     }
 }

@@ -200,7 +200,7 @@ impl VirtualPool {
         let h = self.device.driver().vmm_create(
             self.device.ordinal(),
             n * self.gran,
-            self.handle_type,
+            self.phys_props,
         )?;
         let x = st.phys.add_extent(h, n as u32);
         st.pages_created += n as u64;

@@ -202,6 +202,36 @@ impl VirtualPool {
                 self.any_asleep.load(Ordering::Relaxed)
             ));
         }
+        // 11. In the NCCL-ready mode, no extent is mapped twice, and every
+        //     live block is whole pages exactly covered by one extent.
+        if self.config.nccl_ready {
+            if let Some((x, _)) = st.phys.extents().find(|(_, e)| e.mappings.len() > 1) {
+                return Err(format!("invariant 11: extent {x} is mapped more than once"));
+            }
+            for &(addr, size) in &live {
+                let span = st.pages.span(addr, size);
+                let first = span.and_then(|s| {
+                    st.pages.phys_at_checked(PageRef {
+                        res: s.res,
+                        idx: s.first,
+                    })
+                });
+                let whole = match (span, first) {
+                    (Some(s), Some(pp)) => {
+                        addr % self.gran as u64 == 0
+                            && size % self.gran as u64 == 0
+                            && pp.index == 0
+                            && st.phys.pages(pp.extent) == s.last - s.first + 1
+                    }
+                    _ => false,
+                };
+                if !whole {
+                    return Err(format!(
+                        "invariant 11: block {addr:#x} of {size} bytes is not one extent of its own"
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -53,6 +53,9 @@ pub struct VirtualPoolConfig {
     /// the next is copied out, a wake maps the next slice while one is
     /// copied back ([`VirtualPool::sleep`], [`VirtualPool::wake`]).
     pub copy_slice_bytes: usize,
+    /// The NCCL-ready mode ([`VirtualPoolConfig::nccl_ready`]): every block
+    /// is one physical allocation of its own, mapped once. Default false.
+    pub nccl_ready: bool,
 }
 
 impl Default for VirtualPoolConfig {
@@ -68,6 +71,42 @@ impl Default for VirtualPoolConfig {
             peers: Vec::new(),
             ipc: false,
             copy_slice_bytes: 512 << 20,
+            nccl_ready: false,
+        }
+    }
+}
+
+impl VirtualPoolConfig {
+    /// The NCCL-ready mode: memory laid out as `ncclMemAlloc` lays it out,
+    /// so that NCCL can register the pool's blocks (user-buffer
+    /// registration, symmetric memory) where it refuses memory that spans
+    /// several physical allocations (as PyTorch's expandable segments do).
+    ///
+    /// - Every block is exactly one physical allocation (one `cuMemCreate`)
+    ///   mapped once, at the block: `cuMemGetAddressRange` of the block
+    ///   gives the block, and `cuMemRetainAllocationHandle` of any of its
+    ///   bytes the same handle, another than any other block's. No block
+    ///   spans several allocations, no allocation is shared between blocks
+    ///   or mapped twice (no aliases).
+    /// - **Blocks are rounded up to whole pages** (the device's recommended
+    ///   VMM granularity, 2 MiB on an H100) and start on a page: a 1-byte
+    ///   request holds a page. Frees take the size asked for (or anything
+    ///   that rounds to the same pages).
+    /// - The memory is created with POSIX file descriptor handles, and
+    ///   RDMA-capable (`gpuDirectRDMACapable`) where the device supports
+    ///   GPUDirect RDMA with VMM memory.
+    /// - The device and every device of `peers` get read-write access to
+    ///   every mapping.
+    ///
+    /// A block freed and asked for again at the same place and size costs no
+    /// driver call; one that needs memory costs a create, a map and a
+    /// set-access per device. [`VirtualPool::sleep`] is refused in this mode.
+    pub fn nccl_ready(peers: Vec<u32>) -> Self {
+        Self {
+            peers,
+            ipc: true,
+            nccl_ready: true,
+            ..Self::default()
         }
     }
 }

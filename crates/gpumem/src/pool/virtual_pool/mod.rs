@@ -111,6 +111,7 @@ mod reclaim;
 mod regions;
 mod sleep;
 mod stats;
+mod whole;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
@@ -123,10 +124,10 @@ use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use crate::device::Device;
-use crate::driver::{DevicePtr, HandleType};
+use crate::driver::{DevicePtr, HandleType, PhysProps};
 use crate::resource::{validate_request, MemoryResource, Properties};
 use crate::stream::Stream;
-use crate::suballoc::{LaneHeap, LaneId};
+use crate::suballoc::{Allocation, LaneHeap, LaneId};
 use crate::{Error, FreeError, OomInfo, Result};
 
 pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
@@ -226,7 +227,8 @@ pub struct VirtualPool {
     config: VirtualPoolConfig,
     gran: usize,
     capacity: usize,
-    handle_type: HandleType,
+    /// What every `cuMemCreate` asks for.
+    phys_props: PhysProps,
     state: Mutex<State>,
     /// Blocks freed on capturing streams (see `stream_order::parked`).
     parked: Parked,
@@ -254,7 +256,7 @@ impl VirtualPool {
                 "virtual memory management on this device",
             ));
         }
-        if config.ipc && !info.posix_fd_ipc {
+        if (config.ipc || config.nccl_ready) && !info.posix_fd_ipc {
             return Err(Error::unsupported(
                 "POSIX file descriptor export of VMM memory",
             ));
@@ -334,17 +336,21 @@ impl VirtualPool {
             }
             st.area_ranges.push((start, start + bytes, area));
         }
-        let handle_type = if config.ipc {
+        let handle_type = if config.ipc || config.nccl_ready {
             HandleType::PosixFd
         } else {
             HandleType::None
+        };
+        let phys_props = PhysProps {
+            handle_type,
+            rdma_capable: config.nccl_ready && info.gpu_direct_rdma_vmm,
         };
         Ok(Self {
             device,
             config,
             gran,
             capacity,
-            handle_type,
+            phys_props,
             state: Mutex::new(st),
             parked: Parked::default(),
             any_asleep: AtomicBool::new(false),
@@ -354,6 +360,47 @@ impl VirtualPool {
     #[inline]
     fn lock(&self) -> MutexGuard<'_, State> {
         super::stream_order::sync::lock(&self.state)
+    }
+
+    /// Addresses for a block of `bytes` at `alignment` in `area`, from the
+    /// stream's lane, the global lane or the slow path; with the lane.
+    #[inline(always)]
+    fn take_block(
+        &self,
+        st: &mut State,
+        area: usize,
+        stream: &Stream,
+        bytes: usize,
+        alignment: usize,
+    ) -> Result<(LaneId, Allocation)> {
+        let a = &mut st.areas[area];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        let (b, align) = (bytes as u64, alignment as u64);
+        let blk = match a
+            .heap
+            .allocate_best(lane, b, align)
+            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
+        {
+            Some(x) => x,
+            None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
+        };
+        Ok((lane, blk))
+    }
+
+    /// The last step of an allocation, its block backed: the region's tag
+    /// and the live peak.
+    #[inline(always)]
+    fn hand_out(st: &mut State, area: usize, blk: &Allocation) -> DevicePtr {
+        // Read again rather than kept in a register across the backing.
+        let tag = st.regions.current;
+        if tag != NO_REGION {
+            st.areas[area].heap.set_tag(blk.block, tag);
+        }
+        let live = st.live_bytes();
+        if live > st.peak_live {
+            st.peak_live = live;
+        }
+        DevicePtr(blk.addr)
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {
@@ -380,6 +427,9 @@ impl MemoryResource for VirtualPool {
         if !validate_request(bytes, alignment, VIRTUAL_POOL_MAX_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
+        if self.config.nccl_ready {
+            return self.allocate_whole(bytes, alignment, stream);
+        }
         let mut guard = self.lock();
         let st = &mut *guard;
         if bytes > self.capacity {
@@ -393,17 +443,7 @@ impl MemoryResource for VirtualPool {
         } else {
             LARGE
         };
-        let a = &mut st.areas[area];
-        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
-        let (b, align) = (bytes as u64, alignment as u64);
-        let mut blk = match a
-            .heap
-            .allocate_best(lane, b, align)
-            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
-        {
-            Some(x) => x,
-            None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
-        };
+        let (lane, mut blk) = self.take_block(st, area, stream, bytes, alignment)?;
         let Some(mut span) = st.pages.span(blk.addr, blk.size) else {
             let _ = st.areas[area].heap.free(blk.addr, lane);
             return Err(Error::InvalidArgument(format!(
@@ -438,16 +478,7 @@ impl MemoryResource for VirtualPool {
                 return Err(e);
             }
         }
-        // Read again rather than kept in a register across the call above.
-        let tag = st.regions.current;
-        if tag != NO_REGION {
-            st.areas[area].heap.set_tag(blk.block, tag);
-        }
-        let live = st.live_bytes();
-        if live > st.peak_live {
-            st.peak_live = live;
-        }
-        Ok(DevicePtr(blk.addr))
+        Ok(Self::hand_out(st, area, &blk))
     }
 
     #[inline]
@@ -474,6 +505,12 @@ impl MemoryResource for VirtualPool {
         }
         let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        // Blocks of the NCCL-ready mode are whole pages (a size past the
+        // largest is left to the heap to refuse).
+        let bytes = match self.config.nccl_ready {
+            true => self.whole_size(bytes).unwrap_or(bytes),
+            false => bytes,
+        };
         // With one stream, its free space also takes in the untouched space
         // beside it, so the pool stays compact; with several, that would make
         // the others wait for this one (steal) to get addresses. The heap

@@ -155,6 +155,14 @@ impl PhysCache {
         Some(x)
     }
 
+    /// Takes a cached extent of exactly `pages` pages.
+    pub(super) fn take_exact(&mut self, pages: usize) -> Option<ExtentId> {
+        let i = self.cached.iter().position(|&x| self.pages(x) == pages)?;
+        let x = self.cached.swap_remove(i);
+        self.cached_pages -= pages;
+        Some(x)
+    }
+
     /// Records a new mapping of extent `x` whose first page is `at`. The
     /// extent must not be in the cache.
     pub(super) fn mapped_at(&mut self, x: ExtentId, at: PackedPage) {

@@ -18,6 +18,17 @@ pub(super) const VA_SCARCE_MULTIPLE: usize = 16;
 /// settle later (`bench/results/NOTES-virtual-pool.md`).
 pub(super) const RELOCATE_MIN_PAGES: usize = 64;
 
+/// The places tried for a block of `size` bytes at `align` in the free
+/// block `[addr, addr + bsize)`: its start and its end, aligned.
+pub(super) fn places_in(addr: u64, bsize: u64, size: u64, align: u64) -> impl Iterator<Item = u64> {
+    let end = addr + bsize;
+    let start = addr.next_multiple_of(align);
+    let tail = (end - size) & !(align - 1);
+    [start, tail]
+        .into_iter()
+        .filter(move |&at| at >= addr && at + size <= end)
+}
+
 impl VirtualPool {
     /// [`PageTable::acquire`](super::page_table::PageTable::acquire) with
     /// the stream-safety answer of `stream`.
@@ -176,13 +187,7 @@ impl VirtualPool {
         for l in [lane, LaneId::GLOBAL] {
             heap.for_each_free_at_least(l, size, |id, addr, bsize| {
                 seen += 1;
-                let end = addr + bsize;
-                let start = addr.next_multiple_of(align);
-                let tail = (end - size) & !(align - 1);
-                for at in [start, tail] {
-                    if at < addr || at + size > end {
-                        continue;
-                    }
+                for at in places_in(addr, bsize, size, align) {
                     let Some(there) = pages.span(at, size) else {
                         continue;
                     };

@@ -72,9 +72,17 @@ impl VirtualPool {
     /// forgotten), allocating in it and using its blocks through gpumem are
     /// [`Error::Asleep`]. An error leaves the region awake and as it was
     /// (see the module documentation for the one exception). Tag 0, and a
-    /// region already asleep, are errors.
+    /// region already asleep, are errors; in the NCCL-ready mode
+    /// ([`VirtualPoolConfig::nccl_ready`](super::VirtualPoolConfig::nccl_ready))
+    /// the call is [`Error::Unsupported`].
     pub fn sleep(&self, tag: u32, backup: Backup, stream: &Stream) -> Result<usize> {
         check_tag(tag, "sleep")?;
+        if self.config.nccl_ready {
+            // Waking maps pages again as the usual mode does (aliases, several extents).
+            return Err(Error::unsupported(
+                "sleep of a virtual pool in the NCCL-ready mode",
+            ));
+        }
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.regions.asleep(tag).is_some() {
