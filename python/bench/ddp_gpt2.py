@@ -15,7 +15,7 @@ are those of ``torch_allocators.py`` (``torch``, ``native:R``,
 
 ``--register`` also checks, on every rank of the ``torch`` and ``mempool:R``
 runs (a MemPool needs PyTorch's caching allocator in charge), that a gpumem
-MemPool (VirtualPool) can be registered with the NCCL process group (``register_mem_pool``, where this
+MemPool (under ``torch``: the NCCL-ready VirtualPool) can be registered with the NCCL process group (``register_mem_pool``, where this
 PyTorch has it) and that an all-reduce of a tensor in that pool gives the
 right sum.
 
@@ -54,8 +54,10 @@ def register_check(config, rank, world):
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
     if not hasattr(backend, "register_mem_pool"):
         return "unsupported: this PyTorch has no ProcessGroupNCCL.register_mem_pool"
-    # Under `mempool:R` gpumem is configured already; under `torch` it is not.
-    pool = gt.mempool(resource="vpool") if kind == "torch" else gt.mempool()
+    # Under `mempool:R` gpumem is configured already; under `torch` it is
+    # not, and gets the NCCL-ready VirtualPool (one physical allocation per
+    # block, as ncclMemAlloc lays memory out).
+    pool = gt.mempool(resource="vpool", nccl_ready=True) if kind == "torch" else gt.mempool()
     with torch.cuda.use_mem_pool(pool):
         t = torch.full((1 << 20,), float(rank + 1), device="cuda")
     try:
