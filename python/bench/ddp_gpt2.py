@@ -5,8 +5,8 @@ GPU, under PyTorch's allocator or gpumem on every rank (issue 21).
         --rounds 2 --out ddp.jsonl
     torchrun --nproc-per-node 2 python/bench/ddp_gpt2.py worker --config native:vpool
 
-``compare`` starts one torchrun job per configuration and round (the rounds
-alternate the configurations, so drift hits all alike) and prints, per
+``compare`` starts one torchrun job per configuration and round (each round
+starts with the next configuration, so drift and order hit all alike) and prints, per
 configuration: the loss of every step against the ``torch`` run's (the data
 and the initial weights are the same), the median step time and its ratio
 to ``torch``'s, and the peak memory reserved on each rank. Configurations
@@ -132,7 +132,9 @@ def compare(args):
     env = dict(os.environ, **NO_MULTICAST)
     runs = {c: [] for c in configs}
     for rnd in range(args.rounds):
-        for config in configs:
+        # Each round starts with another configuration: no order effect.
+        k = rnd % len(configs)
+        for config in configs[k:] + configs[:k]:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={args.nproc}", __file__, "worker", "--config", config,
                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)]
