@@ -231,6 +231,36 @@ fn a_busy_streams_free_block_goes_to_another_stream_only_after_a_wait() {
 }
 
 #[test]
+fn a_busy_streams_freed_block_joins_the_rest_of_its_region() {
+    // A stream whose work still runs keeps its freed block in its own lane,
+    // while the untouched rest of the block's region is in the global lane.
+    // The two are one free range: the stream's next, larger request fits in
+    // it and must not grow a region beside it.
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let s = device.create_stream().unwrap();
+    sim.hold(s.raw());
+    let p = pool.allocate(4 << 20, 256, &s).unwrap();
+    assert_eq!(pool.stats().reserved, 20 << 20, "one medium region");
+    enqueue_work(&s);
+    pool.deallocate(p, 4 << 20, 256, &s).unwrap();
+    let q = pool.allocate(18 << 20, 256, &s).unwrap();
+    let st = pool.stats();
+    assert_eq!(st.reserved, 20 << 20, "grew beside 20 MiB free: {st:?}");
+    assert_eq!(q, p, "the request starts where the freed block did");
+    // Another stream does not get the busy stream's memory without waiting.
+    let t = device.create_stream().unwrap();
+    let pos = sim.stream_position(s.raw());
+    pool.deallocate(q, 18 << 20, 256, &s).unwrap();
+    let r = pool.allocate(18 << 20, 256, &t).unwrap();
+    if r == q {
+        assert!(sim.is_ordered_after(s.raw(), pos, t.raw()));
+    }
+    pool.deallocate(r, 18 << 20, 256, &t).unwrap();
+    sim.release(s.raw());
+}
+
+#[test]
 fn out_of_memory_reclaims_and_reports_detail() {
     // A 64 MiB device: the pool fills it, frees on a held stream, and a large
     // request must wait for those frees, give the regions back and retry.
