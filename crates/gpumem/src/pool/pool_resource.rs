@@ -860,12 +860,11 @@ impl<U: MemoryResource> PoolResource<U> {
         bytes: usize,
         alignment: usize,
     ) -> Option<DevicePtr> {
-        let heap = &mut st.heaps[class];
-        if lane == LaneId::GLOBAL || heap.lane_block_count(LaneId::GLOBAL) == 0 {
-            return Self::take(st, class, LaneId::GLOBAL, bytes, alignment);
+        if st.heaps[class].absorb_global(lane) {
+            Self::take(st, class, lane, bytes, alignment)
+        } else {
+            Self::take(st, class, LaneId::GLOBAL, bytes, alignment)
         }
-        heap.move_lane(LaneId::GLOBAL, lane).ok()?;
-        Self::take(st, class, lane, bytes, alignment)
     }
 }
 

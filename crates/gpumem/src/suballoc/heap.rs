@@ -871,6 +871,23 @@ impl LaneHeap {
         Ok(())
     }
 
+    /// Refiles every free block of the global lane in `lane`, merging each
+    /// with `lane`'s free blocks beside it; false (nothing changed) when
+    /// `lane` is the global lane, has no index, or the global lane is empty.
+    /// For stream-ordered owners this is always safe (global blocks may go
+    /// to any stream; refiled, they go to one) and keeps a stream's freed
+    /// blocks in one piece with the untouched space around them. O(blocks
+    /// moved).
+    pub fn absorb_global(&mut self, lane: LaneId) -> bool {
+        if lane == LaneId::GLOBAL
+            || !self.has_lane(lane)
+            || self.lane_block_count(LaneId::GLOBAL) == 0
+        {
+            return false;
+        }
+        self.move_lane(LaneId::GLOBAL, lane).is_ok()
+    }
+
     /// Refiles one free block in lane `to`, merging it with neighbours free in
     /// `to`; returns the block it ends up in. O(1).
     pub fn move_block(&mut self, block: BlockId, to: LaneId) -> Result<BlockId, HeapError> {

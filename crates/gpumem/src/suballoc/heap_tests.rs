@@ -385,6 +385,29 @@ fn free_absorbing_takes_global_neighbours_into_the_lane() {
 }
 
 #[test]
+fn absorb_global_joins_a_lanes_blocks_with_the_global_space_beside_them() {
+    let (mut h, r) = heap_with(0, 16 * MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, 4 * MIB, 256).unwrap();
+    let _b = h.allocate(G, MIB, 256).unwrap();
+    h.free(a.addr, s).unwrap();
+    // 4 MiB free in lane s, 11 MiB in the global lane: 8 MiB fits neither.
+    assert!(h.allocate_best(s, 8 * MIB, 256).is_none());
+    assert!(!h.absorb_global(G), "the global lane cannot absorb itself");
+    assert!(h.absorb_global(s));
+    assert_eq!(h.lane_free_bytes(G), 0);
+    assert_eq!(h.lane_free_bytes(s), 15 * MIB);
+    assert!(!h.absorb_global(s), "nothing left to absorb");
+    h.check_invariants().unwrap();
+    // Lane s's block and its neighbours: one free range each side of b.
+    let c = h.allocate_best(s, 8 * MIB, 256).unwrap();
+    assert_eq!(c.addr, 5 * MIB, "the tail, now lane s's");
+    let free_s = BlockState::Free { lane: s };
+    assert_eq!(layout(&h, r)[0], (0, 4 * MIB, free_s));
+    assert!(!h.absorb_global(LaneId(99)), "no such lane");
+}
+
+#[test]
 fn allocate_best_reuses_a_block_of_its_own_size_first() {
     let (mut h, _) = heap_with(0, 64 * MIB);
     // A freed block of 3 MiB + 256 (its class rounds down) and a huge tail.

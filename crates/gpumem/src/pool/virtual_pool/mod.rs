@@ -376,11 +376,17 @@ impl VirtualPool {
         let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         let (b, align) = (bytes as u64, alignment as u64);
-        let blk = match a
-            .heap
-            .allocate_best(lane, b, align)
-            .or_else(|| a.heap.allocate_best(LaneId::GLOBAL, b, align))
-        {
+        // On a miss in the stream's lane, the global lane's blocks join it
+        // (see `PoolResource`): freed blocks merge with the free space beside
+        // them instead of each block of a varying size finding new pages.
+        let blk = match a.heap.allocate_best(lane, b, align).or_else(|| {
+            let from = if a.heap.absorb_global(lane) {
+                lane
+            } else {
+                LaneId::GLOBAL
+            };
+            a.heap.allocate_best(from, b, align)
+        }) {
             Some(x) => x,
             None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
         };
