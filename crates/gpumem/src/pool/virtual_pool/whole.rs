@@ -49,7 +49,10 @@ impl VirtualPool {
     }
 
     /// [`MemoryResource::allocate`](crate::resource::MemoryResource::allocate)
-    /// in the NCCL-ready mode (see the module documentation).
+    /// in the NCCL-ready mode (see the module documentation). Out of line:
+    /// inlined, it made the usual mode's fast path 5% longer.
+    #[cold]
+    #[inline(never)]
     pub(super) fn allocate_whole(
         &self,
         bytes: usize,
