@@ -81,7 +81,7 @@ pub trait Driver: Send + Sync + 'static {
     /// (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`, taken as success). A pair
     /// that cannot access each other ([`Driver::can_access_peer`] false) is
     /// refused with `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, a device and
-    /// itself with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    /// itself with [`Error::InvalidArgument`].
     fn enable_peer_access(&self, device: u32, peer: u32) -> Result<bool>;
 
     // ----- streams and events -----
