@@ -411,6 +411,13 @@ impl Allocator {
         self.slot(device)?.get()?.as_ref()
     }
 
+    /// [`Allocator::built`], or why there is no state: the device was never
+    /// used (for calls that make sense only after an allocation there).
+    fn used(&self, device: i32) -> Result<&DeviceState, String> {
+        self.built(device)
+            .ok_or_else(|| format!("device {device} was never used"))
+    }
+
     /// The state of `device`, built on first use; `Err` says why the device
     /// cannot be served (reported once, when building failed).
     fn state(&self, device: i32) -> Result<&DeviceState, String> {
@@ -827,9 +834,7 @@ impl Allocator {
         device: i32,
         f: impl FnOnce(&GraphPools) -> Result<Option<Retired>, String>,
     ) -> Result<(), String> {
-        let st = self
-            .built(device)
-            .ok_or_else(|| format!("device {device} was never used"))?;
+        let st = self.used(device)?;
         let retired = f(&st.graphs)?;
         self.give_back_retired(st, retired);
         Ok(())
@@ -864,22 +869,19 @@ impl Allocator {
         if size == 0 {
             return DevicePtr::NULL;
         }
-        let result = match self.built(device) {
-            None => Err(format!("device {device} was never used")),
-            Some(st) => {
-                let s = self.stream(st, stream);
-                let mut r = st.graphs.allocate(pool, size, &s);
+        let result = self.used(device).and_then(|st| {
+            let s = self.stream(st, stream);
+            let mut r = st.graphs.allocate(pool, size, &s);
+            if matches!(&r, Err(e) if e.is_oom()) {
+                st.retries.fetch_add(1, Ordering::Relaxed);
+                self.empty_cache_of(st);
+                r = st.graphs.allocate(pool, size, &s);
                 if matches!(&r, Err(e) if e.is_oom()) {
-                    st.retries.fetch_add(1, Ordering::Relaxed);
-                    self.empty_cache_of(st);
-                    r = st.graphs.allocate(pool, size, &s);
-                    if matches!(&r, Err(e) if e.is_oom()) {
-                        st.ooms.fetch_add(1, Ordering::Relaxed);
-                    }
+                    st.ooms.fetch_add(1, Ordering::Relaxed);
                 }
-                r.map_err(|e| e.to_string())
             }
-        };
+            r.map_err(|e| e.to_string())
+        });
         result.unwrap_or_else(|e| {
             let msg = format!(
                 "device {device}: allocation of {size} bytes in graph pool {pool:?} failed: {e}"
