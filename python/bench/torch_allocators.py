@@ -7,7 +7,9 @@
 Every configuration runs in a fresh process (this script calling itself with
 ``child``). Configurations: ``torch`` (PyTorch's caching allocator),
 ``native:RESOURCE`` and ``pluggable:RESOURCE`` (gpumem.torch.enable),
-``mempool:RESOURCE`` (gpumem.torch.mempool around the training loop).
+``mempool:RESOURCE`` (gpumem.torch.mempool around the training loop);
+more GPUMEM_CONF settings follow the resource after ``+``
+(``native:pool+shards=0``).
 
 - speed: GPT-2 small (8 x 1024 tokens, AdamW) and ResNet-50 (batch 64,
   224 x 224, SGD), bf16 autocast: seconds per iteration over 20 iterations
@@ -43,16 +45,19 @@ def setup(config):
     context each training loop runs in (the MemPool's, or none)."""
     import torch
 
-    kind, _, resource = config.partition(":")
+    kind, _, rest = config.partition(":")
     if kind == "torch":
         return contextlib.nullcontext
     import gpumem.torch as gt
 
+    # `native:pool+shards=0`: more GPUMEM_CONF settings after the resource.
+    resource, *extra = rest.split("+")
+    settings = dict(e.split("=", 1) for e in extra)
     if kind in ("native", "pluggable"):
-        got = gt.enable(mode=kind, resource=resource)
+        got = gt.enable(mode=kind, resource=resource, **settings)
         assert got == kind, (got, kind)
         return contextlib.nullcontext
-    pool = gt.mempool(resource=resource)
+    pool = gt.mempool(resource=resource, **settings)
     return lambda: torch.cuda.use_mem_pool(pool)
 
 

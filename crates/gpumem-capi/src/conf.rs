@@ -13,6 +13,7 @@
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
+//! | `shards` | a count, `0` for one per CPU | `1` | `pool`, `binning`: lock shards of the pool (`PoolConfig::shards`): threads that allocate at the same time stop waiting for each other; each shard grows its own regions but borrows free space from the others before growing |
 //! | `nccl_ready` | `true`, `false` | `false` | `vpool` only: the NCCL-ready mode (`VirtualPoolConfig::nccl_ready`): every block one physical allocation of its own, POSIX-fd exportable, RDMA-capable where the device can, read-write for every device that can reach it; blocks are rounded up to whole pages (2 MiB on an H100) |
 //! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
@@ -126,6 +127,9 @@ pub struct Conf {
     pub min_bin: usize,
     /// `binning` only: largest bin (a power of two, default 1 MiB).
     pub max_bin: usize,
+    /// `pool`, `binning`: lock shards (`PoolConfig::shards`; default 1, 0
+    /// for one per CPU).
+    pub shards: usize,
     /// `vpool` only: the NCCL-ready mode (default false).
     pub nccl_ready: bool,
     /// Where to write RMM's CSV log of every allocation and free (device 0;
@@ -142,6 +146,7 @@ impl Default for Conf {
             release_threshold: u64::MAX,
             min_bin: 256,
             max_bin: 1 << 20,
+            shards: 1,
             nccl_ready: false,
             log: None,
         }
@@ -165,6 +170,9 @@ impl fmt::Display for Conf {
                 write!(f, ",min_bin={},max_bin={}", self.min_bin, self.max_bin)?
             }
             _ => {}
+        }
+        if self.shards != 1 {
+            write!(f, ",shards={}", self.shards)?;
         }
         if self.nccl_ready {
             write!(f, ",nccl_ready=true")?;
@@ -360,6 +368,15 @@ pub fn parse(text: &str) -> Parsed {
                 }
                 Ok(())
             }),
+            "shards" => match value.parse::<usize>() {
+                Ok(n) if n <= 1024 => {
+                    conf.shards = n;
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "shards={value}: expected a count from 0 (one per CPU) to 1024"
+                )),
+            },
             "nccl_ready" => match value.as_str() {
                 "true" | "1" | "yes" | "on" => {
                     conf.nccl_ready = true;
@@ -372,7 +389,7 @@ pub fn parse(text: &str) -> Parsed {
                 _ => Err(format!("nccl_ready={value}: expected true or false")),
             },
             _ => Err(format!(
-                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, nccl_ready, log)"
+                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, shards, nccl_ready, log)"
             )),
         };
         if let Err(e) = result {
@@ -407,6 +424,12 @@ pub fn parse(text: &str) -> Parsed {
     if conf.nccl_ready && conf.resource != ResourceKind::Virtual {
         problems.push(format!(
             "nccl_ready means nothing for resource={} (only for vpool)",
+            conf.resource
+        ));
+    }
+    if conf.shards != 1 && !matches!(conf.resource, ResourceKind::Pool | ResourceKind::Binning) {
+        problems.push(format!(
+            "shards mean nothing for resource={} (only for pool and binning)",
             conf.resource
         ));
     }
@@ -495,6 +518,28 @@ mod tests {
         for k in ResourceKind::ALL {
             assert_eq!(parse(&format!("resource={k}")).conf.resource, k);
         }
+    }
+
+    #[test]
+    fn shards_for_the_pools_only() {
+        let p = parse("resource=pool,shards=0");
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        assert_eq!(p.conf.shards, 0);
+        assert_eq!(
+            p.conf.to_string(),
+            "resource=pool,initial_size=0,max_size=none,shards=0"
+        );
+        assert_eq!(parse("resource=binning,shards=8").conf.shards, 8);
+        assert!(parse("shards=-1").problems[0].contains("expected a count"));
+        assert!(parse("shards=4096").problems[0].contains("expected a count"));
+        let p = parse("resource=vpool,shards=4");
+        assert!(
+            p.problems[0].contains("only for pool and binning"),
+            "{:?}",
+            p.problems
+        );
+        // 1 is the default and valid everywhere.
+        assert!(parse("resource=vpool,shards=1").problems.is_empty());
     }
 
     #[test]
