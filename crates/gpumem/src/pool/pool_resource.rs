@@ -62,13 +62,11 @@
 //! so threads do not contend. A free is tried in the calling
 //! thread's shard first and otherwise goes to the shard owning the block's
 //! region. Before growing, a shard adopts an entirely free region (in the
-//! global lane, after settling) from another shard, else borrows a free
-//! block of another shard (from the requesting stream's lane there, or its
-//! global lane after settling; the block stays that shard's); reclaim on
+//! global lane, after settling) from another shard; reclaim on
 //! out-of-memory settles every shard and takes a free block of any shard
-//! before regions go back. Memory kept apart by the shards is only what
-//! the other shards cannot lend at once: free space in the lanes of other
-//! streams that are still busy. `reserved` counts every shard's regions;
+//! before regions go back. Memory kept apart by the shards is the free
+//! space inside partly used regions: whole free regions go to whichever
+//! shard needs to grow. `reserved` counts every shard's regions;
 //! `peak_live` is each shard's peak summed, exact while one thread
 //! allocates and an upper bound with several.
 //!
@@ -589,40 +587,6 @@ impl<U: MemoryResource> PoolResource<U> {
         (self.shards.lock(home), false)
     }
 
-    /// Before shard `home` grows: a free block of heap `class` in another
-    /// shard, from `stream`'s lane there (safe for `stream` at once) or its
-    /// global lane (after settling its idle lanes). The block stays that
-    /// shard's, and so does its free. Threads then share the free space of
-    /// partly used regions instead of each growing beside the others'.
-    /// Called with no lock held; takes one shard's at a time.
-    #[cold]
-    fn borrow(
-        &self,
-        home: usize,
-        class: usize,
-        stream: &Stream,
-        bytes: usize,
-        alignment: usize,
-    ) -> Option<DevicePtr> {
-        let n = self.shards.len();
-        for j in (1..n).map(|k| (home + k) % n) {
-            let mut other = self.shards.lock(j);
-            if other.heaps[class].free_bytes() < bytes as u64 {
-                continue;
-            }
-            if let Some(lane) = other.lanes.existing_lane(stream) {
-                if let Some(p) = Self::take(&mut other, class, lane, bytes, alignment) {
-                    return Some(p);
-                }
-            }
-            Self::settle(&mut other, None);
-            if let Some(p) = Self::take(&mut other, class, LaneId::GLOBAL, bytes, alignment) {
-                return Some(p);
-            }
-        }
-        None
-    }
-
     /// Gives entirely free regions of shard `i` back to the upstream, largest
     /// first, up to `excess` bytes (at least), without holding a lock across
     /// the upstream calls. A region the upstream refuses stays the pool's,
@@ -794,11 +758,6 @@ impl<U: MemoryResource> PoolResource<U> {
                     return Ok(p);
                 }
             }
-            drop(st);
-            if let Some(p) = self.borrow(home, class, stream, bytes, alignment) {
-                return Ok(p);
-            }
-            st = self.shards.lock(home);
         }
         let (g, grown) = self.grow(st, home, class, region);
         st = g;

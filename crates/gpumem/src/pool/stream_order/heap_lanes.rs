@@ -134,11 +134,6 @@ impl HeapLanes {
         }
     }
 
-    /// The lane of `stream` if it has one (none is created).
-    pub(crate) fn existing_lane(&mut self, stream: &Stream) -> Option<LaneId> {
-        self.streams.find(stream).map(LaneId)
-    }
-
     /// A lane for a stream seen for the first time.
     #[cold]
     fn add_lane(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
