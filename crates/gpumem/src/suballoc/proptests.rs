@@ -37,6 +37,9 @@ enum Op {
         from: usize,
         to: usize,
     },
+    AbsorbGlobal {
+        lane: usize,
+    },
     MoveBlock {
         pick: usize,
         to: usize,
@@ -62,6 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
         10 => (any::<usize>(), 0..LANES).prop_map(|(pick, lane)| Op::Free { pick, lane }),
         1 => (any::<usize>(), 0u64..3).prop_map(|(pick, delta)| Op::BadFree { pick, delta }),
         2 => (0..LANES, 0..LANES).prop_map(|(from, to)| Op::MoveLane { from, to }),
+        2 => (0..LANES).prop_map(|lane| Op::AbsorbGlobal { lane }),
         1 => (any::<usize>(), 0..LANES).prop_map(|(pick, to)| Op::MoveBlock { pick, to }),
         1 => any::<usize>().prop_map(|pick| Op::RemoveRegion { pick }),
         1 => (1..LANES).prop_map(|lane| Op::Recycle { lane }),
@@ -202,6 +206,16 @@ impl Harness {
                 if from != to {
                     for r in m.regions.values_mut() {
                         r.2[to] += std::mem::take(&mut r.2[from]);
+                    }
+                }
+            }
+            Op::AbsorbGlobal { lane } => {
+                let global_free: u64 = m.regions.values().map(|r| r.2[0]).sum();
+                let want = lane != 0 && global_free > 0;
+                prop_assert_eq!(h.absorb_global(self.lanes[lane]), want);
+                if want {
+                    for r in m.regions.values_mut() {
+                        r.2[lane] += std::mem::take(&mut r.2[0]);
                     }
                 }
             }
