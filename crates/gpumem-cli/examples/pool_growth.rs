@@ -1,6 +1,7 @@
 //! Where a PoolResource's reserve goes on the `iterations` workload: replays
 //! `--passes` passes (vary `--vary`) on the simulated device and prints the
-//! pool's numbers each time its reserve grows after the first pass.
+//! pool's numbers each time its reserve grows after the first pass
+//! (`ALL_PASSES=1`: in the first pass too).
 //!
 //! ```text
 //! cargo run --release -p gpumem-cli --example pool_growth -- --vary 0.3 --passes 6

@@ -14,7 +14,8 @@
 //! Pass 1 is cold (every page created); later passes replay the same trace
 //! through the same pool (warm), on the same streams. Environment:
 //! `VPOOL_VERBOSE` adds a line per pass with the alias counters,
-//! `VPOOL_STEP=N` prints the counters every N events, `VPOOL_FRESH_STREAMS`
+//! `VPOOL_STEP=N` prints the counters and every driver call made since
+//! the previous step, every N events, `VPOOL_FRESH_STREAMS`
 //! makes new streams for every pass. Driver costs used (H100, driver 580; see
 //! `examples/vmm_costs.rs`, `bench/results/2026-11-23-h100-run24-vmm-create`):
 //! cuMemCreate 15 µs per call plus 0.2 µs per 2 MiB page, cuMemRelease 14
