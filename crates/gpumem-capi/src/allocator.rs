@@ -697,15 +697,28 @@ impl Allocator {
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
-        st.retries.fetch_add(1, Ordering::Relaxed);
-        self.empty_cache_of(st);
-        match st.stack.allocate(size, alignment, stream) {
-            Err(e) if e.is_oom() => {
-                st.ooms.fetch_add(1, Ordering::Relaxed);
-                Err(self.oom_error(st, size))
-            }
+        match self.after_oom(st, || st.stack.allocate(size, alignment, stream)) {
+            Err(e) if e.is_oom() => Err(self.oom_error(st, size)),
             other => other,
         }
+    }
+
+    /// An allocation on `st` that ran out of memory, tried `again` once:
+    /// counts the retry, empties the cache (waiting for deferred frees),
+    /// and counts a second out of memory.
+    #[cold]
+    fn after_oom(
+        &self,
+        st: &DeviceState,
+        again: impl FnOnce() -> gpumem::Result<DevicePtr>,
+    ) -> gpumem::Result<DevicePtr> {
+        st.retries.fetch_add(1, Ordering::Relaxed);
+        self.empty_cache_of(st);
+        let r = again();
+        if matches!(&r, Err(e) if e.is_oom()) {
+            st.ooms.fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Out of memory on `st` for `size` bytes, with what the device holds.
@@ -873,12 +886,7 @@ impl Allocator {
             let s = self.stream(st, stream);
             let mut r = st.graphs.allocate(pool, size, &s);
             if matches!(&r, Err(e) if e.is_oom()) {
-                st.retries.fetch_add(1, Ordering::Relaxed);
-                self.empty_cache_of(st);
-                r = st.graphs.allocate(pool, size, &s);
-                if matches!(&r, Err(e) if e.is_oom()) {
-                    st.ooms.fetch_add(1, Ordering::Relaxed);
-                }
+                r = self.after_oom(st, || st.graphs.allocate(pool, size, &s));
             }
             r.map_err(|e| e.to_string())
         });
