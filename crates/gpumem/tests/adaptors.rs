@@ -138,184 +138,190 @@ fn limiting_never_overshoots_under_contention() {
 
 #[test]
 fn statistics_counts_bytes_requests_and_ooms() {
-    let mr = StatisticsAdaptor::new(Fake::new(1 << 20));
-    let s = mr.upstream().stream();
-    let a = mr.allocate(100, 256, &s).unwrap();
-    let b = mr.allocate(1000, 256, &s).unwrap();
-    assert!(mr.allocate(0, 256, &s).unwrap().is_null());
-    assert!(mr.allocate(1 << 30, 256, &s).is_err());
-    mr.deallocate(a, 100, 256, &s).unwrap();
-    let st = mr.stats();
-    assert_eq!(st.allocated_bytes.current, 1024);
-    assert_eq!(st.allocated_bytes.peak, 256 + 1024);
-    assert_eq!(st.allocated_bytes.total, 256 + 1024);
-    assert_eq!(st.allocated_bytes.freed, 256);
-    assert_eq!(st.requested_bytes.current, 1000);
-    assert_eq!(st.requested_bytes.peak, 1100);
-    assert_eq!(
-        st.reserved_bytes, st.allocated_bytes,
-        "reserved == allocated over a driver-like upstream"
-    );
-    assert_eq!(st.active.current, 1);
-    assert_eq!(st.active.peak, 2);
-    assert_eq!((st.num_allocs(), st.num_frees()), (2, 1));
-    assert_eq!(st.num_ooms, 1);
-    assert_eq!(st.num_alloc_retries, 0);
-    mr.reset_peak();
-    assert_eq!(mr.stats().allocated_bytes.peak, 1024);
-    // A rejected free is not counted.
-    assert!(mr.deallocate(DevicePtr(0x1234_5600), 100, 256, &s).is_err());
-    assert_eq!(mr.stats().active.freed, 1);
-    mr.deallocate(b, 1000, 256, &s).unwrap();
-    assert_eq!(mr.stats().allocated_bytes.current, 0);
+    // Counting under the adaptor's own lock, and under the one its upstream lends.
+    for mr in [Fake::new(1 << 20), Fake::lending(1 << 20)].map(StatisticsAdaptor::new) {
+        let s = mr.upstream().stream();
+        let a = mr.allocate(100, 256, &s).unwrap();
+        let b = mr.allocate(1000, 256, &s).unwrap();
+        assert!(mr.allocate(0, 256, &s).unwrap().is_null());
+        assert!(mr.allocate(1 << 30, 256, &s).is_err());
+        mr.deallocate(a, 100, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!(st.allocated_bytes.current, 1024);
+        assert_eq!(st.allocated_bytes.peak, 256 + 1024);
+        assert_eq!(st.allocated_bytes.total, 256 + 1024);
+        assert_eq!(st.allocated_bytes.freed, 256);
+        assert_eq!(st.requested_bytes.current, 1000);
+        assert_eq!(st.requested_bytes.peak, 1100);
+        assert_eq!(
+            st.reserved_bytes, st.allocated_bytes,
+            "reserved == allocated over a driver-like upstream"
+        );
+        assert_eq!(st.active.current, 1);
+        assert_eq!(st.active.peak, 2);
+        assert_eq!((st.num_allocs(), st.num_frees()), (2, 1));
+        assert_eq!(st.num_ooms, 1);
+        assert_eq!(st.num_alloc_retries, 0);
+        mr.reset_peak();
+        assert_eq!(mr.stats().allocated_bytes.peak, 1024);
+        // A rejected free is not counted.
+        assert!(mr.deallocate(DevicePtr(0x1234_5600), 100, 256, &s).is_err());
+        assert_eq!(mr.stats().active.freed, 1);
+        mr.deallocate(b, 1000, 256, &s).unwrap();
+        assert_eq!(mr.stats().allocated_bytes.current, 0);
+    }
 }
 
 #[test]
 fn statistics_lose_no_update_from_threads_allocating_at_once() {
-    let mr = Arc::new(StatisticsAdaptor::new(Fake::new(1 << 30)));
-    let threads = 4;
-    let rounds = 20_000;
-    std::thread::scope(|scope| {
-        for t in 0..threads {
-            let mr = mr.clone();
-            scope.spawn(move || {
-                let s = mr.upstream().stream();
-                let bytes = 256 * (t + 1);
-                let mut held = Vec::new();
-                for i in 0..rounds {
-                    held.push(mr.allocate(bytes, 256, &s).unwrap());
-                    if i % 4 == 3 {
-                        for p in held.drain(..) {
-                            mr.deallocate(p, bytes, 256, &s).unwrap();
+    for fake in [Fake::new(1 << 30), Fake::lending(1 << 30)] {
+        let mr = Arc::new(StatisticsAdaptor::new(fake));
+        let threads = 4;
+        let rounds = 20_000;
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let mr = mr.clone();
+                scope.spawn(move || {
+                    let s = mr.upstream().stream();
+                    let bytes = 256 * (t + 1);
+                    let mut held = Vec::new();
+                    for i in 0..rounds {
+                        held.push(mr.allocate(bytes, 256, &s).unwrap());
+                        if i % 4 == 3 {
+                            for p in held.drain(..) {
+                                mr.deallocate(p, bytes, 256, &s).unwrap();
+                            }
                         }
                     }
-                }
-            });
+                });
+            }
+        });
+        let st = mr.stats();
+        let n = (threads * rounds) as u64;
+        let bytes: u64 = (1..=threads as u64).map(|t| 256 * t * rounds as u64).sum();
+        for (stat, total) in [
+            (st.allocation, n),
+            (st.active, n),
+            (st.allocated_bytes, bytes),
+            (st.requested_bytes, bytes),
+            (st.active_bytes, bytes),
+        ] {
+            assert_eq!((stat.current, stat.total, stat.freed), (0, total, total));
+            // At most four blocks per thread were live at once.
+            assert!(stat.peak > 0 && stat.peak as u64 <= total);
         }
-    });
-    let st = mr.stats();
-    let n = (threads * rounds) as u64;
-    let bytes: u64 = (1..=threads as u64).map(|t| 256 * t * rounds as u64).sum();
-    for (stat, total) in [
-        (st.allocation, n),
-        (st.active, n),
-        (st.allocated_bytes, bytes),
-        (st.requested_bytes, bytes),
-        (st.active_bytes, bytes),
-    ] {
-        assert_eq!((stat.current, stat.total, stat.freed), (0, total, total));
-        // At most four blocks per thread were live at once.
-        assert!(stat.peak > 0 && stat.peak as u64 <= total);
+        assert!(st.allocation.peak <= 4 * threads as i64);
     }
-    assert!(st.allocation.peak <= 4 * threads as i64);
 }
 
 #[test]
 fn statistics_deferred_frees_stay_active_until_finished() {
-    let mr = StatisticsAdaptor::new(Fake::new(1 << 20));
-    let s = mr.upstream().stream();
-    let a = mr.allocate(1000, 256, &s).unwrap();
-    let b = mr.allocate(300, 256, &s).unwrap();
-    mr.begin_deferred_free(1000);
-    let st = mr.stats();
-    assert_eq!(
-        st.allocated_bytes.current, 512,
-        "the caller's free counts now"
-    );
-    assert_eq!(st.requested_bytes.current, 300);
-    assert_eq!(st.allocation.current, 1);
-    assert_eq!(st.active.current, 2, "the upstream still holds it");
-    assert_eq!(st.active_bytes.current, 1024 + 512);
-    assert_eq!(st.reserved_bytes, st.active_bytes);
-    assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 0);
-    // A refused deferred free counts nothing; cancelling makes it live again.
-    assert!(mr
-        .finish_deferred_free(DevicePtr(0x1234_5600), 1000, 256, &s)
-        .is_err());
-    assert_eq!(mr.stats().active.current, 2);
-    mr.cancel_deferred_free(1000);
-    let st = mr.stats();
-    assert_eq!(st.allocated_bytes.current, 1024 + 512);
-    assert_eq!(st.allocated_bytes.freed, 0);
-    assert_eq!(st.allocation.current, 2);
-    mr.begin_deferred_free(1000);
-    mr.finish_deferred_free(a, 1000, 256, &s).unwrap();
-    let st = mr.stats();
-    assert_eq!((st.active.current, st.active_bytes.current), (1, 512));
-    assert_eq!(st.active_bytes.peak, 1024 + 512);
-    assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 1);
-    mr.reset_peak();
-    let st = mr.stats();
-    assert_eq!(
-        (st.allocation.peak, st.active.peak, st.active_bytes.peak),
-        (1, 1, 512)
-    );
-    mr.deallocate(b, 300, 256, &s).unwrap();
-    let st = mr.stats();
-    assert_eq!((st.allocation.current, st.active.current), (0, 0));
-    assert_eq!((st.allocation.total, st.allocation.freed), (2, 2));
+    for mr in [Fake::new(1 << 20), Fake::lending(1 << 20)].map(StatisticsAdaptor::new) {
+        let s = mr.upstream().stream();
+        let a = mr.allocate(1000, 256, &s).unwrap();
+        let b = mr.allocate(300, 256, &s).unwrap();
+        mr.begin_deferred_free(1000);
+        let st = mr.stats();
+        assert_eq!(
+            st.allocated_bytes.current, 512,
+            "the caller's free counts now"
+        );
+        assert_eq!(st.requested_bytes.current, 300);
+        assert_eq!(st.allocation.current, 1);
+        assert_eq!(st.active.current, 2, "the upstream still holds it");
+        assert_eq!(st.active_bytes.current, 1024 + 512);
+        assert_eq!(st.reserved_bytes, st.active_bytes);
+        assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 0);
+        // A refused deferred free counts nothing; cancelling makes it live again.
+        assert!(mr
+            .finish_deferred_free(DevicePtr(0x1234_5600), 1000, 256, &s)
+            .is_err());
+        assert_eq!(mr.stats().active.current, 2);
+        mr.cancel_deferred_free(1000);
+        let st = mr.stats();
+        assert_eq!(st.allocated_bytes.current, 1024 + 512);
+        assert_eq!(st.allocated_bytes.freed, 0);
+        assert_eq!(st.allocation.current, 2);
+        mr.begin_deferred_free(1000);
+        mr.finish_deferred_free(a, 1000, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!((st.active.current, st.active_bytes.current), (1, 512));
+        assert_eq!(st.active_bytes.peak, 1024 + 512);
+        assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 1);
+        mr.reset_peak();
+        let st = mr.stats();
+        assert_eq!(
+            (st.allocation.peak, st.active.peak, st.active_bytes.peak),
+            (1, 1, 512)
+        );
+        mr.deallocate(b, 300, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!((st.allocation.current, st.active.current), (0, 0));
+        assert_eq!((st.allocation.total, st.allocation.freed), (2, 2));
+    }
 }
 
 #[test]
 fn statistics_frames_are_fresh_and_merge_peaks_into_the_parent() {
-    let mr = StatisticsAdaptor::new(Fake::new(1 << 30));
-    let s = mr.upstream().stream();
-    let base = mr.allocate(10 * 256, 256, &s).unwrap(); // root at 2560
-    assert_eq!(mr.push_frame(), 2);
-    assert_eq!(
-        mr.stats(),
-        MemoryStats::default(),
-        "a pushed frame starts at zero"
-    );
-    let x = mr.allocate(4 * 256, 256, &s).unwrap();
-    let y = mr.allocate(2 * 256, 256, &s).unwrap();
-    mr.deallocate(x, 4 * 256, 256, &s).unwrap();
-    mr.deallocate(base, 10 * 256, 256, &s).unwrap(); // freed in the child: negative current
-    let child = mr.pop_frame().expect("a pushed frame pops");
-    assert_eq!(child.allocated_bytes.current, 2 * 256 - 10 * 256);
-    assert_eq!(child.allocated_bytes.peak, 6 * 256);
-    assert_eq!(child.allocated_bytes.total, 6 * 256);
-    assert_eq!(child.active.total, 2);
-    assert_eq!(child.active.freed, 2);
-    let root = mr.stats();
-    assert_eq!(root.allocated_bytes.current, 2 * 256);
-    assert_eq!(
-        root.allocated_bytes.peak,
-        16 * 256,
-        "parent at push (10) + child peak (6)"
-    );
-    assert_eq!(root.allocated_bytes.total, 16 * 256);
-    assert_eq!(root.active.total, 3);
-    assert_eq!(mr.pop_frame(), None, "the root frame stays");
-    assert_eq!(mr.frame_depth(), 1);
+    for mr in [Fake::new(1 << 30), Fake::lending(1 << 30)].map(StatisticsAdaptor::new) {
+        let s = mr.upstream().stream();
+        let base = mr.allocate(10 * 256, 256, &s).unwrap(); // root at 2560
+        assert_eq!(mr.push_frame(), 2);
+        assert_eq!(
+            mr.stats(),
+            MemoryStats::default(),
+            "a pushed frame starts at zero"
+        );
+        let x = mr.allocate(4 * 256, 256, &s).unwrap();
+        let y = mr.allocate(2 * 256, 256, &s).unwrap();
+        mr.deallocate(x, 4 * 256, 256, &s).unwrap();
+        mr.deallocate(base, 10 * 256, 256, &s).unwrap(); // freed in the child: negative current
+        let child = mr.pop_frame().expect("a pushed frame pops");
+        assert_eq!(child.allocated_bytes.current, 2 * 256 - 10 * 256);
+        assert_eq!(child.allocated_bytes.peak, 6 * 256);
+        assert_eq!(child.allocated_bytes.total, 6 * 256);
+        assert_eq!(child.active.total, 2);
+        assert_eq!(child.active.freed, 2);
+        let root = mr.stats();
+        assert_eq!(root.allocated_bytes.current, 2 * 256);
+        assert_eq!(
+            root.allocated_bytes.peak,
+            16 * 256,
+            "parent at push (10) + child peak (6)"
+        );
+        assert_eq!(root.allocated_bytes.total, 16 * 256);
+        assert_eq!(root.active.total, 3);
+        assert_eq!(mr.pop_frame(), None, "the root frame stays");
+        assert_eq!(mr.frame_depth(), 1);
 
-    // Nested frames, and total_stats merging everything pushed.
-    mr.push_frame();
-    let a = mr.allocate(256, 256, &s).unwrap();
-    mr.push_frame();
-    let b = mr.allocate(512, 256, &s).unwrap();
-    let total = mr.total_stats();
-    assert_eq!(total.allocated_bytes.current, (2 + 1 + 2) * 256);
-    assert_eq!(total.allocated_bytes.peak, 16 * 256);
-    assert_eq!(total.active.total, 5);
-    assert_eq!(mr.stats().allocated_bytes.current, 512);
-    let inner = mr.pop_frame().unwrap();
-    assert_eq!(inner.allocated_bytes.peak, 512);
-    let outer = mr.pop_frame().unwrap();
-    assert_eq!(outer.allocated_bytes.peak, 768);
-    assert_eq!(mr.total_stats(), mr.stats());
+        // Nested frames, and total_stats merging everything pushed.
+        mr.push_frame();
+        let a = mr.allocate(256, 256, &s).unwrap();
+        mr.push_frame();
+        let b = mr.allocate(512, 256, &s).unwrap();
+        let total = mr.total_stats();
+        assert_eq!(total.allocated_bytes.current, (2 + 1 + 2) * 256);
+        assert_eq!(total.allocated_bytes.peak, 16 * 256);
+        assert_eq!(total.active.total, 5);
+        assert_eq!(mr.stats().allocated_bytes.current, 512);
+        let inner = mr.pop_frame().unwrap();
+        assert_eq!(inner.allocated_bytes.peak, 512);
+        let outer = mr.pop_frame().unwrap();
+        assert_eq!(outer.allocated_bytes.peak, 768);
+        assert_eq!(mr.total_stats(), mr.stats());
 
-    let ((), scoped) = mr.scoped(|| {
-        let p = mr.allocate(300, 256, &s).unwrap();
-        mr.deallocate(p, 300, 256, &s).unwrap();
-    });
-    assert_eq!(scoped.allocated_bytes.peak, 512);
-    assert_eq!(scoped.allocated_bytes.current, 0);
-    assert_eq!(scoped.requested_bytes.peak, 300);
-    for (p, n) in [(y, 512), (a, 256), (b, 512)] {
-        mr.deallocate(p, n, 256, &s).unwrap();
+        let ((), scoped) = mr.scoped(|| {
+            let p = mr.allocate(300, 256, &s).unwrap();
+            mr.deallocate(p, 300, 256, &s).unwrap();
+        });
+        assert_eq!(scoped.allocated_bytes.peak, 512);
+        assert_eq!(scoped.allocated_bytes.current, 0);
+        assert_eq!(scoped.requested_bytes.peak, 300);
+        for (p, n) in [(y, 512), (a, 256), (b, 512)] {
+            mr.deallocate(p, n, 256, &s).unwrap();
+        }
+        assert_eq!(mr.stats().allocated_bytes.current, 0);
     }
-    assert_eq!(mr.stats().allocated_bytes.current, 0);
 }
 
 #[test]

@@ -407,3 +407,59 @@ proptest! {
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
     }
 }
+
+/// A statistics wrapper counts through the pool's own lock (one shard), or
+/// through a lock of its own (several shards), and loses no update either
+/// way: threads on their own streams, growth on the slow path, a refused
+/// free and an out-of-memory.
+#[test]
+fn statistics_over_the_pool_count_every_call_once() {
+    use gpumem::adaptor::StatisticsAdaptor;
+    let (device, _) = common::device(false);
+    for shards in [1, 4] {
+        let mut config = PoolConfig::default();
+        config.shards = shards;
+        config.max_reserved = Some(256 << 20);
+        let pool = pool_on(&device, config);
+        assert_eq!(pool.lent_lock().is_some(), shards == 1, "{shards} shards");
+        let mr = StatisticsAdaptor::new(pool);
+        let (threads, rounds) = (4, 20_000);
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let (mr, device) = (&mr, &device);
+                scope.spawn(move || {
+                    let s = device.create_stream().unwrap();
+                    let mut held = Vec::new();
+                    for i in 0..rounds {
+                        // Sizes from 1 KiB to 3 MiB: small and large heaps.
+                        let bytes = 1024 * (1 + (i * 7 + t * 13) % 3072);
+                        held.push((mr.allocate(bytes, 256, &s).unwrap(), bytes));
+                        if i % 8 == 7 {
+                            for (p, n) in held.drain(..) {
+                                mr.deallocate(p, n, 256, &s).unwrap();
+                            }
+                        }
+                    }
+                    s.synchronize().unwrap();
+                });
+            }
+        });
+        let s = device.create_stream().unwrap();
+        let p = mr.allocate(4096, 256, &s).unwrap();
+        mr.deallocate(p, 4096, 256, &s).unwrap();
+        assert!(mr.deallocate(p, 4096, 256, &s).is_err(), "a double free");
+        assert!(mr.allocate(1 << 30, 256, &s).unwrap_err().is_oom());
+        let st = mr.stats();
+        let n = (threads * rounds + 1) as u64;
+        assert_eq!(
+            (st.allocation.current, st.allocation.total, st.allocation.freed),
+            (0, n, n),
+            "{shards} shards"
+        );
+        assert_eq!(st.allocated_bytes.current, 0);
+        assert_eq!(st.allocated_bytes.total, st.allocated_bytes.freed);
+        assert!(st.allocation.peak >= 8 && st.allocation.peak <= 8 * threads as i64);
+        assert_eq!(st.num_ooms, 1);
+        assert_eq!(mr.upstream().live_bytes(), 0);
+    }
+}

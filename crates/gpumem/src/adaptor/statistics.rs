@@ -34,9 +34,12 @@
 //!   [`RetryCounter`] was given to [`StatisticsAdaptor::with_retry_counter`];
 //!   0 otherwise.
 //!
-//! Fast path: a few integer updates of the top frame after the upstream
-//! call, under a lock of one flag (one atomic read-modify-write, see
-//! `flag_lock`); no timers. Zero-byte requests and failed frees are not
+//! Fast path: a few integer updates of the top frame, no timers. They run
+//! under the upstream's own lock where it lends it
+//! ([`MemoryResource::lent_lock`]: [`PoolResource`] with one shard,
+//! [`VirtualPool`]), inside the critical section the allocation takes
+//! anyway; otherwise after the upstream call, under a lock of one flag (one
+//! atomic read-modify-write, see `flag_lock`). Zero-byte requests and failed frees are not
 //! counted.
 //!
 //! A free counts the size the caller names, once the upstream has accepted
@@ -47,11 +50,13 @@
 //! bytes per such (wrong) free. Counters saturate rather than wrap.
 //!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
+//! [`PoolResource`]: crate::pool::PoolResource
+//! [`VirtualPool`]: crate::pool::VirtualPool
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use super::flag_lock::{FlagGuard, FlagLock};
+use super::flag_lock::FlagLock;
 use super::{granular_size, RetryCounter};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -149,8 +154,9 @@ struct Frame {
 }
 
 /// One [`Stat`] in atomics, so that the top frame can be shared without a
-/// `Mutex` or `unsafe`: every access holds the adaptor's [`FlagLock`], so
-/// relaxed loads and stores (plain moves) suffice.
+/// `Mutex` or `unsafe`: every access holds the counters' lock (the
+/// adaptor's [`FlagLock`] or the lock its upstream lends), so relaxed loads
+/// and stores (plain moves) suffice.
 #[derive(Debug, Default)]
 struct SharedStat {
     current: AtomicI64,
@@ -271,6 +277,40 @@ impl TopFrame {
         }
     }
 
+    /// Counts an allocation of `bytes` (the counters' lock held).
+    #[inline(always)]
+    fn count_allocation(&self, bytes: usize) {
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        self.allocated_bytes.add(counted);
+        self.requested_bytes.add(bytes as u64);
+        self.allocation.add(1);
+        if let Some([active_bytes, active]) = self.active() {
+            active_bytes.add(counted);
+            active.add(1);
+        }
+    }
+
+    /// Counts a free of `bytes` on the caller's side, the upstream's or
+    /// both (the counters' lock held).
+    #[inline(always)]
+    fn count_free(&self, bytes: usize, side: Side) {
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        if side != Side::Both {
+            self.defer();
+        }
+        if side != Side::Upstream {
+            self.allocated_bytes.sub(counted);
+            self.requested_bytes.sub(bytes as u64);
+            self.allocation.sub(1);
+        }
+        if side != Side::Caller {
+            if let Some([active_bytes, active]) = self.active() {
+                active_bytes.sub(counted);
+                active.sub(1);
+            }
+        }
+    }
+
     /// `active_bytes` and `active`, when they are kept apart.
     #[inline(always)]
     fn active(&self) -> Option<[&SharedStat; 2]> {
@@ -294,7 +334,8 @@ impl TopFrame {
 #[derive(Debug)]
 pub struct StatisticsAdaptor<U> {
     upstream: U,
-    /// Held for every access to `top` and `below`.
+    /// Held for every access to `top` and `below`, unless the upstream
+    /// lends its own lock (see [`StatisticsAdaptor::counting`]).
     busy: FlagLock,
     /// The counters of the top frame, the one allocations and frees update.
     top: TopFrame,
@@ -336,11 +377,19 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         &self.upstream
     }
 
-    /// Holds the counters (every update leaves them consistent, so a panic
-    /// while holding it leaves valid data).
+    /// Runs `f` holding the counters' lock: the upstream's own when it
+    /// lends it ([`MemoryResource::lent_lock`]: the counters then cost no
+    /// lock of their own), else `busy`. Every update leaves the counters
+    /// consistent, so a panic while holding it leaves valid data.
     #[inline]
-    fn lock(&self) -> FlagGuard<'_> {
-        self.busy.lock()
+    fn counting(&self, f: &mut dyn FnMut()) {
+        match self.upstream.lent_lock() {
+            Some(lent) => lent.locked(f),
+            None => {
+                let _guard = self.busy.lock();
+                f();
+            }
+        }
     }
 
     /// The frames under the top one; the caller holds [`Self::lock`].
@@ -361,23 +410,23 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// The counters of the current (top) frame.
     pub fn stats(&self) -> MemoryStats {
-        let guard = self.lock();
-        let top = self.top.get();
-        drop(guard);
+        let mut top = Frame::default();
+        self.counting(&mut || top = self.top.get());
         self.snapshot(&top)
     }
 
     /// The counters of all frames merged, as if every pushed frame were popped
     /// now: the whole history of the adaptor.
     pub fn total_stats(&self) -> MemoryStats {
-        let guard = self.lock();
-        let mut acc = self.top.get();
-        for parent in self.below().iter().rev() {
-            let mut merged = *parent;
-            merged.stats.merge_child(&acc.stats);
-            acc = merged;
-        }
-        drop(guard);
+        let mut acc = Frame::default();
+        self.counting(&mut || {
+            acc = self.top.get();
+            for parent in self.below().iter().rev() {
+                let mut merged = *parent;
+                merged.stats.merge_child(&acc.stats);
+                acc = merged;
+            }
+        });
         self.snapshot(&acc)
     }
 
@@ -385,26 +434,32 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// new depth (the root frame is depth 1).
     pub fn push_frame(&self) -> usize {
         let base = self.retries_now();
-        let _guard = self.lock();
-        let mut below = self.below();
-        below.push(self.top.get());
-        self.top.set(&Frame {
-            retry_base: base,
-            ..Frame::default()
+        let mut depth = 0;
+        self.counting(&mut || {
+            let mut below = self.below();
+            below.push(self.top.get());
+            self.top.set(&Frame {
+                retry_base: base,
+                ..Frame::default()
+            });
+            depth = below.len() + 1;
         });
-        below.len() + 1
+        depth
     }
 
     /// Removes the top frame, merges it into its parent and returns its
     /// counters. `None` when only the root frame is left (it cannot be popped).
     pub fn pop_frame(&self) -> Option<MemoryStats> {
-        let guard = self.lock();
-        let mut parent = self.below().pop()?;
-        let top = self.top.get();
-        parent.stats.merge_child(&top.stats);
-        self.top.set(&parent);
-        drop(guard);
-        Some(self.snapshot(&top))
+        let mut popped = None;
+        self.counting(&mut || {
+            if let Some(mut parent) = self.below().pop() {
+                let top = self.top.get();
+                parent.stats.merge_child(&top.stats);
+                self.top.set(&parent);
+                popped = Some(top);
+            }
+        });
+        popped.map(|top| self.snapshot(&top))
     }
 
     /// Runs `f` inside a fresh frame and returns its result with the frame's
@@ -419,17 +474,19 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// Number of frames (1 when none is pushed).
     pub fn frame_depth(&self) -> usize {
-        let _guard = self.lock();
-        self.below().len() + 1
+        let mut depth = 0;
+        self.counting(&mut || depth = self.below().len() + 1);
+        depth
     }
 
     /// Resets the peaks of the top frame to the current values (PyTorch's
     /// `reset_peak_memory_stats`).
     pub fn reset_peak(&self) {
-        let _guard = self.lock();
-        for stat in self.top.stats() {
-            stat.peak.store(stat.current.load(Relaxed), Relaxed);
-        }
+        self.counting(&mut || {
+            for stat in self.top.stats() {
+                stat.peak.store(stat.current.load(Relaxed), Relaxed);
+            }
+        });
     }
 
     /// Counts a caller's free of `bytes` now (`allocated_bytes`,
@@ -460,12 +517,13 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// are as if the free had not been made.
     pub fn cancel_deferred_free(&self, bytes: usize) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        let _guard = self.lock();
         let top = &self.top;
-        top.defer();
-        top.allocated_bytes.unsub(counted);
-        top.requested_bytes.unsub(bytes as u64);
-        top.allocation.unsub(1);
+        self.counting(&mut || {
+            top.defer();
+            top.allocated_bytes.unsub(counted);
+            top.requested_bytes.unsub(bytes as u64);
+            top.allocation.unsub(1);
+        });
     }
 
     /// Frees `ptr` through the upstream and, once accepted, counts it on
@@ -482,30 +540,54 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        self.count_free(bytes, side);
-        Ok(())
+        let count = CallCount {
+            top: &self.top,
+            bytes,
+            call: Call::Free(side),
+        };
+        match self.upstream.lent_lock() {
+            Some(lent) => lent.deallocate_counted(ptr, bytes, alignment, stream, count),
+            None => {
+                self.upstream.deallocate(ptr, bytes, alignment, stream)?;
+                let _guard = self.busy.lock();
+                self.top.count_free(bytes, side);
+                Ok(())
+            }
+        }
     }
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
-    #[inline(always)]
     fn count_free(&self, bytes: usize, side: Side) {
-        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        let _guard = self.lock();
-        let top = &self.top;
-        if side != Side::Both {
-            top.defer();
-        }
-        if side != Side::Upstream {
-            top.allocated_bytes.sub(counted);
-            top.requested_bytes.sub(bytes as u64);
-            top.allocation.sub(1);
-        }
-        if side != Side::Caller {
-            if let Some([active_bytes, active]) = top.active() {
-                active_bytes.sub(counted);
-                active.sub(1);
-            }
+        self.counting(&mut || self.top.count_free(bytes, side));
+    }
+}
+
+/// One call to count, handed to a resource that lends its lock
+/// ([`LentLock`]): it [`CallCount::apply`]s it holding that lock, once the
+/// call succeeded.
+///
+/// [`LentLock`]: crate::resource::LentLock
+#[derive(Debug)]
+#[must_use = "a count does nothing until applied"]
+pub struct CallCount<'a> {
+    top: &'a TopFrame,
+    bytes: usize,
+    call: Call,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Allocate,
+    Free(Side),
+}
+
+impl CallCount<'_> {
+    /// Counts the call. The caller holds the lock it lends.
+    #[inline]
+    pub fn apply(self) {
+        match self.call {
+            Call::Allocate => self.top.count_allocation(self.bytes),
+            Call::Free(side) => self.top.count_free(self.bytes, side),
         }
     }
 }
@@ -527,29 +609,29 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        match self.upstream.allocate(bytes, alignment, stream) {
-            Ok(p) => {
-                let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-                let _guard = self.lock();
-                let top = &self.top;
-                top.allocated_bytes.add(counted);
-                top.requested_bytes.add(bytes as u64);
-                top.allocation.add(1);
-                if let Some([active_bytes, active]) = top.active() {
-                    active_bytes.add(counted);
-                    active.add(1);
-                }
-                Ok(p)
-            }
-            Err(e) => {
-                if e.is_oom() {
-                    let _guard = self.lock();
-                    let n = &self.top.num_ooms;
-                    n.store(n.load(Relaxed).saturating_add(1), Relaxed);
-                }
-                Err(e)
+        let top = &self.top;
+        let count = CallCount {
+            top,
+            bytes,
+            call: Call::Allocate,
+        };
+        let r = match self.upstream.lent_lock() {
+            Some(lent) => lent.allocate_counted(bytes, alignment, stream, count),
+            None => self
+                .upstream
+                .allocate(bytes, alignment, stream)
+                .inspect(|_| {
+                    let _guard = self.busy.lock();
+                    top.count_allocation(bytes);
+                }),
+        };
+        if let Err(e) = &r {
+            if e.is_oom() {
+                let n = &top.num_ooms;
+                self.counting(&mut || n.store(n.load(Relaxed).saturating_add(1), Relaxed));
             }
         }
+        r
     }
 
     #[inline]

@@ -81,9 +81,10 @@ use super::shards::{Guard, RegionOwners, Shards};
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use super::Pool;
+use crate::adaptor::CallCount;
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties};
+use crate::resource::{validate_request, LentLock, LiveBlock, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::suballoc::{span_with_padding, HeapError, LaneHeap, LaneId};
 use crate::{Error, OomInfo, Result};
@@ -868,9 +869,48 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 }
 
-impl<U: MemoryResource> MemoryResource for PoolResource<U> {
-    #[inline]
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+/// A count given to [`LentLock`]'s calls, run under the pool's counting
+/// lock (see [`PoolResource::counted_under_lock`]).
+type Count<'a> = Option<CallCount<'a>>;
+
+impl<U: MemoryResource> PoolResource<U> {
+    /// Runs `count`, holding `st` (the home shard's lock), under the lock
+    /// the pool lends: the shard's own with one shard; with several, the
+    /// shared state's (the shards' locks are not one lock).
+    #[inline(always)]
+    fn count_holding(&self, st: Guard<'_, Shard>, count: Count<'_>) {
+        let Some(count) = count else { return };
+        if self.shards.len() == 1 {
+            count.apply();
+            drop(st);
+        } else {
+            drop(st);
+            let _g = self.shards.global();
+            count.apply();
+        }
+    }
+
+    /// Runs `f` under the lock the pool lends (see
+    /// [`PoolResource::count_holding`]), holding no lock of the pool.
+    fn counted_under_lock(&self, f: impl FnOnce()) {
+        if self.shards.len() == 1 {
+            let _g = self.shards.lock(0);
+            f();
+        } else {
+            let _g = self.shards.global();
+            f();
+        }
+    }
+
+    /// An allocation, counted or not: one copy of the allocation path (two
+    /// would change what the compiler inlines into each).
+    fn serve(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        count: Count<'_>,
+    ) -> Result<DevicePtr> {
         if !validate_request(bytes, alignment, POOL_MAX_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
@@ -879,27 +919,30 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         let mut st = self.shards.lock(home);
         let lane = st.lane_of(stream)?;
         if let Some(p) = Self::take(&mut st, class, lane, bytes, alignment) {
+            self.count_holding(st, count);
             return Ok(p);
         }
         if let Some(p) = Self::take_absorbing(&mut st, class, lane, bytes, alignment) {
+            self.count_holding(st, count);
             return Ok(p);
         }
-        self.allocate_slow(st, home, class, stream, bytes, alignment)
+        let p = self.allocate_slow(st, home, class, stream, bytes, alignment)?;
+        if let Some(count) = count {
+            self.counted_under_lock(|| count.apply());
+        }
+        Ok(p)
     }
 
-    #[inline]
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        _alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
+    /// A free, counted or not: one copy of the free path.
+    fn free(&self, ptr: DevicePtr, bytes: usize, stream: &Stream, count: Count<'_>) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         if let Some(parked) = &self.parked {
             if parked.park_if_capturing(ptr, stream)? {
+                if let Some(count) = count {
+                    self.counted_under_lock(|| count.apply());
+                }
                 return Ok(());
             }
         }
@@ -912,18 +955,79 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         let mut st = self.shards.lock(home);
         let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(HeapError::UnknownAddress(_)) => {
                 match Self::free_elsewhere(&mut st, class, ptr, bytes, lane) {
                     Err(HeapError::UnknownAddress(_)) => {
                         drop(st);
-                        self.free_in_owner(home, class, ptr, bytes, stream)
+                        self.free_in_owner(home, class, ptr, bytes, stream)?;
+                        if let Some(count) = count {
+                            self.counted_under_lock(|| count.apply());
+                        }
+                        return Ok(());
                     }
-                    r => r.map_err(|e| e.into_invalid_free(ptr.0)),
+                    r => r.map_err(|e| e.into_invalid_free(ptr.0))?,
                 }
             }
-            Err(e) => Err(e.into_invalid_free(ptr.0)),
+            Err(e) => return Err(e.into_invalid_free(ptr.0)),
         }
+        self.count_holding(st, count);
+        Ok(())
+    }
+}
+
+/// With one shard, the shard's lock, which every allocation and free takes;
+/// with several, the shared state's, which they take only to count (a pool
+/// of several shards does not lend it: [`MemoryResource::lent_lock`] is
+/// `None`, and a wrapper keeps a lock of its own, which costs less).
+impl<U: MemoryResource> LentLock for PoolResource<U> {
+    fn allocate_counted(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        count: CallCount<'_>,
+    ) -> Result<DevicePtr> {
+        self.serve(bytes, alignment, stream, Some(count))
+    }
+
+    fn deallocate_counted(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+        count: CallCount<'_>,
+    ) -> Result<()> {
+        self.free(ptr, bytes, stream, Some(count))
+    }
+
+    fn locked(&self, f: &mut dyn FnMut()) {
+        self.counted_under_lock(f)
+    }
+}
+
+impl<U: MemoryResource> MemoryResource for PoolResource<U> {
+    #[inline]
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.serve(bytes, alignment, stream, None)
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free(ptr, bytes, stream, None)
+    }
+
+    /// Lent with one shard (see [`LentLock`]'s implementation).
+    #[inline]
+    fn lent_lock(&self) -> Option<&dyn LentLock> {
+        (self.shards.len() == 1).then_some(self as &dyn LentLock)
     }
 
     fn device(&self) -> &Device {

@@ -55,6 +55,7 @@
 mod callback;
 mod device;
 mod handed_out;
+mod lent_lock;
 mod managed;
 mod pinned;
 mod sam_headroom;
@@ -64,6 +65,7 @@ mod system;
 pub use callback::CallbackResource;
 pub use device::DeviceResource;
 pub use handed_out::HandedOut;
+pub use lent_lock::LentLock;
 pub use managed::ManagedResource;
 pub use pinned::PinnedHostResource;
 pub use sam_headroom::SamHeadroomResource;
@@ -167,6 +169,17 @@ pub trait MemoryResource: Send + Sync {
     fn is_equal(&self, other: &dyn MemoryResource) -> bool {
         self.identity() == other.identity()
     }
+
+    /// The lock this resource holds while it serves a call, lent to a
+    /// wrapper that counts the calls (see [`LentLock`]); `None`, the default,
+    /// where there is no single such lock. The answer is the same for the
+    /// resource's whole life. Adaptors keep the default: a wrapper counting
+    /// through a lent lock calls the lender itself, past anything between
+    /// them. `Arc`, `Box` and references forward it.
+    #[inline]
+    fn lent_lock(&self) -> Option<&dyn LentLock> {
+        None
+    }
 }
 
 /// Checks a request the way every resource must: power-of-two alignment no
@@ -216,6 +229,10 @@ macro_rules! forward_resource {
             }
             fn is_equal(&self, other: &dyn MemoryResource) -> bool {
                 (**self).is_equal(other)
+            }
+            #[inline]
+            fn lent_lock(&self) -> Option<&dyn LentLock> {
+                (**self).lent_lock()
             }
         }
     )*};

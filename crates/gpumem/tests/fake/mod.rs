@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use gpumem::adaptor::CallCount;
 use gpumem::driver::sim::SimConfig;
-use gpumem::resource::{validate_request, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use gpumem::resource::{validate_request, LentLock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Result, Stream};
 
 /// First address handed out (looks like a CUDA device address).
@@ -27,6 +28,8 @@ pub struct Fake {
     device: Device,
     properties: Properties,
     capacity: usize,
+    /// Lends its state's lock to a statistics wrapper ([`Fake::lending`]).
+    lends: bool,
     state: Mutex<State>,
     /// Successful allocations.
     pub allocs: AtomicUsize,
@@ -50,6 +53,7 @@ impl Fake {
             device: Device::sim(SimConfig::default()),
             properties,
             capacity,
+            lends: false,
             state: Mutex::new(State {
                 next: BASE,
                 ..State::default()
@@ -58,6 +62,15 @@ impl Fake {
             frees: AtomicUsize::new(0),
             alloc_calls: AtomicUsize::new(0),
             free_calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// Like [`Fake::new`], lending the lock of its state
+    /// ([`MemoryResource::lent_lock`]), as a pool does.
+    pub fn lending(capacity: usize) -> Self {
+        Self {
+            lends: true,
+            ..Self::new(capacity)
         }
     }
 
@@ -82,8 +95,13 @@ impl Fake {
     }
 }
 
-impl MemoryResource for Fake {
-    fn allocate(&self, bytes: usize, alignment: usize, _stream: &Stream) -> Result<DevicePtr> {
+impl Fake {
+    fn serve(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        count: Option<CallCount<'_>>,
+    ) -> Result<DevicePtr> {
         self.alloc_calls.fetch_add(1, Ordering::Relaxed);
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
@@ -101,16 +119,13 @@ impl MemoryResource for Fake {
         s.live.insert(ptr, bytes);
         s.used += bytes;
         self.allocs.fetch_add(1, Ordering::Relaxed);
+        if let Some(count) = count {
+            count.apply();
+        }
         Ok(DevicePtr(ptr))
     }
 
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        _alignment: usize,
-        _stream: &Stream,
-    ) -> Result<()> {
+    fn free(&self, ptr: DevicePtr, bytes: usize, count: Option<CallCount<'_>>) -> Result<()> {
         self.free_calls.fetch_add(1, Ordering::Relaxed);
         if ptr.is_null() {
             return Ok(());
@@ -132,9 +147,60 @@ impl MemoryResource for Fake {
                 s.live.remove(&ptr.0);
                 s.used -= bytes;
                 self.frees.fetch_add(1, Ordering::Relaxed);
+                if let Some(count) = count {
+                    count.apply();
+                }
                 Ok(())
             }
         }
+    }
+}
+
+impl LentLock for Fake {
+    fn allocate_counted(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        _stream: &Stream,
+        count: CallCount<'_>,
+    ) -> Result<DevicePtr> {
+        self.serve(bytes, alignment, Some(count))
+    }
+
+    fn deallocate_counted(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+        count: CallCount<'_>,
+    ) -> Result<()> {
+        self.free(ptr, bytes, Some(count))
+    }
+
+    fn locked(&self, f: &mut dyn FnMut()) {
+        let _state = self.state.lock().unwrap();
+        f();
+    }
+}
+
+impl MemoryResource for Fake {
+    fn allocate(&self, bytes: usize, alignment: usize, _stream: &Stream) -> Result<DevicePtr> {
+        self.serve(bytes, alignment, None)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        self.free(ptr, bytes, None)
+    }
+
+    fn lent_lock(&self) -> Option<&dyn LentLock> {
+        self.lends.then_some(self as &dyn LentLock)
     }
 
     fn device(&self) -> &Device {
