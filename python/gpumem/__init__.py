@@ -111,7 +111,7 @@ def include_dir():
 # The keys of GPUMEM_CONF (crates/gpumem-capi/src/conf.rs documents them).
 SETTINGS = (
     "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
-    "shards", "nccl_ready", "log",
+    "shards", "spread", "nccl_ready", "log",
 )
 # The settings that take True or False.
 SWITCHES = ("nccl_ready",)
@@ -163,7 +163,9 @@ def configure(**settings):
 
     The keyword arguments are GPUMEM_CONF's keys (SETTINGS): ``resource``,
     ``initial_size``, ``max_size``, ``release_threshold``, ``min_bin``,
-    ``max_bin``, ``shards`` (lock shards of ``pool``: 0 for one per CPU),
+    ``max_bin``, ``shards`` (lock shards of ``pool``: 0, the default, for one
+    per CPU; 1 for one lock), ``spread`` (``"contended"``, the default: the
+    threads use the shards once they contend for one lock; ``"always"``),
     ``nccl_ready`` (True: the vpool's NCCL-ready mode) and
     ``log`` (a file to write the RMM CSV log of every allocation to). Values are ints (bytes), strings (``"40GiB"``,
     ``"none"``, ``"vpool"``, a path) or None (the default). They replace

@@ -13,7 +13,8 @@
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
-//! | `shards` | a count, `0` for one per CPU | `1` | `pool`, `binning`: lock shards of the pool (`PoolConfig::shards`): threads that allocate at the same time stop waiting for each other, but each shard keeps the free space of its partly used regions (under PyTorch, whose autograd thread allocates beside the main thread, one shard per CPU reserved 11-22% more on GPT-2) |
+//! | `shards` | a count, `0` for one per CPU | `0` | `pool`, `binning`: lock shards of the pool (`PoolConfig::shards`): threads that allocate at the same time stop waiting for each other, but each shard keeps the free space of its partly used regions; `1` is one lock |
+//! | `spread` | `contended`, `always` | `contended` | `pool`, `binning`: when threads spread over the shards (`PoolConfig::spread`): once one lock is contended often, or from the start (under PyTorch, whose autograd thread allocates beside the main thread, one shard per CPU in use from the start reserved 11-22% more on GPT-2) |
 //! | `nccl_ready` | `true`, `false` | `false` | `vpool` only: the NCCL-ready mode (`VirtualPoolConfig::nccl_ready`): every block one physical allocation of its own, POSIX-fd exportable, RDMA-capable where the device can, read-write for every device that can reach it; blocks are rounded up to whole pages (2 MiB on an H100) |
 //! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
@@ -45,6 +46,7 @@
 //! `gpumem_config_error()` returns the text, which the Python helpers raise as
 //! `ValueError` before they install the allocator.
 
+use gpumem::pool::Spread;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -127,9 +129,12 @@ pub struct Conf {
     pub min_bin: usize,
     /// `binning` only: largest bin (a power of two, default 1 MiB).
     pub max_bin: usize,
-    /// `pool`, `binning`: lock shards (`PoolConfig::shards`; default 1, 0
-    /// for one per CPU).
+    /// `pool`, `binning`: lock shards (`PoolConfig::shards`; default 0, one
+    /// per CPU).
     pub shards: usize,
+    /// `pool`, `binning`: when threads spread over the shards
+    /// (`PoolConfig::spread`; default on contention).
+    pub spread: Spread,
     /// `vpool` only: the NCCL-ready mode (default false).
     pub nccl_ready: bool,
     /// Where to write RMM's CSV log of every allocation and free (device 0;
@@ -146,7 +151,8 @@ impl Default for Conf {
             release_threshold: u64::MAX,
             min_bin: 256,
             max_bin: 1 << 20,
-            shards: 1,
+            shards: 0,
+            spread: Spread::OnContention,
             nccl_ready: false,
             log: None,
         }
@@ -171,8 +177,11 @@ impl fmt::Display for Conf {
             }
             _ => {}
         }
-        if self.shards != 1 {
+        if self.shards != 0 {
             write!(f, ",shards={}", self.shards)?;
+        }
+        if self.spread == Spread::Always {
+            write!(f, ",spread=always")?;
         }
         if self.nccl_ready {
             write!(f, ",nccl_ready=true")?;
@@ -377,6 +386,17 @@ pub fn parse(text: &str) -> Parsed {
                     "shards={value}: expected a count from 0 (one per CPU) to 1024"
                 )),
             },
+            "spread" => match value.as_str() {
+                "contended" => {
+                    conf.spread = Spread::OnContention;
+                    Ok(())
+                }
+                "always" => {
+                    conf.spread = Spread::Always;
+                    Ok(())
+                }
+                _ => Err(format!("spread={value}: expected contended or always")),
+            },
             "nccl_ready" => match value.as_str() {
                 "true" | "1" | "yes" | "on" => {
                     conf.nccl_ready = true;
@@ -389,7 +409,7 @@ pub fn parse(text: &str) -> Parsed {
                 _ => Err(format!("nccl_ready={value}: expected true or false")),
             },
             _ => Err(format!(
-                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, shards, nccl_ready, log)"
+                "unknown key {key:?} (known: resource, initial_size, max_size, release_threshold, min_bin, max_bin, shards, spread, nccl_ready, log)"
             )),
         };
         if let Err(e) = result {
@@ -427,9 +447,10 @@ pub fn parse(text: &str) -> Parsed {
             conf.resource
         ));
     }
-    if conf.shards != 1 && !matches!(conf.resource, ResourceKind::Pool | ResourceKind::Binning) {
+    let sharded = conf.shards != 0 || conf.spread != Spread::OnContention;
+    if sharded && !matches!(conf.resource, ResourceKind::Pool | ResourceKind::Binning) {
         problems.push(format!(
-            "shards mean nothing for resource={} (only for pool and binning)",
+            "shards and spread mean nothing for resource={} (only for pool and binning)",
             conf.resource
         ));
     }
@@ -521,25 +542,37 @@ mod tests {
     }
 
     #[test]
-    fn shards_for_the_pools_only() {
-        let p = parse("resource=pool,shards=0");
+    fn shards_and_spread_for_the_pools_only() {
+        let p = parse("resource=pool,shards=1");
         assert!(p.problems.is_empty(), "{:?}", p.problems);
-        assert_eq!(p.conf.shards, 0);
+        assert_eq!(p.conf.shards, 1);
         assert_eq!(
             p.conf.to_string(),
-            "resource=pool,initial_size=0,max_size=none,shards=0"
+            "resource=pool,initial_size=0,max_size=none,shards=1"
         );
+        let p = parse("resource=pool,spread=always");
+        assert_eq!((p.conf.shards, p.conf.spread), (0, Spread::Always));
+        assert_eq!(
+            p.conf.to_string(),
+            "resource=pool,initial_size=0,max_size=none,spread=always"
+        );
+        assert_eq!(parse("spread=contended").conf.spread, Spread::OnContention);
+        assert!(parse("spread=never").problems[0].contains("expected contended or always"));
         assert_eq!(parse("resource=binning,shards=8").conf.shards, 8);
         assert!(parse("shards=-1").problems[0].contains("expected a count"));
         assert!(parse("shards=4096").problems[0].contains("expected a count"));
-        let p = parse("resource=vpool,shards=4");
-        assert!(
-            p.problems[0].contains("only for pool and binning"),
-            "{:?}",
-            p.problems
-        );
-        // 1 is the default and valid everywhere.
-        assert!(parse("resource=vpool,shards=1").problems.is_empty());
+        for bad in ["resource=vpool,shards=4", "resource=caching,spread=always"] {
+            let p = parse(bad);
+            assert!(
+                p.problems[0].contains("only for pool and binning"),
+                "{bad}: {:?}",
+                p.problems
+            );
+        }
+        // The defaults are valid everywhere.
+        assert!(parse("resource=vpool,shards=0,spread=contended")
+            .problems
+            .is_empty());
     }
 
     #[test]

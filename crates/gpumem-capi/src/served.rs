@@ -618,6 +618,7 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
     config.initial_size = conf.initial_size;
     config.max_reserved = conf.max_size;
     config.shards = conf.shards;
+    config.spread = conf.spread;
     let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),

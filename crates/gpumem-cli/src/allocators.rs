@@ -14,7 +14,7 @@ use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
     ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolConfig, PoolResource,
-    VirtualPool,
+    Spread, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
@@ -52,7 +52,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     },
     AllocatorSpec {
         name: "pool",
-        about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes",
+        about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes; threads spread over one lock shard per CPU once they contend",
         reserve_note: None,
         build: |d| {
             let pool = PoolResource::with_defaults(DeviceResource::new(d.clone()))?;
@@ -61,11 +61,11 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     },
     AllocatorSpec {
         name: "pool-sharded",
-        about: "PoolResource with one lock shard per CPU (PoolConfig::shards = 0): threads do not contend",
+        about: "PoolResource with threads on their own lock shards from the start (PoolConfig::spread = Always)",
         reserve_note: None,
         build: |d| {
             let mut config = PoolConfig::default();
-            config.shards = 0;
+            config.spread = Spread::Always;
             let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
             Ok(Allocator::pool(Arc::new(pool)))
         },

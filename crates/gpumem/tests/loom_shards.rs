@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use gpumem::pool::{RegionOwners, Shards, SlotRegistry};
+use gpumem::pool::{RegionOwners, Shards, SlotRegistry, Spread};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -70,7 +70,12 @@ fn adopt(shards: &Model, from: usize, to: usize) -> bool {
 }
 
 fn setup() -> Arc<Model> {
-    let shards: Model = Shards::new(2, Heap::new, Owners(RegionOwners::default()));
+    let shards: Model = Shards::spreading(
+        2,
+        Spread::Always,
+        Heap::new,
+        Owners(RegionOwners::default()),
+    );
     {
         let mut h = shards.lock(0);
         let mut g = shards.global();
@@ -110,11 +115,51 @@ fn cross_shard_free_and_adoption_keep_every_region_in_one_shard() {
     });
 }
 
+/// Threads spreading over the shards while a thread allocates (a region in
+/// its shard of the moment) and frees (from its shard of the next moment):
+/// the free finds its block whichever shard the thread had each time.
+#[test]
+fn spreading_midway_keeps_every_free_finding_its_block() {
+    loom::model(|| {
+        let shards: Arc<Model> = Arc::new(Shards::spreading(
+            2,
+            Spread::OnContention,
+            Heap::new,
+            Owners(RegionOwners::default()),
+        ));
+        let spreader = {
+            let s = shards.clone();
+            thread::spawn(move || s.spread())
+        };
+        let worker = {
+            let s = shards.clone();
+            thread::spawn(move || {
+                let home = s.home_of(1);
+                s.lock(home).insert(1 << 30, true);
+                s.global().0.insert(1 << 30, REGION, home);
+                assert!(free(&s, s.home_of(1), 1 << 30), "the free found its block");
+            })
+        };
+        spreader.join().unwrap();
+        worker.join().unwrap();
+        assert!(shards.spread_out());
+        assert_eq!(shards.home_of(1), 1);
+        let (a, b) = (shards.lock(0).clone(), shards.lock(1).clone());
+        assert_eq!(a.len() + b.len(), 1, "the region is in one shard");
+        assert!(a.values().chain(b.values()).all(|used| !used));
+    });
+}
+
 #[test]
 fn two_adopters_never_take_the_same_region() {
     loom::model(|| {
         let shards: Arc<Model> = {
-            let s: Model = Shards::new(4, Heap::new, Owners(RegionOwners::default()));
+            let s: Model = Shards::spreading(
+                4,
+                Spread::Always,
+                Heap::new,
+                Owners(RegionOwners::default()),
+            );
             s.lock(0).insert(1 << 30, false);
             s.global().0.insert(1 << 30, REGION, 0);
             Arc::new(s)

@@ -408,20 +408,26 @@ proptest! {
     }
 }
 
-/// A statistics wrapper counts through the pool's own lock (one shard), or
-/// through a lock of its own (several shards), and loses no update either
-/// way: threads on their own streams, growth on the slow path, a refused
-/// free and an out-of-memory.
+/// A statistics wrapper counts through the pool's own lock (shard 0's) and
+/// loses no update, whether the threads share shard 0 or use their own:
+/// threads on their own streams, growth on the slow path, a refused free
+/// and an out-of-memory.
 #[test]
 fn statistics_over_the_pool_count_every_call_once() {
     use gpumem::adaptor::StatisticsAdaptor;
+    use gpumem::pool::Spread;
     let (device, _) = common::device(false);
-    for shards in [1, 4] {
+    for (shards, spread) in [
+        (1, Spread::OnContention),
+        (4, Spread::Always),
+        (0, Spread::OnContention),
+    ] {
         let mut config = PoolConfig::default();
         config.shards = shards;
+        config.spread = spread;
         config.max_reserved = Some(256 << 20);
         let pool = pool_on(&device, config);
-        assert_eq!(pool.lent_lock().is_some(), shards == 1, "{shards} shards");
+        assert!(pool.lent_lock().is_some());
         let mr = StatisticsAdaptor::new(pool);
         let (threads, rounds) = (4, 20_000);
         std::thread::scope(|scope| {
@@ -451,12 +457,17 @@ fn statistics_over_the_pool_count_every_call_once() {
         assert!(mr.allocate(1 << 30, 256, &s).unwrap_err().is_oom());
         let st = mr.stats();
         let n = (threads * rounds + 1) as u64;
+        let case = format!("{shards} shards, {spread:?}");
         assert_eq!(
-            (st.allocation.current, st.allocation.total, st.allocation.freed),
+            (
+                st.allocation.current,
+                st.allocation.total,
+                st.allocation.freed
+            ),
             (0, n, n),
-            "{shards} shards"
+            "{case}"
         );
-        assert_eq!(st.allocated_bytes.current, 0);
+        assert_eq!(st.allocated_bytes.current, 0, "{case}");
         assert_eq!(st.allocated_bytes.total, st.allocated_bytes.freed);
         assert!(st.allocation.peak >= 8 && st.allocation.peak <= 8 * threads as i64);
         assert_eq!(st.num_ooms, 1);

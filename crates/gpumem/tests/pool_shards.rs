@@ -10,16 +10,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use common::model::{model_setup, op, run_model, sim, Modeled};
-use gpumem::pool::{Pool, PoolConfig, PoolResource};
+use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
 use gpumem::resource::{DeviceResource, MemoryResource, Properties};
 use gpumem::{Device, DevicePtr, Error, FreeError, Result, Stream};
 use proptest::prelude::*;
 
 type SimPool = PoolResource<DeviceResource>;
 
-/// Enough shards that live threads never share one.
+/// Enough shards that live threads never share one, in use from the start.
 fn sharded(device: &Device, mut config: PoolConfig) -> SimPool {
     config.shards = 64;
+    config.spread = Spread::Always;
     PoolResource::new(DeviceResource::new(device.clone()), config).unwrap()
 }
 
@@ -217,6 +218,67 @@ fn a_thread_adopts_another_threads_free_region_instead_of_growing() {
     assert_eq!(pool.live_bytes(), 0);
     assert_eq!(pool.release().unwrap(), reserved);
     assert_eq!(pool.stats().regions, 0);
+}
+
+/// Allocates and frees `n` blocks of varying sizes on `stream`.
+fn churn(pool: &SimPool, stream: &Stream, n: usize) {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let bytes = 4096 * (1 + i % 37);
+        held.push((pool.allocate(bytes, 256, stream).unwrap(), bytes));
+        if held.len() == 8 {
+            for (p, b) in held.drain(..) {
+                pool.deallocate(p, b, 256, stream).unwrap();
+            }
+        }
+    }
+    for (p, b) in held {
+        pool.deallocate(p, b, 256, stream).unwrap();
+    }
+}
+
+/// Threads that take turns, as PyTorch's main and autograd threads do,
+/// never contend: they keep shard 0, one pool's memory.
+#[test]
+fn threads_that_take_turns_keep_one_shard() {
+    let (device, _) = common::device(false);
+    let pool = Arc::new(PoolResource::with_defaults(DeviceResource::new(device.clone())).unwrap());
+    let workers = [Worker::new(), Worker::new()];
+    let stream = device.create_stream().unwrap();
+    for round in 0..200 {
+        let (p, s) = (pool.clone(), stream.clone());
+        workers[round % 2].run(move || churn(&p, &s, 64));
+    }
+    let st = pool.stats();
+    assert_eq!(st.shards_in_use, 1);
+    assert_eq!(st.live, 0);
+}
+
+/// Threads that allocate at the same moment contend for shard 0's lock and
+/// spread over the shards; a free then goes to the shard owning its block.
+#[test]
+fn threads_that_contend_spread_over_the_shards() {
+    let (device, _) = common::device(false);
+    let mut config = PoolConfig::default();
+    config.shards = 8;
+    let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (pool, device) = (&pool, &device);
+            scope.spawn(move || {
+                let s = device.create_stream().unwrap();
+                while pool.stats().shards_in_use == 1 && std::time::Instant::now() < deadline {
+                    churn(pool, &s, 2_000);
+                }
+                churn(pool, &s, 2_000);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    let st = pool.stats();
+    assert_eq!(st.shards_in_use, 8, "the threads spread");
+    assert_eq!(st.live, 0);
 }
 
 #[test]

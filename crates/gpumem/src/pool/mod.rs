@@ -50,6 +50,7 @@ pub use pool_trait::Pool;
 /// (`tests/loom_shards.rs`, built with `--cfg loom`).
 #[cfg(loom)]
 pub use shards::{RegionOwners, Shards, SlotRegistry};
+pub use shards::{Spread, BURST_WINDOW, CONTENDED_BURST};
 pub use slab::ClassStats;
 pub use virtual_pool::{
     Backup, PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, NO_REGION,

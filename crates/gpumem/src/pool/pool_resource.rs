@@ -55,11 +55,13 @@
 //! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
 //! `bench/results/NOTES.md`).
 //!
-//! Threads: with [`PoolConfig::shards`] above 1 (the default is one lock),
-//! the pool is split into lock shards (`pool/shards.rs`, which says why
-//! shards and why per thread), each a whole pool as described above with
-//! its own lock, lanes and regions; a thread allocates from its own shard,
-//! so threads do not contend. A free is tried in the calling
+//! Threads: the pool is split into lock shards, one per CPU by default
+//! ([`PoolConfig::shards`]; `pool/shards.rs` says why shards and why per
+//! thread), each a whole pool as described above with its own lock, lanes
+//! and regions. Every thread uses shard 0 until its lock is contended often
+//! ([`Spread::OnContention`], the default; a program whose threads seldom
+//! meet keeps one pool's memory); from then on a thread allocates from its
+//! own shard, so threads do not contend. A free is tried in the calling
 //! thread's shard first and otherwise goes to the shard owning the block's
 //! region. Before growing, a shard adopts an entirely free region (in the
 //! global lane, after settling) from another shard; reclaim on
@@ -77,7 +79,7 @@
 //! grew); they go back only on `trim`, `release` and out-of-memory.
 
 use super::live_blocks;
-use super::shards::{Guard, RegionOwners, Shards};
+use super::shards::{Guard, RegionOwners, Shards, Spread};
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use super::Pool;
@@ -143,7 +145,8 @@ impl GrowthPolicy {
 }
 
 /// Configuration of a [`PoolResource`]. `Default`: nothing taken up front,
-/// no limit, the default [`GrowthPolicy`], one lock shard.
+/// no limit, the default [`GrowthPolicy`], one lock shard per CPU that
+/// threads spread over once they contend ([`Spread::OnContention`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolConfig {
@@ -156,15 +159,18 @@ pub struct PoolConfig {
     pub max_reserved: Option<usize>,
     /// How regions are sized when the pool grows.
     pub growth: GrowthPolicy,
-    /// Lock shards (rounded up to a power of two): 1 (the default) is one
-    /// lock for all threads, 0 one shard per CPU. Shards let threads
+    /// Lock shards (rounded up to a power of two): 0 (the default) is one
+    /// per CPU (at most 64), 1 one lock for all threads. Shards let threads
     /// allocate without contending, but each keeps the free space of its
     /// partly used regions to itself: where one thread frees what another
     /// allocates again, as PyTorch's autograd thread does with the main
-    /// thread's activations, one shard per CPU reserved 18-22% more on an
-    /// H100 (`bench/results/2026-11-23-h100-run26-torch-shards`). Use them
-    /// for threads that each allocate and free their own memory.
+    /// thread's activations, one shard per CPU in use from the start
+    /// reserved 18-22% more on an H100
+    /// (`bench/results/2026-11-23-h100-run26-torch-shards`). Hence `spread`.
     pub shards: usize,
+    /// When threads spread over the shards: once shard 0's lock is
+    /// contended often (the default), or from the start.
+    pub spread: Spread,
 }
 
 impl Default for PoolConfig {
@@ -173,7 +179,8 @@ impl Default for PoolConfig {
             initial_size: 0,
             max_reserved: None,
             growth: GrowthPolicy::default(),
-            shards: 1,
+            shards: 0,
+            spread: Spread::OnContention,
         }
     }
 }
@@ -202,6 +209,9 @@ pub struct PoolStats {
     /// Stream lanes, all shards (a stream used on several threads has a
     /// lane in each of their shards).
     pub lanes: usize,
+    /// Lock shards the threads use: 1 until they spread (see
+    /// [`PoolConfig::spread`]), then all of them.
+    pub shards_in_use: usize,
 }
 
 /// Heap of requests up to `small_limit`, carved from small regions.
@@ -342,7 +352,12 @@ impl<U: MemoryResource> PoolResource<U> {
                 config.growth.granularity
             )));
         }
-        let shards = Shards::new(shard_count(config.shards), Shard::new, Shared::default());
+        let shards = Shards::spreading(
+            shard_count(config.shards),
+            config.spread,
+            Shard::new,
+            Shared::default(),
+        );
         let pool = Self {
             upstream,
             config,
@@ -437,6 +452,10 @@ impl<U: MemoryResource> PoolResource<U> {
         out.reserved = g.regions.bytes();
         out.peak_reserved = g.peak_reserved;
         out.regions = g.regions.len();
+        out.shards_in_use = match self.shards.spread_out() {
+            true => self.shards.len(),
+            false => 1,
+        };
         out
     }
 
@@ -874,32 +893,26 @@ impl<U: MemoryResource> PoolResource<U> {
 type Count<'a> = Option<CallCount<'a>>;
 
 impl<U: MemoryResource> PoolResource<U> {
-    /// Runs `count`, holding `st` (the home shard's lock), under the lock
-    /// the pool lends: the shard's own with one shard; with several, the
-    /// shared state's (the shards' locks are not one lock).
+    /// Applies `count`, holding `st` (shard `home`'s lock), under the lock
+    /// the pool lends: shard 0's, the one every thread takes until they
+    /// spread (see [`LentLock`]'s implementation).
     #[inline(always)]
-    fn count_holding(&self, st: Guard<'_, Shard>, count: Count<'_>) {
+    fn count_holding(&self, home: usize, st: Guard<'_, Shard>, count: Count<'_>) {
         let Some(count) = count else { return };
-        if self.shards.len() == 1 {
+        if home == 0 {
             count.apply();
             drop(st);
         } else {
             drop(st);
-            let _g = self.shards.global();
-            count.apply();
+            self.counted_under_lock(|| count.apply());
         }
     }
 
-    /// Runs `f` under the lock the pool lends (see
-    /// [`PoolResource::count_holding`]), holding no lock of the pool.
+    /// Runs `f` under the lock the pool lends (shard 0's), holding no lock
+    /// of the pool.
     fn counted_under_lock(&self, f: impl FnOnce()) {
-        if self.shards.len() == 1 {
-            let _g = self.shards.lock(0);
-            f();
-        } else {
-            let _g = self.shards.global();
-            f();
-        }
+        let _g = self.shards.lock(0);
+        f();
     }
 
     /// An allocation, counted or not: one copy of the allocation path (two
@@ -915,15 +928,14 @@ impl<U: MemoryResource> PoolResource<U> {
             return Ok(DevicePtr::NULL);
         }
         let class = self.class_of(bytes);
-        let home = self.shards.home();
-        let mut st = self.shards.lock(home);
+        let (home, mut st) = self.shards.lock_home();
         let lane = st.lane_of(stream)?;
         if let Some(p) = Self::take(&mut st, class, lane, bytes, alignment) {
-            self.count_holding(st, count);
+            self.count_holding(home, st, count);
             return Ok(p);
         }
         if let Some(p) = Self::take_absorbing(&mut st, class, lane, bytes, alignment) {
-            self.count_holding(st, count);
+            self.count_holding(home, st, count);
             return Ok(p);
         }
         let p = self.allocate_slow(st, home, class, stream, bytes, alignment)?;
@@ -951,8 +963,7 @@ impl<U: MemoryResource> PoolResource<U> {
         // The heap checks the size against the block it finds (its 256-byte
         // granules): a wrong size is refused and frees nothing.
         let class = self.class_of(bytes);
-        let home = self.shards.home();
-        let mut st = self.shards.lock(home);
+        let (home, mut st) = self.shards.lock_home();
         let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
             Ok(_) => {}
@@ -971,15 +982,14 @@ impl<U: MemoryResource> PoolResource<U> {
             }
             Err(e) => return Err(e.into_invalid_free(ptr.0)),
         }
-        self.count_holding(st, count);
+        self.count_holding(home, st, count);
         Ok(())
     }
 }
 
-/// With one shard, the shard's lock, which every allocation and free takes;
-/// with several, the shared state's, which they take only to count (a pool
-/// of several shards does not lend it: [`MemoryResource::lent_lock`] is
-/// `None`, and a wrapper keeps a lock of its own, which costs less).
+/// Shard 0's lock: the one every allocation and free takes until the
+/// threads spread over the shards (and always with one shard). Once they
+/// have spread, a thread of another shard takes it after its own, to count.
 impl<U: MemoryResource> LentLock for PoolResource<U> {
     fn allocate_counted(
         &self,
@@ -1024,10 +1034,10 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         self.free(ptr, bytes, stream, None)
     }
 
-    /// Lent with one shard (see [`LentLock`]'s implementation).
+    /// Shard 0's lock (see [`LentLock`]'s implementation).
     #[inline]
     fn lent_lock(&self) -> Option<&dyn LentLock> {
-        (self.shards.len() == 1).then_some(self as &dyn LentLock)
+        Some(self)
     }
 
     fn device(&self) -> &Device {

@@ -19,6 +19,16 @@
 //! given back when the thread exits, see [`SlotRegistry`]) modulo the number
 //! of shards, so threads that replace exited ones find the same shards.
 //!
+//! Why spread only on contention ([`Spread::OnContention`], the pool's
+//! default): shards cost memory where threads share their blocks (PyTorch's
+//! autograd thread frees the main thread's activations and allocates its
+//! own; one shard per CPU reserved 18-22% more on an H100), and such threads
+//! seldom take the lock at the same moment. So every thread starts on shard
+//! 0, one lock as in an unsharded pool, and the shards come into use only
+//! once that lock is contended often: [`CONTENDED_BURST`] contended
+//! acquisitions within [`BURST_WINDOW`]. Spreading is for good: a program
+//! whose threads contended once would contend again.
+//!
 //! Locking rules: a thread holds at most one shard lock at a time, and may
 //! take the owners' lock ([`Shards::global`]) while holding it, never the
 //! other way round. Memory moves between shards only as whole free regions
@@ -28,11 +38,34 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 #[cfg(loom)]
 use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+#[cfg(not(loom))]
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+/// When a pool's threads spread over its shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Spread {
+    /// From the start: each thread allocates from its own shard.
+    Always,
+    /// Once the first shard's lock is contended often (see the module
+    /// documentation); until then every thread uses shard 0.
+    #[default]
+    OnContention,
+}
+
+/// Contended acquisitions of shard 0 that, within [`BURST_WINDOW`], spread
+/// the threads ([`Spread::OnContention`]).
+pub const CONTENDED_BURST: u64 = 256;
+
+/// See [`CONTENDED_BURST`]: 2,560 contended acquisitions per second.
+pub const BURST_WINDOW: Duration = Duration::from_millis(100);
 
 /// The guard of a shard or of the shared state.
 pub type Guard<'a, T> = MutexGuard<'a, T>;
@@ -164,17 +197,35 @@ struct Padded<T>(T);
 pub struct Shards<S, G> {
     shards: Box<[Padded<Mutex<S>>]>,
     mask: usize,
+    /// The mask in force: `mask` once spread, 0 (every thread on shard 0)
+    /// before.
+    active: AtomicUsize,
+    /// Contended acquisitions of shard 0 while not spread.
+    contended: AtomicU64,
+    /// When the current burst of [`CONTENDED_BURST`] began, in ns since
+    /// `epoch`.
+    burst_start: AtomicU64,
+    epoch: Instant,
     global: Mutex<G>,
 }
 
 impl<S, G> Shards<S, G> {
     /// `count` shards (rounded up to a power of two, at least one) made by
-    /// `make`, and the shared state.
-    pub fn new(count: usize, mut make: impl FnMut() -> S, global: G) -> Self {
+    /// `make`, and the shared state; the threads spread over them as
+    /// `spread` says.
+    pub fn spreading(count: usize, spread: Spread, mut make: impl FnMut() -> S, global: G) -> Self {
         let n = count.max(1).next_power_of_two();
+        let mask = n - 1;
         Self {
             shards: (0..n).map(|_| Padded(Mutex::new(make()))).collect(),
-            mask: n - 1,
+            mask,
+            active: AtomicUsize::new(match spread {
+                Spread::Always => mask,
+                Spread::OnContention => 0,
+            }),
+            contended: AtomicU64::new(0),
+            burst_start: AtomicU64::new(0),
+            epoch: Instant::now(),
             global: Mutex::new(global),
         }
     }
@@ -184,10 +235,65 @@ impl<S, G> Shards<S, G> {
         self.shards.len()
     }
 
+    /// Whether the threads use every shard (rather than shard 0 alone).
+    pub fn spread_out(&self) -> bool {
+        self.active.load(Relaxed) == self.mask
+    }
+
+    /// Spreads the threads over every shard, for good.
+    pub fn spread(&self) {
+        self.active.store(self.mask, Relaxed);
+    }
+
+    /// The shard of the thread holding `slot`.
+    #[inline]
+    pub fn home_of(&self, slot: usize) -> usize {
+        slot & self.active.load(Relaxed)
+    }
+
     /// The calling thread's shard.
     #[inline]
     pub fn home(&self) -> usize {
-        thread_slot() & self.mask
+        self.home_of(thread_slot())
+    }
+
+    /// Locks the calling thread's shard; returns its index with the guard.
+    /// Watches for contention while the threads are not spread.
+    #[inline]
+    pub fn lock_home(&self) -> (usize, MutexGuard<'_, S>) {
+        let home = self.home();
+        #[cfg(not(loom))]
+        if home == 0 && self.mask != 0 {
+            let m = &self.shards[0].0;
+            return match m.try_lock() {
+                Ok(g) => (0, g),
+                Err(TryLockError::Poisoned(e)) => (0, e.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    self.on_contention();
+                    (0, lock(m))
+                }
+            };
+        }
+        (home, self.lock(home))
+    }
+
+    /// Shard 0 was found held: counts it, and spreads the threads after a
+    /// burst (see the module documentation).
+    #[cold]
+    #[inline(never)]
+    fn on_contention(&self) {
+        if self.spread_out() {
+            return;
+        }
+        let n = self.contended.fetch_add(1, Relaxed) + 1;
+        if !n.is_multiple_of(CONTENDED_BURST) {
+            return;
+        }
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let began = self.burst_start.swap(now, Relaxed);
+        if n > CONTENDED_BURST && now.saturating_sub(began) <= BURST_WINDOW.as_nanos() as u64 {
+            self.spread();
+        }
     }
 
     /// Locks shard `i`.
@@ -237,7 +343,8 @@ mod tests {
 
     #[test]
     fn live_threads_have_different_shards() {
-        let shards: Shards<(), RegionOwners> = Shards::new(64, || (), RegionOwners::default());
+        let shards: Shards<(), RegionOwners> =
+            Shards::spreading(64, Spread::Always, || (), RegionOwners::default());
         let here = shards.home();
         let there = std::thread::scope(|sc| sc.spawn(|| shards.home()).join().unwrap());
         assert_ne!(here, there);
