@@ -212,6 +212,9 @@ pub struct PoolStats {
     /// Lock shards the threads use: 1 until they spread (see
     /// [`PoolConfig::spread`]), then all of them.
     pub shards_in_use: usize,
+    /// Allocations and frees that found shard 0's lock held, counted until
+    /// the threads spread.
+    pub contended: u64,
 }
 
 /// Heap of requests up to `small_limit`, carved from small regions.
@@ -456,6 +459,7 @@ impl<U: MemoryResource> PoolResource<U> {
             true => self.shards.len(),
             false => 1,
         };
+        out.contended = self.shards.contended();
         out
     }
 

@@ -240,6 +240,12 @@ impl<S, G> Shards<S, G> {
         self.active.load(Relaxed) == self.mask
     }
 
+    /// Acquisitions of shard 0 that found it held, counted until the
+    /// threads spread.
+    pub fn contended(&self) -> u64 {
+        self.contended.load(Relaxed)
+    }
+
     /// Spreads the threads over every shard, for good.
     pub fn spread(&self) {
         self.active.store(self.mask, Relaxed);
@@ -261,9 +267,9 @@ impl<S, G> Shards<S, G> {
     /// Watches for contention while the threads are not spread.
     #[inline]
     pub fn lock_home(&self) -> (usize, MutexGuard<'_, S>) {
-        let home = self.home();
+        let active = self.active.load(Relaxed);
         #[cfg(not(loom))]
-        if home == 0 && self.mask != 0 {
+        if active == 0 && self.mask != 0 {
             let m = &self.shards[0].0;
             return match m.try_lock() {
                 Ok(g) => (0, g),
@@ -274,6 +280,7 @@ impl<S, G> Shards<S, G> {
                 }
             };
         }
+        let home = thread_slot() & active;
         (home, self.lock(home))
     }
 
