@@ -16,7 +16,10 @@
 //! Each run times `pairs` pairs per path, the paths in turn; after one
 //! untimed run of each, `runs` runs give the median, fastest and slowest ns
 //! per call (an allocation or a free). `overhead_ns_per_call` is a path's
-//! median less the `resource` path's. `paths` picks some of the paths; with
+//! median less the `resource` path's; `overhead_paired_ns_per_call` the
+//! median of the differences run by run, which a host whose speed drifts
+//! moves less (short runs, many of them: `--pairs 20000 --runs 301`).
+//! `paths` picks some of the paths; with
 //! one, a profiler can count the instructions of its loop, a function of its
 //! own (`valgrind --tool=callgrind --toggle-collect='*::rust_pairs'` or
 //! `'*::capi_pairs'`).
@@ -68,6 +71,11 @@ pub struct CostRecord {
     /// `ns_per_call` less the `resource` path's (null when that path was
     /// not measured).
     pub overhead_ns_per_call: Option<f64>,
+    /// The median over runs of this path's time less the `resource` path's
+    /// in the same run (null when that path was not measured): paired, so
+    /// a host whose speed drifts between runs moves it less than
+    /// `overhead_ns_per_call`.
+    pub overhead_paired_ns_per_call: Option<f64>,
     /// Allocate/free pairs per run.
     pub pairs: usize,
     /// Timed runs.
@@ -171,9 +179,17 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
             }
         }
     }
+    let base_runs = paths
+        .iter()
+        .position(|p| *p == "resource")
+        .map(|i| ns[i].clone());
     let mut records = Vec::with_capacity(paths.len());
     let mut base = None;
     for (path, mut v) in paths.iter().zip(ns) {
+        let paired = base_runs.as_ref().map(|b| {
+            let mut d: Vec<f64> = v.iter().zip(b).map(|(x, y)| x - y).collect();
+            median(&mut d)
+        });
         let m = median(&mut v);
         if *path == "resource" {
             base = Some(m);
@@ -185,6 +201,7 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
             ns_per_call_min: v[0],
             ns_per_call_max: v[v.len() - 1],
             overhead_ns_per_call: base.map(|b| m - b),
+            overhead_paired_ns_per_call: paired,
             pairs: cfg.pairs,
             runs: cfg.runs,
             sizes: cfg.sizes.clone(),
@@ -227,15 +244,16 @@ pub fn print_table(records: &[CostRecord]) -> Result<()> {
         first.runs
     )?;
     outln!(
-        "  {:<10} {:>10} {:>17} {:>14}",
+        "  {:<10} {:>10} {:>17} {:>14} {:>8}",
         "path",
         "ns/call",
         "min..max",
-        "over resource"
+        "over resource",
+        "paired"
     )?;
     for r in records {
         outln!(
-            "  {:<10} {:>10} {:>17} {:>14}",
+            "  {:<10} {:>10} {:>17} {:>14} {:>8}",
             r.path,
             fmt_count(r.ns_per_call),
             format!(
@@ -244,6 +262,8 @@ pub fn print_table(records: &[CostRecord]) -> Result<()> {
                 fmt_count(r.ns_per_call_max)
             ),
             r.overhead_ns_per_call
+                .map_or_else(|| "-".into(), |o| format!("{o:+.1}")),
+            r.overhead_paired_ns_per_call
                 .map_or_else(|| "-".into(), |o| format!("{o:+.1}"))
         )?;
     }
