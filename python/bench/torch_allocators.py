@@ -9,7 +9,7 @@ Every configuration runs in a fresh process (this script calling itself with
 ``native:RESOURCE`` and ``pluggable:RESOURCE`` (gpumem.torch.enable),
 ``mempool:RESOURCE`` (gpumem.torch.mempool around the training loop);
 more GPUMEM_CONF settings follow the resource after ``+``
-(``native:pool+shards=0``).
+(``native:pool+spread=always``).
 
 - speed: GPT-2 small (8 x 1024 tokens, AdamW) and ResNet-50 (batch 64,
   224 x 224, SGD), bf16 autocast: seconds per iteration over 20 iterations
@@ -50,7 +50,7 @@ def setup(config):
         return contextlib.nullcontext
     import gpumem.torch as gt
 
-    # `native:pool+shards=0`: more GPUMEM_CONF settings after the resource.
+    # `native:pool+spread=always`: more GPUMEM_CONF settings after the resource.
     resource, *extra = rest.split("+")
     settings = dict(e.split("=", 1) for e in extra)
     if kind in ("native", "pluggable"):

@@ -919,8 +919,8 @@ impl<U: MemoryResource> PoolResource<U> {
         f();
     }
 
-    /// An allocation, counted or not: one copy of the allocation path (two
-    /// would change what the compiler inlines into each).
+    /// An allocation, counted (`count`, see [`LentLock`]) or not.
+    #[inline]
     fn serve(
         &self,
         bytes: usize,
@@ -949,7 +949,8 @@ impl<U: MemoryResource> PoolResource<U> {
         Ok(p)
     }
 
-    /// A free, counted or not: one copy of the free path.
+    /// A free, counted (`count`) or not.
+    #[inline]
     fn free(&self, ptr: DevicePtr, bytes: usize, stream: &Stream, count: Count<'_>) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
