@@ -203,7 +203,7 @@ pub struct Shards<S, G> {
     /// Contended acquisitions of shard 0 while not spread.
     contended: AtomicU64,
     /// When the current burst of [`CONTENDED_BURST`] began, in ns since
-    /// `epoch`.
+    /// `epoch` (the first at `epoch`).
     burst_start: AtomicU64,
     epoch: Instant,
     global: Mutex<G>,
@@ -298,7 +298,8 @@ impl<S, G> Shards<S, G> {
         }
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let began = self.burst_start.swap(now, Relaxed);
-        if n > CONTENDED_BURST && now.saturating_sub(began) <= BURST_WINDOW.as_nanos() as u64 {
+        // The first burst began when the pool was made (`epoch`).
+        if now.saturating_sub(began) <= BURST_WINDOW.as_nanos() as u64 {
             self.spread();
         }
     }
