@@ -34,13 +34,12 @@
 //!   [`RetryCounter`] was given to [`StatisticsAdaptor::with_retry_counter`];
 //!   0 otherwise.
 //!
-//! Fast path: a few integer updates of the top frame, no timers. They run
-//! under the upstream's own lock where it lends it
-//! ([`MemoryResource::lent_lock`]: [`PoolResource`] with one shard,
-//! [`VirtualPool`]), inside the critical section the allocation takes
-//! anyway; otherwise after the upstream call, under a lock of one flag (one
-//! atomic read-modify-write, see `flag_lock`). Zero-byte requests and failed frees are not
-//! counted.
+//! Fast path: a few integer updates of the top frame, no timers. Where the
+//! upstream lends its lock ([`MemoryResource::lent_lock`]: a
+//! [`PoolResource`] lends its shard 0's), they run inside the critical
+//! section its allocation takes anyway; otherwise after the upstream call,
+//! under a lock of one flag (one atomic read-modify-write, see
+//! `flag_lock`). Zero-byte requests and failed frees are not counted.
 //!
 //! A free counts the size the caller names, once the upstream has accepted
 //! it. Every gpumem resource refuses a free whose size is not the
@@ -51,7 +50,6 @@
 //!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
 //! [`PoolResource`]: crate::pool::PoolResource
-//! [`VirtualPool`]: crate::pool::VirtualPool
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
