@@ -7,6 +7,7 @@ import pytest
 
 import gpumem
 import gpumem.cupy
+import support
 from support import CONF, MIB, child, child_ok, newer
 
 
@@ -24,6 +25,7 @@ def test_conf_text_joins_the_settings():
     }
     assert gpumem.conf_text(resource="vpool", nccl_ready=True) == "resource=vpool,nccl_ready=true"
     assert gpumem.conf_text(resource="pool", shards=0) == "resource=pool,shards=0"
+    assert gpumem.conf_text(resource="pool", spread="always") == "resource=pool,spread=always"
 
 
 def test_a_misspelt_key_is_caught_before_the_library_loads():
@@ -98,6 +100,8 @@ def test_configure_overrides_an_invalid_gpumem_conf():
         ({"resource": "turbo"}, 'unknown resource "turbo"'),
         ({"max_size": "7OGiB"}, "max_size"),
         ({"resource": "pool", "min_bin": "4KiB"}, "min_bin"),
+        ({"resource": "pool", "spread": "sometimes"}, "expected contended or always"),
+        ({"resource": "vpool", "spread": "always"}, "only for pool and binning"),
     ],
 )
 def test_bad_values_raise_the_librarys_reason_and_change_nothing(settings, why):
@@ -145,6 +149,10 @@ def test_after_first_use_only_the_configuration_in_force_is_accepted():
 @newer("gpumem_configure")
 def test_the_configuration_from_gpumem_conf_is_accepted_again(device):
     assert os.environ["GPUMEM_CONF"] == CONF  # in force since this process's first call
+    # An allocation fixes it, whichever tests ran before this one.
+    p = support.lib.gpumem_malloc(1 << 20, device, None)
+    assert p
+    support.lib.gpumem_free(p, 1 << 20, device, None)
     assert gpumem.configure(resource="pool", max_size=64 * MIB) == "resource=pool,max_size=67108864"
     with pytest.raises(ValueError, match="gpumem: "):
         gpumem.configure(resource="pool", max_size="32MiB")
