@@ -264,8 +264,10 @@ impl<S, G> Shards<S, G> {
     }
 
     /// Locks the calling thread's shard; returns its index with the guard.
-    /// Watches for contention while the threads are not spread.
-    #[inline]
+    /// Watches for contention while the threads are not spread. Inlined:
+    /// out of line, its call and the guard returned through memory cost
+    /// about 15 instructions per allocation and free.
+    #[inline(always)]
     pub fn lock_home(&self) -> (usize, MutexGuard<'_, S>) {
         let active = self.active.load(Relaxed);
         #[cfg(not(loom))]
