@@ -390,7 +390,8 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         }
     }
 
-    /// The frames under the top one; the caller holds [`Self::lock`].
+    /// The frames under the top one; the caller holds the counters' lock
+    /// (see [`Self::counting`]).
     fn below(&self) -> std::sync::MutexGuard<'_, Vec<Frame>> {
         self.below.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -538,13 +539,15 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        let count = CallCount {
-            top: &self.top,
-            bytes,
-            call: Call::Free(side),
-        };
         match self.upstream.lent_lock() {
-            Some(lent) => lent.deallocate_counted(ptr, bytes, alignment, stream, count),
+            Some(lent) => {
+                let count = CallCount {
+                    top: &self.top,
+                    bytes,
+                    call: Call::Free(side),
+                };
+                lent.deallocate_counted(ptr, bytes, alignment, stream, count)
+            }
             None => {
                 self.upstream.deallocate(ptr, bytes, alignment, stream)?;
                 let _guard = self.busy.lock();
@@ -608,13 +611,15 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
             return Ok(DevicePtr::NULL);
         }
         let top = &self.top;
-        let count = CallCount {
-            top,
-            bytes,
-            call: Call::Allocate,
-        };
         let r = match self.upstream.lent_lock() {
-            Some(lent) => lent.allocate_counted(bytes, alignment, stream, count),
+            Some(lent) => {
+                let count = CallCount {
+                    top,
+                    bytes,
+                    call: Call::Allocate,
+                };
+                lent.allocate_counted(bytes, alignment, stream, count)
+            }
             None => self
                 .upstream
                 .allocate(bytes, alignment, stream)

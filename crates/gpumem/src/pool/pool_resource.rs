@@ -455,9 +455,10 @@ impl<U: MemoryResource> PoolResource<U> {
         out.reserved = g.regions.bytes();
         out.peak_reserved = g.peak_reserved;
         out.regions = g.regions.len();
-        out.shards_in_use = match self.shards.spread_out() {
-            true => self.shards.len(),
-            false => 1,
+        out.shards_in_use = if self.shards.spread_out() {
+            self.shards.len()
+        } else {
+            1
         };
         out.contended = self.shards.contended();
         out
@@ -892,8 +893,8 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 }
 
-/// A count given to [`LentLock`]'s calls, run under the pool's counting
-/// lock (see [`PoolResource::counted_under_lock`]).
+/// A count given to [`LentLock`]'s calls, applied under the lock the pool
+/// lends (see [`PoolResource::apply_count`]).
 type Count<'a> = Option<CallCount<'a>>;
 
 impl<U: MemoryResource> PoolResource<U> {
@@ -908,15 +909,17 @@ impl<U: MemoryResource> PoolResource<U> {
             drop(st);
         } else {
             drop(st);
-            self.counted_under_lock(|| count.apply());
+            self.apply_count(Some(count));
         }
     }
 
-    /// Runs `f` under the lock the pool lends (shard 0's), holding no lock
-    /// of the pool.
-    fn counted_under_lock(&self, f: impl FnOnce()) {
-        let _g = self.shards.lock(0);
-        f();
+    /// Applies `count` under the lock the pool lends (shard 0's), holding no
+    /// lock of the pool.
+    fn apply_count(&self, count: Count<'_>) {
+        if let Some(count) = count {
+            let _g = self.shards.lock(0);
+            count.apply();
+        }
     }
 
     /// An allocation, counted (`count`, see [`LentLock`]) or not.
@@ -943,9 +946,7 @@ impl<U: MemoryResource> PoolResource<U> {
             return Ok(p);
         }
         let p = self.allocate_slow(st, home, class, stream, bytes, alignment)?;
-        if let Some(count) = count {
-            self.counted_under_lock(|| count.apply());
-        }
+        self.apply_count(count);
         Ok(p)
     }
 
@@ -957,9 +958,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         if let Some(parked) = &self.parked {
             if parked.park_if_capturing(ptr, stream)? {
-                if let Some(count) = count {
-                    self.counted_under_lock(|| count.apply());
-                }
+                self.apply_count(count);
                 return Ok(());
             }
         }
@@ -977,9 +976,7 @@ impl<U: MemoryResource> PoolResource<U> {
                     Err(HeapError::UnknownAddress(_)) => {
                         drop(st);
                         self.free_in_owner(home, class, ptr, bytes, stream)?;
-                        if let Some(count) = count {
-                            self.counted_under_lock(|| count.apply());
-                        }
+                        self.apply_count(count);
                         return Ok(());
                     }
                     r => r.map_err(|e| e.into_invalid_free(ptr.0))?,
@@ -1018,7 +1015,8 @@ impl<U: MemoryResource> LentLock for PoolResource<U> {
     }
 
     fn locked(&self, f: &mut dyn FnMut()) {
-        self.counted_under_lock(f)
+        let _g = self.shards.lock(0);
+        f();
     }
 }
 

@@ -19,14 +19,15 @@ use crate::Result;
 /// Allocation and free with a caller's update run under the resource's lock,
 /// and that lock on its own ([`MemoryResource::lent_lock`]).
 ///
-/// Every `count` is applied, and every `f` run, holding the same lock, the
-/// one the resource's allocations and frees hold, so updates made only there
-/// never interleave. `f` must be short and must not call the resource (the
+/// Every `count` is applied, and every `f` run, holding the one lock the
+/// resource lends (the one its allocations and frees take, or one of them,
+/// as [`PoolResource`](crate::pool::PoolResource)'s shard 0), so updates
+/// made only there never interleave. `f` must be short and must not call the resource (the
 /// lock is held).
 ///
 /// [`MemoryResource::lent_lock`]: super::MemoryResource::lent_lock
 pub trait LentLock {
-    /// [`MemoryResource::allocate`](super::MemoryResource::allocate), running
+    /// [`MemoryResource::allocate`](super::MemoryResource::allocate),
     /// applying `count` under the lock once a block is handed out (not for
     /// zero bytes, not on failure).
     fn allocate_counted(

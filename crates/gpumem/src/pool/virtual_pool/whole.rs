@@ -1,5 +1,7 @@
-//! The NCCL-ready mode ([`VirtualPoolConfig::nccl_ready`]): every block is
-//! exactly one physical allocation, mapped once, at the block's address.
+//! The NCCL-ready mode
+//! ([`VirtualPoolConfig::nccl_ready`](super::VirtualPoolConfig::nccl_ready)):
+//! every block is exactly one physical allocation, mapped once, at the
+//! block's address.
 //!
 //! NCCL's user-buffer registration and symmetric memory accept only memory
 //! laid out as `ncclMemAlloc` lays it out: `cuMemGetAddressRange` of a
