@@ -163,7 +163,7 @@ def configure(**settings):
 
     The keyword arguments are GPUMEM_CONF's keys (SETTINGS): ``resource``,
     ``initial_size``, ``max_size``, ``release_threshold``, ``min_bin``,
-    ``max_bin``, ``shards`` (lock shards of ``pool``: 0, the default, for one
+    ``max_bin``, ``shards`` (lock shards of ``pool`` and ``vpool``: 0, the default, for one
     per CPU; 1 for one lock), ``spread`` (``"contended"``, the default: the
     threads use the shards once they contend for one lock; ``"always"``),
     ``nccl_ready`` (True: the vpool's NCCL-ready mode) and

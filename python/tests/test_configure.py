@@ -101,7 +101,7 @@ def test_configure_overrides_an_invalid_gpumem_conf():
         ({"max_size": "7OGiB"}, "max_size"),
         ({"resource": "pool", "min_bin": "4KiB"}, "min_bin"),
         ({"resource": "pool", "spread": "sometimes"}, "expected contended or always"),
-        ({"resource": "vpool", "spread": "always"}, "only for pool and binning"),
+        ({"resource": "arena", "spread": "always"}, "only for pool, binning and vpool"),
     ],
 )
 def test_bad_values_raise_the_librarys_reason_and_change_nothing(settings, why):

@@ -13,8 +13,8 @@
 //! | `max_size` | size or `none` | `none` | most bytes taken from the driver per device (`vpool`: physical bytes); past it, allocations fail (NULL) |
 //! | `release_threshold` | size or `max` | `max` | `async` only: bytes the CUDA pool keeps at a synchronize |
 //! | `min_bin`, `max_bin` | size, a power of two | `256B`, `1MiB` | `binning` only: smallest and largest fixed-size bin |
-//! | `shards` | a count, `0` for one per CPU | `0` | `pool`, `binning`: lock shards of the pool (`PoolConfig::shards`): threads that allocate at the same time stop waiting for each other, but each shard keeps the free space of its partly used regions; `1` is one lock |
-//! | `spread` | `contended`, `always` | `contended` | `pool`, `binning`: when threads spread over the shards (`PoolConfig::spread`): once one lock is contended often, or from the start (under PyTorch, whose autograd thread allocates beside the main thread, one shard per CPU in use from the start reserved 11-22% more on GPT-2) |
+//! | `shards` | a count, `0` for one per CPU | `0` | `pool`, `binning`, `vpool`: lock shards of the pool (`PoolConfig::shards`, `VirtualPoolConfig::shards`): threads that allocate at the same time stop waiting for each other, but each shard keeps the free space of its partly used regions (`vpool`: its own physical memory); `1` is one lock |
+//! | `spread` | `contended`, `always` | `contended` | `pool`, `binning`, `vpool`: when threads spread over the shards (`PoolConfig::spread`): once one lock is contended often, or from the start (under PyTorch, whose autograd thread allocates beside the main thread, one shard per CPU in use from the start reserved 11-22% more on GPT-2) |
 //! | `nccl_ready` | `true`, `false` | `false` | `vpool` only: the NCCL-ready mode (`VirtualPoolConfig::nccl_ready`): every block one physical allocation of its own, POSIX-fd exportable, RDMA-capable where the device can, read-write for every device that can reach it; blocks are rounded up to whole pages (2 MiB on an H100) |
 //! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
@@ -129,10 +129,10 @@ pub struct Conf {
     pub min_bin: usize,
     /// `binning` only: largest bin (a power of two, default 1 MiB).
     pub max_bin: usize,
-    /// `pool`, `binning`: lock shards (`PoolConfig::shards`; default 0, one
+    /// `pool`, `binning`, `vpool`: lock shards (`PoolConfig::shards`; default 0, one
     /// per CPU).
     pub shards: usize,
-    /// `pool`, `binning`: when threads spread over the shards
+    /// `pool`, `binning`, `vpool`: when threads spread over the shards
     /// (`PoolConfig::spread`; default on contention).
     pub spread: Spread,
     /// `vpool` only: the NCCL-ready mode (default false).
@@ -448,9 +448,14 @@ pub fn parse(text: &str) -> Parsed {
         ));
     }
     let sharded = conf.shards != 0 || conf.spread != Spread::OnContention;
-    if sharded && !matches!(conf.resource, ResourceKind::Pool | ResourceKind::Binning) {
+    if sharded
+        && !matches!(
+            conf.resource,
+            ResourceKind::Pool | ResourceKind::Binning | ResourceKind::Virtual
+        )
+    {
         problems.push(format!(
-            "shards and spread mean nothing for resource={} (only for pool and binning)",
+            "shards and spread mean nothing for resource={} (only for pool, binning and vpool)",
             conf.resource
         ));
     }
@@ -561,10 +566,11 @@ mod tests {
         assert_eq!(parse("resource=binning,shards=8").conf.shards, 8);
         assert!(parse("shards=-1").problems[0].contains("expected a count"));
         assert!(parse("shards=4096").problems[0].contains("expected a count"));
-        for bad in ["resource=vpool,shards=4", "resource=caching,spread=always"] {
+        assert_eq!(parse("resource=vpool,shards=4").conf.shards, 4);
+        for bad in ["resource=arena,shards=4", "resource=caching,spread=always"] {
             let p = parse(bad);
             assert!(
-                p.problems[0].contains("only for pool and binning"),
+                p.problems[0].contains("only for pool, binning and vpool"),
                 "{bad}: {:?}",
                 p.problems
             );

@@ -659,6 +659,8 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
                 VirtualPoolConfig::default()
             };
             config.max_reserved = limit;
+            config.shards = conf.shards;
+            config.spread = conf.spread;
             Box::new(VirtualPool::new(device.clone(), config)?)
         }
         ResourceKind::Async => {

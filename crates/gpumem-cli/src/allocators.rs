@@ -14,7 +14,7 @@ use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
     ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolConfig, PoolResource,
-    Spread, VirtualPool,
+    Spread, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
 use gpumem::{Device, DevicePtr, Stream};
@@ -96,6 +96,19 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         reserve_note: None,
         build: |d| {
             let pool = Arc::new(VirtualPool::with_defaults(d.clone())?);
+            let mut a = Allocator::pool(pool.clone());
+            a.virtual_pool = Some(pool);
+            Ok(a)
+        },
+    },
+    AllocatorSpec {
+        name: "vpool-sharded",
+        about: "VirtualPool with threads on their own lock shards from the start (VirtualPoolConfig::spread = Always)",
+        reserve_note: None,
+        build: |d| {
+            let mut config = VirtualPoolConfig::default();
+            config.spread = Spread::Always;
+            let pool = Arc::new(VirtualPool::new(d.clone(), config)?);
             let mut a = Allocator::pool(pool.clone());
             a.virtual_pool = Some(pool);
             Ok(a)

@@ -1,4 +1,4 @@
-//! Model-checks PoolResource's lock shards with `loom`:
+//! Model-checks the pools' lock shards with `loom`:
 //! `RUSTFLAGS="--cfg loom" cargo test -p gpumem --release --test loom_shards`.
 //!
 //! The pool's two moves across shards, on a model heap whose regions are
@@ -194,5 +194,42 @@ fn live_threads_hold_different_slots_and_the_lowest_comes_back() {
         reg.give_back(1);
         reg.give_back(0);
         assert_eq!(reg.take(), 0);
+    });
+}
+
+/// A VirtualPool beginning a region (pinning its threads to shard 0) while
+/// contention spreads them: either the pin wins and the threads stay on
+/// shard 0 for good, or the spread wins and the pin is refused. Never both
+/// pinned and spread, which would leave a region's blocks in several
+/// shards.
+#[test]
+fn pinning_and_spreading_never_both_win() {
+    loom::model(|| {
+        let shards: Arc<Model> = Arc::new(Shards::spreading(
+            2,
+            Spread::OnContention,
+            Heap::new,
+            Owners(RegionOwners::default()),
+        ));
+        let spreader = {
+            let s = shards.clone();
+            thread::spawn(move || s.spread())
+        };
+        let pinner = {
+            let s = shards.clone();
+            thread::spawn(move || {
+                let pinned = s.pin();
+                // A thread's shard right after a successful pin is 0.
+                (pinned, s.home_of(1))
+            })
+        };
+        spreader.join().unwrap();
+        let (pinned, home_after_pin) = pinner.join().unwrap();
+        assert_ne!(pinned, shards.spread_out(), "exactly one wins");
+        if pinned {
+            assert_eq!(home_after_pin, 0);
+            shards.spread();
+            assert_eq!(shards.home_of(1), 0, "pinned for good");
+        }
     });
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::model::{model_setup, op, run_model, Modeled};
+use common::model::{model_setup, op, run_model};
 use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{DevicePtr, Driver, HandleType, RawPhys};
 use gpumem::pool::{Backup, Pool, VirtualPool, VirtualPoolConfig};
@@ -249,23 +249,6 @@ fn run_whole(ops: &[WOp]) -> Result<(), TestCaseError> {
     prop_assert_eq!(sim.physical_bytes(), 0);
     prop_assert_eq!(sim.mapped_bytes(), 0);
     Ok(())
-}
-
-/// The shared pool model (stream ordering, live bytes, giving back), run
-/// on the NCCL-ready mode: blocks count whole pages.
-impl Modeled for VirtualPool {
-    fn accounted(&self, bytes: usize) -> usize {
-        bytes.next_multiple_of(self.page_size())
-    }
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {
-        self.check_invariants().unwrap();
-    }
-    fn check(&self) {
-        self.check_invariants().unwrap();
-    }
 }
 
 proptest! {

@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use common::model::{model_setup, op, run_model, sim, Modeled};
+use common::threads::{self, OnThreads, Worker};
 use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
-use gpumem::resource::{DeviceResource, MemoryResource, Properties};
-use gpumem::{Device, DevicePtr, Error, FreeError, Result, Stream};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
 
 type SimPool = PoolResource<DeviceResource>;
@@ -24,127 +23,12 @@ fn sharded(device: &Device, mut config: PoolConfig) -> SimPool {
     PoolResource::new(DeviceResource::new(device.clone()), config).unwrap()
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A thread that runs the jobs it is sent, one at a time.
-struct Worker {
-    jobs: Option<Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Worker {
-    fn new() -> Self {
-        let (jobs, rx) = channel::<Job>();
-        let thread = std::thread::spawn(move || {
-            for job in rx {
-                job();
-            }
-        });
-        Self {
-            jobs: Some(jobs),
-            thread: Some(thread),
-        }
-    }
-
-    /// Runs `f` on the worker and waits for its result.
-    fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let (tx, rx) = channel();
-        let job: Job = Box::new(move || {
-            let _ = tx.send(f());
-        });
-        self.jobs.as_ref().unwrap().send(job).unwrap();
-        rx.recv().unwrap()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A pool whose allocations and frees on stream `i` run on worker `i`
-/// (so on shard of their own), one call at a time.
-struct OnThreads {
-    pool: Arc<SimPool>,
-    streams: Vec<u64>,
-    workers: Vec<Worker>,
-}
-
-impl OnThreads {
-    fn new(pool: SimPool, streams: &[Stream]) -> Self {
-        Self {
-            pool: Arc::new(pool),
-            streams: streams.iter().map(|s| s.raw()).collect(),
-            workers: streams.iter().map(|_| Worker::new()).collect(),
-        }
-    }
-
-    fn worker(&self, stream: &Stream) -> &Worker {
-        let i = self
-            .streams
-            .iter()
-            .position(|&s| s == stream.raw())
-            .unwrap();
-        &self.workers[i]
-    }
-}
-
-impl MemoryResource for OnThreads {
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        let (pool, s) = (self.pool.clone(), stream.clone());
-        self.worker(stream)
-            .run(move || pool.allocate(bytes, alignment, &s))
-    }
-
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let (pool, s) = (self.pool.clone(), stream.clone());
-        self.worker(stream)
-            .run(move || pool.deallocate(ptr, bytes, alignment, &s))
-    }
-
-    fn device(&self) -> &Device {
-        self.pool.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.pool.properties()
-    }
-}
-
-impl Pool for OnThreads {
-    fn reserved_bytes(&self) -> usize {
-        self.pool.reserved_bytes()
-    }
-    fn peak_reserved_bytes(&self) -> usize {
-        self.pool.peak_reserved_bytes()
-    }
-    fn reset_peak(&self) {
-        self.pool.reset_peak()
-    }
-    fn trim(&self, to: usize) -> Result<usize> {
-        self.pool.trim(to)
-    }
-    fn release(&self) -> Result<usize> {
-        self.pool.release()
-    }
-}
-
-impl Modeled for OnThreads {
+impl Modeled for SimPool {
     fn accounted(&self, bytes: usize) -> usize {
         bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
-        self.pool.live_bytes()
+        self.live_bytes()
     }
     fn process(&self) {}
 }
@@ -222,19 +106,7 @@ fn a_thread_adopts_another_threads_free_region_instead_of_growing() {
 
 /// Allocates and frees `n` blocks of varying sizes on `stream`.
 fn churn(pool: &SimPool, stream: &Stream, n: usize) {
-    let mut held = Vec::new();
-    for i in 0..n {
-        let bytes = 4096 * (1 + i % 37);
-        held.push((pool.allocate(bytes, 256, stream).unwrap(), bytes));
-        if held.len() == 8 {
-            for (p, b) in held.drain(..) {
-                pool.deallocate(p, b, 256, stream).unwrap();
-            }
-        }
-    }
-    for (p, b) in held {
-        pool.deallocate(p, b, 256, stream).unwrap();
-    }
+    threads::churn(pool, stream, n, |i| 4096 * (1 + i % 37));
 }
 
 /// Threads that take turns, as PyTorch's main and autograd threads do,

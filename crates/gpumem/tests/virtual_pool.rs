@@ -11,7 +11,7 @@ mod common;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
+use common::model::{enqueue_work, model_setup, op, run_model, sim};
 use common::suite;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::pool::{Pool, VirtualPool, VirtualPoolConfig};
@@ -20,21 +20,6 @@ use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, Stream};
 use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
-
-impl Modeled for VirtualPool {
-    fn accounted(&self, bytes: usize) -> usize {
-        bytes.next_multiple_of(256)
-    }
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {
-        self.check_invariants().unwrap();
-    }
-    fn check(&self) {
-        self.check_invariants().unwrap();
-    }
-}
 
 fn pool(device: &Device) -> VirtualPool {
     VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()

@@ -79,7 +79,7 @@
 //! grew); they go back only on `trim`, `release` and out-of-memory.
 
 use super::live_blocks;
-use super::shards::{Guard, RegionOwners, Shards, Spread};
+use super::shards::{shard_count, Guard, RegionOwners, Shards, Spread};
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
 use super::Pool;
@@ -326,16 +326,6 @@ impl<U: MemoryResource> std::fmt::Debug for PoolResource<U> {
             .field("stats", &self.stats())
             .finish()
     }
-}
-
-/// The number of shards for a configured count (0: one per CPU).
-fn shard_count(configured: usize) -> usize {
-    if configured > 0 {
-        return configured.min(1024);
-    }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(64)
 }
 
 impl<U: MemoryResource> PoolResource<U> {

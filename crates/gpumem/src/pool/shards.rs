@@ -41,11 +41,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 #[cfg(loom)]
 use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 #[cfg(not(loom))]
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -66,6 +66,17 @@ pub const CONTENDED_BURST: u64 = 256;
 
 /// See [`CONTENDED_BURST`]: 2,560 contended acquisitions per second.
 pub const BURST_WINDOW: Duration = Duration::from_millis(100);
+
+/// The number of shards for a configured count (0: one per CPU, at most
+/// 64; at most 1,024 in any case).
+pub fn shard_count(configured: usize) -> usize {
+    if configured > 0 {
+        return configured.min(1024);
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(64)
+}
 
 /// The guard of a shard or of the shared state.
 pub type Guard<'a, T> = MutexGuard<'a, T>;
@@ -187,6 +198,12 @@ impl RegionOwners {
     }
 }
 
+impl AsRef<RegionOwners> for RegionOwners {
+    fn as_ref(&self) -> &RegionOwners {
+        self
+    }
+}
+
 /// A shard on its own cache lines, so that threads locking neighbouring
 /// shards do not write the same line.
 #[repr(align(128))]
@@ -206,6 +223,8 @@ pub struct Shards<S, G> {
     /// `epoch` (the first at `epoch`).
     burst_start: AtomicU64,
     epoch: Instant,
+    /// The threads stay on shard 0 for good ([`Shards::pin`]).
+    pinned: AtomicBool,
     global: Mutex<G>,
 }
 
@@ -226,6 +245,7 @@ impl<S, G> Shards<S, G> {
             contended: AtomicU64::new(0),
             burst_start: AtomicU64::new(0),
             epoch: Instant::now(),
+            pinned: AtomicBool::new(false),
             global: Mutex::new(global),
         }
     }
@@ -246,9 +266,28 @@ impl<S, G> Shards<S, G> {
         self.contended.load(Relaxed)
     }
 
-    /// Spreads the threads over every shard, for good.
+    /// Spreads the threads over every shard, for good, unless they were
+    /// pinned to shard 0 ([`Shards::pin`]).
     pub fn spread(&self) {
-        self.active.store(self.mask, Relaxed);
+        // Under the shared lock, so that it and `pin` see each other.
+        let _g = self.global();
+        if !self.pinned.load(Relaxed) {
+            self.active.store(self.mask, Relaxed);
+        }
+    }
+
+    /// Keeps every thread on shard 0 for good, for state that must stay in
+    /// one shard; false when the threads already use several shards.
+    pub fn pin(&self) -> bool {
+        let _g = self.global();
+        if self.mask == 0 {
+            return true;
+        }
+        if self.active.load(Relaxed) != 0 {
+            return false;
+        }
+        self.pinned.store(true, Relaxed);
+        true
     }
 
     /// The shard of the thread holding `slot`.

@@ -6,6 +6,7 @@ pub mod bad_free;
 pub mod model;
 pub mod pattern;
 pub mod suite;
+pub mod threads;
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::Pool;
+use gpumem::pool::{Pool, VirtualPool};
 use gpumem::{Device, DevicePtr, Stream};
 use proptest::prelude::*;
 
@@ -58,6 +58,26 @@ pub trait Modeled: Pool {
     fn process(&self);
     /// Checks the pool's invariants after a trim (default: nothing to check).
     fn check(&self) {}
+}
+
+/// A VirtualPool checks its invariants after every operation; its blocks
+/// count 256-byte granules, whole pages in the NCCL-ready mode.
+impl Modeled for VirtualPool {
+    fn accounted(&self, bytes: usize) -> usize {
+        match self.config().nccl_ready {
+            true => bytes.next_multiple_of(self.page_size()),
+            false => bytes.next_multiple_of(256),
+        }
+    }
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn process(&self) {
+        self.check_invariants().unwrap();
+    }
+    fn check(&self) {
+        self.check_invariants().unwrap();
+    }
 }
 
 pub struct Freed {

@@ -23,9 +23,3 @@ pub(crate) fn read_lock<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 pub(crate) fn write_lock<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
 }
-
-/// The data of a mutex the caller owns, recovering from poisoning.
-#[inline]
-pub(crate) fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
-    m.get_mut().unwrap_or_else(|e| e.into_inner())
-}

@@ -191,7 +191,7 @@ impl VirtualPool {
     pub(super) fn create(&self, st: &mut State, n: usize) -> Result<ExtentId> {
         let mut n = n.max(1);
         if let Some(max) = st.max_physical {
-            let room = (max / self.gran).saturating_sub(st.phys.total_pages());
+            let room = (max / self.gran).saturating_sub(st.phys.pool_pages());
             if room == 0 {
                 return Err(Error::oom(self.gran));
             }
@@ -206,8 +206,8 @@ impl VirtualPool {
         st.pages_created += n as u64;
         st.extents_created += 1;
         st.peak_extents = st.peak_extents.max(st.phys.extent_count());
-        let reserved = st.phys.total_pages() * self.gran;
-        st.peak_reserved = st.peak_reserved.max(reserved);
+        self.peak_pages
+            .fetch_max(st.phys.pool_pages(), std::sync::atomic::Ordering::Relaxed);
         Ok(x)
     }
 

@@ -6,17 +6,52 @@ use std::sync::atomic::Ordering;
 
 use super::page_table::{PageRef, PageTable, PhysPage};
 use super::phys_cache::NO_OWNER;
-use super::VirtualPool;
+use super::{State, VirtualPool};
 
 impl VirtualPool {
     /// Checks the pool's invariants (the numbered list of
     /// `docs/virtual_pool.md`): the heaps' structure, the areas' addresses,
     /// that every page under a live block is mapped, owns its physical page
     /// and counts exactly the live blocks on it, that extents are mapped
-    /// whole and recorded where they are, and the cache. For tests;
-    /// O(pages + blocks + extents).
+    /// whole and recorded where they are, and the cache; each shard's, and
+    /// what the shards share. For tests, with no other thread using the
+    /// pool; O(pages + blocks + extents).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let st = self.lock();
+        let mut pages = 0;
+        for i in 0..self.shards.len() {
+            let st = self.shards.lock(i);
+            let named = |e: String| match self.shards.len() {
+                1 => e,
+                _ => format!("{e} (shard {i})"),
+            };
+            self.check_shard(&st).map_err(named)?;
+            // 12. Each reservation is recorded as its shard's, and the
+            //     shards' physical pages add up to the pool's count.
+            let owners = self.shards.global();
+            for r in &st.pages.reservations {
+                let last = r.base + r.bytes - 1;
+                if owners.owner_of(r.base) != Some(i) || owners.owner_of(last) != Some(i) {
+                    return Err(named(format!(
+                        "invariant 12: reservation {:#x} of {} bytes is recorded as shard {:?}'s",
+                        r.base,
+                        r.bytes,
+                        owners.owner_of(r.base)
+                    )));
+                }
+            }
+            pages += st.phys.total_pages();
+        }
+        let counted = self.pool_pages.load(Ordering::Relaxed);
+        if pages != counted {
+            return Err(format!(
+                "invariant 12: the shards hold {pages} pages, the pool counts {counted}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The invariants of one shard.
+    fn check_shard(&self, st: &State) -> std::result::Result<(), String> {
         // 1. Each area's heap is well formed.
         let mut live = Vec::new();
         for a in &st.areas {
@@ -195,7 +230,8 @@ impl VirtualPool {
                 r.blocks.len()
             ));
         }
-        if self.any_asleep.load(Ordering::Relaxed) == r.asleep.is_empty() {
+        // Regions live in shard 0 (a pool with regions never spreads).
+        if st.shard == 0 && self.any_asleep.load(Ordering::Relaxed) == r.asleep.is_empty() {
             return Err(format!(
                 "invariant 10: {} regions asleep, but the flag says {}",
                 r.asleep.len(),

@@ -1,6 +1,7 @@
 //! The configuration of a [`VirtualPool`].
 
 use super::VirtualPool;
+use crate::pool::Spread;
 
 /// Largest alignment a [`VirtualPool`] serves.
 pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
@@ -56,6 +57,21 @@ pub struct VirtualPoolConfig {
     /// The NCCL-ready mode ([`VirtualPoolConfig::nccl_ready`]): every block
     /// is one physical allocation of its own, mapped once. Default false.
     pub nccl_ready: bool,
+    /// Lock shards (rounded up to a power of two): 0 (the default) is one
+    /// per CPU (at most 64), 1 one lock for all threads. Each shard is a
+    /// whole pool with its own reservations and physical memory, so threads
+    /// on different shards never wait for each other, and memory moves
+    /// between shards only by being given back and created again (on out of
+    /// memory, the other shards give back what no live block uses before
+    /// the allocation fails). `max_reserved` bounds all shards together.
+    /// One shard with `ipc` or `nccl_ready`, whose exports cover the pool;
+    /// regions keep the pool on one shard (see
+    /// [`VirtualPool::begin_region`]).
+    pub shards: usize,
+    /// When threads spread over the shards: once shard 0's lock is
+    /// contended often (the default), or from the start (as for
+    /// [`PoolConfig::spread`](crate::pool::PoolConfig::spread)).
+    pub spread: Spread,
 }
 
 impl Default for VirtualPoolConfig {
@@ -72,6 +88,8 @@ impl Default for VirtualPoolConfig {
             ipc: false,
             copy_slice_bytes: 512 << 20,
             nccl_ready: false,
+            shards: 0,
+            spread: Spread::OnContention,
         }
     }
 }
@@ -132,6 +150,6 @@ impl VirtualPool {
     /// back; meanwhile requests needing new physical memory fail as out of
     /// memory with the limit.
     pub fn set_max_reserved(&self, bytes: Option<usize>) {
-        self.lock().max_physical = bytes;
+        self.each_shard(|st| st.max_physical = bytes);
     }
 }

@@ -2,10 +2,10 @@
 //! back to the driver, and the pinned memory of host backups with them.
 
 use super::page_table::PageRef;
-use super::VirtualPool;
+use super::{State, VirtualPool};
+use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::pool::stream_order::streams::synchronize_device;
-use crate::pool::stream_order::sync::get_mut;
 
 impl Drop for VirtualPool {
     fn drop(&mut self) {
@@ -13,16 +13,26 @@ impl Drop for VirtualPool {
             // The driver may already be gone: leak rather than call into it.
             return;
         }
-        let st = get_mut(&mut self.state);
+        let (device, gran) = (self.device.clone(), self.gran);
+        let (shards, _) = self.shards.get_mut();
+        for st in shards {
+            Self::drop_shard(&device, gran, st);
+        }
+    }
+}
+
+impl VirtualPool {
+    /// Gives back one shard's mappings, extents and reservations.
+    fn drop_shard(device: &Device, gran: usize, st: &mut State) {
         // Work still using pool memory must finish before pages go.
         for a in &st.areas {
-            a.lanes.synchronize_all(&self.device);
+            a.lanes.synchronize_all(device);
         }
-        if st.streams.synchronize_all(&self.device).is_err() {
-            let _ = synchronize_device(&self.device);
+        if st.streams.synchronize_all(device).is_err() {
+            let _ = synchronize_device(device);
         }
-        let driver = self.device.driver();
-        let g = self.gran;
+        let driver = device.driver();
+        let g = gran;
         let mapped: Vec<PageRef> = st.pages.mapped().map(|(p, _)| p).collect();
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for p in mapped {

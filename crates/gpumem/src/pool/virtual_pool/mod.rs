@@ -79,6 +79,16 @@
 //!   [`VirtualPool::wake`] maps memory there again and copies back. Both
 //!   are all or nothing.
 //!
+//! - *Threads* (`VirtualPoolConfig::shards`, `pool/shards.rs`): the pool is
+//!   split into lock shards, one per CPU by default, each a whole pool as
+//!   above with its own reservations and physical memory. Every thread uses
+//!   shard 0 until its lock is contended often; then each thread allocates
+//!   from its own shard, and a free goes to the shard owning its
+//!   reservation. `max_reserved` counts every shard's memory; a shard out
+//!   of memory has the others give back what no live block uses, then
+//!   tries again. Regions keep the pool on shard 0 (a sleep covers a whole
+//!   region at once).
+//!
 //! Bad frees: a free is checked against the block the heap finds for it (its
 //! 256-byte granules, as in [`PoolResource`](super::PoolResource)); a pointer
 //! that starts no used block, a second free or another size is
@@ -113,13 +123,14 @@ mod sleep;
 mod stats;
 mod whole;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
 
 use self::page_table::PageTable;
 use self::phys_cache::PhysCache;
 use self::placement::RELOCATE_MIN_PAGES;
 use self::regions::Regions;
+use super::shards::{shard_count, Guard, RegionOwners, Shards};
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
@@ -147,8 +158,11 @@ struct Area {
     lanes: HeapLanes,
 }
 
-/// Everything behind the pool's lock.
+/// Everything behind one shard's lock: a whole pool over its own
+/// reservations and physical memory.
 struct State {
+    /// This shard's index.
+    shard: usize,
     areas: [Area; AREAS],
     /// The addresses each area was given, `(start, end, area)`: a
     /// reservation, or for the first one, its two parts.
@@ -156,7 +170,6 @@ struct State {
     pages: PageTable,
     phys: PhysCache,
     streams: FreeStreams,
-    peak_reserved: usize,
     peak_live: usize,
     pages_created: u64,
     pages_released: u64,
@@ -178,6 +191,42 @@ struct State {
 }
 
 impl State {
+    /// Shard `shard`, with no reservation yet (its first allocation makes
+    /// one), its physical pages counted in `pool_pages` too.
+    fn empty(
+        shard: usize,
+        gran: usize,
+        max_physical: Option<usize>,
+        pool_pages: &Arc<AtomicUsize>,
+    ) -> Self {
+        State {
+            shard,
+            areas: std::array::from_fn(|_| Area {
+                heap: LaneHeap::new(),
+                lanes: HeapLanes::new(),
+            }),
+            area_ranges: Vec::new(),
+            pages: PageTable::new(gran as u64),
+            phys: PhysCache::sharing(pool_pages.clone()),
+            streams: FreeStreams::default(),
+            peak_live: 0,
+            pages_created: 0,
+            pages_released: 0,
+            extents_created: 0,
+            extents_released: 0,
+            peak_extents: 0,
+            max_physical,
+            relocations: 0,
+            mappings_made: 0,
+            mappings_unmapped: 0,
+            pages_mapped: 0,
+            aliases_made: 0,
+            aliases_collected: 0,
+            fresh_ranges: 0,
+            regions: Regions::default(),
+        }
+    }
+
     fn live_bytes(&self) -> usize {
         self.areas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
     }
@@ -229,7 +278,13 @@ pub struct VirtualPool {
     capacity: usize,
     /// What every `cuMemCreate` asks for.
     phys_props: PhysProps,
-    state: Mutex<State>,
+    /// The pool's shards (see [`VirtualPoolConfig::shards`]), and which
+    /// shard owns each reservation.
+    shards: Shards<State, RegionOwners>,
+    /// Physical pages held, all shards (shared with their caches).
+    pool_pages: Arc<AtomicUsize>,
+    /// Most physical pages held at once, all shards.
+    peak_pages: AtomicUsize,
     /// Blocks freed on capturing streams (see `stream_order::parked`).
     parked: Parked,
     /// Some region sleeps (read without the lock, so memory operations go
@@ -296,45 +351,43 @@ impl VirtualPool {
         let small = (total / 4).next_multiple_of(gran).max(gran);
         let total = total.max(small + gran);
         let base = driver.vmm_reserve(total, gran)?;
-        let mut st = State {
-            areas: std::array::from_fn(|_| Area {
-                heap: LaneHeap::new(),
-                lanes: HeapLanes::new(),
-            }),
-            area_ranges: Vec::new(),
-            pages: PageTable::new(gran as u64),
-            phys: PhysCache::default(),
-            streams: FreeStreams::default(),
-            peak_reserved: 0,
-            peak_live: 0,
-            pages_created: 0,
-            pages_released: 0,
-            extents_created: 0,
-            extents_released: 0,
-            peak_extents: 0,
-            max_physical: config.max_reserved,
-            relocations: 0,
-            mappings_made: 0,
-            mappings_unmapped: 0,
-            pages_mapped: 0,
-            aliases_made: 0,
-            aliases_collected: 0,
-            fresh_ranges: 0,
-            regions: Regions::default(),
+        let pool_pages = Arc::new(AtomicUsize::new(0));
+        // One shard where memory must stay in one place: an IPC export and
+        // the NCCL-ready mode cover the whole pool.
+        let count = match config.ipc || config.nccl_ready {
+            true => 1,
+            false => shard_count(config.shards),
         };
-        st.pages.add_reservation(base.0, total as u64);
-        let parts = [
-            (base.0, small as u64, SMALL),
-            (base.0 + small as u64, (total - small) as u64, LARGE),
-        ];
-        for (start, bytes, area) in parts {
-            if let Err(e) = st.areas[area].heap.add_region(start, bytes) {
-                let _ = driver.vmm_free_address(base, total);
-                return Err(Error::InvalidArgument(format!(
-                    "virtual pool: unusable range at {start:#x}: {e}"
-                )));
+        let mut shards = Shards::spreading(
+            count,
+            config.spread,
+            {
+                let (mut next, max, shared) = (0, config.max_reserved, pool_pages.clone());
+                move || {
+                    next += 1;
+                    State::empty(next - 1, gran, max, &shared)
+                }
+            },
+            RegionOwners::default(),
+        );
+        {
+            let (mut all, owners) = shards.get_mut();
+            let st = all.next().expect("shard 0");
+            owners.insert(base.0, total, 0);
+            st.pages.add_reservation(base.0, total as u64);
+            let parts = [
+                (base.0, small as u64, SMALL),
+                (base.0 + small as u64, (total - small) as u64, LARGE),
+            ];
+            for (start, bytes, area) in parts {
+                if let Err(e) = st.areas[area].heap.add_region(start, bytes) {
+                    let _ = driver.vmm_free_address(base, total);
+                    return Err(Error::InvalidArgument(format!(
+                        "virtual pool: unusable range at {start:#x}: {e}"
+                    )));
+                }
+                st.area_ranges.push((start, start + bytes, area));
             }
-            st.area_ranges.push((start, start + bytes, area));
         }
         let handle_type = if config.ipc || config.nccl_ready {
             HandleType::PosixFd
@@ -351,15 +404,26 @@ impl VirtualPool {
             gran,
             capacity,
             phys_props,
-            state: Mutex::new(st),
+            shards,
+            pool_pages,
+            peak_pages: AtomicUsize::new(0),
             parked: Parked::default(),
             any_asleep: AtomicBool::new(false),
         })
     }
 
+    /// Locks shard 0: the whole pool until its threads spread, and the
+    /// shard that holds regions (a pool with regions never spreads).
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, State> {
-        super::stream_order::sync::lock(&self.state)
+    fn lock(&self) -> Guard<'_, State> {
+        self.shards.lock(0)
+    }
+
+    /// Runs `f` on every shard in turn, one lock at a time.
+    fn each_shard(&self, mut f: impl FnMut(&mut State)) {
+        for i in 0..self.shards.len() {
+            f(&mut self.shards.lock(i));
+        }
     }
 
     /// Addresses for a block of `bytes` at `alignment` in `area`, from the
@@ -419,7 +483,7 @@ impl VirtualPool {
         Error::oom_with(OomInfo {
             requested,
             device: Some(self.device.ordinal()),
-            reserved: Some(st.phys.total_pages() * self.gran),
+            reserved: Some(st.phys.pool_pages() * self.gran),
             live: Some(st.live_bytes()),
             largest_free: Some(largest as usize),
             limit: st.max_physical,
@@ -436,8 +500,61 @@ impl MemoryResource for VirtualPool {
         if self.config.nccl_ready {
             return self.allocate_whole(bytes, alignment, stream);
         }
-        let mut guard = self.lock();
+        let (_, mut guard) = self.shards.lock_home();
+        match self.allocate_in(&mut guard, bytes, alignment, stream) {
+            Err(e) if e.is_oom() => {
+                drop(guard);
+                self.allocate_after_reclaim(bytes, alignment, stream, e)
+            }
+            r => r,
+        }
+    }
+
+    #[inline]
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        _alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let (_, mut guard) = self.shards.lock_home();
         let st = &mut *guard;
+        match st.area_of(ptr.0) {
+            Some(area) => self.free_in(st, area, ptr, bytes, stream),
+            None => {
+                drop(guard);
+                self.free_elsewhere(ptr, bytes, stream)
+            }
+        }
+    }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.check_access_of(ptr, bytes)
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn properties(&self) -> Properties {
+        Properties::DEVICE
+    }
+}
+
+impl VirtualPool {
+    /// An allocation (not in the NCCL-ready mode) served by shard `st`.
+    #[inline(always)]
+    fn allocate_in(
+        &self,
+        st: &mut State,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
         if bytes > self.capacity {
             return Err(self.oom(st, bytes));
         }
@@ -487,25 +604,16 @@ impl MemoryResource for VirtualPool {
         Ok(Self::hand_out(st, area, &blk))
     }
 
-    #[inline]
-    fn deallocate(
+    /// A free of `ptr`, found in `area` of shard `st`.
+    #[inline(always)]
+    fn free_in(
         &self,
+        st: &mut State,
+        area: usize,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        let Some(area) = st.area_of(ptr.0) else {
-            return Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::Unknown,
-            });
-        };
         if self.parked.park_if_capturing(ptr, stream)? {
             return Ok(());
         }
@@ -537,15 +645,55 @@ impl MemoryResource for VirtualPool {
         Ok(())
     }
 
-    fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.check_access_of(ptr, bytes)
+    /// A free of a block of another shard than the calling thread's.
+    #[cold]
+    #[inline(never)]
+    fn free_elsewhere(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) -> Result<()> {
+        let unknown = Error::InvalidFree {
+            ptr: ptr.0,
+            reason: FreeError::Unknown,
+        };
+        let Some(owner) = self.shards.owner_other_than(ptr.0, self.shards.home()) else {
+            return Err(unknown);
+        };
+        let mut guard = self.shards.lock(owner);
+        let st = &mut *guard;
+        match st.area_of(ptr.0) {
+            Some(area) => self.free_in(st, area, ptr, bytes, stream),
+            None => Err(unknown),
+        }
     }
 
-    fn device(&self) -> &Device {
-        &self.device
-    }
-
-    fn properties(&self) -> Properties {
-        Properties::DEVICE
+    /// The calling thread's shard is out of memory: the other shards give
+    /// back every physical page not under a live block (waiting for the
+    /// streams that freed them), then its shard tries again; `first` when
+    /// the others had nothing to give.
+    #[cold]
+    #[inline(never)]
+    fn allocate_after_reclaim(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        first: Error,
+    ) -> Result<DevicePtr> {
+        if self.shards.len() == 1 {
+            return Err(first);
+        }
+        let home = self.shards.home();
+        let mut freed = 0;
+        for j in (0..self.shards.len()).filter(|&j| j != home) {
+            let mut st = self.shards.lock(j);
+            if st.phys.total_pages() == 0 {
+                continue;
+            }
+            st.streams.synchronize_all(&self.device)?;
+            self.reclaim(&mut st, usize::MAX)?;
+            freed += self.release_cached(&mut st, 0).0;
+        }
+        if freed == 0 {
+            return Err(first);
+        }
+        self.allocate_in(&mut self.shards.lock(home), bytes, alignment, stream)
     }
 }

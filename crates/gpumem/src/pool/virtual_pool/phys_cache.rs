@@ -18,6 +18,9 @@
 //! kept by the extent when a mapping goes). Costs: put and
 //! [`PhysCache::take_fitting`] are O(cached extents), which stay few.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
 use super::page_table::PackedPage;
 use crate::driver::RawPhys;
 use crate::pool::stream_order::free_streams::Frees;
@@ -63,9 +66,25 @@ pub(super) struct PhysCache {
     total_pages: usize,
     /// Pages of the cached extents.
     cached_pages: usize,
+    /// Pages of all extents of every shard of the pool (each shard has its
+    /// own cache; they share this count, for the pool's limit).
+    pool_pages: Arc<AtomicUsize>,
 }
 
 impl PhysCache {
+    /// An empty cache whose pages count in `pool_pages` too.
+    pub(super) fn sharing(pool_pages: Arc<AtomicUsize>) -> Self {
+        Self {
+            pool_pages,
+            ..Self::default()
+        }
+    }
+
+    /// Pages of every extent held by every shard of the pool.
+    pub(super) fn pool_pages(&self) -> usize {
+        self.pool_pages.load(Relaxed)
+    }
+
     /// Pages of every extent held.
     pub(super) fn total_pages(&self) -> usize {
         self.total_pages
@@ -94,6 +113,7 @@ impl PhysCache {
             ..ExtentSummary::default()
         };
         self.total_pages += pages as usize;
+        self.pool_pages.fetch_add(pages as usize, Relaxed);
         match self.vacant.pop() {
             Some(x) => {
                 self.extents[x as usize] = Some(extent);
@@ -311,6 +331,7 @@ impl PhysCache {
         let pages = std::mem::take(&mut self.summaries[x as usize]).pages;
         self.cached_pages -= pages as usize;
         self.total_pages -= pages as usize;
+        self.pool_pages.fetch_sub(pages as usize, Relaxed);
         self.vacant.push(x);
         (ext.handle, pages)
     }

@@ -119,6 +119,7 @@ impl VirtualPool {
         };
         st.area_ranges.push((base.0, base.0 + size as u64, area));
         st.pages.add_reservation(base.0, size as u64);
+        self.shards.global().insert(base.0, size, st.shard);
         Ok(id)
     }
 

@@ -2,6 +2,8 @@
 //! cached; giving back unmaps idle pages and releases physical extents), and
 //! its `with_defaults`.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::{State, VirtualPool, VirtualPoolConfig};
 use crate::device::Device;
 use crate::pool::Pool;
@@ -14,9 +16,32 @@ impl VirtualPool {
         Self::new(device, VirtualPoolConfig::default())
     }
 
-    /// Releases the cached extents, after unmapping idle ones into the cache
-    /// as needed, until the pool holds at most `to` physical bytes (0: all of
-    /// them). Idle pages go only where their freeing streams are known done.
+    /// Physical bytes held, all shards.
+    pub(super) fn held_bytes(&self) -> usize {
+        self.pool_pages.load(Relaxed) * self.gran
+    }
+
+    /// [`Self::give_back`] on every shard in turn, towards `to` bytes for
+    /// the whole pool; returns the bytes released, or the first error after
+    /// every shard was tried.
+    fn give_back_all(&self, to: usize) -> Result<usize> {
+        let (mut given, mut first_err) = (0, None);
+        self.each_shard(|st| {
+            let others = self.held_bytes() - st.phys.total_pages() * self.gran;
+            match self.give_back(st, to.saturating_sub(others)) {
+                Ok(n) => given += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        });
+        first_err.map_or(Ok(given), Err)
+    }
+
+    /// Releases shard `st`'s cached extents, after unmapping idle ones into
+    /// the cache as needed, until the shard holds at most `to` physical
+    /// bytes (0: all of them). Idle pages go only where their freeing
+    /// streams are known done.
     fn give_back(&self, st: &mut State, to: usize) -> Result<usize> {
         let reserved = st.phys.total_pages() * self.gran;
         let Some(excess) = reserved.checked_sub(to).filter(|&e| e > 0) else {
@@ -50,34 +75,51 @@ impl VirtualPool {
 /// physical allocations.
 impl Pool for VirtualPool {
     fn reserved_bytes(&self) -> usize {
-        self.lock().phys.total_pages() * self.gran
+        self.held_bytes()
     }
 
     /// O(1); [`VirtualPool::stats`] scans pages.
     fn peak_reserved_bytes(&self) -> usize {
-        self.lock().peak_reserved
+        self.peak_pages.load(Relaxed) * self.gran
     }
 
     fn reset_peak(&self) {
-        let mut st = self.lock();
-        st.peak_reserved = st.phys.total_pages() * self.gran;
-        st.peak_live = st.live_bytes();
-        st.peak_extents = st.phys.extent_count();
+        self.each_shard(|st| {
+            st.peak_live = st.live_bytes();
+            st.peak_extents = st.phys.extent_count();
+        });
+        self.peak_pages
+            .store(self.pool_pages.load(Relaxed), Relaxed);
     }
 
     fn trim(&self, to: usize) -> Result<usize> {
-        self.give_back(&mut self.lock(), to)
+        self.give_back_all(to)
     }
 
     fn release(&self) -> Result<usize> {
-        let mut st = self.lock();
-        st.streams.synchronize_all(&self.device)?;
-        for a in st.areas.iter_mut() {
-            a.lanes.settle_blocking(&mut a.heap)?;
+        let mut first_err = None;
+        self.each_shard(|st| {
+            let settled = st.streams.synchronize_all(&self.device).and_then(|()| {
+                st.areas
+                    .iter_mut()
+                    .try_for_each(|a| a.lanes.settle_blocking(&mut a.heap))
+            });
+            match settled {
+                Ok(()) => st.streams.prune(),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        });
+        if let Some(e) = first_err {
+            return Err(e);
         }
-        st.streams.prune();
-        let given = self.give_back(&mut st, 0)?;
-        st.regions.host.as_ref().map_or(Ok(0), Pool::release)?;
+        let given = self.give_back_all(0)?;
+        self.lock()
+            .regions
+            .host
+            .as_ref()
+            .map_or(Ok(0), Pool::release)?;
         Ok(given)
     }
 }

@@ -176,6 +176,12 @@ impl VirtualPool {
     /// Regions nest: ending this one goes back to the region begun before.
     /// Allocating in a region asleep is [`Error::Asleep`].
     ///
+    /// Regions keep the pool on one lock shard: once one is begun, the
+    /// threads never spread over the shards ([`VirtualPoolConfig::shards`](super::VirtualPoolConfig::shards)),
+    /// so a sleep or a wake covers every block of the region at once. A
+    /// pool whose threads already spread refuses it
+    /// ([`Error::Unsupported`]); make such a pool with `shards: 1`.
+    ///
     /// ```
     /// use gpumem::driver::sim::SimConfig;
     /// use gpumem::pool::{Backup, VirtualPool, VirtualPoolConfig};
@@ -202,6 +208,12 @@ impl VirtualPool {
     /// ```
     pub fn begin_region(&self, tag: u32) -> Result<()> {
         check_tag(tag, "begin_region")?;
+        if !self.shards.pin() {
+            return Err(Error::unsupported(
+                "regions in a virtual pool whose threads spread over its lock shards \
+                 (make the pool with shards: 1 to use regions)",
+            ));
+        }
         let mut st = self.lock();
         let r = &mut st.regions;
         let outer = r.current;

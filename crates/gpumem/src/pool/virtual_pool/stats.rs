@@ -1,5 +1,7 @@
 //! The statistics of a [`VirtualPool`] and its other introspection methods.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use super::VirtualPool;
 use crate::driver::DevicePtr;
 use crate::pool::live_blocks;
@@ -70,53 +72,74 @@ pub struct VirtualPoolStats {
     /// Blocks placed in fresh address space because every free place with
     /// mapped pages conflicted.
     pub fresh_ranges: u64,
+    /// Lock shards the threads use: 1 until they spread (see
+    /// [`VirtualPoolConfig::spread`](super::VirtualPoolConfig::spread)),
+    /// then all of them.
+    pub shards_in_use: usize,
+    /// Allocations and frees that found shard 0's lock held, counted until
+    /// the threads spread.
+    pub contended: u64,
 }
 
 impl VirtualPool {
-    /// The current numbers.
+    /// The current numbers, all shards together (each shard's peaks summed
+    /// for `peak_live` and `peak_chunks`: exact while one shard is in use,
+    /// an upper bound with several).
     pub fn stats(&self) -> VirtualPoolStats {
-        let st = self.lock();
         let g = self.gran;
-        VirtualPoolStats {
-            reserved: st.phys.total_pages() * g,
-            peak_reserved: st.peak_reserved,
-            mapped: st.pages.mapped_pages() * g,
-            idle_mapped: st.pages.idle_pages() * g,
-            aliased: Self::alias_pages(&st) * g,
-            cached_pages: st.phys.cached_pages(),
-            cached: st.phys.cached_pages() * g,
-            chunks: st.phys.extent_count(),
-            live: st.live_bytes(),
-            peak_live: st.peak_live,
-            live_blocks: st.areas.iter().map(|a| a.heap.used_blocks()).sum(),
-            virtual_reserved: st.pages.reserved_bytes(),
+        let mut out = VirtualPoolStats {
+            reserved: self.held_bytes(),
+            peak_reserved: self.peak_pages.load(Relaxed) * g,
             page_size: g,
-            streams: st.streams.len(),
-            pages_created: st.pages_created,
-            pages_released: st.pages_released,
-            chunks_created: st.extents_created,
-            chunks_released: st.extents_released,
-            peak_chunks: st.peak_extents,
-            relocations: st.relocations,
-            mappings_made: st.mappings_made,
-            mappings_unmapped: st.mappings_unmapped,
-            pages_mapped: st.pages_mapped,
-            aliases_made: st.aliases_made,
-            aliases_collected: st.aliases_collected,
-            fresh_ranges: st.fresh_ranges,
-        }
+            shards_in_use: if self.shards.spread_out() {
+                self.shards.len()
+            } else {
+                1
+            },
+            contended: self.shards.contended(),
+            ..VirtualPoolStats::default()
+        };
+        self.each_shard(|st| {
+            out.mapped += st.pages.mapped_pages() * g;
+            out.idle_mapped += st.pages.idle_pages() * g;
+            out.aliased += Self::alias_pages(st) * g;
+            out.cached_pages += st.phys.cached_pages();
+            out.cached += st.phys.cached_pages() * g;
+            out.chunks += st.phys.extent_count();
+            out.live += st.live_bytes();
+            out.peak_live += st.peak_live;
+            out.live_blocks += st.areas.iter().map(|a| a.heap.used_blocks()).sum::<usize>();
+            out.virtual_reserved += st.pages.reserved_bytes();
+            out.streams += st.streams.len();
+            out.pages_created += st.pages_created;
+            out.pages_released += st.pages_released;
+            out.chunks_created += st.extents_created;
+            out.chunks_released += st.extents_released;
+            out.peak_chunks += st.peak_extents;
+            out.relocations += st.relocations;
+            out.mappings_made += st.mappings_made;
+            out.mappings_unmapped += st.mappings_unmapped;
+            out.pages_mapped += st.pages_mapped;
+            out.aliases_made += st.aliases_made;
+            out.aliases_collected += st.aliases_collected;
+            out.fresh_ranges += st.fresh_ranges;
+        });
+        out
     }
 
     /// Physical bytes held and not under any live block: what the pool can
     /// map under new blocks without creating memory (cached extents, and
-    /// idle mapped pages it can alias elsewhere). O(pages).
+    /// idle mapped pages it can alias elsewhere), all shards. O(pages).
     pub fn free_physical_bytes(&self) -> usize {
-        let st = self.lock();
-        let busy = st
-            .pages
-            .mapped_pages()
-            .saturating_sub(st.pages.idle_pages());
-        (st.phys.total_pages().saturating_sub(busy)) * self.gran
+        let mut free = 0;
+        self.each_shard(|st| {
+            let busy = st
+                .pages
+                .mapped_pages()
+                .saturating_sub(st.pages.idle_pages());
+            free += st.phys.total_pages().saturating_sub(busy) * self.gran;
+        });
+        free
     }
 
     /// The virtual ranges with physical memory mapped under them, in address
@@ -124,32 +147,43 @@ impl VirtualPool {
     /// several extents lies in one range). An extent mapped at two places
     /// (an alias) appears at both. O(pages).
     pub fn mapped_ranges(&self) -> Vec<Segment> {
-        let st = self.lock();
-        let pages: Vec<Segment> = st
-            .pages
-            .mapped()
-            .map(|(p, _)| Segment {
+        let mut pages = Vec::new();
+        self.each_shard(|st| {
+            pages.extend(st.pages.mapped().map(|(p, _)| Segment {
                 address: DevicePtr(st.pages.addr(p)),
                 size: self.gran,
-            })
-            .collect();
-        drop(st);
+            }));
+        });
+        pages.sort_unstable_by_key(|s| s.address.0);
         merge_adjacent(pages)
     }
 
     /// The blocks handed out, in address order, with their sizes as the pool
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        live_blocks::live_blocks(self.lock().areas.iter().map(|a| &a.heap))
+        let mut out = Vec::new();
+        self.each_shard(|st| {
+            out.extend(live_blocks::live_blocks(st.areas.iter().map(|a| &a.heap)));
+        });
+        out.sort_unstable_by_key(|b| b.address.0);
+        out
     }
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        live_blocks::live_block_size(self.lock().areas.iter().map(|a| &a.heap), ptr)
+        let mut found = None;
+        self.each_shard(|st| {
+            if found.is_none() && st.area_of(ptr.0).is_some() {
+                found = live_blocks::live_block_size(st.areas.iter().map(|a| &a.heap), ptr);
+            }
+        });
+        found
     }
 
-    /// Bytes in blocks handed out.
+    /// Bytes in blocks handed out, all shards.
     pub fn live_bytes(&self) -> usize {
-        self.lock().live_bytes()
+        let mut live = 0;
+        self.each_shard(|st| live += st.live_bytes());
+        live
     }
 }

@@ -238,7 +238,7 @@ impl VirtualPool {
     /// `max_reserved` leaves less room).
     fn create_whole(&self, st: &mut State, n: usize) -> Result<super::phys_cache::ExtentId> {
         if let Some(max) = st.max_physical {
-            let room = (max / self.gran).saturating_sub(st.phys.total_pages());
+            let room = (max / self.gran).saturating_sub(st.phys.pool_pages());
             if room < n {
                 return Err(Error::oom(n * self.gran));
             }

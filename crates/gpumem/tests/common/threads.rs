@@ -1,0 +1,166 @@
+//! Running a pool's calls on threads of their own: [`Worker`] runs jobs on
+//! one thread, [`OnThreads`] sends each stream's calls to its worker, so a
+//! sharded pool serves every stream from another shard.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use gpumem::pool::Pool;
+use gpumem::resource::{MemoryResource, Properties};
+use gpumem::{Device, DevicePtr, Result, Stream};
+
+use super::model::Modeled;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread that runs the jobs it is sent, one at a time.
+pub struct Worker {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    pub fn new() -> Self {
+        let (jobs, rx) = channel::<Job>();
+        let thread = std::thread::spawn(move || {
+            for job in rx {
+                job();
+            }
+        });
+        Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    /// Runs `f` on the worker and waits for its result.
+    pub fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(f());
+        });
+        self.jobs.as_ref().unwrap().send(job).unwrap();
+        rx.recv().unwrap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A pool whose allocations and frees on stream `i` run on worker `i`
+/// (so on a shard of their own), one call at a time.
+pub struct OnThreads<P> {
+    pool: Arc<P>,
+    streams: Vec<u64>,
+    workers: Vec<Worker>,
+}
+
+impl<P> OnThreads<P> {
+    pub fn new(pool: P, streams: &[Stream]) -> Self {
+        Self {
+            pool: Arc::new(pool),
+            streams: streams.iter().map(|s| s.raw()).collect(),
+            workers: streams.iter().map(|_| Worker::new()).collect(),
+        }
+    }
+
+    fn worker(&self, stream: &Stream) -> &Worker {
+        let i = self
+            .streams
+            .iter()
+            .position(|&s| s == stream.raw())
+            .unwrap();
+        &self.workers[i]
+    }
+}
+
+impl<P: MemoryResource + Send + Sync + 'static> MemoryResource for OnThreads<P> {
+    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        let (pool, s) = (self.pool.clone(), stream.clone());
+        self.worker(stream)
+            .run(move || pool.allocate(bytes, alignment, &s))
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (pool, s) = (self.pool.clone(), stream.clone());
+        self.worker(stream)
+            .run(move || pool.deallocate(ptr, bytes, alignment, &s))
+    }
+
+    fn device(&self) -> &Device {
+        self.pool.device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.pool.properties()
+    }
+}
+
+impl<P: Pool + Send + Sync + 'static> Pool for OnThreads<P> {
+    fn reserved_bytes(&self) -> usize {
+        self.pool.reserved_bytes()
+    }
+    fn peak_reserved_bytes(&self) -> usize {
+        self.pool.peak_reserved_bytes()
+    }
+    fn reset_peak(&self) {
+        self.pool.reset_peak()
+    }
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.pool.trim(to)
+    }
+    fn release(&self) -> Result<usize> {
+        self.pool.release()
+    }
+}
+
+/// Allocates and frees `n` blocks on `stream`, block `i` of `size(i)`
+/// bytes, eight live at a time.
+pub fn churn<R: MemoryResource + ?Sized>(
+    pool: &R,
+    stream: &Stream,
+    n: usize,
+    size: impl Fn(usize) -> usize,
+) {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let bytes = size(i);
+        held.push((pool.allocate(bytes, 256, stream).unwrap(), bytes));
+        if held.len() == 8 {
+            for (p, b) in held.drain(..) {
+                pool.deallocate(p, b, 256, stream).unwrap();
+            }
+        }
+    }
+    for (p, b) in held {
+        pool.deallocate(p, b, 256, stream).unwrap();
+    }
+}
+
+impl<P: Modeled + Send + Sync + 'static> Modeled for OnThreads<P> {
+    fn accounted(&self, bytes: usize) -> usize {
+        self.pool.accounted(bytes)
+    }
+    fn live(&self) -> usize {
+        self.pool.live()
+    }
+    fn process(&self) {
+        self.pool.process()
+    }
+    fn check(&self) {
+        self.pool.check()
+    }
+}

@@ -1,0 +1,262 @@
+//! VirtualPool's lock shards: threads that contend spread over shards, each
+//! a whole pool with its own reservations and physical memory; a free made
+//! on another thread goes to the shard owning the block; out of memory in
+//! one shard takes the others' idle memory; `max_reserved` bounds them all;
+//! regions keep the pool on one shard; the model check of `virtual_pool.rs`
+//! with each stream's operations run on a thread of its own.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::model::{model_setup, op, run_model, sim};
+use common::threads::{self, OnThreads, Worker};
+use gpumem::pool::{Pool, Spread, VirtualPool, VirtualPoolConfig};
+use gpumem::resource::MemoryResource;
+use gpumem::{Device, DevicePtr, Error, FreeError, Stream};
+use proptest::prelude::*;
+
+const MIB: usize = 1 << 20;
+
+/// The tests that need contention take turns: run together on a small
+/// machine, each slows the other's threads below the spreading rate.
+static CONTENDING: Mutex<()> = Mutex::new(());
+
+/// Enough shards that live threads never share one, in use from the start.
+fn sharded(device: &Device, mut config: VirtualPoolConfig) -> VirtualPool {
+    config.shards = 64;
+    config.spread = Spread::Always;
+    VirtualPool::new(device.clone(), config).unwrap()
+}
+
+fn is_free_error(err: &Error, want: FreeError) -> bool {
+    matches!(err, Error::InvalidFree { reason, .. } if *reason == want)
+}
+
+#[test]
+fn a_free_on_another_thread_goes_back_to_the_owning_shard() {
+    let (device, _) = common::device(false);
+    let pool = Arc::new(sharded(&device, VirtualPoolConfig::default()));
+    let s = device.create_stream().unwrap();
+    let other = Worker::new();
+    let (p, s2) = (pool.clone(), s.clone());
+    let ptr = other.run(move || p.allocate(3 * MIB, 256, &s2).unwrap());
+    // This thread's shard is another: its first block gets a reservation
+    // of its own.
+    let mine = pool.allocate(MIB, 256, &s).unwrap();
+    assert_eq!(pool.live_block_size(ptr), Some(3 * MIB));
+    assert_eq!(pool.stats().shards_in_use, 64);
+    assert_eq!(pool.stats().live_blocks, 2);
+    assert!(pool.stats().virtual_reserved > 2 * pool.config().va_multiple * MIB);
+    pool.check_invariants().unwrap();
+    pool.deallocate(ptr, 3 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.live_bytes(), MIB);
+    // A second free, from either thread, is refused.
+    let err = pool.deallocate(ptr, 3 * MIB, 256, &s).unwrap_err();
+    assert!(is_free_error(&err, FreeError::DoubleFree), "{err:?}");
+    let (p, s2) = (pool.clone(), s.clone());
+    let err = other.run(move || p.deallocate(ptr, 3 * MIB, 256, &s2).unwrap_err());
+    assert!(is_free_error(&err, FreeError::DoubleFree), "{err:?}");
+    // A free of this thread's block from the other thread, at a wrong size,
+    // is refused and frees nothing; at its size it goes through.
+    let (p, s2) = (pool.clone(), s.clone());
+    let err = other.run(move || p.deallocate(mine, 2 * MIB, 256, &s2).unwrap_err());
+    assert!(matches!(err, Error::InvalidFree { .. }), "{err:?}");
+    assert_eq!(pool.live_bytes(), MIB);
+    let (p, s2) = (pool.clone(), s.clone());
+    other.run(move || p.deallocate(mine, MIB, 256, &s2).unwrap());
+    // A pointer no shard knows.
+    let err = pool
+        .deallocate(DevicePtr(ptr.0 + (1 << 47)), MIB, 256, &s)
+        .unwrap_err();
+    assert!(is_free_error(&err, FreeError::Unknown), "{err:?}");
+    assert_eq!(pool.live_bytes(), 0);
+    pool.check_invariants().unwrap();
+    // Same stream, same owning shard: the owner thread reuses the block.
+    let (p, s2) = (pool.clone(), s.clone());
+    assert_eq!(
+        other.run(move || p.allocate(3 * MIB, 256, &s2).unwrap()),
+        ptr
+    );
+    pool.deallocate(ptr, 3 * MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        pool.release().unwrap(),
+        6 * MIB,
+        "both shards' pages go back"
+    );
+    assert_eq!(pool.stats().reserved, 0);
+    pool.check_invariants().unwrap();
+}
+
+/// A shard out of memory takes what the other shards hold under no live
+/// block, and `max_reserved` counts every shard's memory.
+#[test]
+fn a_shard_out_of_memory_takes_the_other_shards_idle_memory() {
+    let (device, _) = common::device(false);
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(16 * MIB);
+    let pool = Arc::new(sharded(&device, config));
+    let s = device.create_stream().unwrap();
+    let other = Worker::new();
+    let (p, s2) = (pool.clone(), s.clone());
+    other.run(move || {
+        let a = p.allocate(12 * MIB, 256, &s2).unwrap();
+        p.deallocate(a, 12 * MIB, 256, &s2).unwrap();
+    });
+    assert_eq!(pool.stats().reserved, 12 * MIB, "kept mapped in its shard");
+    // 12 MiB held elsewhere, 4 left under the limit: this shard takes the
+    // other's idle pages back to the driver and creates its own.
+    let b = pool.allocate(10 * MIB, 256, &s).unwrap();
+    let st = pool.stats();
+    assert_eq!((st.reserved, st.live), (10 * MIB, 10 * MIB));
+    assert!(st.peak_reserved <= 16 * MIB, "{st:?}");
+    pool.check_invariants().unwrap();
+    // Over the limit whatever the other shards give back: out of memory,
+    // with the limit, and nothing lost.
+    let (p, s2) = (pool.clone(), s.clone());
+    let err = other.run(move || p.allocate(8 * MIB, 256, &s2).unwrap_err());
+    assert!(err.is_oom(), "{err:?}");
+    assert_eq!(err.oom_info().unwrap().limit, Some(16 * MIB));
+    assert_eq!(pool.live_bytes(), 10 * MIB);
+    pool.deallocate(b, 10 * MIB, 256, &s).unwrap();
+    pool.check_invariants().unwrap();
+}
+
+/// Regions need every block of a region in one shard: beginning one keeps
+/// the pool on shard 0 for good, and a pool already spread refuses it.
+#[test]
+fn regions_keep_the_pool_on_one_shard() {
+    let (device, _) = common::device(false);
+    let spread = sharded(&device, VirtualPoolConfig::default());
+    let err = spread.begin_region(1).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(err.to_string().contains("shards: 1"), "{err}");
+    assert_eq!(spread.current_region(), 0, "nothing begun");
+
+    let mut config = VirtualPoolConfig::default();
+    config.shards = 8;
+    let pool = Arc::new(VirtualPool::new(device.clone(), config).unwrap());
+    pool.begin_region(1).unwrap();
+    pool.end_region().unwrap();
+    // Contended far past what spreads an unpinned pool (256 within 100 ms).
+    let _turn = CONTENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let busy = || {
+        let st = pool.stats();
+        Instant::now() < deadline && st.contended < 4096 && st.shards_in_use == 1
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (busy, device) = (&busy, &device);
+            let pool = &pool;
+            scope.spawn(move || {
+                let s = device.create_stream().unwrap();
+                while busy() {
+                    churn(pool, &s, 500, false);
+                }
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    assert!(pool.stats().contended >= 4096, "{:?}", pool.stats());
+    assert_eq!(pool.stats().shards_in_use, 1, "pinned to shard 0");
+    pool.check_invariants().unwrap();
+}
+
+/// Allocates and frees `n` blocks of varying sizes on `stream`: up to 2 KiB
+/// (the fastest path, for contention), or some of them over a page when
+/// `large`.
+fn churn(pool: &VirtualPool, stream: &Stream, n: usize, large: bool) {
+    threads::churn(pool, stream, n, |i| match large {
+        false => 256 * (1 + i % 8),
+        true => 4096 * (1 + i % 37) + (i % 3) * MIB,
+    });
+}
+
+/// Threads that take turns, as PyTorch's main and autograd threads do,
+/// never contend: they keep shard 0, one pool's memory.
+#[test]
+fn threads_that_take_turns_keep_one_shard() {
+    let (device, _) = common::device(false);
+    let pool = Arc::new(VirtualPool::with_defaults(device.clone()).unwrap());
+    let workers = [Worker::new(), Worker::new()];
+    let stream = device.create_stream().unwrap();
+    for round in 0..100 {
+        let (p, s) = (pool.clone(), stream.clone());
+        workers[round % 2].run(move || churn(&p, &s, 64, true));
+    }
+    let st = pool.stats();
+    assert_eq!((st.shards_in_use, st.live), (1, 0));
+    pool.check_invariants().unwrap();
+}
+
+/// Threads that allocate at the same moment contend for shard 0's lock and
+/// spread over the shards; frees then go to the shard owning their block.
+#[test]
+fn threads_that_contend_spread_over_the_shards() {
+    let (device, _) = common::device(false);
+    let mut config = VirtualPoolConfig::default();
+    config.shards = 8;
+    let pool = VirtualPool::new(device.clone(), config).unwrap();
+    let _turn = CONTENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (pool, device) = (&pool, &device);
+            scope.spawn(move || {
+                let s = device.create_stream().unwrap();
+                while pool.stats().shards_in_use == 1 && Instant::now() < deadline {
+                    churn(pool, &s, 500, false);
+                }
+                churn(pool, &s, 500, true);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    let st = pool.stats();
+    assert_eq!(st.shards_in_use, 8, "the threads spread: {st:?}");
+    assert_eq!(st.live, 0);
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.release().unwrap(), st.reserved);
+    assert_eq!(pool.stats().reserved, 0);
+}
+
+#[test]
+fn threads_on_their_own_streams_do_not_overlap() {
+    let (device, _) = common::device(false);
+    let pool = Arc::new(sharded(&device, VirtualPoolConfig::default()));
+    let streams: Vec<Stream> = (0..4).map(|_| device.create_stream().unwrap()).collect();
+    common::suite::many_threads_many_streams(pool.clone(), streams);
+    assert_eq!(pool.live_bytes(), 0);
+    pool.check_invariants().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn virtual_pool_model_on_threads(ops in prop::collection::vec(op(22), 1..160)) {
+        let (device, sim, streams, _) = model_setup();
+        let pool = OnThreads::new(sharded(&device, VirtualPoolConfig::default()), &streams);
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.mapped_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn virtual_pool_model_on_threads_tight(ops in prop::collection::vec(op(22), 1..160)) {
+        // 24 pages for three shards: out of memory in one shard takes the
+        // others' idle pages.
+        let (device, sim) = sim(48 * MIB);
+        let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let pool = OnThreads::new(sharded(&device, VirtualPoolConfig::default()), &streams);
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.physical_bytes(), 0);
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+}
