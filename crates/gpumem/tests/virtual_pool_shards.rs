@@ -46,6 +46,10 @@ fn a_free_on_another_thread_goes_back_to_the_owning_shard() {
     // of its own.
     let mine = pool.allocate(MIB, 256, &s).unwrap();
     assert_eq!(pool.live_block_size(ptr), Some(3 * MIB));
+    assert_eq!(pool.live_block_size(mine), Some(MIB));
+    assert_eq!(pool.region_of(ptr), Some(0), "a live block of no region");
+    assert_eq!(pool.region_of(mine), Some(0));
+    assert_eq!(pool.live_blocks().len(), 2);
     assert_eq!(pool.stats().shards_in_use, 64);
     assert_eq!(pool.stats().live_blocks, 2);
     assert!(pool.stats().virtual_reserved > 2 * pool.config().va_multiple * MIB);

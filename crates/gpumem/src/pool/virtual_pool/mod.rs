@@ -419,6 +419,13 @@ impl VirtualPool {
         self.shards.lock(0)
     }
 
+    /// Locks the shard whose reservations hold `addr` (shard 0 when none
+    /// does).
+    fn lock_owner(&self, addr: u64) -> Guard<'_, State> {
+        let owner = self.shards.owner_other_than(addr, 0).unwrap_or(0);
+        self.shards.lock(owner)
+    }
+
     /// Runs `f` on every shard in turn, one lock at a time.
     fn each_shard(&self, mut f: impl FnMut(&mut State)) {
         for i in 0..self.shards.len() {

@@ -245,7 +245,7 @@ impl VirtualPool {
     /// block allocated outside every region); `None` when no live block
     /// starts there.
     pub fn region_of(&self, ptr: DevicePtr) -> Option<u32> {
-        let st = self.lock();
+        let st = self.lock_owner(ptr.0);
         let area = st.area_of(ptr.0)?;
         st.areas[area].heap.used_tag(ptr.0)
     }

@@ -171,13 +171,8 @@ impl VirtualPool {
 
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        let mut found = None;
-        self.each_shard(|st| {
-            if found.is_none() && st.area_of(ptr.0).is_some() {
-                found = live_blocks::live_block_size(st.areas.iter().map(|a| &a.heap), ptr);
-            }
-        });
-        found
+        let st = self.lock_owner(ptr.0);
+        live_blocks::live_block_size(st.areas.iter().map(|a| &a.heap), ptr)
     }
 
     /// Bytes in blocks handed out, all shards.
