@@ -16,7 +16,10 @@
 //! The region is the device's, not a thread's (every allocation on the
 //! device gets it while it is begun). The C ABI passes no stream: sleep
 //! first waits for all work on the device, then copies and releases; wake
-//! maps, copies back and waits for the copies. See
+//! maps, copies back and waits for the copies. A region keeps the pool on
+//! one lock shard (see `VirtualPool::begin_region`): a pool whose threads
+//! already spread over its shards refuses `gpumem_region_begin` (-1; make
+//! it with `shards=1`). See
 //! [`VirtualPool::sleep`] and [`VirtualPool::wake`] for the rest.
 
 use std::ffi::c_int;

@@ -121,6 +121,19 @@ fn regions_need_a_virtual_pool() {
     }
 }
 
+/// A VirtualPool whose threads use several shards refuses regions, saying
+/// how to get one shard; with one shard (or before spreading) they work.
+#[test]
+fn regions_need_the_pool_on_one_shard() {
+    let a = allocator("resource=vpool,shards=4,spread=always");
+    let e = a.region_begin(0, WEIGHTS).unwrap_err();
+    assert!(matches!(e, RegionError::Failed(_)), "{e:?}");
+    assert!(e.message().contains("shards"), "{e:?}");
+    let b = allocator("resource=vpool,shards=4");
+    b.region_begin(0, WEIGHTS).unwrap();
+    assert_eq!(b.region_end(0).unwrap(), WEIGHTS);
+}
+
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
