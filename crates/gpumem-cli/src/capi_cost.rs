@@ -19,6 +19,11 @@
 //! median less the `resource` path's; `overhead_paired_ns_per_call` the
 //! median of the differences run by run, which a host whose speed drifts
 //! moves less (short runs, many of them: `--pairs 20000 --runs 301`).
+//! With `threads` above one, every run has that many threads make
+//! `pairs` pairs each at once, each on a stream of its own, and the time
+//! is the wall time from the first thread's start to the last one's end
+//! over all their calls: what threads that share the C ABI's pool (and its
+//! statistics) cost each other.
 //! `paths` picks some of the paths; with
 //! one, a profiler can count the instructions of its loop, a function of its
 //! own (`valgrind --tool=callgrind --toggle-collect='*::rust_pairs'` or
@@ -26,6 +31,7 @@
 
 use std::ffi::c_void;
 use std::hint::black_box;
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
@@ -53,6 +59,9 @@ pub struct CostConfig {
     pub legacy_stream: bool,
     /// The paths to measure, of [`PATHS`] (empty: all).
     pub paths: Vec<String>,
+    /// Threads making pairs at once, each on its own stream (1: the
+    /// calling thread alone).
+    pub threads: usize,
 }
 
 /// One line of results: one path.
@@ -84,6 +93,8 @@ pub struct CostRecord {
     pub sizes: Vec<usize>,
     /// `created` or `legacy`.
     pub stream: String,
+    /// Threads making pairs at once.
+    pub threads: usize,
     /// `cuda` or `sim`.
     pub device: String,
     /// The device's name.
@@ -137,8 +148,8 @@ fn capi_pairs(stream: *mut c_void, sizes: &[usize], pairs: usize) -> Result<Dura
 /// the process's C ABI allocator, which must serve `cfg.conf` (see
 /// [`configure`]); `ctx` stamps the records.
 pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
-    if cfg.pairs == 0 || cfg.runs == 0 || cfg.sizes.is_empty() {
-        bail!("capi-cost needs at least one pair, one run and one size");
+    if cfg.pairs == 0 || cfg.runs == 0 || cfg.sizes.is_empty() || cfg.threads == 0 {
+        bail!("capi-cost needs at least one pair, one run, one size and one thread");
     }
     if let Some(p) = cfg.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
         bail!("unknown path {p:?}; known: {}", PATHS.join(", "));
@@ -152,19 +163,47 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
     let device = stack.device().clone();
     let resource = gpumem_capi::served::build(&parsed.conf, &device, None)
         .with_context(|| format!("building {}", parsed.conf))?;
-    let stream = if cfg.legacy_stream {
-        device.default_stream()
-    } else {
-        device.create_stream()?
-    };
-    let raw = stream.raw() as usize as *mut c_void;
-    let one = |path: &str, pairs: usize| -> Result<Duration> {
+    let streams = (0..cfg.threads)
+        .map(|_| match cfg.legacy_stream {
+            true => Ok(device.default_stream()),
+            false => device.create_stream(),
+        })
+        .collect::<gpumem::Result<Vec<Stream>>>()?;
+    let on = |path: &str, stream: &Stream, pairs: usize| -> Result<Duration> {
         match path {
-            "resource" => rust_pairs(&*resource, &stream, &cfg.sizes, pairs),
-            "stack" => rust_pairs(&*stack, &stream, &cfg.sizes, pairs),
-            _ => capi_pairs(raw, &cfg.sizes, pairs),
+            "resource" => rust_pairs(&*resource, stream, &cfg.sizes, pairs),
+            "stack" => rust_pairs(&*stack, stream, &cfg.sizes, pairs),
+            _ => capi_pairs(stream.raw() as usize as *mut c_void, &cfg.sizes, pairs),
         }
     };
+    let one = |path: &str, pairs: usize| -> Result<Duration> {
+        if cfg.threads == 1 {
+            return on(path, &streams[0], pairs);
+        }
+        let start = Barrier::new(cfg.threads);
+        let spans = std::thread::scope(|scope| {
+            let handles: Vec<_> = streams
+                .iter()
+                .map(|stream| {
+                    let (on, start) = (&on, &start);
+                    scope.spawn(move || -> Result<(Instant, Instant)> {
+                        start.wait();
+                        let t0 = Instant::now();
+                        on(path, stream, pairs)?;
+                        Ok((t0, Instant::now()))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a measuring thread panicked"))
+                .collect::<Result<Vec<_>>>()
+        })?;
+        let first = spans.iter().map(|s| s.0).min().expect("one thread");
+        let last = spans.iter().map(|s| s.1).max().expect("one thread");
+        Ok(last - first)
+    };
+    let calls = (2 * cfg.pairs * cfg.threads) as f64;
     let paths: Vec<&str> = PATHS
         .into_iter()
         .filter(|p| cfg.paths.is_empty() || cfg.paths.iter().any(|q| q == p))
@@ -175,7 +214,7 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
             let t = one(path, cfg.pairs).with_context(|| format!("the {path} path"))?;
             device.synchronize()?;
             if run > 0 {
-                ns[i].push(t.as_nanos() as f64 / (2 * cfg.pairs) as f64);
+                ns[i].push(t.as_nanos() as f64 / calls);
             }
         }
     }
@@ -211,6 +250,7 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
                 "created"
             }
             .into(),
+            threads: cfg.threads,
             device: ctx.device_kind.clone(),
             device_name: ctx.device_name.clone(),
             measures: ctx.measures().to_string(),

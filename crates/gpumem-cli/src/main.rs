@@ -80,6 +80,10 @@ struct CapiCostArgs {
     /// Paths to measure, comma-separated: resource, stack, capi (default: all).
     #[arg(long, value_delimiter = ',')]
     path: Vec<String>,
+    /// Threads making pairs at once, each on its own stream (1 to 256);
+    /// ns per call is then wall time over all their calls.
+    #[arg(long, default_value_t = 1, value_parser = count_in(1..=256))]
+    threads: usize,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -497,6 +501,7 @@ fn cmd_capi_cost(choice: DeviceChoice, a: CapiCostArgs) -> Result<()> {
         sizes: a.sizes,
         legacy_stream: a.legacy_stream,
         paths: a.path,
+        threads: a.threads,
     };
     let device = gpumem_capi::device_resource(0)
         .context("the C ABI cannot serve device 0")?

@@ -578,6 +578,25 @@ fn capi_cost_measures_the_three_paths() {
     assert_eq!(lines.len(), 1);
     assert!(lines[0]["overhead_ns_per_call"].is_null());
     assert_eq!(lines[0]["stream"], "legacy");
+    assert_eq!(lines[0]["threads"], 1);
+    // Threads at once, each on its own stream, through every path.
+    let lines = json_lines(&gpumem(&[
+        "--device",
+        "sim",
+        "capi-cost",
+        "--threads",
+        "3",
+        "--pairs",
+        "500",
+        "--runs",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(lines.len(), 3);
+    for v in &lines {
+        assert_eq!(v["threads"], 3, "{v}");
+        assert!(v["ns_per_call"].as_f64().unwrap() > 0.0, "{v}");
+    }
     for (args, msg) in [
         (&["--path", "rust"][..], "unknown path \"rust\""),
         (&["--conf", "resource=nope"][..], "nope"),
