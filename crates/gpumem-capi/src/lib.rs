@@ -237,7 +237,10 @@ pub extern "C" fn gpumem_allocated_bytes(device: c_int) -> usize {
 }
 
 /// Highest [`gpumem_allocated_bytes`] since the start or the last
-/// [`gpumem_reset_peak`].
+/// [`gpumem_reset_peak`]. Exact while the pool's threads share one lock
+/// shard (always under PyTorch); once threads that allocate at the same
+/// moment spread over the shards, each shard counts apart and this is the
+/// sum of their peaks, an upper bound (`StatisticsAdaptor`).
 #[no_mangle]
 pub extern "C" fn gpumem_peak_allocated_bytes(device: c_int) -> usize {
     guard("gpumem_peak_allocated_bytes", 0, || {

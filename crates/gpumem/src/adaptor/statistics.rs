@@ -35,11 +35,20 @@
 //!   0 otherwise.
 //!
 //! Fast path: a few integer updates of the top frame, no timers. Where the
-//! upstream lends its lock ([`MemoryResource::lent_lock`]: a
-//! [`PoolResource`] lends its shard 0's), they run inside the critical
-//! section its allocation takes anyway; otherwise after the upstream call,
-//! under a lock of one flag (one atomic read-modify-write, see
-//! `flag_lock`). Zero-byte requests and failed frees are not counted.
+//! upstream lends its locks ([`MemoryResource::lent_lock`]: a
+//! [`PoolResource`] lends every shard's), they run inside the critical
+//! section its allocation takes anyway, in the counters' *cell* of the lock
+//! held, so threads on different shards never write the same counters;
+//! reads sum the cells holding every lock. Otherwise they run after the
+//! upstream call, under a lock of one flag (one atomic read-modify-write,
+//! see `flag_lock`), in one cell. Zero-byte requests and failed frees are
+//! not counted.
+//!
+//! With several cells in use (a pool whose threads spread over its
+//! shards), every current value and total is exact and a peak is the sum
+//! of the cells' peaks: an upper bound of the true peak, as a sharded
+//! pool's own `peak_live` is. While one cell counts (one shard, or threads
+//! that have not spread, as under PyTorch), peaks are exact.
 //!
 //! A free counts the size the caller names, once the upstream has accepted
 //! it. Every gpumem resource refuses a free whose size is not the
@@ -144,6 +153,17 @@ impl MemoryStats {
     }
 }
 
+/// Adds what another cell counted (see [`TopFrame`]): the peaks add up too,
+/// so the sum's peak is an upper bound of the true one.
+impl Stat {
+    fn add_cell(&mut self, other: &Stat) {
+        self.current = self.current.saturating_add(other.current);
+        self.peak = self.peak.saturating_add(other.peak);
+        self.total = self.total.saturating_add(other.total);
+        self.freed = self.freed.saturating_add(other.freed);
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Frame {
     stats: MemoryStats,
@@ -228,6 +248,62 @@ struct TopFrame {
     deferred: AtomicBool,
     num_ooms: AtomicU64,
     retry_base: AtomicU64,
+}
+
+/// One [`TopFrame`] per lock the upstream lends, each on its own cache
+/// lines: a count is applied in the cell of the lock held, so threads that
+/// hold different locks never write the same counters.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Cell(TopFrame);
+
+/// The cells of the top frame, read as one.
+#[derive(Debug)]
+struct Cells(Box<[Cell]>);
+
+impl Cells {
+    fn new(n: usize) -> Self {
+        Self((0..n.max(1)).map(|_| Cell::default()).collect())
+    }
+
+    /// The cell a count made under lent lock `i` goes to.
+    #[inline(always)]
+    fn at(&self, i: usize) -> &TopFrame {
+        let c = &self.0;
+        &c[if i < c.len() { i } else { i % c.len() }].0
+    }
+
+    /// The frame all cells make together (the counters' locks held): sums,
+    /// the peaks summed too (exact while one cell counts, an upper bound
+    /// once several do).
+    fn get(&self) -> Frame {
+        let mut f = self.0[0].0.get();
+        for c in &self.0[1..] {
+            let g = c.0.get();
+            let (s, t) = (&mut f.stats, &g.stats);
+            s.allocated_bytes.add_cell(&t.allocated_bytes);
+            s.requested_bytes.add_cell(&t.requested_bytes);
+            s.allocation.add_cell(&t.allocation);
+            s.active_bytes.add_cell(&t.active_bytes);
+            s.active.add_cell(&t.active);
+            s.num_ooms = s.num_ooms.saturating_add(t.num_ooms);
+        }
+        f
+    }
+
+    /// Makes the cells read as `f`: cell 0 takes it, the others start over
+    /// (the counters' locks held).
+    fn set(&self, f: &Frame) {
+        self.0[0].0.set(f);
+        for c in &self.0[1..] {
+            c.0.set(&Frame::default());
+        }
+    }
+
+    /// Every counter of every cell.
+    fn stats(&self) -> impl Iterator<Item = &SharedStat> {
+        self.0.iter().flat_map(|c| c.0.stats())
+    }
 }
 
 impl TopFrame {
@@ -335,8 +411,9 @@ pub struct StatisticsAdaptor<U> {
     /// Held for every access to `top` and `below`, unless the upstream
     /// lends its own lock (see [`StatisticsAdaptor::counting`]).
     busy: FlagLock,
-    /// The counters of the top frame, the one allocations and frees update.
-    top: TopFrame,
+    /// The counters of the top frame, the one allocations and frees update:
+    /// one cell per lock the upstream lends (one without).
+    top: Cells,
     /// The frames under the top one, the root first (changed only when
     /// frames are pushed and popped, holding `busy` too).
     below: Mutex<Vec<Frame>>,
@@ -346,10 +423,11 @@ pub struct StatisticsAdaptor<U> {
 impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// Wraps `upstream` with one (root) frame of zero counters.
     pub fn new(upstream: U) -> Self {
+        let cells = upstream.lent_lock().map_or(1, |l| l.cells());
         Self {
             upstream,
             busy: FlagLock::default(),
-            top: TopFrame::default(),
+            top: Cells::new(cells),
             below: Mutex::new(Vec::new()),
             retries: None,
         }
@@ -366,7 +444,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
             retries: Some(retries),
             ..Self::new(upstream)
         };
-        adaptor.top.retry_base.store(base, Relaxed);
+        adaptor.top.at(0).retry_base.store(base, Relaxed);
         adaptor
     }
 
@@ -375,9 +453,9 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         &self.upstream
     }
 
-    /// Runs `f` holding the counters' lock: the upstream's own when it
-    /// lends it ([`MemoryResource::lent_lock`]: the counters then cost no
-    /// lock of their own), else `busy`. Every update leaves the counters
+    /// Runs `f` holding the counters' locks: every lock the upstream lends
+    /// ([`MemoryResource::lent_lock`]: the counters then cost no lock of
+    /// their own), else `busy`. Every update leaves the counters
     /// consistent, so a panic while holding it leaves valid data.
     #[inline]
     fn counting(&self, f: &mut dyn FnMut()) {
@@ -516,7 +594,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// are as if the free had not been made.
     pub fn cancel_deferred_free(&self, bytes: usize) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        let top = &self.top;
+        let top = self.top.at(0);
         self.counting(&mut || {
             top.defer();
             top.allocated_bytes.unsub(counted);
@@ -551,7 +629,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
             None => {
                 self.upstream.deallocate(ptr, bytes, alignment, stream)?;
                 let _guard = self.busy.lock();
-                self.top.count_free(bytes, side);
+                self.top.at(0).count_free(bytes, side);
                 Ok(())
             }
         }
@@ -559,7 +637,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
     fn count_free(&self, bytes: usize, side: Side) {
-        self.counting(&mut || self.top.count_free(bytes, side));
+        self.counting(&mut || self.top.at(0).count_free(bytes, side));
     }
 }
 
@@ -571,7 +649,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 #[derive(Debug)]
 #[must_use = "a count does nothing until applied"]
 pub struct CallCount<'a> {
-    top: &'a TopFrame,
+    top: &'a Cells,
     bytes: usize,
     call: Call,
 }
@@ -583,12 +661,16 @@ enum Call {
 }
 
 impl CallCount<'_> {
-    /// Counts the call. The caller holds the lock it lends.
+    /// Counts the call in cell `lock`, holding lock `lock` of those the
+    /// caller lends (0 up to [`LentLock::cells`]).
+    ///
+    /// [`LentLock::cells`]: crate::resource::LentLock::cells
     #[inline]
-    pub fn apply(self) {
+    pub fn apply(self, lock: usize) {
+        let top = self.top.at(lock);
         match self.call {
-            Call::Allocate => self.top.count_allocation(self.bytes),
-            Call::Free(side) => self.top.count_free(self.bytes, side),
+            Call::Allocate => top.count_allocation(self.bytes),
+            Call::Free(side) => top.count_free(self.bytes, side),
         }
     }
 }
@@ -625,12 +707,12 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
                 .allocate(bytes, alignment, stream)
                 .inspect(|_| {
                     let _guard = self.busy.lock();
-                    top.count_allocation(bytes);
+                    top.at(0).count_allocation(bytes);
                 }),
         };
         if let Err(e) = &r {
             if e.is_oom() {
-                let n = &top.num_ooms;
+                let n = &top.at(0).num_ooms;
                 self.counting(&mut || n.store(n.load(Relaxed).saturating_add(1), Relaxed));
             }
         }

@@ -883,32 +883,26 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 }
 
-/// A count given to [`LentLock`]'s calls, applied under the lock the pool
-/// lends (see [`PoolResource::apply_count`]).
+/// A count given to [`LentLock`]'s calls, applied in the cell of the shard
+/// whose lock is held (see [`PoolResource::apply_count`]).
 type Count<'a> = Option<CallCount<'a>>;
 
 impl<U: MemoryResource> PoolResource<U> {
-    /// Applies `count`, holding `st` (shard `home`'s lock), under the lock
-    /// the pool lends: shard 0's, the one every thread takes until they
-    /// spread (see [`LentLock`]'s implementation).
+    /// Applies `count` in shard `home`'s cell, holding `st` (its lock).
     #[inline(always)]
     fn count_holding(&self, home: usize, st: Guard<'_, Shard>, count: Count<'_>) {
-        let Some(count) = count else { return };
-        if home == 0 {
-            count.apply();
-            drop(st);
-        } else {
-            drop(st);
-            self.apply_count(Some(count));
+        if let Some(count) = count {
+            count.apply(home);
         }
+        drop(st);
     }
 
-    /// Applies `count` under the lock the pool lends (shard 0's), holding no
-    /// lock of the pool.
-    fn apply_count(&self, count: Count<'_>) {
+    /// Applies `count` in shard `home`'s cell, taking its lock (the call
+    /// holds no lock of the pool).
+    fn apply_count(&self, home: usize, count: Count<'_>) {
         if let Some(count) = count {
-            let _g = self.shards.lock(0);
-            count.apply();
+            let _g = self.shards.lock(home);
+            count.apply(home);
         }
     }
 
@@ -936,7 +930,7 @@ impl<U: MemoryResource> PoolResource<U> {
             return Ok(p);
         }
         let p = self.allocate_slow(st, home, class, stream, bytes, alignment)?;
-        self.apply_count(count);
+        self.apply_count(home, count);
         Ok(p)
     }
 
@@ -948,7 +942,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         if let Some(parked) = &self.parked {
             if parked.park_if_capturing(ptr, stream)? {
-                self.apply_count(count);
+                self.apply_count(self.shards.home(), count);
                 return Ok(());
             }
         }
@@ -965,9 +959,7 @@ impl<U: MemoryResource> PoolResource<U> {
                 match Self::free_elsewhere(&mut st, class, ptr, bytes, lane) {
                     Err(HeapError::UnknownAddress(_)) => {
                         drop(st);
-                        self.free_in_owner(home, class, ptr, bytes, stream)?;
-                        self.apply_count(count);
-                        return Ok(());
+                        return self.free_in_owner(home, class, ptr, bytes, stream, count);
                     }
                     r => r.map_err(|e| e.into_invalid_free(ptr.0))?,
                 }
@@ -979,9 +971,9 @@ impl<U: MemoryResource> PoolResource<U> {
     }
 }
 
-/// Shard 0's lock: the one every allocation and free takes until the
-/// threads spread over the shards (and always with one shard). Once they
-/// have spread, a thread of another shard takes it after its own, to count.
+/// Every shard's lock: a count is applied in the cell of the shard whose
+/// lock the call holds (shard 0's until the threads spread), so threads on
+/// different shards count apart; reading the counts takes every shard.
 impl<U: MemoryResource> LentLock for PoolResource<U> {
     fn allocate_counted(
         &self,
@@ -1004,8 +996,15 @@ impl<U: MemoryResource> LentLock for PoolResource<U> {
         self.free(ptr, bytes, stream, Some(count))
     }
 
+    fn cells(&self) -> usize {
+        self.shards.len()
+    }
+
     fn locked(&self, f: &mut dyn FnMut()) {
-        let _g = self.shards.lock(0);
+        // In shard order; a thread holds one shard at a time otherwise.
+        let _all: Vec<_> = (0..self.shards.len())
+            .map(|i| self.shards.lock(i))
+            .collect();
         f();
     }
 }
@@ -1027,7 +1026,7 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         self.free(ptr, bytes, stream, None)
     }
 
-    /// Shard 0's lock (see [`LentLock`]'s implementation).
+    /// Every shard's lock (see [`LentLock`]'s implementation).
     #[inline]
     fn lent_lock(&self) -> Option<&dyn LentLock> {
         Some(self)
@@ -1109,6 +1108,7 @@ impl<U: MemoryResource> PoolResource<U> {
         ptr: DevicePtr,
         bytes: usize,
         stream: &Stream,
+        count: Count<'_>,
     ) -> Result<()> {
         let Some(owner) = self.shards.owner_other_than(ptr.0, home) else {
             return Err(HeapError::UnknownAddress(ptr.0).into_invalid_free(ptr.0));
@@ -1116,13 +1116,17 @@ impl<U: MemoryResource> PoolResource<U> {
         let mut st = self.shards.lock(owner);
         let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(HeapError::UnknownAddress(_)) => {
                 Self::free_elsewhere(&mut st, class, ptr, bytes, lane)
-                    .map_err(|e| e.into_invalid_free(ptr.0))
+                    .map_err(|e| e.into_invalid_free(ptr.0))?;
             }
-            Err(e) => Err(e.into_invalid_free(ptr.0)),
+            Err(e) => return Err(e.into_invalid_free(ptr.0)),
         }
+        // In the owner's cell, where the allocation counted: each cell's
+        // live count stays its shard's, so the peaks summed stay close.
+        self.count_holding(owner, st, count);
+        Ok(())
     }
 }
 

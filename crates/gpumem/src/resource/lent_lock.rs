@@ -9,6 +9,11 @@
 //! wrapper's update inside its own critical section instead, as PyTorch's
 //! allocator keeps its statistics under its one mutex.
 //!
+//! A resource with several locks (a pool's lock shards) lends them all: a
+//! count is applied in the wrapper's cell of the lock held
+//! ([`CallCount::apply`]), so threads that use different locks update
+//! different counters, and the wrapper reads the sum holding every lock.
+//!
 //! [`StatisticsAdaptor`]: crate::adaptor::StatisticsAdaptor
 
 use crate::adaptor::CallCount;
@@ -19,11 +24,12 @@ use crate::Result;
 /// Allocation and free with a caller's update run under the resource's lock,
 /// and that lock on its own ([`MemoryResource::lent_lock`]).
 ///
-/// Every `count` is applied, and every `f` run, holding the one lock the
-/// resource lends (the one its allocations and frees take, or one of them,
-/// as [`PoolResource`](crate::pool::PoolResource)'s shard 0), so updates
-/// made only there never interleave. `f` must be short and must not call the resource (the
-/// lock is held).
+/// Every `count` is applied holding one of the [`LentLock::cells`] locks
+/// the resource lends (those its allocations and frees take: a
+/// [`PoolResource`](crate::pool::PoolResource)'s shards), in the cell of
+/// that lock, and every `f` is run holding all of them, so updates of one
+/// cell never interleave. `f` must be short and must not call the resource
+/// (the locks are held).
 ///
 /// [`MemoryResource::lent_lock`]: super::MemoryResource::lent_lock
 pub trait LentLock {
@@ -50,6 +56,10 @@ pub trait LentLock {
         count: CallCount<'_>,
     ) -> Result<()>;
 
-    /// Runs `f` holding the lock.
+    /// The number of locks lent (1 or more): counts are applied in cells
+    /// 0 up to this.
+    fn cells(&self) -> usize;
+
+    /// Runs `f` holding every lock lent.
     fn locked(&self, f: &mut dyn FnMut());
 }

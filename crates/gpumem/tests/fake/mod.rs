@@ -120,7 +120,7 @@ impl Fake {
         s.used += bytes;
         self.allocs.fetch_add(1, Ordering::Relaxed);
         if let Some(count) = count {
-            count.apply();
+            count.apply(0);
         }
         Ok(DevicePtr(ptr))
     }
@@ -148,7 +148,7 @@ impl Fake {
                 s.used -= bytes;
                 self.frees.fetch_add(1, Ordering::Relaxed);
                 if let Some(count) = count {
-                    count.apply();
+                    count.apply(0);
                 }
                 Ok(())
             }
@@ -176,6 +176,10 @@ impl LentLock for Fake {
         count: CallCount<'_>,
     ) -> Result<()> {
         self.free(ptr, bytes, Some(count))
+    }
+
+    fn cells(&self) -> usize {
+        1
     }
 
     fn locked(&self, f: &mut dyn FnMut()) {
