@@ -190,7 +190,10 @@ size_t gpumem_allocated_bytes(int device);
 
 /**
  * Highest [`gpumem_allocated_bytes`] since the start or the last
- * [`gpumem_reset_peak`].
+ * [`gpumem_reset_peak`]. Exact while the pool's threads share one lock
+ * shard (always under PyTorch); once threads that allocate at the same
+ * moment spread over the shards, each shard counts apart and this is the
+ * sum of their peaks, an upper bound (`StatisticsAdaptor`).
  */
 size_t gpumem_peak_allocated_bytes(int device);
 

@@ -446,19 +446,8 @@ fn statistics_over_the_pool_count_every_call_once() {
                 .map(|t| {
                     let (mr, device) = (&mr, &device);
                     scope.spawn(move || {
-                        let s = device.create_stream().unwrap();
-                        let mut held = Vec::new();
-                        for i in 0..rounds {
-                            // Sizes from 1 KiB to 3 MiB: small and large heaps.
-                            let bytes = 1024 * (1 + (i * 7 + t * 13) % 3072);
-                            held.push((mr.allocate(bytes, 256, &s).unwrap(), bytes));
-                            if i % 8 == 7 {
-                                for (p, n) in held.drain(..) {
-                                    mr.deallocate(p, n, 256, &s).unwrap();
-                                }
-                            }
-                        }
-                        s.synchronize().unwrap();
+                        let left = common::threads::count_from_thread(mr, device, t, rounds);
+                        assert!(left.is_empty(), "rounds is a multiple of 8");
                     })
                 })
                 .collect();

@@ -189,3 +189,11 @@ proptest! {
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
     }
 }
+
+/// Blocks allocated on one thread and freed on another count their free in
+/// the cell where they were allocated (the owning shard's).
+#[test]
+fn blocks_handed_to_another_thread_keep_the_peak() {
+    let (device, _) = common::device(false);
+    threads::handed_blocks_keep_the_peak(sharded(&device, PoolConfig::default()));
+}

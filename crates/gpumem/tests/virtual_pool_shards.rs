@@ -264,3 +264,72 @@ proptest! {
         prop_assert_eq!(sim.reserved_va_bytes(), 0);
     }
 }
+
+/// A statistics wrapper over a VirtualPool counts every call once with its
+/// threads on several shards (each counted in its shard's cell, under that
+/// shard's lock), while another thread reads the counts.
+#[test]
+fn statistics_over_the_shards_count_every_call_once() {
+    use gpumem::adaptor::StatisticsAdaptor;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let (device, _) = common::device(false);
+    let pool = sharded(&device, VirtualPoolConfig::default());
+    assert!(pool.lent_lock().is_some());
+    let mr = StatisticsAdaptor::new(pool);
+    let (threads, rounds) = (4, 2_003);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (reader, done) = (&mr, &done);
+        scope.spawn(move || {
+            while !done.load(Relaxed) {
+                let st = reader.stats();
+                assert!(st.allocation.current >= 0, "{st:?}");
+                assert!(st.allocation.current <= st.allocation.peak, "{st:?}");
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (mr, device) = (&mr, &device);
+                scope.spawn(move || threads::count_from_thread(mr, device, t, rounds))
+            })
+            .collect();
+        // Each thread's last blocks are freed by this one: counted in the
+        // cell of the shard that owns them.
+        let s = device.create_stream().unwrap();
+        for w in workers {
+            for (p, n) in w.join().unwrap() {
+                mr.deallocate(p, n, 256, &s).unwrap();
+            }
+        }
+        done.store(true, Relaxed);
+    });
+    let st = mr.stats();
+    let n = (threads * rounds) as u64;
+    assert_eq!(
+        (
+            st.allocation.current,
+            st.allocation.total,
+            st.allocation.freed
+        ),
+        (0, n, n),
+        "{st:?}"
+    );
+    assert_eq!(st.allocated_bytes.current, 0);
+    assert_eq!(st.allocated_bytes.total, st.allocated_bytes.freed);
+    // Each thread holds at most 8 blocks, each shard's cell counts its own.
+    assert!(
+        st.allocation.peak >= 8 && st.allocation.peak <= 8 * threads as i64,
+        "{st:?}"
+    );
+    assert_eq!(mr.upstream().live_bytes(), 0);
+    mr.upstream().check_invariants().unwrap();
+}
+
+/// Blocks allocated on one thread and freed on another count their free in
+/// the cell where they were allocated (the owning shard's).
+#[test]
+fn blocks_handed_to_another_thread_keep_the_peak() {
+    let (device, _) = common::device(false);
+    threads::handed_blocks_keep_the_peak(sharded(&device, VirtualPoolConfig::default()));
+}

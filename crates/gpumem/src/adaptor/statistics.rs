@@ -36,10 +36,10 @@
 //!
 //! Fast path: a few integer updates of the top frame, no timers. Where the
 //! upstream lends its locks ([`MemoryResource::lent_lock`]: a
-//! [`PoolResource`] lends every shard's), they run inside the critical
-//! section its allocation takes anyway, in the counters' *cell* of the lock
-//! held, so threads on different shards never write the same counters;
-//! reads sum the cells holding every lock. Otherwise they run after the
+//! [`PoolResource`] and a [`VirtualPool`] lend every shard's), they run
+//! inside the critical section its allocation takes anyway, in the
+//! counters' *cell* of the lock held, so threads on different shards never
+//! write the same counters; reads sum the cells holding every lock. Otherwise they run after the
 //! upstream call, under a lock of one flag (one atomic read-modify-write,
 //! see `flag_lock`), in one cell. Zero-byte requests and failed frees are
 //! not counted.
@@ -59,6 +59,7 @@
 //!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
 //! [`PoolResource`]: crate::pool::PoolResource
+//! [`VirtualPool`]: crate::pool::VirtualPool
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;

@@ -1001,10 +1001,7 @@ impl<U: MemoryResource> LentLock for PoolResource<U> {
     }
 
     fn locked(&self, f: &mut dyn FnMut()) {
-        // In shard order; a thread holds one shard at a time otherwise.
-        let _all: Vec<_> = (0..self.shards.len())
-            .map(|i| self.shards.lock(i))
-            .collect();
+        let _all = self.shards.lock_all();
         f();
     }
 }

@@ -351,6 +351,12 @@ impl<S, G> Shards<S, G> {
         lock(&self.shards[i].0)
     }
 
+    /// Locks every shard, in order (for readers of what all shards count;
+    /// no other code holds more than one shard lock).
+    pub fn lock_all(&self) -> Vec<MutexGuard<'_, S>> {
+        (0..self.len()).map(|i| self.lock(i)).collect()
+    }
+
     /// Locks the shared state (allowed while holding one shard lock).
     pub fn global(&self) -> MutexGuard<'_, G> {
         lock(&self.global)

@@ -6,6 +6,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::pool::Pool;
 use gpumem::resource::{MemoryResource, Properties};
 use gpumem::{Device, DevicePtr, Result, Stream};
@@ -163,4 +164,48 @@ impl<P: Modeled + Send + Sync + 'static> Modeled for OnThreads<P> {
     fn check(&self) {
         self.pool.check()
     }
+}
+
+/// Through a statistics wrapper over `pool`: a block allocated on another
+/// thread and freed on this one, 100 times. The free counts in the cell
+/// where the allocation counted, so the peak stays one block rather than
+/// growing with every block handed over.
+pub fn handed_blocks_keep_the_peak<P: MemoryResource + Send + Sync + 'static>(pool: P) {
+    let s = pool.device().create_stream().unwrap();
+    let mr = Arc::new(StatisticsAdaptor::new(pool));
+    let producer = Worker::new();
+    for _ in 0..100 {
+        let (m, s2) = (mr.clone(), s.clone());
+        let p = producer.run(move || m.allocate(4096, 256, &s2).unwrap());
+        mr.deallocate(p, 4096, 256, &s).unwrap();
+    }
+    let st = mr.stats();
+    assert_eq!((st.allocation.current, st.allocation.total), (0, 100));
+    assert_eq!(st.allocation.peak, 1, "{st:?}");
+    assert_eq!(st.allocated_bytes.peak, 4096);
+}
+
+/// Allocates and frees `rounds` blocks of 1 KiB to 3 MiB on a stream of its
+/// own, eight live at a time, as thread `t` of a test; returns the blocks
+/// still live at the end.
+pub fn count_from_thread<R: MemoryResource + ?Sized>(
+    mr: &R,
+    device: &Device,
+    t: usize,
+    rounds: usize,
+) -> Vec<(DevicePtr, usize)> {
+    let s = device.create_stream().unwrap();
+    let mut held = Vec::new();
+    for i in 0..rounds {
+        // Sizes from 1 KiB to 3 MiB: small and large heaps.
+        let bytes = 1024 * (1 + (i * 7 + t * 13) % 3072);
+        held.push((mr.allocate(bytes, 256, &s).unwrap(), bytes));
+        if i % 8 == 7 {
+            for (p, n) in held.drain(..) {
+                mr.deallocate(p, n, 256, &s).unwrap();
+            }
+        }
+    }
+    s.synchronize().unwrap();
+    held
 }

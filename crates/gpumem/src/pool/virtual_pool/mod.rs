@@ -113,6 +113,7 @@ mod check;
 mod config;
 mod drop;
 mod ipc;
+mod lent;
 mod page_table;
 mod phys_cache;
 mod placement;
@@ -541,6 +542,12 @@ impl MemoryResource for VirtualPool {
 
     fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.check_access_of(ptr, bytes)
+    }
+
+    /// Every shard's lock (see `lent.rs`).
+    #[inline]
+    fn lent_lock(&self) -> Option<&dyn crate::resource::LentLock> {
+        Some(self)
     }
 
     fn device(&self) -> &Device {
