@@ -26,7 +26,8 @@ use crate::Result;
 ///
 /// Every `count` is applied holding one of the [`LentLock::cells`] locks
 /// the resource lends (those its allocations and frees take: a
-/// [`PoolResource`](crate::pool::PoolResource)'s shards), in the cell of
+/// [`PoolResource`](crate::pool::PoolResource)'s or a
+/// [`VirtualPool`](crate::pool::VirtualPool)'s shards), in the cell of
 /// that lock, and every `f` is run holding all of them, so updates of one
 /// cell never interleave. `f` must be short and must not call the resource
 /// (the locks are held).

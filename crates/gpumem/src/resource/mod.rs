@@ -170,9 +170,10 @@ pub trait MemoryResource: Send + Sync {
         self.identity() == other.identity()
     }
 
-    /// The lock this resource holds while it serves a call, lent to a
-    /// wrapper that counts the calls (see [`LentLock`]); `None`, the default,
-    /// where there is no single such lock. The answer is the same for the
+    /// The locks this resource holds while it serves a call (one, or one
+    /// per shard), lent to a wrapper that counts the calls (see
+    /// [`LentLock`]); `None`, the default, where it has no such lock. The
+    /// answer, and the number of locks, are the same for the
     /// resource's whole life. Adaptors keep the default: a wrapper counting
     /// through a lent lock calls the lender itself, past anything between
     /// them. `Arc`, `Box` and references forward it.
