@@ -666,7 +666,7 @@ impl CallCount<'_> {
     /// caller lends (0 up to [`LentLock::cells`]).
     ///
     /// [`LentLock::cells`]: crate::resource::LentLock::cells
-    #[inline]
+    #[inline(always)]
     pub fn apply(self, lock: usize) {
         let top = self.top.at(lock);
         match self.call {

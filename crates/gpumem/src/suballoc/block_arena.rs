@@ -162,7 +162,7 @@ impl BlockArena {
     /// there is one; otherwise grows the slab (amortised O(1)).
     ///
     /// Returns `None` when the slab already holds 2^32 − 2 slots.
-    #[inline]
+    #[inline(always)]
     pub fn create(&mut self, addr: u64, size: u64, region: u32) -> Option<u32> {
         let b = Block {
             addr,

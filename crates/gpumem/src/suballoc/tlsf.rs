@@ -117,7 +117,7 @@ impl Tlsf {
     }
 
     /// The first non-empty class at or above `c`.
-    #[inline]
+    #[inline(always)]
     fn first_at_or_above(&self, c: SizeClass) -> Option<usize> {
         let sl_map = self.sl_bitmap[c.fl as usize] & (u32::MAX << c.sl);
         if sl_map != 0 {

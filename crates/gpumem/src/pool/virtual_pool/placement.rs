@@ -32,7 +32,7 @@ pub(super) fn places_in(addr: u64, bsize: u64, size: u64, align: u64) -> impl It
 impl VirtualPool {
     /// [`PageTable::acquire`](super::page_table::PageTable::acquire) with
     /// the stream-safety answer of `stream`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn acquire(st: &mut State, span: PageSpan, stream: &Stream) -> Acquired {
         let State {
             pages,
