@@ -13,7 +13,7 @@ use crate::adaptor::CallCount;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LentLock};
 use crate::stream::Stream;
-use crate::{Error, FreeError, Result};
+use crate::Result;
 
 use super::config::VIRTUAL_POOL_MAX_ALIGNMENT;
 
@@ -73,22 +73,7 @@ impl LentLock for VirtualPool {
             return Ok(());
         }
         drop(guard);
-        // The owner's cell, where the allocation counted.
-        let unknown = Error::InvalidFree {
-            ptr: ptr.0,
-            reason: FreeError::Unknown,
-        };
-        let Some(owner) = self.shards.owner_other_than(ptr.0, home) else {
-            return Err(unknown);
-        };
-        let mut guard = self.shards.lock(owner);
-        let st = &mut *guard;
-        let Some(area) = st.area_of(ptr.0) else {
-            return Err(unknown);
-        };
-        self.free_in(st, area, ptr, bytes, stream)?;
-        count.apply(owner);
-        Ok(())
+        self.free_elsewhere(home, ptr, bytes, stream, Some(count))
     }
 
     fn cells(&self) -> usize {

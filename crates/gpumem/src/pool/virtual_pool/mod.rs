@@ -135,6 +135,7 @@ use super::shards::{shard_count, Guard, RegionOwners, Shards};
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::Parked;
+use crate::adaptor::CallCount;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, PhysProps};
 use crate::resource::{validate_request, MemoryResource, Properties};
@@ -535,7 +536,7 @@ impl MemoryResource for VirtualPool {
             Some(area) => self.free_in(st, area, ptr, bytes, stream),
             None => {
                 drop(guard);
-                self.free_elsewhere(ptr, bytes, stream)
+                self.free_elsewhere(self.shards.home(), ptr, bytes, stream, None)
             }
         }
     }
@@ -659,23 +660,36 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// A free of a block of another shard than the calling thread's.
+    /// A free of a block of another shard than `home` (the calling
+    /// thread's, whose reservations do not hold it); `count`, if any, is
+    /// applied in the owner's cell, where the allocation counted.
     #[cold]
     #[inline(never)]
-    fn free_elsewhere(&self, ptr: DevicePtr, bytes: usize, stream: &Stream) -> Result<()> {
+    pub(super) fn free_elsewhere(
+        &self,
+        home: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+        count: Option<CallCount<'_>>,
+    ) -> Result<()> {
         let unknown = Error::InvalidFree {
             ptr: ptr.0,
             reason: FreeError::Unknown,
         };
-        let Some(owner) = self.shards.owner_other_than(ptr.0, self.shards.home()) else {
+        let Some(owner) = self.shards.owner_other_than(ptr.0, home) else {
             return Err(unknown);
         };
         let mut guard = self.shards.lock(owner);
         let st = &mut *guard;
-        match st.area_of(ptr.0) {
-            Some(area) => self.free_in(st, area, ptr, bytes, stream),
-            None => Err(unknown),
+        let Some(area) = st.area_of(ptr.0) else {
+            return Err(unknown);
+        };
+        self.free_in(st, area, ptr, bytes, stream)?;
+        if let Some(count) = count {
+            count.apply(owner);
         }
+        Ok(())
     }
 
     /// The calling thread's shard is out of memory: the other shards give
