@@ -162,6 +162,10 @@ struct RegionSlot {
     /// The lowest block of the region. Never changes: splits keep the front
     /// part in the original slot and merges keep the lower block.
     first: u32,
+    /// A block of the region from which the walk to its last block starts
+    /// (see [`LaneHeap::tail_of`]): the last block when it was set, and
+    /// still one of the region's blocks unless its slot went vacant.
+    last_hint: u32,
     generation: u32,
     live: bool,
 }
@@ -356,6 +360,7 @@ impl LaneHeap {
                 base,
                 size,
                 first,
+                last_hint: first,
                 generation: slot.generation,
                 live: true,
             };
@@ -365,6 +370,7 @@ impl LaneHeap {
                 base,
                 size,
                 first,
+                last_hint: first,
                 generation: 0,
                 live: true,
             });
@@ -414,6 +420,123 @@ impl LaneHeap {
         self.by_base.remove(&base);
         self.region_bytes -= size;
         Ok((base, size))
+    }
+
+    /// The last block of region slot `index`: the address chain walked from
+    /// the region's hint, which merges and splits do not keep (they would
+    /// cost the hot path a branch), so the walk is O(blocks after it).
+    fn tail_of(&self, index: u32) -> u32 {
+        let r = &self.regions[index as usize];
+        let hint = self
+            .arena
+            .get(r.last_hint)
+            .filter(|b| b.region == index && !matches!(b.state(), BlockState::Vacant))
+            .map_or(r.first, |_| r.last_hint);
+        let mut i = hint;
+        while self.arena[i].next_phys != NIL {
+            i = self.arena[i].next_phys;
+        }
+        i
+    }
+
+    /// The last block of a region (the one ending at its end), or `None`
+    /// for an unknown region. O(blocks after the last one found).
+    pub fn region_tail(&self, id: RegionId) -> Option<(BlockId, Block)> {
+        self.region_slot(id)?;
+        let i = self.tail_of(id.index);
+        Some((BlockId(i), self.arena[i]))
+    }
+
+    /// Grows a region in place by `extra` bytes at its end: the memory
+    /// `[end, end + extra)` (which the caller has made usable, an upstream
+    /// allocation grown where it lies) becomes a free block in the global
+    /// lane, merged with the region's last block when that is free there.
+    /// `extra` must be a non-zero multiple of 256 and the grown region must
+    /// not reach another region. O(log regions) plus the walk of
+    /// [`region_tail`](Self::region_tail).
+    pub fn extend_region(&mut self, id: RegionId, extra: u64) -> Result<(), HeapError> {
+        let (base, size) = self
+            .region_slot(id)
+            .map(|r| (r.base, r.size))
+            .ok_or(HeapError::NoSuchRegion(id))?;
+        let end = base + size;
+        let bad = HeapError::BadRegion {
+            base: end,
+            size: extra,
+        };
+        let new_end = end.checked_add(extra).ok_or(bad)?;
+        if extra == 0 || !extra.is_multiple_of(GRANULE) {
+            return Err(bad);
+        }
+        if self.by_base.range(end..new_end).next().is_some() {
+            return Err(HeapError::RegionOverlap {
+                base: end,
+                size: extra,
+            });
+        }
+        let tail = self.tail_of(id.index);
+        let j = self
+            .arena
+            .create(end, extra, id.index)
+            .ok_or(HeapError::TooManyBlocks)?;
+        self.arena[j].prev_phys = tail;
+        self.arena[tail].next_phys = j;
+        let slot = &mut self.regions[id.index as usize];
+        slot.size += extra;
+        self.region_bytes += extra;
+        if let Some(g) = self.lanes[0].as_mut() {
+            let merged = file_free(&mut self.arena, g, j, 0);
+            self.regions[id.index as usize].last_hint = merged;
+        }
+        Ok(())
+    }
+
+    /// Shrinks a region in place to its first `size` bytes, for the caller
+    /// to give `[base + size, end)` back upstream. That range must lie in
+    /// the region's last block, free in the global lane
+    /// ([`HeapError::RegionNotFree`] otherwise); `size` must be a non-zero
+    /// multiple of 256 below the region's size (to drop a whole region, use
+    /// [`remove_region`](Self::remove_region)). Returns the bytes cut off.
+    pub fn shrink_region(&mut self, id: RegionId, size: u64) -> Result<u64, HeapError> {
+        let (base, old) = self
+            .region_slot(id)
+            .map(|r| (r.base, r.size))
+            .ok_or(HeapError::NoSuchRegion(id))?;
+        if size == 0 || !size.is_multiple_of(GRANULE) || size >= old {
+            return Err(HeapError::BadRegion { base, size });
+        }
+        let cut = base + size;
+        let tail = self.tail_of(id.index);
+        let t = self.arena[tail];
+        if !t.is_free_in(LaneId::GLOBAL.0) || t.addr > cut {
+            return Err(HeapError::RegionNotFree(id));
+        }
+        let Some(g) = self.lanes[0].as_mut() else {
+            return Err(HeapError::RegionNotFree(id));
+        };
+        g.remove(&mut self.arena, tail);
+        let last = if t.addr == cut {
+            let prev = t.prev_phys;
+            self.arena[prev].next_phys = NIL;
+            self.arena.release(tail);
+            prev
+        } else {
+            let j = split(&mut self.arena, tail, cut - t.addr);
+            if let Some(j) = j {
+                self.arena[tail].next_phys = NIL;
+                self.arena.release(j);
+            }
+            g.insert(&mut self.arena, tail);
+            if j.is_none() {
+                return Err(HeapError::TooManyBlocks);
+            }
+            tail
+        };
+        let slot = &mut self.regions[id.index as usize];
+        slot.size = size;
+        slot.last_hint = last;
+        self.region_bytes -= old - size;
+        Ok(old - size)
     }
 
     /// Every region as `(id, base, size)`, in slot order. O(region slots).

@@ -535,3 +535,43 @@ fn a_used_block_keeps_its_tag_and_a_reused_one_starts_untagged() {
     h.check_invariants().unwrap();
     assert_eq!(h.tagged_ranges(9).count(), 0);
 }
+
+#[test]
+fn a_region_grows_and_shrinks_at_its_end() {
+    let (mut h, r) = heap_with(0, MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, MIB / 2, 256).unwrap();
+    // The free half at the end merges with the extension: one block of 1.5 MiB.
+    h.extend_region(r, MIB).unwrap();
+    let (_, tail) = h.region_tail(r).unwrap();
+    assert_eq!((tail.addr(), tail.end()), (MIB / 2, 2 * MIB));
+    assert_eq!(h.largest_free(G), 3 * MIB / 2);
+    assert_eq!(h.stats().region_bytes, 2 * MIB);
+    // A block across the old end.
+    let b = h.allocate(G, MIB, 256).unwrap();
+    assert_eq!(b.addr, MIB / 2);
+    h.check_invariants().unwrap();
+    // Nothing free at the end: no shrink, nothing changes.
+    assert_eq!(h.shrink_region(r, MIB), Err(HeapError::RegionNotFree(r)));
+    // Free in a stream's lane is not free for everyone: no shrink either.
+    h.free(b.addr, s).unwrap();
+    assert_eq!(h.shrink_region(r, MIB), Err(HeapError::RegionNotFree(r)));
+    h.move_lane(s, G).unwrap();
+    assert_eq!(h.shrink_region(r, MIB), Ok(MIB));
+    let (_, tail) = h.region_tail(r).unwrap();
+    assert_eq!((tail.addr(), tail.end()), (MIB / 2, MIB));
+    // Cut at a block's start: the whole block goes.
+    assert_eq!(h.shrink_region(r, MIB / 2), Ok(MIB / 2));
+    assert_eq!(h.region_tail(r).unwrap().0, a.block);
+    assert_eq!(h.stats().region_bytes, MIB / 2);
+    // Bad sizes and neighbours are refused.
+    assert!(matches!(h.shrink_region(r, MIB / 2), Err(HeapError::BadRegion { .. })));
+    assert!(matches!(h.extend_region(r, 100), Err(HeapError::BadRegion { .. })));
+    h.add_region(MIB, MIB).unwrap();
+    assert_eq!(
+        h.extend_region(r, MIB),
+        Err(HeapError::RegionOverlap { base: MIB / 2, size: MIB })
+    );
+    h.extend_region(r, MIB / 2).unwrap();
+    h.check_invariants().unwrap();
+}

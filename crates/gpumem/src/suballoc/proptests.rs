@@ -50,6 +50,14 @@ enum Op {
     Recycle {
         lane: usize,
     },
+    ExtendRegion {
+        pick: usize,
+        extra: u64,
+    },
+    ShrinkRegion {
+        pick: usize,
+        cut_granules: u64,
+    },
 }
 
 fn log_uniform(lo_log: u32, hi_log: u32) -> impl Strategy<Value = u64> {
@@ -69,6 +77,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0..LANES).prop_map(|(pick, to)| Op::MoveBlock { pick, to }),
         1 => any::<usize>().prop_map(|pick| Op::RemoveRegion { pick }),
         1 => (1..LANES).prop_map(|lane| Op::Recycle { lane }),
+        2 => (any::<usize>(), log_uniform(8, 24))
+            .prop_map(|(pick, extra)| Op::ExtendRegion { pick, extra }),
+        2 => (any::<usize>(), log_uniform(0, 16))
+            .prop_map(|(pick, cut_granules)| Op::ShrinkRegion { pick, cut_granules }),
     ]
 }
 
@@ -266,6 +278,69 @@ impl Harness {
                     Err(e) => {
                         prop_assert!(!removable);
                         prop_assert_eq!(e, HeapError::RegionNotFree(id));
+                    }
+                }
+            }
+            Op::ExtendRegion { pick, extra } => {
+                if m.regions.is_empty() {
+                    return Ok(());
+                }
+                let extra = extra & !255;
+                let (&base, &(id, size, _)) = m.regions.iter().nth(pick % m.regions.len()).unwrap();
+                let end = base + size;
+                let reaches_next = m.regions.range(end..end + extra.max(1)).next().is_some();
+                match h.extend_region(id, extra) {
+                    Ok(()) => {
+                        prop_assert!(extra > 0 && !reaches_next);
+                        let r = m.regions.get_mut(&base).unwrap();
+                        r.1 += extra;
+                        r.2[0] += extra;
+                        let (_, tail) = h.region_tail(id).unwrap();
+                        prop_assert_eq!(tail.end(), end + extra);
+                        prop_assert!(tail.is_free_in(0));
+                    }
+                    Err(HeapError::BadRegion { .. }) => prop_assert_eq!(extra, 0),
+                    Err(e) => {
+                        prop_assert!(reaches_next, "{}", e);
+                        prop_assert_eq!(e, HeapError::RegionOverlap { base: end, size: extra });
+                    }
+                }
+            }
+            Op::ShrinkRegion { pick, cut_granules } => {
+                if m.regions.is_empty() {
+                    return Ok(());
+                }
+                let (&base, &(id, size, _)) = m.regions.iter().nth(pick % m.regions.len()).unwrap();
+                let cut = (cut_granules * 256).min(size);
+                let keep = size - cut;
+                // The heap's own layout says whether the cut lies in one
+                // global free block at the end; the lane counts checked
+                // after the step hold it to the model.
+                let (_, tail) = h.region_tail(id).unwrap();
+                let allowed = cut > 0
+                    && keep > 0
+                    && tail.is_free_in(0)
+                    && tail.addr() <= base + keep;
+                let live_in_cut = m.live.range(base + keep..base + size).next().is_some();
+                match h.shrink_region(id, keep) {
+                    Ok(n) => {
+                        prop_assert!(allowed && !live_in_cut);
+                        prop_assert_eq!(n, cut);
+                        let r = m.regions.get_mut(&base).unwrap();
+                        r.1 = keep;
+                        r.2[0] -= cut;
+                        m.freed.retain(|&a| !(base + keep..base + size).contains(&a));
+                        let (_, tail) = h.region_tail(id).unwrap();
+                        prop_assert_eq!(tail.end(), base + keep);
+                    }
+                    Err(e) => {
+                        prop_assert!(!allowed, "{}", e);
+                        let expected = if cut == 0 || keep == 0 {
+                            HeapError::BadRegion { base, size: keep }
+                        } else {
+                            HeapError::RegionNotFree(id)
+                        };
+                        prop_assert_eq!(e, expected);
                     }
                 }
             }
