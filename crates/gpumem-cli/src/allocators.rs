@@ -71,6 +71,17 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         },
     },
     AllocatorSpec {
+        name: "pool-expandable",
+        about: "PoolResource whose heaps each grow one VMM range in place (PoolConfig::expandable)",
+        reserve_note: None,
+        build: |d| {
+            let mut config = PoolConfig::default();
+            config.expandable = true;
+            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
+            Ok(Allocator::pool(Arc::new(pool)))
+        },
+    },
+    AllocatorSpec {
         name: "arena",
         about: "ArenaResource: per-stream arenas of 1 MiB superblocks over half the device's free memory, taken up front",
         reserve_note: Some(

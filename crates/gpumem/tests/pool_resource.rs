@@ -6,24 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
+use common::model::{enqueue_work, model_setup, op, run_model, sim};
 use common::suite;
 use gpumem::pool::{GrowthPolicy, Pool, PoolConfig, PoolResource};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{DeviceBuffer, DevicePtr, Error, FreeError};
 use proptest::prelude::*;
-
-impl<U: MemoryResource> Modeled for PoolResource<U> {
-    fn accounted(&self, bytes: usize) -> usize {
-        bytes.next_multiple_of(256)
-    }
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {
-        // The pool has no deferred work; settling happens on its slow path.
-    }
-}
 
 fn pool_on(device: &gpumem::Device, config: PoolConfig) -> PoolResource<DeviceResource> {
     PoolResource::new(DeviceResource::new(device.clone()), config).unwrap()

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{model_setup, op, run_model, sim, Modeled};
+use common::model::{model_setup, op, run_model, sim};
 use common::threads::{self, OnThreads, Worker};
 use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
 use gpumem::resource::{DeviceResource, MemoryResource};
@@ -21,16 +21,6 @@ fn sharded(device: &Device, mut config: PoolConfig) -> SimPool {
     config.shards = 64;
     config.spread = Spread::Always;
     PoolResource::new(DeviceResource::new(device.clone()), config).unwrap()
-}
-
-impl Modeled for SimPool {
-    fn accounted(&self, bytes: usize) -> usize {
-        bytes.next_multiple_of(256)
-    }
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {}
 }
 
 #[test]

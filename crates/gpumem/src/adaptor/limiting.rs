@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{granular_size, oom_device, ALLOCATION_GRANULARITY};
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{MemoryResource, Properties};
+use crate::resource::{GrowInPlace, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::{check_alignment, Error, OomInfo, Result};
 
@@ -77,6 +77,29 @@ impl<U: MemoryResource> LimitingAdaptor<U> {
         &self.upstream
     }
 
+    /// Counts `counted` more bytes, or fails with the over-limit error for a
+    /// request of `bytes`.
+    fn take(&self, bytes: usize, counted: usize) -> Result<()> {
+        let limit = self.limit();
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                used.checked_add(counted).filter(|n| *n <= limit)
+            })
+            .map(drop)
+            .map_err(|live| self.over_limit(bytes, live, limit))
+    }
+
+    /// Counts `counted` bytes fewer.
+    fn give_back(&self, counted: usize) {
+        // Saturating: a free with a wrong (larger) size is a caller error that
+        // must not wrap the counter around and disable the limit.
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                Some(used.saturating_sub(counted))
+            });
+    }
+
     fn over_limit(&self, bytes: usize, live: usize, limit: usize) -> Error {
         Error::oom_with(OomInfo {
             requested: bytes,
@@ -94,25 +117,13 @@ impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let limit = self.limit();
         let Some(counted) = granular_size(bytes) else {
-            return Err(self.over_limit(bytes, self.allocated_bytes(), limit));
+            return Err(self.over_limit(bytes, self.allocated_bytes(), self.limit()));
         };
-        let reserved = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
-                used.checked_add(counted).filter(|n| *n <= limit)
-            });
-        if let Err(live) = reserved {
-            return Err(self.over_limit(bytes, live, limit));
-        }
-        match self.upstream.allocate(bytes, alignment, stream) {
-            Ok(p) => Ok(p),
-            Err(e) => {
-                self.used.fetch_sub(counted, Ordering::AcqRel);
-                Err(e)
-            }
-        }
+        self.take(bytes, counted)?;
+        self.upstream
+            .allocate(bytes, alignment, stream)
+            .inspect_err(|_| self.give_back(counted))
     }
 
     fn deallocate(
@@ -126,14 +137,7 @@ impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
             return Ok(());
         }
         self.upstream.deallocate(ptr, bytes, alignment, stream)?;
-        let counted = granular_size(bytes).unwrap_or(usize::MAX);
-        // Saturating: a free with a wrong (larger) size is a caller error that
-        // must not wrap the counter around and disable the limit.
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
-                Some(used.saturating_sub(counted))
-            });
+        self.give_back(granular_size(bytes).unwrap_or(usize::MAX));
         Ok(())
     }
 
@@ -148,4 +152,54 @@ impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
     fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.upstream.check_access(ptr, bytes)
     }
+
+    fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
+        self.upstream
+            .grow_in_place()
+            .map(|_| self as &dyn GrowInPlace)
+    }
+}
+
+/// Growth counts against the limit as allocations do: a growth that would
+/// pass it fails without reaching the upstream.
+impl<U: MemoryResource> GrowInPlace for LimitingAdaptor<U> {
+    fn growth_granularity(&self) -> usize {
+        self.upstream
+            .grow_in_place()
+            .map_or(ALLOCATION_GRANULARITY, |g| g.growth_granularity())
+    }
+
+    fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let Some(counted) = granular_size(bytes) else {
+            return Err(self.over_limit(bytes, self.allocated_bytes(), self.limit()));
+        };
+        self.take(bytes, counted)?;
+        g.allocate_growable(bytes, capacity)
+            .inspect_err(|_| self.give_back(counted))
+    }
+
+    fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let (Some(old), Some(new)) = (granular_size(bytes), granular_size(new_bytes)) else {
+            return Err(self.over_limit(new_bytes, self.allocated_bytes(), self.limit()));
+        };
+        let more = new.saturating_sub(old);
+        self.take(more, more)?;
+        g.grow(ptr, bytes, new_bytes)
+            .inspect_err(|_| self.give_back(more))
+    }
+
+    fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let kept = g.shrink(ptr, bytes, new_bytes)?;
+        let (old, new) = (granular_size(bytes), granular_size(kept));
+        self.give_back(old.unwrap_or(0).saturating_sub(new.unwrap_or(0)));
+        Ok(kept)
+    }
+}
+
+/// The error of a growth call on an adaptor whose upstream cannot grow.
+pub(crate) fn not_growable() -> Error {
+    Error::unsupported("growing allocations in place (the upstream cannot)")
 }

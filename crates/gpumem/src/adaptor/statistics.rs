@@ -68,7 +68,7 @@ use super::flag_lock::FlagLock;
 use super::{granular_size, RetryCounter};
 use crate::device::Device;
 use crate::driver::DevicePtr;
-use crate::resource::{MemoryResource, Properties};
+use crate::resource::{GrowInPlace, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::{check_alignment, Result};
 
@@ -386,6 +386,23 @@ impl TopFrame {
         }
     }
 
+    /// Counts an allocation resized in place from `old` to `new` bytes: the
+    /// bytes move, the count of allocations does not (the counters' lock
+    /// held).
+    fn count_resize(&self, old: usize, new: usize) {
+        let granular = |b: usize| granular_size(b).unwrap_or(usize::MAX) as u64;
+        let (g_old, g_new) = (granular(old), granular(new));
+        let resize = |stat: &SharedStat, from: u64, to: u64| match to.checked_sub(from) {
+            Some(more) => stat.add(more),
+            None => stat.sub(from - to),
+        };
+        resize(&self.allocated_bytes, g_old, g_new);
+        resize(&self.requested_bytes, old as u64, new as u64);
+        if let Some([active_bytes, _]) = self.active() {
+            resize(active_bytes, g_old, g_new);
+        }
+    }
+
     /// `active_bytes` and `active`, when they are kept apart.
     #[inline(always)]
     fn active(&self) -> Option<[&SharedStat; 2]> {
@@ -636,6 +653,12 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         }
     }
 
+    /// Counts an allocation the upstream refused with out-of-memory.
+    fn count_oom(&self) {
+        let n = &self.top.at(0).num_ooms;
+        self.counting(&mut || n.store(n.load(Relaxed).saturating_add(1), Relaxed));
+    }
+
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
     fn count_free(&self, bytes: usize, side: Side) {
         self.counting(&mut || self.top.at(0).count_free(bytes, side));
@@ -713,8 +736,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         };
         if let Err(e) = &r {
             if e.is_oom() {
-                let n = &top.at(0).num_ooms;
-                self.counting(&mut || n.store(n.load(Relaxed).saturating_add(1), Relaxed));
+                self.count_oom();
             }
         }
         r
@@ -741,6 +763,61 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
 
     fn check_access(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.upstream.check_access(ptr, bytes)
+    }
+
+    fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
+        self.upstream
+            .grow_in_place()
+            .map(|_| self as &dyn GrowInPlace)
+    }
+}
+
+/// A growable allocation counts as one allocation of its current size: a
+/// growth or shrink moves its bytes (`allocated_bytes`, `requested_bytes`,
+/// `active_bytes`, the total allocated or freed included), not the count.
+impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
+    fn growth_granularity(&self) -> usize {
+        self.upstream
+            .grow_in_place()
+            .map_or(super::ALLOCATION_GRANULARITY, |g| g.growth_granularity())
+    }
+
+    fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
+        let g = self
+            .upstream
+            .grow_in_place()
+            .ok_or_else(super::limiting::not_growable)?;
+        let r = g.allocate_growable(bytes, capacity);
+        match &r {
+            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation(bytes)),
+            Err(e) if e.is_oom() => self.count_oom(),
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
+        let g = self
+            .upstream
+            .grow_in_place()
+            .ok_or_else(super::limiting::not_growable)?;
+        let r = g.grow(ptr, bytes, new_bytes);
+        match &r {
+            Ok(()) => self.counting(&mut || self.top.at(0).count_resize(bytes, new_bytes)),
+            Err(e) if e.is_oom() => self.count_oom(),
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize> {
+        let g = self
+            .upstream
+            .grow_in_place()
+            .ok_or_else(super::limiting::not_growable)?;
+        let kept = g.shrink(ptr, bytes, new_bytes)?;
+        self.counting(&mut || self.top.at(0).count_resize(bytes, kept));
+        Ok(kept)
     }
 }
 

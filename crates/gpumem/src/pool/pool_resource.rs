@@ -78,6 +78,9 @@
 //! the shared traces the sizes given back were needed again, and the reserve
 //! grew); they go back only on `trim`, `release` and out-of-memory.
 
+mod expandable;
+
+use self::expandable::Frontier;
 use super::live_blocks;
 use super::shards::{shard_count, Guard, RegionOwners, Shards, Spread};
 use super::stream_order::heap_lanes::HeapLanes;
@@ -171,6 +174,17 @@ pub struct PoolConfig {
     /// When threads spread over the shards: once shard 0's lock is
     /// contended often (the default), or from the start.
     pub spread: Spread,
+    /// Each heap grows one address range in place, where the upstream can
+    /// ([`MemoryResource::grow_in_place`]: a [`DeviceResource`] on a device
+    /// with CUDA's virtual memory management, through the limiting and
+    /// statistics adaptors), instead of taking separate regions: blocks
+    /// coalesce across what would have been region boundaries, growth
+    /// follows the live peak to within one 2 MiB granule per heap, and a
+    /// trim gives back the free end of a range (PyTorch's expandable
+    /// segments). Where the upstream cannot, regions as without it.
+    ///
+    /// [`DeviceResource`]: crate::resource::DeviceResource
+    pub expandable: bool,
 }
 
 impl Default for PoolConfig {
@@ -181,6 +195,7 @@ impl Default for PoolConfig {
             growth: GrowthPolicy::default(),
             shards: 0,
             spread: Spread::OnContention,
+            expandable: false,
         }
     }
 }
@@ -232,6 +247,8 @@ struct Shard {
     /// The streams' lanes of `heaps`, kept in step across both heaps.
     lanes: HeapLanes,
     peak_live: usize,
+    /// The range each heap grows, with [`PoolConfig::expandable`].
+    frontier: [Option<Frontier>; CLASSES],
 }
 
 impl Shard {
@@ -240,6 +257,7 @@ impl Shard {
             heaps: std::array::from_fn(|_| LaneHeap::new()),
             lanes: HeapLanes::new(),
             peak_live: 0,
+            frontier: [None; CLASSES],
         }
     }
 
@@ -479,6 +497,50 @@ impl<U: MemoryResource> PoolResource<U> {
         found
     }
 
+    /// Checks the pool's structure and describes the first fault found:
+    /// every heap's own invariants, the regions recorded for the shards
+    /// against those their heaps hold (bases, sizes, owners), and each
+    /// expandable range against its region. Every shard's lock is held.
+    /// O(blocks): for tests and debugging.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let shards = self.shards.lock_all();
+        let g = self.shards.global();
+        let mut held = std::collections::BTreeMap::new();
+        for (i, sh) in shards.iter().enumerate() {
+            for (class, heap) in sh.heaps.iter().enumerate() {
+                heap.check_invariants()
+                    .map_err(|e| format!("shard {i} heap {class}: {e}"))?;
+                for (_, base, size) in heap.regions() {
+                    held.insert(base, (size as usize, i));
+                }
+                if let Some(f) = sh.frontier[class] {
+                    let region = heap.regions().find(|r| r.0 == f.region);
+                    if region.map(|r| (r.1, r.2 as usize)) != Some((f.base, f.bytes)) {
+                        return Err(format!(
+                            "shard {i} heap {class}: frontier {f:?} against region {region:?}"
+                        ));
+                    }
+                }
+            }
+        }
+        let recorded: std::collections::BTreeMap<_, _> = g
+            .regions
+            .iter()
+            .map(|(base, bytes)| {
+                (
+                    base,
+                    (bytes, g.regions.owner_of(base).unwrap_or(usize::MAX)),
+                )
+            })
+            .collect();
+        if recorded != held {
+            return Err(format!(
+                "regions recorded {recorded:?}, held by the heaps {held:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// The largest free block in any lane of either heap: the largest request
     /// the pool can serve without growing (after waiting for the stream that
     /// freed it, when that is another stream).
@@ -502,6 +564,33 @@ impl<U: MemoryResource> PoolResource<U> {
         sh.lanes.steal(&mut sh.heaps, class, lane, stream, needed)
     }
 
+    /// Counts `bytes` of a growth in flight against `max_reserved`, holding
+    /// shard `home`'s lock `st`; when they do not fit, the out-of-memory
+    /// error (made with no lock held: it reads every shard) and the guard
+    /// re-taken.
+    fn start_growth<'a>(
+        &'a self,
+        st: Guard<'a, Shard>,
+        home: usize,
+        bytes: usize,
+    ) -> std::result::Result<Guard<'a, Shard>, (Guard<'a, Shard>, Error)> {
+        let mut g = self.shards.global();
+        if let Some(max) = self.config.max_reserved {
+            if g.regions
+                .bytes()
+                .saturating_add(g.growing)
+                .saturating_add(bytes)
+                > max
+            {
+                drop((g, st));
+                let e = self.oom(bytes);
+                return Err((self.shards.lock(home), e));
+            }
+        }
+        g.growing += bytes;
+        Ok(st)
+    }
+
     /// Takes a region of `bytes` from the upstream into the global lane of
     /// heap `class` of shard `home`. No lock is held across the upstream
     /// call, so an upstream that calls back into this pool (a failure
@@ -514,22 +603,10 @@ impl<U: MemoryResource> PoolResource<U> {
         class: usize,
         bytes: usize,
     ) -> (Guard<'a, Shard>, Result<()>) {
-        {
-            let mut g = self.shards.global();
-            if let Some(max) = self.config.max_reserved {
-                if g.regions
-                    .bytes()
-                    .saturating_add(g.growing)
-                    .saturating_add(bytes)
-                    > max
-                {
-                    drop((g, st));
-                    let e = self.oom(bytes);
-                    return (self.shards.lock(home), Err(e));
-                }
-            }
-            g.growing += bytes;
-        }
+        let st = match self.start_growth(st, home, bytes) {
+            Ok(st) => st,
+            Err((st, e)) => return (st, Err(e)),
+        };
         drop(st);
         let got = self.upstream.allocate_sync(bytes, 256);
         let mut st = self.shards.lock(home);
@@ -576,9 +653,11 @@ impl<U: MemoryResource> PoolResource<U> {
                 continue;
             }
             Self::settle(&mut other, None);
+            // A shard's expandable range stays its own.
+            let frontier = other.frontier[class].map(|f| f.region);
             let pick = other.heaps[class]
                 .free_regions()
-                .filter(|&(_, _, size)| size >= needed)
+                .filter(|&(id, _, size)| size >= needed && Some(id) != frontier)
                 .min_by_key(|&(_, _, size)| size);
             let Some((id, _, _)) = pick else { continue };
             let Ok((base, size)) = other.heaps[class].remove_region(id) else {
@@ -614,6 +693,7 @@ impl<U: MemoryResource> PoolResource<U> {
         mut excess: usize,
     ) -> Result<usize> {
         let s = &mut *st;
+        let frontier = s.frontier;
         let mut free: Vec<_> = s
             .heaps
             .iter()
@@ -622,6 +702,8 @@ impl<U: MemoryResource> PoolResource<U> {
                 heap.free_regions()
                     .map(move |(id, _, size)| (class, id, size))
             })
+            // A range being grown or shrunk stays.
+            .filter(|&(class, id, _)| frontier[class].is_none_or(|f| !(f.busy && f.region == id)))
             .collect();
         free.sort_by_key(|&(_, _, size)| std::cmp::Reverse(size));
         let mut taken = Vec::new();
@@ -634,6 +716,9 @@ impl<U: MemoryResource> PoolResource<U> {
                     break;
                 }
                 if let Ok((base, size)) = s.heaps[class].remove_region(id) {
+                    if s.frontier[class].is_some_and(|f| f.region == id) {
+                        s.frontier[class] = None;
+                    }
                     g.regions.remove(base);
                     excess = excess.saturating_sub(size as usize);
                     taken.push((class, base, size as usize));
@@ -689,6 +774,15 @@ impl<U: MemoryResource> PoolResource<U> {
                 Ok(b) => released += b,
                 Err(e) => {
                     first_err.get_or_insert(e);
+                }
+            }
+            let excess = self.shards.global().regions.bytes().saturating_sub(to);
+            if excess > 0 {
+                match self.shrink_frontiers(i, excess) {
+                    Ok(b) => released += b,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
         }
@@ -769,18 +863,18 @@ impl<U: MemoryResource> PoolResource<U> {
             let (g, adopted) = self.adopt(st, home, class, needed as u64);
             st = g;
             if adopted {
-                if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
+                if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
                     return Ok(p);
                 }
             }
         }
-        let (g, grown) = self.grow(st, home, class, region);
+        let (g, grown) = self.grow_for(st, home, class, stream, needed, region)?;
         st = g;
         match grown {
             // Another thread may have taken the new region meanwhile: any
             // block that fits will do, else go on to reclaim.
             Ok(()) => {
-                if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
+                if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
                     return Ok(p);
                 }
             }
@@ -797,11 +891,11 @@ impl<U: MemoryResource> PoolResource<U> {
         st = self.shards.lock(home);
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
-            let (g, grown) = self.grow(st, home, class, size);
+            let (g, grown) = self.grow_for(st, home, class, stream, needed, size)?;
             st = g;
             match grown {
                 Ok(()) => {
-                    if let Some(p) = Self::take_any(&mut st, class, stream, bytes, alignment)? {
+                    if let Some(p) = self.take_any(&mut st, class, stream, bytes, alignment)? {
                         return Ok(p);
                     }
                 }
@@ -811,6 +905,30 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         drop(st);
         Err(self.oom(bytes))
+    }
+
+    /// Grows heap `class` of shard `home` for a request of `needed` bytes
+    /// (padding included) on `stream`: its expandable range where there is
+    /// one to grow ([`PoolConfig::expandable`]), else a region of `region`
+    /// bytes. The guard comes back re-taken.
+    fn grow_for<'a>(
+        &'a self,
+        mut st: Guard<'a, Shard>,
+        home: usize,
+        class: usize,
+        stream: &Stream,
+        needed: usize,
+        region: usize,
+    ) -> Result<(Guard<'a, Shard>, Result<()>)> {
+        if self.config.expandable {
+            let lane = st.lane_of(stream)?;
+            let (g, grown) = self.grow_expanding(st, home, class, lane, needed);
+            st = g;
+            if let Some(grown) = grown {
+                return Ok((st, grown));
+            }
+        }
+        Ok(self.grow(st, home, class, region))
     }
 
     /// Reclaim: waits for every stream's frees in every shard, then takes a
@@ -844,12 +962,22 @@ impl<U: MemoryResource> PoolResource<U> {
     /// or from the stream's own lane (the lock was released, so the lane is
     /// looked up again).
     fn take_any(
+        &self,
         st: &mut Shard,
         class: usize,
         stream: &Stream,
         bytes: usize,
         alignment: usize,
     ) -> Result<Option<DevicePtr>> {
+        if self.config.expandable {
+            // A range grown past the end of a block free in the stream's
+            // lane: the growth (global) and that block merge once refiled
+            // in the lane, and the block is taken there.
+            let lane = st.lane_of(stream)?;
+            if let Some(p) = Self::take_absorbing(st, class, lane, bytes, alignment) {
+                return Ok(Some(p));
+            }
+        }
         if let Some(p) = Self::take(st, class, LaneId::GLOBAL, bytes, alignment) {
             return Ok(Some(p));
         }

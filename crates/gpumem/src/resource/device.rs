@@ -9,16 +9,21 @@
 //! never reaches `cuMemFree`. That costs one table insert and one remove
 //! (tens of ns) per allocation, next to the driver's tens of µs.
 //!
+//! Growable allocations ([`GrowInPlace`], through CUDA's virtual memory
+//! management where the device has it) are its allocations too: freed,
+//! checked and listed the same way, at their current size.
+//!
 //! [`Error::InvalidFree`]: crate::Error::InvalidFree
 
 use std::sync::Arc;
 
+use super::growable::{GrowInPlace, GrowableRanges};
 use super::handed_out::HandedOut;
 use super::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::stream::Stream;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Device memory from `cuMemAlloc`. Not stream-ordered: allocation and free are
 /// synchronous in the driver, so the stream arguments are ignored. Clones
@@ -27,7 +32,9 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct DeviceResource {
     device: Device,
-    handed_out: Arc<HandedOut>,
+    /// What was handed out; `true` marks a growable allocation.
+    handed_out: Arc<HandedOut<bool>>,
+    growable: Arc<GrowableRanges>,
 }
 
 impl DeviceResource {
@@ -36,6 +43,7 @@ impl DeviceResource {
         Self {
             device,
             handed_out: Arc::default(),
+            growable: Arc::default(),
         }
     }
 
@@ -73,7 +81,7 @@ impl MemoryResource for DeviceResource {
             .device
             .driver()
             .mem_alloc(self.device.ordinal(), bytes)?;
-        self.handed_out.insert(p, bytes, ());
+        self.handed_out.insert(p, bytes, false);
         Ok(p)
     }
 
@@ -87,7 +95,10 @@ impl MemoryResource for DeviceResource {
         if ptr.is_null() {
             return Ok(());
         }
-        self.handed_out.free_with(ptr, bytes, |_| {
+        self.handed_out.free_with(ptr, bytes, |&growable| {
+            if growable {
+                return self.growable.free(&self.device, ptr.0);
+            }
             let _relaxed = crate::graph::relaxed(&self.device);
             self.device.driver().mem_free(self.device.ordinal(), ptr)
         })
@@ -104,5 +115,80 @@ impl MemoryResource for DeviceResource {
     fn allocate_sync(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
         // cuMemAlloc is already synchronous: no stream to wait for.
         self.allocate(bytes, alignment, &self.device.default_stream())
+    }
+
+    /// Offered where the device has CUDA's virtual memory management.
+    fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
+        self.growable
+            .setup(&self.device)
+            .is_ok()
+            .then_some(self as &dyn GrowInPlace)
+    }
+}
+
+impl DeviceResource {
+    /// The granularity, and `bytes` rounded up to it (`None` on overflow).
+    fn rounded(&self, bytes: usize) -> Result<(usize, usize)> {
+        let (gran, _) = self.growable.setup(&self.device)?;
+        let r = bytes
+            .checked_next_multiple_of(gran)
+            .ok_or_else(|| Error::oom(bytes))?;
+        Ok((gran, r))
+    }
+
+    /// Checks that `ptr` is a live growable allocation of `bytes`.
+    fn check_growable(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        if self.handed_out.bytes_of(ptr) == Some(bytes) && self.growable.contains(ptr) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{:#x} is not a growable allocation of {bytes} bytes",
+                ptr.0
+            )))
+        }
+    }
+}
+
+impl GrowInPlace for DeviceResource {
+    fn growth_granularity(&self) -> usize {
+        self.growable
+            .setup(&self.device)
+            .map_or(DEFAULT_ALIGNMENT, |(g, _)| g)
+    }
+
+    fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "a growable allocation needs more than 0 bytes".into(),
+            ));
+        }
+        let (_, mapped) = self.rounded(bytes)?;
+        let (_, capacity) = self.rounded(capacity.max(mapped))?;
+        let base = self.growable.allocate(&self.device, mapped, capacity)?;
+        self.handed_out.insert(DevicePtr(base), bytes, true);
+        Ok(DevicePtr(base))
+    }
+
+    fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
+        self.check_growable(ptr, bytes)?;
+        if new_bytes <= bytes {
+            return Ok(());
+        }
+        let (_, mapped) = self.rounded(new_bytes)?;
+        self.growable.grow(&self.device, ptr.0, mapped)?;
+        self.handed_out.resize(ptr, bytes, new_bytes)
+    }
+
+    fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize> {
+        self.check_growable(ptr, bytes)?;
+        if new_bytes == 0 || new_bytes >= bytes {
+            return Ok(bytes);
+        }
+        let mapped = self.growable.shrink(&self.device, ptr.0, new_bytes)?;
+        let kept = mapped.min(bytes);
+        if kept < bytes {
+            self.handed_out.resize(ptr, bytes, kept)?;
+        }
+        Ok(kept)
     }
 }

@@ -170,6 +170,26 @@ impl<V> HandedOut<V> {
         free(&v).inspect_err(|_| self.restore(ptr, bytes, v))
     }
 
+    /// Changes the bytes recorded for `ptr` from `bytes` to `new_bytes` (an
+    /// allocation grown or shrunk in place). [`Error::InvalidArgument`] when
+    /// `ptr` is not live with `bytes`; nothing changes then.
+    pub fn resize(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<(), Error> {
+        let mut guard = self.shard(ptr.0);
+        let s = &mut *guard;
+        match s.live.get_mut(&ptr.0) {
+            Some((recorded, _)) if *recorded == bytes => {
+                *recorded = new_bytes;
+                s.bytes = s.bytes - bytes + new_bytes;
+                Ok(())
+            }
+            found => Err(Error::InvalidArgument(format!(
+                "{:#x} is not a live allocation of {bytes} bytes (recorded: {:?})",
+                ptr.0,
+                found.map(|(b, _)| *b)
+            ))),
+        }
+    }
+
     /// The bytes `ptr` was handed out for, if it is live.
     pub fn bytes_of(&self, ptr: DevicePtr) -> Option<usize> {
         self.shard(ptr.0).live.get(&ptr.0).map(|&(b, _)| b)

@@ -54,6 +54,7 @@
 
 mod callback;
 mod device;
+mod growable;
 mod handed_out;
 mod lent_lock;
 mod managed;
@@ -64,6 +65,7 @@ mod system;
 
 pub use callback::CallbackResource;
 pub use device::DeviceResource;
+pub use growable::GrowInPlace;
 pub use handed_out::HandedOut;
 pub use lent_lock::LentLock;
 pub use managed::ManagedResource;
@@ -181,6 +183,18 @@ pub trait MemoryResource: Send + Sync {
     fn lent_lock(&self) -> Option<&dyn LentLock> {
         None
     }
+
+    /// Growing allocations in place at their end, where this resource can
+    /// ([`GrowInPlace`]: [`DeviceResource`] on a device with CUDA's virtual
+    /// memory management); `None`, the default, otherwise. A pool asks its
+    /// upstream for it to grow one address range per heap instead of
+    /// taking separate regions. The limiting and statistics adaptors pass
+    /// it on, counting the growth; other adaptors keep the default, and a
+    /// pool over them takes separate regions. `Arc`, `Box` and references
+    /// forward it.
+    fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
+        None
+    }
 }
 
 /// Checks a request the way every resource must: power-of-two alignment no
@@ -234,6 +248,9 @@ macro_rules! forward_resource {
             #[inline]
             fn lent_lock(&self) -> Option<&dyn LentLock> {
                 (**self).lent_lock()
+            }
+            fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
+                (**self).grow_in_place()
             }
         }
     )*};

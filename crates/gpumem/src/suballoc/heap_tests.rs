@@ -565,12 +565,21 @@ fn a_region_grows_and_shrinks_at_its_end() {
     assert_eq!(h.region_tail(r).unwrap().0, a.block);
     assert_eq!(h.stats().region_bytes, MIB / 2);
     // Bad sizes and neighbours are refused.
-    assert!(matches!(h.shrink_region(r, MIB / 2), Err(HeapError::BadRegion { .. })));
-    assert!(matches!(h.extend_region(r, 100), Err(HeapError::BadRegion { .. })));
+    assert!(matches!(
+        h.shrink_region(r, MIB / 2),
+        Err(HeapError::BadRegion { .. })
+    ));
+    assert!(matches!(
+        h.extend_region(r, 100),
+        Err(HeapError::BadRegion { .. })
+    ));
     h.add_region(MIB, MIB).unwrap();
     assert_eq!(
         h.extend_region(r, MIB),
-        Err(HeapError::RegionOverlap { base: MIB / 2, size: MIB })
+        Err(HeapError::RegionOverlap {
+            base: MIB / 2,
+            size: MIB
+        })
     );
     h.extend_region(r, MIB / 2).unwrap();
     h.check_invariants().unwrap();

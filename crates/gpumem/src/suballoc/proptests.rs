@@ -302,7 +302,13 @@ impl Harness {
                     Err(HeapError::BadRegion { .. }) => prop_assert_eq!(extra, 0),
                     Err(e) => {
                         prop_assert!(reaches_next, "{}", e);
-                        prop_assert_eq!(e, HeapError::RegionOverlap { base: end, size: extra });
+                        prop_assert_eq!(
+                            e,
+                            HeapError::RegionOverlap {
+                                base: end,
+                                size: extra
+                            }
+                        );
                     }
                 }
             }
@@ -317,10 +323,8 @@ impl Harness {
                 // global free block at the end; the lane counts checked
                 // after the step hold it to the model.
                 let (_, tail) = h.region_tail(id).unwrap();
-                let allowed = cut > 0
-                    && keep > 0
-                    && tail.is_free_in(0)
-                    && tail.addr() <= base + keep;
+                let allowed =
+                    cut > 0 && keep > 0 && tail.is_free_in(0) && tail.addr() <= base + keep;
                 let live_in_cut = m.live.range(base + keep..base + size).next().is_some();
                 match h.shrink_region(id, keep) {
                     Ok(n) => {
@@ -329,7 +333,8 @@ impl Harness {
                         let r = m.regions.get_mut(&base).unwrap();
                         r.1 = keep;
                         r.2[0] -= cut;
-                        m.freed.retain(|&a| !(base + keep..base + size).contains(&a));
+                        m.freed
+                            .retain(|&a| !(base + keep..base + size).contains(&a));
                         let (_, tail) = h.region_tail(id).unwrap();
                         prop_assert_eq!(tail.end(), base + keep);
                     }

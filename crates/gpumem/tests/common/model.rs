@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use gpumem::driver::sim::{SimConfig, SimDriver};
-use gpumem::pool::{Pool, VirtualPool};
+use gpumem::pool::{Pool, PoolResource, VirtualPool};
+use gpumem::resource::MemoryResource;
 use gpumem::{Device, DevicePtr, Stream};
 use proptest::prelude::*;
 
@@ -68,6 +69,23 @@ impl Modeled for VirtualPool {
             true => bytes.next_multiple_of(self.page_size()),
             false => bytes.next_multiple_of(256),
         }
+    }
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn process(&self) {
+        self.check_invariants().unwrap();
+    }
+    fn check(&self) {
+        self.check_invariants().unwrap();
+    }
+}
+
+/// A PoolResource checks its structure after every operation; its blocks
+/// count 256-byte granules.
+impl<U: MemoryResource> Modeled for PoolResource<U> {
+    fn accounted(&self, bytes: usize) -> usize {
+        bytes.next_multiple_of(256)
     }
     fn live(&self) -> usize {
         self.live_bytes()

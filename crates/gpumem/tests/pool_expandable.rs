@@ -1,0 +1,409 @@
+//! PoolResource with expandable heaps (`PoolConfig::expandable`): the
+//! shared resource suite and the model over heaps that grow one range in
+//! place; blocks across what was the range's end; trims that give back its
+//! free end; limits, failures and upstreams that cannot grow; the
+//! statistics that count growth; threads. And `DeviceResource`'s growable
+//! allocations themselves.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::model::{model_setup, op, run_model, sim};
+use common::suite;
+use common::threads::OnThreads;
+use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor};
+use gpumem::driver::sim::SimConfig;
+use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
+use gpumem::resource::{DeviceResource, MemoryResource};
+use gpumem::{Device, DeviceBuffer, Error, FreeError};
+use proptest::prelude::*;
+
+const MIB: usize = 1 << 20;
+
+fn expandable() -> PoolConfig {
+    let mut config = PoolConfig::default();
+    config.expandable = true;
+    config
+}
+
+fn pool_on<U: MemoryResource>(upstream: U, config: PoolConfig) -> PoolResource<U> {
+    PoolResource::new(upstream, config).unwrap()
+}
+
+#[test]
+fn expandable_pool_passes_the_suite() {
+    let (device, _) = common::device(false);
+    suite::run_all(Arc::new(pool_on(DeviceResource::new(device), expandable())));
+    let (device, _) = common::device(false);
+    let mut config = expandable();
+    config.max_reserved = Some(1 << 30);
+    suite::run_all(Arc::new(pool_on(DeviceResource::new(device), config)));
+}
+
+#[test]
+fn a_block_spans_what_was_the_end_of_the_range() {
+    let (device, _) = common::device(false);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    // A medium request takes a 20 MiB range; the next one does not fit in
+    // the 5 MiB left and grows the range by 20 MiB, starting in those 5.
+    let a = pool.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), 20 * MIB);
+    let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(b.0, a.0 + (15 * MIB) as u64, "b starts where a ends");
+    let st = pool.stats();
+    assert_eq!((st.reserved, st.regions), (40 * MIB, 1), "{st:?}");
+    // Without expandable heaps: two regions, b in the second.
+    let plain = pool_on(DeviceResource::new(device.clone()), PoolConfig::default());
+    let c = plain.allocate(15 * MIB, 256, &s).unwrap();
+    let d = plain.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(plain.stats().regions, 2);
+    assert_ne!(d.0, c.0 + (15 * MIB) as u64);
+    // The data of a block across the old end is whole.
+    let (device, _) = common::device(true);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let first = DeviceBuffer::<u8, _>::new(15 * MIB, &pool, &s).unwrap();
+    let data = common::random_bytes(15 * MIB, 5);
+    let across = DeviceBuffer::from_slice(&data, &pool, &s).unwrap();
+    assert_eq!(pool.stats().regions, 1);
+    assert_eq!(across.to_vec().unwrap(), data);
+    drop((first, across));
+}
+
+#[test]
+fn a_busy_streams_free_end_joins_the_growth() {
+    // The block at the end was freed on a stream whose work still runs: it
+    // is that stream's to reuse, so its next, larger request grows the
+    // range by what it lacks and takes the two as one block.
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let a = pool.allocate(10 * MIB, 256, &s).unwrap();
+    let b = pool.allocate(10 * MIB, 256, &s).unwrap();
+    sim.hold(s.raw());
+    common::model::enqueue_work(&s);
+    pool.deallocate(b, 10 * MIB, 256, &s).unwrap();
+    let c = pool.allocate(25 * MIB, 256, &s).unwrap();
+    assert_eq!(c, b, "the grown block starts at the freed one");
+    assert_eq!(pool.reserved_bytes(), 40 * MIB);
+    sim.release(s.raw());
+    pool.deallocate(c, 25 * MIB, 256, &s).unwrap();
+    pool.deallocate(a, 10 * MIB, 256, &s).unwrap();
+}
+
+#[test]
+fn trim_gives_back_the_free_end_and_release_everything() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let blocks: Vec<_> = (0..4)
+        .map(|_| pool.allocate(15 * MIB, 256, &s).unwrap())
+        .collect();
+    assert_eq!(pool.reserved_bytes(), 60 * MIB);
+    assert_eq!(sim.device_bytes(0), base + 60 * MIB);
+    for &p in &blocks[1..] {
+        pool.deallocate(p, 15 * MIB, 256, &s).unwrap();
+    }
+    // Everything past the first block is free: the range shrinks to the
+    // granule holding its end (growths are whole pieces: the first 20 MiB
+    // stay).
+    let released = pool.trim(0).unwrap();
+    assert_eq!(released, 40 * MIB);
+    assert_eq!(pool.reserved_bytes(), 20 * MIB);
+    assert_eq!(sim.device_bytes(0), base + 20 * MIB);
+    // It grows again where it left off.
+    let again = pool.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(again.0, blocks[1].0);
+    assert_eq!(pool.stats().regions, 1);
+    pool.deallocate(again, 15 * MIB, 256, &s).unwrap();
+    // A trim to a floor stops there.
+    assert_eq!(pool.trim(100 * MIB).unwrap(), 0);
+    pool.deallocate(blocks[0], 15 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.release().unwrap(), 40 * MIB);
+    assert_eq!(pool.reserved_bytes(), 0);
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!(
+        sim.reserved_va_bytes(),
+        0,
+        "the range's addresses went back"
+    );
+    // Used again after a release: a new range.
+    let p = pool.allocate(MIB, 256, &s).unwrap();
+    pool.deallocate(p, MIB, 256, &s).unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn growth_honours_max_reserved_and_the_upstreams_limit() {
+    let (device, sim) = sim(8 << 30);
+    let s = device.create_stream().unwrap();
+    let mut config = expandable();
+    config.max_reserved = Some(50 * MIB);
+    let pool = pool_on(DeviceResource::new(device.clone()), config);
+    let a = pool.allocate(30 * MIB, 256, &s).unwrap();
+    let err = pool.allocate(30 * MIB, 256, &s).unwrap_err();
+    let info = err.oom_info().expect("out of memory");
+    assert_eq!((info.requested, info.limit), (30 * MIB, Some(50 * MIB)));
+    assert!(pool.reserved_bytes() <= 50 * MIB);
+    let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+    pool.deallocate(a, 30 * MIB, 256, &s).unwrap();
+    pool.deallocate(b, 15 * MIB, 256, &s).unwrap();
+    drop(pool);
+    // A limiting adaptor below: a growth past its limit fails there.
+    let base = sim.device_bytes(0);
+    let limited = LimitingAdaptor::new(DeviceResource::new(device.clone()), 40 * MIB);
+    let pool = pool_on(&limited, expandable());
+    let a = pool.allocate(30 * MIB, 256, &s).unwrap();
+    assert_eq!(limited.allocated_bytes(), 30 * MIB);
+    // 20 MiB more would pass 40.
+    let err = pool.allocate(20 * MIB, 256, &s).unwrap_err();
+    assert!(err.is_oom(), "{err}");
+    assert_eq!(limited.allocated_bytes(), 30 * MIB);
+    let b = pool.allocate(8 * MIB, 256, &s).unwrap();
+    assert_eq!(b.0, a.0 + (30 * MIB) as u64);
+    pool.deallocate(b, 8 * MIB, 256, &s).unwrap();
+    pool.deallocate(a, 30 * MIB, 256, &s).unwrap();
+    pool.release().unwrap();
+    assert_eq!(limited.allocated_bytes(), 0);
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn a_failed_growth_loses_nothing() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let a = pool.allocate(15 * MIB, 256, &s).unwrap();
+    let state = || {
+        (
+            pool.reserved_bytes(),
+            sim.device_bytes(0),
+            sim.mapped_bytes(),
+        )
+    };
+    let before = state();
+    // Out of memory in the growth (cuMemCreate): the reclaim gives nothing
+    // back (the range is in use) and the retry succeeds.
+    sim.fail_nth_alloc(1);
+    let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+    pool.deallocate(b, 15 * MIB, 256, &s).unwrap();
+    pool.trim(0).unwrap();
+    assert_eq!(state(), before);
+    // Out of memory every time: the error, nothing lost.
+    for n in 1..=32 {
+        sim.fail_nth_alloc(n);
+    }
+    assert!(pool.allocate(15 * MIB, 256, &s).unwrap_err().is_oom());
+    sim.clear_faults();
+    assert_eq!(state(), before);
+    // Any other failure of the driver (the mapping, the access): that
+    // error, and the pieces made so far undone.
+    for call in ["cuMemMap", "cuMemSetAccess"] {
+        sim.fail_call(call, 1, 999);
+        let err = pool.allocate(15 * MIB, 256, &s).unwrap_err();
+        assert!(matches!(err, Error::Driver { .. }), "{call}: {err:?}");
+        assert_eq!(state(), before, "after a failed {call}");
+        let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+        assert_eq!(
+            b.0,
+            a.0 + (15 * MIB) as u64,
+            "the range still grows in place"
+        );
+        pool.deallocate(b, 15 * MIB, 256, &s).unwrap();
+        pool.trim(0).unwrap();
+    }
+    pool.deallocate(a, 15 * MIB, 256, &s).unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!(sim.mapped_bytes(), 0);
+}
+
+#[test]
+fn an_upstream_that_cannot_grow_gets_regions() {
+    // Without VMM on the device, or through an adaptor that does not pass
+    // growth on, the expandable pool takes regions as the plain one does.
+    let mut config = SimConfig::default();
+    config.vmm = false;
+    let (device, _) = Device::sim_with_driver(config);
+    let s = device.create_stream().unwrap();
+    let up = DeviceResource::new(device.clone());
+    assert!(up.grow_in_place().is_none());
+    let pool = pool_on(up, expandable());
+    let a = pool.allocate(15 * MIB, 256, &s).unwrap();
+    let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.stats().regions, 2);
+    pool.deallocate(a, 15 * MIB, 256, &s).unwrap();
+    pool.deallocate(b, 15 * MIB, 256, &s).unwrap();
+    let (device, _) = common::device(false);
+    let tracked = TrackingAdaptor::new(DeviceResource::new(device.clone()));
+    assert!(tracked.grow_in_place().is_none());
+    let pool = pool_on(tracked, expandable());
+    let a = pool.allocate(15 * MIB, 256, &s).unwrap();
+    let b = pool.allocate(15 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.stats().regions, 2);
+    pool.deallocate(a, 15 * MIB, 256, &s).unwrap();
+    pool.deallocate(b, 15 * MIB, 256, &s).unwrap();
+}
+
+#[test]
+fn statistics_below_the_pool_follow_the_range() {
+    let (device, _) = common::device(false);
+    let s = device.create_stream().unwrap();
+    let stats = StatisticsAdaptor::new(LimitingAdaptor::new(
+        DeviceResource::new(device.clone()),
+        usize::MAX,
+    ));
+    let pool = pool_on(&stats, expandable());
+    let blocks: Vec<_> = (0..3)
+        .map(|_| pool.allocate(15 * MIB, 256, &s).unwrap())
+        .collect();
+    let st = stats.stats();
+    // One allocation (the range) of the pool's whole reserve.
+    assert_eq!(st.allocation.current, 1);
+    assert_eq!(st.allocated_bytes.current as usize, pool.reserved_bytes());
+    assert_eq!(st.allocated_bytes.current as usize, 60 * MIB);
+    for &p in &blocks[1..] {
+        pool.deallocate(p, 15 * MIB, 256, &s).unwrap();
+    }
+    pool.trim(0).unwrap();
+    let st = stats.stats();
+    assert_eq!(st.allocated_bytes.current as usize, 20 * MIB);
+    assert_eq!(st.allocated_bytes.peak as usize, 60 * MIB);
+    assert_eq!(st.allocated_bytes.freed as usize, 40 * MIB);
+    pool.deallocate(blocks[0], 15 * MIB, 256, &s).unwrap();
+    pool.release().unwrap();
+    let st = stats.stats();
+    assert_eq!((st.allocation.current, st.allocated_bytes.current), (0, 0));
+    assert_eq!(st.allocation.total, 1);
+}
+
+#[test]
+fn threads_growing_one_heap_lose_nothing() {
+    // Four threads on shard 0 (no spreading): their growths of the same
+    // range meet (one grows, the others take regions), and every block is
+    // whole and given back.
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let mut config = expandable();
+    config.shards = 1;
+    let pool = Arc::new(pool_on(DeviceResource::new(device.clone()), config));
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let (pool, device) = (pool.clone(), device.clone());
+            std::thread::spawn(move || {
+                let s = device.create_stream().unwrap();
+                common::threads::churn(&*pool, &s, 400, |i| (1 + (i * 7 + t) % 23) * MIB / 2);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(pool.live_bytes(), 0);
+    pool.release().unwrap();
+    assert_eq!(pool.reserved_bytes(), 0);
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn device_resource_grows_and_shrinks_in_place() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let up = DeviceResource::new(device.clone());
+    let g = up.grow_in_place().expect("the simulator has VMM");
+    assert_eq!(g.growth_granularity(), 2 * MIB);
+    let p = g.allocate_growable(3 * MIB, 64 * MIB).unwrap();
+    assert_eq!(sim.device_bytes(0), base + 4 * MIB, "whole granules");
+    assert_eq!(up.allocation_size(p), Some(3 * MIB));
+    g.grow(p, 3 * MIB, 9 * MIB).unwrap();
+    assert_eq!(up.allocation_size(p), Some(9 * MIB));
+    assert_eq!(up.live_blocks()[0].size, 9 * MIB);
+    assert_eq!(sim.device_bytes(0), base + 10 * MIB);
+    // Past the capacity: out of memory, nothing changes.
+    assert!(g.grow(p, 9 * MIB, 65 * MIB).unwrap_err().is_oom());
+    // A wrong current size or a foreign pointer: refused.
+    assert!(matches!(
+        g.grow(p, 3 * MIB, 20 * MIB),
+        Err(Error::InvalidArgument(_))
+    ));
+    let plain = up.allocate_sync(MIB, 256).unwrap();
+    assert!(g.grow(plain, MIB, 4 * MIB).is_err());
+    // Shrinking keeps whole pieces: the first piece (4 MiB) stays.
+    assert_eq!(g.shrink(p, 9 * MIB, 2 * MIB).unwrap(), 4 * MIB);
+    assert_eq!(sim.device_bytes(0), base + 5 * MIB);
+    // Freed at its current size only.
+    let err = up.deallocate_sync(p, 9 * MIB, 256).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidFree {
+            reason: FreeError::SizeMismatch { .. },
+            ..
+        }
+    ));
+    up.deallocate_sync(p, 4 * MIB, 256).unwrap();
+    up.deallocate_sync(plain, MIB, 256).unwrap();
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
+    assert!(g.allocate_growable(0, MIB).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn expandable_pool_model(ops in prop::collection::vec(op(24), 1..160)) {
+        let (device, sim, streams, base) = model_setup();
+        let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn expandable_pool_model_in_small_steps(ops in prop::collection::vec(op(23), 1..160)) {
+        // Growths of one granule: ranges of many pieces, which trims give
+        // back one by one.
+        let (device, sim, streams, base) = model_setup();
+        let mut config = expandable();
+        config.growth.small_region = 2 * MIB;
+        config.growth.medium_region = 2 * MIB;
+        let pool = pool_on(DeviceResource::new(device.clone()), config);
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn expandable_pool_model_tight(ops in prop::collection::vec(op(22), 1..160)) {
+        // A small device and a limit: growth fails often and the reclaim runs.
+        let (device, sim) = sim(48 << 20);
+        let streams: Vec<_> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let base = sim.device_bytes(0);
+        let mut config = expandable();
+        config.max_reserved = Some(40 << 20);
+        run_model(pool_on(DeviceResource::new(device.clone()), config), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn expandable_pool_model_on_threads(ops in prop::collection::vec(op(23), 1..120)) {
+        // Each stream on its own thread and shard.
+        let (device, sim, streams, base) = model_setup();
+        let mut config = expandable();
+        config.spread = Spread::Always;
+        let pool = OnThreads::new(pool_on(DeviceResource::new(device.clone()), config), &streams);
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+}
