@@ -111,10 +111,10 @@ def include_dir():
 # The keys of GPUMEM_CONF (crates/gpumem-capi/src/conf.rs documents them).
 SETTINGS = (
     "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
-    "shards", "spread", "nccl_ready", "log",
+    "shards", "spread", "expandable", "nccl_ready", "log",
 )
 # The settings that take True or False.
-SWITCHES = ("nccl_ready",)
+SWITCHES = ("expandable", "nccl_ready")
 
 
 def conf_text(**settings):
@@ -166,7 +166,10 @@ def configure(**settings):
     ``max_bin``, ``shards`` (lock shards of ``pool`` and ``vpool``: 0, the default, for one
     per CPU; 1 for one lock), ``spread`` (``"contended"``, the default: the
     threads use the shards once they contend for one lock; ``"always"``),
-    ``nccl_ready`` (True: the vpool's NCCL-ready mode) and
+    ``expandable`` (True, the default: the heaps of ``pool`` and ``binning``
+    each grow one address range in place; False: separate ``cuMemAlloc``
+    regions, which CUDA IPC needs), ``nccl_ready`` (True: the vpool's
+    NCCL-ready mode) and
     ``log`` (a file to write the RMM CSV log of every allocation to). Values are ints (bytes), strings (``"40GiB"``,
     ``"none"``, ``"vpool"``, a path) or None (the default). They replace
     GPUMEM_CONF as a whole.

@@ -619,6 +619,7 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
     config.max_reserved = conf.max_size;
     config.shards = conf.shards;
     config.spread = conf.spread;
+    config.expandable = conf.expandable;
     let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),

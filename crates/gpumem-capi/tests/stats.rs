@@ -11,12 +11,29 @@ use gpumem_capi::conf::ResourceKind;
 use gpumem_capi::gpumem_device_stats_t;
 use support::{allocator, kinds, sim, stats, MIB};
 
-/// The driver calls that allocate and free what `kind` holds.
-fn driver_calls(kind: ResourceKind) -> Option<(&'static str, &'static str)> {
+/// Every kind's configuration, and the pools' without expandable heaps.
+fn confs() -> Vec<(ResourceKind, String)> {
+    let mut out: Vec<_> = kinds()
+        .into_iter()
+        .map(|k| (k, format!("resource={k}")))
+        .collect();
+    for k in [ResourceKind::Pool, ResourceKind::Binning] {
+        out.push((k, format!("resource={k},expandable=false")));
+    }
+    out
+}
+
+/// The driver calls that make and end what a resource configured by
+/// `conf` counts as segments.
+fn driver_calls(kind: ResourceKind, conf: &str) -> Option<(&'static str, &'static str)> {
     match kind {
         ResourceKind::Virtual => Some(("cuMemCreate", "cuMemRelease")),
         // CUDA's pool grows inside the driver: no call to count.
         ResourceKind::Async => None,
+        // Expandable heaps: a segment is a range, grown in place.
+        ResourceKind::Pool | ResourceKind::Binning if !conf.contains("expandable=false") => {
+            Some(("cuMemAddressReserve", "cuMemAddressFree"))
+        }
         _ => Some(("cuMemAlloc", "cuMemFree")),
     }
 }
@@ -24,8 +41,9 @@ fn driver_calls(kind: ResourceKind) -> Option<(&'static str, &'static str)> {
 #[test]
 fn statistics_agree_with_the_resource_and_the_driver() {
     let sizes = [1000, 4096, 3 * MIB, 25 * MIB, 300];
-    for kind in kinds() {
-        let a = allocator(&format!("resource={kind}"));
+    for (kind, conf) in confs() {
+        let kind_conf = conf.as_str();
+        let a = allocator(kind_conf);
         let sim = sim(&a);
         assert_eq!(stats(&a, 0), gpumem_device_stats_t::default(), "{kind}");
         let ptrs: Vec<_> = sizes.iter().map(|&n| a.malloc(n, 0, 0)).collect();
@@ -67,16 +85,17 @@ fn statistics_agree_with_the_resource_and_the_driver() {
                 assert_eq!(
                     s.reserved_bytes.current,
                     sim.device_bytes(0) as i64,
-                    "{kind}: what the driver handed out"
+                    "{kind_conf}: what the driver handed out"
                 );
+                let (made, ended) = driver_calls(kind, kind_conf).unwrap();
                 assert_eq!(
                     s.segment.current,
-                    sim.device_allocations(0) as i64,
-                    "{kind}: one segment per cuMemAlloc"
+                    (sim.call_count(made) - sim.call_count(ended)) as i64,
+                    "{kind_conf}: one segment per {made}"
                 );
             }
         }
-        if let Some((alloc, free)) = driver_calls(kind) {
+        if let Some((alloc, free)) = driver_calls(kind, kind_conf) {
             assert_eq!(s.num_device_alloc, sim.call_count(alloc) as i64, "{kind}");
             assert_eq!(s.num_device_free, sim.call_count(free) as i64, "{kind}");
             assert_eq!(
@@ -95,7 +114,7 @@ fn statistics_agree_with_the_resource_and_the_driver() {
         assert_eq!(s.allocated_bytes.current, 0, "{kind}");
         assert_eq!((s.allocation.allocated, s.allocation.freed), (5, 5));
         assert_eq!(s.reserved_bytes.current, a.reserved_bytes(0) as i64);
-        if let Some((alloc, free)) = driver_calls(kind) {
+        if let Some((alloc, free)) = driver_calls(kind, kind_conf) {
             assert_eq!(s.num_device_alloc, sim.call_count(alloc) as i64, "{kind}");
             assert_eq!(s.num_device_free, sim.call_count(free) as i64, "{kind}");
         }
@@ -161,8 +180,8 @@ fn peaks_and_totals_reset_as_pytorch_resets_them() {
 
 #[test]
 fn largest_free_block_is_servable_without_the_driver() {
-    for kind in kinds() {
-        let a = allocator(&format!("resource={kind}"));
+    for (kind, conf) in confs() {
+        let a = allocator(&conf);
         let sim = sim(&a);
         let p = a.malloc(8 * MIB, 0, 0);
         let keep = a.malloc(MIB, 0, 0);
@@ -174,7 +193,9 @@ fn largest_free_block_is_servable_without_the_driver() {
         }
         // CUDA's pool says only how much it caches, not in what pieces.
         if largest > 0 && kind != ResourceKind::Async {
-            let grows = || driver_calls(kind).map(|(c, _)| sim.call_count(c));
+            // Any call that takes memory from the driver.
+            let grows =
+                || ["cuMemAlloc", "cuMemCreate", "cuMemAddressReserve"].map(|c| sim.call_count(c));
             let (calls, reserved) = (grows(), a.reserved_bytes(0));
             let q = a.malloc(largest, 0, 0);
             assert!(!q.is_null(), "{kind}");
