@@ -307,8 +307,6 @@ impl Parsed {
     }
 }
 
-/// Parses `GPUMEM_CONF`'s text. Problems are collected, not fatal here: the
-/// caller refuses a configuration with any ([`Parsed::error`]).
 /// A true/false value of `key`.
 fn flag(key: &str, value: &str) -> Result<bool, String> {
     match value {
@@ -318,6 +316,8 @@ fn flag(key: &str, value: &str) -> Result<bool, String> {
     }
 }
 
+/// Parses `GPUMEM_CONF`'s text. Problems are collected, not fatal here: the
+/// caller refuses a configuration with any ([`Parsed::error`]).
 pub fn parse(text: &str) -> Parsed {
     let mut conf = Conf::default();
     let mut problems = Vec::new();
