@@ -77,6 +77,16 @@
 //! follows the live peak. Free regions are not given back before growing (on
 //! the shared traces the sizes given back were needed again, and the reserve
 //! grew); they go back only on `trim`, `release` and out-of-memory.
+//!
+//! Expandable heaps ([`PoolConfig::expandable`], the C ABI's default): where
+//! the upstream can grow an allocation in place
+//! ([`MemoryResource::grow_in_place`]), each heap grows one range at its end
+//! instead of taking regions (`pool_resource/expandable.rs`), so free space
+//! at what would have been a region's end joins the next growth, and a trim
+//! also gives back the free end of a range. Separate regions strand that
+//! space: 1.17 of the live peak on resnet50_train against 1.01 with one
+//! range, and 1.19-1.25 against 1.01-1.03 on sizes that change every
+//! iteration (`bench/results/NOTES.md`).
 
 mod expandable;
 

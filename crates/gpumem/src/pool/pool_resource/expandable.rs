@@ -7,8 +7,9 @@
 //! The range a heap grows is its *frontier*. A growth extends it by what
 //! the request needs beyond the free block at its end (when that block is
 //! free for everyone or for the requesting stream), rounded up to the
-//! growth granularity (the upstream's, 2 MiB on an H100): the reserve
-//! follows the live peak to within one granule per heap. A new frontier
+//! growth granularity (the upstream's, 2 MiB on an H100), and by at least
+//! a growth step (2 MiB for the small heap, 20 MiB for the large one): the
+//! reserve follows the live peak to within one step per heap. A new frontier
 //! is taken when there is none, when the range is full (its capacity is
 //! the device's memory, or `max_reserved`), and after a trim gave the
 //! whole range back. While one thread's growth is under way (no lock is
@@ -120,11 +121,11 @@ impl<U: MemoryResource> PoolResource<U> {
 
     /// The least a growth of heap `class` adds: the region size a pool
     /// without expandable heaps would take for small (2 MiB) and medium
-    /// (20 MiB) requests. Each growth costs about one `cuMemAlloc` (create,
-    /// map, set access), so growing by what each request lacks alone would
-    /// cost the first pass 1.7 times as many calls on resnet50_train; the
-    /// reserve ends at most one step above the live peak per heap
-    /// (`bench/results/NOTES.md`).
+    /// (20 MiB) requests. Each growth costs more than a `cuMemAlloc`
+    /// (create, map, set access), and growing by what each request lacks
+    /// alone took 155 growths instead of 117 in resnet50_train's first
+    /// pass; the reserve ends at most one step per heap above what it
+    /// needs (`bench/results/NOTES.md`).
     fn growth_step(&self, class: usize) -> usize {
         let g = &self.config.growth;
         if class == super::SMALL {
