@@ -9,7 +9,8 @@ GPU, under PyTorch's allocator or gpumem on every rank (issue 21).
 starts with the next configuration, so drift and order hit all alike) and prints, per
 configuration: the loss of every step against the ``torch`` run's (the data
 and the initial weights are the same), the median step time and its ratio
-to ``torch``'s, and the peak memory reserved on each rank. Configurations
+to ``torch``'s (of the medians, and the median of the ratios to ``torch``
+in the same round, "paired"), and the peak memory reserved on each rank. Configurations
 are those of ``torch_allocators.py`` (``torch``, ``native:R``,
 ``pluggable:R``, ``mempool:R``).
 
@@ -147,6 +148,7 @@ def compare(args):
                 print(f"{config} round {rnd}: FAILED (exit {p.returncode})\n{tail}", flush=True)
                 runs[config].append({"config": config, "error": tail})
                 continue
+            got[0]["round"] = rnd
             runs[config].append(got[0])
     base = [r for r in runs.get("torch", []) if "error" not in r]
     base_time = statistics.median(r["s_per_step"] for r in base) if base else None
@@ -161,8 +163,15 @@ def compare(args):
             row.update({"s_per_step": t, "losses": ok[0]["losses"],
                         "peak_reserved_per_rank": [r["peak_reserved"] for r in ok[0]["ranks"]],
                         "register": next((r["register"] for r in ok if r.get("register")), None)})
+            row["s_per_step_rounds"] = [r["s_per_step"] for r in ok]
             if base_time:
                 row["time_vs_torch"] = t / base_time
+                # Against torch's time in the same round: the host's drift
+                # between rounds cancels.
+                torch_in = {r["round"]: r["s_per_step"] for r in base}
+                paired = [r["s_per_step"] / torch_in[r["round"]] for r in ok if r["round"] in torch_in]
+                row["time_vs_torch_paired"] = statistics.median(paired) if paired else None
+                row["time_vs_torch_rounds"] = paired
                 diffs = [abs(a - b) / abs(b) for a, b in zip(ok[0]["losses"], base[0]["losses"])]
                 row["max_rel_loss_diff_vs_torch"] = max(diffs)
         rows.append(row)
@@ -171,13 +180,14 @@ def compare(args):
             f.write(json.dumps(row) + "\n")
     print(f"\nddp_gpt2: {args.nproc} ranks, batch {args.batch} x 1024 per rank, {args.steps} steps "
           f"after {args.warmup}, median over {args.rounds} rounds")
-    print(f"{'config':<16} {'s/step':>8} {'vs torch':>9} {'loss diff':>10} {'final loss':>10}  peak reserved GiB per rank")
+    print(f"{'config':<16} {'s/step':>8} {'vs torch':>9} {'paired':>7} {'loss diff':>10} {'final loss':>10}  peak reserved GiB per rank")
     for row in rows:
         if "s_per_step" not in row:
             print(f"{row['config']:<16} FAILED")
             continue
         peaks = " ".join(f"{p / 2**30:.2f}" for p in row["peak_reserved_per_rank"])
-        print(f"{row['config']:<16} {row['s_per_step']:>8.4f} {row.get('time_vs_torch', float('nan')):>9.3f} "
+        paired = row.get("time_vs_torch_paired") or float("nan")
+        print(f"{row['config']:<16} {row['s_per_step']:>8.4f} {row.get('time_vs_torch', float('nan')):>9.3f} {paired:>7.3f} "
               f"{row.get('max_rel_loss_diff_vs_torch', float('nan')):>10.2e} {row['losses'][-1]:>10.4f}  {peaks}")
         if row.get("register"):
             print(f"    register_mem_pool: {row['register']}")
