@@ -267,8 +267,30 @@ def mempool(**settings):
     and asks gpumem for segments), so statistics, CUDA graphs and
     ``torch.OutOfMemoryError`` work as with PyTorch alone. ``settings`` as in
     ``enable()``; they configure gpumem for the whole process.
+
+    CUDA IPC (``torch.multiprocessing`` sending a tensor of the pool to
+    another process) needs ``cuMemAlloc`` memory: ``cudaIpcGetMemHandle``
+    refuses VMM memory, and PyTorch then raises "CUDA error: invalid
+    argument". So for ``resource="pool"`` (the default) and ``"binning"``
+    this takes separate regions (``expandable=False``) unless ``expandable``
+    is given, or GPUMEM_CONF is set in the environment (then it is obeyed:
+    add ``expandable=false`` there for IPC), or gpumem already serves
+    allocations with another configuration (which stays). ``vpool``'s
+    memory is VMM memory: no IPC of its tensors.
     """
-    if settings:
+    implicit = False
+    if settings.get("resource", "pool") in ("pool", "binning") and "expandable" not in settings:
+        if settings or not os.environ.get("GPUMEM_CONF", "").strip():
+            implicit = True
+    if implicit:
+        try:
+            configure(**dict(settings, expandable=False))
+        except ValueError:
+            # Configured already (the first allocation fixes it): the
+            # settings as given must match it, or none were given.
+            if settings:
+                configure(**settings)
+    elif settings:
         configure(**settings)
     check_config()
     torch = _torch()

@@ -367,6 +367,63 @@ def test_cuda_ipc_of_a_tensor_is_refused_with_a_clear_error():
     assert r["after"] == 2 * (1 << 20)
 
 
+MEMPOOL_IPC = """
+import json, sys
+import torch
+import torch.multiprocessing as mp
+import gpumem.torch as gt
+
+def child(q, r):
+    t = q.get()
+    r.put([float(t.double().sum().item()), float(t[-1].item())])
+
+if __name__ == "__main__":
+    settings = json.loads(sys.argv[1])
+    pool = gt.mempool(**settings)
+    with torch.cuda.use_mem_pool(pool):
+        pad = torch.zeros(3 << 18, device="cuda")
+        x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    torch.cuda.synchronize()
+    ctx = mp.get_context("spawn")
+    q, r = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(q, r))
+    p.start()
+    out = {"want": [float(x.double().sum().item()), float((1 << 20) - 1)]}
+    q.put(x)
+    try:
+        out["got"] = r.get(timeout=60)
+    except Exception as e:  # the sharing failed in the queue's feeder thread
+        out["got"] = None
+    p.join(30)
+    if p.is_alive():
+        p.kill()
+    print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("settings", [{}, {"resource": "pool"}, {"expandable": True}])
+def test_cuda_ipc_of_a_mempool_tensor_reaches_another_process(settings, tmp_path):
+    # PyTorch's allocator in charge, gpumem's pool under it: the MemPool's
+    # regions are cuMemAlloc memory, which cudaIpcGetMemHandle accepts,
+    # unless expandable heaps were asked for (VMM memory: refused).
+    script = tmp_path / "mempool_ipc.py"
+    script.write_text(MEMPOOL_IPC)
+    env = dict(os.environ, GPUMEM_DEVICE="cuda")
+    env.pop("GPUMEM_CONF", None)
+    p = subprocess.run(
+        [sys.executable, str(script), json.dumps(settings)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    r = json.loads(lines[-1][len("RESULT ") :])
+    if settings.get("expandable"):
+        assert r["got"] is None, r
+        assert "invalid argument" in p.stderr, p.stderr[-2000:]
+    else:
+        assert r["got"] == r["want"], r
+
+
 @pytest.mark.parametrize("resource", ["pool", "vpool"])
 def test_a_captured_resnet18_forward_replays_as_eager(resource):
     r = run_case("graph_resnet", resource)
