@@ -78,13 +78,24 @@ macro_rules! sweep_through_pool {
 }
 
 sweep_through_pool!(
-    PoolResource<DeviceResource>,
     CachingPool<DeviceResource>,
     FixedSizeResource<DeviceResource>,
     ArenaResource<DeviceResource>,
     PinnedPool,
     AsyncResource
 );
+
+impl SweepPool for PoolResource<DeviceResource> {
+    fn sweep_trim(&self) -> Result<usize> {
+        Pool::trim(self, 0)
+    }
+    fn sweep_release(&self) -> Result<usize> {
+        Pool::release(self)
+    }
+    fn check(&self) -> std::result::Result<(), String> {
+        self.check_invariants()
+    }
+}
 
 impl SweepPool for BinningResource<PoolResource<DeviceResource>> {
     fn sweep_trim(&self) -> Result<usize> {
@@ -123,6 +134,16 @@ fn subjects() -> Vec<Subject> {
             max_request: 64 << 20,
             make: |d| {
                 let p = PoolResource::new(DeviceResource::new(d.clone()), PoolConfig::default())?;
+                Ok(Box::new(p))
+            },
+        },
+        Subject {
+            name: "PoolResource (expandable)",
+            max_request: 64 << 20,
+            make: |d| {
+                let mut config = PoolConfig::default();
+                config.expandable = true;
+                let p = PoolResource::new(DeviceResource::new(d.clone()), config)?;
                 Ok(Box::new(p))
             },
         },
@@ -527,6 +548,7 @@ macro_rules! sweep_tests {
 
 sweep_tests! {
     sweep_pool_resource => "PoolResource",
+    sweep_pool_resource_expandable => "PoolResource (expandable)",
     sweep_caching_pool => "CachingPool",
     sweep_fixed_size => "FixedSizeResource",
     sweep_binning => "BinningResource",

@@ -189,6 +189,18 @@ fn stress_pool_resource() {
 }
 
 #[test]
+fn stress_pool_resource_expandable() {
+    let d = device();
+    let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
+    config.expandable = true;
+    let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
+    stress("PoolResource (expandable)", mr.clone(), &d, || {
+        mr.live_bytes()
+    });
+}
+
+#[test]
 fn stress_caching_pool() {
     let d = device();
     let mut config = CachingPoolConfig::default();

@@ -128,7 +128,7 @@ impl GrowableRanges {
             pieces: Vec::new(),
         };
         if let Err(e) = self.map_piece(device, base.0, &mut range, bytes) {
-            let _ = device.driver().vmm_free_address(base, capacity);
+            undo(|| device.driver().vmm_free_address(base, capacity));
             return Err(e);
         }
         lock(&self.ranges).insert(base.0, range);
@@ -147,14 +147,14 @@ impl GrowableRanges {
         let h = driver.vmm_create(device.ordinal(), bytes, HandleType::None.into())?;
         let ptr = DevicePtr(base + at as u64);
         if let Err(e) = driver.vmm_map(ptr, bytes, 0, h) {
-            let _ = driver.vmm_release(h);
+            undo(|| driver.vmm_release(h));
             return Err(e);
         }
         let devices = std::iter::once(device.ordinal()).chain(peers.iter().copied());
         for d in devices {
             if let Err(e) = driver.vmm_set_access(ptr, bytes, d, AccessFlags::ReadWrite) {
-                let _ = driver.vmm_unmap(ptr, bytes);
-                let _ = driver.vmm_release(h);
+                undo(|| driver.vmm_unmap(ptr, bytes));
+                undo(|| driver.vmm_release(h));
                 return Err(e);
             }
         }
@@ -191,7 +191,8 @@ impl GrowableRanges {
             if at < keep {
                 break;
             }
-            if let Err(e) = driver.vmm_unmap(DevicePtr(base + at as u64), bytes) {
+            let ptr = DevicePtr(base + at as u64);
+            if let Err(e) = retried(|| driver.vmm_unmap(ptr, bytes)) {
                 // What was given back stays given back.
                 return if range.mapped() < before {
                     Ok(range.mapped())
@@ -200,9 +201,9 @@ impl GrowableRanges {
                 };
             }
             range.pieces.pop();
-            // Unmapped, the piece is no longer reachable: a failed release
-            // leaks it in the driver, nothing the pool could use.
-            let _ = driver.vmm_release(h);
+            // Unmapped, the piece is no longer reachable: whatever its
+            // release says, it is not the allocation's any more.
+            undo(|| driver.vmm_release(h));
         }
         Ok(range.mapped())
     }
@@ -218,18 +219,33 @@ impl GrowableRanges {
         let driver = device.driver();
         let mapped = range.mapped();
         if mapped > 0 {
-            if let Err(e) = driver.vmm_unmap(DevicePtr(base), mapped) {
+            if let Err(e) = retried(|| driver.vmm_unmap(DevicePtr(base), mapped)) {
+                // Still mapped, still usable: the allocation stays.
                 ranges.insert(base, range);
                 return Err(e);
             }
         }
-        let mut first_err = None;
+        // Unmapped, the allocation is gone whatever follows: a release or
+        // an address free that fails twice leaks in the driver (and says
+        // so), nothing the caller could use.
         for &(_, _, h) in &range.pieces {
-            if let Err(e) = driver.vmm_release(h) {
-                first_err.get_or_insert(e);
-            }
+            undo(|| driver.vmm_release(h));
         }
-        let freed = driver.vmm_free_address(DevicePtr(base), range.capacity);
-        first_err.map_or(freed, Err)
+        undo(|| driver.vmm_free_address(DevicePtr(base), range.capacity));
+        Ok(())
+    }
+}
+
+/// `call`, tried once more if it fails (a driver call that failed once may
+/// not fail again, and what it gives back matters).
+fn retried(mut call: impl FnMut() -> Result<()>) -> Result<()> {
+    call().or_else(|_| call())
+}
+
+/// A driver call that undoes or ends something that can no longer be
+/// used: tried twice, and a failure is logged, not returned.
+fn undo(call: impl FnMut() -> Result<()>) {
+    if let Err(e) = retried(call) {
+        log::error!("growable device memory: could not give back: {e}");
     }
 }
