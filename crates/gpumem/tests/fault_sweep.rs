@@ -85,18 +85,6 @@ sweep_through_pool!(
     AsyncResource
 );
 
-impl SweepPool for PoolResource<DeviceResource> {
-    fn sweep_trim(&self) -> Result<usize> {
-        Pool::trim(self, 0)
-    }
-    fn sweep_release(&self) -> Result<usize> {
-        Pool::release(self)
-    }
-    fn check(&self) -> std::result::Result<(), String> {
-        self.check_invariants()
-    }
-}
-
 impl SweepPool for BinningResource<PoolResource<DeviceResource>> {
     fn sweep_trim(&self) -> Result<usize> {
         Pool::release(self)
@@ -107,17 +95,24 @@ impl SweepPool for BinningResource<PoolResource<DeviceResource>> {
     }
 }
 
-impl SweepPool for VirtualPool {
-    fn sweep_trim(&self) -> Result<usize> {
-        Pool::trim(self, 0)
-    }
-    fn sweep_release(&self) -> Result<usize> {
-        Pool::release(self)
-    }
-    fn check(&self) -> std::result::Result<(), String> {
-        self.check_invariants()
-    }
+/// The pools with an invariant check of their own.
+macro_rules! sweep_checked {
+    ($($t:ty),*) => {$(
+        impl SweepPool for $t {
+            fn sweep_trim(&self) -> Result<usize> {
+                Pool::trim(self, 0)
+            }
+            fn sweep_release(&self) -> Result<usize> {
+                Pool::release(self)
+            }
+            fn check(&self) -> std::result::Result<(), String> {
+                self.check_invariants()
+            }
+        }
+    )*};
 }
+
+sweep_checked!(PoolResource<DeviceResource>, VirtualPool);
 
 /// A pool under test: its name, the largest request it serves, and how to
 /// build it on a device.
