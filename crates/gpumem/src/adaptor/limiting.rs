@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::{granular_size, oom_device, ALLOCATION_GRANULARITY};
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::resource::growable::not_growable;
 use crate::resource::{GrowInPlace, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::{check_alignment, Error, OomInfo, Result};
@@ -197,9 +198,4 @@ impl<U: MemoryResource> GrowInPlace for LimitingAdaptor<U> {
         self.give_back(old.unwrap_or(0).saturating_sub(new.unwrap_or(0)));
         Ok(kept)
     }
-}
-
-/// The error of a growth call on an adaptor whose upstream cannot grow.
-pub(crate) fn not_growable() -> Error {
-    Error::unsupported("growing allocations in place (the upstream cannot)")
 }

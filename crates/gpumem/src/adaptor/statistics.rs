@@ -68,6 +68,7 @@ use super::flag_lock::FlagLock;
 use super::{granular_size, RetryCounter};
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::resource::growable::not_growable;
 use crate::resource::{GrowInPlace, MemoryResource, Properties};
 use crate::stream::Stream;
 use crate::{check_alignment, Result};
@@ -783,10 +784,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
     }
 
     fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
-        let g = self
-            .upstream
-            .grow_in_place()
-            .ok_or_else(super::limiting::not_growable)?;
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let r = g.allocate_growable(bytes, capacity);
         match &r {
             Ok(_) => self.counting(&mut || self.top.at(0).count_allocation(bytes)),
@@ -797,10 +795,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
     }
 
     fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
-        let g = self
-            .upstream
-            .grow_in_place()
-            .ok_or_else(super::limiting::not_growable)?;
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let r = g.grow(ptr, bytes, new_bytes);
         match &r {
             Ok(()) => self.counting(&mut || self.top.at(0).count_resize(bytes, new_bytes)),
@@ -811,10 +806,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
     }
 
     fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize> {
-        let g = self
-            .upstream
-            .grow_in_place()
-            .ok_or_else(super::limiting::not_growable)?;
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let kept = g.shrink(ptr, bytes, new_bytes)?;
         self.counting(&mut || self.top.at(0).count_resize(bytes, kept));
         Ok(kept)

@@ -127,13 +127,13 @@ impl MemoryResource for DeviceResource {
 }
 
 impl DeviceResource {
-    /// The granularity, and `bytes` rounded up to it (`None` on overflow).
-    fn rounded(&self, bytes: usize) -> Result<(usize, usize)> {
+    /// `bytes` rounded up to the VMM granularity (out of memory on
+    /// overflow).
+    fn rounded(&self, bytes: usize) -> Result<usize> {
         let (gran, _) = self.growable.setup(&self.device)?;
-        let r = bytes
+        bytes
             .checked_next_multiple_of(gran)
-            .ok_or_else(|| Error::oom(bytes))?;
-        Ok((gran, r))
+            .ok_or_else(|| Error::oom(bytes))
     }
 
     /// Checks that `ptr` is a live growable allocation of `bytes`.
@@ -162,8 +162,8 @@ impl GrowInPlace for DeviceResource {
                 "a growable allocation needs more than 0 bytes".into(),
             ));
         }
-        let (_, mapped) = self.rounded(bytes)?;
-        let (_, capacity) = self.rounded(capacity.max(mapped))?;
+        let mapped = self.rounded(bytes)?;
+        let capacity = self.rounded(capacity.max(mapped))?;
         let base = self.growable.allocate(&self.device, mapped, capacity)?;
         self.handed_out.insert(DevicePtr(base), bytes, true);
         Ok(DevicePtr(base))
@@ -174,7 +174,7 @@ impl GrowInPlace for DeviceResource {
         if new_bytes <= bytes {
             return Ok(());
         }
-        let (_, mapped) = self.rounded(new_bytes)?;
+        let mapped = self.rounded(new_bytes)?;
         self.growable.grow(&self.device, ptr.0, mapped)?;
         self.handed_out.resize(ptr, bytes, new_bytes)
     }

@@ -59,6 +59,11 @@ pub trait GrowInPlace: Send + Sync {
     fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize>;
 }
 
+/// The error of a growth call on an adaptor whose upstream cannot grow.
+pub(crate) fn not_growable() -> Error {
+    Error::unsupported("growing allocations in place (the upstream cannot)")
+}
+
 /// One growable allocation: its reserved range and the physical pieces
 /// mapped from its start, in address order.
 #[derive(Debug)]

@@ -54,7 +54,7 @@
 
 mod callback;
 mod device;
-mod growable;
+pub(crate) mod growable;
 mod handed_out;
 mod lent_lock;
 mod managed;
