@@ -171,13 +171,20 @@ pub extern "C" fn gpumem_malloc(
 ) -> *mut c_void {
     guard("gpumem_malloc", std::ptr::null_mut(), || {
         let Ok(size) = usize::try_from(size) else {
-            let msg = format!("gpumem_malloc: negative size {size}");
-            log::error!("{msg}; returning NULL");
-            allocator::set_last_error(&msg);
-            return std::ptr::null_mut();
+            return negative_size(size);
         };
         to_ptr(global().malloc(size, device, stream as usize as u64))
     })
+}
+
+/// [`gpumem_malloc`] of a negative size: reported, NULL.
+#[cold]
+#[inline(never)]
+fn negative_size(size: libc::ssize_t) -> *mut c_void {
+    let msg = format!("gpumem_malloc: negative size {size}");
+    log::error!("{msg}; returning NULL");
+    allocator::set_last_error(&msg);
+    std::ptr::null_mut()
 }
 
 /// Frees `ptr`, allocated by [`gpumem_malloc`] with this `size`, `device` and

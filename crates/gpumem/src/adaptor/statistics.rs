@@ -92,10 +92,15 @@ pub struct Stat {
 // free accepted by a lenient upstream) must not wrap a counter or panic.
 impl Stat {
     /// Undoes a [`SharedStat::sub`] (the peak is not touched: the value only
-    /// comes back to where it was).
+    /// comes back to where it was). The free comes off the total removed as
+    /// far as this frame counted it; the rest (a free counted in the frame
+    /// below) counts as added in this one, so that `total` stays `current +
+    /// freed`.
     fn unsub(&mut self, n: u64) {
+        let back = n.min(self.freed);
         self.current = self.current.saturating_add_unsigned(n);
-        self.freed = self.freed.saturating_sub(n);
+        self.freed -= back;
+        self.total = self.total.saturating_add(n - back);
     }
 
     /// Merges a popped child frame into this one: the child's changes apply on
@@ -177,40 +182,46 @@ struct Frame {
 /// `Mutex` or `unsafe`: every access holds the counters' lock (the
 /// adaptor's [`FlagLock`] or the lock its upstream lends), so relaxed loads
 /// and stores (plain moves) suffice.
+///
+/// The total added is not kept: it is always `current + freed` (every
+/// update moves `current` and one of the totals by the same amount), which
+/// spares an allocation one update per statistic. Only a counter that
+/// saturates breaks that sum, and then the total read saturates too.
 #[derive(Debug, Default)]
 struct SharedStat {
     current: AtomicI64,
     peak: AtomicI64,
-    total: AtomicU64,
     freed: AtomicU64,
 }
 
 impl SharedStat {
     #[inline(always)]
     fn get(&self) -> Stat {
+        let current = self.current.load(Relaxed);
+        let freed = self.freed.load(Relaxed);
         Stat {
-            current: self.current.load(Relaxed),
+            current,
             peak: self.peak.load(Relaxed),
-            total: self.total.load(Relaxed),
-            freed: self.freed.load(Relaxed),
+            total: freed.saturating_add_signed(current),
+            freed,
         }
     }
 
+    /// Makes the counters read as `s` (whose `total` is its `current` plus
+    /// its `freed`, as every [`Stat`] made by this module).
     #[inline(always)]
     fn set(&self, s: Stat) {
         self.current.store(s.current, Relaxed);
         self.peak.store(s.peak, Relaxed);
-        self.total.store(s.total, Relaxed);
         self.freed.store(s.freed, Relaxed);
     }
 
-    /// Adds `n`: the current value and the total grow, the peak follows.
+    /// Adds `n`: the current value (and with it the total) grows, the peak
+    /// follows.
     #[inline(always)]
     fn add(&self, n: u64) {
         let current = self.current.load(Relaxed).saturating_add_unsigned(n);
         self.current.store(current, Relaxed);
-        let total = self.total.load(Relaxed).saturating_add(n);
-        self.total.store(total, Relaxed);
         if current > self.peak.load(Relaxed) {
             self.peak.store(current, Relaxed);
         }
@@ -855,6 +866,42 @@ mod tests {
         };
         parent.merge_child(&s);
         assert_eq!(parent.peak, i64::MAX);
+    }
+
+    #[test]
+    fn the_total_added_is_the_current_value_plus_the_total_removed() {
+        let s = SharedStat::default();
+        s.add(300);
+        s.sub(100);
+        let mut got = s.get();
+        assert_eq!((got.current, got.total, got.freed), (200, 300, 100));
+        // Taking back a free this frame counted: the total removed falls.
+        got.unsub(100);
+        s.set(got);
+        assert_eq!(
+            s.get(),
+            Stat {
+                current: 300,
+                peak: 300,
+                total: 300,
+                freed: 0
+            }
+        );
+        // Taking back a free the frame below counted (this frame counted no
+        // free): the value comes back as an addition.
+        let child = SharedStat::default();
+        let mut c = child.get();
+        c.unsub(256);
+        child.set(c);
+        assert_eq!(
+            child.get(),
+            Stat {
+                current: 256,
+                peak: 0,
+                total: 256,
+                freed: 0
+            }
+        );
     }
 
     #[test]

@@ -1044,8 +1044,10 @@ impl<U: MemoryResource> PoolResource<U> {
         }
     }
 
-    /// An allocation, counted (`count`, see [`LentLock`]) or not.
-    #[inline]
+    /// An allocation, counted (`count`, see [`LentLock`]) or not. Inlined
+    /// into both entry points, so that each is one function: the counted
+    /// one is the C ABI's path.
+    #[inline(always)]
     fn serve(
         &self,
         bytes: usize,
@@ -1072,8 +1074,8 @@ impl<U: MemoryResource> PoolResource<U> {
         Ok(p)
     }
 
-    /// A free, counted (`count`) or not.
-    #[inline]
+    /// A free, counted (`count`) or not (inlined as [`Self::serve`] is).
+    #[inline(always)]
     fn free(&self, ptr: DevicePtr, bytes: usize, stream: &Stream, count: Count<'_>) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
