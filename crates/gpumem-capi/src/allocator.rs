@@ -44,8 +44,7 @@
 //! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
 use std::borrow::Cow;
-use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -61,6 +60,9 @@ use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::foreign_streams::ForeignStreams;
 use crate::graph_pools::{GraphPools, Held, PoolId, Retired};
+use crate::last_error::clear_last_error;
+pub(crate) use crate::last_error::set_last_error;
+pub use crate::last_error::{last_error, last_error_ptr};
 use crate::served::{self, Served};
 use crate::stream_uses::{Refused, Stack, StreamUses};
 use crate::types::gpumem_device_stats_t;
@@ -180,54 +182,6 @@ struct Settings {
     invalid: bool,
     /// A device was built with `conf`: it can no longer change.
     frozen: bool,
-}
-
-thread_local! {
-    /// Why this thread's last allocation through the C ABI failed.
-    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
-    /// `LAST_ERROR` holds a message: a plain flag (no destructor), so the
-    /// allocation path checks it without touching the message's slot.
-    static HAS_LAST_ERROR: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Keeps `msg` as the calling thread's last error.
-pub(crate) fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    if LAST_ERROR.try_with(|e| *e.borrow_mut() = Some(c)).is_ok() {
-        HAS_LAST_ERROR.set(true);
-    }
-}
-
-/// Forgets the calling thread's last error (an allocation begins).
-#[inline]
-fn clear_last_error() {
-    if HAS_LAST_ERROR.get() {
-        HAS_LAST_ERROR.set(false);
-        let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = None);
-    }
-}
-
-/// The message of the calling thread's last failed allocation through
-/// [`Allocator::malloc`] or [`Allocator::cupy_malloc`] (of any allocator),
-/// as a pointer valid until the thread's next allocation; NULL when the last
-/// one did not fail.
-pub fn last_error_ptr() -> *const c_char {
-    LAST_ERROR
-        .try_with(|e| e.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
-        .unwrap_or(std::ptr::null())
-}
-
-/// The calling thread's last allocation error as text, if its last
-/// allocation failed.
-pub fn last_error() -> Option<String> {
-    LAST_ERROR
-        .try_with(|e| {
-            e.borrow()
-                .as_ref()
-                .map(|c| c.to_string_lossy().into_owned())
-        })
-        .ok()
-        .flatten()
 }
 
 /// The C ABI's state: configuration, backend and the per-device stacks.

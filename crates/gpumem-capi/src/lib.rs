@@ -82,6 +82,8 @@ pub mod conf;
 pub mod foreign_streams;
 /// CUDA graphs' private pools.
 pub mod graph_pools;
+#[deny(unsafe_code)]
+pub mod last_error;
 // Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
 // counts; it has no `unsafe` block.
 pub mod regions;
