@@ -55,7 +55,8 @@
 //! allocation's (see [`crate::resource`]), so `allocated_bytes` stays exact;
 //! a pool that compares sizes at the 256-byte granule accepts a size within
 //! the allocation's granule, which moves `requested_bytes` by less than 256
-//! bytes per such (wrong) free. Counters saturate rather than wrap.
+//! bytes per such (wrong) free. Counters saturate rather than wrap, except
+//! those a lending resource applies ([`CallCount`]).
 //!
 //! [`FailureCallbackAdaptor`]: super::FailureCallbackAdaptor
 //! [`PoolResource`]: crate::pool::PoolResource
@@ -217,10 +218,14 @@ impl SharedStat {
     }
 
     /// Adds `n`: the current value (and with it the total) grows, the peak
-    /// follows.
+    /// follows. Saturating, or wrapping where `SERVED` (see [`CallCount`]).
     #[inline(always)]
-    fn add(&self, n: u64) {
-        let current = self.current.load(Relaxed).saturating_add_unsigned(n);
+    fn add<const SERVED: bool>(&self, n: u64) {
+        let current = self.current.load(Relaxed);
+        let current = match SERVED {
+            true => current.wrapping_add_unsigned(n),
+            false => current.saturating_add_unsigned(n),
+        };
         self.current.store(current, Relaxed);
         if current > self.peak.load(Relaxed) {
             self.peak.store(current, Relaxed);
@@ -228,11 +233,15 @@ impl SharedStat {
     }
 
     /// Removes `n`: the current value falls, the total removed grows.
+    /// Saturating, or wrapping where `SERVED` (see [`CallCount`]).
     #[inline(always)]
-    fn sub(&self, n: u64) {
-        let current = self.current.load(Relaxed).saturating_sub_unsigned(n);
+    fn sub<const SERVED: bool>(&self, n: u64) {
+        let (current, freed) = (self.current.load(Relaxed), self.freed.load(Relaxed));
+        let (current, freed) = match SERVED {
+            true => (current.wrapping_sub_unsigned(n), freed.wrapping_add(n)),
+            false => (current.saturating_sub_unsigned(n), freed.saturating_add(n)),
+        };
         self.current.store(current, Relaxed);
-        let freed = self.freed.load(Relaxed).saturating_add(n);
         self.freed.store(freed, Relaxed);
     }
 
@@ -366,34 +375,34 @@ impl TopFrame {
 
     /// Counts an allocation of `bytes` (the counters' lock held).
     #[inline(always)]
-    fn count_allocation(&self, bytes: usize) {
+    fn count_allocation<const SERVED: bool>(&self, bytes: usize) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
-        self.allocated_bytes.add(counted);
-        self.requested_bytes.add(bytes as u64);
-        self.allocation.add(1);
+        self.allocated_bytes.add::<SERVED>(counted);
+        self.requested_bytes.add::<SERVED>(bytes as u64);
+        self.allocation.add::<SERVED>(1);
         if let Some([active_bytes, active]) = self.active() {
-            active_bytes.add(counted);
-            active.add(1);
+            active_bytes.add::<SERVED>(counted);
+            active.add::<SERVED>(1);
         }
     }
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or
     /// both (the counters' lock held).
     #[inline(always)]
-    fn count_free(&self, bytes: usize, side: Side) {
+    fn count_free<const SERVED: bool>(&self, bytes: usize, side: Side) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
         if side != Side::Both {
             self.defer();
         }
         if side != Side::Upstream {
-            self.allocated_bytes.sub(counted);
-            self.requested_bytes.sub(bytes as u64);
-            self.allocation.sub(1);
+            self.allocated_bytes.sub::<SERVED>(counted);
+            self.requested_bytes.sub::<SERVED>(bytes as u64);
+            self.allocation.sub::<SERVED>(1);
         }
         if side != Side::Caller {
             if let Some([active_bytes, active]) = self.active() {
-                active_bytes.sub(counted);
-                active.sub(1);
+                active_bytes.sub::<SERVED>(counted);
+                active.sub::<SERVED>(1);
             }
         }
     }
@@ -405,8 +414,8 @@ impl TopFrame {
         let granular = |b: usize| granular_size(b).unwrap_or(usize::MAX) as u64;
         let (g_old, g_new) = (granular(old), granular(new));
         let resize = |stat: &SharedStat, from: u64, to: u64| match to.checked_sub(from) {
-            Some(more) => stat.add(more),
-            None => stat.sub(from - to),
+            Some(more) => stat.add::<false>(more),
+            None => stat.sub::<false>(from - to),
         };
         resize(&self.allocated_bytes, g_old, g_new);
         resize(&self.requested_bytes, old as u64, new as u64);
@@ -659,7 +668,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
             None => {
                 self.upstream.deallocate(ptr, bytes, alignment, stream)?;
                 let _guard = self.busy.lock();
-                self.top.at(0).count_free(bytes, side);
+                self.top.at(0).count_free::<false>(bytes, side);
                 Ok(())
             }
         }
@@ -673,13 +682,19 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 
     /// Counts a free of `bytes` on the caller's side, the upstream's or both.
     fn count_free(&self, bytes: usize, side: Side) {
-        self.counting(&mut || self.top.at(0).count_free(bytes, side));
+        self.counting(&mut || self.top.at(0).count_free::<false>(bytes, side));
     }
 }
 
 /// One call to count, handed to a resource that lends its lock
 /// ([`LentLock`]): it [`CallCount::apply`]s it holding that lock, once the
 /// call succeeded.
+///
+/// Such a count uses plain (wrapping) arithmetic, not the saturating kind
+/// of the adaptor's other counts: its sizes are those of blocks the pool
+/// handed out or accepted back (at most the device's memory), so no sum
+/// comes near `i64::MAX` in any run, while overflow checks lengthen the
+/// C ABI's path on every call (`bench/results/NOTES.md`).
 ///
 /// [`LentLock`]: crate::resource::LentLock
 #[derive(Debug)]
@@ -705,8 +720,8 @@ impl CallCount<'_> {
     pub fn apply(self, lock: usize) {
         let top = self.top.at(lock);
         match self.call {
-            Call::Allocate => top.count_allocation(self.bytes),
-            Call::Free(side) => top.count_free(self.bytes, side),
+            Call::Allocate => top.count_allocation::<true>(self.bytes),
+            Call::Free(side) => top.count_free::<true>(self.bytes, side),
         }
     }
 }
@@ -743,7 +758,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
                 .allocate(bytes, alignment, stream)
                 .inspect(|_| {
                     let _guard = self.busy.lock();
-                    top.at(0).count_allocation(bytes);
+                    top.at(0).count_allocation::<false>(bytes);
                 }),
         };
         if let Err(e) = &r {
@@ -798,7 +813,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let r = g.allocate_growable(bytes, capacity);
         match &r {
-            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation(bytes)),
+            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation::<false>(bytes)),
             Err(e) if e.is_oom() => self.count_oom(),
             Err(_) => {}
         }
@@ -831,10 +846,10 @@ mod tests {
     #[test]
     fn stat_tracks_current_peak_and_totals() {
         let s = SharedStat::default();
-        s.add(100);
-        s.add(50);
-        s.sub(100);
-        s.add(20);
+        s.add::<false>(100);
+        s.add::<false>(50);
+        s.sub::<false>(100);
+        s.add::<false>(20);
         assert_eq!(
             s.get(),
             Stat {
@@ -849,13 +864,13 @@ mod tests {
     #[test]
     fn counters_saturate_instead_of_wrapping() {
         let shared = SharedStat::default();
-        shared.add(1024);
-        shared.sub(u64::MAX);
-        shared.sub(u64::MAX);
+        shared.add::<false>(1024);
+        shared.sub::<false>(u64::MAX);
+        shared.sub::<false>(u64::MAX);
         assert_eq!(shared.get().current, i64::MIN);
         assert_eq!(shared.get().freed, u64::MAX);
-        shared.add(u64::MAX);
-        shared.add(u64::MAX);
+        shared.add::<false>(u64::MAX);
+        shared.add::<false>(u64::MAX);
         let s = shared.get();
         assert_eq!(s.total, u64::MAX);
         assert!(s.current > 0);
@@ -871,8 +886,8 @@ mod tests {
     #[test]
     fn the_total_added_is_the_current_value_plus_the_total_removed() {
         let s = SharedStat::default();
-        s.add(300);
-        s.sub(100);
+        s.add::<false>(300);
+        s.sub::<false>(100);
         let mut got = s.get();
         assert_eq!((got.current, got.total, got.freed), (200, 300, 100));
         // Taking back a free this frame counted: the total removed falls.
@@ -914,8 +929,8 @@ mod tests {
             freed: 500,
         };
         let child = SharedStat::default();
-        child.add(500); // 1500 overall: new peak
-        child.sub(700);
+        child.add::<false>(500); // 1500 overall: new peak
+        child.sub::<false>(700);
         parent.merge_child(&child.get());
         assert_eq!(parent.current, 800);
         assert_eq!(parent.peak, 1500);
@@ -924,7 +939,7 @@ mod tests {
 
         // A child whose peak stays under the parent's old peak leaves it.
         let child = SharedStat::default();
-        child.add(100);
+        child.add::<false>(100);
         parent.merge_child(&child.get());
         assert_eq!(parent.peak, 1500);
         assert_eq!(parent.current, 900);
