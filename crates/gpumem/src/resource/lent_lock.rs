@@ -30,7 +30,9 @@ use crate::Result;
 /// [`VirtualPool`](crate::pool::VirtualPool)'s shards), in the cell of
 /// that lock, and every `f` is run holding all of them, so updates of one
 /// cell never interleave. `f` must be short and must not call the resource
-/// (the locks are held).
+/// (the locks are held). A count adds without overflow checks
+/// ([`CallCount`]): apply it only for a block the resource handed out, or
+/// took back, at its real size.
 ///
 /// [`MemoryResource::lent_lock`]: super::MemoryResource::lent_lock
 pub trait LentLock {
