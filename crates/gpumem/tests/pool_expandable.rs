@@ -14,6 +14,7 @@ use common::suite;
 use common::threads::OnThreads;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor};
 use gpumem::driver::sim::SimConfig;
+use gpumem::driver::DevicePtr;
 use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DeviceBuffer, Error, FreeError};
@@ -224,6 +225,147 @@ fn a_failed_growth_loses_nothing() {
     assert_eq!(sim.mapped_bytes(), 0);
 }
 
+/// A heap whose range holds two free 64 MiB pieces in its middle, freed on
+/// `s`, and a small block at its end: `[x 128 MiB free][y 4 MiB][16 MiB
+/// free]`. Returns y.
+fn hole_in_the_middle<U: MemoryResource>(pool: &PoolResource<U>, s: &gpumem::Stream) -> DevicePtr {
+    let x = pool.allocate(128 * MIB, 256, s).unwrap();
+    let y = pool.allocate(4 * MIB, 256, s).unwrap();
+    assert_eq!(pool.reserved_bytes(), 148 * MIB, "a 20 MiB step after x");
+    pool.deallocate(x, 128 * MIB, 256, s).unwrap();
+    y
+}
+
+#[test]
+fn a_growth_recycles_free_pieces_instead_of_creating_memory() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&pool, &s);
+    let creates = sim.call_count("cuMemCreate");
+    // 200 MiB fit nowhere: the two free pieces of x (64 MiB each) move to
+    // the end, and the range creates only the 56 MiB still lacking.
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), (148 + 56) * MIB);
+    assert_eq!(sim.device_bytes(0), base + (148 + 56) * MIB);
+    assert_eq!(
+        sim.mapped_bytes(),
+        (148 + 56) * MIB,
+        "x's addresses are unmapped"
+    );
+    assert_eq!(
+        sim.call_count("cuMemCreate"),
+        creates + 1,
+        "one piece of 56 MiB"
+    );
+    assert_eq!(z.0, y.0 + (4 * MIB) as u64, "z follows y");
+    let st = pool.stats();
+    assert_eq!((st.regions, st.reserved), (1, (148 + 56) * MIB), "{st:?}");
+    pool.check_invariants().unwrap();
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.release().unwrap(), (148 + 56) * MIB);
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn data_across_recycled_pieces_is_whole() {
+    // On the real GPU too: the moved memory is mapped and accessible where
+    // it lands, and a block across the kept, moved and new pieces holds
+    // its data.
+    let (device, _) = common::device(true);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let x = pool.allocate(128 * MIB, 256, &s).unwrap();
+    let y_data = common::random_bytes(4 * MIB, 3);
+    let y = DeviceBuffer::from_slice(&y_data, &pool, &s).unwrap();
+    pool.deallocate(x, 128 * MIB, 256, &s).unwrap();
+    let data = common::random_bytes(200 * MIB, 9);
+    let z = DeviceBuffer::from_slice(&data, &pool, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), (148 + 56) * MIB, "x's pieces moved");
+    let same = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(p, q)| p != q);
+    assert_eq!(same(&z.to_vec().unwrap(), &data), None, "z differs at");
+    assert_eq!(same(&y.to_vec().unwrap(), &y_data), None, "y differs at");
+    pool.check_invariants().unwrap();
+    drop((y, z));
+    assert_eq!(pool.release().unwrap(), (148 + 56) * MIB);
+}
+
+#[test]
+fn a_piece_freed_on_a_busy_stream_moves_after_its_work() {
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let x = pool.allocate(128 * MIB, 256, &s).unwrap();
+    let y = pool.allocate(4 * MIB, 256, &s).unwrap();
+    // Work queued on s still uses x when it is freed.
+    sim.hold(s.raw());
+    common::model::enqueue_work(&s);
+    pool.deallocate(x, 128 * MIB, 256, &s).unwrap();
+    assert!(sim.pending_ops(s.raw()) > 0);
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(
+        sim.pending_ops(s.raw()),
+        0,
+        "the stream was waited for first"
+    );
+    assert_eq!(pool.reserved_bytes(), (148 + 56) * MIB);
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn nothing_is_recycled_while_a_capture_is_under_way() {
+    let (device, sim) = sim(8 << 30);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&pool, &s);
+    let other = device.create_stream().unwrap();
+    other
+        .begin_capture(gpumem::driver::CaptureMode::Global)
+        .unwrap();
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(
+        pool.reserved_bytes(),
+        (148 + 184) * MIB,
+        "the range grew by all it lacked"
+    );
+    drop(other.end_capture().unwrap());
+    assert!(sim.capture_violations().is_empty());
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_recycle_loses_nothing() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&pool, &s);
+    // The first map of a moved piece fails: that piece goes back to the
+    // driver, and the growth creates what is lacking.
+    sim.fail_call("cuMemMap", 1, 999);
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    sim.clear_faults();
+    pool.check_invariants().unwrap();
+    assert_eq!(pool.reserved_bytes(), sim.device_bytes(0) - base);
+    assert_eq!(sim.mapped_bytes(), sim.device_bytes(0) - base);
+    assert!(pool.reserved_bytes() <= (148 + 184) * MIB);
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    pool.release().unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
+}
+
 #[test]
 fn an_upstream_that_cannot_grow_gets_regions() {
     // Without VMM on the device, or through an adaptor that does not pass
@@ -352,6 +494,67 @@ fn device_resource_grows_and_shrinks_in_place() {
     assert_eq!(sim.device_bytes(0), base);
     assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
     assert!(g.allocate_growable(0, MIB).is_err());
+}
+
+#[test]
+fn device_resource_splits_ranges_and_recycles_pieces() {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let up = DeviceResource::new(device.clone());
+    let g = up.grow_in_place().unwrap();
+    // Pieces of at most 32 granules (64 MiB), cut from each growth's start.
+    let p = g.allocate_growable(100 * MIB, 1 << 30).unwrap();
+    assert_eq!(
+        g.pieces(p, 100 * MIB).unwrap(),
+        vec![(0, 64 * MIB), (64 * MIB, 36 * MIB)]
+    );
+    g.grow(p, 100 * MIB, 120 * MIB).unwrap();
+    assert_eq!(
+        g.pieces(p, 120 * MIB).unwrap().len(),
+        3,
+        "a growth is a piece of its own"
+    );
+    // Cuts fall between pieces only.
+    for at in [0, 10 * MIB, 120 * MIB] {
+        assert!(matches!(
+            g.split(p, 120 * MIB, at),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    let tail = g.split(p, 120 * MIB, 64 * MIB).unwrap();
+    assert_eq!(tail.0, p.0 + (64 * MIB) as u64);
+    assert_eq!(up.allocation_size(p), Some(64 * MIB));
+    assert_eq!(up.allocation_size(tail), Some(56 * MIB));
+    assert!(
+        g.grow(p, 64 * MIB, 66 * MIB).unwrap_err().is_oom(),
+        "the head cannot grow"
+    );
+    g.grow(tail, 56 * MIB, 60 * MIB).unwrap();
+    // Recycling: one piece only, into another range, named at its sizes.
+    assert!(
+        g.recycle(tail, 60 * MIB, p, 64 * MIB).is_err(),
+        "several pieces"
+    );
+    assert!(g.recycle(p, 64 * MIB, p, 64 * MIB).is_err(), "into itself");
+    assert!(
+        g.recycle(p, 64 * MIB, tail, 58 * MIB).is_err(),
+        "a wrong size"
+    );
+    let (mapped, physical) = (sim.mapped_bytes(), sim.device_bytes(0));
+    g.recycle(p, 64 * MIB, tail, 60 * MIB).unwrap();
+    assert_eq!(up.allocation_size(p), None, "p ended");
+    assert_eq!(up.allocation_size(tail), Some(124 * MIB));
+    assert_eq!(
+        (sim.mapped_bytes(), sim.device_bytes(0)),
+        (mapped, physical),
+        "the same memory"
+    );
+    assert!(up.deallocate_sync(p, 64 * MIB, 256).is_err());
+    // The reservation goes with its last range.
+    assert!(sim.reserved_va_bytes() > 0);
+    up.deallocate_sync(tail, 124 * MIB, 256).unwrap();
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
 }
 
 proptest! {

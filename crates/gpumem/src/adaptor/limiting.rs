@@ -198,4 +198,28 @@ impl<U: MemoryResource> GrowInPlace for LimitingAdaptor<U> {
         self.give_back(old.unwrap_or(0).saturating_sub(new.unwrap_or(0)));
         Ok(kept)
     }
+
+    fn pieces(&self, ptr: DevicePtr, bytes: usize) -> Result<Vec<(usize, usize)>> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        g.pieces(ptr, bytes)
+    }
+
+    /// Counts nothing: the bytes stay (splits fall between pieces, whole
+    /// granules).
+    fn split(&self, ptr: DevicePtr, bytes: usize, at: usize) -> Result<DevicePtr> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        g.split(ptr, bytes, at)
+    }
+
+    /// Counts nothing: the same memory moves from `src` to `dst`.
+    fn recycle(
+        &self,
+        src: DevicePtr,
+        src_bytes: usize,
+        dst: DevicePtr,
+        dst_bytes: usize,
+    ) -> Result<()> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        g.recycle(src, src_bytes, dst, dst_bytes)
+    }
 }

@@ -837,6 +837,41 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         self.counting(&mut || self.top.at(0).count_resize(bytes, kept));
         Ok(kept)
     }
+
+    fn pieces(&self, ptr: DevicePtr, bytes: usize) -> Result<Vec<(usize, usize)>> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        g.pieces(ptr, bytes)
+    }
+
+    /// Counted as the allocation shrunk to `at` and a new one of the rest.
+    fn split(&self, ptr: DevicePtr, bytes: usize, at: usize) -> Result<DevicePtr> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let tail = g.split(ptr, bytes, at)?;
+        self.counting(&mut || {
+            let top = self.top.at(0);
+            top.count_resize(bytes, at);
+            top.count_allocation::<false>(bytes - at);
+        });
+        Ok(tail)
+    }
+
+    /// Counted as a free of `src` and a growth of `dst`.
+    fn recycle(
+        &self,
+        src: DevicePtr,
+        src_bytes: usize,
+        dst: DevicePtr,
+        dst_bytes: usize,
+    ) -> Result<()> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        g.recycle(src, src_bytes, dst, dst_bytes)?;
+        self.counting(&mut || {
+            let top = self.top.at(0);
+            top.count_free::<false>(src_bytes, Side::Both);
+            top.count_resize(dst_bytes, dst_bytes + src_bytes);
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]

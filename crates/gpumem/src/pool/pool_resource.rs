@@ -89,6 +89,7 @@
 //! iteration (`bench/results/NOTES.md`).
 
 mod expandable;
+mod recycle;
 
 use self::expandable::Frontier;
 use super::live_blocks;

@@ -191,4 +191,41 @@ impl GrowInPlace for DeviceResource {
         }
         Ok(kept)
     }
+
+    fn pieces(&self, ptr: DevicePtr, bytes: usize) -> Result<Vec<(usize, usize)>> {
+        self.check_growable(ptr, bytes)?;
+        self.growable.pieces(ptr.0)
+    }
+
+    fn split(&self, ptr: DevicePtr, bytes: usize, at: usize) -> Result<DevicePtr> {
+        self.check_growable(ptr, bytes)?;
+        if at == 0 || at >= bytes {
+            return Err(Error::InvalidArgument(format!(
+                "cannot split {:#x} of {bytes} bytes at {at}",
+                ptr.0
+            )));
+        }
+        let tail = self.growable.split(ptr.0, at)?;
+        // Cannot fail: `ptr` was checked live with `bytes` under no other
+        // call that changes it (the pool holds its lock).
+        self.handed_out.resize(ptr, bytes, at)?;
+        self.handed_out.insert(DevicePtr(tail), bytes - at, true);
+        Ok(DevicePtr(tail))
+    }
+
+    fn recycle(
+        &self,
+        src: DevicePtr,
+        src_bytes: usize,
+        dst: DevicePtr,
+        dst_bytes: usize,
+    ) -> Result<()> {
+        self.check_growable(src, src_bytes)?;
+        self.check_growable(dst, dst_bytes)?;
+        self.growable
+            .recycle(&self.device, (src.0, src_bytes), (dst.0, dst_bytes))?;
+        self.handed_out.take(src, src_bytes)?;
+        self.handed_out
+            .resize(dst, dst_bytes, dst_bytes + src_bytes)
+    }
 }

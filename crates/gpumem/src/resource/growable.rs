@@ -14,8 +14,19 @@
 //! only); each growth creates physical memory for the new bytes
 //! (`cuMemCreate`), maps it at the end (`cuMemMap`) and makes it accessible
 //! (`cuMemSetAccess`), about one `cuMemAlloc`'s cost on an H100; a shrink
-//! unmaps and releases the physical pieces past the new end. Pieces are
-//! whole growths, so a shrink keeps any piece that straddles the new end.
+//! unmaps and releases the physical pieces past the new end.
+//!
+//! Each growth is mapped in pieces of at most [`PIECE_GRANULES`] granules
+//! (64 MiB on an H100), cut from its start, so that a free stretch in the
+//! middle of a range holds whole pieces. A caller can then [`split`] a range at a
+//! piece's edges and [`recycle`] the piece: unmap it there and map the same
+//! memory at the end of a range that must grow, instead of creating more
+//! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces"). The
+//! ranges cut from one reservation share it; its addresses go back with
+//! the last of them.
+//!
+//! [`split`]: GrowInPlace::split
+//! [`recycle`]: GrowInPlace::recycle
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -24,6 +35,13 @@ use crate::device::Device;
 use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
 use crate::pool::stream_order::sync::lock;
 use crate::{Error, Result};
+
+/// Granules a piece of physical memory of a growable allocation spans at
+/// most (64 MiB at the H100's 2 MiB): the unit a free stretch can be
+/// recycled in. Smaller pieces recycle more (gpt2_train's reserve: 1.05 of
+/// the live peak at 8 granules, 1.06 at 32) and cost a `cuMemCreate` and a
+/// `cuMemMap` each (`bench/results/NOTES.md`).
+pub const PIECE_GRANULES: usize = 32;
 
 /// A resource whose allocations can grow and shrink in place at their end,
 /// keeping their address. A resource offers it through
@@ -54,9 +72,46 @@ pub trait GrowInPlace: Send + Sync {
     /// `new_bytes` (more than 0), giving back the physical memory past the
     /// new end. Returns the size kept: at least `new_bytes`, more where a
     /// piece of physical memory straddles `new_bytes` (see
-    /// [`growth_granularity`](Self::growth_granularity)), `bytes` when
-    /// nothing could go.
+    /// [`pieces`](Self::pieces)), `bytes` when nothing could go.
     fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize>;
+
+    /// The pieces of physical memory of the growable allocation at `ptr` of
+    /// `bytes`, as `(offset, bytes)` from its start, in address order: the
+    /// cuts at which it can be [`split`](Self::split), and the units a
+    /// [`recycle`](Self::recycle) moves. [`Error::Unsupported`] from a
+    /// resource that cannot split.
+    fn pieces(&self, ptr: DevicePtr, bytes: usize) -> Result<Vec<(usize, usize)>> {
+        let _ = (ptr, bytes);
+        Err(Error::unsupported("splitting growable allocations"))
+    }
+
+    /// Splits the growable allocation at `ptr` of `bytes` at `at`, a cut
+    /// between two of its [`pieces`](Self::pieces): it keeps its first `at`
+    /// bytes (and can no longer grow), and the rest becomes an allocation
+    /// of `bytes - at` at `ptr + at`, returned, which grows as the whole
+    /// did. No memory moves; nothing changes on an error.
+    fn split(&self, ptr: DevicePtr, bytes: usize, at: usize) -> Result<DevicePtr> {
+        let _ = (ptr, bytes, at);
+        Err(Error::unsupported("splitting growable allocations"))
+    }
+
+    /// Moves the memory of `src`, a growable allocation of `src_bytes` that
+    /// is one piece, to the end of `dst`, a growable allocation of
+    /// `dst_bytes` (its whole pieces): `src` is unmapped and ends, and `dst`
+    /// grows by `src_bytes` with the same physical memory. What `src` held
+    /// is lost; the caller must know no work still uses it. On an error
+    /// `dst` is unchanged and `src` is still an allocation, to be freed
+    /// (its memory may be gone when even the undo failed).
+    fn recycle(
+        &self,
+        src: DevicePtr,
+        src_bytes: usize,
+        dst: DevicePtr,
+        dst_bytes: usize,
+    ) -> Result<()> {
+        let _ = (src, src_bytes, dst, dst_bytes);
+        Err(Error::unsupported("recycling growable allocations"))
+    }
 }
 
 /// The error of a growth call on an adaptor whose upstream cannot grow.
@@ -64,26 +119,58 @@ pub(crate) fn not_growable() -> Error {
     Error::unsupported("growing allocations in place (the upstream cannot)")
 }
 
-/// One growable allocation: its reserved range and the physical pieces
-/// mapped from its start, in address order.
+/// A piece of physical memory mapped in a range.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// Offset from the range's start.
+    at: usize,
+    bytes: usize,
+    handle: RawPhys,
+    /// False once unmapped by a recycle whose undo failed: nothing to unmap
+    /// or release any more.
+    mapped: bool,
+}
+
+/// One growable allocation: where it lies in its reservation and the
+/// physical pieces mapped from its start, in address order.
 #[derive(Debug)]
 struct Range {
+    /// Base of the reservation the range lies in.
+    reservation: u64,
+    /// Bytes the range may span: up to its reservation's end for the last
+    /// range cut from it, its own length for the others.
     capacity: usize,
-    /// (offset, bytes, handle) of each piece; the pieces tile `[0, mapped)`.
-    pieces: Vec<(usize, usize, RawPhys)>,
+    /// The pieces tile `[0, mapped)`.
+    pieces: Vec<Piece>,
 }
 
 impl Range {
     fn mapped(&self) -> usize {
-        self.pieces.last().map_or(0, |&(o, b, _)| o + b)
+        self.pieces.last().map_or(0, |p| p.at + p.bytes)
     }
+}
+
+/// An address range reserved for growable allocations, and how many of
+/// them lie in it.
+#[derive(Debug)]
+struct Reservation {
+    bytes: usize,
+    ranges: usize,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    /// Growable allocations by base address.
+    ranges: HashMap<u64, Range>,
+    /// Reservations by base address.
+    reservations: HashMap<u64, Reservation>,
 }
 
 /// The growable allocations of a [`DeviceResource`](super::DeviceResource),
 /// by base address.
 #[derive(Debug, Default)]
 pub(super) struct GrowableRanges {
-    ranges: Mutex<HashMap<u64, Range>>,
+    tables: Mutex<Tables>,
     /// The VMM granularity and the peers that get access, read once.
     setup: OnceLock<std::result::Result<(usize, Vec<u32>), String>>,
 }
@@ -119,7 +206,7 @@ impl GrowableRanges {
 
     /// True when `ptr` starts a growable allocation.
     pub(super) fn contains(&self, ptr: DevicePtr) -> bool {
-        lock(&self.ranges).contains_key(&ptr.0)
+        lock(&self.tables).ranges.contains_key(&ptr.0)
     }
 
     /// Reserves a range of `capacity` bytes and maps `bytes` at its start
@@ -129,116 +216,319 @@ impl GrowableRanges {
         let _relaxed = crate::graph::relaxed(device);
         let base = device.driver().vmm_reserve(capacity, gran)?;
         let mut range = Range {
+            reservation: base.0,
             capacity,
             pieces: Vec::new(),
         };
-        if let Err(e) = self.map_piece(device, base.0, &mut range, bytes) {
+        if let Err(e) = self.map_pieces(device, base.0, &mut range, bytes) {
             undo(|| device.driver().vmm_free_address(base, capacity));
             return Err(e);
         }
-        lock(&self.ranges).insert(base.0, range);
+        let mut t = lock(&self.tables);
+        t.ranges.insert(base.0, range);
+        t.reservations.insert(
+            base.0,
+            Reservation {
+                bytes: capacity,
+                ranges: 1,
+            },
+        );
         Ok(base.0)
     }
 
-    /// Maps `bytes` more at the end of `range` (at `base`): one piece,
-    /// all or nothing.
-    fn map_piece(&self, device: &Device, base: u64, range: &mut Range, bytes: usize) -> Result<()> {
-        let (_, peers) = self.setup(device)?;
+    /// Maps `bytes` more at the end of `range` (at `base`), in pieces of at
+    /// most [`PIECE_GRANULES`] granules from its current end (a growth of a
+    /// few granules stays one piece): all or nothing. Access is set once
+    /// over the whole span.
+    fn map_pieces(
+        &self,
+        device: &Device,
+        base: u64,
+        range: &mut Range,
+        bytes: usize,
+    ) -> Result<()> {
+        let (gran, peers) = self.setup(device)?;
         let driver = device.driver();
-        let at = range.mapped();
-        if at.checked_add(bytes).is_none_or(|end| end > range.capacity) {
+        let start = range.mapped();
+        if start
+            .checked_add(bytes)
+            .is_none_or(|end| end > range.capacity)
+        {
             return Err(Error::oom(bytes));
         }
-        let h = driver.vmm_create(device.ordinal(), bytes, HandleType::None.into())?;
-        let ptr = DevicePtr(base + at as u64);
-        if let Err(e) = driver.vmm_map(ptr, bytes, 0, h) {
-            undo(|| driver.vmm_release(h));
-            return Err(e);
-        }
-        let devices = std::iter::once(device.ordinal()).chain(peers.iter().copied());
-        for d in devices {
-            if let Err(e) = driver.vmm_set_access(ptr, bytes, d, AccessFlags::ReadWrite) {
-                undo(|| driver.vmm_unmap(ptr, bytes));
+        let cap = (gran * PIECE_GRANULES) as u64;
+        let made = range.pieces.len();
+        let undo_made = |range: &mut Range| {
+            for p in range.pieces.drain(made..) {
+                undo(|| driver.vmm_unmap(DevicePtr(base + p.at as u64), p.bytes));
+                undo(|| driver.vmm_release(p.handle));
+            }
+        };
+        let end = base + (start + bytes) as u64;
+        let mut at = base + start as u64;
+        while at < end {
+            let cut = (at + cap).min(end);
+            let len = (cut - at) as usize;
+            let h = match driver.vmm_create(device.ordinal(), len, HandleType::None.into()) {
+                Ok(h) => h,
+                Err(e) => {
+                    undo_made(range);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = driver.vmm_map(DevicePtr(at), len, 0, h) {
                 undo(|| driver.vmm_release(h));
+                undo_made(range);
                 return Err(e);
             }
+            range.pieces.push(Piece {
+                at: (at - base) as usize,
+                bytes: len,
+                handle: h,
+                mapped: true,
+            });
+            at = cut;
         }
-        range.pieces.push((at, bytes, h));
+        if let Err(e) = set_access(device, peers, DevicePtr(base + start as u64), bytes) {
+            undo_made(range);
+            return Err(e);
+        }
         Ok(())
     }
 
     /// Grows the range at `base` so that `bytes` are mapped (a multiple of
     /// the granularity); nothing to do when they already are.
     pub(super) fn grow(&self, device: &Device, base: u64, bytes: usize) -> Result<()> {
-        let mut ranges = lock(&self.ranges);
-        let range = ranges
-            .get_mut(&base)
-            .ok_or_else(|| Error::InvalidArgument(format!("{base:#x} is not growable")))?;
+        let mut t = lock(&self.tables);
+        let range = range_mut(&mut t, base)?;
         let mapped = range.mapped();
         if bytes <= mapped {
             return Ok(());
         }
         let _relaxed = crate::graph::relaxed(device);
-        self.map_piece(device, base, range, bytes - mapped)
+        self.map_pieces(device, base, range, bytes - mapped)
     }
 
     /// Unmaps and releases the pieces of the range at `base` that lie at or
     /// past `keep` bytes; returns the bytes still mapped.
     pub(super) fn shrink(&self, device: &Device, base: u64, keep: usize) -> Result<usize> {
-        let mut ranges = lock(&self.ranges);
-        let range = ranges
-            .get_mut(&base)
-            .ok_or_else(|| Error::InvalidArgument(format!("{base:#x} is not growable")))?;
+        let mut t = lock(&self.tables);
+        let range = range_mut(&mut t, base)?;
         let _relaxed = crate::graph::relaxed(device);
         let driver = device.driver();
         let before = range.mapped();
-        while let Some(&(at, bytes, h)) = range.pieces.last() {
-            if at < keep {
+        while let Some(&p) = range.pieces.last() {
+            if p.at < keep {
                 break;
             }
-            let ptr = DevicePtr(base + at as u64);
-            if let Err(e) = retried(|| driver.vmm_unmap(ptr, bytes)) {
-                // What was given back stays given back.
-                return if range.mapped() < before {
-                    Ok(range.mapped())
-                } else {
-                    Err(e)
-                };
+            if p.mapped {
+                let ptr = DevicePtr(base + p.at as u64);
+                if let Err(e) = retried(|| driver.vmm_unmap(ptr, p.bytes)) {
+                    // What was given back stays given back.
+                    return if range.mapped() < before {
+                        Ok(range.mapped())
+                    } else {
+                        Err(e)
+                    };
+                }
             }
             range.pieces.pop();
             // Unmapped, the piece is no longer reachable: whatever its
             // release says, it is not the allocation's any more.
-            undo(|| driver.vmm_release(h));
+            if p.mapped {
+                undo(|| driver.vmm_release(p.handle));
+            }
         }
         Ok(range.mapped())
     }
 
-    /// Unmaps and releases the whole range at `base`, and frees its
-    /// addresses.
-    pub(super) fn free(&self, device: &Device, base: u64) -> Result<()> {
-        let mut ranges = lock(&self.ranges);
-        let Some(range) = ranges.remove(&base) else {
-            return Err(Error::InvalidArgument(format!("{base:#x} is not growable")));
+    /// The pieces of the range at `base` as `(offset, bytes)`.
+    pub(super) fn pieces(&self, base: u64) -> Result<Vec<(usize, usize)>> {
+        let mut t = lock(&self.tables);
+        let range = range_mut(&mut t, base)?;
+        Ok(range.pieces.iter().map(|p| (p.at, p.bytes)).collect())
+    }
+
+    /// Splits the range at `base` at `at`, an edge between two of its
+    /// pieces; returns the base of the second part.
+    pub(super) fn split(&self, base: u64, at: usize) -> Result<u64> {
+        let mut t = lock(&self.tables);
+        let range = range_mut(&mut t, base)?;
+        let Some(cut) = range
+            .pieces
+            .iter()
+            .position(|p| p.at == at)
+            .filter(|&i| i > 0)
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "{at} bytes into {base:#x} is not an edge between two of its pieces"
+            )));
+        };
+        let mut pieces = range.pieces.split_off(cut);
+        for p in &mut pieces {
+            p.at -= at;
+        }
+        let tail = Range {
+            reservation: range.reservation,
+            capacity: range.capacity - at,
+            pieces,
+        };
+        range.capacity = at;
+        let reservation = range.reservation;
+        t.ranges.insert(base + at as u64, tail);
+        if let Some(r) = t.reservations.get_mut(&reservation) {
+            r.ranges += 1;
+        }
+        Ok(base + at as u64)
+    }
+
+    /// Moves the one piece (of `src_bytes`) of the range at `src` to the end
+    /// of the range at `dst` (`dst_bytes` mapped); `src` ends (see
+    /// [`GrowInPlace::recycle`]).
+    pub(super) fn recycle(
+        &self,
+        device: &Device,
+        (src, src_bytes): (u64, usize),
+        (dst, dst_bytes): (u64, usize),
+    ) -> Result<()> {
+        let (_, peers) = self.setup(device)?;
+        let mut t = lock(&self.tables);
+        let piece = match t.ranges.get(&src).map(|r| r.pieces.as_slice()) {
+            Some(&[p]) if p.mapped && p.bytes == src_bytes => p,
+            Some(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{src:#x} is not one mapped piece of {src_bytes} bytes"
+                )))
+            }
+            None => return Err(not_a_range(src)),
+        };
+        if src == dst {
+            return Err(Error::InvalidArgument(format!(
+                "{src:#x} cannot be recycled into itself"
+            )));
+        }
+        let to = {
+            let d = range_mut(&mut t, dst)?;
+            let at = d.mapped();
+            if at != dst_bytes {
+                return Err(Error::InvalidArgument(format!(
+                    "{dst:#x} has {at} bytes mapped, not {dst_bytes}"
+                )));
+            }
+            if at
+                .checked_add(piece.bytes)
+                .is_none_or(|end| end > d.capacity)
+            {
+                return Err(Error::oom(piece.bytes));
+            }
+            at
         };
         let _relaxed = crate::graph::relaxed(device);
         let driver = device.driver();
-        let mapped = range.mapped();
-        if mapped > 0 {
-            if let Err(e) = retried(|| driver.vmm_unmap(DevicePtr(base), mapped)) {
-                // Still mapped, still usable: the allocation stays.
-                ranges.insert(base, range);
-                return Err(e);
+        let (from, into) = (DevicePtr(src), DevicePtr(dst + to as u64));
+        retried(|| driver.vmm_unmap(from, piece.bytes))?;
+        let moved = driver
+            .vmm_map(into, piece.bytes, 0, piece.handle)
+            .and_then(|()| {
+                set_access(device, peers, into, piece.bytes).inspect_err(|_| {
+                    undo(|| driver.vmm_unmap(into, piece.bytes));
+                })
+            });
+        if let Err(e) = moved {
+            // Back where it was; if even that fails, the memory is gone and
+            // `src` is an allocation with nothing mapped, for its free.
+            let back = driver
+                .vmm_map(from, piece.bytes, 0, piece.handle)
+                .and_then(|()| set_access(device, peers, from, piece.bytes));
+            if let Err(e2) = back {
+                log::error!("growable device memory: a piece could not be mapped back: {e2}");
+                undo(|| driver.vmm_unmap(from, piece.bytes));
+                undo(|| driver.vmm_release(piece.handle));
+                if let Some(r) = t.ranges.get_mut(&src) {
+                    r.pieces[0].mapped = false;
+                }
             }
+            return Err(e);
+        }
+        let d = range_mut(&mut t, dst)?;
+        d.pieces.push(Piece { at: to, ..piece });
+        let gone = t.ranges.remove(&src).map(|r| r.reservation);
+        let freed = gone.and_then(|res| leave_reservation(&mut t, res));
+        drop(t);
+        if let Some((res, bytes)) = freed {
+            undo(|| driver.vmm_free_address(DevicePtr(res), bytes));
+        }
+        Ok(())
+    }
+
+    /// Unmaps and releases the whole range at `base`, and frees its
+    /// reservation's addresses when it was the last range in it.
+    pub(super) fn free(&self, device: &Device, base: u64) -> Result<()> {
+        let mut t = lock(&self.tables);
+        let Some(range) = t.ranges.remove(&base) else {
+            return Err(not_a_range(base));
+        };
+        let _relaxed = crate::graph::relaxed(device);
+        let driver = device.driver();
+        // Unmapped piece by piece: each piece is a mapping of its own, and
+        // CUDA unmaps whole mappings.
+        let mut unmapped_any = false;
+        for p in range.pieces.iter().filter(|p| p.mapped) {
+            let ptr = DevicePtr(base + p.at as u64);
+            if let Err(e) = retried(|| driver.vmm_unmap(ptr, p.bytes)) {
+                if !unmapped_any {
+                    // Still mapped, still usable: the allocation stays.
+                    t.ranges.insert(base, range);
+                    return Err(e);
+                }
+                // Part of it is gone already: the rest leaks in the driver
+                // (and says so), nothing the caller could use.
+                log::error!("growable device memory: could not unmap: {e}");
+            }
+            unmapped_any = true;
         }
         // Unmapped, the allocation is gone whatever follows: a release or
         // an address free that fails twice leaks in the driver (and says
         // so), nothing the caller could use.
-        for &(_, _, h) in &range.pieces {
-            undo(|| driver.vmm_release(h));
+        for p in range.pieces.iter().filter(|p| p.mapped) {
+            undo(|| driver.vmm_release(p.handle));
         }
-        undo(|| driver.vmm_free_address(DevicePtr(base), range.capacity));
+        if let Some((res, bytes)) = leave_reservation(&mut t, range.reservation) {
+            drop(t);
+            undo(|| driver.vmm_free_address(DevicePtr(res), bytes));
+        }
         Ok(())
     }
+}
+
+/// The range at `base`, or the error naming it.
+fn range_mut(t: &mut Tables, base: u64) -> Result<&mut Range> {
+    t.ranges.get_mut(&base).ok_or_else(|| not_a_range(base))
+}
+
+fn not_a_range(base: u64) -> Error {
+    Error::InvalidArgument(format!("{base:#x} is not growable"))
+}
+
+/// One range of reservation `res` ended: when it was the last, the
+/// reservation is forgotten and returned for its addresses to be freed.
+fn leave_reservation(t: &mut Tables, res: u64) -> Option<(u64, usize)> {
+    let r = t.reservations.get_mut(&res)?;
+    r.ranges -= 1;
+    if r.ranges > 0 {
+        return None;
+    }
+    t.reservations.remove(&res).map(|r| (res, r.bytes))
+}
+
+/// Makes `bytes` at `ptr` (mapped) readable and writable by `device` and
+/// its peers, in one call per device (the span may cover several pieces).
+fn set_access(device: &Device, peers: &[u32], ptr: DevicePtr, bytes: usize) -> Result<()> {
+    let driver = device.driver();
+    for d in std::iter::once(device.ordinal()).chain(peers.iter().copied()) {
+        driver.vmm_set_access(ptr, bytes, d, AccessFlags::ReadWrite)?;
+    }
+    Ok(())
 }
 
 /// `call`, tried once more if it fails (a driver call that failed once may

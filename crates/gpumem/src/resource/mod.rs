@@ -65,7 +65,7 @@ mod system;
 
 pub use callback::CallbackResource;
 pub use device::DeviceResource;
-pub use growable::GrowInPlace;
+pub use growable::{GrowInPlace, PIECE_GRANULES};
 pub use handed_out::HandedOut;
 pub use lent_lock::LentLock;
 pub use managed::ManagedResource;

@@ -344,15 +344,38 @@ impl LaneHeap {
                 return Err(HeapError::RegionOverlap { base, size });
             }
         }
-        let index = match self.vacant_regions.last() {
-            Some(&i) => i,
-            None if self.regions.len() < u32::MAX as usize => self.regions.len() as u32,
-            None => return Err(HeapError::TooManyBlocks),
-        };
+        let index = self.next_region_index()?;
         let first = self
             .arena
             .create(base, size, index)
             .ok_or(HeapError::TooManyBlocks)?;
+        let id = self.fill_region_slot(index, base, size, first, first);
+        self.region_bytes += size;
+        if let Some(g) = self.lanes[0].as_mut() {
+            file_free(&mut self.arena, g, first, 0);
+        }
+        Ok(id)
+    }
+
+    /// The slot the next region takes.
+    fn next_region_index(&self) -> Result<u32, HeapError> {
+        match self.vacant_regions.last() {
+            Some(&i) => Ok(i),
+            None if self.regions.len() < u32::MAX as usize => Ok(self.regions.len() as u32),
+            None => Err(HeapError::TooManyBlocks),
+        }
+    }
+
+    /// Fills slot `index` (from [`next_region_index`](Self::next_region_index))
+    /// with a live region and files its base.
+    fn fill_region_slot(
+        &mut self,
+        index: u32,
+        base: u64,
+        size: u64,
+        first: u32,
+        last: u32,
+    ) -> RegionId {
         let generation = if (index as usize) < self.regions.len() {
             self.vacant_regions.pop();
             let slot = &mut self.regions[index as usize];
@@ -360,7 +383,7 @@ impl LaneHeap {
                 base,
                 size,
                 first,
-                last_hint: first,
+                last_hint: last,
                 generation: slot.generation,
                 live: true,
             };
@@ -370,18 +393,14 @@ impl LaneHeap {
                 base,
                 size,
                 first,
-                last_hint: first,
+                last_hint: last,
                 generation: 0,
                 live: true,
             });
             0
         };
         self.by_base.insert(base, index);
-        self.region_bytes += size;
-        if let Some(g) = self.lanes[0].as_mut() {
-            file_free(&mut self.arena, g, first, 0);
-        }
-        Ok(RegionId { index, generation })
+        RegionId { index, generation }
     }
 
     fn region_slot(&self, id: RegionId) -> Option<&RegionSlot> {
@@ -537,6 +556,63 @@ impl LaneHeap {
         slot.last_hint = last;
         self.region_bytes -= old - size;
         Ok(old - size)
+    }
+
+    /// Splits a region in two at address `at` (inside it, a multiple of
+    /// 256): the region keeps `[base, at)` and `[at, end)` becomes a new
+    /// region, returned, with the blocks there. `at` must fall between two
+    /// blocks or inside a free block, which splits into two free blocks of
+    /// its lane ([`HeapError::RegionNotFree`] when a used block spans it).
+    /// For a caller whose upstream split the memory the same way (a range
+    /// cut in two). Nothing changes on an error. O(blocks in the region).
+    pub fn split_region(&mut self, id: RegionId, at: u64) -> Result<RegionId, HeapError> {
+        let (base, size, first) = self
+            .region_slot(id)
+            .map(|r| (r.base, r.size, r.first))
+            .ok_or(HeapError::NoSuchRegion(id))?;
+        if at <= base || at - base >= size || !at.is_multiple_of(GRANULE) {
+            return Err(HeapError::BadRegion { base: at, size: 0 });
+        }
+        let index = self.next_region_index()?;
+        let mut i = first;
+        while self.arena[i].end() <= at {
+            i = self.arena[i].next_phys;
+        }
+        let b = self.arena[i];
+        let start = if b.addr == at {
+            i
+        } else {
+            let BlockState::Free { lane } = b.state() else {
+                return Err(HeapError::RegionNotFree(id));
+            };
+            let Some(t) = self.lanes[lane.0 as usize].as_mut() else {
+                return Err(HeapError::NoSuchLane(lane));
+            };
+            t.remove(&mut self.arena, i);
+            let Some(j) = split(&mut self.arena, i, at - b.addr) else {
+                t.insert(&mut self.arena, i);
+                return Err(HeapError::TooManyBlocks);
+            };
+            t.insert(&mut self.arena, i);
+            self.arena[j].lane = lane.0;
+            t.insert(&mut self.arena, j);
+            j
+        };
+        let prev = self.arena[start].prev_phys;
+        self.arena[prev].next_phys = NIL;
+        self.arena[start].prev_phys = NIL;
+        let mut last = start;
+        loop {
+            self.arena[last].region = index;
+            match self.arena[last].next_phys {
+                NIL => break,
+                next => last = next,
+            }
+        }
+        let slot = &mut self.regions[id.index as usize];
+        slot.size = at - base;
+        slot.last_hint = prev;
+        Ok(self.fill_region_slot(index, at, base + size - at, start, last))
     }
 
     /// Every region as `(id, base, size)`, in slot order. O(region slots).

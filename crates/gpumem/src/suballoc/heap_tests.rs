@@ -584,3 +584,55 @@ fn a_region_grows_and_shrinks_at_its_end() {
     h.extend_region(r, MIB / 2).unwrap();
     h.check_invariants().unwrap();
 }
+
+#[test]
+fn split_region_cuts_free_blocks_and_moves_the_blocks_past_the_cut() {
+    let (mut h, r) = heap_with(0, 4 * MIB);
+    let s = h.create_lane().unwrap();
+    let a = h.allocate(G, MIB, 256).unwrap();
+    let b = h.allocate(G, MIB, 256).unwrap();
+    let c = h.allocate(G, MIB, 256).unwrap();
+    h.free(b.addr, s).unwrap();
+    // Inside a used block: refused, nothing changes.
+    assert_eq!(h.split_region(r, MIB / 2), Err(HeapError::RegionNotFree(r)));
+    assert!(matches!(
+        h.split_region(r, 0),
+        Err(HeapError::BadRegion { .. })
+    ));
+    assert!(matches!(
+        h.split_region(r, 4 * MIB),
+        Err(HeapError::BadRegion { .. })
+    ));
+    // Inside b, free in lane s: two free blocks of s, one each side.
+    let t = h.split_region(r, MIB + MIB / 2).unwrap();
+    assert_eq!(
+        layout(&h, r),
+        vec![
+            (0, MIB, BlockState::Used),
+            (MIB, MIB / 2, BlockState::Free { lane: s })
+        ]
+    );
+    assert_eq!(
+        layout(&h, t),
+        vec![
+            (MIB + MIB / 2, MIB / 2, BlockState::Free { lane: s }),
+            (2 * MIB, MIB, BlockState::Used),
+            (3 * MIB, MIB, FREE_G),
+        ]
+    );
+    assert_eq!(h.region_of(2 * MIB), Some(t));
+    assert_eq!(h.region_tail(r).unwrap().1.end(), MIB + MIB / 2);
+    h.check_invariants().unwrap();
+    // At an edge between blocks: no block splits; c's free still finds it.
+    let u = h.split_region(t, 2 * MIB).unwrap();
+    assert_eq!(layout(&h, u)[0], (2 * MIB, MIB, BlockState::Used));
+    h.free(c.addr, G).unwrap();
+    assert!(h.region_is_free(u));
+    assert_eq!(h.remove_region(u), Ok((2 * MIB, 2 * MIB)));
+    h.move_lane(s, G).unwrap();
+    assert_eq!(h.remove_region(t), Ok((MIB + MIB / 2, MIB / 2)));
+    h.free(a.addr, G).unwrap();
+    assert_eq!(h.remove_region(r), Ok((0, MIB + MIB / 2)));
+    assert_eq!(h.stats().region_bytes, 0);
+    h.check_invariants().unwrap();
+}

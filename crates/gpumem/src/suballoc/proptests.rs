@@ -58,6 +58,10 @@ enum Op {
         pick: usize,
         cut_granules: u64,
     },
+    SplitRegion {
+        pick: usize,
+        at_granules: u64,
+    },
 }
 
 fn log_uniform(lo_log: u32, hi_log: u32) -> impl Strategy<Value = u64> {
@@ -81,6 +85,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, extra)| Op::ExtendRegion { pick, extra }),
         2 => (any::<usize>(), log_uniform(0, 16))
             .prop_map(|(pick, cut_granules)| Op::ShrinkRegion { pick, cut_granules }),
+        2 => (any::<usize>(), any::<u64>())
+            .prop_map(|(pick, at_granules)| Op::SplitRegion { pick, at_granules }),
     ]
 }
 
@@ -346,6 +352,54 @@ impl Harness {
                             HeapError::RegionNotFree(id)
                         };
                         prop_assert_eq!(e, expected);
+                    }
+                }
+            }
+            Op::SplitRegion { pick, at_granules } => {
+                if m.regions.is_empty() {
+                    return Ok(());
+                }
+                let (&base, &(id, size, free)) =
+                    m.regions.iter().nth(pick % m.regions.len()).unwrap();
+                let at = base + (at_granules % (size / 256)) * 256;
+                let spans_used = m
+                    .live
+                    .range(base..at)
+                    .next_back()
+                    .is_some_and(|(&a, &(s, _))| a + s > at);
+                // The free bytes of each lane below the cut, from the heap's
+                // layout; the totals checked after the step hold them to
+                // the model.
+                let mut below = [0u64; LANES];
+                for (_, b) in h.region_blocks(id) {
+                    if let BlockState::Free { lane } = b.state() {
+                        if b.addr() < at {
+                            let l = self.lanes.iter().position(|&x| x == lane).unwrap();
+                            below[l] += b.end().min(at) - b.addr();
+                        }
+                    }
+                }
+                match h.split_region(id, at) {
+                    Ok(new) => {
+                        prop_assert!(at > base && !spans_used);
+                        let mut rest = free;
+                        for (r, b) in rest.iter_mut().zip(below) {
+                            *r -= b;
+                        }
+                        m.regions.insert(base, (id, at - base, below));
+                        m.regions.insert(at, (new, base + size - at, rest));
+                        for v in m.live.range_mut(at..base + size).map(|(_, v)| v) {
+                            v.1 = at;
+                        }
+                        prop_assert_eq!(h.region_of(at), Some(new));
+                        prop_assert_eq!(h.region_of(at - 256), Some(id));
+                    }
+                    Err(e) if at == base => {
+                        prop_assert_eq!(e, HeapError::BadRegion { base: at, size: 0 })
+                    }
+                    Err(e) => {
+                        prop_assert!(spans_used, "{}", e);
+                        prop_assert_eq!(e, HeapError::RegionNotFree(id));
                     }
                 }
             }

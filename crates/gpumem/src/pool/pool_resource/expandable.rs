@@ -23,7 +23,7 @@ use super::{PoolResource, Shard};
 use crate::driver::DevicePtr;
 use crate::pool::shards::Guard;
 use crate::resource::{GrowInPlace, MemoryResource};
-use crate::suballoc::{LaneId, RegionId};
+use crate::suballoc::{Block, LaneId, RegionId};
 use crate::{Error, Result};
 
 /// The range a heap grows (see the module documentation).
@@ -98,17 +98,39 @@ impl<U: MemoryResource> PoolResource<U> {
         up: &dyn GrowInPlace,
         unit: usize,
     ) -> (Guard<'a, Shard>, Option<Result<()>>) {
+        // The free end of the range the stream can take: its last blocks
+        // free for everyone or for the stream (which merge when taken, see
+        // `take_absorbing`).
+        let tail_free = |st: &Shard, f: Frontier| {
+            let heap = &st.heaps[class];
+            let usable = |b: &Block| b.is_free_in(LaneId::GLOBAL.0) || b.is_free_in(lane.0);
+            let mut free = 0;
+            let mut at = heap.region_tail(f.region).map(|(_, b)| b);
+            while let Some(b) = at.filter(usable) {
+                free += b.size() as usize;
+                at = b.prev_phys().and_then(|p| heap.block(p)).copied();
+            }
+            free
+        };
+        let mut st = st;
+        let mut recycled = 0;
+        if let Some(f) = st.frontier[class].filter(|f| !f.busy) {
+            let lacking = needed.saturating_sub(tail_free(&st, f));
+            if lacking > 0 {
+                (st, recycled) = self.recycle_pieces(st, home, class, up, lacking);
+            }
+        }
         match st.frontier[class] {
             Some(f) if f.busy => (st, None),
             Some(f) => {
-                let tail_free = st.heaps[class]
-                    .region_tail(f.region)
-                    .filter(|(_, b)| b.is_free_in(LaneId::GLOBAL.0) || b.is_free_in(lane.0))
-                    .map_or(0, |(_, b)| b.size() as usize);
-                let extra = needed
-                    .saturating_sub(tail_free)
-                    .max(step)
-                    .checked_next_multiple_of(unit);
+                let lacking = needed.saturating_sub(tail_free(&st, f));
+                if recycled > 0 && lacking == 0 {
+                    return (st, Some(Ok(())));
+                }
+                // After recycling, only what is still lacking: a step more
+                // would hold memory that recycling just avoided creating.
+                let step = if recycled > 0 { unit } else { step };
+                let extra = lacking.max(step).checked_next_multiple_of(unit);
                 match extra {
                     Some(extra) if f.bytes.checked_add(extra).is_some_and(|n| n <= f.capacity) => {
                         self.extend_frontier(st, home, class, up, f, extra)

@@ -1,0 +1,243 @@
+//! Recycling free pieces into a growth of an expandable heap
+//! ([`PoolConfig::expandable`]).
+//!
+//! Why: a heap that grows one range at its end keeps every hole the
+//! workload leaves inside the range. On gpt2_train the holes at the last
+//! growths held gigabytes, none of them large enough for the requests that
+//! made the range grow, and the reserve ended 18% above the live peak
+//! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces").
+//!
+//! How: the upstream maps each range in pieces of at most 64 MiB on an H100
+//! ([`PIECE_GRANULES`]). Before a frontier grows, every piece of the heap's
+//! ranges that lies wholly in one free block is a candidate. The range is
+//! split around the piece (the heap's region and the upstream's allocation
+//! alike, so each region stays one allocation), the piece leaves the heap,
+//! and the upstream maps its memory at the frontier's end ([`recycle`])
+//! instead of creating more. The heap's reserve stays what it was; the
+//! piece's old addresses stay unused.
+//!
+//! Stream order: a block free in a stream's lane may still be used by work
+//! queued on that stream, and the unmap is immediate, so the lanes' streams
+//! are waited for before a piece free in one of them moves (one wait covers
+//! every stream, in a growth, which already costs the driver's mapping
+//! calls). Nothing moves while a graph capture is under way: waiting for a
+//! capturing stream would break its capture.
+//!
+//! [`PoolConfig::expandable`]: super::PoolConfig::expandable
+//! [`PIECE_GRANULES`]: crate::resource::PIECE_GRANULES
+//! [`recycle`]: GrowInPlace::recycle
+
+use super::expandable::Frontier;
+use super::{PoolResource, Shard};
+use crate::driver::DevicePtr;
+use crate::pool::shards::Guard;
+use crate::resource::{GrowInPlace, MemoryResource};
+use crate::suballoc::{BlockState, LaneHeap, LaneId, RegionId};
+
+/// A piece of a heap's range that lies wholly in a free block.
+#[derive(Debug, Clone, Copy)]
+struct FreePiece {
+    /// The region holding it: `(id, base, bytes)`.
+    region: (RegionId, u64, usize),
+    addr: u64,
+    bytes: usize,
+    /// The lane of the free block holding it.
+    lane: LaneId,
+}
+
+impl<U: MemoryResource> PoolResource<U> {
+    /// Moves free pieces of heap `class` of shard `home` to the end of its
+    /// frontier until `lacking` bytes came or none is left (see the module
+    /// documentation). Returns the guard, re-taken, and the bytes moved.
+    pub(super) fn recycle_pieces<'a>(
+        &'a self,
+        mut st: Guard<'a, Shard>,
+        home: usize,
+        class: usize,
+        up: &dyn GrowInPlace,
+        lacking: usize,
+    ) -> (Guard<'a, Shard>, usize) {
+        let mut moved = 0;
+        let mut waited = false;
+        while moved < lacking && !crate::captures::underway() {
+            let Some(f) = st.frontier[class].filter(|f| !f.busy) else {
+                break;
+            };
+            let Some(piece) = free_piece(&st.heaps[class], up, f) else {
+                break;
+            };
+            if piece.lane != LaneId::GLOBAL {
+                // Its stream's work may still use it: wait for every
+                // stream once, then look again (the blocks merged).
+                if waited || Self::settle_blocking(&mut st).is_err() {
+                    break;
+                }
+                waited = true;
+                continue;
+            }
+            let (g, done) = self.move_piece(st, home, class, up, f, piece);
+            st = g;
+            match done {
+                Some(bytes) => moved += bytes,
+                None => break,
+            }
+        }
+        (st, moved)
+    }
+
+    /// Cuts `piece` out of its region (heap and upstream alike), moves its
+    /// memory to the end of frontier `f` and grows the heap's region there.
+    /// Returns the bytes moved, `None` when it could not be done: a piece
+    /// cut out whose move failed goes back to the upstream (nothing is
+    /// lost; the pool holds less).
+    fn move_piece<'a>(
+        &'a self,
+        mut st: Guard<'a, Shard>,
+        home: usize,
+        class: usize,
+        up: &dyn GrowInPlace,
+        f: Frontier,
+        piece: FreePiece,
+    ) -> (Guard<'a, Shard>, Option<usize>) {
+        let (region, base, bytes) = piece.region;
+        let (start, end) = (piece.addr, piece.addr + piece.bytes as u64);
+        let region_end = base + bytes as u64;
+        let heap = &mut st.heaps[class];
+        // The cuts, in the heap then in the upstream. Both only fail on a
+        // pool whose tables disagree with its upstream's (or 2^32 blocks):
+        // then nothing more moves, and what was cut stays usable.
+        let cut = |heap: &mut LaneHeap, id, at| {
+            heap.split_region(id, at)
+                .inspect_err(|e| log::error!("pool: cannot cut a region to recycle: {e}"))
+                .ok()
+        };
+        let middle = if start > base {
+            let Some(m) = cut(heap, region, start) else {
+                return (st, None);
+            };
+            match up.split(DevicePtr(base), bytes, (start - base) as usize) {
+                Ok(_) => m,
+                Err(e) => {
+                    log::error!("pool: the upstream cannot cut a range to recycle: {e}");
+                    return (st, None);
+                }
+            }
+        } else {
+            region
+        };
+        let tail = if end < region_end {
+            let Some(t) = cut(heap, middle, end) else {
+                return (st, None);
+            };
+            let rest = (region_end - start) as usize;
+            if let Err(e) = up.split(DevicePtr(start), rest, piece.bytes) {
+                log::error!("pool: the upstream cannot cut a range to recycle: {e}");
+                return (st, None);
+            }
+            Some(t)
+        } else {
+            None
+        };
+        // One free block in the global lane: it leaves the heap, so nothing
+        // is handed out of it while it moves.
+        if let Err(e) = heap.remove_region(middle) {
+            log::error!("pool: a piece to recycle is not free: {e}");
+            return (st, None);
+        }
+        let mut f = f;
+        {
+            let mut g = self.shards.global();
+            if start > base {
+                g.regions.insert(base, (start - base) as usize, home);
+            } else {
+                g.regions.remove(base);
+            }
+            if let Some(t) = tail {
+                g.regions.insert(end, (region_end - end) as usize, home);
+                if region == f.region {
+                    // The frontier's range was cut: its last part grows.
+                    f = Frontier {
+                        region: t,
+                        base: end,
+                        bytes: (region_end - end) as usize,
+                        capacity: f.capacity - (end - f.base) as usize,
+                        busy: false,
+                    };
+                }
+            }
+            // Counted against `max_reserved` while out of the regions.
+            g.growing += piece.bytes;
+        }
+        st.frontier[class] = Some(Frontier { busy: true, ..f });
+        drop(st);
+        let moved = up.recycle(DevicePtr(start), piece.bytes, DevicePtr(f.base), f.bytes);
+        if let Err(e) = &moved {
+            log::debug!("pool: a piece could not be recycled, it goes back: {e}");
+            if let Err(e) = self
+                .upstream
+                .deallocate_sync(DevicePtr(start), piece.bytes, 256)
+            {
+                log::error!("pool: a piece that could not be recycled leaks: {e}");
+            }
+        }
+        let mut st = self.shards.lock(home);
+        let mut g = self.shards.global();
+        g.growing -= piece.bytes;
+        if let Some(fr) = st.frontier[class].as_mut() {
+            fr.busy = false;
+        }
+        if moved.is_err() {
+            return (st, None);
+        }
+        if let Err(e) = st.heaps[class].extend_region(f.region, piece.bytes as u64) {
+            // Not expected (nothing follows a frontier's range): the piece
+            // goes back.
+            drop((g, st));
+            log::error!("pool: could not take a recycled piece: {e}");
+            let _ = up.shrink(DevicePtr(f.base), f.bytes + piece.bytes, f.bytes);
+            return (self.shards.lock(home), None);
+        }
+        let grown = f.bytes + piece.bytes;
+        if let Some(fr) = st.frontier[class].as_mut() {
+            fr.bytes = grown;
+        }
+        g.regions.insert(f.base, grown, home);
+        drop(g);
+        (st, Some(piece.bytes))
+    }
+}
+
+/// The first piece of `heap`'s ranges, in region order, that lies wholly in
+/// a free block and fits in frontier `f`'s capacity; pieces in the free
+/// block at the frontier's end are there already.
+fn free_piece(heap: &LaneHeap, up: &dyn GrowInPlace, f: Frontier) -> Option<FreePiece> {
+    let room = f.capacity - f.bytes;
+    let frontier_end = f.base + f.bytes as u64;
+    for (id, base, size) in heap.regions() {
+        let Ok(pieces) = up.pieces(DevicePtr(base), size as usize) else {
+            continue;
+        };
+        let mut blocks = heap.region_blocks(id).peekable();
+        for (at, bytes) in pieces {
+            if bytes > room {
+                continue;
+            }
+            let start = base + at as u64;
+            let end = start + bytes as u64;
+            while blocks.next_if(|(_, b)| b.end() <= start).is_some() {}
+            let Some(&(_, b)) = blocks.peek() else { break };
+            let BlockState::Free { lane } = b.state() else {
+                continue;
+            };
+            if b.addr() <= start && end <= b.end() && b.end() != frontier_end {
+                return Some(FreePiece {
+                    region: (id, base, size as usize),
+                    addr: start,
+                    bytes,
+                    lane,
+                });
+            }
+        }
+    }
+    None
+}
