@@ -82,6 +82,18 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
         },
     },
     AllocatorSpec {
+        name: "pool-recycling",
+        about: "pool-expandable that moves free 64 MiB pieces to a growing range's end (PoolConfig::recycle_pieces)",
+        reserve_note: None,
+        build: |d| {
+            let mut config = PoolConfig::default();
+            config.expandable = true;
+            config.recycle_pieces = true;
+            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
+            Ok(Allocator::pool(Arc::new(pool)))
+        },
+    },
+    AllocatorSpec {
         name: "arena",
         about: "ArenaResource: per-stream arenas of 1 MiB superblocks over half the device's free memory, taken up front",
         reserve_note: Some(

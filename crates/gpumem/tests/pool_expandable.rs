@@ -28,6 +28,12 @@ fn expandable() -> PoolConfig {
     config
 }
 
+fn recycling() -> PoolConfig {
+    let mut config = expandable();
+    config.recycle_pieces = true;
+    config
+}
+
 fn pool_on<U: MemoryResource>(upstream: U, config: PoolConfig) -> PoolResource<U> {
     PoolResource::new(upstream, config).unwrap()
 }
@@ -240,8 +246,14 @@ fn hole_in_the_middle<U: MemoryResource>(pool: &PoolResource<U>, s: &gpumem::Str
 fn a_growth_recycles_free_pieces_instead_of_creating_memory() {
     let (device, sim) = sim(8 << 30);
     let base = sim.device_bytes(0);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    // Without recycling (the default): the range grows by all it lacks.
+    let plain = pool_on(DeviceResource::new(device.clone()), expandable());
     let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&plain, &s);
+    let z = plain.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(plain.reserved_bytes(), (148 + 184) * MIB);
+    drop((plain, y, z));
+    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
     let y = hole_in_the_middle(&pool, &s);
     let creates = sim.call_count("cuMemCreate");
     // 200 MiB fit nowhere: the two free pieces of x (64 MiB each) move to
@@ -278,7 +290,7 @@ fn data_across_recycled_pieces_is_whole() {
     // it lands, and a block across the kept, moved and new pieces holds
     // its data.
     let (device, _) = common::device(true);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
     let s = device.create_stream().unwrap();
     let x = pool.allocate(128 * MIB, 256, &s).unwrap();
     let y_data = common::random_bytes(4 * MIB, 3);
@@ -298,7 +310,7 @@ fn data_across_recycled_pieces_is_whole() {
 #[test]
 fn a_piece_freed_on_a_busy_stream_moves_after_its_work() {
     let (device, sim) = sim(8 << 30);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
     let s = device.create_stream().unwrap();
     let x = pool.allocate(128 * MIB, 256, &s).unwrap();
     let y = pool.allocate(4 * MIB, 256, &s).unwrap();
@@ -322,7 +334,7 @@ fn a_piece_freed_on_a_busy_stream_moves_after_its_work() {
 #[test]
 fn nothing_is_recycled_while_a_capture_is_under_way() {
     let (device, sim) = sim(8 << 30);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
     let s = device.create_stream().unwrap();
     let y = hole_in_the_middle(&pool, &s);
     let other = device.create_stream().unwrap();
@@ -346,7 +358,7 @@ fn nothing_is_recycled_while_a_capture_is_under_way() {
 fn a_failed_recycle_loses_nothing() {
     let (device, sim) = sim(8 << 30);
     let base = sim.device_bytes(0);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
     let s = device.create_stream().unwrap();
     let y = hole_in_the_middle(&pool, &s);
     // The first map of a moved piece fails: that piece goes back to the
@@ -502,8 +514,14 @@ fn device_resource_splits_ranges_and_recycles_pieces() {
     let base = sim.device_bytes(0);
     let up = DeviceResource::new(device.clone());
     let g = up.grow_in_place().unwrap();
-    // Pieces of at most 32 granules (64 MiB), cut from each growth's start.
-    let p = g.allocate_growable(100 * MIB, 1 << 30).unwrap();
+    // Without pieces asked for, a growth is one piece.
+    let whole = g.allocate_growable(100 * MIB, 1 << 30).unwrap();
+    assert_eq!(g.pieces(whole, 100 * MIB).unwrap(), vec![(0, 100 * MIB)]);
+    up.deallocate_sync(whole, 100 * MIB, 256).unwrap();
+    // Pieces of at most 64 MiB, cut from each growth's start.
+    let p = g
+        .allocate_growable_in_pieces(100 * MIB, 1 << 30, 64 * MIB)
+        .unwrap();
     assert_eq!(
         g.pieces(p, 100 * MIB).unwrap(),
         vec![(0, 64 * MIB), (64 * MIB, 36 * MIB)]

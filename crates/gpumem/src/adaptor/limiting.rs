@@ -180,6 +180,21 @@ impl<U: MemoryResource> GrowInPlace for LimitingAdaptor<U> {
             .inspect_err(|_| self.give_back(counted))
     }
 
+    fn allocate_growable_in_pieces(
+        &self,
+        bytes: usize,
+        capacity: usize,
+        max_piece: usize,
+    ) -> Result<DevicePtr> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let Some(counted) = granular_size(bytes) else {
+            return Err(self.over_limit(bytes, self.allocated_bytes(), self.limit()));
+        };
+        self.take(bytes, counted)?;
+        g.allocate_growable_in_pieces(bytes, capacity, max_piece)
+            .inspect_err(|_| self.give_back(counted))
+    }
+
     fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
         let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let (Some(old), Some(new)) = (granular_size(bytes), granular_size(new_bytes)) else {

@@ -820,6 +820,22 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         r
     }
 
+    fn allocate_growable_in_pieces(
+        &self,
+        bytes: usize,
+        capacity: usize,
+        max_piece: usize,
+    ) -> Result<DevicePtr> {
+        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
+        let r = g.allocate_growable_in_pieces(bytes, capacity, max_piece);
+        match &r {
+            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation::<false>(bytes)),
+            Err(e) if e.is_oom() => self.count_oom(),
+            Err(_) => {}
+        }
+        r
+    }
+
     fn grow(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<()> {
         let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let r = g.grow(ptr, bytes, new_bytes);

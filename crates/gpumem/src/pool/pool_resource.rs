@@ -196,6 +196,17 @@ pub struct PoolConfig {
     ///
     /// [`DeviceResource`]: crate::resource::DeviceResource
     pub expandable: bool,
+    /// With [`expandable`](Self::expandable) heaps: map each range in pieces
+    /// of at most 64 MiB (on an H100) and, before a range grows, move the
+    /// memory of pieces lying wholly in free blocks to its end instead of
+    /// creating more (waiting for the streams that freed them first; never
+    /// during a graph capture). Off by default: it holds less memory where
+    /// a workload's holes keep their place (PyTorch's GPT-2 training: 13.8
+    /// GB reserved against 14.5 without it, at the same speed) but moves
+    /// pieces again and again where the layout changes from one pass to
+    /// the next (a replayed log: 430 against 90 ns per operation in the
+    /// steady state on an H100; `bench/results/NOTES.md`).
+    pub recycle_pieces: bool,
 }
 
 impl Default for PoolConfig {
@@ -207,6 +218,7 @@ impl Default for PoolConfig {
             shards: 0,
             spread: Spread::OnContention,
             expandable: false,
+            recycle_pieces: false,
         }
     }
 }

@@ -157,6 +157,15 @@ impl GrowInPlace for DeviceResource {
     }
 
     fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
+        self.allocate_growable_in_pieces(bytes, capacity, usize::MAX)
+    }
+
+    fn allocate_growable_in_pieces(
+        &self,
+        bytes: usize,
+        capacity: usize,
+        max_piece: usize,
+    ) -> Result<DevicePtr> {
         if bytes == 0 {
             return Err(Error::InvalidArgument(
                 "a growable allocation needs more than 0 bytes".into(),
@@ -164,7 +173,12 @@ impl GrowInPlace for DeviceResource {
         }
         let mapped = self.rounded(bytes)?;
         let capacity = self.rounded(capacity.max(mapped))?;
-        let base = self.growable.allocate(&self.device, mapped, capacity)?;
+        let (gran, _) = self.growable.setup(&self.device)?;
+        let max_piece = max_piece.max(gran).checked_next_multiple_of(gran);
+        let max_piece = max_piece.unwrap_or(usize::MAX - gran + 1);
+        let base = self
+            .growable
+            .allocate(&self.device, mapped, capacity, max_piece)?;
         self.handed_out.insert(DevicePtr(base), bytes, true);
         Ok(DevicePtr(base))
     }

@@ -16,15 +16,17 @@
 //! (`cuMemSetAccess`), about one `cuMemAlloc`'s cost on an H100; a shrink
 //! unmaps and releases the physical pieces past the new end.
 //!
-//! Each growth is mapped in pieces of at most [`PIECE_GRANULES`] granules
-//! (64 MiB on an H100), cut from its start, so that a free stretch in the
-//! middle of a range holds whole pieces. A caller can then [`split`] a range at a
-//! piece's edges and [`recycle`] the piece: unmap it there and map the same
+//! A range allocated by [`allocate_growable_in_pieces`] maps each growth in
+//! pieces of at most the size asked for (a pool takes [`PIECE_GRANULES`]
+//! granules, 64 MiB on an H100), cut from the growth's start, so that a
+//! free stretch in the middle of the range holds whole pieces. A caller can
+//! then [`split`] the range at a piece's edges and [`recycle`] the piece: unmap it there and map the same
 //! memory at the end of a range that must grow, instead of creating more
 //! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces"). The
 //! ranges cut from one reservation share it; its addresses go back with
 //! the last of them.
 //!
+//! [`allocate_growable_in_pieces`]: GrowInPlace::allocate_growable_in_pieces
 //! [`split`]: GrowInPlace::split
 //! [`recycle`]: GrowInPlace::recycle
 
@@ -36,11 +38,12 @@ use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
 use crate::pool::stream_order::sync::lock;
 use crate::{Error, Result};
 
-/// Granules a piece of physical memory of a growable allocation spans at
-/// most (64 MiB at the H100's 2 MiB): the unit a free stretch can be
-/// recycled in. Smaller pieces recycle more (gpt2_train's reserve: 1.05 of
-/// the live peak at 8 granules, 1.06 at 32) and cost a `cuMemCreate` and a
-/// `cuMemMap` each (`bench/results/NOTES.md`).
+/// Granules a piece of a pool's growable range spans at most when the pool
+/// recycles pieces (64 MiB at the H100's 2 MiB): the unit a free stretch
+/// can be recycled in. Smaller pieces recycle more (gpt2_train's reserve
+/// on the simulator: 1.05 of the live peak at 8 granules, 1.06 at 32) and
+/// cost a `cuMemCreate`, a `cuMemMap` and access for each
+/// (`bench/results/NOTES.md`).
 pub const PIECE_GRANULES: usize = 32;
 
 /// A resource whose allocations can grow and shrink in place at their end,
@@ -61,6 +64,20 @@ pub trait GrowInPlace: Send + Sync {
     /// can grow in place up to `capacity` bytes, usable by every stream when
     /// this returns.
     fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr>;
+
+    /// [`allocate_growable`](Self::allocate_growable), mapping this growth
+    /// and every later one in pieces of at most `max_piece` bytes (rounded
+    /// up to the granularity), the units [`recycle`](Self::recycle) moves.
+    /// A resource that cannot cut growths maps whole ones.
+    fn allocate_growable_in_pieces(
+        &self,
+        bytes: usize,
+        capacity: usize,
+        max_piece: usize,
+    ) -> Result<DevicePtr> {
+        let _ = max_piece;
+        self.allocate_growable(bytes, capacity)
+    }
 
     /// Grows the growable allocation at `ptr` from `bytes` (its current
     /// size) to `new_bytes`, in place. Fails with [`Error::OutOfMemory`]
@@ -140,6 +157,8 @@ struct Range {
     /// Bytes the range may span: up to its reservation's end for the last
     /// range cut from it, its own length for the others.
     capacity: usize,
+    /// Most bytes a piece mapped by a growth spans.
+    max_piece: usize,
     /// The pieces tile `[0, mapped)`.
     pieces: Vec<Piece>,
 }
@@ -210,14 +229,22 @@ impl GrowableRanges {
     }
 
     /// Reserves a range of `capacity` bytes and maps `bytes` at its start
-    /// (both multiples of the granularity, `bytes` ≤ `capacity`).
-    pub(super) fn allocate(&self, device: &Device, bytes: usize, capacity: usize) -> Result<u64> {
+    /// (both multiples of the granularity, `bytes` ≤ `capacity`), in pieces
+    /// of at most `max_piece` bytes (a multiple of the granularity).
+    pub(super) fn allocate(
+        &self,
+        device: &Device,
+        bytes: usize,
+        capacity: usize,
+        max_piece: usize,
+    ) -> Result<u64> {
         let (gran, _) = self.setup(device)?;
         let _relaxed = crate::graph::relaxed(device);
         let base = device.driver().vmm_reserve(capacity, gran)?;
         let mut range = Range {
             reservation: base.0,
             capacity,
+            max_piece,
             pieces: Vec::new(),
         };
         if let Err(e) = self.map_pieces(device, base.0, &mut range, bytes) {
@@ -237,9 +264,9 @@ impl GrowableRanges {
     }
 
     /// Maps `bytes` more at the end of `range` (at `base`), in pieces of at
-    /// most [`PIECE_GRANULES`] granules from its current end (a growth of a
-    /// few granules stays one piece): all or nothing. Access is set once
-    /// over the whole span.
+    /// most the range's `max_piece` from its current end (a growth smaller
+    /// than that stays one piece): all or nothing. Access is set once over
+    /// the whole span.
     fn map_pieces(
         &self,
         device: &Device,
@@ -247,7 +274,7 @@ impl GrowableRanges {
         range: &mut Range,
         bytes: usize,
     ) -> Result<()> {
-        let (gran, peers) = self.setup(device)?;
+        let (_, peers) = self.setup(device)?;
         let driver = device.driver();
         let start = range.mapped();
         if start
@@ -256,7 +283,7 @@ impl GrowableRanges {
         {
             return Err(Error::oom(bytes));
         }
-        let cap = (gran * PIECE_GRANULES) as u64;
+        let cap = range.max_piece as u64;
         let made = range.pieces.len();
         let undo_made = |range: &mut Range| {
             for p in range.pieces.drain(made..) {
@@ -267,7 +294,7 @@ impl GrowableRanges {
         let end = base + (start + bytes) as u64;
         let mut at = base + start as u64;
         while at < end {
-            let cut = (at + cap).min(end);
+            let cut = at.saturating_add(cap).min(end);
             let len = (cut - at) as usize;
             let h = match driver.vmm_create(device.ordinal(), len, HandleType::None.into()) {
                 Ok(h) => h,
@@ -371,6 +398,7 @@ impl GrowableRanges {
         let tail = Range {
             reservation: range.reservation,
             capacity: range.capacity - at,
+            max_piece: range.max_piece,
             pieces,
         };
         range.capacity = at;

@@ -114,7 +114,8 @@ impl<U: MemoryResource> PoolResource<U> {
         };
         let mut st = st;
         let mut recycled = 0;
-        if let Some(f) = st.frontier[class].filter(|f| !f.busy) {
+        let frontier = st.frontier[class].filter(|f| !f.busy);
+        if let Some(f) = frontier.filter(|_| self.config.recycle_pieces) {
             let lacking = needed.saturating_sub(tail_free(&st, f));
             if lacking > 0 {
                 (st, recycled) = self.recycle_pieces(st, home, class, up, lacking);
@@ -235,7 +236,12 @@ impl<U: MemoryResource> PoolResource<U> {
         };
         drop(st);
         let capacity = self.frontier_capacity().max(bytes);
-        let got = up.allocate_growable(bytes, capacity);
+        let got = if self.config.recycle_pieces {
+            let piece = unit.saturating_mul(crate::resource::PIECE_GRANULES);
+            up.allocate_growable_in_pieces(bytes, capacity, piece)
+        } else {
+            up.allocate_growable(bytes, capacity)
+        };
         let mut st = self.shards.lock(home);
         let mut g = self.shards.global();
         g.growing -= bytes;
