@@ -171,13 +171,8 @@ impl<U: MemoryResource> GrowInPlace for LimitingAdaptor<U> {
     }
 
     fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
-        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
-        let Some(counted) = granular_size(bytes) else {
-            return Err(self.over_limit(bytes, self.allocated_bytes(), self.limit()));
-        };
-        self.take(bytes, counted)?;
-        g.allocate_growable(bytes, capacity)
-            .inspect_err(|_| self.give_back(counted))
+        // Pieces of any size: whole growths, as the upstream's own call.
+        self.allocate_growable_in_pieces(bytes, capacity, usize::MAX)
     }
 
     fn allocate_growable_in_pieces(

@@ -810,14 +810,8 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
     }
 
     fn allocate_growable(&self, bytes: usize, capacity: usize) -> Result<DevicePtr> {
-        let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
-        let r = g.allocate_growable(bytes, capacity);
-        match &r {
-            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation::<false>(bytes)),
-            Err(e) if e.is_oom() => self.count_oom(),
-            Err(_) => {}
-        }
-        r
+        // Pieces of any size: whole growths, as the upstream's own call.
+        self.allocate_growable_in_pieces(bytes, capacity, usize::MAX)
     }
 
     fn allocate_growable_in_pieces(

@@ -102,58 +102,52 @@ impl<U: MemoryResource> PoolResource<U> {
         let (region, base, bytes) = piece.region;
         let (start, end) = (piece.addr, piece.addr + piece.bytes as u64);
         let region_end = base + bytes as u64;
-        let heap = &mut st.heaps[class];
-        // The cuts, in the heap then in the upstream. Both only fail on a
-        // pool whose tables disagree with its upstream's (or 2^32 blocks):
-        // then nothing more moves, and what was cut stays usable.
-        let cut = |heap: &mut LaneHeap, id, at| {
-            heap.split_region(id, at)
+        // The cuts: in the heap, in the upstream, then in the regions
+        // recorded, one cut at a time. A cut only fails on a pool whose
+        // tables disagree with its upstream's (or at 2^32 blocks): then
+        // nothing more moves, and what was cut stays usable.
+        let cut = |st: &mut Shard, id, from: u64, at: u64| {
+            let heap_cut = st.heaps[class]
+                .split_region(id, at)
                 .inspect_err(|e| log::error!("pool: cannot cut a region to recycle: {e}"))
-                .ok()
+                .ok()?;
+            let len = (region_end - from) as usize;
+            if let Err(e) = up.split(DevicePtr(from), len, (at - from) as usize) {
+                log::error!("pool: the upstream cannot cut a range to recycle: {e}");
+                return None;
+            }
+            let mut g = self.shards.global();
+            g.regions.insert(from, (at - from) as usize, home);
+            g.regions.insert(at, (region_end - at) as usize, home);
+            Some(heap_cut)
         };
         let middle = if start > base {
-            let Some(m) = cut(heap, region, start) else {
+            let Some(m) = cut(&mut st, region, base, start) else {
                 return (st, None);
             };
-            match up.split(DevicePtr(base), bytes, (start - base) as usize) {
-                Ok(_) => m,
-                Err(e) => {
-                    log::error!("pool: the upstream cannot cut a range to recycle: {e}");
-                    return (st, None);
-                }
-            }
+            m
         } else {
             region
         };
         let tail = if end < region_end {
-            let Some(t) = cut(heap, middle, end) else {
+            let Some(t) = cut(&mut st, middle, start, end) else {
                 return (st, None);
             };
-            let rest = (region_end - start) as usize;
-            if let Err(e) = up.split(DevicePtr(start), rest, piece.bytes) {
-                log::error!("pool: the upstream cannot cut a range to recycle: {e}");
-                return (st, None);
-            }
             Some(t)
         } else {
             None
         };
         // One free block in the global lane: it leaves the heap, so nothing
         // is handed out of it while it moves.
-        if let Err(e) = heap.remove_region(middle) {
+        if let Err(e) = st.heaps[class].remove_region(middle) {
             log::error!("pool: a piece to recycle is not free: {e}");
             return (st, None);
         }
         let mut f = f;
         {
             let mut g = self.shards.global();
-            if start > base {
-                g.regions.insert(base, (start - base) as usize, home);
-            } else {
-                g.regions.remove(base);
-            }
+            g.regions.remove(start);
             if let Some(t) = tail {
-                g.regions.insert(end, (region_end - end) as usize, home);
                 if region == f.region {
                     // The frontier's range was cut: its last part grows.
                     f = Frontier {
