@@ -111,10 +111,10 @@ def include_dir():
 # The keys of GPUMEM_CONF (crates/gpumem-capi/src/conf.rs documents them).
 SETTINGS = (
     "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
-    "shards", "spread", "expandable", "nccl_ready", "log",
+    "shards", "spread", "expandable", "recycle", "nccl_ready", "log",
 )
 # The settings that take True or False.
-SWITCHES = ("expandable", "nccl_ready")
+SWITCHES = ("expandable", "recycle", "nccl_ready")
 
 
 def conf_text(**settings):
@@ -168,7 +168,10 @@ def configure(**settings):
     threads use the shards once they contend for one lock; ``"always"``),
     ``expandable`` (True, the default: the heaps of ``pool`` and ``binning``
     each grow one address range in place; False: separate ``cuMemAlloc``
-    regions, which CUDA IPC needs), ``nccl_ready`` (True: the vpool's
+    regions, which CUDA IPC needs), ``recycle`` (True: before an expandable
+    heap grows, free pieces of its ranges move to its end instead of new
+    memory being made; leaner on training, slower on a workload that empties
+    the pool and refills it differently; False, the default), ``nccl_ready`` (True: the vpool's
     NCCL-ready mode) and
     ``log`` (a file to write the RMM CSV log of every allocation to). Values are ints (bytes), strings (``"40GiB"``,
     ``"none"``, ``"vpool"``, a path) or None (the default). They replace

@@ -21,10 +21,11 @@ def test_conf_text_joins_the_settings():
     assert gpumem.conf_text(log=os.path.join("/tmp", "job.csv")) == "log=/tmp/job.csv"
     assert set(gpumem.SETTINGS) == {
         "resource", "initial_size", "max_size", "release_threshold", "min_bin", "max_bin",
-        "shards", "spread", "expandable", "nccl_ready", "log",
+        "shards", "spread", "expandable", "recycle", "nccl_ready", "log",
     }
     assert gpumem.conf_text(resource="vpool", nccl_ready=True) == "resource=vpool,nccl_ready=true"
     assert gpumem.conf_text(expandable=False) == "expandable=false"
+    assert gpumem.conf_text(recycle=True) == "recycle=true"
     assert gpumem.conf_text(resource="pool", shards=0) == "resource=pool,shards=0"
     assert gpumem.conf_text(resource="pool", spread="always") == "resource=pool,spread=always"
 
@@ -43,7 +44,7 @@ def test_a_misspelt_key_is_caught_before_the_library_loads():
     )
     assert 'unknown setting "max_sise" (did you mean "max_size"?)' in r.stdout
     assert (
-        "resource, initial_size, max_size, release_threshold, min_bin, max_bin, shards, spread, expandable, nccl_ready, log"
+        "resource, initial_size, max_size, release_threshold, min_bin, max_bin, shards, spread, expandable, recycle, nccl_ready, log"
         in r.stdout
     )
 
@@ -103,6 +104,7 @@ def test_configure_overrides_an_invalid_gpumem_conf():
         ({"resource": "pool", "min_bin": "4KiB"}, "min_bin"),
         ({"resource": "pool", "spread": "sometimes"}, "expected contended or always"),
         ({"resource": "arena", "spread": "always"}, "only for pool, binning and vpool"),
+        ({"recycle": True, "expandable": False}, "recycle needs expandable heaps"),
     ],
 )
 def test_bad_values_raise_the_librarys_reason_and_change_nothing(settings, why):

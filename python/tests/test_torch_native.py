@@ -14,6 +14,10 @@ Skipped without PyTorch or a GPU (CI has neither); the GPU run
   again once the cap is raised.
 - snapshot: torch.cuda.memory._snapshot() lists gpumem's segments and live
   blocks, and memory_viz turns it into HTML.
+- recycling (`recycle=True`): a growth takes the free pieces of a hole in
+  the middle instead of new memory, and the data around them stays whole;
+  the statistics, out of memory, snapshots and a captured GPT-2 step work
+  with it too.
 - CUDA graphs: a ResNet-18 forward and a GPT-2 training step captured with
   torch.cuda.graph replay 100 times as eager runs compute; deleting a graph
   gives its memory back; make_graphed_callables and torch.compile's
@@ -32,13 +36,17 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 RESOURCES = ["pool", "caching", "vpool", "async"]
+# `pool` with recycle=True ("resource+switch" sets a switch of GPUMEM_CONF).
+RECYCLING = "pool+recycle"
 GIB = 1 << 30
 
 PRELUDE = """
 import json, os, sys
 import torch
 import gpumem, gpumem.torch as gt
-mode = gt.enable(mode=os.environ["CASE_MODE"], resource=os.environ["CASE_RESOURCE"])
+resource, _, switch = os.environ["CASE_RESOURCE"].partition("+")
+settings = {"resource": resource, **({switch: True} if switch else {})}
+mode = gt.enable(mode=os.environ["CASE_MODE"], **settings)
 out = {"mode": mode}
 def done():
     print("RESULT " + json.dumps(out))
@@ -233,6 +241,21 @@ y = torch.ones(1 << 18, device="cuda") * 2
 out["after"] = y.sum().item()
 done()
 """,
+    "recycle": """
+MIB = 1 << 20
+x = torch.empty(128 * MIB, dtype=torch.uint8, device="cuda")
+y = torch.full((4 * MIB,), 7, dtype=torch.uint8, device="cuda")
+before = torch.cuda.memory_reserved()
+del x
+# 200 MiB fit nowhere: the heap's range grows (by x's free pieces, recycling).
+z = torch.full((200 * MIB,), 3, dtype=torch.uint8, device="cuda")
+out["before"] = before
+out["after"] = torch.cuda.memory_reserved()
+out["gpumem_reserved"] = gpumem.device_stats(0)["reserved_bytes.all.current"]
+out["y"] = int(y.sum(dtype=torch.int64).item())
+out["z"] = int(z.sum(dtype=torch.int64).item())
+done()
+""",
     "record_stream": """
 n = 64 << 20
 side = torch.cuda.Stream()
@@ -314,7 +337,7 @@ def test_cudnn_benchmark_trains(resource):
     assert r["loss"] == r["loss"]  # not NaN
 
 
-@pytest.mark.parametrize("resource", RESOURCES)
+@pytest.mark.parametrize("resource", RESOURCES + [RECYCLING])
 def test_statistics_agree_with_gpumem(resource):
     r = run_case("stats", resource)
     assert r["allocated"] == r["gpumem_allocated"] > 340 << 20
@@ -329,13 +352,25 @@ def test_statistics_agree_with_gpumem(resource):
     assert r["reserved_after_empty"] < r["reserved_before_empty"]
 
 
-@pytest.mark.parametrize("resource", RESOURCES)
+@pytest.mark.parametrize("resource", RESOURCES + [RECYCLING])
 def test_out_of_memory_raises_and_the_process_goes_on(resource):
     r = run_case("oom", resource)
     assert r["raised"] == "OutOfMemoryError", r
     assert "gpumem" in r["message"]
     assert r["num_ooms"] >= 1
     assert r["after"] == 2 * (1 << 18)
+
+
+def test_recycling_takes_a_hole_s_pieces_instead_of_new_memory():
+    plain, recycled = run_case("recycle", "pool"), run_case("recycle", RECYCLING)
+    MIB = 1 << 20
+    for r in (plain, recycled):
+        assert r["after"] == r["gpumem_reserved"], r
+        assert (r["y"], r["z"]) == (7 * 4 * MIB, 3 * 200 * MIB), r
+    assert plain["before"] == recycled["before"], (plain, recycled)
+    # Without recycling the range grows by what the 200 MiB lack past y;
+    # with it, x's two 64 MiB pieces move to the end first.
+    assert recycled["after"] <= plain["after"] - 128 * MIB, (plain, recycled)
 
 
 @pytest.mark.parametrize("resource", RESOURCES)
@@ -351,7 +386,7 @@ def test_memory_fraction_is_enforced(resource):
     assert r["after_raise"] == "allocated"
 
 
-@pytest.mark.parametrize("resource", RESOURCES)
+@pytest.mark.parametrize("resource", RESOURCES + [RECYCLING])
 def test_snapshot_renders(resource):
     html = os.environ.get("GPUMEM_SNAPSHOT_HTML_DIR")
     extra = {"CASE_HTML": os.path.join(html, f"snapshot-{resource}.html")} if html else None
@@ -433,7 +468,7 @@ def test_a_captured_resnet18_forward_replays_as_eager(resource):
     assert r["replays"] == 100 and r["worst_rel_diff"] < 1e-3, r
 
 
-@pytest.mark.parametrize("resource", ["pool", "vpool"])
+@pytest.mark.parametrize("resource", ["pool", "vpool", RECYCLING])
 def test_a_captured_gpt2_training_step_replays_as_eager(resource):
     r = run_case("graph_gpt2", resource)
     assert r["replays"] == 100 and r["falls"], r

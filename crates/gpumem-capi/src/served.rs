@@ -620,6 +620,7 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
     config.shards = conf.shards;
     config.spread = conf.spread;
     config.expandable = conf.expandable;
+    config.recycle_pieces = conf.recycle;
     let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
         ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),

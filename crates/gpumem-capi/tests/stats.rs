@@ -218,3 +218,34 @@ fn devices_count_apart_and_out_of_range_is_none() {
     assert!(a.device_stats(63).is_some(), "in range, never used");
     a.free(p, MIB, 1, 0);
 }
+
+#[test]
+fn recycling_takes_a_hole_s_pieces_and_the_statistics_follow() {
+    for (conf, grown) in [("resource=pool", 184), ("resource=pool,recycle=true", 56)] {
+        let a = allocator(conf);
+        let sim = sim(&a);
+        let x = a.malloc(128 * MIB, 0, 0);
+        let y = a.malloc(4 * MIB, 0, 0);
+        assert!(!x.is_null() && !y.is_null(), "{conf}");
+        assert_eq!(
+            a.reserved_bytes(0),
+            148 * MIB,
+            "{conf}: a 20 MiB step after x"
+        );
+        a.free(x, 128 * MIB, 0, 0);
+        // 200 MiB fit nowhere: the range grows by what it lacks, less x's
+        // two free 64 MiB pieces when they are recycled.
+        let z = a.malloc(200 * MIB, 0, 0);
+        assert!(!z.is_null(), "{conf}");
+        let reserved = (148 + grown) * MIB;
+        assert_eq!(a.reserved_bytes(0), reserved, "{conf}");
+        assert_eq!(sim.mapped_bytes(), reserved, "{conf}");
+        let s = stats(&a, 0);
+        assert_eq!(s.reserved_bytes.current, reserved as i64, "{conf}");
+        assert_eq!(s.reserved_bytes.peak, reserved as i64, "{conf}");
+        assert_eq!(s.allocated_bytes.current, (204 * MIB) as i64, "{conf}");
+        a.free(y, 4 * MIB, 0, 0);
+        a.free(z, 200 * MIB, 0, 0);
+        assert_eq!(stats(&a, 0).allocated_bytes.current, 0, "{conf}");
+    }
+}
