@@ -24,6 +24,7 @@ use crate::allocators::{Allocator, AllocatorSpec, ALLOCATORS};
 use crate::iterations::{self, IterationsConfig};
 use crate::outln;
 use crate::replay::{self, PreparedReplay};
+use crate::thread_crew::ThreadCrew;
 use crate::units::{fmt_bytes, fmt_count};
 use crate::workload::{self, OpSequence, Timed};
 
@@ -422,13 +423,24 @@ fn repeat_streams(device: &Device, prep: &Prepared) -> gpumem::Result<Vec<Stream
     }
 }
 
-/// Runs pass `pass` (warm passes counted) of a workload once, timed.
+/// The threads of the `threads` workload for one repeat, started once so
+/// its warm-up and timed passes share them and their streams (a program
+/// keeps its threads); `None` for the other workloads.
+fn repeat_crew(alloc: &Allocator, device: &Device, prep: &Prepared) -> Result<Option<ThreadCrew>> {
+    match prep {
+        Prepared::Threads(seqs) => Ok(Some(ThreadCrew::new(&alloc.resource, device, seqs)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Runs pass `pass` (warm passes counted) of a workload once, timed, on
+/// the repeat's `streams` and, for `threads`, its `crew`.
 fn run_once(
     alloc: &Allocator,
     device: &Device,
     cfg: &BenchConfig,
     prep: &Prepared,
-    streams: &[Stream],
+    (streams, crew): (&[Stream], Option<&ThreadCrew>),
     pass: usize,
 ) -> Result<Timed> {
     let r = &*alloc.resource;
@@ -441,7 +453,10 @@ fn run_once(
     Ok(match prep {
         Prepared::Same => workload::run_same(r, device, &one()?, cfg.size, cfg.iters)?,
         Prepared::Random(seq) => workload::run_sequence(r, device, &one()?, seq)?,
-        Prepared::Threads(seqs) => workload::run_threads(&alloc.resource, device, seqs)?,
+        Prepared::Threads(seqs) => match crew {
+            Some(crew) => crew.run_pass()?,
+            None => workload::run_threads(&alloc.resource, device, seqs)?,
+        },
         Prepared::Holes => workload::run_holes(r, device, &one()?, cfg.holes, cfg.iters)?,
         Prepared::Replay(p) => workload::run_replay(r, device, p, Some(streams), None)?,
         Prepared::Iterations(c) => {
@@ -527,12 +542,14 @@ pub fn run(
                     let alloc = (spec.build)(device)?;
                     alloc.pool.reset_peak();
                     let streams = repeat_streams(device, &prep)?;
+                    let crew = repeat_crew(&alloc, device, &prep)?;
+                    let kept = (&streams[..], crew.as_ref());
                     for pass in 0..cfg.warm_passes {
-                        run_once(&alloc, device, cfg, &prep, &streams, pass)?;
+                        run_once(&alloc, device, cfg, &prep, kept, pass)?;
                     }
                     let m0 = alloc.mappings_made();
                     let t = (cfg.warm_passes..cfg.warm_passes + cfg.passes)
-                        .map(|pass| run_once(&alloc, device, cfg, &prep, &streams, pass))
+                        .map(|pass| run_once(&alloc, device, cfg, &prep, kept, pass))
                         .collect::<Result<Vec<_>>>()?;
                     let peak = alloc.pool.peak_reserved_bytes();
                     let maps = m0.zip(alloc.mappings_made()).map(|(a, b)| b - a);

@@ -15,5 +15,6 @@ pub mod progress;
 pub mod replay;
 pub mod snapshot;
 pub mod target;
+pub mod thread_crew;
 pub mod units;
 pub mod workload;

@@ -7,7 +7,7 @@
 //! `Instant` around the whole loop. Whatever is still live when a loop ends is
 //! freed after the clock stops.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpumem::resource::{MemoryResource, DEFAULT_ALIGNMENT};
@@ -16,8 +16,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::replay::PreparedReplay;
+use crate::thread_crew::ThreadCrew;
 
-const ALIGN: usize = DEFAULT_ALIGNMENT;
+pub(crate) const ALIGN: usize = DEFAULT_ALIGNMENT;
 
 /// What one timed run did.
 #[derive(Debug, Clone, Copy)]
@@ -114,7 +115,7 @@ pub fn random_sequence(
 }
 
 /// Frees every non-null pointer of `table` (sizes in `sizes`), untimed.
-fn free_all(
+pub(crate) fn free_all(
     r: &dyn MemoryResource,
     table: &mut [DevicePtr],
     sizes: &[usize],
@@ -252,102 +253,15 @@ pub fn run_holes(
     Ok(timed)
 }
 
-/// The `threads` workload: each of `seqs.len()` threads runs its own sequence
-/// on its own stream; all start together at a barrier. Reports wall time
-/// (first thread's start to last thread's end, each read by the thread
-/// itself so a late-scheduled main thread does not skew it, plus the device
-/// synchronize after) over the total operation count.
+/// The `threads` workload once: each of `seqs.len()` threads runs its own
+/// sequence on its own stream (see [`ThreadCrew`], which `gpumem bench`
+/// keeps across the passes of a repeat).
 pub fn run_threads(
     r: &Arc<dyn MemoryResource>,
     device: &Device,
     seqs: &[Arc<OpSequence>],
 ) -> anyhow::Result<Timed> {
-    let n = seqs.len();
-    let streams: Vec<Stream> = (0..n)
-        .map(|_| device.create_stream())
-        .collect::<gpumem::Result<_>>()?;
-    device.synchronize()?;
-    let start_line = Arc::new(Barrier::new(n));
-    let finish_line = Arc::new(Barrier::new(n + 1));
-    let cleanup_line = Arc::new(Barrier::new(n + 1));
-    let mut handles = Vec::with_capacity(n);
-    for (seq, stream) in seqs.iter().zip(streams) {
-        let (r, seq, device) = (r.clone(), seq.clone(), device.clone());
-        let (start_line, finish_line, cleanup_line) = (
-            start_line.clone(),
-            finish_line.clone(),
-            cleanup_line.clone(),
-        );
-        type Span = (Instant, Instant);
-        handles.push(std::thread::spawn(move || -> anyhow::Result<Span> {
-            let _ = device.driver().set_current_device(device.ordinal());
-            let mut table = vec![DevicePtr::NULL; seq.slots];
-            let mut sizes = vec![0usize; seq.slots];
-            start_line.wait();
-            let start = Instant::now();
-            let mut result = Ok(());
-            for op in &seq.ops {
-                let slot = op.slot as usize;
-                if op.alloc {
-                    match r.allocate(op.size, ALIGN, &stream) {
-                        Ok(p) => {
-                            table[slot] = p;
-                            sizes[slot] = op.size;
-                        }
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    }
-                } else if let Err(e) = r.deallocate(table[slot], op.size, ALIGN, &stream) {
-                    result = Err(e);
-                    break;
-                } else {
-                    table[slot] = DevicePtr::NULL;
-                }
-            }
-            let end = Instant::now();
-            // Wait until every thread is done and the main thread has
-            // synchronized the device, then clean up.
-            finish_line.wait();
-            cleanup_line.wait();
-            let freed = free_all(&*r, &mut table, &sizes, std::slice::from_ref(&stream), &[]);
-            result?;
-            freed?;
-            Ok((start, end))
-        }));
-    }
-    // The threads reach the finish line after their timed loops; the device
-    // synchronize is timed here, then the threads are let go to clean up.
-    finish_line.wait();
-    let t = Instant::now();
-    let synced = device.synchronize();
-    let sync_time = t.elapsed();
-    cleanup_line.wait();
-    let spans: Vec<anyhow::Result<(Instant, Instant)>> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked")))
-        })
-        .collect();
-    let mut first = None::<Instant>;
-    let mut last = None::<Instant>;
-    for s in spans {
-        let (a, b) = s?;
-        first = Some(first.map_or(a, |f| f.min(a)));
-        last = Some(last.map_or(b, |l| l.max(b)));
-    }
-    synced?;
-    device.synchronize()?;
-    let elapsed = match (first, last) {
-        (Some(a), Some(b)) => b.duration_since(a) + sync_time,
-        _ => sync_time,
-    };
-    Ok(Timed {
-        elapsed,
-        ops: seqs.iter().map(|s| s.ops.len() as u64).sum(),
-    })
+    ThreadCrew::new(r, device, seqs)?.run_pass()
 }
 
 /// Streams for replaying `prep`: one per distinct trace stream. A caller

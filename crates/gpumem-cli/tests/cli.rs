@@ -1243,3 +1243,53 @@ fn the_main_job_reads_its_traces_before_timing_anything() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn a_thread_crew_keeps_its_streams_across_passes_and_survives_a_failure() {
+    use gpumem::adaptor::LimitingAdaptor;
+    use gpumem::pool::{PoolConfig, PoolResource};
+    use gpumem::resource::{DeviceResource, MemoryResource};
+    use gpumem_cli::thread_crew::ThreadCrew;
+    use gpumem_cli::workload::random_sequence;
+    use std::sync::Arc;
+
+    let (device, sim) = Device::sim_with_driver(SimConfig::default());
+    let seqs: Vec<_> = (0..3)
+        .map(|t| Arc::new(random_sequence(400, 8, 256, 1 << 20, t)))
+        .collect();
+    let ops: u64 = seqs.iter().map(|s| s.ops.len() as u64).sum();
+    let pool = Arc::new(
+        PoolResource::new(DeviceResource::new(device.clone()), PoolConfig::default()).unwrap(),
+    );
+    let r: Arc<dyn MemoryResource> = pool.clone();
+    let streams = sim.call_count("cuStreamCreate");
+    let crew = ThreadCrew::new(&r, &device, &seqs).unwrap();
+    for _ in 0..3 {
+        let t = crew.run_pass().unwrap();
+        assert_eq!(t.ops, ops);
+        assert_eq!(pool.stats().live, 0, "each pass frees what it left live");
+    }
+    assert_eq!(
+        sim.call_count("cuStreamCreate") - streams,
+        3,
+        "one stream per thread, kept across the passes"
+    );
+    drop((crew, r, pool));
+    assert_eq!(
+        sim.call_count("cuStreamDestroy"),
+        3,
+        "the streams end with the crew and the pool"
+    );
+
+    // A thread whose allocation fails: the pass reports the error, the other
+    // threads are not left waiting, and the next pass runs.
+    let small: Arc<dyn MemoryResource> = Arc::new(LimitingAdaptor::new(
+        DeviceResource::new(device.clone()),
+        2 << 20,
+    ));
+    let crew = ThreadCrew::new(&small, &device, &seqs).unwrap();
+    for _ in 0..2 {
+        let e = crew.run_pass().unwrap_err().to_string();
+        assert!(e.contains("out of memory"), "{e}");
+    }
+}
