@@ -273,13 +273,15 @@ def mempool(**settings):
     refuses VMM memory, and PyTorch then raises "CUDA error: invalid
     argument". So for ``resource="pool"`` (the default) and ``"binning"``
     this takes separate regions (``expandable=False``) unless ``expandable``
-    is given, or GPUMEM_CONF is set in the environment (then it is obeyed:
+    or ``recycle`` (which needs expandable heaps) is given, or GPUMEM_CONF
+    is set in the environment (then it is obeyed:
     add ``expandable=false`` there for IPC), or gpumem already serves
     allocations with another configuration (which stays). ``vpool``'s
     memory is VMM memory: no IPC of its tensors.
     """
     implicit = False
-    if settings.get("resource", "pool") in ("pool", "binning") and "expandable" not in settings:
+    chosen = "expandable" in settings or settings.get("recycle")
+    if settings.get("resource", "pool") in ("pool", "binning") and not chosen:
         if settings or not os.environ.get("GPUMEM_CONF", "").strip():
             implicit = True
     if implicit:

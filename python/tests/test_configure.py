@@ -183,3 +183,24 @@ def test_cupy_enable_configures_then_needs_cupy():
     )
     assert "import error: gpumem.cupy needs CuPy" in r.stdout, (r.stdout, r.stderr)
     assert "child ok" in r.stdout, (r.stdout, r.stderr)
+
+
+@newer("gpumem_configure")
+def test_a_mempool_asked_to_recycle_keeps_expandable_heaps():
+    # mempool() takes separate regions for CUDA IPC unless told otherwise;
+    # recycle=True needs expandable heaps, so it keeps them.
+    child_ok(
+        "import gpumem, gpumem.torch as gt\n"
+        "try:\n"
+        "    gt.mempool(recycle=True)\n"
+        "except ValueError as e:\n"
+        "    raise AssertionError('refused: %s' % e)\n"
+        "except Exception:\n"
+        "    pass  # no PyTorch or no GPU here: gpumem was configured first\n"
+        "lib = gpumem.library()\n"
+        "p = lib.gpumem_malloc(1 << 20, 0, None)\n"
+        "assert p\n"
+        "lib.gpumem_free(p, 1 << 20, 0, None)\n"
+        "assert gpumem.configure(recycle=True) == 'recycle=true', 'the configuration in force'\n"
+        "print('child ok')\n"
+    )
