@@ -524,25 +524,26 @@ impl Allocator {
         if size == 0 {
             return DevicePtr::NULL;
         }
-        // Checked before any lock: in a forked child, one the parent held at
-        // the fork stays held.
-        if gpumem::fork::in_forked_child() || gpumem::exit::process_is_exiting() {
-            return self.refuse(size, device);
-        }
         // A device already built serves the configuration it was built with
-        // (valid, and fixed from then on).
-        let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
-            return self.malloc_first(size, device, stream);
-        };
-        st.streams.with(stream, |s| self.malloc_on(st, size, s))
+        // (valid, and fixed from then on). Building it installed the exit and
+        // fork hooks, so one flag says whether the driver may be called; it
+        // is read before any lock: in a forked child, one the parent held at
+        // the fork stays held.
+        match self.slot(device).and_then(OnceLock::get) {
+            Some(Some(st)) if !gpumem::exit::driver_off_limits() => {
+                st.streams.with(stream, |s| self.malloc_on(st, size, s))
+            }
+            _ => self.malloc_first(size, device, stream),
+        }
     }
 
-    /// [`Allocator::malloc`] on a device not built yet: builds it, unless the
-    /// configuration is invalid.
+    /// [`Allocator::malloc`] on a device not built yet (builds it, unless
+    /// the configuration is invalid), or in a process that may not call the
+    /// driver (a forked child, an exiting process).
     #[cold]
     #[inline(never)]
     fn malloc_first(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
-        if self.invalid.load(Ordering::Relaxed) {
+        if unusable() || self.invalid.load(Ordering::Relaxed) {
             return self.refuse(size, device);
         }
         match self.state(device) {
@@ -935,21 +936,29 @@ impl Allocator {
     /// frees nothing and is counted and reported.
     #[inline]
     pub fn free(&self, ptr: DevicePtr, size: usize, device: i32, stream: u64) {
-        if ptr.is_null() || unusable() {
+        if ptr.is_null() {
             return;
         }
+        // One flag once the device is built (see `malloc`).
         let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
             return self.free_nowhere(ptr, device);
         };
+        if gpumem::exit::driver_off_limits() {
+            return;
+        }
         if let Err(e) = st.streams.with(stream, |s| self.free_on(st, ptr, size, s)) {
             self.refused_free(ptr, size, device, e);
         }
     }
 
-    /// A free on a device where nothing was allocated: counted and reported.
+    /// A free on a device where nothing was allocated (counted and
+    /// reported), unless the process may not call the driver.
     #[cold]
     #[inline(never)]
     fn free_nowhere(&self, ptr: DevicePtr, device: i32) {
+        if unusable() {
+            return;
+        }
         let why = match self.holder_of(ptr, device) {
             Some(owner) => format!("; {}", allocated_on(owner)),
             None => String::new(),

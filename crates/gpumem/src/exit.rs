@@ -34,6 +34,8 @@ use std::sync::{Mutex, Once, Weak};
 use crate::Result;
 
 static EXITING: AtomicBool = AtomicBool::new(false);
+/// Set with [`EXITING`] and by the fork handler: [`driver_off_limits`].
+static OFF_LIMITS: AtomicBool = AtomicBool::new(false);
 static HOOK: Once = Once::new();
 static HOOK_OK: AtomicBool = AtomicBool::new(false);
 
@@ -53,6 +55,23 @@ static AT_EXIT: Mutex<Vec<Weak<dyn AtExit>>> = Mutex::new(Vec::new());
 pub fn process_is_exiting() -> bool {
     install_hook();
     EXITING.load(Ordering::Acquire)
+}
+
+/// True once the process has started its exit or is a child forked after
+/// the hooks went in: [`process_is_exiting`] or
+/// [`crate::fork::in_forked_child`], in one load.
+///
+/// For hot paths that run only after a device was opened (which installs
+/// the hooks): unlike [`process_is_exiting`], it does not install them.
+#[inline(always)]
+pub fn driver_off_limits() -> bool {
+    OFF_LIMITS.load(Ordering::Acquire)
+}
+
+/// Marks the driver off limits ([`driver_off_limits`]); an atomic store,
+/// async-signal-safe (the fork handler calls it).
+pub(crate) fn mark_off_limits() {
+    OFF_LIMITS.store(true, Ordering::Release);
 }
 
 /// Registers the exit hook if it is not registered yet. Returns whether the
@@ -114,6 +133,7 @@ fn run_hooks() {
 
 extern "C" fn on_exit() {
     EXITING.store(true, Ordering::Release);
+    mark_off_limits();
     // A panic must not unwind out of an `extern "C"` function (it would abort);
     // the hooks do not panic, and a bug there should not turn a clean exit
     // into an abort.
@@ -136,6 +156,7 @@ mod tests {
     #[test]
     fn not_exiting_while_tests_run() {
         assert!(!process_is_exiting());
+        assert!(!driver_off_limits());
         assert!(install_hook(), "atexit registration succeeds");
     }
 

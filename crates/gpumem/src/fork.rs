@@ -44,8 +44,9 @@ pub fn forked_error() -> Error {
 }
 
 extern "C" fn on_fork_child() {
-    // Only an atomic store: async-signal-safe, as a child handler must be.
+    // Only atomic stores: async-signal-safe, as a child handler must be.
     FORKED.store(true, Ordering::Relaxed);
+    crate::exit::mark_off_limits();
 }
 
 /// Registers the child handler; false where `pthread_atfork` refused it.

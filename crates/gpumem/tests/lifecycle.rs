@@ -47,7 +47,7 @@ extern "C" fn late_handler() {
         // SAFETY: `_exit` ends the process at once; nothing runs after it.
         unsafe { libc::_exit(2) };
     };
-    let exiting = gpumem::exit::process_is_exiting();
+    let exiting = gpumem::exit::process_is_exiting() && gpumem::exit::driver_off_limits();
     let mut calls = 0;
     for (name, thing) in things {
         let before = sim.total_calls();
@@ -163,16 +163,21 @@ fn fork_parent() {
     let s = device.create_stream().unwrap();
     let p = pool.allocate(1 << 20, 256, &s).unwrap();
     assert!(!gpumem::fork::in_forked_child());
-    // SAFETY: the child only reads an atomic flag, formats a line and calls
+    assert!(!gpumem::exit::driver_off_limits());
+    // SAFETY: the child only reads atomic flags, formats a line and calls
     // `_exit`; this process runs one test, so no other thread holds a lock
     // the child needs.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
         let forked = gpumem::fork::in_forked_child();
-        println!("lifecycle: in the forked child, in_forked_child() = {forked}");
+        let off = gpumem::exit::driver_off_limits();
+        println!(
+            "lifecycle: in the forked child, in_forked_child() = {forked}, \
+             driver_off_limits() = {off}"
+        );
         // SAFETY: ends the child at once, with the verdict as its status.
-        unsafe { libc::_exit(if forked { 0 } else { 1 }) };
+        unsafe { libc::_exit(if forked && off { 0 } else { 1 }) };
     }
     let mut status = 0;
     // SAFETY: `pid` is our child; `status` is a valid out-pointer.
@@ -181,6 +186,7 @@ fn fork_parent() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "child status {status}"
     );
+    assert!(!gpumem::exit::driver_off_limits(), "the parent goes on");
     pool.deallocate(p, 1 << 20, 256, &s).unwrap();
 }
 

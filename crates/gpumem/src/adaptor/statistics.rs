@@ -72,7 +72,7 @@ use crate::driver::DevicePtr;
 use crate::resource::growable::not_growable;
 use crate::resource::{GrowInPlace, MemoryResource, Properties};
 use crate::stream::Stream;
-use crate::{check_alignment, Result};
+use crate::{check_alignment, Error, Result};
 
 /// One statistic, as PyTorch keeps it: current and peak values and the totals
 /// added and removed. In a frame other than the root, `current` can be negative
@@ -674,6 +674,18 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         }
     }
 
+    /// An allocation the upstream refused: counted where it ran out of
+    /// memory. Out of line, so that the allocation path tests its result
+    /// once.
+    #[cold]
+    #[inline(never)]
+    fn allocation_failed(&self, e: Error) -> Error {
+        if e.is_oom() {
+            self.count_oom();
+        }
+        e
+    }
+
     /// Counts an allocation the upstream refused with out-of-memory.
     fn count_oom(&self) {
         let n = &self.top.at(0).num_ooms;
@@ -761,12 +773,10 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
                     top.at(0).count_allocation::<false>(bytes);
                 }),
         };
-        if let Err(e) = &r {
-            if e.is_oom() {
-                self.count_oom();
-            }
+        match r {
+            Ok(p) => Ok(p),
+            Err(e) => Err(self.allocation_failed(e)),
         }
-        r
     }
 
     #[inline]
