@@ -350,9 +350,8 @@ impl Allocator {
     }
 
     fn slot(&self, device: i32) -> Option<&OnceLock<Option<DeviceState>>> {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.devices.get(d))
+        // A negative ordinal wraps far past the table: one comparison.
+        self.devices.get(device as u32 as usize)
     }
 
     /// The state of `device` if it was built.

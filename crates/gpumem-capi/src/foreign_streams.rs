@@ -25,11 +25,14 @@ use gpumem::{Device, Stream};
 /// stream pools make on one device.
 pub const SLOTS: usize = 256;
 
-/// The first slot of the handle `raw`'s probe sequence: Fibonacci hashing,
-/// as handles are pointers, aligned and close together.
+/// The first slot of the handle `raw`'s probe sequence: Fibonacci hashing
+/// (the product's top bits), as handles are pointers, aligned and close
+/// together.
 #[inline]
 fn first_slot(raw: u64) -> usize {
-    (raw.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SLOTS
+    const BITS: u32 = SLOTS.trailing_zeros();
+    const _: () = assert!(SLOTS.is_power_of_two());
+    (raw.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - BITS)) as usize
 }
 
 /// The wrappers of one device's stream handles.
@@ -81,14 +84,19 @@ impl ForeignStreams {
     /// The wrapper of `raw` when it is a default stream or in its first slot.
     #[inline]
     fn found(&self, raw: u64) -> Option<&Stream> {
-        match raw {
-            0 | STREAM_LEGACY => Some(&self.legacy),
-            STREAM_PER_THREAD => Some(&self.per_thread),
-            _ => match self.slots[first_slot(raw)].get() {
+        // The default streams are the three smallest handles: one test
+        // sends every other handle to its slot.
+        const _: () = assert!(STREAM_LEGACY == 1 && STREAM_PER_THREAD == 2);
+        if raw > STREAM_PER_THREAD {
+            return match self.slots[first_slot(raw)].get() {
                 Some((r, s)) if *r == raw => Some(s),
                 _ => None,
-            },
+            };
         }
+        Some(match raw {
+            STREAM_PER_THREAD => &self.per_thread,
+            _ => &self.legacy,
+        })
     }
 
     /// [`ForeignStreams::get`] past the handle's first slot: its probe
@@ -151,6 +159,7 @@ mod tests {
             Cow::Owned(_)
         ));
         assert_eq!(streams.get(0).raw(), device.default_stream().raw());
+        assert_eq!(streams.get(STREAM_LEGACY).id(), streams.get(0).id());
         assert_eq!(streams.get(STREAM_PER_THREAD).raw(), STREAM_PER_THREAD);
     }
 
