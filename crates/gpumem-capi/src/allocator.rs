@@ -524,12 +524,11 @@ impl Allocator {
             return DevicePtr::NULL;
         }
         // A device already built serves the configuration it was built with
-        // (valid, and fixed from then on). Building it installed the exit and
-        // fork hooks, so one flag says whether the driver may be called; it
-        // is read before any lock: in a forked child, one the parent held at
-        // the fork stays held.
+        // (valid, and fixed from then on). `unusable` is read before any
+        // lock: in a forked child, one the parent held at the fork stays
+        // held.
         match self.slot(device).and_then(OnceLock::get) {
-            Some(Some(st)) if !gpumem::exit::driver_off_limits() => {
+            Some(Some(st)) if !unusable() => {
                 st.streams.with(stream, |s| self.malloc_on(st, size, s))
             }
             _ => self.malloc_first(size, device, stream),
@@ -938,11 +937,10 @@ impl Allocator {
         if ptr.is_null() {
             return;
         }
-        // One flag once the device is built (see `malloc`).
         let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
             return self.free_nowhere(ptr, device);
         };
-        if gpumem::exit::driver_off_limits() {
+        if unusable() {
             return;
         }
         if let Err(e) = st.streams.with(stream, |s| self.free_on(st, ptr, size, s)) {
@@ -1353,6 +1351,9 @@ impl MemoryResource for DeviceHandle {
 
 /// True once this process can no longer use its devices: it is exiting, or
 /// it is a child forked after gpumem's first use. Checked before any lock.
+/// Both are set by hooks that opening a device installs, so before that it
+/// is false, and one load answers it on every call.
+#[inline(always)]
 fn unusable() -> bool {
-    gpumem::exit::process_is_exiting() || gpumem::fork::in_forked_child()
+    gpumem::exit::driver_off_limits()
 }

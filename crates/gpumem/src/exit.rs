@@ -61,8 +61,9 @@ pub fn process_is_exiting() -> bool {
 /// the hooks went in: [`process_is_exiting`] or
 /// [`crate::fork::in_forked_child`], in one load.
 ///
-/// For hot paths that run only after a device was opened (which installs
-/// the hooks): unlike [`process_is_exiting`], it does not install them.
+/// Unlike [`process_is_exiting`], it does not install the hooks: for
+/// checks that matter only once a device was opened (which installs them),
+/// such as an allocator's fast path. Before then it is false.
 #[inline(always)]
 pub fn driver_off_limits() -> bool {
     OFF_LIMITS.load(Ordering::Acquire)
