@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p gpumem --example vpool_replay -- [--passes N] \
-//!     [--small BYTES] [--slack PERMILLE] [--extent PAGES] [--alias-ratio N] \
+//!     [--small BYTES] [--slack PERMILLE] [--slack-min BYTES] [--extent PAGES] [--alias-ratio N] \
 //!     [trace.rmm.csv ...]
 //! ```
 //!
@@ -205,6 +205,9 @@ fn main() {
     if let Some(c) = take("--slack").and_then(|v| v.parse().ok()) {
         config.slack_permille = c;
     }
+    if let Some(c) = take("--slack-min").and_then(|v| v.parse().ok()) {
+        config.slack_min_bytes = c;
+    }
     if let Some(c) = take("--extent").and_then(|v| v.parse().ok()) {
         config.max_extent_pages = c;
     }
@@ -217,8 +220,8 @@ fn main() {
         args
     };
     println!(
-        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}, max_extent_pages {}",
-        config.small_limit, config.slack_permille, config.max_extent_pages
+        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}, slack_min_bytes {}, max_extent_pages {}",
+        config.small_limit, config.slack_permille, config.slack_min_bytes, config.max_extent_pages
     );
     let sim_call = sim_ns_per_call();
     println!(

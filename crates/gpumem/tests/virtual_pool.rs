@@ -94,6 +94,7 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     let (device, sim) = sim(80 << 30);
     let mut config = VirtualPoolConfig::default();
     config.slack_permille = 0;
+    config.slack_min_bytes = 0;
     config.max_reserved = Some(22 * 2 * MIB);
     config.max_extent_pages = 32;
     let p = VirtualPool::new(device.clone(), config).unwrap();
@@ -187,6 +188,45 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     assert_eq!(p.stats().mappings_unmapped, 1);
     drop(p);
     assert_all_back(&sim);
+}
+
+/// A small pool: a 12 MiB block freed (six idle pages in the large area),
+/// then a 1 MiB block (the small area, one new page). Returns the unmaps
+/// and releases the second allocation made, and the bytes held after it.
+fn small_pool_needs_a_page(slack_min_bytes: usize) -> (u64, u64, usize) {
+    let (device, sim) = sim(80 << 30);
+    let mut config = VirtualPoolConfig::default();
+    config.slack_min_bytes = slack_min_bytes;
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(12 * MIB, 256, &s).unwrap();
+    p.deallocate(a, 12 * MIB, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    let calls = |sim: &SimDriver| ["cuMemUnmap", "cuMemRelease"].map(|c| sim.call_count(c));
+    let before = calls(&sim);
+    let b = p.allocate(MIB, 256, &s).unwrap();
+    let after = calls(&sim);
+    let held = p.stats().reserved;
+    p.check_invariants().unwrap();
+    p.deallocate(b, MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+    (after[0] - before[0], after[1] - before[1], held)
+}
+
+#[test]
+fn a_small_pool_makes_new_memory_within_the_least_slack() {
+    // 3% of a 12 MiB peak is under a page. With no least slack the idle
+    // extent, which cannot serve the small area, is unmapped and released
+    // before one page is made: the pool holds one page.
+    assert_eq!(small_pool_needs_a_page(0), (1, 1, 2 * MIB));
+    // Within the default least slack (64 MiB) the page is made and the
+    // idle extent stays mapped for the next large block.
+    let least = VirtualPoolConfig::default().slack_min_bytes;
+    assert_eq!(least, 64 * MIB);
+    assert_eq!(small_pool_needs_a_page(least), (0, 0, 14 * MIB));
+    // A least slack under the page needed changes nothing.
+    assert_eq!(small_pool_needs_a_page(MIB), (1, 1, 2 * MIB));
 }
 
 #[test]
@@ -567,6 +607,7 @@ fn alias_rounds(max_alias_ratio: usize) -> gpumem::pool::VirtualPoolStats {
     let (device, sim) = Device::sim_with_driver(SimConfig::backed(48 * MIB));
     let mut config = VirtualPoolConfig::default();
     config.slack_permille = 0;
+    config.slack_min_bytes = 0;
     config.max_alias_ratio = max_alias_ratio;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let s = device.create_stream().unwrap();
@@ -603,6 +644,7 @@ fn memory_freed_on_a_busy_stream_is_not_aliased_for_another() {
     let (device, sim) = sim(80 << 30);
     let mut config = VirtualPoolConfig::default();
     config.slack_permille = 0;
+    config.slack_min_bytes = 0;
     let p = VirtualPool::new(device.clone(), config).unwrap();
     let (s, t) = (
         device.create_stream().unwrap(),
@@ -673,6 +715,7 @@ proptest! {
         let (device, sim) = Device::sim_with_driver(SimConfig::backed(32 * MIB));
         let mut config = VirtualPoolConfig::default();
         config.slack_permille = 0;
+        config.slack_min_bytes = 0;
         let p = VirtualPool::new(device.clone(), config).unwrap();
         let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
         let checker = device.create_stream().unwrap();

@@ -20,7 +20,17 @@ pub struct VirtualPoolConfig {
     /// when no cached or idle extent fits a run. Beyond it, idle extents
     /// that fit nowhere are released before new ones are made, so the pool
     /// stays near its live peak; 0 makes new memory only in their place.
+    /// The slack is never less than `slack_min_bytes`.
     pub slack_permille: usize,
+    /// The least slack, in bytes (default 64 MiB): new memory may be made
+    /// up to the live peak plus the larger of this and `slack_permille` of
+    /// the peak. Three percent of a small pool is less than a page (each
+    /// lock shard counts its own peak, so threads spread over shards make
+    /// small pools), and such a pool would unmap idle memory at nearly
+    /// every mapping only to map it again; from about 2 GiB of live peak
+    /// on, `slack_permille` decides alone (`bench/results/NOTES-virtual-pool.md`).
+    /// 0 leaves `slack_permille` alone.
+    pub slack_min_bytes: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
     /// `cuMemMap`); 1 gives every page its own allocation (default 6).
     /// Larger extents mean fewer mappings (`cuMemSetAccess` costs tens of
@@ -80,6 +90,7 @@ impl Default for VirtualPoolConfig {
             va_multiple: 2,
             small_limit: 1 << 20,
             slack_permille: 30,
+            slack_min_bytes: 64 << 20,
             max_extent_pages: 6,
             release_threshold: 0,
             max_alias_ratio: 8,

@@ -56,11 +56,12 @@
 //!   turn).
 //! - *Physical memory* for a run (`backing`), in order: cached extents that
 //!   fit; idle extents mapped elsewhere that fit, as aliases; new extents,
-//!   while the pool holds no more than `slack_permille` over the live peak;
-//!   beyond it, idle extents that fit nowhere are unmapped everywhere (every
-//!   stream that freed a block at any of their mappings seen complete: a
-//!   query, or an event recorded by an earlier attempt) and released, then
-//!   new extents are created. On a busy GPU, pages freed by work still in
+//!   while the pool holds no more than the slack over the live peak
+//!   (`slack_permille` of the peak, at least `slack_min_bytes`); beyond
+//!   it, idle extents that fit nowhere are unmapped everywhere (every stream
+//!   that freed a block at any of their mappings seen complete: a query, or
+//!   an event recorded by an earlier attempt) and released, then new
+//!   extents are created. On a busy GPU, pages freed by work still in
 //!   flight cannot pass to another stream yet: the reserve can exceed the
 //!   live bytes by what is in flight.
 //! - *Giving back* (`reclaim`): [`Pool::trim`](crate::pool::Pool::trim) unmaps every idle

@@ -200,9 +200,7 @@ impl VirtualPool {
         let x = match st.phys.take_exact(n) {
             Some(x) => x,
             None => {
-                let budget = (st.peak_live.max(st.live_bytes()) / 1000)
-                    .saturating_mul(1000 + self.config.slack_permille);
-                if (st.phys.total_pages() + n) * self.gran > budget {
+                if (st.phys.total_pages() + n) * self.gran > self.create_budget(st) {
                     self.uncover_idle(st, n)?;
                     self.release_cached(st, self.config.release_threshold);
                 }
