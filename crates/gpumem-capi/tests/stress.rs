@@ -177,7 +177,16 @@ fn stress(kind: &str) {
         "{kind}: bytes still allocated"
     );
     assert_eq!(sh.a.bad_free_count(DEV), 0, "{kind}: bad frees");
-    assert!(sh.a.empty_cache(DEV) > 0 || kind == "arena" || kind == "cuda");
+    let held = sh.a.reserved_bytes(DEV);
+    let given = sh.a.empty_cache(DEV);
+    if kind != "arena" && kind != "cuda" {
+        // Everything held goes back.
+        assert_eq!((given, sh.a.reserved_bytes(DEV)), (held, 0), "{kind}");
+        // gpumem's pools keep their memory until asked; CUDA's pool may have
+        // given it all back at a synchronize already (its chunks are larger
+        // than the 16 MiB release threshold this limit sets).
+        assert!(held > 0 || kind == "async", "{kind}: nothing was cached");
+    }
     drop(sh);
     for s in streams {
         driver.stream_destroy(s).unwrap();
