@@ -230,6 +230,34 @@ fn a_small_pool_makes_new_memory_within_the_least_slack() {
 }
 
 #[test]
+fn a_pool_at_its_limit_gives_back_only_the_idle_memory_it_needs() {
+    // Two idle extents (six pages and two) fill a 16 MiB limit; a small
+    // block needs one page. The least slack does not reach past the limit:
+    // the larger idle extent goes (one unmap) and the other stays mapped,
+    // rather than a create failing and every idle mapping going.
+    let (device, sim) = sim(80 << 30);
+    let mut config = VirtualPoolConfig::default();
+    config.max_reserved = Some(16 * MIB);
+    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let s = device.create_stream().unwrap();
+    let a = p.allocate(12 * MIB, 256, &s).unwrap();
+    let b = p.allocate(2 * MIB + 1, 256, &s).unwrap();
+    p.deallocate(a, 12 * MIB, 256, &s).unwrap();
+    p.deallocate(b, 2 * MIB + 1, 256, &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(p.stats().reserved, 16 * MIB);
+    let unmaps = sim.call_count("cuMemUnmap");
+    let c = p.allocate(MIB, 256, &s).unwrap();
+    assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
+    let st = p.stats();
+    assert_eq!((st.reserved, st.idle_mapped), (6 * MIB, 4 * MIB), "{st:?}");
+    p.check_invariants().unwrap();
+    p.deallocate(c, MIB, 256, &s).unwrap();
+    drop(p);
+    assert_all_back(&sim);
+}
+
+#[test]
 fn physical_pages_move_to_where_they_are_needed() {
     // A device of 32 pages: blocks far apart in address space share them.
     let (device, sim) = sim(64 * MIB);

@@ -127,7 +127,7 @@ impl VirtualPool {
         self.alias_idle(st, res, &mut pieces, taker, done)?;
         // Within the slack over the live peak, new memory is made rather than
         // idle extents moved: fewer driver calls for the same leanness target.
-        let room = (self.create_budget(st) / self.gran).saturating_sub(st.phys.total_pages());
+        let room = self.create_room(st);
         let mut oom = false;
         if short(&pieces) > 0 && short(&pieces) <= room {
             match self.create_into(st, res, &mut pieces, usize::MAX, done) {
@@ -162,15 +162,21 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// Physical bytes shard `st` may hold before idle memory is given back
-    /// ahead of making new: its live peak plus the slack, the larger of
-    /// `slack_permille` of the peak and `slack_min_bytes`.
-    pub(super) fn create_budget(&self, st: &State) -> usize {
+    /// Pages shard `st` may create before idle memory is given back ahead
+    /// of making new: up to its live peak plus the slack (the larger of
+    /// `slack_permille` of the peak and `slack_min_bytes`), and within the
+    /// pool's `max_reserved`, so that a pool at its limit gives back idle
+    /// memory rather than failing a create and waiting for every stream.
+    pub(super) fn create_room(&self, st: &State) -> usize {
         let peak = st.peak_live.max(st.live_bytes());
         let slack = (peak / 1000)
             .saturating_mul(self.config.slack_permille)
             .max(self.config.slack_min_bytes);
-        peak.saturating_add(slack)
+        let room = (peak.saturating_add(slack) / self.gran).saturating_sub(st.phys.total_pages());
+        match st.max_physical {
+            Some(max) => room.min((max / self.gran).saturating_sub(st.phys.pool_pages())),
+            None => room,
+        }
     }
 
     /// Backs the rest of every piece with new extents of at most `max`

@@ -200,7 +200,7 @@ impl VirtualPool {
         let x = match st.phys.take_exact(n) {
             Some(x) => x,
             None => {
-                if (st.phys.total_pages() + n) * self.gran > self.create_budget(st) {
+                if n > self.create_room(st) {
                     self.uncover_idle(st, n)?;
                     self.release_cached(st, self.config.release_threshold);
                 }
