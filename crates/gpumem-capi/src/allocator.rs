@@ -1317,11 +1317,8 @@ impl MemoryResource for DeviceHandle {
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
-        if gpumem::fork::in_forked_child() {
-            return Err(gpumem::fork::forked_error());
-        }
-        if gpumem::exit::process_is_exiting() {
-            return Err(Error::ShutDown("gpumem's C ABI (the process is exiting)"));
+        if unusable() {
+            return Err(off_limits_error());
         }
         self.allocator
             .allocate_on(self.state, bytes, alignment, stream)
@@ -1346,6 +1343,18 @@ impl MemoryResource for DeviceHandle {
 
     fn properties(&self) -> Properties {
         Properties::DEVICE
+    }
+}
+
+/// Why an allocation is refused once [`unusable`] holds: a forked child, or
+/// an exiting process.
+#[cold]
+#[inline(never)]
+fn off_limits_error() -> Error {
+    if gpumem::fork::in_forked_child() {
+        gpumem::fork::forked_error()
+    } else {
+        Error::ShutDown("gpumem's C ABI (the process is exiting)")
     }
 }
 

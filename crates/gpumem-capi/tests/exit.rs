@@ -2,7 +2,8 @@
 //! handler that runs after gpumem's own) call no driver: an allocation
 //! returns NULL with a message that says why, and a free does nothing. This
 //! is the check on the allocation and free fast path, on a device built
-//! before the exit.
+//! before the exit. Rust code holding the device's resource
+//! (`device_resource`) gets an error that says so.
 //!
 //! The exit happens in a child of the test (this binary run again), whose
 //! output and status are checked.
@@ -17,6 +18,8 @@ const ROLE: &str = "GPUMEM_CAPI_EXIT_ROLE";
 
 static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
 static LIVE: OnceLock<gpumem::DevicePtr> = OnceLock::new();
+/// The device's stack as Rust code holds it (`Allocator::device_resource`).
+static RUST: OnceLock<gpumem::resource::SharedResource> = OnceLock::new();
 
 /// Runs after gpumem's exit hook (registered before it): allocates and
 /// frees, then ends the process with the verdict as its status.
@@ -29,9 +32,13 @@ extern "C" fn late_handler() {
     let why = gpumem_capi::allocator::last_error().unwrap_or_default();
     a.free(p, 1 << 20, 0, 0);
     let allocated = a.allocated_bytes(0);
-    println!("exit child: malloc gave {q:#x} ({why}); allocated_bytes after the free {allocated}");
+    let rust = RUST
+        .get()
+        .map(|r| r.allocate(1 << 20, 256, &r.device().default_stream()));
+    println!("exit child: malloc gave {q:#x} ({why}); allocated_bytes after the free {allocated}; the Rust handle gave {rust:?}");
     // The free did nothing: the block still counts as allocated.
-    let ok = q.is_null() && why.contains("exiting") && allocated == 1 << 20;
+    let refused = matches!(&rust, Some(Err(e)) if e.to_string().contains("exiting"));
+    let ok = q.is_null() && why.contains("exiting") && allocated == 1 << 20 && refused;
     // SAFETY: as above.
     unsafe { libc::_exit(if ok { 0 } else { 1 }) };
 }
@@ -50,6 +57,8 @@ fn exiting_process() {
     let p = a.malloc(1 << 20, 0, 0);
     assert!(!p.is_null(), "the process allocates before its exit");
     LIVE.set(p).unwrap();
+    let rust = a.device_resource(0).expect("device 0 is served");
+    assert!(RUST.set(rust).is_ok());
     assert!(!gpumem::exit::driver_off_limits());
 }
 
