@@ -279,6 +279,10 @@ pub struct VirtualPool {
     config: VirtualPoolConfig,
     gran: usize,
     capacity: usize,
+    /// The least size of a later reservation of each area: a power of two
+    /// above what the first reservation gave the area (see
+    /// `VirtualPool::reserve_more`).
+    later_reservation: [usize; AREAS],
     /// What every `cuMemCreate` asks for.
     phys_props: PhysProps,
     /// The pool's shards (see [`VirtualPoolConfig::shards`]), and which
@@ -401,11 +405,26 @@ impl VirtualPool {
             handle_type,
             rdma_capable: config.nccl_ready && info.gpu_direct_rdma_vmm,
         };
+        let above = |bytes: usize| {
+            bytes
+                .checked_add(1)
+                .and_then(usize::checked_next_power_of_two)
+        };
+        let later_reservation = match (above(small), above(total - small)) {
+            (Some(s), Some(l)) => [s, l],
+            _ => {
+                let _ = driver.vmm_free_address(base, total);
+                return Err(Error::InvalidArgument(
+                    "virtual pool: va_multiple too large".into(),
+                ));
+            }
+        };
         Ok(Self {
             device,
             config,
             gran,
             capacity,
+            later_reservation,
             phys_props,
             shards,
             pool_pages,

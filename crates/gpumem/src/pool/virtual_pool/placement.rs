@@ -2,7 +2,7 @@
 //! choice, a better free place, or a fresh reservation).
 
 use super::page_table::{Acquired, PageSpan};
-use super::{State, VirtualPool, LARGE, SMALL};
+use super::{State, VirtualPool, LARGE};
 use crate::stream::Stream;
 use crate::suballoc::{span_with_padding, Allocation, BlockId, LaneId, RegionId};
 use crate::{Error, Result};
@@ -85,6 +85,14 @@ impl VirtualPool {
 
     /// Makes another reservation of at least `needed` bytes for area `area`
     /// and adds it to the area's heap (in the global lane).
+    ///
+    /// It is at least the power of two above what the first reservation
+    /// gave the area, so that its free space is never a better fit than
+    /// the first reservation's: once a pass of a repeating workload has
+    /// freed everything, the next pass then finds its blocks where the
+    /// first one put them, over pages mapped then, instead of starting in
+    /// the later reservation and mapping everything again
+    /// (`bench/results/NOTES-virtual-pool.md`).
     #[cold]
     pub(super) fn reserve_more(
         &self,
@@ -93,13 +101,8 @@ impl VirtualPool {
         needed: usize,
         bytes: usize,
     ) -> Result<RegionId> {
-        let base_size = if area == SMALL {
-            self.capacity / 2
-        } else {
-            self.capacity
-        };
         let size = needed
-            .max(base_size)
+            .max(self.later_reservation[area])
             .checked_next_multiple_of(self.gran)
             .ok_or_else(|| self.oom(st, bytes))?;
         let base = match self.device.driver().vmm_reserve(size, self.gran) {
@@ -285,5 +288,40 @@ impl VirtualPool {
     /// [`VA_SCARCE_MULTIPLE`] times the device's memory.
     pub(super) fn va_is_scarce(&self, st: &State) -> bool {
         st.pages.reserved_bytes() >= self.capacity.saturating_mul(VA_SCARCE_MULTIPLE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::sim::SimConfig;
+    use crate::pool::VirtualPoolConfig;
+    use crate::Device;
+
+    /// With the first reservation's large area and a later reservation both
+    /// wholly free, a block goes to the first: a later reservation is never
+    /// the better fit (a repeating workload's next pass then starts where its
+    /// first pass did).
+    #[test]
+    fn a_later_reservation_is_never_the_better_fit() {
+        let device = Device::sim(SimConfig::default());
+        let pool = VirtualPool::new(device, VirtualPoolConfig::default()).unwrap();
+        let mut st = pool.lock();
+        let (first_start, first_end, area) = st.area_ranges[1];
+        assert_eq!(area, LARGE);
+        pool.reserve_more(&mut st, LARGE, pool.gran, pool.gran)
+            .unwrap();
+        let (start, end, area) = *st.area_ranges.last().unwrap();
+        assert_eq!(area, LARGE);
+        let (first, later) = (first_end - first_start, end - start);
+        assert!(
+            later.is_power_of_two() && later > first,
+            "{later} after {first}"
+        );
+        let b = st.areas[LARGE]
+            .heap
+            .allocate(LaneId::GLOBAL, 4 << 20, 256)
+            .unwrap();
+        assert!((first_start..first_end).contains(&b.addr), "{:#x}", b.addr);
     }
 }
