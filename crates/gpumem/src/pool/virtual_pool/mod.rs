@@ -405,20 +405,9 @@ impl VirtualPool {
             handle_type,
             rdma_capable: config.nccl_ready && info.gpu_direct_rdma_vmm,
         };
-        let above = |bytes: usize| {
-            bytes
-                .checked_add(1)
-                .and_then(usize::checked_next_power_of_two)
-        };
-        let later_reservation = match (above(small), above(total - small)) {
-            (Some(s), Some(l)) => [s, l],
-            _ => {
-                let _ = driver.vmm_free_address(base, total);
-                return Err(Error::InvalidArgument(
-                    "virtual pool: va_multiple too large".into(),
-                ));
-            }
-        };
+        // Above what the first reservation gave each area (see
+        // `reserve_more`); `total` is at most 16 times the device's memory.
+        let later_reservation = [small, total - small].map(|b| (b + 1).next_power_of_two());
         Ok(Self {
             device,
             config,
