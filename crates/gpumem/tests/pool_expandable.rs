@@ -100,6 +100,46 @@ fn a_busy_streams_free_end_joins_the_growth() {
     pool.deallocate(a, 10 * MIB, 256, &s).unwrap();
 }
 
+/// One pass of a job that repeats: the same requests in the same order,
+/// every block freed at its end. Returns the blocks' addresses.
+fn one_pass<U: MemoryResource>(pool: &PoolResource<U>, s: &gpumem::Stream) -> Vec<DevicePtr> {
+    let a = pool.allocate(10 * MIB, 256, s).unwrap();
+    let b = pool.allocate(6 * MIB, 256, s).unwrap();
+    pool.deallocate(a, 10 * MIB, 256, s).unwrap();
+    let c = pool.allocate(4 * MIB, 256, s).unwrap();
+    let d = pool.allocate(10 * MIB, 256, s).unwrap();
+    let e = pool.allocate(30 * MIB, 256, s).unwrap();
+    for (p, size) in [(b, 6), (c, 4), (d, 10), (e, 30)] {
+        pool.deallocate(p, size * MIB, 256, s).unwrap();
+    }
+    vec![a, b, c, d, e]
+}
+
+#[test]
+fn a_repeated_pass_lands_where_the_first_did_without_growing() {
+    // In the first pass, c (4 MiB) comes when the range's free end is 4
+    // MiB and a's 10 MiB hole is free. Taking the end would leave d no
+    // hole and make e's growth start later; the second pass, finding the
+    // whole range free, would then place c in the hole and grow again. The
+    // free end is split only when no hole fits, as while the range grew,
+    // so both passes place every block alike.
+    let (device, _) = common::device(false);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    let s = device.create_stream().unwrap();
+    let first = one_pass(&pool, &s);
+    let reserved = pool.reserved_bytes();
+    assert_eq!(first[2], first[0], "c took a's hole, not the range's end");
+    for pass in 2..=4 {
+        assert_eq!(one_pass(&pool, &s), first, "pass {pass}");
+        assert_eq!(
+            pool.reserved_bytes(),
+            reserved,
+            "pass {pass} grew the range"
+        );
+    }
+    assert_eq!(pool.stats().regions, 1);
+}
+
 #[test]
 fn trim_gives_back_the_free_end_and_release_everything() {
     let (device, sim) = sim(8 << 30);

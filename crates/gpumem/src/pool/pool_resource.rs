@@ -838,11 +838,14 @@ impl<U: MemoryResource> PoolResource<U> {
         bytes: usize,
         alignment: usize,
     ) -> Option<DevicePtr> {
+        let growing = st.frontier[class].map(|f| f.region);
         let heap = &mut st.heaps[class];
-        let a = if class == SMALL {
-            heap.allocate(lane, bytes as u64, alignment as u64)
-        } else {
-            heap.allocate_best(lane, bytes as u64, alignment as u64)
+        let (size, align) = (bytes as u64, alignment as u64);
+        let a = match growing {
+            _ if class == SMALL => heap.allocate(lane, size, align),
+            // The range's free end is the last resort (see `expandable`).
+            Some(r) => heap.allocate_best_sparing_end(lane, size, align, r),
+            None => heap.allocate_best(lane, size, align),
         }?;
         let live = st.live();
         if live > st.peak_live {

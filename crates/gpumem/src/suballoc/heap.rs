@@ -783,7 +783,7 @@ impl LaneHeap {
     /// overflow. O(1), plus one split for alignment padding.
     #[inline]
     pub fn allocate(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
-        self.allocate_with(lane, size, align, false)
+        self.allocate_with(lane, size, align, false, NIL)
     }
 
     /// Like [`allocate`](Self::allocate), but first tries the free blocks of
@@ -792,7 +792,25 @@ impl LaneHeap {
     /// O(1), with a bounded scan of one class.
     #[inline]
     pub fn allocate_best(&mut self, lane: LaneId, size: u64, align: u64) -> Option<Allocation> {
-        self.allocate_with(lane, size, align, true)
+        self.allocate_with(lane, size, align, true, NIL)
+    }
+
+    /// Like [`allocate_best`](Self::allocate_best), but the last block of
+    /// region `growing` is split only when no other free block of the lane
+    /// fits (see [`Tlsf::take_best_instead`]). For a region that grows in
+    /// place at its end: its free end then serves only the requests that no
+    /// hole fits, as it did while the region grew. Once every block is free
+    /// again and the region is one block, the same requests in the same
+    /// order land where they did before, and the region need not grow.
+    #[inline]
+    pub fn allocate_best_sparing_end(
+        &mut self,
+        lane: LaneId,
+        size: u64,
+        align: u64,
+        growing: RegionId,
+    ) -> Option<Allocation> {
+        self.allocate_with(lane, size, align, true, growing.index)
     }
 
     #[inline(always)]
@@ -802,6 +820,7 @@ impl LaneHeap {
         size: u64,
         align: u64,
         best: bool,
+        spared_region: u32,
     ) -> Option<Allocation> {
         let size = round_to_granule(size)?.max(GRANULE);
         if !align.is_power_of_two() {
@@ -814,11 +833,14 @@ impl LaneHeap {
             _ => return None,
         };
         let arena = &mut self.arena;
-        let i = if best {
+        let mut i = if best {
             t.take_best(arena, needed)?
         } else {
             t.take(arena, needed)?
         };
+        if spared_region != NIL && arena[i].region == spared_region && arena[i].next_phys == NIL {
+            i = t.take_best_instead(arena, i, needed);
+        }
         let addr = arena[i].addr;
         // Cannot overflow: align - 1 < needed <= block size, and the block ends
         // within u64.

@@ -24,6 +24,9 @@ enum Op {
         lane: usize,
         size: u64,
         align_log: u32,
+        /// Allocate with the last block of this region (picked among the
+        /// model's) spared: `allocate_best_sparing_end`.
+        spare: Option<usize>,
     },
     Free {
         pick: usize,
@@ -72,8 +75,18 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => (0u64..6, 0u64..4096, log_uniform(12, 25))
             .prop_map(|(slot, offset, size)| Op::AddRegion { slot, offset, size }),
-        12 => (0..LANES, log_uniform(0, 22), prop_oneof![3 => Just(0u32), 1 => 0u32..17])
-            .prop_map(|(lane, size, align_log)| Op::Allocate { lane, size, align_log }),
+        12 => (
+            0..LANES,
+            log_uniform(0, 22),
+            prop_oneof![3 => Just(0u32), 1 => 0u32..17],
+            prop_oneof![2 => Just(None), 1 => any::<usize>().prop_map(Some)],
+        )
+            .prop_map(|(lane, size, align_log, spare)| Op::Allocate {
+                lane,
+                size,
+                align_log,
+                spare
+            }),
         10 => (any::<usize>(), 0..LANES).prop_map(|(pick, lane)| Op::Free { pick, lane }),
         1 => (any::<usize>(), 0u64..3).prop_map(|(pick, delta)| Op::BadFree { pick, delta }),
         2 => (0..LANES, 0..LANES).prop_map(|(from, to)| Op::MoveLane { from, to }),
@@ -158,10 +171,42 @@ impl Harness {
                 lane,
                 size,
                 align_log,
+                spare,
             } => {
                 let align = 1u64 << align_log;
-                match h.allocate(self.lanes[lane], size, align) {
+                let l = self.lanes[lane];
+                let spared = spare
+                    .filter(|_| !m.regions.is_empty())
+                    .map(|pick| m.regions.values().nth(pick % m.regions.len()).unwrap().0);
+                // The spared block: the region's last one, when free in the lane.
+                let spared_range = spared
+                    .and_then(|id| h.region_tail(id))
+                    .filter(|(_, b)| b.is_free_in(l.0))
+                    .map(|(_, b)| b.addr()..b.addr() + b.size());
+                let got = match spared {
+                    Some(id) => h.allocate_best_sparing_end(l, size, align, id),
+                    None => h.allocate(l, size, align),
+                };
+                match got {
                     Some(a) => {
+                        if let Some(r) = spared_range.filter(|r| r.contains(&a.addr)) {
+                            // Out of the spared block: no other block of the
+                            // lane fits whole.
+                            let needed = size.div_ceil(256).max(1) * 256 + align.max(256) - 256;
+                            let fits = search_class(needed).map_or(u64::MAX, |c| c.min_size());
+                            let mut other = None;
+                            h.for_each_free_at_least(l, fits, |_, addr, bsize| {
+                                if !r.contains(&addr) && bsize >= fits {
+                                    other = Some(addr);
+                                }
+                                other.is_none()
+                            });
+                            prop_assert!(
+                                other.is_none(),
+                                "block at {:?} fits, the end was split",
+                                other
+                            );
+                        }
                         let rounded = size.div_ceil(256).max(1) * 256;
                         prop_assert!(a.size >= rounded);
                         prop_assert!(a.size - rounded < h.min_split());

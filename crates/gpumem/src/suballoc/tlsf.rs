@@ -148,6 +148,18 @@ impl Tlsf {
     /// Like [`find`](Self::find), but also removes the block from the index.
     #[inline(always)]
     pub fn take(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
+        if let Some(i) = self.take_head(arena, size) {
+            return Some(i);
+        }
+        let i = self.find_slow(arena, size)?;
+        self.remove(arena, i);
+        Some(i)
+    }
+
+    /// [`take`](Self::take)'s O(1) part: the head of the smallest non-empty
+    /// class whose every block fits, removed.
+    #[inline(always)]
+    fn take_head(&mut self, arena: &mut BlockArena, size: u64) -> Option<u32> {
         if let Some(c) = search_class(size) {
             if let Some(ci) = self.first_at_or_above(c) {
                 // Pop the head of class `ci`: no class computation needed.
@@ -169,9 +181,7 @@ impl Tlsf {
                 return Some(i);
             }
         }
-        let i = self.find_slow(arena, size)?;
-        self.remove(arena, i);
-        Some(i)
+        None
     }
 
     /// Like [`take`](Self::take), but first looks among the first
@@ -188,9 +198,48 @@ impl Tlsf {
         self.take(arena, size)
     }
 
+    /// Block `spared`, just taken by [`take_best`](Self::take_best) for
+    /// `size` bytes, is to be used only when no other block fits: takes the
+    /// block that search finds without it and files `spared` back, or
+    /// returns `spared` when there is none. A heap spares the free end of a
+    /// range that grows in place, so that end is split only for requests
+    /// that no hole fits.
+    #[inline(never)]
+    pub fn take_best_instead(&mut self, arena: &mut BlockArena, spared: u32, size: u64) -> u32 {
+        // The search goes on where it found `spared`. In the request's own
+        // class, the scan found it first: the blocks before it do not fit,
+        // and it unlinked nothing else, so its old link leads on. From a
+        // class that fits whole, the scan had found nothing.
+        let in_scan = insert_class(arena[spared].size) == insert_class(size);
+        let scanned = in_scan
+            .then(|| self.scan(arena, arena[spared].next_free, size))
+            .flatten();
+        let other = match scanned {
+            Some(i) => {
+                self.remove(arena, i);
+                Some(i)
+            }
+            None => self.take_head(arena, size),
+        };
+        match other {
+            Some(i) => {
+                self.insert(arena, spared);
+                i
+            }
+            None => spared,
+        }
+    }
+
     #[cold]
     fn find_slow(&self, arena: &BlockArena, size: u64) -> Option<u32> {
-        let mut i = self.heads[insert_class(size).index()];
+        self.scan(arena, self.heads[insert_class(size).index()], size)
+    }
+
+    /// The first block of at least `size` bytes among at most
+    /// [`FALLBACK_SCAN`] of a free list, from its block `first` on.
+    #[inline(always)]
+    fn scan(&self, arena: &BlockArena, first: u32, size: u64) -> Option<u32> {
+        let mut i = first;
         let mut n = 0;
         while i != NIL && n < FALLBACK_SCAN {
             if arena[i].size >= size {
@@ -351,5 +400,45 @@ mod tests {
         assert!(t.is_empty());
         assert_eq!(t.any_block(), None);
         assert_eq!(t.largest(&a), 0);
+    }
+
+    #[test]
+    fn a_spared_block_goes_only_when_nothing_else_fits() {
+        const MIB: u64 = 1 << 20;
+        let mut a = BlockArena::new();
+        let mut t = Tlsf::new();
+        let file = |t: &mut Tlsf, a: &mut BlockArena, k: u64, size: u64| {
+            let i = a.create(k << 32, size, 0).unwrap();
+            t.insert(a, i);
+            i
+        };
+        // The request's own class (1 MiB up to 1.125 MiB): a block too
+        // small, then the spared one, then one that fits, scanned in that
+        // order (lists are LIFO).
+        let fits = file(&mut t, &mut a, 0, MIB + 6 * 256);
+        let spared = file(&mut t, &mut a, 1, MIB + 8 * 256);
+        file(&mut t, &mut a, 2, MIB);
+        let above = file(&mut t, &mut a, 3, 4 * MIB);
+        let size = MIB + 4 * 256;
+        assert_eq!(t.take_best(&mut a, size), Some(spared));
+        assert_eq!(t.take_best_instead(&mut a, spared, size), fits);
+        t.check(&a).unwrap();
+        // The spared block is filed again: the next search finds it first.
+        assert_eq!(t.take_best(&mut a, size), Some(spared));
+        // Nothing else in its class fits: a class that fits whole.
+        assert_eq!(t.take_best_instead(&mut a, spared, size), above);
+        t.check(&a).unwrap();
+        // Nothing else fits at all: the spared block itself, not filed.
+        assert_eq!(t.take_best(&mut a, size), Some(spared));
+        assert_eq!(t.take_best_instead(&mut a, spared, size), spared);
+        t.check(&a).unwrap();
+        assert_eq!(t.block_count(), 1);
+        // Spared from a class that fits whole: the next such class.
+        let big = file(&mut t, &mut a, 4, 8 * MIB);
+        let bigger = file(&mut t, &mut a, 5, 32 * MIB);
+        assert_eq!(t.take_best(&mut a, 2 * MIB), Some(big));
+        assert_eq!(t.take_best_instead(&mut a, big, 2 * MIB), bigger);
+        t.check(&a).unwrap();
+        assert_eq!(t.block_count(), 2);
     }
 }

@@ -17,6 +17,18 @@
 //! held across the upstream call), another thread that must grow the same
 //! heap takes a region as a pool without expandable heaps does.
 //!
+//! The range's free end is the large heap's last resort: a request takes
+//! it only when no other free block fits
+//! ([`LaneHeap::allocate_best_sparing_end`]). While the range grows, its
+//! end is what growths leave over, so that is how the first pass of a job
+//! uses it anyway; keeping to it afterwards makes a pass that starts from
+//! an empty pool (the whole range one free block) place every block where
+//! the first pass did, so it never grows the range again. Splitting the end
+//! whenever it was the best fit placed the second pass otherwise: the
+//! simulator's replays of gpt2_train and resnet50_train then grew their
+//! ranges once more in their second pass (`bench/results/NOTES.md`).
+//!
+//! [`LaneHeap::allocate_best_sparing_end`]: crate::suballoc::LaneHeap::allocate_best_sparing_end
 //! [`PoolConfig::expandable`]: super::PoolConfig::expandable
 
 use super::{PoolResource, Shard};
