@@ -796,8 +796,8 @@ impl LaneHeap {
     }
 
     /// Like [`allocate_best`](Self::allocate_best), but the last block of
-    /// region `growing` is split only when no other free block of the lane
-    /// fits (see [`Tlsf::take_best_instead`]). For a region that grows in
+    /// region `growing` is split only when the search finds no other free
+    /// block of the lane that fits (see [`Tlsf::take_best_instead`]). For a region that grows in
     /// place at its end: its free end then serves only the requests that no
     /// hole fits, as it did while the region grew. Once every block is free
     /// again and the region is one block, the same requests in the same
