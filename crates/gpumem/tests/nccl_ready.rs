@@ -200,7 +200,7 @@ fn wop() -> impl Strategy<Value = WOp> {
 /// of its live blocks (whole pages each): no overlap, the pool's live bytes,
 /// and every live block one allocation of its own, after every step.
 fn run_whole(ops: &[WOp]) -> Result<(), TestCaseError> {
-    let (device, sim) = Device::sim_with_driver(SimConfig::default());
+    let (device, sim) = common::model::sim(2 << 30);
     let pool = nccl_pool(&device);
     let drv = device.driver();
     let g = pool.page_size();
