@@ -1,7 +1,7 @@
 //! Replays RMM allocation logs through a [`PoolResource`] with expandable
 //! heaps on the simulated device, several passes through one pool, and
-//! prints per pass the driver calls it made and the reserve over the live
-//! peak so far. `--recycle` turns on `PoolConfig::recycle_pieces`; without
+//! prints per pass the driver calls it made (events included), how often
+//! the pool grew, and the reserve over the live peak so far. `--recycle` turns on `PoolConfig::recycle_pieces`; without
 //! traces named, the two shared ones. A pass after the first that makes
 //! driver calls placed its blocks otherwise than the first did
 //! (`bench/results/NOTES.md`).
@@ -51,6 +51,7 @@ fn main() {
         println!("{path}");
         for pass in 1..=passes {
             let before = sim.total_calls();
+            let mut growths = 0;
             let mut live: HashMap<u64, (DevicePtr, usize, u64)> = HashMap::new();
             for e in events.iter() {
                 let s = streams
@@ -58,7 +59,9 @@ fn main() {
                     .or_insert_with(|| device.create_stream().expect("stream"));
                 match e.action {
                     Action::Allocate => {
+                        let reserved = pool.stats().reserved;
                         let p = pool.allocate(e.size, 256, s).expect("allocate");
+                        growths += usize::from(pool.stats().reserved > reserved);
                         live.insert(e.ptr, (p, e.size, e.stream));
                     }
                     Action::Free => {
@@ -74,8 +77,9 @@ fn main() {
             }
             let st = pool.stats();
             println!(
-                "  pass {pass}: driver calls {:5}  reserved/live {:.4}  reserved {:.0} MiB",
+                "  pass {pass}: driver calls {:5}  growths {:4}  reserved/live {:.4}  reserved {:.0} MiB",
                 sim.total_calls() - before,
+                growths,
                 st.peak_reserved as f64 / st.peak_live as f64,
                 st.peak_reserved as f64 / 1048576.0
             );
