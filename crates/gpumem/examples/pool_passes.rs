@@ -1,9 +1,10 @@
 //! Replays RMM allocation logs through a [`PoolResource`] with expandable
 //! heaps on the simulated device, several passes through one pool, and
-//! prints per pass the driver calls it made (events included), how often
-//! the pool grew, and the reserve over the live peak so far. `--recycle` turns on `PoolConfig::recycle_pieces`; without
-//! traces named, the two shared ones. A pass after the first that makes
-//! driver calls placed its blocks otherwise than the first did
+//! prints per pass the driver calls it made (events of frees across
+//! streams included), how often the pool grew, and the reserve over the
+//! live peak so far. `--recycle` turns on `PoolConfig::recycle_pieces`;
+//! without traces named, the two shared ones. A pass after the first that
+//! grows placed its blocks otherwise than the first did
 //! (`bench/results/NOTES.md`).
 //!
 //! ```text
