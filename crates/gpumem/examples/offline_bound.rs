@@ -53,9 +53,9 @@ fn main() {
         let lives = lives(&events);
         let peak = live_peak(&lives);
         println!(
-            "{path}: {} blocks, live peak {} MiB",
+            "{path}: {} blocks, live peak {:.1} MiB",
             lives.len(),
-            peak >> 20
+            peak as f64 / f64::from(1u32 << 20)
         );
         type Order = fn(&Life) -> (i128, usize);
         let orders: [(&str, Order); 4] = [
