@@ -1,10 +1,12 @@
 //! The `gpumem` command's machinery, as a library so it can be tested in
 //! process: the allocator table, the benchmark workloads, trace replay,
-//! timeline plots and the PyTorch snapshot converter.
+//! timeline plots, the offline packing bound and the PyTorch snapshot
+//! converter.
 #![warn(missing_docs)]
 
 pub mod allocators;
 pub mod bench;
+pub mod bound;
 pub mod capi_cost;
 pub mod demo;
 pub mod iterations;

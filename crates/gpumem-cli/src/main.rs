@@ -1,6 +1,6 @@
 //! The `gpumem` command: device information, an allocation demo, benchmarks
-//! across allocators, trace replay, memory timelines and a PyTorch snapshot
-//! converter. Runs on the real GPU when there is one and on the simulated
+//! across allocators, trace replay, memory timelines, the offline packing
+//! bound of a log and a PyTorch snapshot converter. Runs on the real GPU when there is one and on the simulated
 //! device otherwise, and always says which.
 
 #![forbid(unsafe_code)]
@@ -16,7 +16,7 @@ use gpumem_cli::allocators::{self, ALLOCATORS};
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
-use gpumem_cli::{capi_cost, demo, outln, output, plot, progress, replay, snapshot};
+use gpumem_cli::{bound, capi_cost, demo, outln, output, plot, progress, replay, snapshot};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
 /// information, a short side-by-side benchmark of every allocator and a replay
@@ -53,6 +53,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Draw live and reserved memory along a trace replay, one line per allocator.
     Plot(PlotArgs),
+    /// How lean a pool that never moves memory could be on RMM logs, with
+    /// every placement planned knowing the whole log (needs no device).
+    Bound(BoundArgs),
     /// Convert a PyTorch memory snapshot (pickle) to an RMM log (CSV).
     ConvertSnapshot(ConvertArgs),
     /// What the C ABI (gpumem_malloc/gpumem_free) adds per call over the same
@@ -181,6 +184,17 @@ fn parse_vary(s: &str) -> Result<f64, String> {
 }
 
 #[derive(Args, Debug)]
+struct BoundArgs {
+    /// RMM logs (Thread,Time,Action,Pointer,Size,Stream); `-` reads
+    /// standard input.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
 struct ReplayArgs {
     /// The RMM log (Thread,Time,Action,Pointer,Size,Stream); `-` reads
     /// standard input.
@@ -292,6 +306,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Bench(a)) => cmd_bench(cli.device, a),
         Some(Command::Transfer(a)) => Ok(transfer::run(&target::open(cli.device, true)?, &a)?),
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
+        Some(Command::Bound(a)) => cmd_bound(a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
         Some(Command::ConvertSnapshot(a)) => cmd_convert(a),
         Some(Command::CapiCost(a)) => cmd_capi_cost(cli.device, a),
@@ -446,6 +461,39 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
                 "log of the replay through {}: {} ({rows} rows)",
                 s.name,
                 path.display()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn cmd_bound(a: BoundArgs) -> Result<()> {
+    if a.traces.iter().filter(|t| t.as_os_str() == "-").count() > 1 {
+        bail!("standard input (-) can be read once");
+    }
+    for path in &a.traces {
+        let trace = replay::load(path)?;
+        let records = bound::bound(&trace.name, &trace.prep);
+        if a.json {
+            for r in &records {
+                outln!("{}", serde_json::to_string(r)?)?;
+            }
+            continue;
+        }
+        let first = &records[0];
+        outln!(
+            "{}: {} blocks, live peak {}; range needed over the live peak:",
+            trace.path.display(),
+            first.blocks,
+            fmt_bytes(first.peak_live)
+        )?;
+        outln!("  {:<16} {:>9} {:>9}", "order", "first fit", "best fit")?;
+        for pair in records.chunks(2) {
+            outln!(
+                "  {:<16} {:>9.4} {:>9.4}",
+                pair[0].order.name(),
+                pair[0].ratio,
+                pair[1].ratio
             )?;
         }
     }

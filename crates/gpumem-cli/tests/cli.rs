@@ -905,6 +905,7 @@ fn an_empty_or_header_only_trace_is_an_error() {
             &["replay", path][..],
             &["bench", "--workload", "replay", "--trace", path],
             &["plot", path, "-o", svg.to_str().unwrap()],
+            &["bound", path],
         ] {
             let out = gpumem(&[&["--device", "sim"], args].concat());
             assert_eq!(out.status.code(), Some(1), "{name} {args:?}");
@@ -916,6 +917,44 @@ fn an_empty_or_header_only_trace_is_an_error() {
             assert!(!svg.exists());
         }
     }
+}
+
+#[test]
+fn bound_prints_every_packing_as_a_table_and_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small.csv");
+    std::fs::write(&path, SMALL_TRACE).unwrap();
+    let path = path.to_str().unwrap();
+    let out = gpumem(&["bound", path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "largest first",
+        "size x lifetime",
+        "longest lived",
+        "the log's order",
+    ] {
+        assert!(table.contains(row), "{row}: {table}");
+    }
+    let records = json_lines(&gpumem(&["bound", "--json", path, path]));
+    assert_eq!(records.len(), 16, "two logs, eight packings each");
+    for r in &records {
+        // 256 B live, then 1 MiB, 4 KiB and 64 KiB: the peak is all but
+        // the first block, which the 64 KiB one replaces.
+        assert_eq!(r["trace"], "small.csv");
+        assert_eq!(r["blocks"], 4);
+        assert_eq!(r["peak_live"], 1048576 + 4096 + 65536);
+        assert!(r["ratio"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+    let out = gpumem(&["bound", "-", "-"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_line_error(&out).contains("standard input"));
+    let out = gpumem(&["bound"]);
+    assert_eq!(out.status.code(), Some(2), "a log is required");
 }
 
 #[test]
