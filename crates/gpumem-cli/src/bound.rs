@@ -292,15 +292,22 @@ pub struct BoundRecord {
     pub ratio: f64,
 }
 
-/// Every packing of a prepared log named `trace`.
-pub fn bound(trace: &str, prep: &PreparedReplay) -> Vec<BoundRecord> {
+/// Every packing of a prepared log named `trace`, in [`ORDERS`]' order, first
+/// fit then best fit; `done` hears of each as it ends (a log of millions of
+/// events takes minutes: the cost follows the blocks times those beside
+/// each).
+pub fn bound(
+    trace: &str,
+    prep: &PreparedReplay,
+    mut done: impl FnMut(&BoundRecord),
+) -> Vec<BoundRecord> {
     let lives = lives(prep);
     let peak = live_peak(&lives);
     let mut records = Vec::new();
     for order in ORDERS {
         for fit in [Fit::First, Fit::Best] {
             let p = pack(&lives, prep.ops.len(), order, fit);
-            records.push(BoundRecord {
+            let r = BoundRecord {
                 trace: trace.to_string(),
                 blocks: lives.len(),
                 peak_live: peak,
@@ -308,7 +315,9 @@ pub fn bound(trace: &str, prep: &PreparedReplay) -> Vec<BoundRecord> {
                 fit,
                 high_water: p.high,
                 ratio: p.high as f64 / peak.max(1) as f64,
-            });
+            };
+            done(&r);
+            records.push(r);
         }
     }
     records

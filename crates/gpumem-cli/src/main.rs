@@ -471,32 +471,38 @@ fn cmd_bound(a: BoundArgs) -> Result<()> {
     if a.traces.iter().filter(|t| t.as_os_str() == "-").count() > 1 {
         bail!("standard input (-) can be read once");
     }
+    let pb = progress::bar((a.traces.len() * 2 * bound::ORDERS.len()) as u64, a.json);
     for path in &a.traces {
         let trace = replay::load(path)?;
-        let records = bound::bound(&trace.name, &trace.prep);
-        if a.json {
-            for r in &records {
-                outln!("{}", serde_json::to_string(r)?)?;
+        pb.set_message(trace.name.clone());
+        let records = bound::bound(&trace.name, &trace.prep, |_| pb.inc(1));
+        pb.suspend(|| -> Result<()> {
+            if a.json {
+                for r in &records {
+                    outln!("{}", serde_json::to_string(r)?)?;
+                }
+                return Ok(());
             }
-            continue;
-        }
-        let first = &records[0];
-        outln!(
-            "{}: {} blocks, live peak {}; range needed over the live peak:",
-            trace.path.display(),
-            first.blocks,
-            fmt_bytes(first.peak_live)
-        )?;
-        outln!("  {:<16} {:>9} {:>9}", "order", "first fit", "best fit")?;
-        for pair in records.chunks(2) {
+            let first = &records[0];
             outln!(
-                "  {:<16} {:>9.4} {:>9.4}",
-                pair[0].order.name(),
-                pair[0].ratio,
-                pair[1].ratio
+                "{}: {} blocks, live peak {}; range needed over the live peak:",
+                trace.path.display(),
+                first.blocks,
+                fmt_bytes(first.peak_live)
             )?;
-        }
+            outln!("  {:<16} {:>9} {:>9}", "order", "first fit", "best fit")?;
+            for pair in records.chunks(2) {
+                outln!(
+                    "  {:<16} {:>9.4} {:>9.4}",
+                    pair[0].order.name(),
+                    pair[0].ratio,
+                    pair[1].ratio
+                )?;
+            }
+            Ok(())
+        })?;
     }
+    pb.finish_and_clear();
     Ok(())
 }
 

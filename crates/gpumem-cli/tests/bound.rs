@@ -70,7 +70,9 @@ fn a_block_too_large_for_the_hole_costs_the_log_order_and_not_the_planner() {
         (false, 0x2000, 1024),
         (false, 0x3000, 2048),
     ]);
-    let records = bound::bound("tiny", &p);
+    let mut heard = 0;
+    let records = bound::bound("tiny", &p, |_| heard += 1);
+    assert_eq!(heard, 8);
     assert_eq!(records.len(), 8);
     for r in &records {
         assert_eq!(r.peak_live, 3072);
