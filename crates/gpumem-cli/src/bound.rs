@@ -15,8 +15,8 @@
 //! online allocator sees. None is optimal (the problem is NP-hard), so the
 //! lowest ratio is what planning reaches, not a proven floor. An allocator
 //! whose reserve is above it loses that much to not knowing the future or
-//! to its own placement; only one that moves memory (VirtualPool, or
-//! recycling) can go below it.
+//! to its own placement; one that moves memory (VirtualPool, or recycling)
+//! is not bound by it at all.
 //!
 //! Lifetimes are counted in the replay's operations ([`PreparedReplay`]),
 //! so failed allocations, zero-byte requests and frees of unknown pointers
