@@ -135,9 +135,9 @@ pub fn lives(prep: &PreparedReplay) -> Vec<Life> {
         let slot = op.slot as usize;
         if op.alloc {
             let size = (op.size as u64).max(1).div_ceil(GRANULE) * GRANULE;
-            // A slot allocated again while live (a pointer the log hands
-            // out twice): the earlier block stays live to the end, as the
-            // replay leaks it.
+            // `prepare` reuses a slot only once freed (a pointer handed out
+            // twice gets a new slot, the earlier block leaked); a slot
+            // still open here would be such a block, live to the end.
             if let Some((start, size)) = open[slot].replace((i, size)) {
                 lives.push(Life {
                     start,
@@ -169,9 +169,8 @@ pub fn live_peak(lives: &[Life]) -> u64 {
         .iter()
         .flat_map(|b| [(b.start, i128::from(b.size)), (b.end, -i128::from(b.size))])
         .collect();
-    // An end and a start at the same operation: the end first (a block
-    // freed by an operation is gone when a later one allocates; no
-    // operation does both).
+    // No operation both allocates and frees, so no time has two kinds of
+    // change.
     changes.sort_unstable();
     let (mut live, mut peak) = (0i128, 0i128);
     for (_, d) in changes {
