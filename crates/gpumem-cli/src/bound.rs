@@ -221,9 +221,8 @@ impl Placed {
     /// Every placed block live at the same time as `b`: those live at its
     /// start, and those that start during its life.
     fn beside(&self, b: &Life, mut f: impl FnMut(u32)) {
-        if b.start >= b.end {
-            return;
-        }
+        // Every block is freed after the operation that allocates it.
+        debug_assert!(b.start < b.end);
         let mut i = b.start + self.leaves;
         while i >= 1 {
             self.nodes[i].iter().copied().for_each(&mut f);
