@@ -1,7 +1,8 @@
 //! The `gpumem` command: device information, an allocation demo, benchmarks
 //! across allocators, trace replay, memory timelines, the offline packing
-//! bound of a log and a PyTorch snapshot converter. Runs on the real GPU when there is one and on the simulated
-//! device otherwise, and always says which.
+//! bound of a log and a PyTorch snapshot converter. Runs on the real GPU
+//! when there is one and on the simulated device otherwise, and always says
+//! which.
 
 #![forbid(unsafe_code)]
 
