@@ -9,11 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{model_setup, op, run_model, sim};
+use common::model::{model_setup, op, op_between, run_model, sim};
 use common::suite;
 use common::threads::OnThreads;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor};
-use gpumem::driver::sim::SimConfig;
+use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::DevicePtr;
 use gpumem::pool::{Pool, PoolConfig, PoolResource, Spread};
 use gpumem::resource::{DeviceResource, MemoryResource};
@@ -31,6 +31,29 @@ fn expandable() -> PoolConfig {
 fn recycling() -> PoolConfig {
     let mut config = expandable();
     config.recycle_pieces = true;
+    config
+}
+
+/// A simulated device of `capacity` bytes with VMM granules of 64 KiB, its
+/// three streams and its memory in use before the test.
+fn small_pieces(capacity: usize) -> (Device, Arc<SimDriver>, Vec<gpumem::Stream>, usize) {
+    let mut config = SimConfig::default();
+    config.capacity = capacity;
+    config.granularity = 64 << 10;
+    let (device, sim) = Device::sim_with_driver(config);
+    let streams = (0..3).map(|_| device.create_stream().unwrap()).collect();
+    let base = sim.device_bytes(0);
+    (device, sim, streams, base)
+}
+
+/// Recycling on [`small_pieces`]: growths of 64 KiB granules make pieces
+/// of 2 MiB, so requests of a few MiB leave whole pieces free and growths
+/// move them often.
+fn small_piece_recycling() -> PoolConfig {
+    let mut config = recycling();
+    config.growth.granularity = 64 << 10;
+    config.growth.small_region = 2 * MIB;
+    config.growth.medium_region = 2 * MIB;
     config
 }
 
@@ -654,6 +677,42 @@ proptest! {
         run_model(pool_on(DeviceResource::new(device.clone()), config), &sim, &streams, &ops)?;
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    }
+
+    #[test]
+    fn recycling_pool_model(ops in prop::collection::vec(op_between(16, 22), 1..200)) {
+        let (device, sim, streams, base) = small_pieces(1 << 30);
+        let pool = pool_on(DeviceResource::new(device.clone()), small_piece_recycling());
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn recycling_pool_model_tight(ops in prop::collection::vec(op_between(16, 22), 1..200)) {
+        // Growth and moves fail often; the reclaim runs between them.
+        let (device, sim, streams, base) = small_pieces(48 << 20);
+        let mut config = small_piece_recycling();
+        config.max_reserved = Some(40 << 20);
+        run_model(pool_on(DeviceResource::new(device.clone()), config), &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+    }
+
+    #[test]
+    fn recycling_pool_model_on_threads(ops in prop::collection::vec(op_between(16, 22), 1..120)) {
+        // Each stream on its own thread and shard: moves from one shard's
+        // heap while others allocate.
+        let (device, sim, streams, base) = small_pieces(1 << 30);
+        let mut config = small_piece_recycling();
+        config.spread = Spread::Always;
+        let pool = OnThreads::new(pool_on(DeviceResource::new(device.clone()), config), &streams);
+        run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        prop_assert_eq!(sim.reserved_va_bytes(), 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use gpumem::driver::sim::{SimConfig, SimDriver};
+use gpumem::driver::Driver;
 use gpumem::pool::{Pool, PoolResource, VirtualPool};
 use gpumem::resource::MemoryResource;
 use gpumem::{Device, DevicePtr, Stream};
@@ -34,8 +35,13 @@ pub enum Op {
 }
 
 pub fn op(max_log: u32) -> impl Strategy<Value = Op> {
+    op_between(0, max_log)
+}
+
+/// [`op`] with requests of `2^min_log` to `2^(max_log + 1)` bytes.
+pub fn op_between(min_log: u32, max_log: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3usize, 0..=max_log, 0..1024usize).prop_map(move |(stream, log, extra)| {
+        6 => (0..3usize, min_log..=max_log, 0..1024usize).prop_map(move |(stream, log, extra)| {
             let base = 1usize << log;
             Op::Alloc { stream, bytes: (base + extra % base).max(1) }
         }),
@@ -105,9 +111,25 @@ pub struct Freed {
     pos: u64,
 }
 
+/// Whether `[start, end)` lies wholly in device memory the driver holds
+/// allocated or mapped (walked allocation by allocation, mapping by mapping).
+fn mapped(sim: &SimDriver, start: u64, end: u64) -> bool {
+    let mut at = start;
+    while at < end {
+        match sim.mem_address_range(DevicePtr(at)) {
+            Ok((base, len)) if base.0 + len as u64 > at => at = base.0 + len as u64,
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Runs `ops` against `pool`, checking overlap, alignment, the stats model
 /// and the ordering oracle; then frees everything and checks that the pool
-/// gives all memory back.
+/// gives all memory back. After every operation each live block must be
+/// mapped whole, and a freed block whose memory left its mapping (a trim,
+/// or a pool that moves memory under free blocks) must have had its
+/// stream's work run first: that memory may now serve anyone.
 pub fn run_model<P: Modeled>(
     pool: P,
     sim: &SimDriver,
@@ -188,6 +210,26 @@ pub fn run_model<P: Modeled>(
             Op::Trim => {
                 pool.trim(0).unwrap();
                 pool.check();
+            }
+        }
+        for &(p, bytes, _) in &live {
+            prop_assert!(
+                mapped(sim, p.0, p.0 + bytes as u64),
+                "live block {:#x} (+{}) is no longer mapped whole",
+                p.0,
+                bytes
+            );
+        }
+        for f in &freed {
+            if !mapped(sim, f.start, f.end) {
+                for s in streams {
+                    prop_assert!(
+                        sim.is_ordered_after(f.stream, f.pos, s.raw()),
+                        "memory of a block freed on stream {:#x} at {} left its mapping before that work ran",
+                        f.stream,
+                        f.pos
+                    );
+                }
             }
         }
         let model: usize = live.iter().map(|&(_, b, _)| pool.accounted(b)).sum();
