@@ -13,7 +13,9 @@
 //! `GPUMEM_STRESS_SECS` sets the seconds per pool (default 1: the suite's
 //! ten-second version over all pools); on the GPU, `GPUMEM_DEVICE=cuda` and
 //! a longer time. Each test prints its figures: threads, operations,
-//! seconds, out-of-memory errors, bytes verified.
+//! seconds, out-of-memory errors, bytes verified. The recycling pool also
+//! moves pieces of its ranges while the threads work (on the simulator,
+//! whose small granules make small pieces).
 
 mod common;
 
@@ -198,6 +200,39 @@ fn stress_pool_resource_expandable() {
     stress("PoolResource (expandable)", mr.clone(), &d, || {
         mr.live_bytes()
     });
+}
+
+#[test]
+fn stress_pool_resource_recycling() {
+    // On the simulator, granules of 4 KiB make pieces of 128 KiB, so the
+    // pool moves pieces while other threads fill and check their blocks;
+    // on the GPU (64 MiB pieces) this is the expandable stress again.
+    let mut sim = gpumem::driver::sim::SimConfig::backed(512 << 20);
+    sim.granularity = 4 << 10;
+    let (d, sim) = Device::from_env(sim).expect("GPUMEM_DEVICE names a usable backend");
+    let mut config = PoolConfig::default();
+    config.expandable = true;
+    config.recycle_pieces = true;
+    config.growth.granularity = 4 << 10;
+    // The limit below the pool: a `max_reserved` would also cap each
+    // range's addresses, which moved pieces use up.
+    let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
+    let mr = Arc::new(PoolResource::new(up, config).unwrap());
+    // Moves come with growths, which a loaded machine makes fewer of in a
+    // round: on the simulator, rounds run until a piece moved (at most 8).
+    for round in 1.. {
+        stress("PoolResource (recycling)", mr.clone(), &d, || {
+            mr.live_bytes()
+        });
+        let Some(sim) = &sim else { break };
+        // A map that created nothing is a moved piece.
+        let moved = sim.call_count("cuMemMap") - sim.call_count("cuMemCreate");
+        eprintln!("stress: PoolResource (recycling): {moved} pieces moved in {round} rounds");
+        if moved > 0 {
+            break;
+        }
+        assert!(round < 8, "the stress moved no piece in {round} rounds");
+    }
 }
 
 #[test]
