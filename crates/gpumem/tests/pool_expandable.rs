@@ -348,6 +348,24 @@ fn a_growth_recycles_free_pieces_instead_of_creating_memory() {
 }
 
 #[test]
+fn recycling_works_up_to_max_reserved() {
+    // At the limit, moving free pieces is the only way to grow: the range's
+    // addresses must have room for them beyond `max_reserved`.
+    let (device, _) = sim(8 << 30);
+    let mut config = recycling();
+    config.max_reserved = Some((148 + 56) * MIB);
+    let pool = pool_on(DeviceResource::new(device.clone()), config);
+    let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&pool, &s);
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), (148 + 56) * MIB, "x's pieces moved");
+    assert!(pool.allocate(256, 256, &s).unwrap_err().is_oom(), "full");
+    pool.check_invariants().unwrap();
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+}
+
+#[test]
 fn data_across_recycled_pieces_is_whole() {
     // On the real GPU too: the moved memory is mapped and accessible where
     // it lands, and a block across the kept, moved and new pieces holds

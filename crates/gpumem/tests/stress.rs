@@ -211,13 +211,11 @@ fn stress_pool_resource_recycling() {
     sim.granularity = 4 << 10;
     let (d, sim) = Device::from_env(sim).expect("GPUMEM_DEVICE names a usable backend");
     let mut config = PoolConfig::default();
+    config.max_reserved = Some(LIMIT);
     config.expandable = true;
     config.recycle_pieces = true;
     config.growth.granularity = 4 << 10;
-    // The limit below the pool: a `max_reserved` would also cap each
-    // range's addresses, which moved pieces use up.
-    let up = LimitingAdaptor::new(DeviceResource::new(d.clone()), LIMIT);
-    let mr = Arc::new(PoolResource::new(up, config).unwrap());
+    let mr = Arc::new(PoolResource::new(DeviceResource::new(d.clone()), config).unwrap());
     // Moves come with growths, which a loaded machine makes fewer of in a
     // round: on the simulator, rounds run until a piece moved (at most 8).
     for round in 1.. {

@@ -10,12 +10,12 @@
 //! growth granularity (the upstream's, 2 MiB on an H100), and by at least
 //! a growth step (20 MiB for the large heap; for the small one a quarter of
 //! its range, 2 to 20 MiB): the reserve follows the live peak to within one
-//! step per heap. A new frontier
-//! is taken when there is none, when the range is full (its capacity is
-//! the device's memory, or `max_reserved`), and after a trim gave the
-//! whole range back. While one thread's growth is under way (no lock is
-//! held across the upstream call), another thread that must grow the same
-//! heap takes a region as a pool without expandable heaps does.
+//! step per heap. A new frontier is taken when there is none, when the
+//! range is full (its capacity is the device's memory, or `max_reserved`
+//! unless pieces are recycled), and after a trim gave the whole range back.
+//! While one thread's growth is under way (no lock is held across the
+//! upstream call), another thread that must grow the same heap takes a
+//! region as a pool without expandable heaps does.
 //!
 //! The range's free end is the large heap's last resort: a request takes
 //! it only when no other free block fits
@@ -292,14 +292,19 @@ impl<U: MemoryResource> PoolResource<U> {
 
     /// How far a frontier may grow: the device's memory (address space
     /// only; physical memory comes with each growth), at most the pool's
-    /// `max_reserved`.
+    /// `max_reserved`, except when pieces are recycled: each move leaves
+    /// its old addresses behind, so the range outgrows the reserve, and at
+    /// the limit moving is the only way left to grow.
     fn frontier_capacity(&self) -> usize {
         let total = self
             .upstream
             .device()
             .info()
             .map_or(usize::MAX / 4, |i| i.total_memory);
-        self.config.max_reserved.map_or(total, |m| m.min(total))
+        match self.config.max_reserved {
+            Some(m) if !self.config.recycle_pieces => m.min(total),
+            _ => total,
+        }
     }
 
     /// Gives back the free end of every frontier of shard `i` (its last
