@@ -656,6 +656,15 @@ fn device_resource_splits_ranges_and_recycles_pieces() {
     assert_eq!((sim.mapped_bytes(), sim.reserved_va_bytes()), (0, 0));
 }
 
+/// After a model run and the pool's drop: the driver has every byte and
+/// every address back.
+fn all_back(sim: &SimDriver, base: usize) -> Result<(), TestCaseError> {
+    sim.complete_all();
+    prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    prop_assert_eq!(sim.reserved_va_bytes(), 0, "all addresses back on drop");
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -664,9 +673,7 @@ proptest! {
         let (device, sim, streams, base) = model_setup();
         let pool = pool_on(DeviceResource::new(device.clone()), expandable());
         run_model(pool, &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
-        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -679,9 +686,7 @@ proptest! {
         config.growth.medium_region = 2 * MIB;
         let pool = pool_on(DeviceResource::new(device.clone()), config);
         run_model(pool, &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
-        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -693,8 +698,7 @@ proptest! {
         let mut config = expandable();
         config.max_reserved = Some(40 << 20);
         run_model(pool_on(DeviceResource::new(device.clone()), config), &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -702,9 +706,7 @@ proptest! {
         let (device, sim, streams, base) = small_pieces(1 << 30);
         let pool = pool_on(DeviceResource::new(device.clone()), small_piece_recycling());
         run_model(pool, &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
-        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -714,9 +716,7 @@ proptest! {
         let mut config = small_piece_recycling();
         config.max_reserved = Some(40 << 20);
         run_model(pool_on(DeviceResource::new(device.clone()), config), &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
-        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -728,9 +728,7 @@ proptest! {
         config.spread = Spread::Always;
         let pool = OnThreads::new(pool_on(DeviceResource::new(device.clone()), config), &streams);
         run_model(pool, &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
-        prop_assert_eq!(sim.reserved_va_bytes(), 0);
+        all_back(&sim, base)?;
     }
 
     #[test]
@@ -741,7 +739,6 @@ proptest! {
         config.spread = Spread::Always;
         let pool = OnThreads::new(pool_on(DeviceResource::new(device.clone()), config), &streams);
         run_model(pool, &sim, &streams, &ops)?;
-        sim.complete_all();
-        prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+        all_back(&sim, base)?;
     }
 }

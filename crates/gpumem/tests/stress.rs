@@ -207,9 +207,9 @@ fn stress_pool_resource_recycling() {
     // On the simulator, granules of 4 KiB make pieces of 128 KiB, so the
     // pool moves pieces while other threads fill and check their blocks;
     // on the GPU (64 MiB pieces) this is the expandable stress again.
-    let mut sim = gpumem::driver::sim::SimConfig::backed(512 << 20);
-    sim.granularity = 4 << 10;
-    let (d, sim) = Device::from_env(sim).expect("GPUMEM_DEVICE names a usable backend");
+    let mut small_granules = gpumem::driver::sim::SimConfig::backed(512 << 20);
+    small_granules.granularity = 4 << 10;
+    let (d, sim) = Device::from_env(small_granules).expect("GPUMEM_DEVICE names a usable backend");
     let mut config = PoolConfig::default();
     config.max_reserved = Some(LIMIT);
     config.expandable = true;

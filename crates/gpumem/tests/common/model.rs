@@ -38,7 +38,8 @@ pub fn op(max_log: u32) -> impl Strategy<Value = Op> {
     op_between(0, max_log)
 }
 
-/// [`op`] with requests of `2^min_log` to `2^(max_log + 1)` bytes.
+/// [`op`] with requests of `2^log` bytes plus up to 1023 (never twice
+/// `2^log`), `log` from `min_log` to `max_log`.
 pub fn op_between(min_log: u32, max_log: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..3usize, min_log..=max_log, 0..1024usize).prop_map(move |(stream, log, extra)| {
