@@ -32,8 +32,9 @@ use serde::Serialize;
 
 use crate::replay::PreparedReplay;
 
-/// The pools' allocation granule: sizes are rounded up to it.
-pub const GRANULE: u64 = 256;
+/// The pools' allocation granule (their heaps' own): sizes are rounded up
+/// to it.
+pub use gpumem::suballoc::GRANULE;
 
 /// One block of a log: its size (rounded to [`GRANULE`]) and the replay
 /// operations that allocate it (`start`) and free it (`end`, the number of
