@@ -2,15 +2,22 @@
 //!
 //! Algorithm: open addressing with linear probing over one array of
 //! `(key, value)` slots, Fibonacci hashing of `addr >> 8` (top bits of a
-//! multiply), load kept at most 1/2, and backward-shift deletion (no
-//! tombstones, so probe lengths never decay). Costs: O(1) expected insert,
-//! lookup and remove, one multiply and usually one cache line; growth doubles
-//! the array (amortised O(1)).
+//! multiply), and backward-shift deletion (no tombstones, so probe lengths
+//! never decay). The load is kept at most 1/8 while the array is small
+//! enough to stay in a core's cache ([`SPARSE_SLOTS`]) and at most 1/2
+//! beyond: a probe that ends at its first slot almost always makes the
+//! probe loops' exits predictable, and on sizes that change from one
+//! request to the next those exits were the pool's most mispredicted
+//! branches. Costs: O(1) expected insert, lookup and remove, one multiply
+//! and usually one cache line; growth doubles the array (amortised O(1)).
 
 /// Key of an empty slot: never a valid address (not a multiple of 256).
 const EMPTY: u64 = u64::MAX;
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
 const MIN_BITS: u32 = 4;
+/// Slots up to which the load stays at most 1/8 (1 MiB of slots); larger
+/// arrays keep it at most 1/2, where memory counts more than the probes.
+pub const SPARSE_SLOTS: usize = 1 << 16;
 
 /// A hash map from `u64` addresses (multiples of 256) to `u32` block indices.
 #[derive(Debug, Clone)]
@@ -54,6 +61,15 @@ impl AddrTable {
         self.len == 0
     }
 
+    /// True when one more entry would take the load past its bound (see
+    /// the module documentation).
+    #[inline]
+    fn full_after_one_more(&self) -> bool {
+        let (entries, slots) = (self.len + 1, self.slots.len());
+        let per_entry = if slots <= SPARSE_SLOTS { 8 } else { 2 };
+        entries * per_entry > slots
+    }
+
     #[inline]
     fn home(&self, key: u64) -> usize {
         ((key >> 8).wrapping_mul(K) >> self.shift) as usize
@@ -64,7 +80,7 @@ impl AddrTable {
     #[inline]
     pub fn insert(&mut self, key: u64, val: u32) {
         debug_assert!(key.is_multiple_of(256) && self.get(key).is_none());
-        if (self.len + 1) * 2 > self.slots.len() {
+        if self.full_after_one_more() {
             self.grow();
         }
         let mut i = self.home(key);
@@ -170,6 +186,34 @@ mod tests {
         }
         assert_eq!(t.remove(EMPTY), None);
         assert_eq!(t.len(), 500);
+    }
+
+    #[test]
+    fn load_bound_follows_size() {
+        let mut t = AddrTable::new();
+        let slots_after = |t: &mut AddrTable, n: u64| {
+            for i in t.len() as u64..n {
+                t.insert(i << 8, i as u32);
+            }
+            t.slots.len()
+        };
+        // Sparse (at most 1/8) up to SPARSE_SLOTS slots...
+        assert_eq!(slots_after(&mut t, 2), 16);
+        assert_eq!(slots_after(&mut t, 3), 32);
+        assert_eq!(slots_after(&mut t, (SPARSE_SLOTS / 8) as u64), SPARSE_SLOTS);
+        // ...then at most 1/2.
+        assert_eq!(
+            slots_after(&mut t, (SPARSE_SLOTS / 8 + 1) as u64),
+            2 * SPARSE_SLOTS
+        );
+        assert_eq!(slots_after(&mut t, SPARSE_SLOTS as u64), 2 * SPARSE_SLOTS);
+        assert_eq!(
+            slots_after(&mut t, SPARSE_SLOTS as u64 + 1),
+            4 * SPARSE_SLOTS
+        );
+        for i in (0..t.len() as u64).step_by(997) {
+            assert_eq!(t.get(i << 8), Some(i as u32));
+        }
     }
 
     proptest! {
