@@ -236,5 +236,42 @@ mod tests {
                 prop_assert_eq!(t.get(k), Some(v));
             }
         }
+
+        /// A sparse table seldom has clusters, so they are made: keys that
+        /// all hash to the last of 64 slots, whose cluster wraps around the
+        /// array's end, removed in any order.
+        #[test]
+        fn wrapping_cluster_removed_in_any_order(
+            order in Just((0..8usize).collect::<Vec<_>>()).prop_shuffle(),
+            absent in 0..8usize,
+        ) {
+            let last = |k: u64| ((k >> 8).wrapping_mul(K) >> (64 - 6)) == 63;
+            let keys: Vec<u64> = (1u64..).map(|i| i << 8).filter(|&k| last(k)).take(9).collect();
+            let mut t = AddrTable::new();
+            for (v, &k) in keys[..8].iter().enumerate() {
+                t.insert(k, v as u32);
+            }
+            prop_assert_eq!(t.slots.len(), 64);
+            // A key of the same home that was never inserted is not found.
+            prop_assert_eq!(t.get(keys[8]), None);
+            prop_assert_eq!(t.remove(keys[8]), None);
+            let mut live: Vec<usize> = (0..8).collect();
+            for &i in &order {
+                prop_assert_eq!(t.remove(keys[i]), Some(i as u32));
+                live.retain(|&j| j != i);
+                prop_assert_eq!(t.get(keys[i]), None);
+                for &j in &live {
+                    prop_assert_eq!(t.get(keys[j]), Some(j as u32));
+                }
+                if i == absent {
+                    // Put one back mid-way: it joins what is left of the cluster.
+                    t.insert(keys[i], 100);
+                    prop_assert_eq!(t.get(keys[i]), Some(100));
+                    prop_assert_eq!(t.remove(keys[i]), Some(100));
+                }
+            }
+            prop_assert!(t.is_empty());
+            prop_assert!(t.slots.iter().all(|s| s.0 == EMPTY));
+        }
     }
 }
