@@ -245,8 +245,10 @@ mod tests {
             order in Just((0..8usize).collect::<Vec<_>>()).prop_shuffle(),
             absent in 0..8usize,
         ) {
-            let last = |k: u64| ((k >> 8).wrapping_mul(K) >> (64 - 6)) == 63;
-            let keys: Vec<u64> = (1u64..).map(|i| i << 8).filter(|&k| last(k)).take(9).collect();
+            // Homes as a table of 64 slots (2^6) places them.
+            let of_64 = AddrTable::with_bits(6);
+            let keys: Vec<u64> =
+                (1u64..).map(|i| i << 8).filter(|&k| of_64.home(k) == 63).take(9).collect();
             let mut t = AddrTable::new();
             for (v, &k) in keys[..8].iter().enumerate() {
                 t.insert(k, v as u32);
