@@ -48,7 +48,7 @@ use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use gpumem::adaptor::{LoggingAdaptor, StatisticsAdaptor};
+use gpumem::adaptor::LoggingAdaptor;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::Driver;
 use gpumem::pool::Pool;
@@ -64,7 +64,8 @@ use crate::last_error::clear_last_error;
 pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
 use crate::served::{self, Served};
-use crate::stream_uses::{Refused, Stack, StreamUses};
+use crate::stack::{Resource, Stack};
+use crate::stream_uses::{Refused, StreamUses};
 use crate::types::gpumem_device_stats_t;
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
@@ -434,7 +435,7 @@ impl Allocator {
             }
         };
         let served = match &conf.log {
-            Some(log) => with_log(served, &conf::log_path(log, ordinal))?,
+            Some(log) => Resource::Other(with_log(served.boxed(), &conf::log_path(log, ordinal))?),
             None => served,
         };
         Some(DeviceState {
@@ -442,7 +443,7 @@ impl Allocator {
             device,
             conf,
             total_memory,
-            stack: StatisticsAdaptor::new(served),
+            stack: Stack::new(served),
             cupy: HandedOut::default(),
             uses: StreamUses::default(),
             retries: AtomicU64::new(0),
@@ -1079,7 +1080,7 @@ impl Allocator {
             return Err("gpumem cannot be used in this process".into());
         }
         let st = self.state(device)?;
-        Ok((st.stack.upstream().as_ref(), &st.device, st.streams.get(0)))
+        Ok((st.stack.upstream(), &st.device, st.streams.get(0)))
     }
 
     /// Deferred frees of `device` waiting for their recorded streams.

@@ -90,6 +90,8 @@ pub mod regions;
 #[deny(unsafe_code)]
 pub mod served;
 #[deny(unsafe_code)]
+pub mod stack;
+#[deny(unsafe_code)]
 pub mod stream_uses;
 #[deny(unsafe_code)]
 pub mod types;

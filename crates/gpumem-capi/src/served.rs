@@ -45,6 +45,7 @@ use gpumem::resource::{
 use gpumem::{Device, DevicePtr, Result, Stream};
 
 use crate::conf::{Conf, ResourceKind};
+use crate::stack::Resource;
 
 /// `cuMemAlloc` under a limit that can change at run time, with what passes
 /// counted: the upstream of every resource here but `vpool` and `async`.
@@ -607,7 +608,7 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
 /// bytes from the driver (`None`: no cap; see [`Served::set_limit`]). Kinds
 /// this build does not have are [`gpumem::Error::Unsupported`]. The log, if
 /// any, is the caller's to add.
-pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<dyn Served>> {
+pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Resource> {
     let upstream = || {
         StatisticsAdaptor::new(LimitingAdaptor::new(
             DeviceResource::new(device.clone()),
@@ -623,7 +624,12 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
     config.recycle_pieces = conf.recycle;
     let pool_config = || config;
     let served: Box<dyn Served> = match conf.resource {
-        ResourceKind::Pool => Box::new(PoolResource::new(upstream(), pool_config())?),
+        ResourceKind::Pool => {
+            return Ok(Resource::Pool(PoolResource::new(
+                upstream(),
+                pool_config(),
+            )?));
+        }
         ResourceKind::Caching => {
             let mut config = CachingPoolConfig::default();
             config.max_reserved = conf.max_size;
@@ -663,7 +669,7 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
             config.max_reserved = limit;
             config.shards = conf.shards;
             config.spread = conf.spread;
-            Box::new(VirtualPool::new(device.clone(), config)?)
+            return Ok(Resource::Virtual(VirtualPool::new(device.clone(), config)?));
         }
         ResourceKind::Async => {
             let mut config = AsyncResourceConfig::default();
@@ -677,5 +683,5 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Box<d
             Box::new(served)
         }
     };
-    Ok(served)
+    Ok(Resource::Other(served))
 }

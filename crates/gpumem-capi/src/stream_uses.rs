@@ -19,14 +19,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use gpumem::adaptor::{granular_size, StatisticsAdaptor};
+use gpumem::adaptor::granular_size;
 use gpumem::resource::DEFAULT_ALIGNMENT;
 use gpumem::{DevicePtr, Error, Event, FreeError, Result, Stream};
 
-use crate::served::Served;
-
-/// The stack deferred frees are counted in and finally freed through.
-pub type Stack = StatisticsAdaptor<Box<dyn Served>>;
+use crate::stack::Stack;
 
 /// A live block's recorded streams, and its size in the resource (to check
 /// the size its free names).

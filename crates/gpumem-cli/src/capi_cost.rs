@@ -162,7 +162,8 @@ pub fn run(ctx: &RunContext, cfg: &CostConfig) -> Result<Vec<CostRecord>> {
         .context("the C ABI cannot serve device 0 (see the messages above)")?;
     let device = stack.device().clone();
     let resource = gpumem_capi::served::build(&parsed.conf, &device, None)
-        .with_context(|| format!("building {}", parsed.conf))?;
+        .with_context(|| format!("building {}", parsed.conf))?
+        .boxed();
     let streams = (0..cfg.threads)
         .map(|_| match cfg.legacy_stream {
             true => Ok(device.default_stream()),

@@ -1130,7 +1130,10 @@ impl<U: MemoryResource> PoolResource<U> {
 /// Every shard's lock: a count is applied in the cell of the shard whose
 /// lock the call holds (shard 0's until the threads spread), so threads on
 /// different shards count apart; reading the counts takes every shard.
+/// The counted calls inline into a caller that knows the pool's type (the C
+/// ABI's stack over `pool`): one function from `gpumem_malloc` to the heap.
 impl<U: MemoryResource> LentLock for PoolResource<U> {
+    #[inline]
     fn allocate_counted(
         &self,
         bytes: usize,
@@ -1141,6 +1144,7 @@ impl<U: MemoryResource> LentLock for PoolResource<U> {
         self.serve(bytes, alignment, stream, Some(count))
     }
 
+    #[inline]
     fn deallocate_counted(
         &self,
         ptr: DevicePtr,

@@ -3,10 +3,13 @@
 //! statistics wrapper (the C ABI's) counts each call in the cell of the
 //! shard that served it and threads on different shards count apart.
 //!
-//! The counted calls are separate functions, out of line: the plain
-//! allocation and free keep their code as it was (a second inlined copy
-//! of the allocation path once changed what the compiler inlined into the
-//! first, `bench/results/2026-11-24-h100-run35-42-spread-and-capi`).
+//! The counted calls may be inlined into a caller that knows the pool's
+//! type (the C ABI's stack over `vpool`), which spares the C ABI two calls
+//! through vtables. A second inlined copy of the allocation path changes
+//! what the compiler inlines into the plain one
+//! (`bench/results/2026-11-24-h100-run35-42-spread-and-capi`): the page
+//! table's `mark` and `unmark` are forced inline so that it stays as it
+//! was.
 
 use super::VirtualPool;
 use crate::adaptor::CallCount;
@@ -18,7 +21,7 @@ use crate::Result;
 use super::config::VIRTUAL_POOL_MAX_ALIGNMENT;
 
 impl LentLock for VirtualPool {
-    #[inline(never)]
+    #[inline]
     fn allocate_counted(
         &self,
         bytes: usize,
@@ -53,7 +56,7 @@ impl LentLock for VirtualPool {
         }
     }
 
-    #[inline(never)]
+    #[inline]
     fn deallocate_counted(
         &self,
         ptr: DevicePtr,

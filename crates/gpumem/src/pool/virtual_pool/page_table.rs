@@ -186,7 +186,7 @@ impl Reservation {
     }
 
     /// Marks a block on pages `first..=last` live.
-    #[inline]
+    #[inline(always)]
     fn mark(&mut self, first: usize, last: usize) {
         self.page_mut(first).users += 1;
         self.bits_mut(BUSY)[first / 64] |= 1 << (first % 64);
@@ -204,7 +204,7 @@ impl Reservation {
     }
 
     /// Marks the block on pages `first..=last` gone.
-    #[inline]
+    #[inline(always)]
     fn unmark(&mut self, first: usize, last: usize) {
         for idx in [first, last] {
             let p = self.page_mut(idx);

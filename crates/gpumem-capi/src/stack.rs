@@ -1,0 +1,218 @@
+//! The counted stack that serves one device: [`StatisticsAdaptor`] (the
+//! numbers of `torch.cuda.memory_stats`) over the configured resource.
+//!
+//! The default resource, `pool`, is held by its type, every other one behind
+//! `dyn Served`. Every `gpumem_malloc` and `gpumem_free` goes through the
+//! counters to the resource: with the pool's type known, the counters reach
+//! its counted path by a direct call, which the compiler can inline, instead
+//! of two calls through vtables (`bench/results/NOTES.md`, "The C ABI's
+//! fast path").
+
+use gpumem::adaptor::{MemoryStats, StatisticsAdaptor};
+use gpumem::pool::{PoolResource, VirtualPool};
+use gpumem::resource::MemoryResource;
+use gpumem::{DevicePtr, Result, Stream};
+
+use crate::served::{Served, Upstream};
+
+/// The resource a device is configured with, as [`crate::served::build`]
+/// makes it.
+pub enum Resource {
+    /// The default, `pool`.
+    Pool(PoolResource<Upstream>),
+    /// `vpool`.
+    Virtual(VirtualPool),
+    /// Any other resource, or either pool under a log.
+    Other(Box<dyn Served>),
+}
+
+impl Resource {
+    /// The resource behind `dyn Served` (to wrap it, as the log does).
+    pub fn boxed(self) -> Box<dyn Served> {
+        match self {
+            Resource::Pool(p) => Box::new(p),
+            Resource::Virtual(v) => Box::new(v),
+            Resource::Other(s) => s,
+        }
+    }
+}
+
+/// The statistics over the resource serving a device.
+pub enum Stack {
+    /// Over the default pool, by type.
+    Pool(StatisticsAdaptor<PoolResource<Upstream>>),
+    /// Over `vpool`, by type.
+    Virtual(StatisticsAdaptor<VirtualPool>),
+    /// Over any other resource.
+    Other(StatisticsAdaptor<Box<dyn Served>>),
+}
+
+/// Runs `$e` with `$s` bound to the stack's adaptor, whichever it is.
+macro_rules! each {
+    ($stack:expr, $s:ident => $e:expr) => {
+        match $stack {
+            Stack::Pool($s) => $e,
+            Stack::Virtual($s) => $e,
+            Stack::Other($s) => $e,
+        }
+    };
+}
+
+impl Stack {
+    /// Counts what `resource` serves.
+    pub fn new(resource: Resource) -> Self {
+        match resource {
+            Resource::Pool(p) => Stack::Pool(StatisticsAdaptor::new(p)),
+            Resource::Virtual(v) => Stack::Virtual(StatisticsAdaptor::new(v)),
+            Resource::Other(s) => Stack::Other(StatisticsAdaptor::new(s)),
+        }
+    }
+
+    /// The resource counted.
+    pub fn upstream(&self) -> &dyn Served {
+        match self {
+            Stack::Pool(s) => s.upstream(),
+            Stack::Virtual(s) => s.upstream(),
+            Stack::Other(s) => s.upstream().as_ref(),
+        }
+    }
+
+    /// [`MemoryResource::allocate`], counted.
+    #[inline]
+    pub fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
+        each!(self, s => s.allocate(bytes, alignment, stream))
+    }
+
+    /// [`MemoryResource::deallocate`], counted.
+    #[inline]
+    pub fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        each!(self, s => s.deallocate(ptr, bytes, alignment, stream))
+    }
+
+    /// [`StatisticsAdaptor::stats`].
+    pub fn stats(&self) -> MemoryStats {
+        each!(self, s => s.stats())
+    }
+
+    /// [`StatisticsAdaptor::reset_peak`].
+    pub fn reset_peak(&self) {
+        each!(self, s => s.reset_peak())
+    }
+
+    /// [`StatisticsAdaptor::begin_deferred_free`].
+    pub fn begin_deferred_free(&self, bytes: usize) {
+        each!(self, s => s.begin_deferred_free(bytes))
+    }
+
+    /// [`StatisticsAdaptor::finish_deferred_free`].
+    pub fn finish_deferred_free(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        each!(self, s => s.finish_deferred_free(ptr, bytes, alignment, stream))
+    }
+
+    /// [`StatisticsAdaptor::cancel_deferred_free`].
+    pub fn cancel_deferred_free(&self, bytes: usize) {
+        each!(self, s => s.cancel_deferred_free(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conf::parse;
+    use crate::served::build;
+    use gpumem::driver::sim::SimConfig;
+    use gpumem::resource::DEFAULT_ALIGNMENT;
+    use gpumem::Device;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// A stack for `conf` on a device of its own, typed or behind `dyn`.
+    fn stack(conf: &str, typed: bool) -> (Stack, Device) {
+        let device = Device::sim(SimConfig::default());
+        let resource = build(&parse(conf).conf, &device, None).unwrap();
+        let resource = match typed {
+            true => resource,
+            false => Resource::Other(resource.boxed()),
+        };
+        (Stack::new(resource), device)
+    }
+
+    /// The same calls through the typed stack and through `dyn` give the
+    /// same blocks and the same statistics, frees out of order and a
+    /// deferred free included.
+    #[test]
+    fn typed_and_dyn_stacks_serve_and_count_alike() {
+        for (conf, kind) in [("resource=pool", "Pool"), ("resource=vpool", "Virtual")] {
+            let (typed, dev_a) = stack(conf, true);
+            let (boxed, dev_b) = stack(conf, false);
+            assert!(matches!(boxed, Stack::Other(_)));
+            let held_by_type = match &typed {
+                Stack::Pool(_) => "Pool",
+                Stack::Virtual(_) => "Virtual",
+                Stack::Other(_) => "Other",
+            };
+            assert_eq!(held_by_type, kind, "{conf}");
+            let (sa, sb) = (
+                dev_a.create_stream().unwrap(),
+                dev_b.create_stream().unwrap(),
+            );
+            let mut rng = StdRng::seed_from_u64(7);
+            let mut live: Vec<(DevicePtr, DevicePtr, usize)> = Vec::new();
+            for step in 0..2_000 {
+                if live.is_empty() || rng.random_bool(0.55) {
+                    let bytes = rng.random_range(1..=4usize << 20);
+                    let a = typed.allocate(bytes, DEFAULT_ALIGNMENT, &sa).unwrap();
+                    let b = boxed.allocate(bytes, DEFAULT_ALIGNMENT, &sb).unwrap();
+                    live.push((a, b, bytes));
+                } else {
+                    let (a, b, bytes) = live.swap_remove(rng.random_range(0..live.len()));
+                    if step % 97 == 0 {
+                        for (s, p, st) in [(&typed, a, &sa), (&boxed, b, &sb)] {
+                            s.begin_deferred_free(bytes);
+                            s.finish_deferred_free(p, bytes, DEFAULT_ALIGNMENT, st)
+                                .unwrap();
+                        }
+                    } else {
+                        typed.deallocate(a, bytes, DEFAULT_ALIGNMENT, &sa).unwrap();
+                        boxed.deallocate(b, bytes, DEFAULT_ALIGNMENT, &sb).unwrap();
+                    }
+                }
+                if step % 250 == 0 {
+                    assert_eq!(typed.stats(), boxed.stats(), "{conf}, step {step}");
+                }
+            }
+            assert_eq!(typed.stats(), boxed.stats(), "{conf}");
+            let sizes = |s: &Stack| -> Vec<usize> {
+                s.upstream()
+                    .live_blocks()
+                    .iter()
+                    .map(|(b, _)| b.size)
+                    .collect()
+            };
+            assert_eq!(sizes(&typed), sizes(&boxed), "{conf}");
+            assert_eq!(typed.stats().allocation.current, live.len() as i64);
+            // A bad free is refused by both, and counts in neither.
+            let (a, b, bytes) = live[0];
+            let before = typed.stats();
+            assert!(typed
+                .deallocate(DevicePtr(a.0 + 1), bytes, DEFAULT_ALIGNMENT, &sa)
+                .is_err());
+            assert!(boxed
+                .deallocate(DevicePtr(b.0 + 1), bytes, DEFAULT_ALIGNMENT, &sb)
+                .is_err());
+            assert_eq!(typed.stats(), before, "{conf}");
+            assert_eq!(boxed.stats(), before, "{conf}");
+        }
+    }
+}
