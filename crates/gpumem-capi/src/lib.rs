@@ -139,18 +139,28 @@ pub fn global_sim_driver() -> Option<std::sync::Arc<gpumem::driver::sim::SimDriv
 
 /// Runs `f`, turning a panic into `fallback` with a report: nothing unwinds
 /// into C.
-fn guard<T>(name: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+#[inline(always)]
+fn guard<T>(name: &'static str, fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
-        Err(_) => {
-            // The report itself must not unwind either.
-            let _ = catch_unwind(|| {
-                allocator::install_logger();
-                log::error!("{name}: internal error (panic caught); failing the call")
-            });
+        Err(payload) => {
+            panicked(name, payload);
             fallback
         }
     }
+}
+
+/// Reports a panic [`guard`] caught in `name`. Out of line, so that the
+/// exported functions' own paths carry nothing of it.
+#[cold]
+#[inline(never)]
+fn panicked(name: &'static str, payload: Box<dyn std::any::Any + Send>) {
+    // Neither the report nor dropping the payload may unwind into C.
+    let _ = catch_unwind(AssertUnwindSafe(move || {
+        drop(payload);
+        allocator::install_logger();
+        log::error!("{name}: internal error (panic caught); failing the call")
+    }));
 }
 
 fn to_ptr(p: DevicePtr) -> *mut c_void {

@@ -291,8 +291,18 @@ impl Cells {
     /// The cell a count made under lent lock `i` goes to.
     #[inline(always)]
     fn at(&self, i: usize) -> &TopFrame {
-        let c = &self.0;
-        &c[if i < c.len() { i } else { i % c.len() }].0
+        match self.0.get(i) {
+            Some(c) => &c.0,
+            None => self.wrapped(i),
+        }
+    }
+
+    /// [`Cells::at`] for a lock past the cells (a lender that changed its
+    /// count): wrapped onto them, out of the counting path.
+    #[cold]
+    #[inline(never)]
+    fn wrapped(&self, i: usize) -> &TopFrame {
+        &self.0[i % self.0.len()].0
     }
 
     /// The frame all cells make together (the counters' locks held): sums,
