@@ -461,14 +461,15 @@ impl VirtualPool {
         // On a miss in the stream's lane, the global lane's blocks join it
         // (see `PoolResource`): freed blocks merge with the free space beside
         // them instead of each block of a varying size finding new pages.
-        let blk = match a.heap.allocate_best(lane, b, align).or_else(|| {
-            let from = if a.heap.absorb_global(lane) {
-                lane
-            } else {
-                LaneId::GLOBAL
-            };
-            a.heap.allocate_best(from, b, align)
-        }) {
+        if let Some(x) = a.heap.allocate_best(lane, b, align) {
+            return Ok((lane, x));
+        }
+        let from = if a.heap.absorb_global(lane) {
+            lane
+        } else {
+            LaneId::GLOBAL
+        };
+        let blk = match a.heap.allocate_best(from, b, align) {
             Some(x) => x,
             None => self.take_slow(st, area, lane, stream, bytes, alignment)?,
         };
