@@ -2,11 +2,11 @@
 //! functions use a global one) and any number in tests.
 //!
 //! Per device ordinal, a stack is built lazily at the first allocation on it:
-//! a [`StatisticsAdaptor`] (PyTorch's allocation, active, allocated,
-//! requested and active-bytes statistics) over the resource chosen by the
-//! configuration (reserve, segments and driver calls, see
-//! [`crate::served`]), with RMM's CSV log between them when the
-//! configuration asks for one. Foreign stream handles are wrapped once each
+//! a [`Stack`]: a [`gpumem::adaptor::StatisticsAdaptor`] (PyTorch's
+//! allocation, active, allocated, requested and active-bytes statistics)
+//! over the resource chosen by the configuration (reserve, segments and
+//! driver calls, see [`crate::served`]), with RMM's CSV log between them
+//! when the configuration asks for one. Foreign stream handles are wrapped once each
 //! and kept per device ([`ForeignStreams`], found without a lock), so a pool
 //! sees the same stream id for every call with the same handle and reuses
 //! blocks on it without events.
