@@ -1,12 +1,12 @@
 //! The counted stack that serves one device: [`StatisticsAdaptor`] (the
 //! numbers of `torch.cuda.memory_stats`) over the configured resource.
 //!
-//! The default resource, `pool`, is held by its type, every other one behind
-//! `dyn Served`. Every `gpumem_malloc` and `gpumem_free` goes through the
-//! counters to the resource: with the pool's type known, the counters reach
-//! its counted path by a direct call, which the compiler can inline, instead
-//! of two calls through vtables (`bench/results/NOTES.md`, "The C ABI's
-//! fast path").
+//! The default resource, `pool`, and `vpool` are held by their types, every
+//! other one behind `dyn Served`. Every `gpumem_malloc` and `gpumem_free`
+//! goes through the counters to the resource: with the pool's type known,
+//! the counters reach its counted path by a direct call, which the compiler
+//! inlines, instead of two calls through vtables (`bench/results/NOTES.md`,
+//! "The C ABI's pools held by type").
 
 use gpumem::adaptor::{MemoryStats, StatisticsAdaptor};
 use gpumem::pool::{PoolResource, VirtualPool};
