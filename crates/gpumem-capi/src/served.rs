@@ -607,7 +607,8 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
 /// Builds the resource `conf` asks for on `device`, holding at most `limit`
 /// bytes from the driver (`None`: no cap; see [`Served::set_limit`]). Kinds
 /// this build does not have are [`gpumem::Error::Unsupported`]. The log, if
-/// any, is the caller's to add.
+/// any, is the caller's to add. `pool` and `vpool` come back by their types
+/// (the C ABI's fast path, see [`crate::stack`]), the others behind `dyn`.
 pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Resource> {
     let upstream = || {
         StatisticsAdaptor::new(LimitingAdaptor::new(
