@@ -43,7 +43,6 @@
 //! it takes a lock: allocations return NULL with a message saying why and
 //! what to do, frees and statistics do nothing (see [`gpumem::fork`]).
 
-use std::borrow::Cow;
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -453,12 +452,6 @@ impl Allocator {
         })
     }
 
-    /// The one wrapper of `raw` on the device of `st`.
-    #[inline]
-    fn stream<'a>(&self, st: &'a DeviceState, raw: u64) -> Cow<'a, Stream> {
-        st.streams.get(raw)
-    }
-
     /// Reports a failed allocation (an error): the first
     /// [`MAX_OOM_REPORTS`], then one line saying the rest are not.
     fn report_oom(&self, what: &str) {
@@ -529,9 +522,7 @@ impl Allocator {
         // lock: in a forked child, one the parent held at the fork stays
         // held.
         match self.slot(device).and_then(OnceLock::get) {
-            Some(Some(st)) if !unusable() => {
-                st.streams.with(stream, |s| self.malloc_on(st, size, s))
-            }
+            Some(Some(st)) if !unusable() => self.malloc_on(st, size, st.streams.get(stream)),
             _ => self.malloc_first(size, device, stream),
         }
     }
@@ -546,7 +537,7 @@ impl Allocator {
             return self.refuse(size, device);
         }
         match self.state(device) {
-            Ok(st) => self.malloc_on(st, size, &self.stream(st, stream)),
+            Ok(st) => self.malloc_on(st, size, st.streams.get(stream)),
             Err(why) => self.cannot_serve(size, device, why),
         }
     }
@@ -635,22 +626,28 @@ impl Allocator {
             self.poll_deferred(st);
         }
         match st.stack.allocate(size, alignment, stream) {
-            Err(e) if e.is_oom() => self.retry_after_oom(st, size, alignment, stream),
-            other => other,
+            Ok(p) => Ok(p),
+            Err(e) => self.not_allocated(st, e, size, alignment, stream),
         }
     }
 
-    /// Out of memory: empties the cache (waiting for deferred frees) and
-    /// retries once, then fails with what the device holds.
+    /// [`Allocator::allocate_on`] when the stack refused: out of memory
+    /// empties the cache (waiting for deferred frees) and retries once, then
+    /// fails with what the device holds; any other error is returned. Out of
+    /// line, so that a served allocation tests its result once.
     #[cold]
     #[inline(never)]
-    fn retry_after_oom(
+    fn not_allocated(
         &self,
         st: &DeviceState,
+        e: Error,
         size: usize,
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
+        if !e.is_oom() {
+            return Err(e);
+        }
         match self.after_oom(st, || st.stack.allocate(size, alignment, stream)) {
             Err(e) if e.is_oom() => Err(self.oom_error(st, size)),
             other => other,
@@ -837,10 +834,10 @@ impl Allocator {
             return DevicePtr::NULL;
         }
         let result = self.used(device).and_then(|st| {
-            let s = self.stream(st, stream);
-            let mut r = st.graphs.allocate(pool, size, &s);
+            let s = st.streams.get(stream);
+            let mut r = st.graphs.allocate(pool, size, s);
             if matches!(&r, Err(e) if e.is_oom()) {
-                r = self.after_oom(st, || st.graphs.allocate(pool, size, &s));
+                r = self.after_oom(st, || st.graphs.allocate(pool, size, s));
             }
             r.map_err(|e| e.to_string())
         });
@@ -874,8 +871,8 @@ impl Allocator {
             );
             return;
         };
-        let s = self.stream(st, stream);
-        match st.graphs.free(pool, ptr, size, &s) {
+        let s = st.streams.get(stream);
+        match st.graphs.free(pool, ptr, size, s) {
             Ok(retired) => self.give_back_retired(st, retired),
             Err(e) => self.report_bad_free(
                 device,
@@ -905,7 +902,7 @@ impl Allocator {
         let held = Held {
             ptr,
             size,
-            stream: self.stream(st, stream).into_owned(),
+            stream: st.streams.get(stream).clone(),
         };
         if let Err(held) = st.graphs.hold(pool, held) {
             self.free(held.ptr, held.size, device, stream);
@@ -944,7 +941,7 @@ impl Allocator {
         if unusable() {
             return;
         }
-        if let Err(e) = st.streams.with(stream, |s| self.free_on(st, ptr, size, s)) {
+        if let Err(e) = self.free_on(st, ptr, size, st.streams.get(stream)) {
             self.refused_free(ptr, size, device, e);
         }
     }
@@ -1057,9 +1054,7 @@ impl Allocator {
         let served = st.stack.upstream();
         match served.live_block_size(ptr) {
             Some(size) => match served.check_access(ptr, size) {
-                Ok(()) => st
-                    .uses
-                    .record(ptr, size, self.stream(st, stream).into_owned()),
+                Ok(()) => st.uses.record(ptr, size, st.streams.get(stream).clone()),
                 Err(e) => self.report_misuse(&format!(
                     "record_stream of {ptr:#x} on device {device}: {e}; ignored"
                 )),
@@ -1072,10 +1067,7 @@ impl Allocator {
 
     /// The resource serving `device` (built on first use), its device and
     /// legacy default stream: what [`crate::regions`] works on.
-    pub(crate) fn served(
-        &self,
-        device: i32,
-    ) -> Result<(&dyn Served, &Device, std::borrow::Cow<'_, Stream>), String> {
+    pub(crate) fn served(&self, device: i32) -> Result<(&dyn Served, &Device, &Stream), String> {
         if unusable() {
             return Err("gpumem cannot be used in this process".into());
         }

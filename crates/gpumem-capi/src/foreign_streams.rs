@@ -7,22 +7,20 @@
 //! never changed, looked up by open addressing from the handle's hash: a
 //! handle's probe sequence is fixed, and every slot before its own holds
 //! another handle for good, so a lookup is a few loads and compares and
-//! hands out a reference (no `Arc` count touched). Handles beyond the table
-//! (more distinct streams than [`SLOTS`] on one device) go to a map under a
-//! lock and are handed out as clones.
+//! hands out a reference (no `Arc` count touched). A handle that finds the
+//! table full (more distinct streams than [`SLOTS`] on one device) goes to
+//! the next table of a chain, made when first needed, where the same holds.
 //!
 //! The legacy default stream (0 or `cudaStreamLegacy`) and the per-thread
 //! default stream have wrappers of their own.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::OnceLock;
 
 use gpumem::driver::{STREAM_LEGACY, STREAM_PER_THREAD};
 use gpumem::{Device, Stream};
 
-/// Slots of the table: more distinct streams than PyTorch's and CuPy's
-/// stream pools make on one device.
+/// Slots of a table: more distinct streams than PyTorch's and CuPy's
+/// stream pools make on one device, so the first table is the only one.
 pub const SLOTS: usize = 256;
 
 /// The first slot of the handle `raw`'s probe sequence: Fibonacci hashing
@@ -35,14 +33,41 @@ fn first_slot(raw: u64) -> usize {
     (raw.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - BITS)) as usize
 }
 
+/// Slots of handles and their wrappers, and the table after this one.
+struct Table {
+    /// Each slot: a handle and its wrapper.
+    slots: [OnceLock<(u64, Stream)>; SLOTS],
+    /// Where handles go once every slot here holds another one.
+    next: OnceLock<Box<Table>>,
+}
+
+impl Table {
+    fn new() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| OnceLock::new()),
+            next: OnceLock::new(),
+        }
+    }
+
+    /// The wrapper of `raw` in this table, wrapping it in the first free
+    /// slot of its probe sequence; `None` when every slot holds another
+    /// handle.
+    fn find_or_wrap(&self, raw: u64, device: &Device) -> Option<&Stream> {
+        let start = first_slot(raw);
+        (0..SLOTS).find_map(|i| {
+            let slot = &self.slots[(start + i) % SLOTS];
+            let (r, s) = slot.get_or_init(|| (raw, Stream::from_raw(device.clone(), raw)));
+            (*r == raw).then_some(s)
+        })
+    }
+}
+
 /// The wrappers of one device's stream handles.
 pub struct ForeignStreams {
     device: Device,
     legacy: Stream,
     per_thread: Stream,
-    /// Each slot: a handle and its wrapper.
-    slots: [OnceLock<(u64, Stream)>; SLOTS],
-    overflow: RwLock<HashMap<u64, Stream>>,
+    first: Table,
 }
 
 impl ForeignStreams {
@@ -52,33 +77,17 @@ impl ForeignStreams {
             legacy: device.default_stream(),
             per_thread: device.per_thread_stream(),
             device: device.clone(),
-            slots: std::array::from_fn(|_| OnceLock::new()),
-            overflow: RwLock::new(HashMap::new()),
+            first: Table::new(),
         }
     }
 
     /// The one wrapper of the handle `raw` (0 is the legacy default stream).
     #[inline]
-    pub fn get(&self, raw: u64) -> Cow<'_, Stream> {
+    pub fn get(&self, raw: u64) -> &Stream {
         match self.found(raw) {
-            Some(s) => Cow::Borrowed(s),
-            None => self.probe(raw, first_slot(raw)),
-        }
-    }
-
-    /// Runs `f` with the one wrapper of `raw` ([`ForeignStreams::get`]
-    /// without a `Cow` to look at on the allocation path).
-    #[inline]
-    pub fn with<R>(&self, raw: u64, f: impl FnOnce(&Stream) -> R) -> R {
-        let probed;
-        let s = match self.found(raw) {
             Some(s) => s,
-            None => {
-                probed = self.probe(raw, first_slot(raw));
-                &*probed
-            }
-        };
-        f(s)
+            None => self.probe(raw),
+        }
     }
 
     /// The wrapper of `raw` when it is a default stream or in its first slot.
@@ -88,7 +97,7 @@ impl ForeignStreams {
         // sends every other handle to its slot.
         const _: () = assert!(STREAM_LEGACY == 1 && STREAM_PER_THREAD == 2);
         if raw > STREAM_PER_THREAD {
-            return match self.slots[first_slot(raw)].get() {
+            return match self.first.slots[first_slot(raw)].get() {
                 Some((r, s)) if *r == raw => Some(s),
                 _ => None,
             };
@@ -100,37 +109,18 @@ impl ForeignStreams {
     }
 
     /// [`ForeignStreams::get`] past the handle's first slot: its probe
-    /// sequence, wrapping the handle where it finds room.
+    /// sequence in each table of the chain in turn, wrapping the handle
+    /// where it finds room.
     #[cold]
     #[inline(never)]
-    fn probe(&self, raw: u64, start: usize) -> Cow<'_, Stream> {
-        for i in 0..SLOTS {
-            let slot = &self.slots[(start + i) % SLOTS];
-            let (r, s) = slot.get_or_init(|| (raw, Stream::from_raw(self.device.clone(), raw)));
-            if *r == raw {
-                return Cow::Borrowed(s);
+    fn probe(&self, raw: u64) -> &Stream {
+        let mut table = &self.first;
+        loop {
+            if let Some(s) = table.find_or_wrap(raw, &self.device) {
+                return s;
             }
+            table = table.next.get_or_init(|| Box::new(Table::new()));
         }
-        Cow::Owned(self.overflowed(raw))
-    }
-
-    /// The wrapper of a handle the table has no room for.
-    #[cold]
-    fn overflowed(&self, raw: u64) -> Stream {
-        let found = self
-            .overflow
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&raw)
-            .cloned();
-        found.unwrap_or_else(|| {
-            self.overflow
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(raw)
-                .or_insert_with(|| Stream::from_raw(self.device.clone(), raw))
-                .clone()
-        })
     }
 }
 
@@ -153,11 +143,17 @@ mod tests {
         }
         let distinct: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(distinct.len(), handles.len());
-        assert!(matches!(streams.get(handles[0]), Cow::Borrowed(_)));
-        assert!(matches!(
-            streams.get(*handles.last().unwrap()),
-            Cow::Owned(_)
-        ));
+        // The first table is full: the last handles went to the next one.
+        assert!(streams.first.next.get().is_some());
+        let first = |h: u64| {
+            streams
+                .first
+                .slots
+                .iter()
+                .any(|s| s.get().is_some_and(|(r, _)| *r == h))
+        };
+        assert!(first(handles[0]));
+        assert!(!first(*handles.last().unwrap()));
         assert_eq!(streams.get(0).raw(), device.default_stream().raw());
         assert_eq!(streams.get(STREAM_LEGACY).id(), streams.get(0).id());
         assert_eq!(streams.get(STREAM_PER_THREAD).raw(), STREAM_PER_THREAD);
@@ -172,7 +168,8 @@ mod tests {
                 .map(|_| {
                     let streams = streams.clone();
                     scope.spawn(move || {
-                        (1..=64u64)
+                        // Past the first table: the chain's growth races too.
+                        (1..=2 * SLOTS as u64 + 8)
                             .map(|h| streams.get(h * 8).id())
                             .collect::<Vec<_>>()
                     })

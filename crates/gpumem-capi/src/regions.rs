@@ -72,7 +72,7 @@ impl Allocator {
             );
             return Err(RegionError::NotVirtual(fail(&why)));
         };
-        f(pool, dev, &legacy).map_err(|e| RegionError::Failed(fail(&e)))
+        f(pool, dev, legacy).map_err(|e| RegionError::Failed(fail(&e)))
     }
 
     /// Begins region `tag` (1 and up) on `device`: every allocation on it
