@@ -223,6 +223,10 @@ pub enum FreeError {
     Unknown,
     /// The pointer was already freed.
     DoubleFree,
+    /// The block is owned by something safe code holds references through
+    /// (a collection in pinned memory, a planned pool's layout): only its
+    /// owner frees it.
+    Owned,
     /// The size passed to deallocate differs from the size allocated.
     SizeMismatch {
         /// Bytes recorded at allocation.
@@ -237,6 +241,9 @@ impl fmt::Display for FreeError {
         match self {
             FreeError::Unknown => f.write_str("not allocated by this resource"),
             FreeError::DoubleFree => f.write_str("already freed (double free)"),
+            FreeError::Owned => f.write_str(
+                "owned by a collection or a planned pool, which frees it (safe code holds references into it)",
+            ),
             FreeError::SizeMismatch { allocated, freed } => {
                 write!(f, "allocated with {allocated} bytes but freed with {freed}")
             }

@@ -16,7 +16,7 @@ use allocator_api2::vec::Vec as PinnedVec;
 use gpumem::driver::sim::SimDriver;
 use gpumem::manager::{MemoryManager, PinnedPool, PinnedPoolConfig};
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
-use gpumem::{Device, DeviceBuffer, DevicePtr, Error, LiveAllocations, Stream};
+use gpumem::{Device, DeviceBuffer, DevicePtr, Error, FreeError, LiveAllocations, Stream};
 
 fn pool(device: &Device, config: PinnedPoolConfig) -> PinnedPool {
     PinnedPool::new(PinnedHostResource::new(device.clone()), config).unwrap()
@@ -260,6 +260,86 @@ fn a_plans_host_slices_are_no_safe_copy_destination() {
     drop(plan);
     mm.free_device(d).unwrap();
     mm.shutdown().unwrap();
+}
+
+/// A block that a collection or a plan owns is freed by its owner only: a
+/// safe free of its address would let the pool hand it out again under the
+/// owner's references.
+#[test]
+fn safe_frees_refuse_blocks_that_collections_and_plans_own() {
+    let (device, sim) = common::device(true);
+    let stream = device.create_stream().unwrap();
+    let pool = pool(&device, PinnedPoolConfig::default());
+    let mut v: PinnedVec<u64, &PinnedPool> = PinnedVec::with_capacity_in(1000, &pool);
+    v.extend(0..1000u64);
+    let owned = |e: Error| {
+        matches!(
+            e,
+            Error::InvalidFree {
+                reason: FreeError::Owned,
+                ..
+            }
+        )
+    };
+    assert!(owned(pool.free(addr(&v)).unwrap_err()));
+    assert!(owned(pool.deallocate_sync(addr(&v), 8000, 8).unwrap_err()));
+    assert!(owned(
+        pool.deallocate(addr(&v), 8000, 8, &stream).unwrap_err()
+    ));
+    // The block is still the collection's: a new one lies elsewhere.
+    let w: PinnedVec<u64, &PinnedPool> = PinnedVec::with_capacity_in(1000, &pool);
+    assert_ne!(addr(&w), addr(&v));
+    assert!(v.iter().copied().eq(0..1000u64));
+    drop((v, w));
+    assert_eq!(pool.stats().live_blocks, 0, "the owners freed their blocks");
+
+    let mm = MemoryManager::new(device.clone());
+    let mut plan = mm.planned_pool(1 << 20, 1 << 20).unwrap();
+    let a = plan.want_host(256).unwrap();
+    plan.satisfy().unwrap();
+    let hp = plan.host_ptr(a).unwrap();
+    assert!(owned(mm.free_pinned(hp).unwrap_err()));
+    plan.host_slice(a).unwrap().fill(1);
+    let other = mm.allocate_pinned(256).unwrap();
+    assert_ne!(other, hp);
+    assert!(plan.host_slice(a).unwrap().iter().all(|&x| x == 1));
+    mm.free_pinned(other).unwrap();
+    drop(plan);
+    mm.shutdown().unwrap();
+    drop(pool);
+    all_pinned_memory_returned(sim);
+}
+
+/// Pinned memory of another pool is no device-side operand either: the
+/// driver would take it, and the copy would write under a collection.
+#[test]
+fn safe_copies_refuse_another_pools_pinned_memory() {
+    let (device, _) = common::device(true);
+    let stream = device.create_stream().unwrap();
+    let (a, b) = (
+        pool(&device, PinnedPoolConfig::default()),
+        pool(&device, PinnedPoolConfig::default()),
+    );
+    let mut v: PinnedVec<u8, &PinnedPool> = PinnedVec::with_capacity_in(4096, &b);
+    v.resize(4096, 1);
+    let src = a.allocate_sync(4096, 256).unwrap();
+    let e = a
+        .copy_to_device_async(addr(&v), src, 4096, &stream)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("pinned host memory"),
+        "{e}"
+    );
+    let e = a
+        .copy_to_host_async(src, addr(&v), 4096, &stream)
+        .unwrap_err();
+    assert!(e.to_string().contains("pinned host memory"), "{e}");
+    stream.synchronize().unwrap();
+    assert!(
+        v.iter().all(|&x| x == 1),
+        "a safe call wrote under a collection"
+    );
+    a.deallocate_sync(src, 4096, 256).unwrap();
 }
 
 // ----- no copy of caller memory outlives the call -----

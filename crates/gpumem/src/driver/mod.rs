@@ -250,6 +250,12 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuMemGetAddressRange`: the start and size of the allocation that
     /// holds `ptr` (for VMM memory, of the mapping that holds it).
     fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)>;
+    /// Whether `ptr` lies in page-locked host memory of the driver
+    /// (`cuPointerGetAttribute`, `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`). Such
+    /// memory is mapped for the device, so the driver accepts it where a
+    /// copy wants device memory; an address the driver does not know is not
+    /// pinned host memory.
+    fn is_pinned_host(&self, ptr: DevicePtr) -> Result<bool>;
 
     // ----- stream-ordered memory pools -----
 

@@ -589,12 +589,14 @@ impl PinnedPool {
     }
 
     /// Frees a block, gating it on its copies and, when `stream` is given and
-    /// busy, on the work enqueued on it so far.
+    /// busy, on the work enqueued on it so far. A block that safe code
+    /// reaches through references is freed only by its owner (`by_owner`).
     fn free_block(
         &self,
         ptr: DevicePtr,
         bytes: Option<usize>,
         stream: Option<&Stream>,
+        by_owner: bool,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
@@ -610,16 +612,19 @@ impl PinnedPool {
                 reason: Self::bad_free_reason(st, ptr.0),
             });
         };
-        if let Some(bytes) = bytes.filter(|&b| b != blk.bytes) {
-            let allocated = blk.bytes;
+        let refused = if blk.reachable && !by_owner {
+            Some(FreeError::Owned)
+        } else {
+            bytes
+                .filter(|&b| b != blk.bytes)
+                .map(|freed| FreeError::SizeMismatch {
+                    allocated: blk.bytes,
+                    freed,
+                })
+        };
+        if let Some(reason) = refused {
             st.live.insert(ptr.0, blk);
-            return Err(Error::InvalidFree {
-                ptr: ptr.0,
-                reason: crate::FreeError::SizeMismatch {
-                    allocated,
-                    freed: bytes,
-                },
-            });
+            return Err(Error::InvalidFree { ptr: ptr.0, reason });
         }
         if let Some(s) = stream {
             if s.raw() != 0 && query(s) != Progress::Idle {
@@ -668,9 +673,17 @@ impl PinnedPool {
 
     /// Frees a block knowing only its address (no stream uses it any more);
     /// it is reused once the copies that used it are done. The
-    /// [`MemoryResource`] interface checks the size too.
+    /// [`MemoryResource`] interface checks the size too. A block that a
+    /// collection or a [`PlannedPool`](super::PlannedPool) owns is refused
+    /// ([`FreeError::Owned`]): safe code still holds references into it.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        self.free_block(ptr, None, None)
+        self.free_block(ptr, None, None, false)
+    }
+
+    /// Frees a block of [`PinnedPool::allocate_reachable`] (its owner, a
+    /// planned pool, no longer hands out references into it).
+    pub(super) fn free_reachable(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.free_block(ptr, Some(bytes), None, true)
     }
 
     /// Finds the live block holding `[ptr, ptr + bytes)`.
@@ -685,21 +698,35 @@ impl PinnedPool {
         }
     }
 
-    /// Refuses a device-side copy range that overlaps this pool's pinned
-    /// memory: the driver would accept it (pinned memory is mapped for the
-    /// device), and the copy would then read or write host memory that the
-    /// pool hands out, possibly under live references.
-    fn check_device_side(st: &State, ptr: DevicePtr, bytes: usize, role: &str) -> Result<()> {
+    /// Refuses a device-side copy range that overlaps pinned host memory,
+    /// this pool's or any other's: the driver would accept it (pinned memory
+    /// is mapped for the device), and the copy would then read or write host
+    /// memory that a pool hands out, possibly under live references (another
+    /// pool's collection, say).
+    fn check_device_side(
+        &self,
+        st: &State,
+        ptr: DevicePtr,
+        bytes: usize,
+        role: &str,
+    ) -> Result<()> {
         let end = ptr.0.saturating_add(bytes as u64);
-        let overlaps = st
+        let ours = st
             .regions
             .range(..end)
             .next_back()
             .is_some_and(|(&base, &len)| base + len as u64 > ptr.0);
-        if overlaps {
+        let driver = self.upstream.device().driver();
+        // Its first and last bytes: a range could start in device memory and
+        // run on into pinned memory.
+        let pinned = ours
+            || driver.is_pinned_host(ptr)?
+            || driver.is_pinned_host(DevicePtr(end.saturating_sub(1)))?;
+        if pinned {
             return Err(Error::InvalidArgument(format!(
-                "copy {role} {:#x}+{bytes} is pinned host memory of this pool, not device memory",
-                ptr.0
+                "copy {role} {:#x}+{bytes} is pinned host memory{}, not device memory",
+                ptr.0,
+                if ours { " of this pool" } else { "" }
             )));
         }
         Ok(())
@@ -725,7 +752,7 @@ impl PinnedPool {
             HostSide::Read => "destination",
             HostSide::Written | HostSide::WrittenUnchecked => "source",
         };
-        Self::check_device_side(&st, device, bytes, role)?;
+        self.check_device_side(&st, device, bytes, role)?;
         if Self::block_of(&mut st, host, bytes)?.reachable && side == HostSide::Written {
             return Err(Error::InvalidArgument(format!(
                 "host range {:#x}+{bytes} is reachable from safe code (a collection in pinned \
@@ -1021,7 +1048,7 @@ impl MemoryResource for PinnedPool {
         _alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        self.free_block(ptr, Some(bytes), Some(stream))
+        self.free_block(ptr, Some(bytes), Some(stream), false)
     }
 
     fn device(&self) -> &Device {
@@ -1038,7 +1065,7 @@ impl MemoryResource for PinnedPool {
     }
 
     fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
-        self.free_block(ptr, Some(bytes), None)
+        self.free_block(ptr, Some(bytes), None, false)
     }
 }
 
@@ -1066,7 +1093,7 @@ unsafe impl Allocator for PinnedPool {
             return;
         }
         let p = DevicePtr(ptr.as_ptr() as usize as u64);
-        if let Err(e) = self.free_block(p, Some(layout.size()), None) {
+        if let Err(e) = self.free_block(p, Some(layout.size()), None, true) {
             log::error!("PinnedPool Allocator free failed: {e}");
         }
     }

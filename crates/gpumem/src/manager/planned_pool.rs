@@ -214,7 +214,7 @@ impl PlannedPool {
         self.wait_copies()?;
         let mut first = Ok(());
         if let Some((p, n)) = self.host_block.take() {
-            first = first.and(self.pinned.deallocate_sync(p, n, DEFAULT_ALIGNMENT));
+            first = first.and(self.pinned.free_reachable(p, n));
         }
         if let Some((p, n)) = self.dev_block.take() {
             first = first.and(self.device.deallocate_sync(p, n, DEFAULT_ALIGNMENT));
@@ -250,7 +250,7 @@ impl PlannedPool {
         let dp = match self.device.allocate_sync(d, DEFAULT_ALIGNMENT) {
             Ok(p) => p,
             Err(e) => {
-                let _ = self.pinned.deallocate_sync(hp, h, DEFAULT_ALIGNMENT);
+                let _ = self.pinned.free_reachable(hp, h);
                 return Err(e);
             }
         };

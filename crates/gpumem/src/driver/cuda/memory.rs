@@ -270,6 +270,26 @@ impl CudaDriver {
         Ok((DevicePtr(base), size))
     }
 
+    pub(super) fn is_pinned_host_impl(&self, ptr: DevicePtr) -> Result<bool> {
+        self.ensure_context()?;
+        let mut kind: u32 = 0;
+        // SAFETY: `kind` is a valid out-pointer of the attribute's type (a
+        // `CUmemorytype`, 32 bits); the address is a value the driver looks up.
+        let res = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut kind as *mut u32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr.0,
+            )
+        };
+        if res == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+            // Memory the driver does not know (pageable host memory).
+            return Ok(false);
+        }
+        check(res, "cuPointerGetAttribute")?;
+        Ok(kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
+    }
+
     /// # Safety
     /// As [`crate::driver::Driver::memcpy_htod_async`].
     pub(super) unsafe fn memcpy_htod_async_impl(

@@ -297,6 +297,9 @@ impl Driver for CudaDriver {
     fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
         self.mem_address_range_impl(ptr)
     }
+    fn is_pinned_host(&self, ptr: DevicePtr) -> Result<bool> {
+        self.is_pinned_host_impl(ptr)
+    }
 
     fn mempool_default(&self, device: u32) -> Result<RawPool> {
         self.mempool_default_impl(device)

@@ -464,6 +464,13 @@ impl Driver for SimDriver {
         self.call("cuMemGetAddressRange", |st, _| st.address_range(ptr.0))
     }
 
+    fn is_pinned_host(&self, ptr: DevicePtr) -> Result<bool> {
+        self.call(
+            "cuPointerGetAttribute",
+            |st, _| Ok(st.is_pinned_host(ptr.0)),
+        )
+    }
+
     fn mempool_default(&self, device: u32) -> Result<RawPool> {
         const CALL: &str = "cuDeviceGetDefaultMemPool";
         self.call_dev(CALL, device, |st, _| st.mempool_default(device, CALL))

@@ -485,6 +485,13 @@ impl State {
         Ok(segs)
     }
 
+    /// Whether `addr` lies in a pinned host allocation.
+    pub(super) fn is_pinned_host(&self, addr: u64) -> bool {
+        self.host.range(..=addr).next_back().is_some_and(|(&a, h)| {
+            matches!(h.kind, HostKind::Pinned) && addr < a + h.buf.len() as u64
+        })
+    }
+
     /// `cuMemGetAddressRange`: the allocation (or VMM mapping) holding `addr`.
     pub(super) fn address_range(&self, addr: u64) -> Result<(DevicePtr, usize)> {
         const CALL: &str = "cuMemGetAddressRange";
