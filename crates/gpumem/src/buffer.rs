@@ -75,6 +75,27 @@ fn abort_under_copy(e: &Error) -> ! {
     std::process::abort()
 }
 
+/// The buffer's copies and its free run on its stream, against memory of the
+/// resource's device: a stream of another device, or of another driver
+/// instance, would address that memory where it is not.
+fn check_stream(resource: &impl MemoryResource, stream: &Stream) -> Result<()> {
+    let (ours, theirs) = (resource.device(), stream.device());
+    if theirs.same_as(ours) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "a stream of device {}{} for memory of device {}: a buffer's stream must \
+         belong to its resource's device",
+        theirs.ordinal(),
+        if Arc::ptr_eq(theirs.driver(), ours.driver()) {
+            ""
+        } else {
+            " of another driver instance"
+        },
+        ours.ordinal()
+    )))
+}
+
 fn alignment_of<T>() -> usize {
     DEFAULT_ALIGNMENT.max(std::mem::align_of::<T>())
 }
@@ -86,8 +107,10 @@ fn bytes_for<T>(len: usize) -> Result<usize> {
 
 impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
     /// Allocates room for `len` values on `stream`; the contents are whatever the
-    /// memory held (any bytes are a valid `T`).
+    /// memory held (any bytes are a valid `T`). `stream` must be a stream of
+    /// the resource's device ([`Error::InvalidArgument`] otherwise).
     pub fn new(len: usize, resource: R, stream: &Stream) -> Result<Self> {
+        check_stream(&resource, stream)?;
         let bytes = bytes_for::<T>(len)?;
         let ptr = resource.allocate(bytes, alignment_of::<T>(), stream)?;
         Ok(Self {
@@ -146,9 +169,13 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
 
     /// Orders the eventual free on `stream` instead. Work on the old stream that
     /// uses the buffer must be ordered before later work on `stream` by the caller.
-    pub fn set_stream(&mut self, stream: &Stream) {
+    /// A stream of another device is refused ([`Error::InvalidArgument`]) and
+    /// the buffer keeps its stream.
+    pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
+        check_stream(&self.resource, stream)?;
         self.stream = stream.clone();
         self.cudarc_stream = OnceLock::new();
+        Ok(())
     }
 
     /// The resource the memory came from.

@@ -108,6 +108,44 @@ fn aligned_passes_the_suite_and_aligns_large_requests() {
     mr.deallocate(q, 3000, 1 << 13, &s).unwrap();
 }
 
+/// Over a pool, which takes frees at its granule's precision: an
+/// over-aligned block freed with another size or a small alignment is
+/// refused by the adaptor's table, never taken by the pool behind it.
+#[test]
+fn aligned_refuses_an_over_aligned_block_freed_as_another_size() {
+    let (device, _) = common::device(false);
+    let pool = gpumem::pool::PoolResource::with_defaults(DeviceResource::new(device)).unwrap();
+    let mr = AlignedAdaptor::new(&pool, 4096).unwrap();
+    let s = mr.device().create_stream().unwrap();
+    let a = mr.allocate(1000, 4096, &s).unwrap();
+    let padded = 1000 + 4096 - 256;
+    for (bytes, align) in [(padded, 256), (1001, 4096), (999, 8), (1024, 256)] {
+        let e = mr.deallocate(a, bytes, align, &s).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidFree {
+                    reason: gpumem::FreeError::SizeMismatch {
+                        allocated: 1000,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "free of {bytes} bytes at alignment {align}: {e}"
+        );
+    }
+    assert_eq!(mr.over_aligned_count(), 1);
+    // No other allocation is handed the block meanwhile.
+    let b = mr.allocate(padded, 256, &s).unwrap();
+    assert_ne!(b, a);
+    // Its exact size frees it whole, whatever alignment the free names.
+    mr.deallocate(a, 1000, 256, &s).unwrap();
+    assert_eq!(mr.over_aligned_count(), 0);
+    mr.deallocate(b, padded, 256, &s).unwrap();
+    assert_eq!(pool.live_bytes(), 0);
+}
+
 #[test]
 fn failure_callback_passes_the_suite() {
     let (up, _) = device_resource();

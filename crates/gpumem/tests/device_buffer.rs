@@ -181,3 +181,33 @@ fn a_copy_between_devices_that_cannot_reach_each_other_is_staged() {
     );
     assert_eq!(dst.to_vec().unwrap(), data, "the bytes arrived on device 1");
 }
+
+/// A buffer's copies and free run on its stream against its resource's
+/// memory: a stream of another device or another driver instance is refused,
+/// and nothing is allocated.
+#[test]
+fn a_stream_of_another_device_is_refused() {
+    let mut config = SimConfig::backed(64 << 20);
+    config.devices = 2;
+    let (d0, sim) = gpumem::Device::sim_with_driver(config);
+    let d1 = d0.sibling(1).unwrap();
+    let other = gpumem::Device::sim(SimConfig::backed(64 << 20));
+    let mr = DeviceResource::new(d0.clone());
+    let s0 = d0.create_stream().unwrap();
+    let base = sim.device_bytes(0);
+    for stream in [d1.create_stream().unwrap(), other.create_stream().unwrap()] {
+        let e = DeviceBuffer::from_slice(&[2u32; 1024], &mr, &stream).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("device 0"),
+            "{e}"
+        );
+        let mut b = DeviceBuffer::from_slice(&[1u32; 16], &mr, &s0).unwrap();
+        assert!(b.set_stream(&stream).is_err());
+        assert!(
+            b.stream().device().same_as(&d0),
+            "the buffer kept its stream"
+        );
+        assert_eq!(b.to_vec().unwrap(), [1u32; 16]);
+    }
+    assert_eq!(sim.device_bytes(0), base, "nothing left allocated");
+}

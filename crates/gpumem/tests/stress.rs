@@ -81,7 +81,7 @@ fn check_and_free(b: Block, stream: Option<&Stream>, live: &LiveSet, fig: &Figur
     let mut buf = b.buf;
     if let Some(s) = stream {
         // The copy above synchronized the old stream: ordering holds.
-        buf.set_stream(s);
+        buf.set_stream(s).unwrap();
     }
     live.remove(buf.as_device_ptr());
     drop(buf);

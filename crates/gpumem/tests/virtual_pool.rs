@@ -768,7 +768,7 @@ proptest! {
                     if owner != stream {
                         streams[stream].wait_for(&streams[owner]).unwrap();
                     }
-                    b.set_stream(&streams[stream]);
+                    b.set_stream(&streams[stream]).unwrap();
                     drop(b);
                 }
                 VOp::Touch { pick } => {
@@ -790,7 +790,7 @@ proptest! {
         }
         for s in &streams { s.synchronize().unwrap(); }
         for (b, _, v) in &mut live {
-            b.set_stream(&checker);
+            b.set_stream(&checker).unwrap();
             let got = b.to_vec().unwrap();
             prop_assert!(got.iter().all(|x| x == v), "a block lost its bytes to pending work elsewhere");
         }
@@ -869,7 +869,7 @@ proptest! {
                     if owner != stream {
                         streams[stream].wait_for(&streams[owner]).unwrap();
                     }
-                    b.set_stream(&streams[stream]);
+                    b.set_stream(&streams[stream]).unwrap();
                     drop(b);
                 }
                 VOp::Touch { pick } => {
@@ -886,9 +886,9 @@ proptest! {
             // Every live block is mapped with access: a memset on a free-running
             // stream succeeds now.
             for (b, owner) in &mut live {
-                b.set_stream(&checker);
+                b.set_stream(&checker).unwrap();
                 b.memset_async(1).unwrap();
-                b.set_stream(&streams[*owner]);
+                b.set_stream(&streams[*owner]).unwrap();
             }
             prop_assert_eq!(sim.data_stats().faults, 0, "work hit an unmapped page");
         }

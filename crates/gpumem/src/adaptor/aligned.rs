@@ -9,22 +9,27 @@
 //! handed out; a table from that address to the upstream's pointer lets the
 //! free go back to the upstream with the upstream's own pointer and size.
 //!
-//! Bad frees: an over-aligned free must name a live over-aligned allocation
-//! with its size, else it is [`Error::InvalidFree`] (a double free is named
-//! as one while the table remembers it) and nothing is freed. Other frees go
-//! to the upstream, which checks them; when it refuses one that is in fact an
-//! over-aligned allocation freed with a small size or alignment, the reason
-//! says so.
+//! Bad frees: an over-aligned allocation is freed only with its exact size,
+//! whatever size or alignment the free names: a free of an address in the
+//! table goes through the table, which compares sizes exactly. An
+//! over-aligned free must name a live over-aligned allocation with its size,
+//! else it is [`Error::InvalidFree`] (a double free is named as one while the
+//! table remembers it) and nothing is freed. Other frees go to the upstream,
+//! which checks them.
 //!
 //! Fast path: requests that need no more than 256-byte alignment are forwarded
-//! untouched (two comparisons). Over-aligned ones cost one table insert and
-//! remove (one of 16 mutexes), and `alignment - 256` bytes of upstream memory.
+//! untouched (two comparisons); their frees look in the table only while
+//! over-aligned allocations are live (one atomic load otherwise).
+//! Over-aligned ones cost one table insert and remove (one of 16 mutexes),
+//! and `alignment - 256` bytes of upstream memory.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{HandedOut, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
-use crate::{check_alignment, Error, FreeError, OomInfo, Result};
+use crate::{check_alignment, Error, OomInfo, Result};
 
 /// RMM's default threshold: requests of 64 KiB and more get the adaptor's
 /// alignment.
@@ -38,6 +43,9 @@ pub struct AlignedAdaptor<U> {
     threshold: usize,
     /// Aligned pointer → bytes asked for, (upstream pointer, upstream bytes).
     over_aligned: HandedOut<(DevicePtr, usize)>,
+    /// Over-aligned allocations live: while none is, a free of 256-byte
+    /// alignment skips the table.
+    over_aligned_live: AtomicUsize,
 }
 
 impl<U: MemoryResource> AlignedAdaptor<U> {
@@ -55,6 +63,7 @@ impl<U: MemoryResource> AlignedAdaptor<U> {
             alignment,
             threshold,
             over_aligned: HandedOut::default(),
+            over_aligned_live: AtomicUsize::new(0),
         })
     }
 
@@ -89,24 +98,6 @@ impl<U: MemoryResource> AlignedAdaptor<U> {
     }
 }
 
-impl<U> AlignedAdaptor<U> {
-    /// The upstream refused a free of `ptr` (`err`); when `ptr` is an
-    /// over-aligned allocation freed with a size too small to be one, say so.
-    #[cold]
-    fn misrouted(&self, ptr: DevicePtr, bytes: usize, err: Error) -> Error {
-        match self.over_aligned.bytes_of(ptr) {
-            Some(allocated) if allocated != bytes => Error::InvalidFree {
-                ptr: ptr.0,
-                reason: FreeError::SizeMismatch {
-                    allocated,
-                    freed: bytes,
-                },
-            },
-            _ => err,
-        }
-    }
-}
-
 impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
         check_alignment(alignment)?;
@@ -134,6 +125,7 @@ impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
         let aligned = DevicePtr(base.0.next_multiple_of(align as u64));
         self.over_aligned
             .insert(aligned, bytes, (base, upstream_bytes));
+        self.over_aligned_live.fetch_add(1, Ordering::Relaxed);
         Ok(aligned)
     }
 
@@ -147,17 +139,24 @@ impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        if self.effective(bytes, alignment) <= DEFAULT_ALIGNMENT {
-            return match self.upstream.deallocate(ptr, bytes, alignment, stream) {
-                Err(e @ Error::InvalidFree { .. }) => Err(self.misrouted(ptr, bytes, e)),
-                other => other,
-            };
+        // An over-aligned allocation freed as a small one would reach the
+        // upstream, which could take it (its aligned address can be the
+        // upstream's own) at the granule's precision, and leave its entry
+        // live here: look in the table while it holds any. The allocation
+        // happened before this free, so its count is seen.
+        if self.effective(bytes, alignment) <= DEFAULT_ALIGNMENT
+            && (self.over_aligned_live.load(Ordering::Relaxed) == 0
+                || self.over_aligned.bytes_of(ptr).is_none())
+        {
+            return self.upstream.deallocate(ptr, bytes, alignment, stream);
         }
         let upstream = &self.upstream;
         self.over_aligned
             .free_with(ptr, bytes, |&(base, upstream_bytes)| {
                 upstream.deallocate(base, upstream_bytes, DEFAULT_ALIGNMENT, stream)
-            })
+            })?;
+        self.over_aligned_live.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn device(&self) -> &Device {
