@@ -165,7 +165,10 @@ void *gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
  * Frees `ptr`, allocated by [`gpumem_malloc`] with this `size`, `device` and
  * `stream`, once the work enqueued on `stream` so far has run (PyTorch's
  * free function). NULL does nothing, whatever the size; a bad free frees
- * nothing and is counted ([`gpumem_bad_free_count`]) and reported.
+ * nothing and is counted ([`gpumem_bad_free_count`]) and reported. Sizes
+ * are compared as precisely as the resource records them (to 256 bytes in
+ * the pools). A block of [`gpumem_cupy_malloc`] is a bad free here:
+ * [`gpumem_cupy_free`] frees it.
  */
 void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);
 
@@ -222,7 +225,8 @@ void gpumem_empty_cache(int device);
 
 /**
  * Frees refused on `device` since the start: pointers gpumem did not hand
- * out, second frees, sizes other than the allocation's. Each freed nothing.
+ * out, second frees, sizes other than the allocation's (to 256 bytes in
+ * the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.
  * A negative `device` gives the total over all devices (frees naming no
  * valid device included).
  */

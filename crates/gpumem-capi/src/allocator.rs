@@ -153,6 +153,9 @@ struct DeviceState {
     streams: ForeignStreams,
     /// CuPy's allocations and their sizes (its frees carry none).
     cupy: HandedOut,
+    /// How many `cupy` holds: while none, a free of `gpumem_free` skips
+    /// looking there.
+    cupy_live: AtomicU64,
     /// `record_stream`: recorded streams and deferred frees.
     uses: StreamUses,
     /// Allocations that failed, emptied the cache and retried.
@@ -444,6 +447,7 @@ impl Allocator {
             total_memory,
             stack: Stack::new(served),
             cupy: HandedOut::default(),
+            cupy_live: AtomicU64::new(0),
             uses: StreamUses::default(),
             retries: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
@@ -941,9 +945,29 @@ impl Allocator {
         if unusable() {
             return;
         }
+        // A CuPy block freed here would stay in CuPy's table, and CuPy's
+        // own free would later free whatever block then lies at the address.
+        // Its allocation happened before this free, so its count is seen.
+        if st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some() {
+            return self.cupy_block_freed_here(ptr, size, device);
+        }
         if let Err(e) = self.free_on(st, ptr, size, st.streams.get(stream)) {
             self.refused_free(ptr, size, device, e);
         }
+    }
+
+    /// `gpumem_free` of a block of `gpumem_cupy_malloc`: refused, counted
+    /// and reported.
+    #[cold]
+    #[inline(never)]
+    fn cupy_block_freed_here(&self, ptr: DevicePtr, size: usize, device: i32) {
+        self.report_bad_free(
+            device,
+            &format!(
+                "bad free of {ptr:#x} ({size} bytes) on device {device}: allocated by \
+                 gpumem_cupy_malloc, so freed by gpumem_cupy_free only"
+            ),
+        );
     }
 
     /// A free on a device where nothing was allocated (counted and
@@ -1001,6 +1025,7 @@ impl Allocator {
         if !p.is_null() {
             if let Some(st) = self.built(device) {
                 st.cupy.insert(p, size, ());
+                st.cupy_live.fetch_add(1, Ordering::Relaxed);
             }
         }
         p
@@ -1019,7 +1044,12 @@ impl Allocator {
             return;
         };
         match st.cupy.take_any(ptr) {
-            Ok((size, ())) => self.free(ptr, size, device, 0),
+            Ok((size, ())) => {
+                st.cupy_live.fetch_sub(1, Ordering::Relaxed);
+                if let Err(e) = self.free_on(st, ptr, size, st.streams.get(0)) {
+                    self.refused_free(ptr, size, device, e);
+                }
+            }
             Err(e) => {
                 let why = match e {
                     Error::InvalidFree {

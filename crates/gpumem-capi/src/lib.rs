@@ -58,7 +58,9 @@
 //!   NULL does nothing.
 //! - A failed allocation returns NULL and is reported on stderr; a negative
 //!   size is a failed allocation. A bad free (a pointer gpumem did not hand
-//!   out, a second free, a size other than the allocation's) frees nothing,
+//!   out, a second free, a size other than the allocation's as precisely as
+//!   the resource records it (to 256 bytes in the pools), a block of [`gpumem_cupy_malloc`] passed to
+//!   [`gpumem_free`]) frees nothing,
 //!   is counted ([`gpumem_bad_free_count`]) and reported (the first ten,
 //!   then one line saying the rest are only counted).
 //!   Nothing unwinds across the C boundary: every function catches panics.
@@ -204,7 +206,10 @@ fn negative_size(size: libc::ssize_t) -> *mut c_void {
 /// Frees `ptr`, allocated by [`gpumem_malloc`] with this `size`, `device` and
 /// `stream`, once the work enqueued on `stream` so far has run (PyTorch's
 /// free function). NULL does nothing, whatever the size; a bad free frees
-/// nothing and is counted ([`gpumem_bad_free_count`]) and reported.
+/// nothing and is counted ([`gpumem_bad_free_count`]) and reported. Sizes
+/// are compared as precisely as the resource records them (to 256 bytes in
+/// the pools). A block of [`gpumem_cupy_malloc`] is a bad free here:
+/// [`gpumem_cupy_free`] frees it.
 #[no_mangle]
 pub extern "C" fn gpumem_free(
     ptr: *mut c_void,
@@ -303,7 +308,8 @@ pub extern "C" fn gpumem_empty_cache(device: c_int) {
 }
 
 /// Frees refused on `device` since the start: pointers gpumem did not hand
-/// out, second frees, sizes other than the allocation's. Each freed nothing.
+/// out, second frees, sizes other than the allocation's (to 256 bytes in
+/// the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.
 /// A negative `device` gives the total over all devices (frees naming no
 /// valid device included).
 #[no_mangle]

@@ -180,6 +180,19 @@ fn matrix(kind: ResourceKind) -> usize {
     run.refused("CuPy free of another pointer", |a| {
         a.cupy_free(anchor.offset(256), DEV)
     });
+    // A CuPy block is freed by CuPy's free only: PyTorch's free would leave
+    // it in CuPy's table, and CuPy's free would then free the next block
+    // handed out at its address.
+    let c = run.a.cupy_malloc(4096, DEV);
+    run.hold(c, 4096);
+    run.refused("CuPy block freed by gpumem_free", |a| {
+        a.free(c, 4096, DEV, 0)
+    });
+    run.held.remove(&c.0);
+    run.a.cupy_free(c, DEV);
+    run.refused("CuPy double free after a refused free", |a| {
+        a.cupy_free(c, DEV)
+    });
 
     // NULL, whatever the size: nothing, not counted.
     let before = run.a.allocated_bytes(DEV);
