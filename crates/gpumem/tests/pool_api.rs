@@ -12,7 +12,7 @@ use gpumem::async_pool::AsyncResource;
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, FixedSizeConfig,
-    FixedSizeResource, Pool, PoolResource, VirtualPool,
+    FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Backend, Device};
@@ -181,4 +181,43 @@ fn every_pool_is_made_with_defaults_the_same_way() {
         pool.deallocate(p, MIB, 256, &s).unwrap();
         pool.release().unwrap();
     }
+}
+
+/// Sizes in a configuration that no allocation can have are errors, never
+/// an overflow: an initial size is out of memory, as a request of that size
+/// is; a region size that cannot be rounded is an invalid argument.
+#[test]
+fn absurd_sizes_in_a_configuration_are_errors() {
+    let (device, _) = common::device(false);
+    let up = || DeviceResource::new(device.clone());
+    for initial in [usize::MAX, usize::MAX - 100] {
+        let mut c = PoolConfig::default();
+        c.initial_size = initial;
+        let e = PoolResource::new(up(), c).err().expect("refused");
+        assert!(e.is_oom(), "pool initial_size {initial:#x}: {e}");
+        let mut c = PinnedPoolConfig::default();
+        c.initial_size = initial;
+        let e = PinnedPool::new(PinnedHostResource::new(device.clone()), c)
+            .err()
+            .expect("refused");
+        assert!(e.is_oom(), "pinned initial_size {initial:#x}: {e}");
+    }
+    let mut c = PoolConfig::default();
+    c.growth.small_region = usize::MAX;
+    let e = PoolResource::new(up(), c).err().expect("refused");
+    assert!(e.to_string().contains("small region"), "{e}");
+
+    // A pinned growth step too large to pin: the pool pins what requests need.
+    let mut c = PinnedPoolConfig::default();
+    c.growth = usize::MAX;
+    let pinned = PinnedPool::new(PinnedHostResource::new(device.clone()), c).unwrap();
+    let p = pinned.allocate_sync(1000, 256).unwrap();
+    assert_eq!(pinned.stats().reserved, 1024);
+    pinned.deallocate_sync(p, 1000, 256).unwrap();
+
+    let mm = gpumem::manager::MemoryManager::new(device.clone());
+    mm.set_device_pool_size(usize::MAX).unwrap();
+    assert!(mm.allocate_device(16).unwrap_err().is_oom());
+    mm.set_pinned_pool_size(usize::MAX).unwrap();
+    assert!(mm.allocate_pinned(16).unwrap_err().is_oom());
 }

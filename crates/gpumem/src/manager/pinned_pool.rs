@@ -337,7 +337,12 @@ impl PinnedPool {
             }),
         };
         if pool.config.initial_size > 0 {
-            let bytes = pool.config.initial_size.next_multiple_of(256);
+            // A size no allocation can have is out of memory, as for requests.
+            let bytes = pool
+                .config
+                .initial_size
+                .checked_next_multiple_of(256)
+                .ok_or_else(|| Error::oom(pool.config.initial_size))?;
             let mut st = pool.lock();
             pool.add_region(&mut st, bytes)?;
         }
@@ -568,20 +573,28 @@ impl PinnedPool {
             .config
             .max_reserved
             .map_or(usize::MAX, |m| m.saturating_sub(reserved));
-        let want = needed
-            .max(self.config.growth.next_multiple_of(256))
-            .min(room);
+        // A growth step too large to round is as large as any.
+        let step = self
+            .config
+            .growth
+            .checked_next_multiple_of(256)
+            .unwrap_or(usize::MAX - 255);
+        let want = needed.max(step).min(room);
         if want < needed {
             return Ok(None);
         }
         match self.add_region(st, want) {
             Ok(()) => {}
             Err(e) if e.is_oom() => {
-                // 3. Unpin entirely free regions and try once more.
-                if self.trim_locked(st, 0).0 == 0 {
-                    return Err(e);
+                // 3. The growth step may be what does not fit: pin what the
+                // request needs; failing that, unpin entirely free regions
+                // and try once more.
+                if want == needed || self.add_region(st, needed).is_err() {
+                    if self.trim_locked(st, 0).0 == 0 {
+                        return Err(e);
+                    }
+                    self.add_region(st, needed)?;
                 }
-                self.add_region(st, needed)?;
             }
             Err(e) => return Err(e),
         }

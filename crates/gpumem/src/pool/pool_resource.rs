@@ -386,6 +386,15 @@ impl<U: MemoryResource> PoolResource<U> {
                 config.growth.granularity
             )));
         }
+        let g = &config.growth;
+        for (name, size) in [("small", g.small_region), ("medium", g.medium_region)] {
+            if size.checked_next_multiple_of(g.granularity).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "pool {name} region size {size} cannot be rounded up to its granularity {}",
+                    g.granularity
+                )));
+            }
+        }
         let shards = Shards::spreading(
             shard_count(config.shards),
             config.spread,
@@ -399,7 +408,12 @@ impl<U: MemoryResource> PoolResource<U> {
             parked: Some(Parked::default()),
         };
         if pool.config.initial_size > 0 {
-            let bytes = pool.config.initial_size.next_multiple_of(256);
+            // A size no allocation can have is out of memory, as for requests.
+            let bytes = pool
+                .config
+                .initial_size
+                .checked_next_multiple_of(256)
+                .ok_or_else(|| Error::oom(pool.config.initial_size))?;
             let class = pool.class_of(bytes);
             let home = pool.shards.home();
             pool.grow(pool.shards.lock(home), home, class, bytes).1?;
