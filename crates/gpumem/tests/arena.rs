@@ -137,6 +137,17 @@ fn invalid_frees_are_detected_and_change_nothing() {
         invalid(mr.deallocate(big, 5 * MIB, 256, &s)),
         FreeError::SizeMismatch { .. }
     ));
+    // Within the same superblocks but not the same granules: refused too,
+    // so adaptors that count granules (limiting, statistics) stay exact.
+    for freed in [2 * MIB - 256, 2 * MIB + 1, MIB + 1] {
+        assert_eq!(
+            invalid(mr.deallocate(big, freed, 256, &s)),
+            FreeError::SizeMismatch {
+                allocated: 2 * MIB,
+                freed
+            }
+        );
+    }
     assert_eq!(
         invalid(mr.deallocate(DevicePtr(big.0 + MIB as u64), MIB, 256, &s)),
         FreeError::Unknown

@@ -23,11 +23,12 @@
 //! # Bad frees
 //! A free is checked against the block the arena recorded: a small block's
 //! length in granules (in its superblock), a large block's length in
-//! superblocks (in the directory). A pointer that starts no live block, a
-//! second free, or a size that needs another number of granules (small) or
-//! superblocks (large) is [`Error::InvalidFree`] and frees nothing; a size
-//! within the same granules is the same block. The live count is kept in the
-//! same units, so no free can make it wrong.
+//! superblocks (in the directory) and the bytes it was asked for. A pointer
+//! that starts no live block, a second free, or a size that needs another
+//! number of 256-byte granules is [`Error::InvalidFree`] and frees nothing;
+//! a size within the same granules is the same block, as in every pool, so
+//! adaptors that count in granules stay exact. The live count is kept in
+//! whole granules and superblocks, so no free can make it wrong.
 //!
 //! # Costs
 //! The fast path (a request served from the calling stream's arena) takes one
@@ -211,6 +212,11 @@ pub(crate) struct Core {
     dump_on_oom: bool,
     registry: Mutex<Registry>,
     next_arena: AtomicU32,
+    /// Bytes asked for by the large block starting at each superblock, so
+    /// that its free is checked to the 256-byte granule as a small block's
+    /// is. Written before the block is handed out, read at its free, which
+    /// the caller orders after.
+    large_bytes: Box<[StdAtomicU64]>,
 }
 
 static NEXT_RESOURCE: StdAtomicU64 = StdAtomicU64::new(1);
@@ -377,8 +383,9 @@ impl Core {
         self.global.collect(synced);
     }
 
-    fn try_alloc(&self, req: Req, stream: &Stream) -> Option<u64> {
-        self.with_arena(stream, |_, st| {
+    /// A block for `req`, a request of `bytes`.
+    fn try_alloc(&self, req: Req, bytes: usize, stream: &Stream) -> Option<u64> {
+        let p = self.with_arena(stream, |_, st| {
             let p = match req {
                 Req::Small(g) => st.alloc_small(self, g, stream),
                 Req::Large(n) => st.alloc_large(self, n, stream),
@@ -387,7 +394,12 @@ impl Core {
                 st.live += req.block_bytes(self);
             }
             p
-        })
+        })?;
+        if let Req::Large(_) = req {
+            let idx = ((p - self.base) >> self.sb_shift) as usize;
+            self.large_bytes[idx].store(bytes as u64, StdOrdering::Relaxed);
+        }
+        Some(p)
     }
 
     fn stats(&self) -> ArenaStats {
@@ -550,6 +562,7 @@ impl<U: MemoryResource> ArenaResource<U> {
             dump_on_oom: config.dump_log_on_oom,
             registry: Mutex::new(Registry::default()),
             next_arena: AtomicU32::new(1),
+            large_bytes: (0..count).map(|_| StdAtomicU64::new(0)).collect(),
         };
         Ok(Self {
             upstream,
@@ -668,15 +681,24 @@ impl<U: MemoryResource> ArenaResource<U> {
         stream: &Stream,
     ) -> Result<()> {
         let core = &self.core;
-        // Checked and counted in whole superblocks (see `free_small`).
+        // Checked to the granule, counted in whole superblocks (see
+        // `free_small`).
         let block = Req::Large(n).block_bytes(core);
         let check = |w: OwnerWord| -> std::result::Result<(), FreeError> {
+            let granules = |b: usize| b.div_ceil(GRANULE);
             match w.large_len() {
-                Some(l) if l == n => Ok(()),
-                Some(l) => Err(FreeError::SizeMismatch {
-                    allocated: (l as usize) << core.sb_shift,
-                    freed: bytes,
-                }),
+                Some(l) => {
+                    let allocated = core.large_bytes[idx as usize].load(StdOrdering::Relaxed);
+                    let allocated = allocated as usize;
+                    if l == n && granules(allocated) == granules(bytes) {
+                        Ok(())
+                    } else {
+                        Err(FreeError::SizeMismatch {
+                            allocated,
+                            freed: bytes,
+                        })
+                    }
+                }
                 None => Err(FreeError::Unknown),
             }
         };
@@ -760,7 +782,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         let Some(req) = core.classify(bytes) else {
             return Err(core.oom(bytes));
         };
-        if let Some(p) = core.try_alloc(req, stream) {
+        if let Some(p) = core.try_alloc(req, bytes, stream) {
             return Ok(DevicePtr(p));
         }
         // Out of superblocks: collect every arena's free ones, then synchronize.
@@ -769,7 +791,7 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
                 break;
             }
             core.reclaim(synced);
-            if let Some(p) = core.try_alloc(req, stream) {
+            if let Some(p) = core.try_alloc(req, bytes, stream) {
                 return Ok(DevicePtr(p));
             }
         }
