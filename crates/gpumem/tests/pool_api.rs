@@ -193,18 +193,22 @@ fn absurd_sizes_in_a_configuration_are_errors() {
     for initial in [usize::MAX, usize::MAX - 100] {
         let mut c = PoolConfig::default();
         c.initial_size = initial;
-        let e = PoolResource::new(up(), c).err().expect("refused");
+        let Err(e) = PoolResource::new(up(), c) else {
+            panic!("pool initial_size {initial:#x} accepted")
+        };
         assert!(e.is_oom(), "pool initial_size {initial:#x}: {e}");
         let mut c = PinnedPoolConfig::default();
         c.initial_size = initial;
-        let e = PinnedPool::new(PinnedHostResource::new(device.clone()), c)
-            .err()
-            .expect("refused");
+        let Err(e) = PinnedPool::new(PinnedHostResource::new(device.clone()), c) else {
+            panic!("pinned initial_size {initial:#x} accepted")
+        };
         assert!(e.is_oom(), "pinned initial_size {initial:#x}: {e}");
     }
     let mut c = PoolConfig::default();
     c.growth.small_region = usize::MAX;
-    let e = PoolResource::new(up(), c).err().expect("refused");
+    let Err(e) = PoolResource::new(up(), c) else {
+        panic!("small_region usize::MAX accepted")
+    };
     assert!(e.to_string().contains("small region"), "{e}");
 
     // A pinned growth step too large to pin: the pool pins what requests need.
