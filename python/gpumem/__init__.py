@@ -185,7 +185,7 @@ def configure(**settings):
     text = conf_text(**settings)
     lib = _newer("gpumem_configure")
     if lib.gpumem_configure(os.fsencode(text)) != 0:
-        why = lib.gpumem_config_error()
+        why = lib.gpumem_last_error()
         raise ValueError(
             "gpumem: "
             + (why.decode("utf-8", "replace") if why else 'configuration "%s" refused' % text)
@@ -272,7 +272,9 @@ def bad_free_count(device=-1):
 
 
 def config_error():
-    """Why GPUMEM_CONF is invalid (a str), or None when it is valid.
+    """Why the configuration in force is invalid (a str), or None when it is
+    valid. It is GPUMEM_CONF's until configure() replaces it; a refused
+    configure() changes nothing, this included.
 
     The library reads GPUMEM_CONF once, at its first call: this call, if it
     is the first, so set GPUMEM_CONF before.
@@ -282,7 +284,8 @@ def config_error():
 
 
 def check_config():
-    """Raises ValueError naming every problem when GPUMEM_CONF is invalid."""
+    """Raises ValueError naming every problem when the configuration in force
+    is invalid."""
     why = config_error()
     if why is not None:
         raise ValueError("gpumem: " + why)

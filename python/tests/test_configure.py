@@ -204,3 +204,34 @@ def test_a_mempool_asked_to_recycle_keeps_expandable_heaps():
         "assert gpumem.configure(recycle=True) == 'recycle=true', 'the configuration in force'\n"
         "print('child ok')\n"
     )
+
+
+@newer("gpumem_configure")
+def test_a_refused_configuration_keeps_the_one_in_force():
+    r = child_ok(
+        "import gpumem\n"
+        "gpumem.configure(resource='pool', max_size='64MiB')\n"
+        "try:\n"
+        "    gpumem.configure(max_size='1GB!')\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n"
+        "else:\n"
+        "    raise AssertionError('accepted')\n"
+        "assert gpumem.config_error() is None, gpumem.config_error()\n"
+        "gpumem.check_config()\n"
+        "lib = gpumem.library()\n"
+        "p = lib.gpumem_malloc(1 << 20, 0, None)\n"
+        "assert p, 'the configuration in force still serves'\n"
+        "assert lib.gpumem_malloc(128 << 20, 0, None) is None, 'max_size=64MiB still holds'\n"
+        "try:\n"
+        "    gpumem.configure(resource='vpool')\n"
+        "except ValueError as e:\n"
+        "    print('refused after use:', e)\n"
+        "assert gpumem.config_error() is None, 'a refusal is no invalid configuration'\n"
+        "gpumem.check_config()\n"
+        "lib.gpumem_free(p, 1 << 20, 0, None)\n"
+        "print('child ok')\n"
+    )
+    refused = next(line for line in r.stdout.splitlines() if line.startswith("refused:"))
+    assert "max_size" in refused and "unchanged" in refused, refused
+    assert "refused after use: gpumem: " in r.stdout

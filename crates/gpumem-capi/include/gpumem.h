@@ -233,10 +233,9 @@ void gpumem_empty_cache(int device);
 uint64_t gpumem_bad_free_count(int device);
 
 /**
- * Why the configuration is invalid (`GPUMEM_CONF`, or the last
- * [`gpumem_configure`]), or why the last [`gpumem_configure`] was refused,
- * as one line of text; NULL otherwise. While the configuration is invalid,
- * every allocation returns NULL. The string lives as long as the process.
+ * Why the configuration in force (`GPUMEM_CONF`'s, until a
+ * [`gpumem_configure`] replaces it) is invalid, as one line of text; NULL
+ * when it is valid. While it is invalid, every allocation returns NULL. The string lives as long as the process.
  * Reading it reads `GPUMEM_CONF` (at the first call into the library), so
  * call it after setting the variable.
  */
@@ -247,9 +246,8 @@ const char *gpumem_config_error(void);
  * `"resource=vpool,max_size=40GiB"`) in place of `GPUMEM_CONF`'s, until the
  * first allocation; afterwards only the configuration already in force is
  * accepted (calling again with it is harmless). 0 on success; -1 when the
- * text is invalid (nothing is served until a valid one is set) or a
- * different configuration is in force: [`gpumem_config_error`] then says
- * why. NULL is invalid.
+ * text is invalid, NULL, or a different configuration after the first
+ * allocation: nothing changes then, and [`gpumem_last_error`] says why.
  *
  * # Safety
  * `conf` is NULL or a NUL-terminated string.
@@ -261,7 +259,8 @@ int gpumem_configure(const char *conf);
  * [`gpumem_cupy_malloc`]) failed: out of memory with the requested,
  * reserved and live bytes, the largest free block and the limit, or any
  * other reason. NULL when that call did not fail. Valid until the thread's
- * next allocation.
+ * next allocation. After a refused [`gpumem_configure`], why it was
+ * refused.
  */
 const char *gpumem_last_error(void);
 

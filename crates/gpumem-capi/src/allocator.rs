@@ -196,7 +196,7 @@ pub struct Allocator {
     /// What [`Allocator::conf_error`] returns. Every message is kept for the
     /// life of the process, so a pointer handed to C never dangles.
     conf_error: Mutex<Option<&'static CStr>>,
-    devices: Box<[OnceLock<Option<DeviceState>>]>,
+    devices: Box<[OnceLock<Result<DeviceState, String>>]>,
     /// The memory fraction of each device (1.0: none).
     fractions: Box<[AtomicF64]>,
     oom_reports: AtomicU32,
@@ -290,8 +290,8 @@ impl Allocator {
     }
 
     /// Why the configuration in force is invalid (then every allocation
-    /// returns NULL), or why the last [`Allocator::configure`] was refused;
-    /// `None` otherwise. The text lives as long as the process.
+    /// returns NULL); `None` when it is valid. The text lives as long as the
+    /// process.
     pub fn conf_error(&self) -> Option<&'static CStr> {
         *lock(&self.conf_error)
     }
@@ -309,36 +309,39 @@ impl Allocator {
     }
 
     /// Sets the configuration (`GPUMEM_CONF`'s syntax) in place of the one in
-    /// force. Before the first allocation any text is taken: a valid one is
-    /// served from then on, an invalid one serves nothing (as an invalid
-    /// `GPUMEM_CONF` does) until a valid one is set. After it, only the
-    /// configuration already in force is accepted. `Err` says why (also kept
-    /// for [`Allocator::conf_error`]).
+    /// force, which before the first allocation may be any valid one; after
+    /// it, only the configuration already in force is accepted. A refused
+    /// text (invalid, or different after the first allocation) changes
+    /// nothing: `Err` says why, also kept as the thread's last error
+    /// ([`last_error`]).
     pub fn configure(&self, text: &str) -> Result<(), String> {
+        let refused = |why: String| {
+            set_last_error(&why);
+            Err(why)
+        };
         let parsed = conf::parse(text);
         let what = format!("configuration {text:?}");
         let mut s = lock(&self.settings);
         if s.frozen {
             if parsed.problems.is_empty() && parsed.conf == s.conf {
-                self.set_conf_error(None);
                 return Ok(());
             }
-            let why = parsed.error_as(&what).unwrap_or_else(|| {
+            return refused(parsed.error_as(&what).unwrap_or_else(|| {
                 format!(
                     "{what} cannot be set: gpumem already serves \"{}\" (the configuration must be set before the first allocation)",
                     s.conf
                 )
-            });
-            self.set_conf_error(Some(&why));
-            return Err(why);
+            }));
         }
         let parsed = parsed.check_files();
-        let error = parsed.error_as(&what);
+        if let Some(why) = parsed.error_as(&what) {
+            return refused(format!("{why}; the configuration in force is unchanged"));
+        }
         s.conf = parsed.conf;
-        s.invalid = error.is_some();
-        self.invalid.store(s.invalid, Ordering::Relaxed);
-        self.set_conf_error(error.as_deref());
-        error.map_or(Ok(()), Err)
+        s.invalid = false;
+        self.invalid.store(false, Ordering::Relaxed);
+        self.set_conf_error(None);
+        Ok(())
     }
 
     /// The backend.
@@ -352,7 +355,7 @@ impl Allocator {
         self.built(device).map(|s| s.stack.upstream().kind())
     }
 
-    fn slot(&self, device: i32) -> Option<&OnceLock<Option<DeviceState>>> {
+    fn slot(&self, device: i32) -> Option<&OnceLock<Result<DeviceState, String>>> {
         // A negative ordinal wraps far past the table: one comparison.
         self.devices.get(device as u32 as usize)
     }
@@ -364,7 +367,7 @@ impl Allocator {
         if gpumem::fork::in_forked_child() {
             return None;
         }
-        self.slot(device)?.get()?.as_ref()
+        self.slot(device)?.get()?.as_ref().ok()
     }
 
     /// [`Allocator::built`], or why there is no state: the device was never
@@ -375,16 +378,36 @@ impl Allocator {
     }
 
     /// The state of `device`, built on first use; `Err` says why the device
-    /// cannot be served (reported once, when building failed).
+    /// cannot be served. An invalid configuration builds nothing: the device
+    /// is built once a valid one is set. A device that could not be built
+    /// (reported once, then) keeps its reason.
     fn state(&self, device: i32) -> Result<&DeviceState, String> {
         let Some(slot) = self.slot(device) else {
             return Err(format!(
                 "device {device} is out of range (0..{MAX_DEVICES})"
             ));
         };
-        slot.get_or_init(|| self.build(device as u32))
+        let built = match slot.get() {
+            Some(built) => built,
+            None => {
+                // Checked and frozen at once: from here on `configure` cannot
+                // make the configuration invalid, so what is built is valid.
+                let conf = {
+                    let mut s = lock(&self.settings);
+                    if s.invalid {
+                        drop(s);
+                        let why = self.conf_error().map(|e| e.to_string_lossy().into_owned());
+                        return Err(why.unwrap_or_else(|| "the configuration is invalid".into()));
+                    }
+                    s.frozen = true;
+                    s.conf.clone()
+                };
+                slot.get_or_init(|| self.build(device as u32, conf))
+            }
+        };
+        built
             .as_ref()
-            .ok_or_else(|| format!("device {device} cannot be used (reported when first used)"))
+            .map_err(|e| format!("device {device} cannot be used: {e}"))
     }
 
     /// The most `device` may hold from the driver: `max_size` and the memory
@@ -398,49 +421,27 @@ impl Allocator {
         }
     }
 
-    fn build(&self, ordinal: u32) -> Option<DeviceState> {
-        let conf = {
-            let mut s = lock(&self.settings);
-            if s.invalid {
-                return None;
-            }
-            s.frozen = true;
-            s.conf.clone()
-        };
-        let device = match self.backend.device(ordinal) {
-            Ok(d) => d,
-            Err(e) => {
-                log::error!("device {ordinal} cannot be used ({e}); its allocations return NULL");
-                return None;
-            }
-        };
+    /// Builds the stack of device `ordinal` for `conf` (valid). A failure
+    /// is reported now and its reason kept: the configured resource is not
+    /// replaced by another, since a program that asked for one resource
+    /// should not silently run on a different one.
+    fn build(&self, ordinal: u32, conf: Conf) -> Result<DeviceState, String> {
+        self.try_build(ordinal, conf).inspect_err(|e| {
+            log::error!("device {ordinal} cannot be used: {e}; its allocations return NULL");
+        })
+    }
+
+    fn try_build(&self, ordinal: u32, conf: Conf) -> Result<DeviceState, String> {
+        let device = self.backend.device(ordinal).map_err(|e| e.to_string())?;
         let total_memory = device.mem_info().map_or(0, |m| m.total);
         let limit = self.limit_of(&conf, ordinal, total_memory);
-        let served = match served::build(&conf, &device, limit) {
-            Ok(s) => s,
-            Err(e) => {
-                let fallback = Conf {
-                    resource: ResourceKind::Pool,
-                    initial_size: 0,
-                    ..conf.clone()
-                };
-                log::warn!("device {ordinal}: cannot build {conf} ({e}); using {fallback}");
-                match served::build(&fallback, &device, limit) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        log::error!(
-                            "device {ordinal}: cannot build {fallback} either ({e}); its allocations return NULL"
-                        );
-                        return None;
-                    }
-                }
-            }
-        };
+        let served = served::build(&conf, &device, limit)
+            .map_err(|e| format!("cannot build {conf}: {e}"))?;
         let served = match &conf.log {
             Some(log) => Resource::Other(with_log(served.boxed(), &conf::log_path(log, ordinal))?),
             None => served,
         };
-        Some(DeviceState {
+        Ok(DeviceState {
             streams: ForeignStreams::new(&device),
             device,
             conf,
@@ -526,7 +527,7 @@ impl Allocator {
         // lock: in a forked child, one the parent held at the fork stays
         // held.
         match self.slot(device).and_then(OnceLock::get) {
-            Some(Some(st)) if !unusable() => self.malloc_on(st, size, st.streams.get(stream)),
+            Some(Ok(st)) if !unusable() => self.malloc_on(st, size, st.streams.get(stream)),
             _ => self.malloc_first(size, device, stream),
         }
     }
@@ -939,7 +940,7 @@ impl Allocator {
         if ptr.is_null() {
             return;
         }
-        let Some(Some(st)) = self.slot(device).and_then(OnceLock::get) else {
+        let Some(Ok(st)) = self.slot(device).and_then(OnceLock::get) else {
             return self.free_nowhere(ptr, device);
         };
         if unusable() {
@@ -1290,36 +1291,22 @@ impl Allocator {
 }
 
 /// Wraps `served` in a log of every allocation and free written to `path`;
-/// `None` (reported) when the file cannot be written.
-fn with_log(served: Box<dyn Served>, path: &std::path::Path) -> Option<Box<dyn Served>> {
-    let file = match std::fs::File::create(path) {
-        Ok(f) => f,
-        Err(e) => {
-            log::error!(
-                "log: cannot create {} ({e}); its device serves nothing",
-                path.display()
-            );
-            return None;
-        }
-    };
+/// `Err` says why when the file cannot be written.
+fn with_log(served: Box<dyn Served>, path: &std::path::Path) -> Result<Box<dyn Served>, String> {
+    let file = std::fs::File::create(path)
+        .map_err(|e| format!("log: cannot create {} ({e})", path.display()))?;
     match LoggingAdaptor::with_writer(served, file) {
-        Ok(l) => Some(Box::new(l)),
-        Err(e) => {
-            log::error!(
-                "log: cannot write {} ({e}); its device serves nothing",
-                path.display()
-            );
-            None
-        }
+        Ok(l) => Ok(Box::new(l)),
+        Err(e) => Err(format!("log: cannot write {} ({e})", path.display())),
     }
 }
 
-/// A free's refusal as a phrase.
 /// Why a free naming another device than its block's was refused.
 fn allocated_on(owner: usize) -> String {
     format!("allocated on device {owner}, not this one (free it there)")
 }
 
+/// A free's refusal as a phrase.
 fn free_reason(e: Error) -> String {
     match e {
         Error::InvalidFree { reason, .. } => reason.to_string(),

@@ -319,10 +319,9 @@ pub extern "C" fn gpumem_bad_free_count(device: c_int) -> u64 {
     })
 }
 
-/// Why the configuration is invalid (`GPUMEM_CONF`, or the last
-/// [`gpumem_configure`]), or why the last [`gpumem_configure`] was refused,
-/// as one line of text; NULL otherwise. While the configuration is invalid,
-/// every allocation returns NULL. The string lives as long as the process.
+/// Why the configuration in force (`GPUMEM_CONF`'s, until a
+/// [`gpumem_configure`] replaces it) is invalid, as one line of text; NULL
+/// when it is valid. While it is invalid, every allocation returns NULL. The string lives as long as the process.
 /// Reading it reads `GPUMEM_CONF` (at the first call into the library), so
 /// call it after setting the variable.
 #[no_mangle]
@@ -338,9 +337,8 @@ pub extern "C" fn gpumem_config_error() -> *const c_char {
 /// `"resource=vpool,max_size=40GiB"`) in place of `GPUMEM_CONF`'s, until the
 /// first allocation; afterwards only the configuration already in force is
 /// accepted (calling again with it is harmless). 0 on success; -1 when the
-/// text is invalid (nothing is served until a valid one is set) or a
-/// different configuration is in force: [`gpumem_config_error`] then says
-/// why. NULL is invalid.
+/// text is invalid, NULL, or a different configuration after the first
+/// allocation: nothing changes then, and [`gpumem_last_error`] says why.
 ///
 /// # Safety
 /// `conf` is NULL or a NUL-terminated string.
@@ -348,7 +346,9 @@ pub extern "C" fn gpumem_config_error() -> *const c_char {
 pub unsafe extern "C" fn gpumem_configure(conf: *const c_char) -> c_int {
     guard("gpumem_configure", -1, || {
         if conf.is_null() {
-            global().set_conf_error(Some("gpumem_configure: the configuration is NULL"));
+            allocator::set_last_error(
+                "gpumem_configure: the configuration is NULL; the configuration in force is unchanged",
+            );
             return -1;
         }
         // SAFETY: the caller passes a NUL-terminated string (checked non-NULL).
@@ -364,7 +364,8 @@ pub unsafe extern "C" fn gpumem_configure(conf: *const c_char) -> c_int {
 /// [`gpumem_cupy_malloc`]) failed: out of memory with the requested,
 /// reserved and live bytes, the largest free block and the limit, or any
 /// other reason. NULL when that call did not fail. Valid until the thread's
-/// next allocation.
+/// next allocation. After a refused [`gpumem_configure`], why it was
+/// refused.
 #[no_mangle]
 pub extern "C" fn gpumem_last_error() -> *const c_char {
     guard(

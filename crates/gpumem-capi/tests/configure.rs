@@ -1,7 +1,7 @@
-//! `gpumem_configure`: any configuration until the first allocation (an
-//! invalid one serves nothing, as an invalid `GPUMEM_CONF` does, until a
-//! valid one is set); afterwards only the one in force. One test: the
-//! configuration is the process's.
+//! `gpumem_configure`: any valid configuration until the first allocation,
+//! afterwards only the one in force; a refused one changes nothing and says
+//! why in the thread's last error. One test: the configuration is the
+//! process's.
 
 use std::ffi::{c_char, CStr};
 use std::ptr::null_mut;
@@ -25,10 +25,10 @@ fn configure_before_and_after_the_first_allocation() {
     std::env::set_var("GPUMEM_CONF", "resource=caching");
     assert_eq!(text(gpumem_config_error()), None, "GPUMEM_CONF is valid");
 
-    // Before the first allocation: an invalid text is refused and serves
-    // nothing until a valid one comes.
+    // Before the first allocation: an invalid text is refused and changes
+    // nothing; the thread's last error says why.
     assert_eq!(configure(c"resource=pol,max_size=lots"), -1);
-    let why = text(gpumem_config_error()).expect("says why");
+    let why = text(gpumem_last_error()).expect("says why");
     assert!(
         why.starts_with(
             "configuration \"resource=pol,max_size=lots\" is invalid: unknown resource \"pol\""
@@ -36,14 +36,20 @@ fn configure_before_and_after_the_first_allocation() {
         "{why}"
     );
     assert!(why.contains("max_size: \"lots\" is not a size"), "{why}");
-    assert!(gpumem_malloc(4096, 0, null_mut()).is_null());
-    let last = text(gpumem_last_error()).expect("the thread's failure");
     assert!(
-        last.contains("refused: configuration \"resource=pol"),
-        "{last}"
+        why.ends_with("the configuration in force is unchanged"),
+        "{why}"
     );
+    assert_eq!(
+        text(gpumem_config_error()),
+        None,
+        "GPUMEM_CONF still in force"
+    );
+    assert_eq!(global().conf().resource, ResourceKind::Caching);
     // SAFETY: NULL is allowed and refused.
     assert_eq!(unsafe { gpumem_configure(std::ptr::null()) }, -1);
+    assert!(text(gpumem_last_error()).unwrap().contains("NULL"));
+    assert_eq!(global().conf().resource, ResourceKind::Caching);
 
     assert_eq!(configure(c"resource=vpool,max_size=64MiB"), 0);
     assert_eq!(text(gpumem_config_error()), None);
@@ -58,14 +64,19 @@ fn configure_before_and_after_the_first_allocation() {
     assert_eq!(configure(c" Resource = VPOOL , max_size=65536KiB "), 0);
     // ...anything else is refused and changes nothing.
     assert_eq!(configure(c"resource=pool"), -1);
-    let why = text(gpumem_config_error()).unwrap();
+    assert_eq!(
+        text(gpumem_config_error()),
+        None,
+        "the one in force is valid"
+    );
+    let why = text(gpumem_last_error()).unwrap();
     assert!(
         why.contains("gpumem already serves \"resource=vpool,initial_size=0,max_size=67108864\""),
         "{why}"
     );
     assert!(why.contains("before the first allocation"), "{why}");
     assert_eq!(configure(c"resource=vpool,junk=1"), -1);
-    assert!(text(gpumem_config_error())
+    assert!(text(gpumem_last_error())
         .unwrap()
         .contains("unknown key \"junk\""));
     let q = gpumem_malloc(4096, 1, null_mut());
@@ -73,7 +84,6 @@ fn configure_before_and_after_the_first_allocation() {
     assert_eq!(global().resource_kind(1), Some(ResourceKind::Virtual));
     gpumem_free(p, 4096, 0, null_mut());
     gpumem_free(q, 4096, 1, null_mut());
-    // Setting the one in force again clears the refusal.
     assert_eq!(configure(c"resource=vpool,max_size=64MiB"), 0);
     assert_eq!(text(gpumem_config_error()), None);
 }

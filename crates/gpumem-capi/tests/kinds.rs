@@ -116,16 +116,27 @@ fn pool_takes_initial_size_up_front() {
     a.free(q, 256, 1, 0);
 }
 
+/// A resource that cannot be built is not replaced by another: the device
+/// serves nothing, and every refusal says why (the thread's last error).
 #[test]
-fn a_resource_that_cannot_be_built_falls_back_to_pool() {
-    // 100 GiB up front does not fit the simulated 80 GiB device: the stack
-    // falls back to a pool without the initial size (reported on stderr).
-    let a = allocator("resource=pool,initial_size=100GiB");
-    let p = a.malloc(MIB, 0, 0);
-    assert!(!p.is_null());
-    assert_eq!(a.resource_kind(0), Some(ResourceKind::Pool));
-    assert!(a.reserved_bytes(0) < 100 << 30);
-    a.free(p, MIB, 0, 0);
+fn a_resource_that_cannot_be_built_serves_nothing_and_says_why() {
+    // 100 GiB up front does not fit the simulated 80 GiB device.
+    for text in [
+        "resource=pool,initial_size=100GiB",
+        "resource=arena,max_size=100GiB",
+    ] {
+        let a = allocator(text);
+        for _ in 0..2 {
+            assert!(a.malloc(MIB, 0, 0).is_null(), "{text}");
+            let why = gpumem_capi::last_error::last_error().expect("a reason");
+            assert!(
+                why.contains("device 0 cannot be used") && why.contains("out of memory"),
+                "{text}: {why}"
+            );
+        }
+        assert_eq!(a.resource_kind(0), None);
+        assert_eq!(a.reserved_bytes(0), 0);
+    }
 }
 
 #[test]
@@ -179,4 +190,38 @@ fn vpool_in_the_nccl_ready_mode_gives_each_block_an_allocation_of_its_own() {
     a.free(q, 3 * MIB, 0, 0);
     assert_eq!(a.bad_free_count(-1), 0, "freed with the sizes asked for");
     assert_eq!(a.allocated_bytes(0), 0);
+}
+
+/// Calls other than allocations (regions, graph pools) under an invalid
+/// configuration are refused, and build nothing: once a valid configuration
+/// is set, the device is served.
+#[test]
+fn an_invalid_configuration_builds_nothing_until_fixed() {
+    let a = Allocator::from_parsed(parse("resource=vpol"), Backend::sim());
+    assert!(a.conf_error().is_some());
+    assert!(a.region_begin(0, 1).is_err());
+    assert!(a.graph_pool_begin(0, (1, 1)).is_err());
+    assert!(a.malloc(MIB, 0, 0).is_null());
+    assert!(a.configure("resource=pool,max_size=1GiB,junk").is_err());
+    assert!(a.conf_error().is_some(), "still the invalid one");
+    a.configure("resource=vpool").unwrap();
+    assert!(a.conf_error().is_none());
+    let p = a.malloc(MIB, 0, 0);
+    assert!(!p.is_null(), "{:?}", gpumem_capi::last_error::last_error());
+    assert_eq!(a.resource_kind(0), Some(ResourceKind::Virtual));
+    a.region_begin(0, 1).unwrap();
+    a.free(p, MIB, 0, 0);
+}
+
+/// A device that cannot be used says why in the thread's last error, not
+/// only on stderr.
+#[test]
+fn a_device_that_does_not_exist_says_why() {
+    let a = allocator("resource=pool");
+    for _ in 0..2 {
+        assert!(a.malloc(MIB, 8, 0).is_null());
+        let why = gpumem_capi::last_error::last_error().unwrap();
+        assert!(why.contains("device 8 cannot be used: "), "{why}");
+        assert!(why.len() > "device 8 cannot be used: ".len() + 40, "{why}");
+    }
 }
