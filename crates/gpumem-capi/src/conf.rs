@@ -40,8 +40,8 @@
 //! first allocation on the device; lines are buffered and flushed at exit.
 //!
 //! A bad configuration is an error that cannot be missed, never a silent
-//! default: an unknown key, a value that is not valid for its key, entries
-//! that contradict each other, or a key that means nothing for the chosen
+//! default: an unknown key, a value that is not valid for its key, a key
+//! given twice, entries that contradict each other, or a key that means nothing for the chosen
 //! resource make the whole configuration invalid. The library then serves
 //! nothing: it says so on stderr (`gpumem: GPUMEM_CONF="..." is invalid:
 //! ...`), every allocation returns NULL (reported), and
@@ -333,6 +333,7 @@ pub fn parse(text: &str) -> Parsed {
     let mut bins_set = false;
     let mut expandable_set = false;
     let mut initial_set = false;
+    let mut seen: Vec<String> = Vec::new();
     for entry in text.split(',') {
         let entry = entry.trim();
         if entry.is_empty() {
@@ -343,6 +344,12 @@ pub fn parse(text: &str) -> Parsed {
             continue;
         };
         let key = key.trim().to_ascii_lowercase();
+        if seen.contains(&key) {
+            // Which one was meant cannot be known: neither wins.
+            problems.push(format!("{key} is given more than once"));
+            continue;
+        }
+        seen.push(key.clone());
         let raw_value = value.trim();
         let value = raw_value.to_ascii_lowercase();
         let result: Result<(), String> = match key.as_str() {
@@ -505,7 +512,10 @@ pub fn parse(text: &str) -> Parsed {
     }
     if initial_set
         && conf.initial_size > 0
-        && matches!(conf.resource, ResourceKind::Caching | ResourceKind::Cuda)
+        && matches!(
+            conf.resource,
+            ResourceKind::Caching | ResourceKind::Cuda | ResourceKind::Virtual
+        )
     {
         problems.push(format!(
             "initial_size means nothing for resource={}",
@@ -656,6 +666,18 @@ mod tests {
             (
                 "resource=cuda,initial_size=1G",
                 "initial_size means nothing",
+            ),
+            (
+                "resource=vpool,initial_size=1G",
+                "initial_size means nothing",
+            ),
+            (
+                "resource=vpool,resource=pool",
+                "resource is given more than once",
+            ),
+            (
+                "max_size=64MiB, MAX_SIZE=none",
+                "max_size is given more than once",
             ),
         ] {
             let p = parse(text);
