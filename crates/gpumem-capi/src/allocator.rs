@@ -1115,29 +1115,33 @@ impl Allocator {
     /// at 256-byte granularity); 0 for a device not used yet.
     pub fn allocated_bytes(&self, device: i32) -> usize {
         self.built(device).map_or(0, |s| {
-            s.stack.stats().allocated_bytes.current.max(0) as usize + s.graphs.allocated_bytes()
+            s.stack.stats().allocated_bytes.current.max(0) as usize + s.graphs.allocated_bytes().0
         })
     }
 
     /// Highest [`Allocator::allocated_bytes`] since the start or the last
-    /// [`Allocator::reset_peak`].
+    /// [`Allocator::reset_peak`]: the device's stack's peak plus the graph
+    /// pools' (an upper bound while graph pools hold memory).
     pub fn peak_allocated_bytes(&self, device: i32) -> usize {
-        self.built(device)
-            .map_or(0, |s| s.stack.stats().allocated_bytes.peak.max(0) as usize)
+        self.built(device).map_or(0, |s| {
+            s.stack.stats().allocated_bytes.peak.max(0) as usize + s.graphs.allocated_bytes().1
+        })
     }
 
     /// Bytes the resource of `device` holds from the driver.
     pub fn reserved_bytes(&self, device: i32) -> usize {
         self.built(device).map_or(0, |s| {
-            s.stack.upstream().reserved_bytes() + s.graphs.reserved_bytes()
+            s.stack.upstream().reserved_bytes() + s.graphs.reserved_bytes().0
         })
     }
 
     /// Highest [`Allocator::reserved_bytes`] since the start or the last
-    /// [`Allocator::reset_peak`].
+    /// [`Allocator::reset_peak`], graph pools included as in
+    /// [`Allocator::peak_allocated_bytes`].
     pub fn peak_reserved_bytes(&self, device: i32) -> usize {
-        self.built(device)
-            .map_or(0, |s| s.stack.upstream().peak_reserved_bytes())
+        self.built(device).map_or(0, |s| {
+            s.stack.upstream().peak_reserved_bytes() + s.graphs.reserved_bytes().1
+        })
     }
 
     /// Resets every peak of `device` to its current value (PyTorch's
@@ -1148,6 +1152,7 @@ impl Allocator {
             let served = s.stack.upstream();
             Pool::reset_peak(served);
             served.reset_driver_peaks();
+            s.graphs.reset_peak();
         }
     }
 

@@ -41,8 +41,8 @@
 //!
 //! A bad configuration is an error that cannot be missed, never a silent
 //! default: an unknown key, a value that is not valid for its key, a key
-//! given twice, entries that contradict each other, or a key that means nothing for the chosen
-//! resource make the whole configuration invalid. The library then serves
+//! given twice, entries that contradict each other, or a key that means
+//! nothing for the chosen resource make the whole configuration invalid. The library then serves
 //! nothing: it says so on stderr (`gpumem: GPUMEM_CONF="..." is invalid:
 //! ...`), every allocation returns NULL (reported), and
 //! `gpumem_config_error()` returns the text, which the Python helpers raise as

@@ -296,23 +296,41 @@ impl GraphPools {
         }
     }
 
-    /// Bytes the graph pools hold from the driver.
-    pub(crate) fn reserved_bytes(&self) -> usize {
-        lock(&self.pools)
-            .values()
-            .map(|p| {
-                let d = p.resource.upstream().upstream().upstream().stats();
-                d.allocated_bytes.current.max(0) as usize
-            })
-            .sum()
+    /// Bytes the graph pools hold from the driver: now, and the sum of
+    /// their peaks (at least the peak of their sum).
+    pub(crate) fn reserved_bytes(&self) -> (usize, usize) {
+        self.sum(|p| {
+            p.resource
+                .upstream()
+                .upstream()
+                .upstream()
+                .stats()
+                .allocated_bytes
+        })
     }
 
-    /// Bytes in the graph pools' live blocks.
-    pub(crate) fn allocated_bytes(&self) -> usize {
-        lock(&self.pools)
-            .values()
-            .map(|p| p.resource.stats().allocated_bytes.current.max(0) as usize)
-            .sum()
+    /// Bytes in the graph pools' live blocks: now, and the sum of their
+    /// peaks.
+    pub(crate) fn allocated_bytes(&self) -> (usize, usize) {
+        self.sum(|p| p.resource.stats().allocated_bytes)
+    }
+
+    fn sum(&self, stat: impl Fn(&GraphPool) -> gpumem::adaptor::Stat) -> (usize, usize) {
+        lock(&self.pools).values().fold((0, 0), |(now, peak), p| {
+            let s = stat(p);
+            (
+                now + s.current.max(0) as usize,
+                peak + s.peak.max(0) as usize,
+            )
+        })
+    }
+
+    /// Resets the graph pools' peaks to their current values.
+    pub(crate) fn reset_peak(&self) {
+        for p in lock(&self.pools).values() {
+            p.resource.reset_peak();
+            p.resource.upstream().upstream().upstream().reset_peak();
+        }
     }
 
     /// Number of graph pools that exist.

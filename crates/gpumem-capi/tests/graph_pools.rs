@@ -76,6 +76,12 @@ fn graph_pool_blocks_never_reach_the_device_pool_and_go_back_when_released() {
         let st = stats(&a, 0);
         assert_eq!(st.allocated_bytes.current, 36 * MIB as i64, "{kind}");
         assert_eq!(st.allocation.current, 8, "{kind}");
+        // The peaks count the graph pools too: never below the current values.
+        assert!(a.peak_allocated_bytes(0) >= a.allocated_bytes(0), "{kind}");
+        assert!(a.peak_reserved_bytes(0) >= a.reserved_bytes(0), "{kind}");
+        a.reset_peak(0);
+        assert_eq!(a.peak_allocated_bytes(0), a.allocated_bytes(0), "{kind}");
+        assert!(a.peak_reserved_bytes(0) >= a.reserved_bytes(0), "{kind}");
 
         // The device's pool never hands out the graph's memory, the freed
         // temporary included.
