@@ -12,8 +12,10 @@ Needs ``resource=vpool`` (``configure(resource="vpool")`` or
     regions.wake("weights")                # same addresses, same contents
 
 A region is named by a string or by a tag, a number from 1 up. Each name gets
-the next free tag the first time it is used in this process (``tag()`` says
-which), so every part of a program that says "weights" means one region.
+a tag of its own the first time it is used in this process, counting down
+from 2**32 - 1 (``tag()`` says which), so every part of a program that says
+"weights" means one region, and no name shares a tag with a region numbered
+directly.
 Names are this process's; the region is the device's: while it is begun,
 every allocation on the device, from any thread, carries it. Regions nest.
 
@@ -34,6 +36,8 @@ from . import _abi, _newer
 __all__ = ["RegionError", "tag", "region", "begin", "end", "sleep", "wake", "sleeping_bytes"]
 
 _tags = {}
+_numbered = set()
+_TOP = (1 << 32) - 1
 
 
 class RegionError(RuntimeError):
@@ -42,21 +46,28 @@ class RegionError(RuntimeError):
 
 def tag(name):
     """The tag of region `name`: an int from 1 up is its own tag; a str gets
-    the next free tag at its first use in this process. Raises ValueError for
-    anything else."""
+    a tag of its own at its first use in this process, the highest free one
+    (from 2**32 - 1 down). Raises ValueError for anything else, and for a
+    number that is already a name's tag."""
     if isinstance(name, bool) or not isinstance(name, (int, str)):
         raise ValueError("gpumem: a region is named by a str or an int tag, not %r" % (name,))
     if isinstance(name, int):
-        if not 1 <= name < 1 << 32:
+        if not 1 <= name <= _TOP:
             raise ValueError("gpumem: region tag %d: tags are 1 to 2**32 - 1" % name)
+        for named, t in _tags.items():
+            if t == name:
+                raise ValueError(
+                    "gpumem: region tag %d is region %r's; use the name" % (name, named)
+                )
+        _numbered.add(name)
         return name
     if not name:
         raise ValueError("gpumem: a region's name cannot be empty")
     if name not in _tags:
-        used = set(_tags.values())
-        t = 1
+        used = set(_tags.values()) | _numbered
+        t = _TOP
         while t in used:
-            t += 1
+            t -= 1
         _tags[name] = t
     return _tags[name]
 

@@ -29,6 +29,12 @@ def test_names_map_to_tags_once_per_process():
     for bad in (0, -1, 1 << 32, "", None, 1.5, True):
         with pytest.raises(ValueError):
             regions.tag(bad)
+    # Names and numbers never share a tag: sleeping one would sleep both.
+    assert 7 not in (first, second)
+    with pytest.raises(ValueError, match="test-names-a"):
+        regions.tag(first)
+    assert regions.tag(1) == 1
+    assert regions.tag("test-names-c") not in (1, 7, first, second)
 
 
 @newer(*REGION_ABI)
@@ -54,7 +60,7 @@ def test_a_region_sleeps_and_wakes_over_a_virtual_pool():
         "lib = gpumem.library()\n"
         "MIB = 1 << 20\n"
         "with regions.region('weights', 0) as tag:\n"
-        "    assert tag == regions.tag('weights') == 1\n"
+        "    assert tag == regions.tag('weights') == 2**32 - 1\n"
         "    w = [lib.gpumem_malloc(n * MIB, 0, None) for n in (8, 16)]\n"
         "    with gpumem.torch.region('kv', device=0):\n"
         "        kv = lib.gpumem_malloc(32 * MIB, 0, None)\n"

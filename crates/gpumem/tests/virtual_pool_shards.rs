@@ -136,7 +136,7 @@ fn regions_keep_the_pool_on_one_shard() {
     let spread = sharded(&device, VirtualPoolConfig::default());
     let err = spread.begin_region(1).unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
-    assert!(err.to_string().contains("shards: 1"), "{err}");
+    assert!(err.to_string().contains("shards=1"), "{err}");
     assert_eq!(spread.current_region(), 0, "nothing begun");
 
     let mut config = VirtualPoolConfig::default();

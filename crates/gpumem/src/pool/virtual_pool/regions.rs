@@ -211,7 +211,8 @@ impl VirtualPool {
         if !self.shards.pin() {
             return Err(Error::unsupported(
                 "regions in a virtual pool whose threads spread over its lock shards \
-                 (make the pool with shards: 1 to use regions)",
+                 (begin the first region before threads contend, or make the pool with \
+                 one shard: shards=1 in GPUMEM_CONF, VirtualPoolConfig::shards = 1 in Rust)",
             ));
         }
         let mut st = self.lock();
