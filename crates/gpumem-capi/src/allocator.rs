@@ -94,6 +94,9 @@ pub enum Backend {
     Cuda,
     /// A simulated driver; devices are its ordinals.
     Sim(Arc<SimDriver>),
+    /// `GPUMEM_DEVICE` names no backend: no device can be used, and each
+    /// says why (a misspelt `sim` must not run on the GPU instead).
+    Invalid(String),
 }
 
 impl std::fmt::Debug for Backend {
@@ -101,13 +104,14 @@ impl std::fmt::Debug for Backend {
         match self {
             Backend::Cuda => f.write_str("Cuda"),
             Backend::Sim(_) => f.write_str("Sim"),
+            Backend::Invalid(why) => write!(f, "Invalid({why:?})"),
         }
     }
 }
 
 impl Backend {
     /// The backend `GPUMEM_DEVICE` names (unset: CUDA). A bad value is
-    /// reported and CUDA used.
+    /// reported, and no device can be used then.
     pub fn from_env() -> Backend {
         let want = std::env::var(DEVICE_ENV).unwrap_or_default();
         match want.trim().to_ascii_lowercase().as_str() {
@@ -118,8 +122,9 @@ impl Backend {
                 Err(_) => Backend::sim(),
             },
             other => {
-                log::warn!("{DEVICE_ENV}={other:?}: expected cuda, sim or auto; using cuda");
-                Backend::Cuda
+                let why = format!("{DEVICE_ENV}={other:?}: expected cuda, sim or auto");
+                log::error!("{why}; every allocation returns NULL");
+                Backend::Invalid(why)
             }
         }
     }
@@ -137,6 +142,7 @@ impl Backend {
                 let driver: Arc<dyn Driver> = sim.clone();
                 Device::new(driver, ordinal)
             }
+            Backend::Invalid(why) => Err(gpumem::Error::InvalidArgument(why.clone())),
         }
     }
 }

@@ -135,7 +135,7 @@ pub fn device_resource(device: i32) -> Option<SharedResource> {
 pub fn global_sim_driver() -> Option<std::sync::Arc<gpumem::driver::sim::SimDriver>> {
     match global().backend() {
         Backend::Sim(s) => Some(s.clone()),
-        Backend::Cuda => None,
+        Backend::Cuda | Backend::Invalid(_) => None,
     }
 }
 
