@@ -74,10 +74,10 @@ fn bad_conf_is_an_error_and_nothing_is_served() {
 }
 
 #[test]
-fn bad_device_env_falls_back_to_cuda_and_fails_cleanly() {
-    // GPUMEM_DEVICE=gpu is reported and CUDA is used; on this machine there is
-    // no CUDA driver, so allocations return NULL, with a report, and nothing
-    // crashes. (On a GPU machine the allocation succeeds.)
+fn bad_device_env_serves_nothing_and_says_why() {
+    // GPUMEM_DEVICE=gpu names no backend: a misspelt `sim` must not run on
+    // the GPU instead, so nothing is served, on any machine, and the reason
+    // is printed at once and with each refused allocation.
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
@@ -98,8 +98,18 @@ fn bad_device_env_falls_back_to_cuda_and_fails_cleanly() {
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("CHILD-OK"), "child did not run:\n{stdout}");
     assert!(
-        stderr.contains("gpumem: GPUMEM_DEVICE=\"gpu\": expected cuda, sim or auto; using cuda"),
+        stdout.contains("SERVED=false"),
+        "nothing is served:\n{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "gpumem: GPUMEM_DEVICE=\"gpu\": expected cuda, sim or auto; every allocation returns NULL"
+        ),
         "{stderr}"
+    );
+    assert!(
+        stderr.contains("gpumem: device 0: allocation of 1048576 bytes refused:"),
+        "each refused allocation is reported:\n{stderr}"
     );
 }
 
@@ -109,6 +119,7 @@ fn child_without_sim() {
         return;
     }
     let p = gpumem_capi::gpumem_malloc(1 << 20, 0, std::ptr::null_mut());
+    println!("SERVED={}", !p.is_null());
     if !p.is_null() {
         gpumem_capi::gpumem_free(p, 1 << 20, 0, std::ptr::null_mut());
     }
