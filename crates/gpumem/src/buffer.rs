@@ -167,12 +167,17 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         &self.stream
     }
 
-    /// Orders the eventual free on `stream` instead. Work on the old stream that
-    /// uses the buffer must be ordered before later work on `stream` by the caller.
-    /// A stream of another device is refused ([`Error::InvalidArgument`]) and
-    /// the buffer keeps its stream.
+    /// Orders the buffer's later work and its eventual free on `stream`
+    /// instead. `stream` first waits for the work enqueued on the old stream
+    /// so far (one event), so the free cannot overtake work that still uses
+    /// the buffer there. A stream of another device, or a failed wait, is an
+    /// error ([`Error::InvalidArgument`] or the driver's) and the buffer keeps
+    /// its stream.
     pub fn set_stream(&mut self, stream: &Stream) -> Result<()> {
         check_stream(&self.resource, stream)?;
+        if stream.id() != self.stream.id() {
+            stream.wait_for(&self.stream)?;
+        }
         self.stream = stream.clone();
         self.cudarc_stream = OnceLock::new();
         Ok(())

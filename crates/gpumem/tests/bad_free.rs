@@ -8,7 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::bad_free::{self, Outcome, Report};
-use gpumem::adaptor::{AlignedAdaptor, LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor};
+use gpumem::adaptor::{
+    AlignedAdaptor, HoldingAdaptor, LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor,
+};
 use gpumem::async_pool::AsyncResource;
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
@@ -161,6 +163,12 @@ fn adaptors() {
     let mr = TrackingAdaptor::new(pool());
     let r = bad_free::matrix(&mr, Some(&|| mr.outstanding_bytes()));
     exact("TrackingAdaptor", &r);
+
+    // A held bad free would be given back later and free whatever lives at
+    // its address by then: each is refused when it is made.
+    let mr = HoldingAdaptor::new(DeviceResource::new(device.clone()));
+    let r = bad_free::matrix(&mr, Some(&|| mr.live_bytes()));
+    exact("HoldingAdaptor", &r);
 
     // Over-aligned from 4 KiB: most of the matrix's blocks go through the
     // adaptor's own table.

@@ -584,3 +584,94 @@ fn drop_leaks_rather_than_frees_under_a_queued_copy() {
     sim.release(stream.raw());
     assert_eq!(sim.pending_ops(stream.raw()), 0);
 }
+
+/// A pinned block whose buffer was freed on the legacy default stream, with
+/// device work still queued there, is not handed to a safe collection until
+/// that work has run (the legacy stream was once taken for idle).
+#[test]
+fn a_free_on_the_busy_legacy_stream_waits_for_its_work() {
+    let (device, sim) = common::device(true);
+    let Some(sim) = sim else { return };
+    let pool = pool(&device, PinnedPoolConfig::default());
+    let legacy = device.default_stream();
+    sim.hold(legacy.raw());
+    let buf = DeviceBuffer::<u8, &PinnedPool>::new(4096, &pool, &legacy).unwrap();
+    buf.memset_async(0xAB).unwrap();
+    drop(buf);
+    let mut v: PinnedVec<u8, &PinnedPool> = PinnedVec::with_capacity_in(4096, &pool);
+    v.resize(4096, 0);
+    sim.release(legacy.raw());
+    legacy.synchronize().unwrap();
+    assert!(
+        v.iter().all(|&b| b == 0),
+        "the memset ran into the Vec: {:#x}",
+        v[0]
+    );
+}
+
+/// `set_stream` makes the new stream wait for the old one's work, so a free
+/// on an idle new stream does not hand the block out while the old stream
+/// still writes it.
+#[test]
+fn set_stream_orders_the_free_after_the_old_streams_work() {
+    let (device, sim) = common::device(true);
+    let Some(sim) = sim else { return };
+    let pool = pool(&device, PinnedPoolConfig::default());
+    let (a, b) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    sim.hold(a.raw());
+    let mut buf = DeviceBuffer::<u8, &PinnedPool>::new(4096, &pool, &a).unwrap();
+    buf.memset_async(0xCD).unwrap();
+    buf.set_stream(&b).unwrap();
+    assert!(!b.is_idle().unwrap(), "b waits for a's memset");
+    drop(buf);
+    let mut v: PinnedVec<u8, &PinnedPool> = PinnedVec::with_capacity_in(4096, &pool);
+    v.resize(4096, 0);
+    sim.release(a.raw());
+    b.synchronize().unwrap();
+    assert!(
+        v.iter().all(|&x| x == 0),
+        "the memset ran into the Vec: {:#x}",
+        v[0]
+    );
+}
+
+/// A stream of another driver instance is refused by the pinned pool's
+/// copies and frees: its driver would look up the device side where this
+/// pool's checks did not (here: another driver's pinned memory, which a safe
+/// collection holds).
+#[test]
+fn copies_and_frees_refuse_a_stream_of_another_driver() {
+    let (d1, sim) = common::device(true);
+    if sim.is_none() {
+        return;
+    }
+    let (d2, _) = Device::sim_with_driver(gpumem::driver::sim::SimConfig::backed(64 << 20));
+    let pool1 = pool(&d1, PinnedPoolConfig::default());
+    let pool2 = pool(&d2, PinnedPoolConfig::default());
+    let mut v: PinnedVec<u8, &PinnedPool> = PinnedVec::with_capacity_in(4096, &pool2);
+    v.resize(4096, 0);
+    let h = pool1.allocate_sync(4096, 256).unwrap();
+    let s2 = d2.create_stream().unwrap();
+    let e = pool1
+        .copy_to_device_async(addr(&v), h, 4096, &s2)
+        .unwrap_err();
+    assert!(e.to_string().contains("another driver instance"), "{e}");
+    let e = pool1
+        .copy_to_host_async(h, addr(&v), 4096, &s2)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    s2.synchronize().unwrap();
+    assert!(
+        v.iter().all(|&b| b == 0),
+        "the Vec was written: {:#x}",
+        v[0]
+    );
+    let e = pool1.deallocate(h, 4096, 256, &s2).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    pool1
+        .deallocate(h, 4096, 256, &d1.create_stream().unwrap())
+        .unwrap();
+}

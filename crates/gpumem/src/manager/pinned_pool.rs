@@ -58,7 +58,7 @@
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
@@ -614,6 +614,9 @@ impl PinnedPool {
         if ptr.is_null() {
             return Ok(());
         }
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
         let mut st = self.lock();
         let st = &mut *st;
         if st.shut {
@@ -640,7 +643,10 @@ impl PinnedPool {
             return Err(Error::InvalidFree { ptr: ptr.0, reason });
         }
         if let Some(s) = stream {
-            if s.raw() != 0 && query(s) != Progress::Idle {
+            // The legacy default stream too: device work on it may still use
+            // the block, and a block reused at once could be handed to a safe
+            // collection while that work writes it.
+            if query(s) != Progress::Idle {
                 let t = st.tracks.entry(s.id()).or_insert_with(|| Track::new(s));
                 t.open_copies += 1;
                 add_use(&mut blk.uses, (s.id(), t.open_seq));
@@ -711,6 +717,21 @@ impl PinnedPool {
         }
     }
 
+    /// Refuses a stream of another driver instance: its copies would
+    /// address memory where this pool's driver does not know it (the checks
+    /// of the device side ask this pool's driver), and this pool's events
+    /// cannot be recorded on it.
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if Arc::ptr_eq(stream.device().driver(), self.device().driver()) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "a stream of device {} of another driver instance for a pinned pool of device {}",
+            stream.device().ordinal(),
+            self.device().ordinal()
+        )))
+    }
+
     /// Refuses a device-side copy range that overlaps pinned host memory,
     /// this pool's or any other's: the driver would accept it (pinned memory
     /// is mapped for the device), and the copy would then read or write host
@@ -760,6 +781,7 @@ impl PinnedPool {
         if bytes == 0 {
             return Ok(());
         }
+        self.check_stream(stream)?;
         let mut st = self.lock();
         let role = match side {
             HostSide::Read => "destination",
@@ -1053,7 +1075,8 @@ impl MemoryResource for PinnedPool {
     }
 
     /// Frees once the copies that used the block and the work enqueued on
-    /// `stream` so far have run (an idle or legacy stream adds nothing).
+    /// `stream` so far have run (an idle stream adds nothing; the legacy
+    /// default stream is waited for like any other).
     fn deallocate(
         &self,
         ptr: DevicePtr,
