@@ -64,7 +64,7 @@ pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
 use crate::served::{self, Served};
 use crate::stack::{Resource, Stack};
-use crate::stream_uses::{Refused, StreamUses};
+use crate::stream_uses::{Done, StreamUses};
 use crate::types::gpumem_device_stats_t;
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
@@ -723,8 +723,8 @@ impl Allocator {
         size: usize,
         stream: &Stream,
     ) -> gpumem::Result<()> {
-        let deferred = st.uses.defer_free(&st.stack, ptr, size, stream)?;
-        let r = if deferred {
+        let r = if st.uses.defer_free(ptr, size, stream, None)? {
+            st.stack.begin_deferred_free(size);
             Ok(())
         } else {
             st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
@@ -738,22 +738,37 @@ impl Allocator {
     #[cold]
     #[inline(never)]
     fn poll_deferred(&self, st: &DeviceState) {
-        let refused = st.uses.poll(&st.stack);
-        self.report_refused(st, refused);
+        let done = st.uses.poll();
+        self.finish_deferred(st, done);
     }
 
-    fn report_refused(&self, st: &DeviceState, refused: Vec<Refused>) {
+    /// Makes the deferred frees whose streams are done, each where its block
+    /// lives; a free the resource refuses (its size was not the block's) is
+    /// counted and reported, and the block stays live.
+    fn finish_deferred(&self, st: &DeviceState, done: Vec<Done>) {
         let device = st.device.ordinal() as i32;
-        for r in refused {
-            self.report_bad_free(
-                device,
-                &format!(
-                    "bad free of {:#x} ({} bytes) on device {device} after its recorded streams: {}",
-                    r.ptr,
-                    r.size,
-                    free_reason(r.error)
-                ),
-            );
+        for d in done {
+            let r = match d.home {
+                None => st
+                    .stack
+                    .finish_deferred_free(d.ptr, d.size, DEFAULT_ALIGNMENT, &d.stream)
+                    .inspect_err(|_| st.stack.cancel_deferred_free(d.size)),
+                Some(pool) => st
+                    .graphs
+                    .free(pool, d.ptr, d.size, &d.stream)
+                    .map(|retired| self.give_back_retired(st, retired)),
+            };
+            if let Err(e) = r {
+                self.report_bad_free(
+                    device,
+                    &format!(
+                        "bad free of {:#x} ({} bytes) on device {device} after its recorded streams: {}",
+                        d.ptr,
+                        d.size,
+                        free_reason(e)
+                    ),
+                );
+            }
         }
     }
 
@@ -883,12 +898,25 @@ impl Allocator {
             return;
         };
         let s = st.streams.get(stream);
-        match st.graphs.free(pool, ptr, size, s) {
-            Ok(retired) => self.give_back_retired(st, retired),
-            Err(e) => self.report_bad_free(
+        let r = match st.uses.any() {
+            true => st.uses.defer_free(ptr, size, s, Some(pool)),
+            false => Ok(false),
+        };
+        let r = r.and_then(|deferred| match deferred {
+            true => Ok(()),
+            false => st
+                .graphs
+                .free(pool, ptr, size, s)
+                .map(|retired| self.give_back_retired(st, retired)),
+        });
+        if st.uses.has_pending() {
+            self.poll_deferred(st);
+        }
+        if let Err(e) = r {
+            self.report_bad_free(
                 device,
                 &format!("bad free of {ptr:#x} ({size} bytes) in graph pool {pool:?} on device {device}: {}", free_reason(e)),
-            ),
+            );
         }
     }
 
@@ -910,6 +938,13 @@ impl Allocator {
         let Some(st) = self.built(device) else {
             return self.free(ptr, size, device, stream);
         };
+        // Only a live block of the device's pool can be held: anything else
+        // is a bad free, and `free` refuses and reports it (a CuPy block, a
+        // block held already, a pointer not handed out).
+        let cupy = st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some();
+        if cupy || st.graphs.is_held(ptr) || st.stack.upstream().live_block_size(ptr).is_none() {
+            return self.free(ptr, size, device, stream);
+        }
         let held = Held {
             ptr,
             size,
@@ -957,6 +992,19 @@ impl Allocator {
         // Its allocation happened before this free, so its count is seen.
         if st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some() {
             return self.cupy_block_freed_here(ptr, size, device);
+        }
+        // A block held for a graph is freed when the graph pool goes; a
+        // second free now would let the pool hand it out while it is held.
+        if st.graphs.is_held(ptr) {
+            return self.refused_free(
+                ptr,
+                size,
+                device,
+                Error::InvalidFree {
+                    ptr: ptr.0,
+                    reason: FreeError::DoubleFree,
+                },
+            );
         }
         if let Err(e) = self.free_on(st, ptr, size, st.streams.get(stream)) {
             self.refused_free(ptr, size, device, e);
@@ -1089,16 +1137,20 @@ impl Allocator {
             return;
         };
         let served = st.stack.upstream();
-        match served.live_block_size(ptr) {
-            Some(size) => match served.check_access(ptr, size) {
-                Ok(()) => st.uses.record(ptr, size, st.streams.get(stream).clone()),
+        let s = st.streams.get(stream).clone();
+        if let Some(size) = served.live_block_size(ptr) {
+            match served.check_access(ptr, size) {
+                Ok(()) => st.uses.record(ptr, size, s, None),
                 Err(e) => self.report_misuse(&format!(
                     "record_stream of {ptr:#x} on device {device}: {e}; ignored"
                 )),
-            },
-            None => self.report_misuse(&format!(
+            }
+        } else if let Some((pool, size)) = st.graphs.block_size(ptr) {
+            st.uses.record(ptr, size, s, Some(pool));
+        } else {
+            self.report_misuse(&format!(
                 "record_stream of {ptr:#x} on device {device}: not a live allocation; ignored"
-            )),
+            ));
         }
     }
 
@@ -1110,6 +1162,11 @@ impl Allocator {
         }
         let st = self.state(device)?;
         Ok((st.stack.upstream(), &st.device, st.streams.get(0)))
+    }
+
+    /// The resource serving `device` if it was built (nothing is built).
+    pub(crate) fn built_served(&self, device: i32) -> Option<&dyn Served> {
+        Some(self.built(device)?.stack.upstream())
     }
 
     /// Deferred frees of `device` waiting for their recorded streams.
@@ -1239,8 +1296,8 @@ impl Allocator {
     }
 
     /// What `device` holds now: its segments and its live blocks (with their
-    /// streams where known), each in address order; blocks whose free waits
-    /// for a recorded stream are not live. Empty for a device not used yet,
+    /// streams where known), each in address order, those of its graph pools
+    /// included; blocks whose free waits for a recorded stream are not live. Empty for a device not used yet,
     /// `None` for one out of range.
     pub fn snapshot(&self, device: i32) -> Option<Snapshot> {
         self.slot(device)?;
@@ -1249,14 +1306,19 @@ impl Allocator {
         };
         let served = st.stack.upstream();
         let mut blocks = served.live_blocks();
+        let mut segments = served.segments();
+        if st.graphs.len() > 0 {
+            let (s, b) = st.graphs.snapshot();
+            segments.extend(s);
+            segments.sort_by_key(|s| s.address);
+            blocks.extend(b);
+            blocks.sort_by_key(|(b, _)| b.address);
+        }
         if st.uses.has_pending() {
             let pending = st.uses.pending_ptrs();
             blocks.retain(|(b, _)| !pending.contains(&b.address));
         }
-        Some(Snapshot {
-            segments: served.segments(),
-            blocks,
-        })
+        Some(Snapshot { segments, blocks })
     }
 
     /// Gives the cached memory of `device` back to the driver, after the
@@ -1270,8 +1332,8 @@ impl Allocator {
     }
 
     fn empty_cache_of(&self, st: &DeviceState) -> usize {
-        let refused = st.uses.wait_all(&st.stack);
-        self.report_refused(st, refused);
+        let done = st.uses.wait_all();
+        self.finish_deferred(st, done);
         match st.stack.upstream().release() {
             Ok(n) => n,
             Err(e) => {

@@ -34,7 +34,7 @@ use std::sync::Mutex;
 use gpumem::adaptor::{HoldingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
 use gpumem::pool::PoolResource;
-use gpumem::resource::{DeviceResource, MemoryResource, DEFAULT_ALIGNMENT};
+use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, Segment, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
 
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
@@ -79,6 +79,13 @@ pub(crate) struct GraphPools {
     /// Captures into any of them under way: the device's free path holds
     /// the blocks freed on a capturing stream while this is not zero.
     capturing: AtomicUsize,
+    /// Blocks of the device's pool held for graphs: while not zero, the
+    /// device's free path refuses a second free of one of them.
+    held: AtomicUsize,
+    /// What the pools that are gone counted: their totals (and peaks, until
+    /// the next reset), so the device's statistics never go backwards when
+    /// a graph is deleted. Current values are zero: a pool goes empty.
+    gone: Mutex<gpumem_device_stats_t>,
 }
 
 /// What a device must do once a graph pool is gone: give these blocks back
@@ -190,12 +197,68 @@ impl GraphPools {
         let mut held = Vec::new();
         for id in done {
             let Some(p) = pools.remove(&id) else { continue };
+            // Its counts live on in `gone`; the reserve it gives back below
+            // is counted as freed there.
+            let mut stats = gpumem_device_stats_t::default();
+            add_pool_stats(&mut stats, &p);
+            stats.reserved_bytes.freed += stats.reserved_bytes.current;
+            stats.segment.freed += stats.segment.current;
+            stats.num_device_free += stats.segment.current;
+            add_totals(&mut lock(&self.gone), &stats);
             // Dropping the pool gives its regions to the holding adaptor,
             // which gives everything back to the driver as it drops.
             held.extend(p.held);
             drop(p.resource);
         }
+        self.held.fetch_sub(held.len(), Ordering::Relaxed);
         Some(held)
+    }
+
+    /// Whether `ptr`, a block of the device's pool, is held for a graph
+    /// (freed during a capture): one atomic load while none is.
+    #[inline]
+    pub(crate) fn is_held(&self, ptr: DevicePtr) -> bool {
+        self.held.load(Ordering::Relaxed) != 0 && self.find_held(ptr)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_held(&self, ptr: DevicePtr) -> bool {
+        lock(&self.pools)
+            .values()
+            .any(|p| p.held.iter().any(|h| h.ptr == ptr))
+    }
+
+    /// The memory the graph pools hold from the driver (each driver
+    /// allocation a segment, those of regions given back but held for a
+    /// graph included) and their live blocks (stream unknown: 0).
+    pub(crate) fn snapshot(&self) -> (Vec<Segment>, Vec<(LiveBlock, u64)>) {
+        let (mut segments, mut blocks) = (Vec::new(), Vec::new());
+        for p in lock(&self.pools).values() {
+            let driver = p.resource.upstream().upstream().upstream().upstream();
+            segments.extend(driver.live_blocks().into_iter().map(|b| Segment {
+                address: b.address,
+                size: b.size,
+            }));
+            blocks.extend(
+                p.resource
+                    .upstream()
+                    .live_blocks()
+                    .into_iter()
+                    .map(|b| (b, 0)),
+            );
+        }
+        (segments, blocks)
+    }
+
+    /// The graph pool with a live block at `ptr`, and the block's size.
+    pub(crate) fn block_size(&self, ptr: DevicePtr) -> Option<(PoolId, usize)> {
+        lock(&self.pools).iter().find_map(|(id, p)| {
+            p.resource
+                .upstream()
+                .live_block_size(ptr)
+                .map(|size| (*id, size))
+        })
     }
 
     /// Uses of `id` counted (0 when it does not exist).
@@ -265,6 +328,7 @@ impl GraphPools {
         match pools.get_mut(&id) {
             Some(p) if p.capturing > 0 => {
                 p.held.push(held);
+                self.held.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             _ => Err(held),
@@ -272,64 +336,76 @@ impl GraphPools {
     }
 
     /// The graph pools' statistics added to `stats` (current values and
-    /// totals add up exactly; peaks are the sum of each pool's peak).
+    /// totals add up exactly; peaks are the sum of each pool's peak), those
+    /// of the pools that are gone included.
     pub(crate) fn add_stats(&self, stats: &mut gpumem_device_stats_t) {
-        let add = |to: &mut gpumem_stat_t, from: gpumem_stat_t| {
-            to.current += from.current;
-            to.peak += from.peak;
-            to.allocated += from.allocated;
-            to.freed += from.freed;
-        };
-        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         for p in lock(&self.pools).values() {
-            let s = p.resource.stats();
-            let d = p.resource.upstream().upstream().upstream().stats();
-            add(&mut stats.allocation, s.allocation.into());
-            add(&mut stats.segment, d.allocation.into());
-            add(&mut stats.active, s.active.into());
-            add(&mut stats.allocated_bytes, s.allocated_bytes.into());
-            add(&mut stats.requested_bytes, s.requested_bytes.into());
-            add(&mut stats.reserved_bytes, d.allocated_bytes.into());
-            add(&mut stats.active_bytes, s.active_bytes.into());
-            stats.num_device_alloc += count(d.allocation.total);
-            stats.num_device_free += count(d.allocation.freed);
+            add_pool_stats(stats, p);
         }
+        add_totals(stats, &lock(&self.gone));
     }
 
     /// Bytes the graph pools hold from the driver: now, and the sum of
     /// their peaks (at least the peak of their sum).
     pub(crate) fn reserved_bytes(&self) -> (usize, usize) {
-        self.sum(|p| {
-            p.resource
-                .upstream()
-                .upstream()
-                .upstream()
-                .stats()
-                .allocated_bytes
-        })
+        self.sum(
+            |p| {
+                p.resource
+                    .upstream()
+                    .upstream()
+                    .upstream()
+                    .stats()
+                    .allocated_bytes
+            },
+            |g| g.reserved_bytes.peak,
+        )
     }
 
     /// Bytes in the graph pools' live blocks: now, and the sum of their
     /// peaks.
     pub(crate) fn allocated_bytes(&self) -> (usize, usize) {
-        self.sum(|p| p.resource.stats().allocated_bytes)
+        self.sum(
+            |p| p.resource.stats().allocated_bytes,
+            |g| g.allocated_bytes.peak,
+        )
     }
 
-    fn sum(&self, stat: impl Fn(&GraphPool) -> gpumem::adaptor::Stat) -> (usize, usize) {
-        lock(&self.pools).values().fold((0, 0), |(now, peak), p| {
-            let s = stat(p);
-            (
-                now + s.current.max(0) as usize,
-                peak + s.peak.max(0) as usize,
-            )
-        })
+    fn sum(
+        &self,
+        stat: impl Fn(&GraphPool) -> gpumem::adaptor::Stat,
+        gone: impl Fn(&gpumem_device_stats_t) -> i64,
+    ) -> (usize, usize) {
+        let gone_peak = gone(&lock(&self.gone)).max(0) as usize;
+        lock(&self.pools)
+            .values()
+            .fold((0, gone_peak), |(now, peak), p| {
+                let s = stat(p);
+                (
+                    now + s.current.max(0) as usize,
+                    peak + s.peak.max(0) as usize,
+                )
+            })
     }
 
-    /// Resets the graph pools' peaks to their current values.
+    /// Resets the graph pools' peaks to their current values (those of the
+    /// pools that are gone to zero).
     pub(crate) fn reset_peak(&self) {
         for p in lock(&self.pools).values() {
             p.resource.reset_peak();
             p.resource.upstream().upstream().upstream().reset_peak();
+        }
+        let mut guard = lock(&self.gone);
+        let gone = &mut *guard;
+        for s in [
+            &mut gone.allocation,
+            &mut gone.segment,
+            &mut gone.active,
+            &mut gone.allocated_bytes,
+            &mut gone.requested_bytes,
+            &mut gone.reserved_bytes,
+            &mut gone.active_bytes,
+        ] {
+            s.peak = 0;
         }
     }
 
@@ -337,4 +413,47 @@ impl GraphPools {
     pub(crate) fn len(&self) -> usize {
         lock(&self.pools).len()
     }
+}
+
+/// Adds pool `p`'s statistics to `stats`.
+fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
+    let add = |to: &mut gpumem_stat_t, from: gpumem_stat_t| {
+        to.current += from.current;
+        to.peak += from.peak;
+        to.allocated += from.allocated;
+        to.freed += from.freed;
+    };
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let s = p.resource.stats();
+    let d = p.resource.upstream().upstream().upstream().stats();
+    add(&mut stats.allocation, s.allocation.into());
+    add(&mut stats.segment, d.allocation.into());
+    add(&mut stats.active, s.active.into());
+    add(&mut stats.allocated_bytes, s.allocated_bytes.into());
+    add(&mut stats.requested_bytes, s.requested_bytes.into());
+    add(&mut stats.reserved_bytes, d.allocated_bytes.into());
+    add(&mut stats.active_bytes, s.active_bytes.into());
+    stats.num_device_alloc += count(d.allocation.total);
+    stats.num_device_free += count(d.allocation.freed);
+}
+
+/// Adds the totals and peaks of `from` (a gone pool's, current values
+/// zero) to `to`.
+fn add_totals(to: &mut gpumem_device_stats_t, from: &gpumem_device_stats_t) {
+    let pairs = [
+        (&mut to.allocation, &from.allocation),
+        (&mut to.segment, &from.segment),
+        (&mut to.active, &from.active),
+        (&mut to.allocated_bytes, &from.allocated_bytes),
+        (&mut to.requested_bytes, &from.requested_bytes),
+        (&mut to.reserved_bytes, &from.reserved_bytes),
+        (&mut to.active_bytes, &from.active_bytes),
+    ];
+    for (t, f) in pairs {
+        t.peak += f.peak;
+        t.allocated += f.allocated;
+        t.freed += f.freed;
+    }
+    to.num_device_alloc += from.num_device_alloc;
+    to.num_device_free += from.num_device_free;
 }

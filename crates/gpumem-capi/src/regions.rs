@@ -109,14 +109,12 @@ impl Allocator {
     }
 
     /// Bytes of region `tag`'s blocks asleep on `device` (0 while it is
-    /// awake, or when the device is not served by a VirtualPool).
+    /// awake, or when the device is not served by a VirtualPool or not used
+    /// yet: a query builds nothing, so the configuration can still change).
     pub fn sleeping_bytes(&self, device: i32, tag: u32) -> usize {
-        self.with_virtual_pool(
-            device,
-            "sleeping_bytes",
-            |p, _, _| Ok(p.sleeping_bytes(tag)),
-        )
-        .unwrap_or(0)
+        self.built_served(device)
+            .and_then(|s| s.virtual_pool())
+            .map_or(0, |p| p.sleeping_bytes(tag))
     }
 }
 

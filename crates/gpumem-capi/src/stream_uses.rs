@@ -8,7 +8,18 @@
 //! statistics, until every event has completed; then it is freed into the
 //! pool on the freeing stream. Completion is checked on later allocations
 //! and frees ([`StreamUses::poll`]) and waited for by `empty_cache`
-//! ([`StreamUses::wait_all`]).
+//! ([`StreamUses::wait_all`]); both hand the finished frees to the caller,
+//! which makes them where the block lives ([`Home`]: the device's stack or
+//! a graph pool).
+//!
+//! While a stream capture is under way ([`gpumem::captures::underway`]),
+//! nothing is recorded or queried: an event recorded on a capturing stream
+//! would be part of the graph, and a query during a capture in global mode
+//! breaks it. A free made then keeps its block pending with the streams to
+//! record on, and the events are recorded at the first poll after the
+//! capture (as PyTorch does). A second free of a pending block is refused
+//! as a double free, and a query that fails keeps the block pending: a
+//! block is never reused on a guess.
 //!
 //! Cost when nothing is recorded: one atomic load per free and one per
 //! allocation (the counters below); everything else runs only while some
@@ -20,16 +31,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use gpumem::adaptor::granular_size;
-use gpumem::resource::DEFAULT_ALIGNMENT;
 use gpumem::{DevicePtr, Error, Event, FreeError, Result, Stream};
 
-use crate::stack::Stack;
+use crate::graph_pools::PoolId;
 
-/// A live block's recorded streams, and its size in the resource (to check
-/// the size its free names).
+/// Where a block lives: the device's stack (`None`) or a graph pool.
+pub type Home = Option<PoolId>;
+
+/// A live block's recorded streams, its size in the resource (to check the
+/// size its free names) and where it lives.
 struct Uses {
     block_size: usize,
     streams: Vec<Stream>,
+    home: Home,
 }
 
 /// A freed block waiting for its events.
@@ -37,7 +51,10 @@ struct Pending {
     ptr: DevicePtr,
     size: usize,
     stream: Stream,
+    home: Home,
     events: Vec<Event>,
+    /// Streams to record an event on once no capture is under way.
+    later: Vec<Stream>,
 }
 
 #[derive(Default)]
@@ -45,6 +62,25 @@ struct Inner {
     uses: HashMap<u64, Uses>,
     pending: Vec<Pending>,
     spare_events: Vec<Event>,
+}
+
+impl Inner {
+    /// An event recorded on `stream` now (a spare one when there is one);
+    /// `None` when none can be, after waiting for the stream's work here
+    /// instead (a stream that cannot even be waited for runs nothing).
+    fn event_on(&mut self, stream: &Stream) -> Option<Event> {
+        let event = match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => Event::new(stream.device()),
+        };
+        match event.and_then(|e| e.record(stream).map(|()| e)) {
+            Ok(e) => Some(e),
+            Err(_) => {
+                let _ = stream.synchronize();
+                None
+            }
+        }
+    }
 }
 
 /// The recorded streams and deferred frees of one device.
@@ -58,16 +94,18 @@ pub struct StreamUses {
     inner: Mutex<Inner>,
 }
 
-/// A deferred free the resource refused when it was finally made (its size
-/// was not the allocation's): the block stays live.
+/// A deferred free whose streams are done: the caller frees the block into
+/// its home now.
 #[derive(Debug)]
-pub struct Refused {
+pub struct Done {
     /// The block.
     pub ptr: DevicePtr,
     /// The size its free named.
     pub size: usize,
-    /// Why the resource refused it.
-    pub error: Error,
+    /// The stream it was freed on.
+    pub stream: Stream,
+    /// Where it lives.
+    pub home: Home,
 }
 
 impl StreamUses {
@@ -98,35 +136,53 @@ impl StreamUses {
     }
 
     /// Notes that the live block at `ptr`, of `block_size` bytes in the
-    /// resource, is used by work on `stream` too.
-    pub fn record(&self, ptr: DevicePtr, block_size: usize, stream: Stream) {
+    /// resource at `home`, is used by work on `stream` too.
+    pub fn record(&self, ptr: DevicePtr, block_size: usize, stream: Stream, home: Home) {
         let mut inner = self.lock();
         let uses = inner.uses.entry(ptr.0).or_insert_with(|| {
             self.any.fetch_add(1, Ordering::Relaxed);
             Uses {
                 block_size,
                 streams: Vec::new(),
+                home,
             }
         });
+        if uses.home != home {
+            // The address was freed and handed out again elsewhere without
+            // a free through here: the old record is stale.
+            *uses = Uses {
+                block_size,
+                streams: Vec::new(),
+                home,
+            };
+        }
         if !uses.streams.iter().any(|s| s.id() == stream.id()) {
             uses.streams.push(stream);
         }
     }
 
-    /// Frees `ptr` (of `size` bytes, freed on `stream`) if it has recorded
-    /// streams other than `stream`: counts the free in `stack` now and keeps
-    /// the block until events recorded on those streams have completed.
-    /// `Ok(false)`: nothing recorded, free it as usual. An error is a size
-    /// its block cannot have ([`Error::InvalidFree`]); nothing is freed.
+    /// Defers the free of `ptr` (of `size` bytes, freed on `stream`, living
+    /// at `home`) if it has recorded streams other than `stream`: keeps the
+    /// block until events recorded on those streams have completed, and
+    /// returns `Ok(true)`; the caller counts the free now. `Ok(false)`:
+    /// nothing recorded, free it as usual. An error is a free that cannot
+    /// be right ([`Error::InvalidFree`]: the block's free is already
+    /// pending, or a size its block cannot have); nothing is freed.
     pub fn defer_free(
         &self,
-        stack: &Stack,
         ptr: DevicePtr,
         size: usize,
         stream: &Stream,
+        home: Home,
     ) -> Result<bool> {
         let mut inner = self.lock();
-        let Some(uses) = inner.uses.get(&ptr.0) else {
+        let Some(uses) = inner.uses.get(&ptr.0).filter(|u| u.home == home) else {
+            if inner.pending.iter().any(|p| p.ptr == ptr && p.home == home) {
+                return Err(Error::InvalidFree {
+                    ptr: ptr.0,
+                    reason: FreeError::DoubleFree,
+                });
+            }
             return Ok(false);
         };
         if granular_size(size).is_none_or(|g| g > uses.block_size) {
@@ -140,73 +196,70 @@ impl StreamUses {
         }
         let uses = inner.uses.remove(&ptr.0).expect("found above");
         self.any.fetch_sub(1, Ordering::Relaxed);
-        let mut events = Vec::new();
-        for other in uses.streams.iter().filter(|s| s.id() != stream.id()) {
-            let event = match inner.spare_events.pop() {
-                Some(e) => Ok(e),
-                None => Event::new(stream.device()),
-            };
-            match event.and_then(|e| e.record(other).map(|()| e)) {
-                Ok(e) => events.push(e),
-                // No event: wait for the stream's work here instead (a
-                // stream that cannot even be waited for runs nothing).
-                Err(_) => {
-                    let _ = other.synchronize();
-                }
+        let capture = gpumem::captures::underway();
+        let (mut events, mut later) = (Vec::new(), Vec::new());
+        for other in uses.streams.into_iter().filter(|s| s.id() != stream.id()) {
+            if capture {
+                later.push(other);
+            } else if let Some(e) = inner.event_on(&other) {
+                events.push(e);
             }
         }
-        if events.is_empty() {
+        if events.is_empty() && later.is_empty() {
             return Ok(false);
         }
-        stack.begin_deferred_free(size);
         inner.pending.push(Pending {
             ptr,
             size,
             stream: stream.clone(),
+            home,
             events,
+            later,
         });
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.any.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
-    /// Forgets the recorded streams of `ptr` (its block was freed elsewhere
-    /// or not at all).
-    pub fn forget(&self, ptr: DevicePtr) {
-        if self.lock().uses.remove(&ptr.0).is_some() {
-            self.any.fetch_sub(1, Ordering::Relaxed);
+    /// The pending blocks whose events have completed, taken out for the
+    /// caller to free; never blocks. Nothing while a capture is under way.
+    pub fn poll(&self) -> Vec<Done> {
+        self.finish(false)
+    }
+
+    /// Waits for every pending block's events and takes out those that
+    /// completed (all but those whose wait failed). Nothing while a capture
+    /// is under way: waiting would break it.
+    pub fn wait_all(&self) -> Vec<Done> {
+        self.finish(true)
+    }
+
+    fn finish(&self, wait: bool) -> Vec<Done> {
+        if gpumem::captures::underway() {
+            return Vec::new();
         }
-    }
-
-    /// Frees into `stack` every pending block whose events have completed;
-    /// never blocks. Returns the frees the resource refused.
-    pub fn poll(&self, stack: &Stack) -> Vec<Refused> {
-        self.finish(stack, false)
-    }
-
-    /// Waits for every pending block's events, then frees them all into
-    /// `stack`. Returns the frees the resource refused.
-    pub fn wait_all(&self, stack: &Stack) -> Vec<Refused> {
-        self.finish(stack, true)
-    }
-
-    fn finish(&self, stack: &Stack, wait: bool) -> Vec<Refused> {
         let done: Vec<Pending> = {
             let mut inner = self.lock();
-            let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.pending)
-                .into_iter()
-                .partition(|p| {
-                    p.events.iter().all(|e| {
-                        // A failed query or wait: the event's stream is
-                        // unusable; its work cannot touch the block.
-                        if wait {
-                            let _ = e.synchronize();
-                            true
-                        } else {
-                            e.is_complete().unwrap_or(true)
-                        }
-                    })
-                });
+            let inner = &mut *inner;
+            let mut pending = std::mem::take(&mut inner.pending);
+            for p in &mut pending {
+                for s in std::mem::take(&mut p.later) {
+                    if let Some(e) = inner.event_on(&s) {
+                        p.events.push(e);
+                    }
+                }
+            }
+            // A failed query or wait keeps the block: its stream may still
+            // run work that uses it.
+            let (done, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| {
+                p.events.iter().all(|e| {
+                    if wait {
+                        e.synchronize().is_ok()
+                    } else {
+                        e.is_complete().unwrap_or(false)
+                    }
+                })
+            });
             inner.pending = waiting;
             done
         };
@@ -215,22 +268,20 @@ impl StreamUses {
         }
         self.pending.fetch_sub(done.len(), Ordering::Relaxed);
         self.any.fetch_sub(done.len(), Ordering::Relaxed);
-        let mut refused = Vec::new();
         let mut events = Vec::new();
-        for p in done {
-            if let Err(error) =
-                stack.finish_deferred_free(p.ptr, p.size, DEFAULT_ALIGNMENT, &p.stream)
-            {
-                stack.cancel_deferred_free(p.size);
-                refused.push(Refused {
+        let done = done
+            .into_iter()
+            .map(|p| {
+                events.extend(p.events);
+                Done {
                     ptr: p.ptr,
                     size: p.size,
-                    error,
-                });
-            }
-            events.extend(p.events);
-        }
+                    stream: p.stream,
+                    home: p.home,
+                }
+            })
+            .collect();
         self.lock().spare_events.extend(events);
-        refused
+        done
     }
 }

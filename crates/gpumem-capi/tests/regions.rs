@@ -176,3 +176,15 @@ fn the_c_functions_return_codes_and_reasons() {
     gpumem_free(p, 4 * MIB as isize, d, std::ptr::null_mut());
     assert_eq!(gpumem_allocated_bytes(d), 0);
 }
+
+/// Asking how much of a region sleeps builds no device, so the
+/// configuration can still change afterwards.
+#[test]
+fn sleeping_bytes_builds_nothing() {
+    let a = allocator("resource=pool");
+    assert_eq!(a.sleeping_bytes(0, WEIGHTS), 0);
+    assert_eq!(a.resource_kind(0), None, "no device was built");
+    a.configure("resource=vpool")
+        .expect("the configuration can change");
+    assert_eq!(a.sleeping_bytes(0, WEIGHTS), 0);
+}

@@ -30,9 +30,13 @@ static UNDERWAY: AtomicUsize = AtomicUsize::new(0);
 /// Streams capturing through [`Stream::begin_capture`], by driver and handle.
 static CAPTURING: Mutex<Vec<(usize, RawStream)>> = Mutex::new(Vec::new());
 
-/// Whether gpumem knows of a capture under way anywhere in the process.
+/// Whether gpumem knows of a capture under way anywhere in the process: one
+/// begun with [`Stream::begin_capture`] or announced by a live
+/// [`CaptureNotice`]. While one is, event queries and synchronizations would
+/// break it (in global mode), and events recorded on a capturing stream
+/// become part of the graph.
 #[inline]
-pub(crate) fn underway() -> bool {
+pub fn underway() -> bool {
     UNDERWAY.load(Ordering::Acquire) != 0
 }
 

@@ -1,0 +1,134 @@
+//! Frees deferred by `record_stream`: a second free of a pending block is a
+//! double free, a free made during a capture records nothing inside the
+//! capture and queries nothing until it ends, and graph-pool blocks wait for
+//! their recorded streams too.
+
+mod support;
+
+use gpumem::driver::{CaptureMode, Driver};
+use gpumem_capi::Allocator;
+use support::{allocator, kinds, sim, stats, MIB};
+
+const POOL: (u64, u64) = (1, 0);
+
+/// Deferred frees wait while any capture in the process is under way, so
+/// the tests of this binary run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stream(a: &Allocator) -> u64 {
+    let sim = sim(a);
+    let driver: &dyn Driver = &*sim;
+    driver.stream_create(0, true).unwrap()
+}
+
+#[test]
+fn a_second_free_of_a_pending_block_is_a_double_free() {
+    let _one = one_at_a_time();
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        let (s1, s2) = (stream(&a), stream(&a));
+        let p = a.malloc(4 * MIB, 0, s1);
+        a.record_stream(p, 0, s2);
+        sim.hold(s2);
+        a.free(p, 4 * MIB, 0, s1);
+        assert_eq!(a.pending_frees(0), 1, "{kind}");
+        a.free(p, 4 * MIB, 0, s1);
+        assert_eq!(a.bad_free_count(0), 1, "{kind}: refused at once");
+        let st = stats(&a, 0);
+        assert_eq!(st.allocated_bytes.current, 0, "{kind}: counted once");
+        assert_eq!(st.allocation.current, 0, "{kind}");
+        assert_eq!(st.active.current, 1, "{kind}: still active");
+        let q = a.malloc(4 * MIB, 0, s1);
+        assert_ne!(p, q, "{kind}: reused while s2 may use it");
+        sim.release(s2);
+        a.free(q, 4 * MIB, 0, s1);
+        a.empty_cache(0);
+        let st = stats(&a, 0);
+        assert_eq!(
+            (st.active.current, st.allocated_bytes.current),
+            (0, 0),
+            "{kind}"
+        );
+        assert_eq!(a.bad_free_count(0), 1, "{kind}");
+    }
+}
+
+/// PyTorch frees a block recorded on a capturing stream from another thread
+/// without a hold: nothing is recorded in the capture or queried while it
+/// runs (either would break it), and the block waits until after it.
+#[test]
+fn a_free_during_a_capture_waits_without_touching_the_capture() {
+    let _one = one_at_a_time();
+    let a = allocator("resource=pool");
+    let sim = sim(&a);
+    let driver: &dyn Driver = &*sim;
+    let (cap, s1) = (stream(&a), stream(&a));
+    let p = a.malloc(4 * MIB, 0, s1);
+    driver
+        .thread_exchange_capture_mode(CaptureMode::Relaxed)
+        .unwrap();
+    driver
+        .stream_begin_capture(cap, CaptureMode::Global)
+        .unwrap();
+    a.graph_pool_begin(0, POOL).unwrap();
+    a.record_stream(p, 0, cap);
+    a.free(p, 4 * MIB, 0, s1);
+    assert_eq!(a.pending_frees(0), 1);
+    let q = a.malloc(4 * MIB, 0, s1);
+    assert_ne!(p, q, "reused while the capture may use it");
+    assert!(
+        sim.capture_violations().is_empty(),
+        "{:?}",
+        sim.capture_violations()
+    );
+    driver
+        .stream_end_capture(cap)
+        .expect("the capture is intact");
+    a.graph_pool_end(0, POOL).unwrap();
+    driver
+        .thread_exchange_capture_mode(CaptureMode::Global)
+        .unwrap();
+    // After the capture the event is recorded (at the next poll), and the
+    // block goes back to the pool once it completes.
+    a.free(q, 4 * MIB, 0, s1);
+    a.empty_cache(0);
+    assert_eq!(a.pending_frees(0), 0);
+    assert_eq!(a.bad_free_count(0), 0);
+    assert_eq!(stats(&a, 0).active.current, 0);
+}
+
+#[test]
+fn a_graph_pool_block_waits_for_its_recorded_stream() {
+    let _one = one_at_a_time();
+    let a = allocator("resource=pool");
+    let sim = sim(&a);
+    let (s1, s2) = (stream(&a), stream(&a));
+    a.graph_pool_begin(0, POOL).unwrap();
+    let p = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
+    a.record_stream(p, 0, s2);
+    sim.hold(s2);
+    a.graph_pool_free(p, 4 * MIB, 0, POOL, s1);
+    assert_eq!(a.pending_frees(0), 1);
+    let q = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
+    assert_ne!(p, q, "reused while s2 may use it");
+    a.graph_pool_free(p, 4 * MIB, 0, POOL, s1);
+    assert_eq!(a.bad_free_count(0), 1, "a second free is a double free");
+    a.graph_pool_free(q, 4 * MIB, 0, POOL, s1);
+    a.graph_pool_end(0, POOL).unwrap();
+    sim.release(s2);
+    a.empty_cache(0);
+    assert_eq!(
+        a.pending_frees(0),
+        0,
+        "freed into the graph pool once s2 is done and no capture is under way"
+    );
+    assert_eq!(a.graph_pool_live_blocks(0, POOL), Some(vec![]));
+    a.graph_pool_release(0, POOL).unwrap();
+    assert_eq!(a.graph_pool_count(0), 0);
+    assert_eq!(a.bad_free_count(0), 1);
+}
