@@ -308,7 +308,11 @@ double gpumem_get_memory_fraction(int device);
  * to the free has run: one event is recorded on each such stream at the
  * free, and the block goes back to the pool once they completed (checked on
  * later allocations and frees, waited for by [`gpumem_empty_cache`]).
- * Unknown pointers are reported and ignored.
+ * While a stream capture is under way nothing is recorded or queried (it
+ * would break the capture): the events are recorded after it. A second free
+ * of a block waiting so is a double free. Blocks of graph pools
+ * ([`gpumem_graph_pool_malloc`]) wait the same way. Unknown pointers are
+ * reported and ignored.
  */
 void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
 
@@ -316,8 +320,9 @@ void gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
  * Copies up to `max_segments` of `device`'s segments (what it holds from the
  * driver, in address order) to `segments` and up to `max_blocks` of its live
  * blocks (in address order; size as the resource rounds it, requested as
- * asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
- * `*n_blocks` to the totals, so a caller can retry with larger arrays.
+ * asked, the stream allocated on) to `blocks`, its graph pools' included,
+ * and sets `*n_segments` and `*n_blocks` to the totals, so a caller can
+ * retry with larger arrays.
  * Every live block lies inside one segment (but the blocks of a region
  * asleep, whose memory is given back); a stream is 0 where unknown.
  * 0 on success (nothing for a device not used yet); -1 for a device out of
@@ -402,7 +407,10 @@ void gpumem_graph_pool_free(void *ptr,
  * `stream` captures into the graph pool `(id0, id1)`: the graph may use it
  * in every replay, so it is held until the graph pool goes, then freed as
  * [`gpumem_free`] would. With no capture into that pool under way, it is
- * freed at once.
+ * freed at once. Only a live block of the device's pool is held: a block
+ * held already, one of [`gpumem_cupy_malloc`] or a pointer not handed out
+ * is a bad free, refused and reported as [`gpumem_free`] refuses it, and so
+ * is a [`gpumem_free`] of a block held.
  */
 void gpumem_graph_pool_hold(void *ptr,
                             size_t size,
@@ -451,7 +459,8 @@ int gpumem_wake(int device, uint32_t tag);
 
 /**
  * Bytes of the live blocks of region `tag` on `device` that sleep (0 while
- * it is awake, and for a device not served by a VirtualPool).
+ * it is awake, for a device not served by a VirtualPool, and for one not
+ * used yet: the query builds nothing).
  */
 size_t gpumem_sleeping_bytes(int device, uint32_t tag);
 

@@ -452,7 +452,11 @@ pub extern "C" fn gpumem_get_memory_fraction(device: c_int) -> f64 {
 /// to the free has run: one event is recorded on each such stream at the
 /// free, and the block goes back to the pool once they completed (checked on
 /// later allocations and frees, waited for by [`gpumem_empty_cache`]).
-/// Unknown pointers are reported and ignored.
+/// While a stream capture is under way nothing is recorded or queried (it
+/// would break the capture): the events are recorded after it. A second free
+/// of a block waiting so is a double free. Blocks of graph pools
+/// ([`gpumem_graph_pool_malloc`]) wait the same way. Unknown pointers are
+/// reported and ignored.
 #[no_mangle]
 pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, device: c_int, stream: gpumem_stream_t) {
     guard("gpumem_record_stream", (), || {
@@ -463,8 +467,9 @@ pub extern "C" fn gpumem_record_stream(ptr: *mut c_void, device: c_int, stream: 
 /// Copies up to `max_segments` of `device`'s segments (what it holds from the
 /// driver, in address order) to `segments` and up to `max_blocks` of its live
 /// blocks (in address order; size as the resource rounds it, requested as
-/// asked, the stream allocated on) to `blocks`, and sets `*n_segments` and
-/// `*n_blocks` to the totals, so a caller can retry with larger arrays.
+/// asked, the stream allocated on) to `blocks`, its graph pools' included,
+/// and sets `*n_segments` and `*n_blocks` to the totals, so a caller can
+/// retry with larger arrays.
 /// Every live block lies inside one segment (but the blocks of a region
 /// asleep, whose memory is given back); a stream is 0 where unknown.
 /// 0 on success (nothing for a device not used yet); -1 for a device out of
@@ -641,7 +646,10 @@ pub extern "C" fn gpumem_graph_pool_free(
 /// `stream` captures into the graph pool `(id0, id1)`: the graph may use it
 /// in every replay, so it is held until the graph pool goes, then freed as
 /// [`gpumem_free`] would. With no capture into that pool under way, it is
-/// freed at once.
+/// freed at once. Only a live block of the device's pool is held: a block
+/// held already, one of [`gpumem_cupy_malloc`] or a pointer not handed out
+/// is a bad free, refused and reported as [`gpumem_free`] refuses it, and so
+/// is a [`gpumem_free`] of a block held.
 #[no_mangle]
 pub extern "C" fn gpumem_graph_pool_hold(
     ptr: *mut c_void,

@@ -181,7 +181,8 @@ pub extern "C" fn gpumem_wake(device: c_int, tag: u32) -> c_int {
 }
 
 /// Bytes of the live blocks of region `tag` on `device` that sleep (0 while
-/// it is awake, and for a device not served by a VirtualPool).
+/// it is awake, for a device not served by a VirtualPool, and for one not
+/// used yet: the query builds nothing).
 #[no_mangle]
 pub extern "C" fn gpumem_sleeping_bytes(device: c_int, tag: u32) -> usize {
     guard("gpumem_sleeping_bytes", 0, || {

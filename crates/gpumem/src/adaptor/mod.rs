@@ -17,7 +17,7 @@
 //! | [`LoggingAdaptor`] | RMM's CSV log | one formatted line into a buffer under a mutex |
 //! | [`AlignedAdaptor`] | alignments above 256 bytes | none below the threshold; a map insert/remove above it |
 //! | [`FailureCallbackAdaptor`] | a user callback and retry on out-of-memory | none unless the upstream fails |
-//! | [`HoldingAdaptor`] | frees held until given back (a graph-private pool's upstream: captured addresses never reused) | one mutex push per free (frees reach it only when a pool trims) |
+//! | [`HoldingAdaptor`] | frees held until given back (a graph-private pool's upstream: captured addresses never reused); bad frees refused when made | a table insert per allocation, a remove and a mutex push per free (it sees only a pool's regions) |
 //! | [`ThreadSafeAdaptor`] | a mutex around a `&mut self` resource | one mutex per call |
 //! | [`PrefetchAdaptor`] | prefetch of managed memory after allocation | one driver call per allocation of managed memory |
 //!
