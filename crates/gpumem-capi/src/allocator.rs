@@ -861,9 +861,15 @@ impl Allocator {
         }
         let result = self.used(device).and_then(|st| {
             let s = st.streams.get(stream);
-            let mut r = st.graphs.allocate(pool, size, s);
+            let reserved = st.graphs.reserved_bytes().0;
+            let mut r = st.graphs.allocate(pool, size, s, self.graph_room(st));
             if matches!(&r, Err(e) if e.is_oom()) {
-                r = self.after_oom(st, || st.graphs.allocate(pool, size, s));
+                r = self.after_oom(st, || {
+                    st.graphs.allocate(pool, size, s, self.graph_room(st))
+                });
+            }
+            if st.graphs.reserved_bytes().0 != reserved {
+                self.apply_limit(st);
             }
             r.map_err(|e| e.to_string())
         });
@@ -955,8 +961,12 @@ impl Allocator {
         }
     }
 
-    /// Frees the blocks a retired graph pool held for the device.
+    /// Frees the blocks a retired graph pool held for the device, and gives
+    /// the device's pool back the share of the limit the graph pools left.
     fn give_back_retired(&self, st: &DeviceState, retired: Option<Retired>) {
+        if retired.is_some() {
+            self.apply_limit(st);
+        }
         for h in retired.into_iter().flatten() {
             if let Err(e) = self.free_on(st, h.ptr, h.size, &h.stream) {
                 let device = st.device.ordinal() as i32;
@@ -1281,10 +1291,28 @@ impl Allocator {
         };
         slot.set(fraction);
         if let Some(st) = self.built(device) {
-            let limit = self.limit_of(&st.conf, device as u32, st.total_memory);
-            st.stack.upstream().set_limit(limit, &st.conf);
+            self.apply_limit(st);
         }
         Ok(())
+    }
+
+    /// Sets the limit of `st`'s own resource to what its graph pools leave
+    /// of the device's limit (`max_size` and the memory fraction): together
+    /// they hold at most the limit. Called when the graph pools' reserve
+    /// changes; a device allocation racing a graph pool's growth may find
+    /// the old share, so the sum can pass the limit by one growth then.
+    fn apply_limit(&self, st: &DeviceState) {
+        let limit = self.limit_of(&st.conf, st.device.ordinal(), st.total_memory);
+        let graphs = st.graphs.reserved_bytes().0;
+        let own = limit.map(|l| l.saturating_sub(graphs));
+        st.stack.upstream().set_limit(own, &st.conf);
+    }
+
+    /// What `st`'s graph pools may hold together: the device's limit less
+    /// what its own resource holds (`None`: no limit).
+    fn graph_room(&self, st: &DeviceState) -> Option<usize> {
+        let limit = self.limit_of(&st.conf, st.device.ordinal(), st.total_memory)?;
+        Some(limit.saturating_sub(st.stack.upstream().reserved_bytes()))
     }
 
     /// The memory fraction of `device` (1.0 when never set or out of range).

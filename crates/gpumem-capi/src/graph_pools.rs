@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use gpumem::adaptor::{HoldingAdaptor, StatisticsAdaptor};
+use gpumem::adaptor::{HoldingAdaptor, LimitingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
 use gpumem::pool::PoolResource;
 use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, Segment, DEFAULT_ALIGNMENT};
@@ -40,8 +40,12 @@ use gpumem::{Device, DevicePtr, Stream};
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
 
 /// A graph pool's stack: statistics of what it hands out, the pool, the
-/// holding adaptor, and statistics of what it takes from the driver.
-type Stack = StatisticsAdaptor<PoolResource<HoldingAdaptor<StatisticsAdaptor<DeviceResource>>>>;
+/// holding adaptor, statistics of what it takes from the driver, and its
+/// share of the device's limit (set before each allocation: what the
+/// device's own pool and the other graph pools leave).
+type Stack = StatisticsAdaptor<
+    PoolResource<HoldingAdaptor<StatisticsAdaptor<LimitingAdaptor<DeviceResource>>>>,
+>;
 
 /// PyTorch's `MempoolId_t`: two numbers, one of them zero.
 pub type PoolId = (u64, u64);
@@ -69,6 +73,16 @@ struct GraphPool {
 impl GraphPool {
     fn live(&self) -> bool {
         self.resource.stats().allocated_bytes.current > 0
+    }
+
+    /// The statistics of what the pool takes from the driver.
+    fn driver(&self) -> &StatisticsAdaptor<LimitingAdaptor<DeviceResource>> {
+        self.resource.upstream().upstream().upstream()
+    }
+
+    /// Its share of the device's limit.
+    fn limiting(&self) -> &LimitingAdaptor<DeviceResource> {
+        self.driver().upstream()
     }
 }
 
@@ -105,8 +119,10 @@ impl GraphPools {
             p.uses += 1;
             return Ok(());
         }
-        let driver =
-            HoldingAdaptor::new(StatisticsAdaptor::new(DeviceResource::new(device.clone())));
+        let driver = HoldingAdaptor::new(StatisticsAdaptor::new(LimitingAdaptor::new(
+            DeviceResource::new(device.clone()),
+            usize::MAX,
+        )));
         let resource =
             StatisticsAdaptor::new(PoolResource::with_defaults(driver)?.reusing_captured_frees());
         pools.insert(
@@ -235,11 +251,16 @@ impl GraphPools {
     pub(crate) fn snapshot(&self) -> (Vec<Segment>, Vec<(LiveBlock, u64)>) {
         let (mut segments, mut blocks) = (Vec::new(), Vec::new());
         for p in lock(&self.pools).values() {
-            let driver = p.resource.upstream().upstream().upstream().upstream();
-            segments.extend(driver.live_blocks().into_iter().map(|b| Segment {
-                address: b.address,
-                size: b.size,
-            }));
+            segments.extend(
+                p.limiting()
+                    .upstream()
+                    .live_blocks()
+                    .into_iter()
+                    .map(|b| Segment {
+                        address: b.address,
+                        size: b.size,
+                    }),
+            );
             blocks.extend(
                 p.resource
                     .upstream()
@@ -278,12 +299,14 @@ impl GraphPools {
         })
     }
 
-    /// Allocates `size` bytes in `id` on `stream`.
+    /// Allocates `size` bytes in `id` on `stream`; the graph pools together
+    /// may hold at most `room` bytes from the driver (`None`: no limit).
     pub(crate) fn allocate(
         &self,
         id: PoolId,
         size: usize,
         stream: &Stream,
+        room: Option<usize>,
     ) -> gpumem::Result<DevicePtr> {
         let pools = lock(&self.pools);
         let Some(p) = pools.get(&id) else {
@@ -291,6 +314,11 @@ impl GraphPools {
                 "graph pool {id:?} does not exist (beginAllocateToPool was not called)"
             )));
         };
+        let share = room.map_or(usize::MAX, |room| {
+            let held: usize = pools.values().map(|q| q.limiting().allocated_bytes()).sum();
+            p.limiting().allocated_bytes() + room.saturating_sub(held)
+        });
+        p.limiting().set_limit(share);
         p.resource.allocate(size, DEFAULT_ALIGNMENT, stream)
     }
 
@@ -349,14 +377,7 @@ impl GraphPools {
     /// their peaks (at least the peak of their sum).
     pub(crate) fn reserved_bytes(&self) -> (usize, usize) {
         self.sum(
-            |p| {
-                p.resource
-                    .upstream()
-                    .upstream()
-                    .upstream()
-                    .stats()
-                    .allocated_bytes
-            },
+            |p| p.driver().stats().allocated_bytes,
             |g| g.reserved_bytes.peak,
         )
     }
@@ -392,7 +413,7 @@ impl GraphPools {
     pub(crate) fn reset_peak(&self) {
         for p in lock(&self.pools).values() {
             p.resource.reset_peak();
-            p.resource.upstream().upstream().upstream().reset_peak();
+            p.driver().reset_peak();
         }
         let mut guard = lock(&self.gone);
         let gone = &mut *guard;
@@ -425,7 +446,7 @@ fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
     };
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let s = p.resource.stats();
-    let d = p.resource.upstream().upstream().upstream().stats();
+    let d = p.driver().stats();
     add(&mut stats.allocation, s.allocation.into());
     add(&mut stats.segment, d.allocation.into());
     add(&mut stats.active, s.active.into());

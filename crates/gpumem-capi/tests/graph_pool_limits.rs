@@ -1,0 +1,103 @@
+//! `max_size` and the memory fraction cap what a device holds from the
+//! driver, its graph pools included: the graph pools get what the device's
+//! own pool leaves (after emptying its cache), and the device's pool what
+//! the graph pools leave, until they go.
+
+mod support;
+
+use gpumem::driver::Driver;
+use gpumem_capi::conf::ResourceKind;
+use gpumem_capi::Allocator;
+use support::{allocator, kinds, sim, MIB};
+
+const POOL: (u64, u64) = (1, 0);
+
+fn stream(a: &Allocator) -> u64 {
+    let sim = sim(a);
+    let driver: &dyn Driver = &*sim;
+    driver.stream_create(0, true).unwrap()
+}
+
+/// Allocates `n` blocks of 32 MiB from the graph pool while it can.
+fn fill_graph_pool(a: &Allocator, s: u64, n: usize) -> Vec<gpumem::DevicePtr> {
+    (0..n)
+        .map(|_| a.graph_pool_malloc(32 * MIB, 0, POOL, s))
+        .take_while(|p| !p.is_null())
+        .collect()
+}
+
+#[test]
+fn max_size_covers_the_graph_pools() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind},max_size=64MiB"));
+        let s = stream(&a);
+        let cached = a.malloc(16 * MIB, 0, s);
+        a.free(cached, 16 * MIB, 0, s);
+        a.graph_pool_begin(0, POOL).unwrap();
+        let got = fill_graph_pool(&a, s, 8);
+        // The arena keeps what it took up front (its whole limit here).
+        if kind != ResourceKind::Arena {
+            assert!(
+                !got.is_empty(),
+                "{kind}: the device's cache was emptied for the graph"
+            );
+        }
+        assert!(
+            a.reserved_bytes(0) <= 64 * MIB,
+            "{kind}: {} held",
+            a.reserved_bytes(0)
+        );
+        // The device's pool may grow only into what the graph pool left.
+        let mut mine = Vec::new();
+        loop {
+            let d = a.malloc(8 * MIB, 0, s);
+            if d.is_null() {
+                break;
+            }
+            mine.push(d);
+            assert!(
+                a.reserved_bytes(0) <= 64 * MIB,
+                "{kind}: the device's pool passed the limit beside the graph's: {} held",
+                a.reserved_bytes(0)
+            );
+        }
+        for d in mine {
+            a.free(d, 8 * MIB, 0, s);
+        }
+        for p in got {
+            a.graph_pool_free(p, 32 * MIB, 0, POOL, s);
+        }
+        a.graph_pool_end(0, POOL).unwrap();
+        a.graph_pool_release(0, POOL).unwrap();
+        assert_eq!(a.graph_pool_count(0), 0, "{kind}");
+        let d = a.malloc(32 * MIB, 0, s);
+        assert!(!d.is_null(), "{kind}: the graph's share came back");
+        a.free(d, 32 * MIB, 0, s);
+    }
+}
+
+#[test]
+fn the_memory_fraction_covers_the_graph_pools() {
+    let a = allocator("resource=pool");
+    let s = stream(&a);
+    a.graph_pool_begin(0, POOL).unwrap();
+    // 0.001 of the simulated 80 GiB: about 82 MiB.
+    a.set_memory_fraction(0, 0.001).unwrap();
+    let got = fill_graph_pool(&a, s, 8);
+    assert!(got.len() >= 2 && got.len() < 8, "{} blocks", got.len());
+    let limit = (80u64 << 30) as f64 * 0.001;
+    assert!(
+        a.reserved_bytes(0) as f64 <= limit,
+        "{} held",
+        a.reserved_bytes(0)
+    );
+    assert!(a.malloc(32 * MIB, 0, s).is_null());
+    for p in got {
+        a.graph_pool_free(p, 32 * MIB, 0, POOL, s);
+    }
+    a.graph_pool_end(0, POOL).unwrap();
+    a.graph_pool_release(0, POOL).unwrap();
+    let d = a.malloc(32 * MIB, 0, s);
+    assert!(!d.is_null());
+    a.free(d, 32 * MIB, 0, s);
+}
