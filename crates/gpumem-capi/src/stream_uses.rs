@@ -185,7 +185,12 @@ impl StreamUses {
             }
             return Ok(false);
         };
-        if granular_size(size).is_none_or(|g| g > uses.block_size) {
+        // Above the smallest size classes, every resource rounds a request
+        // up by less than twice: a size at most half such a block is not
+        // the allocation's. (Closer sizes are checked by the resource when
+        // the free is made.)
+        let too_small = |g: usize| uses.block_size > (64 << 10) && g <= uses.block_size / 2;
+        if granular_size(size).is_none_or(|g| g > uses.block_size || too_small(g)) {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
                 reason: FreeError::SizeMismatch {

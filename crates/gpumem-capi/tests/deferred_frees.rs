@@ -132,3 +132,48 @@ fn a_graph_pool_block_waits_for_its_recorded_stream() {
     assert_eq!(a.graph_pool_count(0), 0);
     assert_eq!(a.bad_free_count(0), 1);
 }
+
+/// A recorded block freed with its own size is deferred whatever its size
+/// and resource; above 64 KiB, a size far from it is refused at once (not
+/// when the recorded stream is done), and the block stays live.
+#[test]
+fn a_deferred_free_checks_the_size_at_once() {
+    let _one = one_at_a_time();
+    let sizes = [
+        1,
+        255,
+        257,
+        1000,
+        4097,
+        65_537,
+        MIB + 1,
+        3 * MIB + 1,
+        33 * MIB + 1,
+    ];
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        let (s1, s2) = (stream(&a), stream(&a));
+        let mut bad = 0;
+        for size in sizes {
+            sim.hold(s2);
+            let p = a.malloc(size, 0, s1);
+            a.record_stream(p, 0, s2);
+            if size > 64 << 10 {
+                for wrong in [256, 3 * size] {
+                    a.free(p, wrong, 0, s1);
+                    bad += 1;
+                    assert_eq!(a.bad_free_count(0), bad, "{kind}, {size} freed as {wrong}");
+                    assert_eq!(a.pending_frees(0), 0, "{kind}, {size}");
+                }
+            }
+            a.free(p, size, 0, s1);
+            assert_eq!(a.pending_frees(0), 1, "{kind}, {size}: deferred");
+            sim.release(s2);
+            a.empty_cache(0);
+            assert_eq!(a.pending_frees(0), 0, "{kind}, {size}");
+            assert_eq!(a.bad_free_count(0), bad, "{kind}, {size}: its own size");
+        }
+        assert_eq!(stats(&a, 0).allocated_bytes.current, 0, "{kind}");
+    }
+}
