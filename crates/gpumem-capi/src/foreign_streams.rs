@@ -56,7 +56,11 @@ impl Table {
         let start = first_slot(raw);
         (0..SLOTS).find_map(|i| {
             let slot = &self.slots[(start + i) % SLOTS];
-            let (r, s) = slot.get_or_init(|| (raw, Stream::from_raw(device.clone(), raw)));
+            // SAFETY: the C ABI's contract: a stream handed to gpumem is a
+            // stream of the device that outlives the memory freed on it
+            // (PyTorch and CuPy never destroy their pooled streams).
+            let (r, s) =
+                slot.get_or_init(|| (raw, unsafe { Stream::from_raw(device.clone(), raw) }));
             (*r == raw).then_some(s)
         })
     }

@@ -130,11 +130,17 @@ pub fn cudarc_stream(stream: &Stream) -> Result<Arc<CudaStream>> {
         })
 }
 
-/// A gpumem handle to cudarc's stream (not owned: cudarc destroys it), so
-/// gpumem buffers and pools can be ordered on the stream cudarc launches on.
-/// Keep one wrapper per cudarc stream (pools key same-stream reuse by it).
-pub fn stream_from_cudarc(device: &Device, stream: &CudaStream) -> Stream {
-    Stream::from_raw(device.clone(), stream.cu_stream() as RawStream)
+/// A gpumem handle to cudarc's stream, so gpumem buffers and pools can be
+/// ordered on the stream cudarc launches on. The handle keeps a clone of
+/// cudarc's `Arc`, so the stream lives as long as the handle (cudarc destroys
+/// it after both are gone). Keep one handle per cudarc stream (pools key
+/// same-stream reuse by it).
+pub fn stream_from_cudarc(device: &Device, stream: &Arc<CudaStream>) -> Stream {
+    let keep: Arc<dyn std::any::Any + Send + Sync> = stream.clone();
+    // A live cudarc stream of the device's context (cudarc's context is the
+    // device's primary context, see `cudarc_context`), kept alive by the
+    // handle itself.
+    Stream::wrap(device.clone(), stream.cu_stream() as RawStream, Some(keep))
 }
 
 /// Makes `theirs` wait for the work enqueued on `ours` so far; on failure,

@@ -3,7 +3,9 @@
 // `unsafe` lives at the bottom: the driver backends and the OS calls. Above
 // them it is allowed only where the public API itself hands out host memory
 // the compiler cannot track (the `unsafe fn` copies and host slices of
-// `buffer` and `manager`, cudarc's kernel-argument trait in `interop`).
+// `buffer` and `manager`, cudarc's kernel-argument trait in `interop`) or
+// takes a driver handle from elsewhere (`Stream::from_raw`,
+// `AsyncViewResource::new`).
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -29,6 +31,7 @@ mod os;
 pub mod pool;
 pub mod registry;
 pub mod resource;
+#[allow(unsafe_code)]
 pub mod stream;
 pub mod suballoc;
 pub mod trace;

@@ -41,6 +41,9 @@ struct StreamInner {
     raw: RawStream,
     id: StreamId,
     owned: bool,
+    /// What keeps a foreign stream alive while the wrapper is (cudarc's
+    /// stream, for [`crate::interop::stream_from_cudarc`]).
+    _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Drop for StreamInner {
@@ -79,6 +82,7 @@ impl Stream {
                 raw,
                 id,
                 owned,
+                _keep: None,
             }),
         }
     }
@@ -102,7 +106,36 @@ impl Stream {
     /// Wraps a stream handle gpumem does not own (for interop with other
     /// libraries). It is never destroyed by gpumem. Each wrap gets a fresh id, so
     /// keep one wrapper per foreign stream to get same-stream reuse in pools.
-    pub fn from_raw(device: Device, raw: RawStream) -> Self {
+    ///
+    /// # Safety
+    /// `raw` is 0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a stream of
+    /// `device`'s driver and context that stays alive while the wrapper or a
+    /// clone of it is used, and while memory freed on it may sit in a pool:
+    /// the driver takes a handle for a pointer to its own structures, and a
+    /// destroyed one can corrupt the process.
+    pub unsafe fn from_raw(device: Device, raw: RawStream) -> Self {
+        Self::wrap(device, raw, None)
+    }
+
+    /// Wraps `raw`, keeping `keep` (the stream's owner) alive as long as the
+    /// wrapper. Callers in the crate uphold [`Stream::from_raw`]'s contract,
+    /// where `keep` alive keeps the stream alive.
+    pub(crate) fn wrap(
+        device: Device,
+        raw: RawStream,
+        keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        if let Some(keep) = keep {
+            return Self {
+                inner: Arc::new(StreamInner {
+                    device,
+                    raw,
+                    id: fresh_id(),
+                    owned: false,
+                    _keep: Some(keep),
+                }),
+            };
+        }
         match raw {
             0 | STREAM_LEGACY => Self::legacy(device),
             STREAM_PER_THREAD => Self::per_thread(device),

@@ -128,6 +128,7 @@ mod attributes;
 #[cfg(unix)]
 pub mod ipc;
 mod managed;
+#[allow(unsafe_code)]
 mod view;
 
 pub use async_resource::{AsyncResource, AsyncResourceConfig};

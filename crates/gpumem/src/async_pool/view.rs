@@ -28,7 +28,8 @@ use crate::Result;
 ///     let device = Device::sim(Default::default());
 ///     // A pool made elsewhere (here by gpumem; say, by another library).
 ///     let owner = AsyncResource::with_defaults(device.clone())?;
-///     let view = AsyncViewResource::new(device.clone(), owner.raw(), Properties::DEVICE)?;
+///     // SAFETY: `owner` outlives the view and its allocations.
+///     let view = unsafe { AsyncViewResource::new(device.clone(), owner.raw(), Properties::DEVICE)? };
 ///     let stream = device.create_stream()?;
 ///     let p = view.allocate(1 << 20, 256, &stream)?;
 ///     view.deallocate(p, 1 << 20, 256, &stream)?;
@@ -44,10 +45,20 @@ pub struct AsyncViewResource {
 
 impl AsyncViewResource {
     /// A view of pool `raw`, whose memory lives on `device` and is accessible
-    /// as `properties` says. The pool must outlive the view and every
-    /// allocation made through it; gpumem never destroys it. The handle is
-    /// checked by reading one attribute.
-    pub fn new(device: Device, raw: RawPool, properties: Properties) -> Result<Self> {
+    /// as `properties` says; gpumem never destroys it. The handle is checked
+    /// by reading one attribute.
+    ///
+    /// # Safety
+    /// `raw` is a memory pool of `device`'s driver that outlives the view and
+    /// every allocation made through it: the driver takes the handle for a
+    /// pointer to its own structures, and a destroyed one can corrupt the
+    /// process.
+    pub unsafe fn new(device: Device, raw: RawPool, properties: Properties) -> Result<Self> {
+        Self::view(device, raw, properties)
+    }
+
+    /// A view of `raw`, a pool that outlives it (the callers' word).
+    fn view(device: Device, raw: RawPool, properties: Properties) -> Result<Self> {
         require_pools(&device)?;
         let ordinal = device.ordinal();
         let pool = MemPool::new(
@@ -68,14 +79,15 @@ impl AsyncViewResource {
     pub fn current(device: Device) -> Result<Self> {
         require_pools(&device)?;
         let raw = device.driver().mempool_current(device.ordinal())?;
-        Self::new(device, raw, Properties::DEVICE)
+        // The device's pools live as long as its context.
+        Self::view(device, raw, Properties::DEVICE)
     }
 
     /// A view of the device's default pool (`cuDeviceGetDefaultMemPool`).
     pub fn default_pool(device: Device) -> Result<Self> {
         require_pools(&device)?;
         let raw = device.driver().mempool_default(device.ordinal())?;
-        Self::new(device, raw, Properties::DEVICE)
+        Self::view(device, raw, Properties::DEVICE)
     }
 
     /// The pool behind this view.
