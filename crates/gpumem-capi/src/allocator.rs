@@ -946,9 +946,15 @@ impl Allocator {
         };
         // Only a live block of the device's pool can be held: anything else
         // is a bad free, and `free` refuses and reports it (a CuPy block, a
-        // block held already, a pointer not handed out).
+        // block held already or whose free waits for a recorded stream, a
+        // pointer not handed out).
         let cupy = st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some();
-        if cupy || st.graphs.is_held(ptr) || st.stack.upstream().live_block_size(ptr).is_none() {
+        let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
+        if cupy
+            || pending
+            || st.graphs.is_held(ptr)
+            || st.stack.upstream().live_block_size(ptr).is_none()
+        {
             return self.free(ptr, size, device, stream);
         }
         let held = Held {

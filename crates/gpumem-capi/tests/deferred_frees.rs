@@ -1,7 +1,8 @@
 //! Frees deferred by `record_stream`: a second free of a pending block is a
 //! double free, a free made during a capture records nothing inside the
-//! capture and queries nothing until it ends, and graph-pool blocks wait for
-//! their recorded streams too.
+//! capture and queries nothing until it ends, graph-pool blocks wait for
+//! their recorded streams too, a size far from the block's is refused at
+//! once, and a pending block is not held for a graph.
 
 mod support;
 
@@ -176,4 +177,30 @@ fn a_deferred_free_checks_the_size_at_once() {
         }
         assert_eq!(stats(&a, 0).allocated_bytes.current, 0, "{kind}");
     }
+}
+
+/// A block whose free already waits for a recorded stream is not held: the
+/// hold is a second free, and the block goes back to the pool once, when
+/// the stream is done.
+#[test]
+fn a_block_whose_free_is_pending_is_not_held() {
+    let _one = one_at_a_time();
+    let a = allocator("resource=pool");
+    let sim = sim(&a);
+    let (s1, s2) = (stream(&a), stream(&a));
+    let x = a.malloc(4 * MIB, 0, s1);
+    a.record_stream(x, 0, s2);
+    sim.hold(s2);
+    a.free(x, 4 * MIB, 0, s1);
+    assert_eq!(a.pending_frees(0), 1);
+    a.graph_pool_begin(0, POOL).unwrap();
+    a.graph_pool_hold(x, 4 * MIB, 0, POOL, s1);
+    assert_eq!(a.bad_free_count(0), 1);
+    a.graph_pool_end(0, POOL).unwrap();
+    sim.release(s2);
+    a.empty_cache(0);
+    assert_eq!(a.pending_frees(0), 0);
+    a.graph_pool_release(0, POOL).unwrap();
+    assert_eq!(a.bad_free_count(0), 1, "freed once");
+    assert_eq!(stats(&a, 0).active.current, 0);
 }
