@@ -904,16 +904,18 @@ impl Allocator {
             return;
         };
         let s = st.streams.get(stream);
-        let r = match st.uses.any() {
-            true => st.uses.defer_free(ptr, size, s, Some(pool)),
-            false => Ok(false),
+        let deferred = if st.uses.any() {
+            st.uses.defer_free(ptr, size, s, Some(pool))
+        } else {
+            Ok(false)
         };
-        let r = r.and_then(|deferred| match deferred {
-            true => Ok(()),
-            false => st
-                .graphs
-                .free(pool, ptr, size, s)
-                .map(|retired| self.give_back_retired(st, retired)),
+        let r = deferred.and_then(|deferred| {
+            if deferred {
+                return Ok(());
+            }
+            let retired = st.graphs.free(pool, ptr, size, s)?;
+            self.give_back_retired(st, retired);
+            Ok(())
         });
         if st.uses.has_pending() {
             self.poll_deferred(st);
