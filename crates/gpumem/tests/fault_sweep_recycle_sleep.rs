@@ -46,14 +46,19 @@ fn recycle_scenario(sim: &Arc<SimDriver>, device: &Device) -> Result<(), String>
             live.push((p, bytes, k));
         }
     };
+    // Frees the live block of `bytes`, if its allocation succeeded.
+    let free_sized = |live: &mut Vec<(DevicePtr, usize, usize)>, bytes| -> Result<(), String> {
+        if let Some(i) = live.iter().position(|l| l.1 == bytes) {
+            let (p, b, k) = live.remove(i);
+            pool.deallocate(p, b, 256, streams[k])
+                .map_err(|e| format!("free: {e}"))?;
+        }
+        Ok(())
+    };
     alloc(&mut live, 128 * MIB, 0);
     alloc(&mut live, 4 * MIB, 0);
     check(&pool, "first")?;
-    if let Some(i) = live.iter().position(|l| l.1 == 128 * MIB) {
-        let (p, b, k) = live.remove(i);
-        pool.deallocate(p, b, 256, streams[k])
-            .map_err(|e| format!("free: {e}"))?;
-    }
+    free_sized(&mut live, 128 * MIB)?;
     alloc(&mut live, 200 * MIB, 1);
     check(&pool, "recycled")?;
     let _ = pool.trim(0);
@@ -61,11 +66,7 @@ fn recycle_scenario(sim: &Arc<SimDriver>, device: &Device) -> Result<(), String>
     alloc(&mut live, 64 * MIB, 0);
     alloc(&mut live, 30 * MIB, 1);
     check(&pool, "more")?;
-    if let Some(i) = live.iter().position(|l| l.1 == 200 * MIB) {
-        let (p, b, k) = live.remove(i);
-        pool.deallocate(p, b, 256, streams[k])
-            .map_err(|e| format!("free: {e}"))?;
-    }
+    free_sized(&mut live, 200 * MIB)?;
     alloc(&mut live, 300 * MIB, 0);
     check(&pool, "regrow")?;
     let _ = pool.trim(0);
