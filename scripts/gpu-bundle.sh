@@ -6,6 +6,12 @@
 # ./gpu-bundle.tar.xz (git-ignored, kept under 64 MiB: the test binaries share
 # most of their code, which one solid archive stores once).
 #
+# It also carries the scripts for several GPUs (multi-gpu.sh) and for
+# PyTorch's own allocator tests (torch-conformance.sh): PyTorch's test file
+# comes from ../shared/peer-tests/pytorch (never committed here) and the
+# wheels the GPU machine lacks from ./.whl (git-ignored; see
+# torch-conformance.sh for what goes there).
+#
 # Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: ../shared/traces)
 # Then on the GPU machine: tar -xJf gpu-bundle.tar.xz && gpu-bundle/run-tests.sh [LOG_DIR]
 set -euo pipefail
@@ -33,7 +39,14 @@ cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
     done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
-cp scripts/run-tests.sh scripts/gpu-run.sh "$out/"
+cp scripts/run-tests.sh scripts/gpu-run.sh scripts/multi-gpu.sh scripts/torch-conformance.sh "$out/"
+peer=${PEER_TESTS:-../shared/peer-tests/pytorch}
+if [[ -f $peer/test_cuda.py ]]; then
+  mkdir -p "$out/peer-tests" && cp "$peer/test_cuda.py" "$peer/LICENSE-pytorch.txt" "$out/peer-tests/"
+fi
+if compgen -G ".whl/*.whl" >/dev/null; then
+  mkdir -p "$out/wheels" && cp .whl/*.whl "$out/wheels/"
+fi
 mkdir -p "$out/fonts"
 cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
 # The C ABI library and the Python helpers, when built.

@@ -1,9 +1,10 @@
 //! Two processes share a memory pool: the parent creates an exportable pool,
 //! writes a pattern into an allocation, and sends the pool's file descriptor
 //! (over a Unix socket, `SCM_RIGHTS`) and the allocation's export record to a
-//! child, itself run again; the child imports both, reads the bytes back,
-//! checks them, frees its mapping and tells the parent, which frees last.
-//! Exit status 0 means the child saw the parent's bytes.
+//! child, itself run again; the child imports both, reads the bytes back and
+//! checks them, writes a second pattern over them, frees its mapping and
+//! tells the parent, which checks the child's bytes and frees last. Exit
+//! status 0 means each process saw the other's bytes.
 //!
 //! With `--child-device N` the child runs on device `N` (its
 //! `GPUMEM_CUDA_DEVICE`): it grants its device read-write access to the
@@ -39,10 +40,30 @@ const LEN: usize = (4 << 20) + 123;
 const MSG: usize = 64 + 8 + 4;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The parent's bytes.
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i.wrapping_mul(31) ^ (i >> 11)) as u8)
         .collect()
+}
+
+/// The bytes the child writes back: differ from `pattern` at every byte.
+fn reply(len: usize) -> Vec<u8> {
+    pattern(len).iter().map(|b| !b).collect()
+}
+
+/// Whether `got` is `want`; says where they first differ if not.
+fn same(who: &str, got: &[u8], want: &[u8]) -> bool {
+    match got.iter().zip(want).position(|(a, b)| a != b) {
+        None if got.len() == want.len() => {
+            println!("{who}: all {} bytes match", want.len());
+            true
+        }
+        first => {
+            eprintln!("{who}: data differs (first difference at byte {first:?})");
+            false
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -135,7 +156,9 @@ fn parent(child_device: Option<u32>) -> Res<ExitCode> {
         // then may this process free the allocation.
         let mut ack = [0u8; 1];
         (&conn).read_exact(&mut ack)?;
-        Ok(ack[0] == 1)
+        // The child's write is complete (it synchronized before answering):
+        // this process reads what the other device wrote.
+        Ok(ack[0] == 1 && same("parent", &buf.to_vec()?, &reply(LEN)))
     })();
     let status = match &outcome {
         Ok(_) => child.wait()?,
@@ -197,15 +220,19 @@ fn child(path: &Path) -> Res<ExitCode> {
             .driver()
             .memcpy_dtod_async(copy.as_device_ptr(), ptr, len, stream.raw())?;
     }
-    let got = copy.to_vec()?;
-    let want = pattern(len);
-    let matched = got == want;
-    if !matched {
-        let first = got.iter().zip(&want).position(|(a, b)| a != b);
-        eprintln!("child: data differs (first difference at byte {first:?})");
-    } else {
-        println!("child: all {len} bytes match");
+    let matched = same("child", &copy.to_vec()?, &pattern(len));
+    // Then this device writes the other's memory: the reply pattern,
+    // staged in a buffer of its own.
+    let answer =
+        DeviceBuffer::from_slice(&reply(len), DeviceResource::new(device.clone()), &stream)?;
+    // SAFETY: as above, device memory on both sides.
+    unsafe {
+        device
+            .driver()
+            .memcpy_dtod_async(ptr, answer.as_device_ptr(), len, stream.raw())?;
     }
+    stream.synchronize()?;
+    println!("child: wrote {len} bytes of its own into the allocation");
     imported.free_pointer(ptr, &stream)?;
     stream.synchronize()?;
     drop(imported);

@@ -1,0 +1,220 @@
+"""PyTorch's own allocator tests, run under PyTorch's allocator and under
+gpumem, each test in its own process, and the differences listed.
+
+    python3 python/conformance/run.py --test-file gpu-bundle/peer-tests/test_cuda.py \\
+        --configs torch,native:pool,native:vpool --jobs 12 --out conformance
+
+The test file is PyTorch's ``test/test_cuda.py`` (the project does not ship
+it: scripts copy it from ../shared/peer-tests/pytorch, with its
+``expecttest`` wheel). The classes run are those that test the caching
+allocator's contract (``--classes``): TestCuda, TestCudaMallocAsync,
+TestBlockStateAbsorption and TestMemPool.
+
+Configurations: ``torch`` (PyTorch's caching allocator), ``MODE:RESOURCE``
+(gpumem as PyTorch's allocator in mode ``native`` or ``pluggable``, with
+``GPUMEM_CONF=resource=RESOURCE``; more GPUMEM_CONF settings after ``+``).
+
+Every (test, configuration) pair runs as ``python -m pytest NODEID`` in a
+fresh process (a CUDA error is sticky: it would fail every later test of
+the process), ``--jobs`` at a time, spread over the GPUs of ``--gpus`` (one
+visible to each process). The pairs are interleaved so that every
+configuration sees the same load. Tests that ask for most of the GPU's
+memory, or compare memory figures, can fail only because other processes
+share the GPU: every pair that fails or errs is then run again alone on an
+idle GPU, and that result is the one counted (both are kept).
+
+Writes under ``--out``: ``results.jsonl`` (one line per pair: outcome
+alone and in the crowd, seconds, the failure's last lines), ``summary.txt``
+(passed/failed/skipped per configuration, then every test whose result
+differs from ``torch``'s) and prints the summary last.
+"""
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLASSES = "TestCuda,TestCudaMallocAsync,TestBlockStateAbsorption,TestMemPool"
+PASSING = ("passed", "skipped")
+
+
+def collect(workdir, test_file, classes):
+    """The node ids of every test of `classes` in `test_file`."""
+    ids = [f"{os.path.basename(test_file)}::{c}" for c in classes.split(",")]
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+                       cwd=workdir, capture_output=True, text=True, timeout=600)
+    got = [line.strip() for line in p.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if not got:
+        raise SystemExit(f"collection found no tests (exit {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+    return got
+
+
+def config_env(config):
+    """The environment of a test process of `config`."""
+    env = dict(os.environ)
+    for k in ("GPUMEM_CONFORMANCE", "GPUMEM_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env.pop(k, None)
+    if config == "torch":
+        return env
+    mode, _, rest = config.partition(":")
+    if mode not in ("native", "pluggable") or not rest:
+        raise SystemExit(f"configuration {config!r}: expected torch, native:RESOURCE or pluggable:RESOURCE")
+    resource, *extra = rest.split("+")
+    env["GPUMEM_CONFORMANCE"] = mode
+    env["GPUMEM_CONF"] = ",".join([f"resource={resource}", *extra])
+    return env
+
+
+def outcome(xml_path):
+    """(outcome, message) of the single test in a JUnit XML report."""
+    try:
+        case = ET.parse(xml_path).getroot().find(".//testcase")
+    except (OSError, ET.ParseError):
+        return None, ""
+    if case is None:
+        return None, ""
+    for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+        el = case.find(tag)
+        if el is not None:
+            text = (el.get("message") or "") + "\n" + (el.text or "")
+            return name, text.strip()[-1500:]
+    return "passed", ""
+
+
+def run_one(workdir, nodeid, config, gpu, timeout, logdir):
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in f"{config}__{nodeid.split('::', 1)[1]}")
+    xml = os.path.join(logdir, safe + ".xml")
+    env = config_env(config)
+    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                            nodeid], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
+        return "timeout", f"no result in {timeout} s\n{out[-1500:]}", time.time() - t0
+    got, msg = outcome(xml)
+    if got is None:  # the process died before writing its report (a crash)
+        got, msg = "crashed", f"exit {rc}\n{out[-1500:]}"
+    elif got != "passed":
+        msg = msg or out[-1500:]
+    return got, msg, time.time() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--test-file", required=True)
+    ap.add_argument("--classes", default=CLASSES)
+    ap.add_argument("--configs", default="torch,native:pool,native:vpool")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--gpus", default="0", help="comma list of GPU ordinals to spread the processes over")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds for one test")
+    ap.add_argument("--deadline", type=int, default=0, help="stop starting tests after this many seconds (0: none)")
+    ap.add_argument("--alone-time", type=int, default=120,
+                    help="seconds past the deadline for running failures again alone")
+    ap.add_argument("-k", dest="select", default="", help="only node ids containing this text")
+    ap.add_argument("--out", default="conformance")
+    args = ap.parse_args()
+    start = time.time()
+    configs = args.configs.split(",")
+    for c in configs:
+        config_env(c)  # refuses a bad name before anything runs
+    gpus = args.gpus.split(",")
+    args.out = os.path.abspath(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    logdir = os.path.join(args.out, "reports")
+    os.makedirs(logdir, exist_ok=True)
+    # The test file, with the conftest that installs gpumem beside it.
+    workdir = os.path.join(args.out, "work")
+    os.makedirs(workdir, exist_ok=True)
+    shutil.copy(args.test_file, workdir)
+    shutil.copy(os.path.join(HERE, "conftest.py"), workdir)
+    ids = [i for i in collect(workdir, args.test_file, args.classes) if args.select in i]
+    print(f"conformance: {len(ids)} tests x {len(configs)} configurations, {args.jobs} at a time on GPUs {args.gpus}",
+          flush=True)
+
+    free_gpus = queue.Queue()
+    per_gpu = max(1, args.jobs // len(gpus))
+    for _ in range(per_gpu):
+        for g in gpus:
+            free_gpus.put(g)
+
+    deadline = [args.deadline]
+
+    def task(pair):
+        nodeid, config = pair
+        if deadline[0] and time.time() - start > deadline[0]:
+            return pair, ("not run", "deadline", 0.0)
+        g = free_gpus.get()
+        try:
+            return pair, run_one(workdir, nodeid, config, g, args.timeout, logdir)
+        finally:
+            free_gpus.put(g)
+
+    pairs = [(i, c) for i in ids for c in configs]
+    results = {}
+    with cf.ThreadPoolExecutor(per_gpu * len(gpus)) as ex:
+        for n, (pair, res) in enumerate(ex.map(task, pairs), 1):
+            results[pair] = {"crowd": res}
+            if n % 100 == 0:
+                print(f"  {n}/{len(pairs)} in {time.time() - start:.0f} s", flush=True)
+    # Every failure again, alone on an idle GPU (one process per GPU).
+    again = [p for p, r in results.items() if r["crowd"][0] not in PASSING + ("not run",)]
+    print(f"conformance: {len(again)} failures run again alone ({time.time() - start:.0f} s so far)", flush=True)
+    while not free_gpus.empty():
+        free_gpus.get()
+    for g in gpus:
+        free_gpus.put(g)
+    if args.deadline:
+        deadline[0] = args.deadline + args.alone_time
+    with cf.ThreadPoolExecutor(len(gpus)) as ex:
+        for pair, res in ex.map(task, again):
+            if res[0] != "not run":
+                results[pair]["alone"] = res
+
+    date = datetime.date.today().isoformat()
+    with open(os.path.join(args.out, "results.jsonl"), "w") as f:
+        for (nodeid, config), r in results.items():
+            final = r.get("alone", r["crowd"])
+            f.write(json.dumps({"bench": "torch_conformance", "date": date, "test": nodeid, "config": config,
+                                "outcome": final[0], "message": final[1], "seconds": round(final[2], 1),
+                                "crowd_outcome": r["crowd"][0], "ran_alone": "alone" in r}) + "\n")
+    lines = [f"PyTorch's test_cuda.py ({args.classes}), {len(ids)} tests, each in its own process; {date}",
+             f"{'configuration':<28} {'passed':>7} {'failed':>7} {'skipped':>8} {'other':>6}  (failed alone too / in the crowd)"]
+    final = {p: r.get("alone", r["crowd"])[0] for p, r in results.items()}
+    for c in configs:
+        got = [final[(i, c)] for i in ids]
+        crowd = sum(results[(i, c)]["crowd"][0] not in PASSING for i in ids)
+        other = len(got) - got.count("passed") - got.count("failed") - got.count("skipped")
+        lines.append(f"{c:<28} {got.count('passed'):>7} {got.count('failed'):>7} {got.count('skipped'):>8} "
+                     f"{other:>6}  ({len(got) - got.count('passed') - got.count('skipped')} / {crowd})")
+    base = configs[0]
+    for c in configs[1:]:
+        worse = [i for i in ids if final[(i, base)] in PASSING and final[(i, c)] not in PASSING]
+        better = [i for i in ids if final[(i, base)] not in PASSING and final[(i, c)] in PASSING]
+        lines.append(f"\n{c}: {len(worse)} tests pass or skip under {base} and not under {c}:")
+        for i in worse:
+            msg = results[(i, c)].get("alone", results[(i, c)]["crowd"])[1].strip().splitlines()
+            lines.append(f"  {final[(i, c)]:<8} {i.split('::', 1)[1]}  | {(msg[-1] if msg else '')[:160]}")
+        if better:
+            lines.append(f"{c}: {len(better)} tests fail under {base} and pass or skip under {c}: "
+                         + ", ".join(i.split("::", 1)[1] for i in better))
+    lines.append(f"\nconformance: {time.time() - start:.0f} s in all")
+    text = "\n".join(lines)
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
