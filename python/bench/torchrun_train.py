@@ -31,7 +31,8 @@ Configurations: ``torch`` (PyTorch's caching allocator);
 ``torch+KEY:VALUE`` (PyTorch's allocator with ``PYTORCH_CUDA_ALLOC_CONF`` set
 to ``KEY:VALUE``, e.g. ``torch+expandable_segments:True``); ``native:R``,
 ``pluggable:R``, ``mempool:R`` as in ``torch_allocators.py``, GPUMEM_CONF
-settings after ``+`` (``native:vpool+nccl_ready=true``).
+settings after ``+`` (``native:vpool+nccl_ready=true``); ``{rank}`` in a
+setting is the rank (``native:vpool+log=fsdp-{rank}.csv``).
 
 NVLink multicast stays off in every process: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
@@ -96,7 +97,8 @@ def worker(args):
     from gpumem.graph_models import gpt
 
     rank, local, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    config = allocator_config(args.config)
+    # `{rank}` in a setting (a log file's name) becomes the rank.
+    config = allocator_config(args.config).replace("{rank}", str(rank))
     make_ctx = setup(config)
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
