@@ -7,8 +7,10 @@ capture of a training step as PyTorch's documentation describes it."""
 def gpt(vocab=50257, dim=768, layers=12, heads=12, seq=1024):
     """A GPT-2-shaped decoder (GPT-2 small by default): token and position
     embeddings, pre-norm blocks of causal self-attention and an MLP, a tied
-    output head. Returns the module; calling it on tokens gives the mean
-    next-token cross-entropy."""
+    output head, initialised as GPT-2 is (normal weights of standard
+    deviation 0.02, the residual projections' scaled down by the depth, zero
+    biases), so the first losses are near ln(vocab). Returns the module;
+    calling it on tokens gives the mean next-token cross-entropy."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -43,7 +45,17 @@ def gpt(vocab=50257, dim=768, layers=12, heads=12, seq=1024):
             logits = self.ln(x) @ self.tok.weight.t()
             return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), idx[:, 1:].reshape(-1))
 
-    return GPT()
+    model = GPT()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "ln" in name:
+                p.fill_(1.0)
+            else:
+                std = 0.02 / (2 * layers) ** 0.5 if name.endswith(("proj.weight", "out.weight")) else 0.02
+                p.normal_(0.0, std)
+    return model
 
 
 def captured_step(model, opt, tokens, warmup=3, autocast=None):
