@@ -11,6 +11,9 @@
 //!   per class, batched events for cross-stream reuse.
 //! - [`ArenaResource`]: RMM's arena: per-stream arenas of superblocks over one
 //!   global arena, address-ordered first fit, large requests in whole superblocks.
+//! - [`SegmentPool`]: whole segments, one stream each, carved with PyTorch's
+//!   caching allocator's rules; its layout can be saved and put back (CUDA
+//!   graphs' private memory, PyTorch's graph trees).
 //! - [`VirtualPool`]: on CUDA virtual memory management; TLSF lanes over one
 //!   reserved address range, physical pages mapped only under live blocks and
 //!   moved (unmapped, cached, re-mapped) to where they are needed, so the
@@ -31,6 +34,7 @@ mod live_blocks;
 mod pool_resource;
 mod pool_trait;
 pub(crate) mod ptr_map;
+mod segment_pool;
 mod shards;
 mod slab;
 pub(crate) mod stream_order;
@@ -46,6 +50,10 @@ pub use caching_pool::{CachingPool, CachingPoolConfig, CachingPoolStats};
 pub use fixed_size::{FixedSizeConfig, FixedSizeResource, DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_BYTES};
 pub use pool_resource::{GrowthPolicy, PoolConfig, PoolResource, PoolStats, POOL_MAX_ALIGNMENT};
 pub use pool_trait::Pool;
+pub use segment_pool::{
+    BlockInfo, Checkpoint, ClassCounters, Restored, SegmentInfo, SegmentPool, SegmentPoolConfig,
+    SegmentPoolStats, SizeClass,
+};
 /// The lock shards, public only to the `loom` model check
 /// (`tests/loom_shards.rs`, built with `--cfg loom`).
 #[cfg(loom)]
