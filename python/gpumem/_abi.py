@@ -48,7 +48,14 @@ class DeviceStats(ctypes.Structure):
 class Segment(ctypes.Structure):
     """gpumem_segment_t: memory held from the driver."""
 
-    _fields_ = [("address", _u64), ("size", _u64), ("stream", _u64)]
+    _fields_ = [
+        ("address", _u64),
+        ("size", _u64),
+        ("stream", _u64),
+        ("pool_id0", _u64),
+        ("pool_id1", _u64),
+        ("is_large", ctypes.c_int32),
+    ]
 
 
 class Block(ctypes.Structure):

@@ -123,6 +123,20 @@ typedef struct gpumem_segment_t {
    * The stream it belongs to; 0 where unknown or shared by all streams.
    */
   uint64_t stream;
+  /**
+   * The graph pool it belongs to (PyTorch's `MempoolId_t`), `(0, 0)` for
+   * the device's own pool.
+   */
+  uint64_t pool_id0;
+  /**
+   * See `pool_id0`.
+   */
+  uint64_t pool_id1;
+  /**
+   * 1 when it serves requests above 1 MiB (PyTorch's "large" segments),
+   * 0 for small ones.
+   */
+  int32_t is_large;
 } gpumem_segment_t;
 
 /**
@@ -418,6 +432,90 @@ void gpumem_graph_pool_hold(void *ptr,
                             uint64_t id0,
                             uint64_t id1,
                             gpumem_stream_t stream);
+
+/**
+ * Saves the layout of the graph pool `(id0, id1)` of `device`. NULL when
+ * the pool does not exist (the reason in [`crate::gpumem_last_error`]).
+ * Free it with [`gpumem_checkpoint_free`].
+ */
+struct gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Frees a checkpoint; NULL is ignored.
+ *
+ * # Safety
+ * `cp` is NULL or a checkpoint of [`gpumem_graph_pool_checkpoint`] not
+ * freed yet.
+ */
+void gpumem_checkpoint_free(struct gpumem_checkpoint_t *cp);
+
+/**
+ * The number of live blocks `cp` saved.
+ *
+ * # Safety
+ * `cp` is a live checkpoint of [`gpumem_graph_pool_checkpoint`].
+ */
+size_t gpumem_checkpoint_live_count(const struct gpumem_checkpoint_t *cp);
+
+/**
+ * Puts the layout `cp` saved back into its graph pool: frees the pool's
+ * live blocks it does not have and makes its live blocks live again at
+ * their addresses (a block live in both, same address and size, is kept).
+ * Returns what changed (free it with [`gpumem_restored_free`]), or NULL
+ * when refused, with nothing changed (a segment it names went back to the
+ * driver, or it would free a block another graph still uses; the reason in
+ * [`crate::gpumem_last_error`]).
+ *
+ * # Safety
+ * `cp` is a live checkpoint of [`gpumem_graph_pool_checkpoint`].
+ */
+struct gpumem_restored_t *gpumem_graph_pool_restore(const struct gpumem_checkpoint_t *cp);
+
+/**
+ * Copies up to `max` of the pointers `r`'s restore freed to `out` (NULL
+ * with a `max` of 0 to count them); returns how many it freed.
+ *
+ * # Safety
+ * `r` is a live result of [`gpumem_graph_pool_restore`]; `out` holds `max`
+ * writable pointers or is NULL.
+ */
+size_t gpumem_restored_freed(const struct gpumem_restored_t *r, void **out, size_t max);
+
+/**
+ * Copies up to `max` of the blocks `r`'s restore made live again to `out`
+ * (address, size, size asked for, raw stream of its segment); returns how
+ * many it made.
+ *
+ * # Safety
+ * `r` is a live result of [`gpumem_graph_pool_restore`]; `out` holds `max`
+ * writable entries or is NULL.
+ */
+size_t gpumem_restored_made(const struct gpumem_restored_t *r,
+                            struct gpumem_block_t *out,
+                            size_t max);
+
+/**
+ * Frees a restore's result; NULL is ignored.
+ *
+ * # Safety
+ * `r` is NULL or a result of [`gpumem_graph_pool_restore`] not freed yet.
+ */
+void gpumem_restored_free(struct gpumem_restored_t *r);
+
+/**
+ * Copies up to `max` of the live blocks of the graph pool `(id0, id1)` of
+ * `device` (their addresses, in address order) to `out` and writes their
+ * number to `*n`. 0 on success, -1 when the pool does not exist.
+ *
+ * # Safety
+ * `out` holds `max` writable pointers or is NULL; `n` is writable or NULL.
+ */
+int gpumem_graph_pool_live_blocks(int device,
+                                  uint64_t id0,
+                                  uint64_t id1,
+                                  void **out,
+                                  size_t max,
+                                  size_t *n);
 
 /**
  * Begins region `tag` (1 and up) on `device`: every allocation on the

@@ -58,14 +58,15 @@ use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::foreign_streams::ForeignStreams;
-use crate::graph_pools::{GraphPools, Held, PoolId, Retired};
+use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired};
 use crate::last_error::clear_last_error;
 pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
 use crate::served::{self, Served};
 use crate::stack::{Resource, Stack};
-use crate::stream_uses::{Done, StreamUses};
+use crate::stream_uses::{size_fits_block, Done, StreamUses};
 use crate::types::gpumem_device_stats_t;
+use gpumem::pool::{Checkpoint, Restored};
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
 pub const MAX_DEVICES: usize = 64;
@@ -182,6 +183,9 @@ pub struct Snapshot {
     /// Its live blocks with the raw stream each was allocated on (0 where
     /// unknown), in address order.
     pub blocks: Vec<(LiveBlock, u64)>,
+    /// The segments of its graph pools (also in `segments`), with their
+    /// pool, stream, size class and every block, in address order.
+    pub graph_segments: Vec<GraphSegment>,
 }
 
 /// The configuration and whether it can still change.
@@ -928,10 +932,15 @@ impl Allocator {
         }
     }
 
-    /// Keeps a block of the device's pool, freed on `stream` while that
-    /// stream captures into `pool`, until the graph pool goes: the captured
-    /// graph may still use it in replays. Frees it at once when no capture
-    /// into `pool` is under way.
+    /// A free made while `stream` captures into `pool`: the block stays
+    /// live and untouched until the graph pool goes (the captured graph may
+    /// use it in every replay), if it is a live block of the device's pool
+    /// or of another graph pool; a block of `pool` itself is freed there
+    /// (the capture reuses it in its own order). With no capture into
+    /// `pool` under way, it is freed at once. Anything else is a bad free,
+    /// refused and reported as [`Allocator::free`] refuses it: a block held
+    /// already or whose free waits for a recorded stream, a CuPy block, a
+    /// pointer not handed out, a wrong size.
     pub fn graph_pool_hold(
         &self,
         ptr: DevicePtr,
@@ -946,27 +955,81 @@ impl Allocator {
         let Some(st) = self.built(device) else {
             return self.free(ptr, size, device, stream);
         };
-        // Only a live block of the device's pool can be held: anything else
-        // is a bad free, and `free` refuses and reports it (a CuPy block, a
-        // block held already or whose free waits for a recorded stream, a
-        // pointer not handed out).
-        let cupy = st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some();
-        let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
-        if cupy
-            || pending
-            || st.graphs.is_held(ptr)
-            || st.stack.upstream().live_block_size(ptr).is_none()
-        {
-            return self.free(ptr, size, device, stream);
-        }
         let held = Held {
             ptr,
             size,
             stream: st.streams.get(stream).clone(),
         };
+        let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
+        if let (false, Some((owner, _))) = (pending, st.graphs.block_size(ptr)) {
+            match st.graphs.free_in_capture(pool, owner, held) {
+                Ok(retired) => self.give_back_retired(st, retired),
+                Err(e) => self.report_bad_free(
+                    device,
+                    &format!(
+                        "bad free of {ptr:#x} ({size} bytes) of graph pool {owner:?} during a capture into {pool:?} on device {device}: {}",
+                        free_reason(e)
+                    ),
+                ),
+            }
+            return;
+        }
+        // A block of the device's pool. Anything else `free` refuses and
+        // reports (a CuPy block, a block held already or whose free waits
+        // for a recorded stream, a pointer not handed out).
+        let cupy = st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some();
+        let live = st.stack.upstream().live_block_size(ptr);
+        if cupy || pending || st.graphs.is_held(ptr) || live.is_none() {
+            return self.free(ptr, size, device, stream);
+        }
+        // Held, its size is never checked by the resource: checked here.
+        if let Some(block) = live.filter(|&b| !size_fits_block(size, b)) {
+            let reason = FreeError::SizeMismatch {
+                allocated: block,
+                freed: size,
+            };
+            return self.refused_for(ptr, size, device, reason);
+        }
         if let Err(held) = st.graphs.hold(pool, held) {
             self.free(held.ptr, held.size, device, stream);
         }
+    }
+
+    /// Whether a capture into a graph pool of any of this allocator's
+    /// devices is under way (PyTorch routes every capture's allocations to
+    /// one).
+    fn capturing(&self) -> bool {
+        self.devices.iter().any(|d| {
+            d.get()
+                .and_then(|r| r.as_ref().ok())
+                .is_some_and(|st| st.graphs.capturing())
+        })
+    }
+
+    /// Saves the layout of the graph pool `pool` of `device` (PyTorch's
+    /// `getCheckpointState`).
+    pub fn graph_pool_checkpoint(&self, device: i32, pool: PoolId) -> Result<Checkpoint, String> {
+        let st = self.used(device)?;
+        st.graphs
+            .checkpoint(pool)
+            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
+    }
+
+    /// Puts a layout saved by [`Allocator::graph_pool_checkpoint`] back
+    /// (PyTorch's `setCheckpointPoolState`): frees the pool's live blocks
+    /// it does not have and makes its live blocks live again at their
+    /// addresses. Refused, with nothing changed, when a segment it names is
+    /// gone or when it would free a block another graph still uses.
+    pub fn graph_pool_restore(
+        &self,
+        device: i32,
+        pool: PoolId,
+        saved: &Checkpoint,
+    ) -> Result<Restored, String> {
+        let st = self.used(device)?;
+        st.graphs
+            .restore(pool, saved)
+            .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
     }
 
     /// Frees the blocks a retired graph pool held for the device, and gives
@@ -1014,15 +1077,7 @@ impl Allocator {
         // A block held for a graph is freed when the graph pool goes; a
         // second free now would let the pool hand it out while it is held.
         if st.graphs.is_held(ptr) {
-            return self.refused_free(
-                ptr,
-                size,
-                device,
-                Error::InvalidFree {
-                    ptr: ptr.0,
-                    reason: FreeError::DoubleFree,
-                },
-            );
+            return self.refused_for(ptr, size, device, FreeError::DoubleFree);
         }
         if let Err(e) = self.free_on(st, ptr, size, st.streams.get(stream)) {
             self.refused_free(ptr, size, device, e);
@@ -1059,6 +1114,13 @@ impl Allocator {
             device,
             &format!("free of {ptr:#x} on device {device}, where nothing was allocated{why}"),
         );
+    }
+
+    /// A free refused for `reason`: counted and reported.
+    #[cold]
+    #[inline(never)]
+    fn refused_for(&self, ptr: DevicePtr, size: usize, device: i32, reason: FreeError) {
+        self.refused_free(ptr, size, device, Error::InvalidFree { ptr: ptr.0, reason });
     }
 
     /// A free the device's stack refused: counted and reported.
@@ -1343,18 +1405,28 @@ impl Allocator {
         let served = st.stack.upstream();
         let mut blocks = served.live_blocks();
         let mut segments = served.segments();
+        let mut graph_segments = Vec::new();
         if st.graphs.len() > 0 {
             let (s, b) = st.graphs.snapshot();
-            segments.extend(s);
+            segments.extend(s.iter().map(|g| Segment {
+                address: g.segment.address,
+                size: g.segment.size,
+            }));
             segments.sort_by_key(|s| s.address);
             blocks.extend(b);
             blocks.sort_by_key(|(b, _)| b.address);
+            graph_segments = s;
+            graph_segments.sort_by_key(|g| g.segment.address);
         }
         if st.uses.has_pending() {
             let pending = st.uses.pending_ptrs();
             blocks.retain(|(b, _)| !pending.contains(&b.address));
         }
-        Some(Snapshot { segments, blocks })
+        Some(Snapshot {
+            segments,
+            blocks,
+            graph_segments,
+        })
     }
 
     /// Gives the cached memory of `device` back to the driver, after the
@@ -1367,16 +1439,29 @@ impl Allocator {
         self.built(device).map_or(0, |st| self.empty_cache_of(st))
     }
 
+    /// Empties `st`'s cache: waits for the deferred frees' streams, gives
+    /// back the device pool's cached memory and the free segments of the
+    /// graph pools no graph uses. While a capture into a graph pool of any
+    /// device is under way it waits for nothing and gives nothing back: a
+    /// wait or a driver free would break the capture.
     fn empty_cache_of(&self, st: &DeviceState) -> usize {
+        if self.capturing() {
+            return 0;
+        }
         let done = st.uses.wait_all();
         self.finish_deferred(st, done);
-        match st.stack.upstream().release() {
+        let pool = match st.stack.upstream().release() {
             Ok(n) => n,
             Err(e) => {
                 log::error!("device {}: empty_cache: {e}", st.device.ordinal());
                 0
             }
+        };
+        let graphs = st.graphs.empty_cache();
+        if graphs > 0 {
+            self.apply_limit(st);
         }
+        pool + graphs
     }
 
     /// The stack serving `device` as a resource Rust code in the same process

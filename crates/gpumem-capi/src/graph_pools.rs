@@ -9,20 +9,25 @@
 //! stream's capture id that the native allocator applies), and releases it
 //! when the graphs are deleted (`releasePool`).
 //!
-//! Here each pool id on a device gets its own [`PoolResource`](gpumem::pool::PoolResource) over the
-//! driver, whatever the device's resource: its blocks never mix with the
-//! device's pool, and only later captures into the same id reuse them. A
-//! block freed during a capture is reused by later allocations of that
-//! capture's stream (the graph orders them as the stream did). Its regions
-//! sit over a [`HoldingAdaptor`](gpumem::adaptor::HoldingAdaptor): if the pool trims on out of memory, a
-//! region it gives back is held, not freed, so no address a captured graph
-//! uses is handed out again while the graph lives. (A VirtualPool would move
-//! physical pages away from addresses freed during a capture, which the
-//! graph's replays still write.) The pool holds what it was given until it is released and its last
-//! block is freed; then, once the device's work is done, everything it held
-//! goes back to the driver, along with the blocks of the device's pool that
-//! were freed while a capture into it was under way (captured work may still
-//! use those in replays, so they are held, not reused).
+//! Here each pool id on a device gets its own
+//! [`SegmentPool`](gpumem::pool::SegmentPool) over the driver, whatever the
+//! device's resource: its blocks never mix with the device's pool, only
+//! allocations routed to the same id reuse them, and its memory is laid out
+//! as PyTorch's own private pools lay it out (so PyTorch's tools and tests
+//! read the segments they expect). A block freed during a capture is reused
+//! by later allocations of that capture's stream (the graph orders them as
+//! the stream did). Its layout can be saved and put back
+//! ([`GraphPools::checkpoint`], [`GraphPools::restore`]): PyTorch's CUDA
+//! graph trees (`torch.compile(mode="reduce-overhead")`) do that whenever
+//! they record a new branch.
+//!
+//! A block that a capture frees but does not own stays live, untouched,
+//! until the graph pool of that capture goes: the captured graph may use it
+//! in every replay. That covers blocks of the device's pool and blocks of
+//! other graph pools (whose pool then stays, whatever its own uses). A
+//! graph pool goes once nothing uses it (no graph, no capture) and its last
+//! block is freed; then, once the device's work is done, its memory goes
+//! back to the driver and the blocks it held are freed where they belong.
 //!
 //! Allocations into a graph pool are rare (during captures only) and take a
 //! lock per device; the device's own allocation path checks one atomic.
@@ -31,27 +36,25 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use gpumem::adaptor::{HoldingAdaptor, LimitingAdaptor, StatisticsAdaptor};
+use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
-use gpumem::pool::PoolResource;
-use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, Segment, DEFAULT_ALIGNMENT};
+use gpumem::pool::{Checkpoint, Restored, SegmentInfo, SegmentPool};
+use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
 
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
 
-/// A graph pool's stack: statistics of what it hands out, the pool, the
-/// holding adaptor, statistics of what it takes from the driver, and its
-/// share of the device's limit (set before each allocation: what the
-/// device's own pool and the other graph pools leave).
-type Stack = StatisticsAdaptor<
-    PoolResource<HoldingAdaptor<StatisticsAdaptor<LimitingAdaptor<DeviceResource>>>>,
->;
+/// What a graph pool takes its segments from: statistics of the driver's
+/// allocations, and its share of the device's limit (set before each
+/// allocation: what the device's own pool and the other graph pools leave).
+type Upstream = StatisticsAdaptor<LimitingAdaptor<DeviceResource>>;
 
 /// PyTorch's `MempoolId_t`: two numbers, one of them zero.
 pub type PoolId = (u64, u64);
 
-/// A block of the device's pool freed while a capture into a graph pool was
-/// under way: given back to the device's pool when the graph pool goes.
+/// A block freed during a capture that the capture's pool does not own
+/// (a block of the device's pool, or of another graph pool): held, live and
+/// untouched, until the capture's pool goes.
 #[derive(Debug)]
 pub(crate) struct Held {
     pub(crate) ptr: DevicePtr,
@@ -60,30 +63,47 @@ pub(crate) struct Held {
 }
 
 struct GraphPool {
-    resource: Stack,
+    resource: SegmentPool<Upstream>,
     /// `retain` minus `release` calls: the graphs (or handles) using it.
     uses: u32,
     /// Captures into it under way (`begin` minus `end`).
     capturing: u32,
     /// Tells gpumem's pools that the capture is under way.
     notice: Option<CaptureNotice>,
+    /// Blocks of the device's pool held for it.
     held: Vec<Held>,
+    /// Blocks of other graph pools held for it, with their pool.
+    held_elsewhere: Vec<(PoolId, Held)>,
 }
 
 impl GraphPool {
     fn live(&self) -> bool {
-        self.resource.stats().allocated_bytes.current > 0
+        self.resource.live_count() > 0
     }
 
     /// The statistics of what the pool takes from the driver.
-    fn driver(&self) -> &StatisticsAdaptor<LimitingAdaptor<DeviceResource>> {
-        self.resource.upstream().upstream().upstream()
+    fn driver(&self) -> &Upstream {
+        self.resource.upstream()
     }
 
     /// Its share of the device's limit.
     fn limiting(&self) -> &LimitingAdaptor<DeviceResource> {
         self.driver().upstream()
     }
+
+    fn holds(&self, ptr: DevicePtr) -> bool {
+        self.held.iter().any(|h| h.ptr == ptr)
+            || self.held_elsewhere.iter().any(|(_, h)| h.ptr == ptr)
+    }
+}
+
+/// A graph pool's segments, with the pool's id, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphSegment {
+    /// The pool.
+    pub pool: PoolId,
+    /// The segment and its blocks.
+    pub segment: SegmentInfo,
 }
 
 /// The graph pools of one device.
@@ -93,8 +113,8 @@ pub(crate) struct GraphPools {
     /// Captures into any of them under way: the device's free path holds
     /// the blocks freed on a capturing stream while this is not zero.
     capturing: AtomicUsize,
-    /// Blocks of the device's pool held for graphs: while not zero, the
-    /// device's free path refuses a second free of one of them.
+    /// Blocks held for graphs (of the device's pool or of graph pools):
+    /// while not zero, the free paths refuse a second free of one of them.
     held: AtomicUsize,
     /// What the pools that are gone counted: their totals (and peaks, until
     /// the next reset), so the device's statistics never go backwards when
@@ -110,29 +130,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn no_pool(id: PoolId) -> gpumem::Error {
+    gpumem::Error::InvalidArgument(format!("graph pool {id:?} does not exist"))
+}
+
 impl GraphPools {
-    /// Creates the pool `id` with the device's configuration, or counts one
-    /// more use of it.
+    /// Creates the pool `id`, or counts one more use of it.
     pub(crate) fn retain(&self, id: PoolId, device: &Device) -> gpumem::Result<()> {
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get_mut(&id) {
             p.uses += 1;
             return Ok(());
         }
-        let driver = HoldingAdaptor::new(StatisticsAdaptor::new(LimitingAdaptor::new(
+        let upstream = StatisticsAdaptor::new(LimitingAdaptor::new(
             DeviceResource::new(device.clone()),
             usize::MAX,
-        )));
-        let resource =
-            StatisticsAdaptor::new(PoolResource::with_defaults(driver)?.reusing_captured_frees());
+        ));
         pools.insert(
             id,
             GraphPool {
-                resource,
+                resource: SegmentPool::new(upstream)?,
                 uses: 1,
                 capturing: 0,
                 notice: None,
                 held: Vec::new(),
+                held_elsewhere: Vec::new(),
             },
         );
         Ok(())
@@ -192,46 +214,69 @@ impl GraphPools {
     }
 
     /// Drops every pool that nothing uses, with no capture into it and no
-    /// live block, and returns the blocks they held for the device. Nothing
-    /// while any capture is under way: waiting for the device would break it.
+    /// live block, and returns the blocks of the device's pool they held;
+    /// the blocks of other graph pools they held are freed there (which
+    /// may let those go too). Nothing while any capture is under way:
+    /// waiting for the device would break it.
     fn sweep(&self, pools: &mut HashMap<PoolId, GraphPool>) -> Option<Retired> {
         if self.capturing() {
             return None;
         }
-        let done: Vec<PoolId> = pools
-            .iter()
-            .filter(|(_, p)| p.uses == 0 && p.capturing == 0 && !p.live())
-            .map(|(id, _)| *id)
-            .collect();
-        let first = pools.get(done.first()?)?;
-        // Captured work may still run (a replay in flight): wait for the
-        // device before memory goes back. If the wait fails, the memory goes
-        // back anyway (the device is then unusable for work in any case).
-        if let Err(e) = first.resource.device().synchronize() {
-            log::warn!("graph pools: waiting for the device failed: {e}");
+        let mut retired: Option<Retired> = None;
+        loop {
+            let done: Vec<PoolId> = pools
+                .iter()
+                .filter(|(_, p)| p.uses == 0 && p.capturing == 0 && !p.live())
+                .map(|(id, _)| *id)
+                .collect();
+            if done.is_empty() {
+                return retired;
+            }
+            if retired.is_none() {
+                // Captured work may still run (a replay in flight): wait for
+                // the device before memory goes back. If the wait fails, the
+                // memory goes back anyway (the device is then unusable for
+                // work in any case).
+                let first = &pools[&done[0]];
+                if let Err(e) = first.resource.device().synchronize() {
+                    log::warn!("graph pools: waiting for the device failed: {e}");
+                }
+            }
+            let out = retired.get_or_insert_with(Vec::new);
+            for id in done {
+                let Some(p) = pools.remove(&id) else { continue };
+                // Its counts live on in `gone`; the reserve it gives back
+                // below is counted as freed there.
+                let mut stats = gpumem_device_stats_t::default();
+                add_pool_stats(&mut stats, &p);
+                stats.reserved_bytes.freed += stats.reserved_bytes.current;
+                stats.segment.freed += stats.segment.current;
+                stats.num_device_free += stats.segment.current;
+                add_totals(&mut lock(&self.gone), &stats);
+                let released = p.held.len() + p.held_elsewhere.len();
+                self.held.fetch_sub(released, Ordering::Relaxed);
+                out.extend(p.held);
+                for (owner, h) in p.held_elsewhere {
+                    let freed = pools.get(&owner).map(|o| {
+                        o.resource
+                            .deallocate(h.ptr, h.size, DEFAULT_ALIGNMENT, &h.stream)
+                    });
+                    if let Some(Err(e)) = freed {
+                        log::warn!(
+                            "graph pool {owner:?}: freeing {:#x} held for graph pool {id:?}: {e}",
+                            h.ptr
+                        );
+                    }
+                }
+                // Dropping the pool gives its segments back to the driver.
+                drop(p.resource);
+            }
         }
-        let mut held = Vec::new();
-        for id in done {
-            let Some(p) = pools.remove(&id) else { continue };
-            // Its counts live on in `gone`; the reserve it gives back below
-            // is counted as freed there.
-            let mut stats = gpumem_device_stats_t::default();
-            add_pool_stats(&mut stats, &p);
-            stats.reserved_bytes.freed += stats.reserved_bytes.current;
-            stats.segment.freed += stats.segment.current;
-            stats.num_device_free += stats.segment.current;
-            add_totals(&mut lock(&self.gone), &stats);
-            // Dropping the pool gives its regions to the holding adaptor,
-            // which gives everything back to the driver as it drops.
-            held.extend(p.held);
-            drop(p.resource);
-        }
-        self.held.fetch_sub(held.len(), Ordering::Relaxed);
-        Some(held)
     }
 
-    /// Whether `ptr`, a block of the device's pool, is held for a graph
-    /// (freed during a capture): one atomic load while none is.
+    /// Whether `ptr` is held for a graph (a block of the device's pool or
+    /// of a graph pool freed during a capture): one atomic load while none
+    /// is.
     #[inline]
     pub(crate) fn is_held(&self, ptr: DevicePtr) -> bool {
         self.held.load(Ordering::Relaxed) != 0 && self.find_held(ptr)
@@ -240,46 +285,30 @@ impl GraphPools {
     #[cold]
     #[inline(never)]
     fn find_held(&self, ptr: DevicePtr) -> bool {
-        lock(&self.pools)
-            .values()
-            .any(|p| p.held.iter().any(|h| h.ptr == ptr))
+        lock(&self.pools).values().any(|p| p.holds(ptr))
     }
 
-    /// The memory the graph pools hold from the driver (each driver
-    /// allocation a segment, those of regions given back but held for a
-    /// graph included) and their live blocks (stream unknown: 0).
-    pub(crate) fn snapshot(&self) -> (Vec<Segment>, Vec<(LiveBlock, u64)>) {
+    /// Every graph pool's segments, with their blocks, and its live blocks
+    /// (with the raw stream of their segment).
+    pub(crate) fn snapshot(&self) -> (Vec<GraphSegment>, Vec<(LiveBlock, u64)>) {
         let (mut segments, mut blocks) = (Vec::new(), Vec::new());
-        for p in lock(&self.pools).values() {
+        for (&pool, p) in lock(&self.pools).iter() {
             segments.extend(
-                p.limiting()
-                    .upstream()
-                    .live_blocks()
-                    .into_iter()
-                    .map(|b| Segment {
-                        address: b.address,
-                        size: b.size,
-                    }),
-            );
-            blocks.extend(
                 p.resource
-                    .upstream()
-                    .live_blocks()
+                    .segments()
                     .into_iter()
-                    .map(|b| (b, 0)),
+                    .map(|segment| GraphSegment { pool, segment }),
             );
+            blocks.extend(p.resource.live_blocks());
         }
         (segments, blocks)
     }
 
     /// The graph pool with a live block at `ptr`, and the block's size.
     pub(crate) fn block_size(&self, ptr: DevicePtr) -> Option<(PoolId, usize)> {
-        lock(&self.pools).iter().find_map(|(id, p)| {
-            p.resource
-                .upstream()
-                .live_block_size(ptr)
-                .map(|size| (*id, size))
-        })
+        lock(&self.pools)
+            .iter()
+            .find_map(|(id, p)| p.resource.live_block_size(ptr).map(|size| (*id, size)))
     }
 
     /// Uses of `id` counted (0 when it does not exist).
@@ -291,10 +320,9 @@ impl GraphPools {
     pub(crate) fn live_blocks(&self, id: PoolId) -> Option<Vec<DevicePtr>> {
         lock(&self.pools).get(&id).map(|p| {
             p.resource
-                .upstream()
                 .live_blocks()
                 .into_iter()
-                .map(|b| b.address)
+                .map(|(b, _)| b.address)
                 .collect()
         })
     }
@@ -309,11 +337,11 @@ impl GraphPools {
         room: Option<usize>,
     ) -> gpumem::Result<DevicePtr> {
         let pools = lock(&self.pools);
-        let Some(p) = pools.get(&id) else {
-            return Err(gpumem::Error::InvalidArgument(format!(
+        let p = pools.get(&id).ok_or_else(|| {
+            gpumem::Error::InvalidArgument(format!(
                 "graph pool {id:?} does not exist (beginAllocateToPool was not called)"
-            )));
-        };
+            ))
+        })?;
         let share = room.map_or(usize::MAX, |room| {
             let held: usize = pools.values().map(|q| q.limiting().allocated_bytes()).sum();
             p.limiting().allocated_bytes() + room.saturating_sub(held)
@@ -323,7 +351,8 @@ impl GraphPools {
     }
 
     /// Frees a block of `id`; returns what the device gets back if that was
-    /// the last block of a released pool.
+    /// the last block of a released pool. A block held for a graph is
+    /// refused (a second free).
     pub(crate) fn free(
         &self,
         id: PoolId,
@@ -331,12 +360,14 @@ impl GraphPools {
         size: usize,
         stream: &Stream,
     ) -> gpumem::Result<Option<Retired>> {
+        if self.is_held(ptr) {
+            return Err(gpumem::Error::InvalidFree {
+                ptr: ptr.0,
+                reason: gpumem::FreeError::DoubleFree,
+            });
+        }
         let mut pools = lock(&self.pools);
-        let Some(p) = pools.get(&id) else {
-            return Err(gpumem::Error::InvalidArgument(format!(
-                "graph pool {id:?} does not exist"
-            )));
-        };
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
         p.resource
             .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
         Ok(self.sweep(&mut pools))
@@ -363,6 +394,102 @@ impl GraphPools {
         }
     }
 
+    /// A block of graph pool `owner`, freed while a capture into `id` is
+    /// under way: with `owner == id`, an ordinary free (the capture reuses
+    /// it in its own order); otherwise checked as a free would be and kept
+    /// live in `owner` until `id` goes. Returns what the device gets back
+    /// if a pool went.
+    pub(crate) fn free_in_capture(
+        &self,
+        id: PoolId,
+        owner: PoolId,
+        held: Held,
+    ) -> gpumem::Result<Option<Retired>> {
+        if owner == id {
+            return self.free(owner, held.ptr, held.size, &held.stream);
+        }
+        if self.is_held(held.ptr) {
+            return Err(gpumem::Error::InvalidFree {
+                ptr: held.ptr.0,
+                reason: gpumem::FreeError::DoubleFree,
+            });
+        }
+        let mut pools = lock(&self.pools);
+        let o = pools.get(&owner).ok_or_else(|| no_pool(owner))?;
+        o.resource.check_free(held.ptr, held.size)?;
+        match pools.get_mut(&id) {
+            Some(p) if p.capturing > 0 => {
+                p.held_elsewhere.push((owner, held));
+                self.held.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            _ => {
+                let o = &pools[&owner];
+                o.resource
+                    .deallocate(held.ptr, held.size, DEFAULT_ALIGNMENT, &held.stream)?;
+                Ok(self.sweep(&mut pools))
+            }
+        }
+    }
+
+    /// Saves the layout of `id` (PyTorch's `getCheckpointState`).
+    pub(crate) fn checkpoint(&self, id: PoolId) -> gpumem::Result<Checkpoint> {
+        let pools = lock(&self.pools);
+        Ok(pools
+            .get(&id)
+            .ok_or_else(|| no_pool(id))?
+            .resource
+            .checkpoint())
+    }
+
+    /// Puts a saved layout of `id` back (PyTorch's
+    /// `setCheckpointPoolState`): see [`SegmentPool::restore`]. A block
+    /// held for a graph is never freed by it: a checkpoint that would free
+    /// one is refused.
+    pub(crate) fn restore(&self, id: PoolId, saved: &Checkpoint) -> gpumem::Result<Restored> {
+        let pools = lock(&self.pools);
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        if self.held.load(Ordering::Relaxed) != 0 {
+            let keep: Vec<DevicePtr> = saved.live_blocks().map(|b| b.address).collect();
+            let held_here = pools
+                .values()
+                .flat_map(|q| q.held_elsewhere.iter())
+                .filter(|(owner, h)| *owner == id && !keep.contains(&h.ptr))
+                .count();
+            if held_here > 0 {
+                return Err(gpumem::Error::InvalidArgument(format!(
+                    "graph pool {id:?}: the checkpoint would free a block another graph still uses"
+                )));
+            }
+        }
+        p.resource.restore(saved)
+    }
+
+    /// Gives back the segments without a live block of every pool that no
+    /// graph uses and no capture fills (PyTorch's `empty_cache` frees
+    /// those), once the device's work is done; nothing while a capture is
+    /// under way. Returns the bytes given back.
+    pub(crate) fn empty_cache(&self) -> usize {
+        if self.capturing() {
+            return 0;
+        }
+        let pools = lock(&self.pools);
+        let idle: Vec<&GraphPool> = pools.values().filter(|p| p.uses == 0).collect();
+        let Some(first) = idle.first() else { return 0 };
+        if let Err(e) = first.resource.device().synchronize() {
+            log::warn!("graph pools: waiting for the device failed: {e}");
+            return 0;
+        }
+        idle.iter()
+            .map(|p| {
+                p.resource.release_free_segments().unwrap_or_else(|e| {
+                    log::warn!("graph pools: giving segments back failed: {e}");
+                    0
+                })
+            })
+            .sum()
+    }
+
     /// The graph pools' statistics added to `stats` (current values and
     /// totals add up exactly; peaks are the sum of each pool's peak), those
     /// of the pools that are gone included.
@@ -376,31 +503,27 @@ impl GraphPools {
     /// Bytes the graph pools hold from the driver: now, and the sum of
     /// their peaks (at least the peak of their sum).
     pub(crate) fn reserved_bytes(&self) -> (usize, usize) {
-        self.sum(
-            |p| p.driver().stats().allocated_bytes,
-            |g| g.reserved_bytes.peak,
-        )
+        self.sum(|s| s.reserved_bytes, |g| g.reserved_bytes.peak)
     }
 
     /// Bytes in the graph pools' live blocks: now, and the sum of their
     /// peaks.
     pub(crate) fn allocated_bytes(&self) -> (usize, usize) {
-        self.sum(
-            |p| p.resource.stats().allocated_bytes,
-            |g| g.allocated_bytes.peak,
-        )
+        self.sum(|s| s.allocated_bytes, |g| g.allocated_bytes.peak)
     }
 
     fn sum(
         &self,
-        stat: impl Fn(&GraphPool) -> gpumem::adaptor::Stat,
+        stat: impl Fn(&gpumem_device_stats_t) -> gpumem_stat_t,
         gone: impl Fn(&gpumem_device_stats_t) -> i64,
     ) -> (usize, usize) {
         let gone_peak = gone(&lock(&self.gone)).max(0) as usize;
         lock(&self.pools)
             .values()
             .fold((0, gone_peak), |(now, peak), p| {
-                let s = stat(p);
+                let mut s = gpumem_device_stats_t::default();
+                add_pool_stats(&mut s, p);
+                let s = stat(&s);
                 (
                     now + s.current.max(0) as usize,
                     peak + s.peak.max(0) as usize,
@@ -436,7 +559,8 @@ impl GraphPools {
     }
 }
 
-/// Adds pool `p`'s statistics to `stats`.
+/// Adds pool `p`'s statistics to `stats`: both size classes; a graph
+/// pool's live blocks are all active (none waits for a stream).
 fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
     let add = |to: &mut gpumem_stat_t, from: gpumem_stat_t| {
         to.current += from.current;
@@ -446,14 +570,16 @@ fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
     };
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let s = p.resource.stats();
+    for c in [&s.small, &s.large] {
+        add(&mut stats.allocation, c.allocation.into());
+        add(&mut stats.active, c.allocation.into());
+        add(&mut stats.allocated_bytes, c.allocated_bytes.into());
+        add(&mut stats.active_bytes, c.allocated_bytes.into());
+        add(&mut stats.requested_bytes, c.requested_bytes.into());
+        add(&mut stats.segment, c.segment.into());
+        add(&mut stats.reserved_bytes, c.reserved_bytes.into());
+    }
     let d = p.driver().stats();
-    add(&mut stats.allocation, s.allocation.into());
-    add(&mut stats.segment, d.allocation.into());
-    add(&mut stats.active, s.active.into());
-    add(&mut stats.allocated_bytes, s.allocated_bytes.into());
-    add(&mut stats.requested_bytes, s.requested_bytes.into());
-    add(&mut stats.reserved_bytes, d.allocated_bytes.into());
-    add(&mut stats.active_bytes, s.active_bytes.into());
     stats.num_device_alloc += count(d.allocation.total);
     stats.num_device_free += count(d.allocation.freed);
 }

@@ -29,6 +29,9 @@
 //! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
+//! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
+//! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
+//! gpumem_restored_t *gpumem_graph_pool_restore(const gpumem_checkpoint_t *cp);  // and gpumem_restored_*
 //! // Regions of a VirtualPool (resource=vpool): sleep and wake (see regions):
 //! int    gpumem_region_begin(int device, uint32_t tag);  // and gpumem_region_end(device)
 //! int    gpumem_sleep(int device, uint32_t tag, int backup);
@@ -82,6 +85,8 @@ pub mod allocator;
 #[deny(unsafe_code)]
 pub mod conf;
 pub mod foreign_streams;
+/// Saving and restoring a graph pool's layout (the C functions).
+pub mod graph_checkpoints;
 /// CUDA graphs' private pools.
 pub mod graph_pools;
 #[deny(unsafe_code)]
@@ -102,10 +107,21 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
+use gpumem::pool::SizeClass;
 use gpumem::resource::SharedResource;
 use gpumem::DevicePtr;
 
+/// The size of a small segment in PyTorch's layout: the device pool's
+/// segments up to this size are reported small in snapshots (its pools do
+/// not split memory by PyTorch's size classes).
+const SMALL_SEGMENT: usize = 2 << 20;
+
 pub use allocator::{Allocator, Backend, Snapshot};
+pub use graph_checkpoints::{
+    gpumem_checkpoint_free, gpumem_checkpoint_live_count, gpumem_checkpoint_t,
+    gpumem_graph_pool_checkpoint, gpumem_graph_pool_live_blocks, gpumem_graph_pool_restore,
+    gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made, gpumem_restored_t,
+};
 pub use regions::{
     gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,
 };
@@ -497,21 +513,36 @@ pub unsafe extern "C" fn gpumem_snapshot(
         let segs: Vec<gpumem_segment_t> = snapshot
             .segments
             .iter()
-            .map(|s| gpumem_segment_t {
-                address: s.address.0,
-                size: s.size as u64,
-                stream: 0,
+            .map(|s| {
+                let graph = snapshot
+                    .graph_segments
+                    .binary_search_by_key(&s.address, |g| g.segment.address)
+                    .ok()
+                    .map(|i| &snapshot.graph_segments[i]);
+                match graph {
+                    Some(g) => gpumem_segment_t {
+                        address: s.address.0,
+                        size: s.size as u64,
+                        stream: g.segment.raw_stream,
+                        pool_id0: g.pool.0,
+                        pool_id1: g.pool.1,
+                        is_large: i32::from(g.segment.class == SizeClass::Large),
+                    },
+                    None => gpumem_segment_t {
+                        address: s.address.0,
+                        size: s.size as u64,
+                        stream: 0,
+                        pool_id0: 0,
+                        pool_id1: 0,
+                        is_large: i32::from(s.size > SMALL_SEGMENT),
+                    },
+                }
             })
             .collect();
         let live: Vec<gpumem_block_t> = snapshot
             .blocks
             .iter()
-            .map(|(b, stream)| gpumem_block_t {
-                address: b.address.0,
-                size: b.size as u64,
-                requested: b.requested.unwrap_or(b.size) as u64,
-                stream: *stream,
-            })
+            .map(|(b, stream)| gpumem_block_t::of(b, *stream))
             .collect();
         // SAFETY: the caller passes arrays of the given lengths and writable
         // counts (each checked non-NULL before use).
@@ -527,7 +558,7 @@ pub unsafe extern "C" fn gpumem_snapshot(
 ///
 /// # Safety
 /// `dst` holds `max` writable items (or is NULL), `n` is NULL or writable.
-unsafe fn copy_out<T: Copy>(items: &[T], dst: *mut T, max: usize, n: *mut usize) {
+pub(crate) unsafe fn copy_out<T: Copy>(items: &[T], dst: *mut T, max: usize, n: *mut usize) {
     if !dst.is_null() {
         let k = items.len().min(max);
         // SAFETY: `dst` has room for `max` >= `k` items (the caller's

@@ -35,6 +35,16 @@ use gpumem::{DevicePtr, Error, Event, FreeError, Result, Stream};
 
 use crate::graph_pools::PoolId;
 
+/// Whether a free naming `size` bytes can be the allocation of a live
+/// block of `block_size` bytes (as its resource rounded it), for frees
+/// whose check by the resource comes later or never: not larger than the
+/// block, and, above the smallest size classes, where every resource rounds
+/// a request up by less than twice, more than half of it. (Closer sizes
+/// are checked by the resource when the free is made.)
+pub(crate) fn size_fits_block(size: usize, block_size: usize) -> bool {
+    let too_small = |g: usize| block_size > (64 << 10) && g <= block_size / 2;
+    granular_size(size).is_some_and(|g| g <= block_size && !too_small(g))
+}
 /// Where a block lives: the device's stack (`None`) or a graph pool.
 pub type Home = Option<PoolId>;
 
@@ -185,12 +195,7 @@ impl StreamUses {
             }
             return Ok(false);
         };
-        // Above the smallest size classes, every resource rounds a request
-        // up by less than twice: a size at most half such a block is not
-        // the allocation's. (Closer sizes are checked by the resource when
-        // the free is made.)
-        let too_small = |g: usize| uses.block_size > (64 << 10) && g <= uses.block_size / 2;
-        if granular_size(size).is_none_or(|g| g > uses.block_size || too_small(g)) {
+        if !size_fits_block(size, uses.block_size) {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
                 reason: FreeError::SizeMismatch {

@@ -109,6 +109,14 @@ pub struct gpumem_segment_t {
     pub size: u64,
     /// The stream it belongs to; 0 where unknown or shared by all streams.
     pub stream: u64,
+    /// The graph pool it belongs to (PyTorch's `MempoolId_t`), `(0, 0)` for
+    /// the device's own pool.
+    pub pool_id0: u64,
+    /// See `pool_id0`.
+    pub pool_id1: u64,
+    /// 1 when it serves requests above 1 MiB (PyTorch's "large" segments),
+    /// 0 for small ones.
+    pub is_large: i32,
 }
 
 /// A block of a snapshot: a live allocation.
@@ -123,6 +131,18 @@ pub struct gpumem_block_t {
     pub requested: u64,
     /// The stream it was allocated on; 0 where unknown.
     pub stream: u64,
+}
+
+impl gpumem_block_t {
+    /// The entry of `b`, allocated on the raw stream `stream`.
+    pub fn of(b: &gpumem::resource::LiveBlock, stream: u64) -> Self {
+        Self {
+            address: b.address.0,
+            size: b.size as u64,
+            requested: b.requested.unwrap_or(b.size) as u64,
+            stream,
+        }
+    }
 }
 
 #[cfg(test)]

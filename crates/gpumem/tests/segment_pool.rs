@@ -218,7 +218,7 @@ fn a_checkpoint_puts_the_layout_back_exactly() {
         .iter()
         .map(|(blk, id)| (blk.address, blk.size, *id))
         .collect();
-    assert_eq!(made, vec![(a, 1024, s.id()), (big, 4 * MIB, s.id())]);
+    assert_eq!(made, vec![(a, 1024, s.raw()), (big, 4 * MIB, s.raw())]);
     assert_eq!(pool.live_block_size(b), Some(2048), "kept as it was");
     // The checkpoint's segments exactly as saved; the new one stays, empty.
     assert!(has_segments_of(&pool.segments(), saved.segments()));

@@ -45,7 +45,7 @@ use std::sync::Mutex;
 
 use crate::adaptor::Stat;
 use crate::device::Device;
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, RawStream};
 use crate::error::FreeError;
 use crate::resource::{
     validate_request, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
@@ -177,6 +177,8 @@ pub struct SegmentInfo {
     pub size: usize,
     /// The stream whose allocations it serves.
     pub stream: StreamId,
+    /// That stream's raw handle.
+    pub raw_stream: RawStream,
     /// Its size class.
     pub class: SizeClass,
     /// Its blocks, in address order, together exactly the segment.
@@ -212,8 +214,8 @@ pub struct Restored {
     /// Blocks that were live and are not in the checkpoint: freed.
     pub freed: Vec<DevicePtr>,
     /// Blocks of the checkpoint that were not live: live again, with the
-    /// stream of their segment.
-    pub made: Vec<(LiveBlock, StreamId)>,
+    /// stream of their segment (its raw handle).
+    pub made: Vec<(LiveBlock, RawStream)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -238,6 +240,7 @@ impl Seg {
             address: DevicePtr(address),
             size: self.size as usize,
             stream: self.stream.id(),
+            raw_stream: self.stream.raw(),
             class: self.class,
             blocks: self
                 .blocks
@@ -534,13 +537,14 @@ impl<U: MemoryResource> SegmentPool<U> {
         st.segs.iter().map(|(&a, s)| s.info(a)).collect()
     }
 
-    /// The live blocks, in address order, with their segment's stream.
-    pub fn live_blocks(&self) -> Vec<(LiveBlock, StreamId)> {
+    /// The live blocks, in address order, with their segment's stream (its
+    /// raw handle).
+    pub fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)> {
         let st = self.lock();
         st.segs
             .values()
             .flat_map(|s| {
-                let id = s.stream.id();
+                let id = s.stream.raw();
                 s.blocks.iter().filter(|(_, b)| b.live).map(move |(&a, b)| {
                     (
                         LiveBlock {
@@ -701,7 +705,7 @@ impl<U: MemoryResource> SegmentPool<U> {
                         size: b.size,
                         requested: Some(b.requested),
                     },
-                    s.stream,
+                    s.raw_stream,
                 ));
             }
         }
@@ -741,6 +745,34 @@ impl<U: MemoryResource> SegmentPool<U> {
             given += seg.size as usize;
         }
         Ok(given)
+    }
+
+    /// Checks that a free of `ptr` with `bytes` would be accepted, without
+    /// freeing anything: a live block's first byte, with a size that rounds
+    /// as the request did.
+    pub fn check_free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.checked(&self.lock(), ptr, bytes).map(drop)
+    }
+
+    /// [`SegmentPool::check_free`] under the lock; the segment's first byte.
+    fn checked(&self, st: &State, ptr: DevicePtr, bytes: usize) -> Result<u64> {
+        let refused = |reason| Error::InvalidFree { ptr: ptr.0, reason };
+        let start = st
+            .seg_of(ptr.0)
+            .ok_or_else(|| refused(FreeError::Unknown))?;
+        let Some(b) = st.segs[&start].blocks.get(&ptr.0).copied() else {
+            return Err(refused(FreeError::Unknown));
+        };
+        if !b.live {
+            return Err(refused(FreeError::DoubleFree));
+        }
+        if self.rounded(bytes) != self.rounded(b.requested as usize) {
+            return Err(refused(FreeError::SizeMismatch {
+                allocated: b.requested as usize,
+                freed: bytes,
+            }));
+        }
+        Ok(start)
     }
 
     /// A new segment for a block of `size` bytes of `class` on `stream`.
@@ -817,23 +849,8 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        let refused = |reason| Error::InvalidFree { ptr: ptr.0, reason };
         let mut st = self.lock();
-        let start = st
-            .seg_of(ptr.0)
-            .ok_or_else(|| refused(FreeError::Unknown))?;
-        let Some(b) = st.segs[&start].blocks.get(&ptr.0).copied() else {
-            return Err(refused(FreeError::Unknown));
-        };
-        if !b.live {
-            return Err(refused(FreeError::DoubleFree));
-        }
-        if self.rounded(bytes) != self.rounded(b.requested as usize) {
-            return Err(refused(FreeError::SizeMismatch {
-                allocated: b.requested as usize,
-                freed: bytes,
-            }));
-        }
+        let start = self.checked(&st, ptr, bytes)?;
         st.release(start, ptr.0);
         Ok(())
     }
