@@ -116,6 +116,14 @@ _API = (
     "graph_pool_malloc",
     "graph_pool_free",
     "graph_pool_hold",
+    "graph_pool_checkpoint",
+    "checkpoint_free",
+    "graph_pool_restore",
+    "restored_freed",
+    "restored_made",
+    "restored_free",
+    "graph_pool_live_blocks",
+    "graph_pool_block",
 )
 
 _mode = None

@@ -518,6 +518,24 @@ int gpumem_graph_pool_live_blocks(int device,
                                   size_t *n);
 
 /**
+ * Finds the live graph-pool block at `ptr` (its first byte) on any device:
+ * writes its device, pool, the size it was asked with and the raw stream of
+ * its segment (each output may be NULL). 0 when found, -1 when `ptr` is no
+ * live graph-pool block. What a caller holding only the pointer needs to
+ * free the block (`gpumem_graph_pool_free`, `gpumem_graph_pool_hold`):
+ * PyTorch's graph trees hand such pointers around.
+ *
+ * # Safety
+ * Each output is NULL or writable.
+ */
+int gpumem_graph_pool_block(void *ptr,
+                            int *device,
+                            uint64_t *id0,
+                            uint64_t *id1,
+                            size_t *requested,
+                            gpumem_stream_t *stream);
+
+/**
  * Begins region `tag` (1 and up) on `device`: every allocation on the
  * device from now on, from any thread, carries the tag until
  * [`gpumem_region_end`]. Regions nest. 0 on success; -1 on failure (tag 0,

@@ -844,6 +844,19 @@ impl Allocator {
         self.built(device)?.graphs.live_blocks(pool)
     }
 
+    /// The device, graph pool, block and raw stream of the live graph-pool
+    /// block at `ptr`, on whichever device has it.
+    pub fn graph_pool_block(&self, ptr: DevicePtr) -> Option<(i32, PoolId, LiveBlock, u64)> {
+        (0..MAX_DEVICES as i32).find_map(|d| {
+            let st = self.built(d)?;
+            if st.graphs.len() == 0 {
+                return None;
+            }
+            let (pool, block, stream) = st.graphs.block(ptr)?;
+            Some((d, pool, block, stream))
+        })
+    }
+
     /// Number of graph pools `device` has.
     pub fn graph_pool_count(&self, device: i32) -> usize {
         self.built(device).map_or(0, |st| st.graphs.len())

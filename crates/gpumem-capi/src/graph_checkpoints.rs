@@ -206,6 +206,54 @@ pub unsafe extern "C" fn gpumem_graph_pool_live_blocks(
     })
 }
 
+/// Finds the live graph-pool block at `ptr` (its first byte) on any device:
+/// writes its device, pool, the size it was asked with and the raw stream of
+/// its segment (each output may be NULL). 0 when found, -1 when `ptr` is no
+/// live graph-pool block. What a caller holding only the pointer needs to
+/// free the block (`gpumem_graph_pool_free`, `gpumem_graph_pool_hold`):
+/// PyTorch's graph trees hand such pointers around.
+///
+/// # Safety
+/// Each output is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_graph_pool_block(
+    ptr: *mut c_void,
+    device: *mut c_int,
+    id0: *mut u64,
+    id1: *mut u64,
+    requested: *mut usize,
+    stream: *mut crate::gpumem_stream_t,
+) -> c_int {
+    guard("gpumem_graph_pool_block", -1, || {
+        let Some((d, pool, block, raw)) =
+            global().graph_pool_block(gpumem::DevicePtr(ptr as usize as u64))
+        else {
+            return -1;
+        };
+        let size = block.requested.unwrap_or(block.size);
+        // SAFETY: each output is NULL or writable (the caller's promise).
+        unsafe {
+            write_opt(device, d);
+            write_opt(id0, pool.0);
+            write_opt(id1, pool.1);
+            write_opt(requested, size);
+            write_opt(stream, raw as usize as crate::gpumem_stream_t);
+        }
+        0
+    })
+}
+
+/// Writes `v` to `out` unless it is NULL.
+///
+/// # Safety
+/// `out` is NULL or writable.
+unsafe fn write_opt<T>(out: *mut T, v: T) {
+    if !out.is_null() {
+        // SAFETY: writable (the caller's promise).
+        unsafe { out.write(v) };
+    }
+}
+
 /// Copies up to `max` of `items` to `out` (if not NULL); returns their
 /// number.
 ///

@@ -311,6 +311,16 @@ impl GraphPools {
             .find_map(|(id, p)| p.resource.live_block_size(ptr).map(|size| (*id, size)))
     }
 
+    /// The graph pool with a live block at `ptr`, the block and its
+    /// segment's raw stream.
+    pub(crate) fn block(&self, ptr: DevicePtr) -> Option<(PoolId, LiveBlock, u64)> {
+        lock(&self.pools).iter().find_map(|(id, p)| {
+            p.resource
+                .live_block(ptr)
+                .map(|(b, stream)| (*id, b, stream))
+        })
+    }
+
     /// Uses of `id` counted (0 when it does not exist).
     pub(crate) fn use_count(&self, id: PoolId) -> u32 {
         lock(&self.pools).get(&id).map_or(0, |p| p.uses)

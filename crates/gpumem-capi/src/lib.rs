@@ -30,6 +30,7 @@
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
+//! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
 //! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
 //! gpumem_restored_t *gpumem_graph_pool_restore(const gpumem_checkpoint_t *cp);  // and gpumem_restored_*
 //! // Regions of a VirtualPool (resource=vpool): sleep and wake (see regions):
@@ -119,8 +120,9 @@ const SMALL_SEGMENT: usize = 2 << 20;
 pub use allocator::{Allocator, Backend, Snapshot};
 pub use graph_checkpoints::{
     gpumem_checkpoint_free, gpumem_checkpoint_live_count, gpumem_checkpoint_t,
-    gpumem_graph_pool_checkpoint, gpumem_graph_pool_live_blocks, gpumem_graph_pool_restore,
-    gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made, gpumem_restored_t,
+    gpumem_graph_pool_block, gpumem_graph_pool_checkpoint, gpumem_graph_pool_live_blocks,
+    gpumem_graph_pool_restore, gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made,
+    gpumem_restored_t,
 };
 pub use regions::{
     gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,

@@ -60,6 +60,24 @@ fn checkpoints_through_the_c_functions() {
         gpumem_restored_free(r);
     }
     assert_eq!(live(d, id), vec![a, b]);
+    // A block found by its pointer alone.
+    let (mut dev, mut i0, mut i1, mut req, mut st) = (-1, 0u64, 0u64, 0usize, null_mut());
+    // SAFETY: writable outputs.
+    let found =
+        unsafe { gpumem_graph_pool_block(b, &mut dev, &mut i0, &mut i1, &mut req, &mut st) };
+    assert_eq!((found, dev, (i0, i1), req, st), (0, d, id, 3 * MIB, s));
+    // SAFETY: NULL outputs are allowed.
+    let inside = unsafe {
+        gpumem_graph_pool_block(
+            b.wrapping_byte_add(512),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+        )
+    };
+    assert_eq!(inside, -1, "an interior pointer is no block");
 
     // The snapshot names the pool of each of its segments.
     let mut n_seg = 0usize;

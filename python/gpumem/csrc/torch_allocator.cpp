@@ -87,6 +87,14 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_malloc) graph_pool_malloc;
   decltype(&gpumem_graph_pool_free) graph_pool_free;
   decltype(&gpumem_graph_pool_hold) graph_pool_hold;
+  decltype(&gpumem_graph_pool_checkpoint) graph_pool_checkpoint;
+  decltype(&gpumem_checkpoint_free) checkpoint_free;
+  decltype(&gpumem_graph_pool_restore) graph_pool_restore;
+  decltype(&gpumem_restored_freed) restored_freed;
+  decltype(&gpumem_restored_made) restored_made;
+  decltype(&gpumem_restored_free) restored_free;
+  decltype(&gpumem_graph_pool_live_blocks) graph_pool_live_blocks;
+  decltype(&gpumem_graph_pool_block) graph_pool_block;
 };
 
 namespace gpumem_torch {
@@ -127,10 +135,10 @@ std::mutex captures_mutex;
 std::vector<Capture> captures;
 std::atomic<int> n_captures{0};
 
-// Live blocks of each graph pool, for checkpoints and live-allocation
-// checks (graph pools allocate during captures only: rare).
-std::mutex pool_blocks_mutex;
-std::map<std::pair<c10::DeviceIndex, PoolId>, std::map<void*, size_t>> pool_blocks;
+// What raw_alloc handed out, by pointer (raw_delete and raw_deleter() take
+// the pointer alone).
+std::mutex raw_mutex;
+std::unordered_map<void*, Allocation> raw_blocks;
 
 bool capturing() {
   return n_captures.load(std::memory_order_acquire) > 0;
@@ -200,35 +208,76 @@ bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   return false;
 }
 
-void note_pool_block(const Allocation& a, bool live) {
-  std::lock_guard<std::mutex> lock(pool_blocks_mutex);
-  auto& blocks = pool_blocks[{a.device, a.pool}];
-  if (live) {
-    blocks[a.ptr] = a.size;
-  } else {
-    blocks.erase(a.ptr);
+// The graph-pool block at `ptr`, as gpumem knows it.
+bool graph_block(void* ptr, Allocation* a) {
+  int device = 0;
+  uint64_t id0 = 0;
+  uint64_t id1 = 0;
+  size_t requested = 0;
+  gpumem_stream_t stream = nullptr;
+  if (api.graph_pool_block(ptr, &device, &id0, &id1, &requested, &stream) != 0) {
+    return false;
   }
+  *a = Allocation{
+      ptr,
+      requested,
+      static_cast<cudaStream_t>(stream),
+      static_cast<c10::DeviceIndex>(device),
+      PoolId{id0, id1}};
+  return true;
 }
 
-// Frees `a` where it came from.
+// Frees `a` where it came from. During a capture, a block freed on the
+// capturing stream (or by the thread that began the only capture) goes to
+// gpumem_graph_pool_hold, which holds it for the capture's graph unless the
+// capture's own pool owns it.
 void free_block(const Allocation& a) {
-  if (a.pool != kDevicePool) {
-    note_pool_block(a, false);
-    RelaxedMode relaxed(capturing());
-    api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
-    return;
-  }
-  if (capturing()) {
-    RelaxedMode relaxed(true);
-    PoolId pool;
-    if (hold_pool_for(a.device, a.stream, &pool)) {
-      api.graph_pool_hold(a.ptr, a.size, a.device, pool.first, pool.second, a.stream);
+  if (!capturing()) {
+    if (a.pool != kDevicePool) {
+      api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
     } else {
       api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
     }
     return;
   }
-  api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+  RelaxedMode relaxed(true);
+  PoolId pool;
+  if (hold_pool_for(a.device, a.stream, &pool)) {
+    api.graph_pool_hold(a.ptr, a.size, a.device, pool.first, pool.second, a.stream);
+  } else if (a.pool != kDevicePool) {
+    api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
+  } else {
+    api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+  }
+}
+
+// The deleter of graph-pool DataPtrs (context: the pointer) and
+// raw_deleter(): frees a raw allocation or a graph-pool block by its pointer.
+// Returns false when the pointer is neither.
+bool free_by_pointer(void* ptr) {
+  Allocation a{};
+  {
+    std::lock_guard<std::mutex> lock(raw_mutex);
+    auto it = raw_blocks.find(ptr);
+    if (it != raw_blocks.end()) {
+      a = it->second;
+      raw_blocks.erase(it);
+      free_block(a);
+      return true;
+    }
+  }
+  if (!graph_block(ptr, &a)) {
+    return false;
+  }
+  free_block(a);
+  return true;
+}
+
+void free_pointer(void* ptr) {
+  if (ptr != nullptr && !free_by_pointer(ptr)) {
+    // A deleter cannot throw: gpumem counts it as a bad free and says so.
+    api.free(ptr, 0, c10::cuda::current_device(), nullptr);
+  }
 }
 
 void free_allocation(void* ctx) {
@@ -240,12 +289,14 @@ void free_allocation(void* ctx) {
   delete a;
 }
 
-// A checkpoint of a graph pool: its live blocks (torch.compile's CUDA graph
+// A checkpoint of a graph pool, saved in gpumem (torch.compile's CUDA graph
 // trees take one after recording each graph).
 struct Checkpoint final : AllocatorState {
-  c10::DeviceIndex device;
-  PoolId pool;
-  std::map<void*, size_t> blocks;
+  c10::DeviceIndex device = 0;
+  gpumem_checkpoint_t* saved = nullptr;
+  ~Checkpoint() override {
+    api.checkpoint_free(saved);
+  }
 };
 
 // Messages are formatted with snprintf, never with iostreams: the compiler
@@ -299,6 +350,9 @@ class GpumemAllocator final : public CUDAAllocator {
     }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
     Allocation a = allocate_block(size, device, stream);
+    if (a.pool != kDevicePool) {
+      return {a.ptr, a.ptr, &free_pointer, where};
+    }
     return {a.ptr, new Allocation(a), &free_allocation, where};
   }
 
@@ -313,22 +367,16 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   void raw_delete(void* ptr) override {
-    if (ptr == nullptr) {
-      return;
+    if (ptr != nullptr && !free_by_pointer(ptr)) {
+      char buf[160];
+      std::snprintf(
+          buf, sizeof buf, "gpumem: raw_delete of %p, which is neither from raw_alloc nor a graph pool's block", ptr);
+      fail(buf);
     }
-    Allocation a{};
-    {
-      std::lock_guard<std::mutex> lock(raw_mutex_);
-      auto it = raw_.find(ptr);
-      if (it == raw_.end()) {
-        char buf[128];
-        std::snprintf(buf, sizeof buf, "gpumem: raw_delete of %p, which raw_alloc did not hand out", ptr);
-        fail(buf);
-      }
-      a = it->second;
-      raw_.erase(it);
-    }
-    free_block(a);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pointer;
   }
 
   void init(int /*device_count*/) override {}
@@ -500,14 +548,12 @@ class GpumemAllocator final : public CUDAAllocator {
       c10::DeviceIndex device,
       c10::MempoolId_t mempool_id,
       const std::unordered_set<void*>& expected_live_allocations) override {
-    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
-    auto it = pool_blocks.find({device, mempool_id});
-    size_t live = it == pool_blocks.end() ? 0 : it->second.size();
-    if (live != expected_live_allocations.size()) {
+    std::vector<void*> live = graph_pool_live(device, mempool_id);
+    if (live.size() != expected_live_allocations.size()) {
       return false;
     }
-    for (void* p : expected_live_allocations) {
-      if (it == pool_blocks.end() || it->second.count(p) == 0) {
+    for (void* p : live) {
+      if (expected_live_allocations.count(p) == 0) {
         return false;
       }
     }
@@ -575,18 +621,18 @@ class GpumemAllocator final : public CUDAAllocator {
       c10::MempoolId_t id) override {
     auto state = std::make_shared<Checkpoint>();
     state->device = device;
-    state->pool = id;
-    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
-    auto it = pool_blocks.find({device, id});
-    if (it != pool_blocks.end()) {
-      state->blocks = it->second;
+    state->saved = api.graph_pool_checkpoint(device, id.first, id.second);
+    if (state->saved == nullptr) {
+      fail(std::string("gpumem: getCheckpointState: ") + last_error());
     }
     return state;
   }
 
-  // Restores a checkpoint when the pool's live blocks are those it holds
-  // (nothing to free or re-create); anything else is refused: gpumem cannot
-  // re-create a block at a given address.
+  // Puts a graph pool's saved layout back: the blocks made since are freed
+  // (their pointers returned), the checkpoint's blocks not live now are made
+  // live again at their addresses (returned as DataPtrs whose deleter frees
+  // them). Refused, with nothing changed, when a segment of the checkpoint
+  // went back to the driver or a block another graph uses would be freed.
   CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device,
       std::shared_ptr<AllocatorState> pps) override {
@@ -594,20 +640,23 @@ class GpumemAllocator final : public CUDAAllocator {
     if (state == nullptr || state->device != device) {
       fail("gpumem: setCheckpointPoolState: not a checkpoint of gpumem's on this device");
     }
-    std::lock_guard<std::mutex> lock(pool_blocks_mutex);
-    auto it = pool_blocks.find({device, state->pool});
-    std::map<void*, size_t> now;
-    if (it != pool_blocks.end()) {
-      now = it->second;
+    gpumem_restored_t* r = api.graph_pool_restore(state->saved);
+    if (r == nullptr) {
+      fail(std::string("gpumem: setCheckpointPoolState: ") + last_error());
     }
-    if (now != state->blocks) {
-      fail(
-          "gpumem's native allocator cannot restore this CUDA graph tree "
-          "checkpoint (blocks changed since it was taken; torch.compile "
-          "records a new graph path): run torch.compile(mode=\"reduce-overhead\") "
-          "under gpumem.torch.mempool() or PyTorch's allocator for such models");
+    std::vector<void*> freed(api.restored_freed(r, nullptr, 0));
+    api.restored_freed(r, freed.data(), freed.size());
+    std::vector<gpumem_block_t> made(api.restored_made(r, nullptr, 0));
+    api.restored_made(r, made.data(), made.size());
+    api.restored_free(r);
+    CheckpointDelta delta;
+    delta.ptrs_freed = std::move(freed);
+    c10::Device where(c10::DeviceType::CUDA, device);
+    for (const auto& b : made) {
+      void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(b.address));
+      delta.dataptrs_allocd.emplace_back(p, p, &free_pointer, where);
     }
-    return CheckpointDelta{};
+    return delta;
   }
 
   std::string name() override {
@@ -646,9 +695,24 @@ class GpumemAllocator final : public CUDAAllocator {
       }
       fail("gpumem could not allocate " + where + " for a CUDA graph: " + why);
     }
-    Allocation a{p, size, stream, device, pool};
-    note_pool_block(a, true);
-    return a;
+    return Allocation{p, size, stream, device, pool};
+  }
+
+  // The live blocks of a graph pool (none when it does not exist).
+  static std::vector<void*> graph_pool_live(c10::DeviceIndex device, PoolId id) {
+    std::vector<void*> live;
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      size_t n = 0;
+      if (api.graph_pool_live_blocks(device, id.first, id.second, live.data(), live.size(), &n) != 0) {
+        return {};
+      }
+      if (n <= live.size()) {
+        live.resize(n);
+        return live;
+      }
+      live.resize(n + 16);
+    }
+    return live;
   }
 
   static std::string ipc_message() {
@@ -683,8 +747,8 @@ class GpumemAllocator final : public CUDAAllocator {
       return nullptr;
     }
     Allocation a = allocate_block(size, device, stream);
-    std::lock_guard<std::mutex> lock(raw_mutex_);
-    raw_[a.ptr] = a;
+    std::lock_guard<std::mutex> lock(raw_mutex);
+    raw_blocks[a.ptr] = a;
     return a.ptr;
   }
 
@@ -747,8 +811,9 @@ class GpumemAllocator final : public CUDAAllocator {
       seg.device = device;
       seg.address = s.address;
       seg.total_size = s.size;
-      seg.stream = reinterpret_cast<void*>(s.stream);
-      seg.is_large = true;
+      seg.stream = reinterpret_cast<cudaStream_t>(s.stream);
+      seg.is_large = s.is_large != 0;
+      seg.owner_private_pool_id = PoolId{s.pool_id0, s.pool_id1};
       uint64_t at = s.address;
       uint64_t end = s.address + s.size;
       while (b < blocks.size() && blocks[b].address < s.address) {
@@ -781,8 +846,6 @@ class GpumemAllocator final : public CUDAAllocator {
     }
   }
 
-  std::mutex raw_mutex_;
-  std::unordered_map<void*, Allocation> raw_;
   std::mutex observers_mutex_;
   std::vector<OutOfMemoryObserver> oom_observers_;
 };
@@ -809,7 +872,11 @@ extern "C" int gpumem_torch_install(
       api->reset_accumulated_stats == nullptr || api->empty_cache == nullptr ||
       api->set_memory_fraction == nullptr ||
       api->get_memory_fraction == nullptr || api->record_stream == nullptr ||
-      api->snapshot == nullptr) {
+      api->snapshot == nullptr || api->graph_pool_checkpoint == nullptr ||
+      api->checkpoint_free == nullptr || api->graph_pool_restore == nullptr ||
+      api->restored_freed == nullptr || api->restored_made == nullptr ||
+      api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
+      api->graph_pool_block == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

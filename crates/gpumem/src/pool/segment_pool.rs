@@ -571,6 +571,20 @@ impl<U: MemoryResource> SegmentPool<U> {
             .collect()
     }
 
+    /// The live block at `ptr` (its first byte), with its segment's raw
+    /// stream, if there is one.
+    pub fn live_block(&self, ptr: DevicePtr) -> Option<(LiveBlock, RawStream)> {
+        let st = self.lock();
+        let seg = &st.segs[&st.seg_of(ptr.0)?];
+        let b = seg.blocks.get(&ptr.0).filter(|b| b.live)?;
+        let block = LiveBlock {
+            address: ptr,
+            size: b.size as usize,
+            requested: Some(b.requested as usize),
+        };
+        Some((block, seg.stream.raw()))
+    }
+
     /// The size of the live block at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         let st = self.lock();
