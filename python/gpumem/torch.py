@@ -147,9 +147,18 @@ def _build_native():
     """Builds (or finds cached) the native allocator; returns its path."""
     from torch.utils import cpp_extension
 
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "torch_allocator.cpp")
+    csrc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+    source = os.path.join(csrc, "torch_allocator.cpp")
     if not os.path.isfile(source):
         raise FileNotFoundError(f"the native allocator's source is missing: {source}")
+    # PyTorch's builder rebuilds when the source changes, not when a header
+    # it includes does: the name carries a digest of every file of csrc.
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(csrc)):
+        with open(os.path.join(csrc, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
     # Without an architecture list the builder asks the GPU for its compute
     # capability, which initialises CUDA, after which PyTorch's allocator can
     # no longer be replaced. The source is plain C++ (no device code), so the
@@ -158,7 +167,7 @@ def _build_native():
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     try:
         return cpp_extension.load(
-            name="gpumem_torch_allocator",
+            name="gpumem_torch_allocator_" + digest.hexdigest()[:12],
             sources=[source],
             extra_cflags=["-O2"],
             extra_include_paths=[include_dir()],

@@ -306,7 +306,7 @@ void gpumem_reset_accumulated_stats(int device);
  * the device's memory (`torch.cuda.set_per_process_memory_fraction`), its
  * graph pools included: allocations that would need more fail (after the
  * retry) as out of memory, with the limit in the message. 0 on success; -1 for a fraction
- * outside (0, 1] or a device out of range.
+ * outside [0, 1] or a device out of range.
  */
 int gpumem_set_memory_fraction(int device, double fraction);
 

@@ -1359,10 +1359,10 @@ impl Allocator {
 
     /// Caps what `device` holds from the driver at `fraction` of its memory
     /// (with `max_size`, whichever is smaller); 1.0 removes the cap. `Err`
-    /// for a fraction outside (0, 1] or a device out of range.
+    /// for a fraction outside [0, 1] or a device out of range.
     pub fn set_memory_fraction(&self, device: i32, fraction: f64) -> Result<(), String> {
-        if !(fraction > 0.0 && fraction <= 1.0) {
-            return Err(format!("memory fraction {fraction} is outside (0, 1]"));
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(format!("memory fraction {fraction} is outside [0, 1]"));
         }
         let Some(slot) = usize::try_from(device)
             .ok()

@@ -442,7 +442,7 @@ pub extern "C" fn gpumem_reset_accumulated_stats(device: c_int) {
 /// the device's memory (`torch.cuda.set_per_process_memory_fraction`), its
 /// graph pools included: allocations that would need more fail (after the
 /// retry) as out of memory, with the limit in the message. 0 on success; -1 for a fraction
-/// outside (0, 1] or a device out of range.
+/// outside [0, 1] or a device out of range.
 #[no_mangle]
 pub extern "C" fn gpumem_set_memory_fraction(device: c_int, fraction: f64) -> c_int {
     guard("gpumem_set_memory_fraction", -1, || {

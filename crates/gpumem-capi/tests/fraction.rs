@@ -97,7 +97,7 @@ fn fraction_takes_the_smaller_of_itself_and_max_size() {
 #[test]
 fn bad_fractions_and_devices_are_refused() {
     let a = allocator("resource=pool");
-    for f in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
+    for f in [-0.5, 1.5, f64::NAN, f64::INFINITY, -0.0001] {
         assert!(a.set_memory_fraction(0, f).is_err(), "{f}");
     }
     assert!(a.set_memory_fraction(-1, 0.5).is_err());
@@ -105,7 +105,28 @@ fn bad_fractions_and_devices_are_refused() {
     assert_eq!(a.memory_fraction(0), 1.0, "nothing changed");
     assert_eq!(a.memory_fraction(99), 1.0);
     let e = a.set_memory_fraction(0, 2.0).unwrap_err();
-    assert!(e.contains("outside (0, 1]"), "{e}");
+    assert!(e.contains("outside [0, 1]"), "{e}");
+}
+
+/// PyTorch's whole range: a fraction of 0 is accepted and leaves nothing to
+/// take from the driver (memory already cached still serves; the arena took
+/// all of its memory up front).
+#[test]
+fn a_fraction_of_zero_allows_nothing_new() {
+    for kind in kinds().into_iter().filter(|&k| k != ResourceKind::Arena) {
+        let a = allocator(&format!("resource={kind}"));
+        let p = a.malloc(MIB, 0, 0);
+        a.set_memory_fraction(0, 0.0).unwrap();
+        assert_eq!(a.memory_fraction(0), 0.0);
+        assert!(a.malloc(64 * MIB, 0, 0).is_null(), "{kind}: new memory refused");
+        let why = last_error().unwrap();
+        assert!(why.contains("memory fraction 0"), "{kind}: {why}");
+        a.free(p, MIB, 0, 0);
+        a.set_memory_fraction(0, 1.0).unwrap();
+        let q = a.malloc(64 * MIB, 0, 0);
+        assert!(!q.is_null(), "{kind}");
+        a.free(q, 64 * MIB, 0, 0);
+    }
 }
 
 #[test]

@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpumem.h"
+#include "memory_history.h"
 
 #include <algorithm>
 #include <atomic>
@@ -108,6 +109,9 @@ using c10::CachingDeviceAllocator::StatType;
 
 using PoolId = c10::MempoolId_t;
 constexpr PoolId kDevicePool{0, 0};
+// The pool of a raw allocation made while the allocator was disabled: it
+// came from cudaMalloc and goes back to cudaFree.
+constexpr PoolId kUncached{~0ull, ~0ull};
 
 // What a DataPtr's context holds: everything gpumem_free needs, and the
 // graph pool the block came from ({0, 0}: the device's pool).
@@ -120,6 +124,9 @@ struct Allocation {
 };
 
 gpumem_torch_api api;
+
+// torch.cuda.memory._record_memory_history's recording.
+MemoryHistory history;
 
 // A capture into a graph pool under way (beginAllocateToPool).
 struct Capture {
@@ -208,6 +215,13 @@ bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   return false;
 }
 
+// Frees memory of cudaMalloc (the allocator disabled).
+void uncached_free(void* ptr) {
+  if (ptr != nullptr) {
+    C10_CUDA_CHECK_WARN(cudaFree(ptr));
+  }
+}
+
 // The graph-pool block at `ptr`, as gpumem knows it.
 bool graph_block(void* ptr, Allocation* a) {
   int device = 0;
@@ -232,6 +246,13 @@ bool graph_block(void* ptr, Allocation* a) {
 // gpumem_graph_pool_hold, which holds it for the capture's graph unless the
 // capture's own pool owns it.
 void free_block(const Allocation& a) {
+  if (a.pool == kUncached) {
+    uncached_free(a.ptr);
+    return;
+  }
+  if (history.on()) {
+    history.freed(a.device, a.ptr, a.size, a.stream, a.pool);
+  }
   if (!capturing()) {
     if (a.pool != kDevicePool) {
       api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
@@ -303,17 +324,25 @@ struct Checkpoint final : AllocatorState {
 // that builds this file may bring another libstdc++ than the one PyTorch
 // loaded, and their locale facets (used by every ostream << of a number)
 // are not compatible. Strings are passed to PyTorch's checks whole.
+// Sizes as PyTorch's messages print them (tools and users match them): up
+// to 1 KiB in bytes, then KiB, MiB and GiB with two decimals.
 std::string format_bytes(uint64_t bytes) {
   char buf[64];
-  if (bytes >= (1ull << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
-  } else if (bytes >= (1ull << 20)) {
+  if (bytes <= 1024) {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  } else if (bytes <= (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+  } else if (bytes <= (1ull << 30)) {
     std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1ull << 20));
   } else {
-    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
   }
   return buf;
 }
+
+// Requests from 1 EiB up are refused before anything else, with PyTorch's
+// message.
+constexpr size_t kOneExaByte = 1152921504606846976ULL;
 
 [[noreturn]] void fail(const std::string& message) {
   TORCH_CHECK(false, message);
@@ -347,6 +376,11 @@ class GpumemAllocator final : public CUDAAllocator {
     c10::Device where(c10::DeviceType::CUDA, device);
     if (size == 0) {
       return {nullptr, nullptr, &free_allocation, where};
+    }
+    check_size(size);
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      void* p = uncached_malloc(size, device);
+      return {p, p, &uncached_free, where};
     }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
     Allocation a = allocate_block(size, device, stream);
@@ -394,7 +428,7 @@ class GpumemAllocator final : public CUDAAllocator {
       std::snprintf(
           buf,
           sizeof buf,
-          "gpumem: invalid memory fraction %g for device %d (expected 0 < fraction <= 1)",
+          "gpumem: invalid memory fraction %g for device %d (expected 0 <= fraction <= 1)",
           fraction,
           static_cast<int>(device));
       fail(buf);
@@ -406,9 +440,13 @@ class GpumemAllocator final : public CUDAAllocator {
     return {};
   }
 
-  void enable(bool /*value*/) override {}
+  // Disabled (torch.cuda.caching_allocator_enable(False)), allocations go
+  // to cudaMalloc and frees to cudaFree, outside gpumem and its statistics.
+  void enable(bool value) override {
+    enabled_.store(value, std::memory_order_relaxed);
+  }
   bool isEnabled() const override {
-    return true;
+    return enabled_.load(std::memory_order_relaxed);
   }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
@@ -464,13 +502,38 @@ class GpumemAllocator final : public CUDAAllocator {
     api.reset_peak_stats(device);
   }
 
-  SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/, bool /*include_traces*/)
-      override {
+  // Every device's segments (with their blocks and, when the memory history
+  // records stacks, each live block's allocation stack) and, when asked, the
+  // history's trace entries and annotations.
+  SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/, bool include_traces) override {
     SnapshotInfo info{};
     c10::DeviceIndex n = c10::cuda::device_count();
-    info.device_traces.resize(n);
     for (c10::DeviceIndex d = 0; d < n; ++d) {
+      size_t first = info.segments.size();
       snapshot_device(d, info.segments);
+      if (history.on()) {
+        size_t active = 0;
+        for (size_t i = first; i < info.segments.size(); ++i) {
+          active += info.segments[i].active_size;
+        }
+        history.snapshot_taken(d, active);
+      }
+    }
+    if (history.on()) {
+      for (auto& seg : info.segments) {
+        size_t at = seg.address;
+        for (auto& b : seg.blocks) {
+          if (b.allocated) {
+            b.context_when_allocated = history.context_of(reinterpret_cast<void*>(at));
+          }
+          at += b.size;
+        }
+      }
+    }
+    info.device_traces = include_traces ? history.traces(static_cast<size_t>(n))
+                                        : std::vector<std::vector<TraceEntry>>(static_cast<size_t>(n));
+    if (include_traces) {
+      info.external_annotations = history.annotations();
     }
     return info;
   }
@@ -568,18 +631,32 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   bool isHistoryEnabled() override {
-    return false;
+    return history.on();
   }
   void recordHistory(
-      bool /*enabled*/,
-      CreateContextFn /*context_recorder*/,
-      size_t /*alloc_trace_max_entries*/,
-      RecordContext /*when*/,
-      bool /*clear_history*/,
-      const std::vector<std::string>& /*skip_actions*/) override {
-    // Snapshots carry segments and live blocks; gpumem records no stack
-    // traces, so history recording is accepted and has no effect (use
-    // GPUMEM_CONF's log=FILE for an allocation trace).
+      bool enabled,
+      CreateContextFn context_recorder,
+      size_t alloc_trace_max_entries,
+      RecordContext when,
+      bool clear_history,
+      const std::vector<std::string>& skip_actions) override {
+    history.record(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions);
+  }
+
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    history.annotate(c10::cuda::current_device(), md);
+  }
+  void pushCompileContext(std::string& md) override {
+    history.push_compile_context(md);
+  }
+  void popCompileContext() override {
+    history.pop_compile_context();
+  }
+  void setUserMetadata(const std::string& metadata) override {
+    history.set_user_metadata(metadata);
+  }
+  std::string getUserMetadata() override {
+    return history.user_metadata();
   }
 
   void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override {
@@ -587,8 +664,8 @@ class GpumemAllocator final : public CUDAAllocator {
     oom_observers_.push_back(std::move(observer));
   }
 
-  void attachAllocatorTraceTracker(AllocatorTraceTracker /*tracker*/) override {
-    // No trace entries are produced (see recordHistory).
+  void attachAllocatorTraceTracker(AllocatorTraceTracker tracker) override {
+    history.attach(std::move(tracker));
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access)
@@ -674,9 +751,18 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   // Allocates from the graph pool a capture's filter takes the stream to, or
-  // from the device's pool; relaxed capture mode while any capture is under
-  // way.
+  // from the device's pool (recorded in the memory history when it is on).
   Allocation allocate_block(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    Allocation a = route_block(size, device, stream);
+    if (history.on()) {
+      history.allocated(device, a.ptr, size, a.stream, a.pool);
+    }
+    return a;
+  }
+
+  // allocate_block's choice of pool; relaxed capture mode while any capture
+  // is under way.
+  Allocation route_block(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (!capturing()) {
       return Allocation{malloc_or_throw(size, device, stream), size, stream, device, kDevicePool};
     }
@@ -687,13 +773,7 @@ class GpumemAllocator final : public CUDAAllocator {
     }
     void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
     if (p == nullptr) {
-      std::string why = last_error();
-      std::string where = format_bytes(size) + " on device " + std::to_string(static_cast<int>(device));
-      if (why.find("out of memory") != std::string::npos) {
-        notify_oom(device);
-        fail_out_of_memory("CUDA out of memory. Tried to allocate " + where + " for a CUDA graph through gpumem: " + why);
-      }
-      fail("gpumem could not allocate " + where + " for a CUDA graph: " + why);
+      failed(size, device, " for a CUDA graph");
     }
     return Allocation{p, size, stream, device, pool};
   }
@@ -729,22 +809,80 @@ class GpumemAllocator final : public CUDAAllocator {
     if (p != nullptr) {
       return p;
     }
-    const char* e = api.last_error();
-    std::string why = e != nullptr ? e : "no reason given";
-    bool oom = why.find("out of memory") != std::string::npos;
-    if (oom) {
-      notify_oom(device);
+    failed(size, device, "");
+  }
+
+  static void check_size(size_t size) {
+    if (size >= kOneExaByte) {
+      fail_out_of_memory("CUDA out of memory. Tried to allocate more than 1EB memory.");
     }
-    std::string where = format_bytes(size) + " on device " + std::to_string(static_cast<int>(device));
-    if (oom) {
-      fail_out_of_memory("CUDA out of memory. Tried to allocate " + where + " through gpumem: " + why);
+  }
+
+  // An allocation gpumem refused: out of memory raises OutOfMemoryError
+  // with PyTorch's message (its fields: the request, the GPU's capacity and
+  // free memory, what this process allocated and holds), after PyTorch's
+  // observers ran, and gpumem's reason; anything else a RuntimeError.
+  [[noreturn]] void failed(size_t size, c10::DeviceIndex device, const char* what) {
+    std::string why = last_error();
+    if (why.find("out of memory") == std::string::npos) {
+      fail(std::string("gpumem could not allocate ") + format_bytes(size) + what +
+           " on device " + std::to_string(static_cast<int>(device)) + ": " + why);
     }
-    fail("gpumem could not allocate " + where + ": " + why);
+    notify_oom(device);
+    gpumem_device_stats_t s{};
+    api.get_device_stats(device, &s);
+    size_t free = 0;
+    size_t total = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+    }
+    if (history.on()) {
+      history.out_of_memory(device, free, size, nullptr);
+    }
+    uint64_t allocated = static_cast<uint64_t>(std::max<int64_t>(0, s.allocated_bytes.current));
+    uint64_t reserved = static_cast<uint64_t>(std::max<int64_t>(0, s.reserved_bytes.current));
+    std::string allowed;
+    double fraction = api.get_memory_fraction(device);
+    if (fraction < 1.0) {
+      allowed = format_bytes(static_cast<uint64_t>(fraction * static_cast<double>(total))) +
+          " allowed; ";
+    }
+    fail_out_of_memory(
+        "CUDA out of memory. Tried to allocate " + format_bytes(size) + what + ". GPU " +
+        std::to_string(static_cast<int>(device)) + " has a total capacity of " + format_bytes(total) +
+        " of which " + format_bytes(free) + " is free. Including non-PyTorch memory, this process has " +
+        format_bytes(total - std::min(free, total)) + " memory in use. " + allowed +
+        "Of the allocated memory " + format_bytes(allocated) + " is allocated by PyTorch (gpumem), and " +
+        format_bytes(reserved - std::min(allocated, reserved)) +
+        " is reserved by gpumem but unallocated. gpumem: " + why);
+  }
+
+  static void* uncached_malloc(size_t size, c10::DeviceIndex device) {
+    c10::cuda::CUDAGuard guard(device);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, size);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      fail_out_of_memory(
+          "CUDA out of memory. Tried to allocate " + format_bytes(size) + " with gpumem disabled (cudaMalloc)");
+    }
+    C10_CUDA_CHECK(err);
+    return p;
   }
 
   void* raw_alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (size == 0) {
       return nullptr;
+    }
+    check_size(size);
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      void* p = uncached_malloc(size, device);
+      std::lock_guard<std::mutex> lock(raw_mutex);
+      raw_blocks[p] = Allocation{p, size, stream, device, kUncached};
+      return p;
     }
     Allocation a = allocate_block(size, device, stream);
     std::lock_guard<std::mutex> lock(raw_mutex);
@@ -848,6 +986,7 @@ class GpumemAllocator final : public CUDAAllocator {
 
   std::mutex observers_mutex_;
   std::vector<OutOfMemoryObserver> oom_observers_;
+  std::atomic<bool> enabled_{true};
 };
 
 }  // namespace gpumem_torch
