@@ -12,11 +12,17 @@ from support import MIB, lib, newer, child_ok
 @newer("gpumem_set_memory_fraction", "gpumem_get_memory_fraction")
 def test_memory_fraction_refuses_bad_values(device):
     assert lib.gpumem_get_memory_fraction(device) == 1.0
-    for bad in (0.0, -0.5, 1.5, math.nan, math.inf):
+    for bad in (-0.5, 1.5, math.nan, math.inf):
         assert lib.gpumem_set_memory_fraction(device, bad) == -1, bad
     assert lib.gpumem_set_memory_fraction(64, 0.5) == -1
     assert lib.gpumem_get_memory_fraction(device) == 1.0
-    assert lib.gpumem_set_memory_fraction(device, 1.0) == 0
+    # PyTorch's whole range, 0 included.
+    try:
+        for good in (0.0, 0.25, 1.0):
+            assert lib.gpumem_set_memory_fraction(device, good) == 0, good
+            assert lib.gpumem_get_memory_fraction(device) == good
+    finally:
+        assert lib.gpumem_set_memory_fraction(device, 1.0) == 0
 
 
 @newer("gpumem_set_memory_fraction", "gpumem_get_memory_fraction", "gpumem_get_device_stats")
