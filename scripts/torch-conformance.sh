@@ -16,6 +16,9 @@ shift || true
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site wheels/*.whl \
   || exit 2
 export PYTHONPATH=/tmp/site:$PWD/python GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONUNBUFFERED=1
+# Hundreds of processes import PyTorch: compiled bytecode kept where it can
+# be written saves each of them the compilation.
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/torch_extensions}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c 'import gpumem.torch as g; g._build_native()' || exit 2
