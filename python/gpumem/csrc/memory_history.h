@@ -7,11 +7,13 @@
 // free and out-of-memory error is a trace entry (at most `max_entries` per
 // device, the oldest dropped first; actions in `skip_actions` left out);
 // the stack of an allocation is gathered (PyTorch's context recorder) from
-// RecordContext::STATE on and kept with the live block for snapshots, put
-// on its trace entry from ALLOC on, and the stack of a free from ALL on.
-// Turning recording off clears the traces. Segment entries are not
-// recorded: gpumem takes and gives back memory inside its pools, which the
-// native allocator does not see.
+// RecordContext::STATE on and kept with the live block for snapshots, and
+// trace entries carry stacks from ALLOC on (a free's own stack from ALL
+// on, else its allocation's). Entries made outside a compile region say
+// "N/A". Turning recording off clears the traces. Segments: the memory
+// empty_cache gives back is recorded (the caller diffs the segments);
+// gpumem takes memory inside its pools, which the native allocator does
+// not see, so no segment allocation is recorded.
 //
 // Cost while not recording: one relaxed atomic load per allocation and
 // free. Stacks are gathered outside the lock (the recorder may take the
@@ -71,7 +73,7 @@ class MemoryHistory {
       next_.clear();
     }
     if (!enabled) {
-      contexts_.clear();
+      blocks_.clear();
     }
     on_.store(enabled, std::memory_order_relaxed);
   }
@@ -97,11 +99,8 @@ class MemoryHistory {
       c10::MempoolId_t pool) {
     auto context = gather(RecordContext::STATE);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (context != nullptr) {
-      contexts_[ptr] = context;
-    }
-    add(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream, pool,
-        static_cast<int>(when_) >= static_cast<int>(RecordContext::ALLOC) ? context : nullptr);
+    blocks_[ptr] = Live{context, size};
+    add(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream, pool, context);
   }
 
   void freed(
@@ -112,11 +111,11 @@ class MemoryHistory {
       c10::MempoolId_t pool) {
     auto context = gather(RecordContext::ALL);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = contexts_.find(ptr);
+    auto it = blocks_.find(ptr);
     std::shared_ptr<c10::GatheredContext> at_alloc;
-    if (it != contexts_.end()) {
-      at_alloc = std::move(it->second);
-      contexts_.erase(it);
+    if (it != blocks_.end()) {
+      at_alloc = std::move(it->second.context);
+      blocks_.erase(it);
     }
     const auto& ctx = context != nullptr ? context : at_alloc;
     for (auto action : {TraceEntry::FREE_REQUESTED, TraceEntry::FREE_COMPLETED}) {
@@ -129,16 +128,28 @@ class MemoryHistory {
     add(TraceEntry::OOM, device, device_free, size, stream, {0, 0}, nullptr);
   }
 
-  void snapshot_taken(c10::DeviceIndex device, size_t active) {
+  // A segment given back (by empty_cache), with the stack of the call that
+  // gave it back (from ALL on).
+  void segment_freed(
+      c10::DeviceIndex device,
+      size_t addr,
+      size_t size,
+      void* stream,
+      c10::MempoolId_t pool,
+      std::shared_ptr<c10::GatheredContext> context) {
     std::lock_guard<std::mutex> lock(mutex_);
-    add(TraceEntry::SNAPSHOT, device, 0, active, nullptr, {0, 0}, nullptr);
+    add(TraceEntry::SEGMENT_FREE, device, addr, size, stream, pool, std::move(context));
   }
 
-  // The stack recorded when the live block at `ptr` was allocated.
-  std::shared_ptr<c10::GatheredContext> context_of(void* ptr) const {
+  // The stack recorded when the live block at `ptr` was allocated (null
+  // when none was), and the size it was asked with (0 when unknown).
+  std::pair<std::shared_ptr<c10::GatheredContext>, size_t> block_of(void* ptr) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = contexts_.find(ptr);
-    return it != contexts_.end() ? it->second : nullptr;
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) {
+      return {nullptr, 0};
+    }
+    return {it->second.context, it->second.requested};
   }
 
   // Each device's entries, oldest first.
@@ -212,9 +223,12 @@ class MemoryHistory {
     if (!on() || skip_.count(action) != 0 || device < 0) {
       return;
     }
+    if (static_cast<int>(when_) < static_cast<int>(RecordContext::ALLOC)) {
+      context = nullptr;
+    }
     TraceEntry te(
         action, device, addr, size, stream, pool, c10::getApproximateTime(), std::move(context),
-        compile_contexts_.empty() ? std::string() : compile_contexts_.back(), user_metadata_);
+        compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(), user_metadata_);
     for (const auto& t : trackers_) {
       t(te);
     }
@@ -240,7 +254,12 @@ class MemoryHistory {
   std::unordered_set<int> skip_;
   std::vector<std::vector<TraceEntry>> traces_;
   std::vector<size_t> next_;
-  std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts_;
+  // What the history knows of each live block allocated while recording.
+  struct Live {
+    std::shared_ptr<c10::GatheredContext> context;
+    size_t requested;
+  };
+  std::unordered_map<void*, Live> blocks_;
   std::vector<AllocatorTraceTracker> trackers_;
   std::vector<std::string> compile_contexts_;
   std::string user_metadata_;

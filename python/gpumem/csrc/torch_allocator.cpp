@@ -215,6 +215,19 @@ bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   return false;
 }
 
+// Tells PyTorch's profiler (profile_memory=True) of an allocation (positive
+// size) or a free (negative), with the device's totals after it.
+void report_to_profiler(void* ptr, int64_t size, c10::DeviceIndex device) {
+  gpumem_device_stats_t s{};
+  api.get_device_stats(device, &s);
+  c10::reportMemoryUsageToProfiler(
+      ptr,
+      size,
+      static_cast<size_t>(std::max<int64_t>(0, s.allocated_bytes.current)),
+      static_cast<size_t>(std::max<int64_t>(0, s.reserved_bytes.current)),
+      c10::Device(c10::DeviceType::CUDA, device));
+}
+
 // Frees memory of cudaMalloc (the allocator disabled).
 void uncached_free(void* ptr) {
   if (ptr != nullptr) {
@@ -252,6 +265,9 @@ void free_block(const Allocation& a) {
   }
   if (history.on()) {
     history.freed(a.device, a.ptr, a.size, a.stream, a.pool);
+  }
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+    report_to_profiler(a.ptr, -static_cast<int64_t>(a.size), a.device);
   }
   if (!capturing()) {
     if (a.pool != kDevicePool) {
@@ -449,9 +465,31 @@ class GpumemAllocator final : public CUDAAllocator {
     return enabled_.load(std::memory_order_relaxed);
   }
 
+  // Gives every device's cached memory back. While the memory history
+  // records, the segments that went are recorded with this call's stack.
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    for (c10::DeviceIndex d = 0; d < c10::cuda::device_count(); ++d) {
+    c10::DeviceIndex n = c10::cuda::device_count();
+    if (!history.on()) {
+      for (c10::DeviceIndex d = 0; d < n; ++d) {
+        api.empty_cache(d);
+      }
+      return;
+    }
+    auto context = history.gather(RecordContext::ALL);
+    for (c10::DeviceIndex d = 0; d < n; ++d) {
+      std::vector<SegmentInfo> before;
+      std::vector<SegmentInfo> after;
+      snapshot_device(d, before);
       api.empty_cache(d);
+      snapshot_device(d, after);
+      for (const auto& s : before) {
+        bool kept = std::any_of(after.begin(), after.end(), [&](const SegmentInfo& a) {
+          return a.address == s.address && a.total_size == s.total_size;
+        });
+        if (!kept) {
+          history.segment_freed(d, s.address, s.total_size, s.stream, s.owner_private_pool_id, context);
+        }
+      }
     }
   }
 
@@ -509,22 +547,19 @@ class GpumemAllocator final : public CUDAAllocator {
     SnapshotInfo info{};
     c10::DeviceIndex n = c10::cuda::device_count();
     for (c10::DeviceIndex d = 0; d < n; ++d) {
-      size_t first = info.segments.size();
       snapshot_device(d, info.segments);
-      if (history.on()) {
-        size_t active = 0;
-        for (size_t i = first; i < info.segments.size(); ++i) {
-          active += info.segments[i].active_size;
-        }
-        history.snapshot_taken(d, active);
-      }
     }
     if (history.on()) {
       for (auto& seg : info.segments) {
         size_t at = seg.address;
         for (auto& b : seg.blocks) {
           if (b.allocated) {
-            b.context_when_allocated = history.context_of(reinterpret_cast<void*>(at));
+            auto [context, requested] = history.block_of(reinterpret_cast<void*>(at));
+            b.context_when_allocated = std::move(context);
+            if (requested != 0) {
+              seg.requested_size += requested - b.requested_size;
+              b.requested_size = requested;
+            }
           }
           at += b.size;
         }
@@ -756,6 +791,9 @@ class GpumemAllocator final : public CUDAAllocator {
     Allocation a = route_block(size, device, stream);
     if (history.on()) {
       history.allocated(device, a.ptr, size, a.stream, a.pool);
+    }
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      report_to_profiler(a.ptr, static_cast<int64_t>(size), device);
     }
     return a;
   }
@@ -1022,6 +1060,9 @@ extern "C" int gpumem_torch_install(
     gpumem_torch::api = *api;
     static auto allocator = std::make_shared<gpumem_torch::GpumemAllocator>();
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    // torch.accelerator's memory API asks c10's allocator registry, which
+    // changeCurrentAllocator leaves at PyTorch's allocator.
+    c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/1);
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what());
