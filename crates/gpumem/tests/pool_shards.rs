@@ -116,31 +116,42 @@ fn threads_that_take_turns_keep_one_shard() {
     assert_eq!(st.live, 0);
 }
 
-/// Threads that allocate at the same moment contend for shard 0's lock and
-/// spread over the shards; a free then goes to the shard owning its block.
+/// Threads spread over the shards (once shard 0 is contended, a rule the
+/// shards' own tests check; `Spread::Always` here, so that the test does
+/// not wait for contention) each use their own shard, and a free, by any
+/// thread, goes to the shard owning its block.
 #[test]
-fn threads_that_contend_spread_over_the_shards() {
+fn spread_threads_use_their_own_shards_and_frees_find_the_owner() {
     let (device, _) = common::device(false);
     let mut config = PoolConfig::default();
     config.shards = 8;
+    config.spread = Spread::Always;
     let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // Every thread holds its slot until all have allocated: eight live
+    // threads have eight different shards.
+    let all_in = std::sync::Barrier::new(8);
+    let blocks = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..8 {
-            let (pool, device) = (&pool, &device);
+            let (pool, device, all_in, blocks) = (&pool, &device, &all_in, &blocks);
             scope.spawn(move || {
                 let s = device.create_stream().unwrap();
-                while pool.stats().shards_in_use == 1 && std::time::Instant::now() < deadline {
-                    churn(pool, &s, 2_000);
-                }
-                churn(pool, &s, 2_000);
-                s.synchronize().unwrap();
+                churn(pool, &s, 200);
+                let p = pool.allocate(4096, 256, &s).unwrap();
+                blocks.lock().unwrap().push((p, s));
+                all_in.wait();
             });
         }
     });
+    assert_eq!(pool.stats().shards_in_use, 8, "one shard per thread");
+    // This thread frees the others' blocks: each goes back to its owner.
+    for (p, s) in blocks.into_inner().unwrap() {
+        pool.deallocate(p, 4096, 256, &s).unwrap();
+        s.synchronize().unwrap();
+    }
     let st = pool.stats();
-    assert_eq!(st.shards_in_use, 8, "the threads spread");
     assert_eq!(st.live, 0);
+    assert_eq!(pool.release().unwrap(), st.reserved);
 }
 
 #[test]

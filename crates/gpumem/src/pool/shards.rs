@@ -334,6 +334,15 @@ impl<S, G> Shards<S, G> {
     #[inline(never)]
     #[cfg_attr(loom, allow(dead_code))]
     fn on_contention(&self) {
+        self.on_contention_at(|| {
+            u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        });
+    }
+
+    /// [`Shards::on_contention`] with the clock (ns since `epoch`) given,
+    /// read only at the end of a burst.
+    #[cfg_attr(loom, allow(dead_code))]
+    fn on_contention_at(&self, clock: impl FnOnce() -> u64) {
         if self.spread_out() {
             return;
         }
@@ -341,7 +350,7 @@ impl<S, G> Shards<S, G> {
         if !n.is_multiple_of(CONTENDED_BURST) {
             return;
         }
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = clock();
         let began = self.burst_start.swap(now, Relaxed);
         // The first burst began when the pool was made (`epoch`).
         if now.saturating_sub(began) <= BURST_WINDOW.as_nanos() as u64 {
@@ -407,6 +416,72 @@ mod tests {
         let here = shards.home();
         let there = std::thread::scope(|sc| sc.spawn(|| shards.home()).join().unwrap());
         assert_ne!(here, there);
+    }
+
+    fn shards(spread: Spread) -> Shards<(), RegionOwners> {
+        Shards::spreading(8, spread, || (), RegionOwners::default())
+    }
+
+    /// `n` contended acquisitions, the clock reading `at` ms.
+    fn contend(s: &Shards<(), RegionOwners>, n: u64, at: u64) {
+        for _ in 0..n {
+            s.on_contention_at(|| at * 1_000_000);
+        }
+    }
+
+    #[test]
+    fn a_burst_of_contention_within_the_window_spreads_the_threads() {
+        let s = shards(Spread::OnContention);
+        assert_eq!(s.home_of(5), 0, "all on shard 0 first");
+        contend(&s, CONTENDED_BURST - 1, 10);
+        assert!(!s.spread_out(), "one short of a burst");
+        contend(&s, 1, 90);
+        assert!(s.spread_out(), "a burst within 100 ms of the start");
+        assert_eq!(s.home_of(5), 5);
+        assert_eq!(s.contended(), CONTENDED_BURST);
+    }
+
+    #[test]
+    fn contention_slower_than_a_burst_per_window_does_not_spread() {
+        let s = shards(Spread::OnContention);
+        let window = BURST_WINDOW.as_millis() as u64;
+        // Each burst ends more than a window after the previous one.
+        for k in 1..=5 {
+            contend(&s, CONTENDED_BURST, k * (window + 1));
+            assert!(!s.spread_out(), "burst {k}");
+        }
+        // The next one within a window spreads.
+        contend(&s, CONTENDED_BURST, 5 * (window + 1) + window);
+        assert!(s.spread_out());
+    }
+
+    #[test]
+    fn a_pinned_pool_never_spreads() {
+        let s = shards(Spread::OnContention);
+        assert!(s.pin());
+        contend(&s, 16 * CONTENDED_BURST, 1);
+        assert!(!s.spread_out());
+        assert_eq!(s.home_of(3), 0);
+        let spread = shards(Spread::Always);
+        assert!(!spread.pin(), "the threads already use several shards");
+    }
+
+    /// The lock path counts an acquisition that finds shard 0 held: a
+    /// thread blocks on it while another holds it.
+    #[test]
+    fn an_acquisition_that_finds_shard_0_held_is_counted() {
+        let s = shards(Spread::OnContention);
+        let held = s.lock(0);
+        std::thread::scope(|sc| {
+            let t = sc.spawn(|| drop(s.lock_home()));
+            while s.contended() == 0 {
+                std::thread::yield_now();
+            }
+            drop(held);
+            t.join().unwrap();
+        });
+        assert_eq!(s.contended(), 1);
+        assert!(!s.spread_out());
     }
 
     #[test]
