@@ -124,8 +124,10 @@ def conf_text(**settings):
 
     Checks what can be checked without the library: raises ValueError for an
     unknown key (naming the closest one), a value that is not an int, a str,
-    a path or None, a negative int, or a value with a comma. None leaves the
-    key at its default. The library checks the values themselves.
+    a path or None, a negative int, or a value with a comma or a NUL
+    character (C reads a string up to its first NUL: the library would see
+    another value). None leaves the key at its default. The library checks
+    the values themselves.
     """
     parts = []
     for key, value in settings.items():
@@ -153,6 +155,11 @@ def conf_text(**settings):
             raise ValueError(
                 "gpumem: %s=%r: GPUMEM_CONF separates settings with commas, so a "
                 "value cannot hold one" % (key, text)
+            )
+        if "\0" in text:
+            raise ValueError(
+                "gpumem: %s=%r: a value cannot hold a NUL character (the library "
+                "would read only what comes before it)" % (key, text)
             )
         parts.append("%s=%s" % (key, text))
     return ",".join(parts)

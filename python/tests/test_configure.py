@@ -56,6 +56,8 @@ def test_a_misspelt_key_is_caught_before_the_library_loads():
         ({"max_size": 1.5}, "expected bytes as an int"),
         ({"initial_size": -1}, "cannot be negative"),
         ({"log": "a,b.csv"}, "cannot hold one"),
+        ({"resource": "vpool\0x"}, "NUL character"),
+        ({"log": "job\0.csv"}, "NUL character"),
         ({"resource": ["pool"]}, "expected bytes as an int"),
         ({"colour": "red"}, 'unknown setting "colour"'),
     ],
@@ -105,6 +107,7 @@ def test_configure_overrides_an_invalid_gpumem_conf():
         ({"resource": "pool", "spread": "sometimes"}, "expected contended or always"),
         ({"resource": "arena", "spread": "always"}, "only for pool, binning and vpool"),
         ({"recycle": True, "expandable": False}, "recycle needs expandable heaps"),
+        ({"resource": "arena", "initial_size": 1}, "smaller than one superblock"),
     ],
 )
 def test_bad_values_raise_the_librarys_reason_and_change_nothing(settings, why):

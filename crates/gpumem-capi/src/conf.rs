@@ -463,6 +463,22 @@ pub fn parse(text: &str) -> Parsed {
             ));
         }
     }
+    if conf.resource == ResourceKind::Arena {
+        // The arena takes this much up front, in whole superblocks: less
+        // than one would serve nothing at all.
+        let sb = gpumem::pool::ArenaConfig::default().superblock_size;
+        let size = Some(conf.initial_size).filter(|&s| s > 0).or(conf.max_size);
+        if let Some(size) = size.filter(|&s| s < sb) {
+            let key = if conf.initial_size > 0 {
+                "initial_size"
+            } else {
+                "max_size"
+            };
+            problems.push(format!(
+                "resource=arena: {key} {size} is smaller than one superblock ({sb} bytes), so the arena could serve nothing"
+            ));
+        }
+    }
     if release_threshold_set && conf.resource != ResourceKind::Async {
         problems.push(format!(
             "release_threshold means nothing for resource={} (only for async)",
@@ -685,6 +701,30 @@ mod tests {
             assert!(p.problems[0].contains(says), "{text}: {:?}", p.problems);
             assert!(p.error().is_some(), "{text}");
         }
+    }
+
+    #[test]
+    fn an_arena_smaller_than_a_superblock_is_refused() {
+        for text in [
+            "resource=arena,initial_size=1",
+            "resource=arena,max_size=4096",
+        ] {
+            let p = parse(text);
+            assert!(
+                p.problems
+                    .iter()
+                    .any(|e| e.contains("smaller than one superblock")),
+                "{text}: {:?}",
+                p.problems
+            );
+        }
+        assert!(parse("resource=arena,initial_size=1MiB")
+            .problems
+            .is_empty());
+        assert!(
+            parse("resource=arena").problems.is_empty(),
+            "sized at run time"
+        );
     }
 
     #[test]
