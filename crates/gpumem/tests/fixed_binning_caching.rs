@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim, Modeled};
+use common::model::{enqueue_work, model_setup, op, run_model, sim};
 
 use std::sync::Arc;
 
@@ -167,38 +167,6 @@ fn caching_pool_config_is_validated() {
 }
 
 // ----- the random-sequence model checks -----
-
-impl<U: MemoryResource> Modeled for FixedSizeResource<U> {
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {
-        self.process_deferred().unwrap();
-    }
-}
-
-impl<U: MemoryResource + 'static> Modeled for BinningResource<U> {
-    fn live(&self) -> usize {
-        self.live_bytes()
-    }
-    fn process(&self) {
-        self.process_deferred().unwrap();
-    }
-}
-
-impl<U: MemoryResource> Modeled for CachingPool<U> {
-    fn live(&self) -> usize {
-        let s = self.stats();
-        assert_eq!(s.live, self.live_bytes());
-        assert_eq!(s.reserved, self.reserved_bytes());
-        let in_use: usize = s.classes.iter().map(|c| c.live_blocks * c.block_size).sum();
-        assert_eq!(s.free + in_use, s.reserved, "{s:?}");
-        self.live_bytes()
-    }
-    fn process(&self) {
-        self.process_deferred().unwrap();
-    }
-}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]

@@ -301,6 +301,18 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
+    /// The shared pool model: streams held and released, frees across
+    /// streams, trims; no block overlaps another, no memory freed on a
+    /// stream leaves before that stream's work ran, everything goes back.
+    #[test]
+    fn the_pool_keeps_stream_order(ops in proptest::collection::vec(common::model::op(24), 1..120)) {
+        let (device, sim, streams, base) = common::model::model_setup();
+        let pool = SegmentPool::new(DeviceResource::new(device.clone())).unwrap();
+        common::model::run_model(pool, &sim, &streams, &ops)?;
+        sim.complete_all();
+        prop_assert_eq!(sim.device_bytes(0), base, "all memory back");
+    }
+
     /// Any sequence of allocations, frees (good and bad), checkpoints,
     /// restores and releases against a model of the live blocks: the
     /// blocks tile their segments, the statistics match, the live blocks

@@ -21,8 +21,10 @@
 //!   `large_segment` bytes (20 MiB) for requests under `large_segment_limit`
 //!   (10 MiB), else of the request rounded up to `large_round` (2 MiB);
 //! - a segment belongs to the stream it was made for, and its blocks serve
-//!   allocations on that stream only (a free's own stream does not move a
-//!   block: the stream that allocated it reuses it, in its own order);
+//!   allocations on that stream only; a block freed on another stream goes
+//!   back to its segment once the segment's stream was made to wait for the
+//!   freeing stream (one event), or, when that cannot be (a capture under
+//!   way on either), stays out of use until the pool drops;
 //! - a free block is taken best fit (smallest, then lowest address) and
 //!   split when what remains is at least `round` bytes (small) or more than
 //!   `small_limit` (large); a freed block merges with its free neighbours;
@@ -47,6 +49,10 @@ use crate::adaptor::Stat;
 use crate::device::Device;
 use crate::driver::{DevicePtr, RawStream};
 use crate::error::FreeError;
+use crate::pool::stream_order::events::EventPool;
+use crate::pool::stream_order::handoff;
+use crate::pool::stream_order::streams::{self, HeldStream, Progress};
+use crate::pool::Pool;
 use crate::resource::{
     validate_request, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
 };
@@ -268,6 +274,11 @@ struct State {
     segs: BTreeMap<u64, Seg>,
     free: BTreeSet<FreeKey>,
     stats: SegmentPoolStats,
+    /// Highest bytes of segments held, both classes together.
+    peak_reserved: u64,
+    /// Blocks freed on a stream their segment's stream could not wait for:
+    /// live for good.
+    parked: BTreeSet<u64>,
 }
 
 fn add(s: &mut Stat, n: u64) {
@@ -453,13 +464,26 @@ impl State {
 ///     Ok(())
 /// }
 /// ```
-#[derive(Debug)]
 pub struct SegmentPool<U: MemoryResource> {
     upstream: U,
     config: SegmentPoolConfig,
     /// A number of its own, which its checkpoints carry.
     id: u64,
     state: Mutex<State>,
+    /// Events for frees on another stream than the block's.
+    events: EventPool,
+}
+
+impl<U: MemoryResource> std::fmt::Debug for SegmentPool<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("SegmentPool")
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .field("segments", &st.segs.len())
+            .field("stats", &st.stats)
+            .finish()
+    }
 }
 
 /// The numbers given to pools so far.
@@ -479,6 +503,7 @@ impl<U: MemoryResource> SegmentPool<U> {
             config,
             id: POOLS.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::default()),
+            events: EventPool::new(4),
         })
     }
 
@@ -607,6 +632,9 @@ impl<U: MemoryResource> SegmentPool<U> {
     /// Resets every peak to the value now.
     pub fn reset_peak(&self) {
         let mut st = self.lock();
+        st.peak_reserved = (st.stats.small.reserved_bytes.current
+            + st.stats.large.reserved_bytes.current)
+            .max(0) as u64;
         let stats = &mut st.stats;
         for c in [&mut stats.small, &mut stats.large] {
             for s in [
@@ -680,6 +708,11 @@ impl<U: MemoryResource> SegmentPool<U> {
                 }
             }
         }
+        if st.parked.iter().any(|p| !keep.contains(p)) {
+            return Err(Error::InvalidArgument(
+                "segment pool: the checkpoint would free a block that work on another stream may still use".into(),
+            ));
+        }
         let mut out = Restored::default();
         let live: Vec<(u64, u64)> = st
             .segs
@@ -730,6 +763,12 @@ impl<U: MemoryResource> SegmentPool<U> {
     /// on the stream it belongs to); returns the bytes given back. The
     /// caller makes sure no work (a graph replay) still uses them.
     pub fn release_free_segments(&self) -> Result<usize> {
+        self.give_back(0, |_| true)
+    }
+
+    /// Gives segments without a live block back, those `ready` accepts, in
+    /// address order, until at most `to` bytes are held.
+    fn give_back(&self, to: usize, mut ready: impl FnMut(&Stream) -> bool) -> Result<usize> {
         let mut st = self.lock();
         let free: Vec<u64> = st
             .segs
@@ -739,6 +778,15 @@ impl<U: MemoryResource> SegmentPool<U> {
             .collect();
         let mut given = 0;
         for start in free {
+            let held = (st.stats.small.reserved_bytes.current
+                + st.stats.large.reserved_bytes.current)
+                .max(0) as usize;
+            if held <= to {
+                break;
+            }
+            if !ready(&st.segs[&start].stream) {
+                continue;
+            }
             let seg = st.segs.remove(&start).expect("listed above");
             let _relaxed = crate::captures::relaxed_if_underway(self.upstream.device());
             if let Err(e) = self.upstream.deallocate(
@@ -777,7 +825,7 @@ impl<U: MemoryResource> SegmentPool<U> {
         let Some(b) = st.segs[&start].blocks.get(&ptr.0).copied() else {
             return Err(refused(FreeError::Unknown));
         };
-        if !b.live {
+        if !b.live || st.parked.contains(&ptr.0) {
             return Err(refused(FreeError::DoubleFree));
         }
         if self.rounded(bytes) != self.rounded(b.requested as usize) {
@@ -816,6 +864,9 @@ impl<U: MemoryResource> SegmentPool<U> {
         let c = st.counters(class);
         add(&mut c.segment, 1);
         add(&mut c.reserved_bytes, bytes as u64);
+        let held = (st.stats.small.reserved_bytes.current + st.stats.large.reserved_bytes.current)
+            .max(0) as u64;
+        st.peak_reserved = st.peak_reserved.max(held);
         Ok(p.0)
     }
 }
@@ -858,13 +909,23 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
         ptr: DevicePtr,
         bytes: usize,
         _alignment: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         let mut st = self.lock();
         let start = self.checked(&st, ptr, bytes)?;
+        let owner = &st.segs[&start].stream;
+        if owner.id() != stream.id()
+            && !handoff::hand_over(&HeldStream::new(stream), owner, &self.events)?
+        {
+            // The block's stream cannot be made to wait for this one: the
+            // block stays out of use (live) for good; a second free of it
+            // is still refused.
+            st.parked.insert(ptr.0);
+            return Ok(());
+        }
         st.release(start, ptr.0);
         Ok(())
     }
@@ -875,6 +936,45 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
 
     fn properties(&self) -> Properties {
         self.upstream.properties()
+    }
+}
+
+/// The reserve is the segments held. [`Pool::trim`] gives back segments
+/// without a live block whose stream is known idle (a query; none during a
+/// capture on it); [`Pool::release`] first waits for the streams of the
+/// segments without a live block (refused while one of them captures),
+/// then gives them all back.
+impl<U: MemoryResource> Pool for SegmentPool<U> {
+    fn reserved_bytes(&self) -> usize {
+        SegmentPool::reserved_bytes(self)
+    }
+
+    fn peak_reserved_bytes(&self) -> usize {
+        self.lock().peak_reserved as usize
+    }
+
+    fn reset_peak(&self) {
+        SegmentPool::reset_peak(self)
+    }
+
+    fn trim(&self, to: usize) -> Result<usize> {
+        self.give_back(to, |s| streams::query(s) == Progress::Idle)
+    }
+
+    fn release(&self) -> Result<usize> {
+        let waits: Vec<Stream> = {
+            let st = self.lock();
+            let mut seen = BTreeSet::new();
+            st.segs
+                .values()
+                .filter(|s| s.is_free() && seen.insert(s.stream.id()))
+                .map(|s| s.stream.clone())
+                .collect()
+        };
+        for s in &waits {
+            streams::synchronize(s)?;
+        }
+        self.release_free_segments()
     }
 }
 

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::Driver;
-use gpumem::pool::{Pool, PoolResource, VirtualPool};
+use gpumem::pool::{
+    BinningResource, CachingPool, FixedSizeResource, Pool, PoolResource, SegmentPool, VirtualPool,
+};
 use gpumem::resource::MemoryResource;
 use gpumem::{Device, DevicePtr, Stream};
 use proptest::prelude::*;
@@ -102,6 +104,54 @@ impl<U: MemoryResource> Modeled for PoolResource<U> {
     }
     fn check(&self) {
         self.check_invariants().unwrap();
+    }
+}
+
+impl<U: MemoryResource> Modeled for FixedSizeResource<U> {
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+}
+
+impl<U: MemoryResource + 'static> Modeled for BinningResource<U> {
+    fn live(&self) -> usize {
+        self.live_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+}
+
+impl<U: MemoryResource> Modeled for CachingPool<U> {
+    fn live(&self) -> usize {
+        let s = self.stats();
+        assert_eq!(s.live, self.live_bytes());
+        assert_eq!(s.reserved, self.reserved_bytes());
+        let in_use: usize = s.classes.iter().map(|c| c.live_blocks * c.block_size).sum();
+        assert_eq!(s.free + in_use, s.reserved, "{s:?}");
+        self.live_bytes()
+    }
+    fn process(&self) {
+        self.process_deferred().unwrap();
+    }
+}
+
+/// A SegmentPool counts what was asked for (a block may keep a remainder
+/// it did not split off); its segments tile exactly into blocks.
+impl<U: MemoryResource> Modeled for SegmentPool<U> {
+    fn live(&self) -> usize {
+        let s = self.stats();
+        (s.small.requested_bytes.current + s.large.requested_bytes.current) as usize
+    }
+    fn process(&self) {}
+    fn check(&self) {
+        for seg in self.segments() {
+            let tiled: usize = seg.blocks.iter().map(|b| b.size).sum();
+            assert_eq!(tiled, seg.size, "{seg:?}");
+        }
     }
 }
 
