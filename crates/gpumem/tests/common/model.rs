@@ -27,13 +27,32 @@ pub fn sim(capacity: usize) -> (Device, Arc<SimDriver>) {
 
 #[derive(Debug, Clone)]
 pub enum Op {
-    Alloc { stream: usize, bytes: usize },
-    Free { pick: usize, stream: usize },
-    Touch { pick: usize },
-    Hold { stream: usize },
-    Release { stream: usize },
+    Alloc {
+        stream: usize,
+        bytes: usize,
+    },
+    Free {
+        pick: usize,
+        stream: usize,
+    },
+    Touch {
+        pick: usize,
+    },
+    Hold {
+        stream: usize,
+    },
+    Release {
+        stream: usize,
+    },
     Process,
     Trim,
+    /// A bad free of a live block (`kind` 0: a size of another class, 1: a
+    /// pointer inside it), of a block already freed (2) or of a pointer no
+    /// pool hands out (3).
+    BadFree {
+        pick: usize,
+        kind: u8,
+    },
 }
 
 pub fn op(max_log: u32) -> impl Strategy<Value = Op> {
@@ -54,6 +73,7 @@ pub fn op_between(min_log: u32, max_log: u32) -> impl Strategy<Value = Op> {
         1 => (0..3usize).prop_map(|stream| Op::Release { stream }),
         1 => Just(Op::Process),
         1 => Just(Op::Trim),
+        1 => (any::<usize>(), 0..4u8).prop_map(|(pick, kind)| Op::BadFree { pick, kind }),
     ]
 }
 
@@ -262,6 +282,7 @@ pub fn run_model<P: Modeled>(
                 pool.trim(0).unwrap();
                 pool.check();
             }
+            Op::BadFree { pick, kind } => bad_free(&pool, streams, &mut live, &freed, pick, kind)?,
         }
         for &(p, bytes, _) in &live {
             prop_assert!(
@@ -303,6 +324,72 @@ pub fn run_model<P: Modeled>(
             sim.release(s.raw());
         }
     }
+    Ok(())
+}
+
+/// One [`Op::BadFree`]: a double free, an interior or foreign pointer must
+/// be refused; a size of another class is refused or, where the pool does
+/// not compare sizes that way, a valid free (the block is then gone). A
+/// refused free changes nothing.
+fn bad_free<P: Modeled>(
+    pool: &P,
+    streams: &[Stream],
+    live: &mut Vec<(DevicePtr, usize, usize)>,
+    freed: &[Freed],
+    pick: usize,
+    kind: u8,
+) -> Result<(), TestCaseError> {
+    let before = pool.live();
+    let overlaps_live =
+        |a: u64, b: u64| live.iter().any(|&(q, n, _)| a < q.0 + n as u64 && q.0 < b);
+    match kind {
+        0 | 1 if !live.is_empty() => {
+            let i = pick % live.len();
+            let (p, bytes, owner) = live[i];
+            let s = &streams[owner];
+            if kind == 0 {
+                let other = if bytes > 4096 {
+                    bytes / 8
+                } else {
+                    bytes + (1 << 20)
+                };
+                if pool.deallocate(p, other, 256, s).is_ok() {
+                    live.swap_remove(i);
+                    return Ok(());
+                }
+            } else if bytes > 512 {
+                let inside = DevicePtr(p.0 + 256);
+                prop_assert!(
+                    pool.deallocate(inside, 256, 256, s).is_err(),
+                    "interior free accepted"
+                );
+            }
+        }
+        2 => {
+            let Some(f) = freed
+                .iter()
+                .cycle()
+                .skip(pick % freed.len().max(1))
+                .take(freed.len())
+                .find(|f| !overlaps_live(f.start, f.end))
+            else {
+                return Ok(());
+            };
+            let r = pool.deallocate(
+                DevicePtr(f.start),
+                (f.end - f.start) as usize,
+                256,
+                &streams[0],
+            );
+            prop_assert!(r.is_err(), "double free of {:#x} accepted", f.start);
+        }
+        3 => {
+            let r = pool.deallocate(DevicePtr(0x10), 4096, 256, &streams[pick % streams.len()]);
+            prop_assert!(r.is_err(), "foreign pointer accepted");
+        }
+        _ => {}
+    }
+    prop_assert_eq!(pool.live(), before, "a refused free changed the live bytes");
     Ok(())
 }
 
