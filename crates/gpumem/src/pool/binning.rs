@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fixed_size::{FixedSizeConfig, FixedSizeResource};
+use super::stream_order::parked::{capturing, Parked};
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -157,6 +158,10 @@ pub struct BinningResource<U: MemoryResource + 'static> {
     bins: Vec<Bin<U>>,
     /// Allocations taken straight from the upstream.
     direct: HandedOut,
+    /// Direct allocations freed on capturing streams (see
+    /// `stream_order::parked`; the fixed-size bins park their own): still
+    /// held from the upstream, given back when the resource goes.
+    parked: Parked,
 }
 
 impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
@@ -191,6 +196,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             }),
             bins: Vec::new(),
             direct: HandedOut::default(),
+            parked: Parked::default(),
         })
     }
 
@@ -406,6 +412,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             None => {
                 let up = &self.upstream;
                 let r = self.direct.free_with(ptr, bytes, |_| match stream {
+                    Some(s) if capturing(s) => self.parked.park(ptr, bytes),
                     Some(s) => up.deallocate(ptr, bytes, alignment, s),
                     None => up.deallocate_sync(ptr, bytes, alignment),
                 });
@@ -430,7 +437,9 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             allocated,
             freed: bytes,
         };
-        let reason = if let Some(allocated) = self.direct.bytes_of(ptr) {
+        let reason = if self.parked.contains(ptr) {
+            FreeError::DoubleFree
+        } else if let Some(allocated) = self.direct.bytes_of(ptr) {
             mismatch(allocated)
         } else if let Some(state) = self.fixed().find_map(|f| f.lookup(ptr)) {
             state.map_or(FreeError::DoubleFree, mismatch)
@@ -469,6 +478,15 @@ impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
 
     fn release(&self) -> Result<usize> {
         self.give_back(0, |f, _| f.release())
+    }
+}
+
+impl<U: MemoryResource + 'static> Drop for BinningResource<U> {
+    fn drop(&mut self) {
+        let up = &self.upstream;
+        self.parked.give_back(up.device(), |p, bytes| {
+            up.deallocate_sync(p, bytes, DEFAULT_ALIGNMENT)
+        });
     }
 }
 
