@@ -13,7 +13,11 @@
 //! With no capture counted, the pools run as before at the cost of one
 //! atomic load on their slow paths; with one counted, they ask the driver
 //! whether the stream at hand is capturing, park what is freed on a
-//! capturing stream, and make their queries in relaxed capture mode.
+//! capturing stream, make their queries in relaxed capture mode, and wait
+//! for nothing when they run out of memory: no stream, event or device is
+//! synchronized, and what a wait could have freed stays where it is, so the
+//! allocation fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
+//! and its numbers.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -14,7 +14,8 @@
 //! ([`BinningResource::add_fixed_bins`]), but any resource can be a bin.
 //!
 //! Out of memory in a bin or the upstream: every fixed-size bin gives its
-//! entirely free chunks back (after the streams that freed them are done),
+//! entirely free chunks back (after the streams that freed them are done;
+//! while a capture is under way, only those known done without waiting),
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use super::fixed_size::{FixedSizeConfig, FixedSizeResource};
 use super::stream_order::parked::{capturing, Parked};
+use super::stream_order::streams::may_wait;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -498,7 +500,12 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
         }
         match self.try_allocate(bytes, alignment, stream) {
             Err(e) if e.is_oom() => {
-                let _ = Pool::release(self);
+                // Waiting for the bins' streams only where it may (see
+                // `stream_order::streams::may_wait`).
+                let _ = match may_wait() {
+                    true => Pool::release(self),
+                    false => Pool::trim(self, 0),
+                };
                 match self.try_allocate(bytes, alignment, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,

@@ -32,6 +32,7 @@ use std::sync::Mutex;
 use super::ptr_map::PtrMap;
 use super::slab::{ClassSpec, ClassStats, Freed, Slab, SlabConfig};
 use super::stream_order::parked::Parked;
+use super::stream_order::streams::may_wait;
 use super::stream_order::sync::lock;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -292,7 +293,9 @@ impl<U: MemoryResource> CachingPool<U> {
     fn allocate_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         match self.try_large(bytes, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.slab.release(true, 0);
+                // Not waiting for streams during a capture (see
+                // `stream_order::streams::may_wait`).
+                let _ = self.slab.release(may_wait(), 0);
                 match self.try_large(bytes, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,

@@ -41,7 +41,8 @@
 //!    recorded on its stream and one `cuStreamWaitEvent` on S;
 //! 3. *grow*: a new region from the upstream, sized by the [`GrowthPolicy`];
 //! 4. *reclaim*: on upstream out-of-memory (or the pool's maximum), wait for
-//!    every stream with free blocks, take a free block of either heap (the
+//!    every stream with free blocks (during a capture, only query them:
+//!    nothing is waited for then), take a free block of either heap (the
 //!    segregation yields to memory pressure), else give entirely free regions
 //!    back and retry; then fail with
 //!    [`Error::OutOfMemory`] carrying requested, reserved, live and
@@ -100,6 +101,7 @@ use super::live_blocks;
 use super::shards::{shard_count, Guard, RegionOwners, Shards, Spread};
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::{capturing, ParkedBlocks};
+use super::stream_order::streams::may_wait;
 use super::Pool;
 use crate::adaptor::CallCount;
 use crate::device::Device;
@@ -984,8 +986,10 @@ impl<U: MemoryResource> PoolResource<U> {
         Ok(self.grow(st, home, class, region))
     }
 
-    /// Reclaim: waits for every stream's frees in every shard, then takes a
-    /// free block of heap `class`, else of the other heap (segregation
+    /// Reclaim: waits for every stream's frees in every shard (while a
+    /// capture is counted, takes only those a query finds done: see
+    /// `stream_order::streams::may_wait`), then takes a free block of heap
+    /// `class`, else of the other heap (segregation
     /// yields to memory pressure: a pool of fixed size, initial = maximum,
     /// serves every size from its one region), from shard `home` first. A
     /// block of another shard stays that shard's.
@@ -998,7 +1002,12 @@ impl<U: MemoryResource> PoolResource<U> {
     ) -> Result<Option<DevicePtr>> {
         let n = self.shards.len();
         for i in 0..n {
-            Self::settle_blocking(&mut self.shards.lock(i))?;
+            let mut st = self.shards.lock(i);
+            if may_wait() {
+                Self::settle_blocking(&mut st)?;
+            } else {
+                Self::settle(&mut st, None);
+            }
         }
         for c in [class, 1 - class] {
             for i in (0..n).map(|k| (home + k) % n) {

@@ -15,7 +15,8 @@
 //!    entirely free chunks back to the upstream, the largest first, just
 //!    enough to make room for one block, retry 1 and a single block; then
 //!    the same giving back every free chunk; then [`Error::OutOfMemory`]
-//!    with requested, reserved, live and largest free block. Giving back no
+//!    with requested, reserved, live and largest free block. During a
+//!    capture the streams are not waited for, only polled. Giving back no
 //!    more than needed keeps the rest of the cache: a loop whose sizes
 //!    change every iteration, at its memory limit, would otherwise refill
 //!    the whole cache from the upstream each time it meets a new size.
@@ -32,6 +33,7 @@ use super::ptr_map::PtrMap;
 use super::stream_order::batched::BatchedStreams;
 use super::stream_order::free_lists::FreeBlocks;
 use super::stream_order::parked::capturing;
+use super::stream_order::streams::may_wait;
 use super::stream_order::sync::{lock, read_lock, write_lock};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -287,10 +289,12 @@ impl<U: MemoryResource> Slab<U> {
         // chunks, the largest first, just enough for one block; if that is
         // not enough, all of them. Emptying the whole cache at once would
         // send a loop whose sizes change back to the upstream for every
-        // block it frees.
+        // block it frees. During a capture nothing is waited for (see
+        // `stream_order::streams::may_wait`).
         let enough = self.reserved().saturating_sub(c.spec.block);
+        let wait = may_wait();
         for (round, to) in [enough, 0].into_iter().enumerate() {
-            let given = self.release_from(true, to, Order::LargestFirst);
+            let given = self.release_from(wait, to, Order::LargestFirst);
             if round > 0 && given.unwrap_or(0) == 0 {
                 break; // nothing more to give back: the retry would fail again
             }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod bad_free;
+pub mod expandable;
 pub mod model;
 pub mod pattern;
 pub mod suite;

@@ -36,6 +36,9 @@
 //! cached blocks, gives entirely free chunks back to its upstream and retries;
 //! then it fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
 //! carrying the requested, reserved and live bytes and the largest free block.
+//! While a capture is counted it waits for nothing
+//! ([`may_wait`](streams::may_wait)): it takes what a query finds done and
+//! gives back what is free already, then fails the same way.
 //! Dropping a pool gives all its upstream memory back.
 //!
 //! # Parts

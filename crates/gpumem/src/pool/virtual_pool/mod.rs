@@ -72,7 +72,9 @@
 //!   stream that freed blocks, unmaps every idle mapping, releases what is
 //!   then mapped nowhere and retries with one-page extents; then it undoes
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
-//!   reserved physical, live, largest free block).
+//!   reserved physical, live, largest free block). During a capture it
+//!   waits for no stream: only the idle mappings whose streams a query
+//!   finds done are taken.
 //! - *Regions* (`regions`, `sleep`, `backup`): blocks allocated while a
 //!   region is begun carry its tag; [`VirtualPool::sleep`] copies a region's
 //!   blocks to pinned host memory (or not) and releases the extents mapped
@@ -136,6 +138,7 @@ use super::shards::{shard_count, Guard, RegionOwners, Shards};
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
 use super::stream_order::parked::{capturing, ParkedBlocks};
+use super::stream_order::streams::may_wait;
 use crate::adaptor::CallCount;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, PhysProps};
@@ -744,7 +747,9 @@ impl VirtualPool {
             if st.phys.total_pages() == 0 {
                 continue;
             }
-            st.streams.synchronize_all(&self.device)?;
+            if may_wait() {
+                st.streams.synchronize_all(&self.device)?;
+            }
             self.reclaim(&mut st, usize::MAX)?;
             freed += self.release_cached(&mut st, 0).0;
         }
