@@ -104,10 +104,7 @@ fn sizes(name: &str) -> &'static [usize] {
 fn a_block_freed_in_a_capture_is_the_graphs_until_the_pool_goes() {
     let _turn = serial();
     let (device, sim) = common::device(false);
-    let (s, t) = (
-        device.create_stream().unwrap(),
-        device.create_stream().unwrap(),
-    );
+    let [s, t] = common::streams(&device);
     for make in POOLS {
         let held_before = sim.as_ref().map(|sim| sim.device_bytes(0));
         let sub = make(&device);

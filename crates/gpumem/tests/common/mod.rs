@@ -51,6 +51,11 @@ pub fn sim_only(sim: Option<Arc<SimDriver>>, test: &str) -> Option<Arc<SimDriver
     sim
 }
 
+/// `N` new streams of `device`.
+pub fn streams<const N: usize>(device: &Device) -> [gpumem::Stream; N] {
+    std::array::from_fn(|_| device.create_stream().expect("stream"))
+}
+
 /// Blocks of `block_size` bytes, `blocks_per_chunk` to an upstream chunk.
 pub fn fixed_size_config(block_size: usize, blocks_per_chunk: usize) -> FixedSizeConfig {
     let mut config = FixedSizeConfig::with_block_size(block_size);
