@@ -116,7 +116,7 @@ fn threads_that_take_turns_keep_one_shard() {
     assert_eq!(st.live, 0);
 }
 
-/// Threads that allocate at the same moment contend for shard 0's lock and
+/// Threads that allocate while shard 0's lock is held contend for it and
 /// spread over the shards; a free then goes to the shard owning its block.
 #[test]
 fn threads_that_contend_spread_over_the_shards() {
@@ -124,20 +124,13 @@ fn threads_that_contend_spread_over_the_shards() {
     let mut config = PoolConfig::default();
     config.shards = 8;
     let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    std::thread::scope(|scope| {
-        for _ in 0..8 {
-            let (pool, device) = (&pool, &device);
-            scope.spawn(move || {
-                let s = device.create_stream().unwrap();
-                while pool.stats().shards_in_use == 1 && std::time::Instant::now() < deadline {
-                    churn(pool, &s, 2_000);
-                }
-                churn(pool, &s, 2_000);
-                s.synchronize().unwrap();
-            });
-        }
-    });
+    threads::contend(
+        &pool,
+        64,
+        || pool.stats().shards_in_use > 1,
+        |s| churn(&pool, s, 1),
+        |s| churn(&pool, s, 2_000),
+    );
     let st = pool.stats();
     assert_eq!(st.shards_in_use, 8, "the threads spread");
     assert_eq!(st.live, 0);

@@ -8,7 +8,6 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use common::model::{model_setup, op, run_model, sim};
 use common::threads::{self, OnThreads, Worker};
@@ -146,24 +145,16 @@ fn regions_keep_the_pool_on_one_shard() {
     pool.end_region().unwrap();
     // Contended far past what spreads an unpinned pool (256 within 100 ms).
     let _turn = CONTENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let busy = || {
-        let st = pool.stats();
-        Instant::now() < deadline && st.contended < 4096 && st.shards_in_use == 1
-    };
-    std::thread::scope(|scope| {
-        for _ in 0..8 {
-            let (busy, device) = (&busy, &device);
-            let pool = &pool;
-            scope.spawn(move || {
-                let s = device.create_stream().unwrap();
-                while busy() {
-                    churn(pool, &s, 500, false);
-                }
-                s.synchronize().unwrap();
-            });
-        }
-    });
+    threads::contend(
+        &*pool,
+        64,
+        || {
+            let st = pool.stats();
+            st.contended >= 4096 || st.shards_in_use > 1
+        },
+        |s| churn(&pool, s, 1, false),
+        |s| churn(&pool, s, 500, false),
+    );
     assert!(pool.stats().contended >= 4096, "{:?}", pool.stats());
     assert_eq!(pool.stats().shards_in_use, 1, "pinned to shard 0");
     pool.check_invariants().unwrap();
@@ -196,7 +187,7 @@ fn threads_that_take_turns_keep_one_shard() {
     pool.check_invariants().unwrap();
 }
 
-/// Threads that allocate at the same moment contend for shard 0's lock and
+/// Threads that allocate while shard 0's lock is held contend for it and
 /// spread over the shards; frees then go to the shard owning their block.
 #[test]
 fn threads_that_contend_spread_over_the_shards() {
@@ -205,20 +196,13 @@ fn threads_that_contend_spread_over_the_shards() {
     config.shards = 8;
     let pool = VirtualPool::new(device.clone(), config).unwrap();
     let _turn = CONTENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    std::thread::scope(|scope| {
-        for _ in 0..8 {
-            let (pool, device) = (&pool, &device);
-            scope.spawn(move || {
-                let s = device.create_stream().unwrap();
-                while pool.stats().shards_in_use == 1 && Instant::now() < deadline {
-                    churn(pool, &s, 500, false);
-                }
-                churn(pool, &s, 500, true);
-                s.synchronize().unwrap();
-            });
-        }
-    });
+    threads::contend(
+        &pool,
+        64,
+        || pool.stats().shards_in_use > 1,
+        |s| churn(&pool, s, 1, false),
+        |s| churn(&pool, s, 500, true),
+    );
     let st = pool.stats();
     assert_eq!(st.shards_in_use, 8, "the threads spread: {st:?}");
     assert_eq!(st.live, 0);

@@ -128,6 +128,60 @@ impl<P: Pool + Send + Sync + 'static> Pool for OnThreads<P> {
     }
 }
 
+/// Makes threads contend for the first lock shard of `pool` until `until`
+/// says so (its threads spread, say), or 20 s pass: in rounds, this thread
+/// holds every lock the pool lends ([`LentLock::locked`], as a slow path
+/// holds one) while each of `threads` threads, on a stream of its own, runs
+/// `step` once and so finds the lock held. Every round counts a contended
+/// acquisition per thread, whatever the free cores: threads that merely
+/// churn meet at the lock as often as the cores let them, which a test
+/// cannot count on. Then each thread runs `after` once.
+///
+/// [`LentLock::locked`]: gpumem::resource::LentLock::locked
+pub fn contend<R: MemoryResource + Sync + ?Sized>(
+    pool: &R,
+    threads: usize,
+    until: impl Fn() -> bool,
+    step: impl Fn(&Stream) + Sync,
+    after: impl Fn(&Stream) + Sync,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Barrier;
+    use std::time::{Duration, Instant};
+
+    let lent = pool.lent_lock().expect("the pool lends its locks");
+    let (go, back) = (Barrier::new(threads + 1), Barrier::new(threads + 1));
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (go, back, done, step, after) = (&go, &back, &done, &step, &after);
+            scope.spawn(move || {
+                let s = pool.device().create_stream().unwrap();
+                loop {
+                    go.wait();
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    step(&s);
+                    back.wait();
+                }
+                after(&s);
+                s.synchronize().unwrap();
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !until() && Instant::now() < deadline {
+            lent.locked(&mut || {
+                go.wait();
+                std::thread::sleep(Duration::from_millis(5));
+            });
+            back.wait();
+        }
+        done.store(true, Ordering::Relaxed);
+        go.wait();
+    });
+}
+
 /// Allocates and frees `n` blocks on `stream`, block `i` of `size(i)`
 /// bytes, eight live at a time.
 pub fn churn<R: MemoryResource + ?Sized>(
