@@ -6,7 +6,9 @@
 //! temporaries made during the capture: `t = x + 1`, `u = 2 * t`, then
 //! `out = u + 3`. The temporaries are freed inside the capture, so the
 //! second one can reuse the first one's memory; both keep their addresses
-//! for every replay, and nothing outside the graph gets them.
+//! for every replay, and nothing outside the graph gets them. The capture is
+//! begun by cudarc, so a `CaptureNotice` tells gpumem of it: without one the
+//! pool could not tell the capture's allocations from others.
 //!
 //! ```sh
 //! GPUMEM_DEVICE=cuda cargo run --release -p gpumem --example graph_capture
@@ -16,6 +18,7 @@
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gpumem::captures::CaptureNotice;
 use gpumem::driver::sim::SimConfig;
 use gpumem::graph_pool::GraphPool;
 use gpumem::interop::{cudarc_context, stream_from_cudarc};
@@ -50,11 +53,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = LaunchConfig::for_num_elems(n);
     let pool = GraphPool::new(&device)?;
     // The graph's input and output live across replays: allocated before the
-    // capture, from the same pool.
+    // capture, from the same pool (its memory for allocations outside
+    // captures).
     let mut x = DeviceBuffer::<f32, _>::zeroed(n as usize, &pool, &stream)?;
     let mut out = DeviceBuffer::<f32, _>::zeroed(n as usize, &pool, &stream)?;
     stream.synchronize()?;
 
+    let notice = CaptureNotice::new();
     cu_stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     {
         let launch = |dst: &mut DeviceBuffer<f32, &GraphPool>,
@@ -77,6 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let graph = cu_stream
         .end_capture(CUgraphInstantiate_flags(0))?
         .ok_or("the capture recorded nothing")?;
+    drop(notice);
 
     let mut checked = 0usize;
     for replay in 0..100u32 {

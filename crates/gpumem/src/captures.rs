@@ -10,11 +10,22 @@
 //! outside gpumem (by PyTorch, or with a raw `cuStreamBeginCapture`) counts
 //! while a [`CaptureNotice`] for it is alive.
 //!
+//! A capture begun with [`Stream::begin_capture`] also gathers what its
+//! graph must keep alive: the memory of every
+//! [`GraphPool`](crate::graph_pool::GraphPool) the capture allocates or
+//! frees through, handed to the [`Graph`](crate::Graph) that
+//! [`Stream::end_capture`] returns.
+//!
 //! With no capture counted, the pools run as before at the cost of one
 //! atomic load on their slow paths; with one counted, they ask the driver
 //! whether the stream at hand is capturing, park what is freed on a
-//! capturing stream, and make their queries in relaxed capture mode.
+//! capturing stream, make their queries in relaxed capture mode, and wait
+//! for nothing when they run out of memory: no stream, event or device is
+//! synchronized, and what a wait could have freed stays where it is, so the
+//! allocation fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
+//! and its numbers.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,8 +38,22 @@ use crate::stream::Stream;
 /// Captures counted: streams in [`CAPTURING`] plus live notices.
 static UNDERWAY: AtomicUsize = AtomicUsize::new(0);
 
-/// Streams capturing through [`Stream::begin_capture`], by driver and handle.
-static CAPTURING: Mutex<Vec<(usize, RawStream)>> = Mutex::new(Vec::new());
+/// What a capture's graph keeps alive: memory its work uses, which must
+/// outlive every launch (see [`keep_alive`]).
+pub(crate) type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+/// A capture begun through [`Stream::begin_capture`].
+struct Capturing {
+    /// Its stream, by driver and handle.
+    key: (usize, RawStream),
+    /// The driver's id of the capture (streams that joined it share it).
+    id: u64,
+    /// What its graph will keep alive.
+    keep: Vec<KeepAlive>,
+}
+
+/// Captures begun through [`Stream::begin_capture`] and not yet ended.
+static CAPTURING: Mutex<Vec<Capturing>> = Mutex::new(Vec::new());
 
 /// Whether gpumem knows of a capture under way anywhere in the process: one
 /// begun with [`Stream::begin_capture`] or announced by a live
@@ -46,25 +71,60 @@ fn key(driver: &Arc<dyn Driver>, raw: RawStream) -> (usize, RawStream) {
 
 /// Counts the capture just begun on `stream`.
 pub(crate) fn began(stream: &Stream) {
+    let id = stream.capture_info().map_or(0, |i| i.id);
     let mut list = lock(&CAPTURING);
     let k = key(stream.device().driver(), stream.raw());
-    if !list.contains(&k) {
-        list.push(k);
+    if !list.iter().any(|c| c.key == k) {
+        list.push(Capturing {
+            key: k,
+            id,
+            keep: Vec::new(),
+        });
         UNDERWAY.fetch_add(1, Ordering::AcqRel);
     }
 }
 
 /// Stops counting a capture on stream `raw` of `driver` (it ended, or the
-/// stream is gone).
-pub(crate) fn ended(driver: &Arc<dyn Driver>, raw: RawStream) {
+/// stream is gone); returns what its graph must keep alive.
+pub(crate) fn ended(driver: &Arc<dyn Driver>, raw: RawStream) -> Vec<KeepAlive> {
     if !underway() {
-        return;
+        return Vec::new();
     }
     let mut list = lock(&CAPTURING);
     let k = key(driver, raw);
-    if let Some(i) = list.iter().position(|&x| x == k) {
-        list.swap_remove(i);
-        UNDERWAY.fetch_sub(1, Ordering::AcqRel);
+    let Some(i) = list.iter().position(|c| c.key == k) else {
+        return Vec::new();
+    };
+    UNDERWAY.fetch_sub(1, Ordering::AcqRel);
+    list.swap_remove(i).keep
+}
+
+/// Makes the graph of the capture `stream` takes part in (begun with
+/// [`Stream::begin_capture`] on it or on a stream it joined) keep `what`
+/// alive, with its executables: memory the captured work uses then outlives
+/// every launch. Nothing happens when the stream is not capturing or when
+/// its capture was begun outside gpumem (its graph is not a [`Graph`]).
+///
+/// [`Graph`]: crate::graph::Graph
+pub(crate) fn keep_alive(stream: &Stream, what: &KeepAlive) {
+    if !underway() {
+        return;
+    }
+    let Ok(info) = stream.capture_info() else {
+        return;
+    };
+    if info.status == crate::driver::CaptureStatus::None {
+        return;
+    }
+    let driver = key(stream.device().driver(), stream.raw()).0;
+    let mut list = lock(&CAPTURING);
+    if let Some(c) = list
+        .iter_mut()
+        .find(|c| c.key.0 == driver && c.id == info.id)
+    {
+        if !c.keep.iter().any(|k| Arc::ptr_eq(k, what)) {
+            c.keep.push(what.clone());
+        }
     }
 }
 

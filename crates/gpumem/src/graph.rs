@@ -8,6 +8,14 @@
 //! executable does not need its graph, and launches already enqueued still
 //! run).
 //!
+//! Both also keep alive the memory of the [`GraphPool`]s the capture
+//! allocated or freed through: a graph pool gives that memory back only
+//! once no graph or executable captured from it is left (and the device is
+//! idle), so no launch can write memory handed out again. See
+//! [`GraphPool`] for what that covers.
+//!
+//! [`GraphPool`]: crate::graph_pool::GraphPool
+//!
 //! While a capture is under way, calls that act at once instead of in stream
 //! order (`cuMemAlloc`, `cuMemCreate`, event queries...) fail and break the
 //! capture, unless the calling thread is in relaxed mode: [`RelaxedCapture`]
@@ -17,15 +25,20 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use crate::captures::KeepAlive;
 use crate::device::Device;
 use crate::driver::{CaptureMode, Driver, RawGraph, RawGraphExec};
 use crate::stream::Stream;
 use crate::Result;
 
-/// A graph of captured work, destroyed on drop.
+/// A graph of captured work, destroyed on drop. It keeps alive the memory
+/// of the graph pools its capture used (see the module documentation).
 pub struct Graph {
     device: Device,
     raw: RawGraph,
+    /// Memory the captured work uses, kept until the graph goes (dropped
+    /// after the handle is destroyed).
+    keep: Vec<KeepAlive>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -35,18 +48,21 @@ impl std::fmt::Debug for Graph {
 }
 
 impl Graph {
-    /// Takes ownership of a graph handle of `device`'s driver.
-    pub(crate) fn from_raw(device: Device, raw: RawGraph) -> Self {
-        Self { device, raw }
+    /// Takes ownership of a graph handle of `device`'s driver, whose work
+    /// uses the memory `keep` holds.
+    pub(crate) fn from_raw(device: Device, raw: RawGraph, keep: Vec<KeepAlive>) -> Self {
+        Self { device, raw, keep }
     }
 
     /// Makes an executable of the graph (`cuGraphInstantiate`). The graph may
-    /// be dropped afterwards.
+    /// be dropped afterwards: the executable keeps the graph's memory alive
+    /// too.
     pub fn instantiate(&self) -> Result<GraphExec> {
         let raw = self.device.driver().graph_instantiate(self.raw)?;
         Ok(GraphExec {
             device: self.device.clone(),
             raw,
+            _keep: self.keep.clone(),
         })
     }
 
@@ -63,10 +79,14 @@ impl Drop for Graph {
     }
 }
 
-/// An executable graph, destroyed on drop.
+/// An executable graph, destroyed on drop. It keeps alive the memory of
+/// the graph pools its capture used (see the module documentation).
 pub struct GraphExec {
     device: Device,
     raw: RawGraphExec,
+    /// Memory the launches use, kept until the executable goes (dropped
+    /// after the handle is destroyed).
+    _keep: Vec<KeepAlive>,
 }
 
 impl std::fmt::Debug for GraphExec {

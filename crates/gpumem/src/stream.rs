@@ -48,7 +48,7 @@ struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        crate::captures::ended(self.device.driver(), self.raw);
+        drop(crate::captures::ended(self.device.driver(), self.raw));
         // Work already enqueued still completes.
         if self.owned {
             let (driver, raw) = (self.device.driver(), self.raw);
@@ -208,20 +208,23 @@ impl Stream {
     }
 
     /// Ends the capture begun on this stream and returns its graph
-    /// (`cuStreamEndCapture`). Fails with [`crate::Error::StreamCapture`],
-    /// ending the capture all the same, when a forbidden call invalidated it
-    /// or a stream that joined it was not joined back.
+    /// (`cuStreamEndCapture`), which keeps alive the memory of the graph
+    /// pools the capture used (see [`crate::graph`]). Fails with
+    /// [`crate::Error::StreamCapture`], ending the capture all the same, when
+    /// a forbidden call invalidated it or a stream that joined it was not
+    /// joined back.
     pub fn end_capture(&self) -> Result<Graph> {
         let driver = self.inner.device.driver();
         let res = driver.stream_end_capture(self.inner.raw);
         // Some failures end the capture too, some do not.
+        let mut keep = Vec::new();
         if !matches!(
             self.capture_status(),
             Ok(CaptureStatus::Active | CaptureStatus::Invalidated)
         ) {
-            crate::captures::ended(driver, self.inner.raw);
+            keep = crate::captures::ended(driver, self.inner.raw);
         }
-        Ok(Graph::from_raw(self.inner.device.clone(), res?))
+        Ok(Graph::from_raw(self.inner.device.clone(), res?, keep))
     }
 
     /// Whether the stream is capturing, and the capture's id

@@ -1,21 +1,25 @@
 //! Every pool while a stream captures a CUDA graph (Global mode, the
 //! strictest): allocating and freeing on the capturing stream makes no call
 //! CUDA forbids during a capture (the simulator logs and refuses them), and
-//! the capture ends with a graph. Then [`GraphPool`]: the capture's memory
+//! the capture ends with a graph; an expandable pool moves no free piece
+//! (that would wait for streams). Then [`GraphPool`]: the capture's memory
 //! keeps its address for every launch and is not handed out elsewhere.
 //!
 //! Simulator-only where they read its violation log; a Global capture binds
 //! every thread, so the tests take turns.
 
+mod common;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use common::expandable::{hole_in_the_middle, recycling};
 use gpumem::adaptor::StatisticsAdaptor;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::CaptureMode;
 use gpumem::graph_pool::GraphPool;
 use gpumem::pool::{
     ArenaConfig, ArenaResource, CachingPool, CachingPoolConfig, FixedSizeConfig, FixedSizeResource,
-    PoolResource, VirtualPool, VirtualPoolConfig,
+    Pool, PoolResource, VirtualPool, VirtualPoolConfig,
 };
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::{Device, DeviceBuffer, DevicePtr, Stream};
@@ -176,6 +180,30 @@ fn a_graph_pool_grows_during_a_global_capture_and_its_memory_stays_the_graphs() 
     let given = pool.release().unwrap();
     assert!(given >= 12 * MIB, "gave back {given}");
     assert_eq!(pool.live_bytes(), 0);
+}
+
+#[test]
+fn nothing_is_recycled_while_a_capture_is_under_way() {
+    // An expandable pool moves free pieces to its end only after waiting
+    // for their streams, which a capture anywhere forbids.
+    let _turn = serial();
+    let (device, sim) = common::model::sim(8 << 30);
+    let pool = PoolResource::new(DeviceResource::new(device.clone()), recycling()).unwrap();
+    let s = device.create_stream().unwrap();
+    let y = hole_in_the_middle(&pool, &s);
+    let other = device.create_stream().unwrap();
+    other.begin_capture(CaptureMode::Global).unwrap();
+    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
+    assert_eq!(
+        pool.reserved_bytes(),
+        (148 + 184) * MIB,
+        "the range grew by all it lacked"
+    );
+    drop(other.end_capture().unwrap());
+    assert!(sim.capture_violations().is_empty());
+    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    pool.check_invariants().unwrap();
 }
 
 /// One step of the interleaving proptest.

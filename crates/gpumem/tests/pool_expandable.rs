@@ -3,12 +3,15 @@
 //! place; blocks across what was the range's end; trims that give back its
 //! free end; limits, failures and upstreams that cannot grow; the
 //! statistics that count growth; threads. And `DeviceResource`'s growable
-//! allocations themselves.
+//! allocations themselves. (What recycling does while a graph capture is
+//! under way is tested with the captures, in `capture_pools.rs`: a capture
+//! changes what every pool of the process may do.)
 
 mod common;
 
 use std::sync::Arc;
 
+use common::expandable::{expandable, hole_in_the_middle, recycling};
 use common::model::{model_setup, op, op_between, run_model, sim};
 use common::suite;
 use common::threads::OnThreads;
@@ -21,18 +24,6 @@ use gpumem::{Device, DeviceBuffer, Error, FreeError};
 use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
-
-fn expandable() -> PoolConfig {
-    let mut config = PoolConfig::default();
-    config.expandable = true;
-    config
-}
-
-fn recycling() -> PoolConfig {
-    let mut config = expandable();
-    config.recycle_pieces = true;
-    config
-}
 
 /// A simulated device of `capacity` bytes with VMM granules of 64 KiB, its
 /// three streams and its memory in use before the test.
@@ -294,17 +285,6 @@ fn a_failed_growth_loses_nothing() {
     assert_eq!(sim.mapped_bytes(), 0);
 }
 
-/// A heap whose range holds two free 64 MiB pieces in its middle, freed on
-/// `s`, and a small block at its end: `[x 128 MiB free][y 4 MiB][16 MiB
-/// free]`. Returns y.
-fn hole_in_the_middle<U: MemoryResource>(pool: &PoolResource<U>, s: &gpumem::Stream) -> DevicePtr {
-    let x = pool.allocate(128 * MIB, 256, s).unwrap();
-    let y = pool.allocate(4 * MIB, 256, s).unwrap();
-    assert_eq!(pool.reserved_bytes(), 148 * MIB, "a 20 MiB step after x");
-    pool.deallocate(x, 128 * MIB, 256, s).unwrap();
-    y
-}
-
 #[test]
 fn a_growth_recycles_free_pieces_instead_of_creating_memory() {
     let (device, sim) = sim(8 << 30);
@@ -407,29 +387,6 @@ fn a_piece_freed_on_a_busy_stream_moves_after_its_work() {
         "the stream was waited for first"
     );
     assert_eq!(pool.reserved_bytes(), (148 + 56) * MIB);
-    pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
-    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
-    pool.check_invariants().unwrap();
-}
-
-#[test]
-fn nothing_is_recycled_while_a_capture_is_under_way() {
-    let (device, sim) = sim(8 << 30);
-    let pool = pool_on(DeviceResource::new(device.clone()), recycling());
-    let s = device.create_stream().unwrap();
-    let y = hole_in_the_middle(&pool, &s);
-    let other = device.create_stream().unwrap();
-    other
-        .begin_capture(gpumem::driver::CaptureMode::Global)
-        .unwrap();
-    let z = pool.allocate(200 * MIB, 256, &s).unwrap();
-    assert_eq!(
-        pool.reserved_bytes(),
-        (148 + 184) * MIB,
-        "the range grew by all it lacked"
-    );
-    drop(other.end_capture().unwrap());
-    assert!(sim.capture_violations().is_empty());
     pool.deallocate(z, 200 * MIB, 256, &s).unwrap();
     pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
     pool.check_invariants().unwrap();

@@ -12,6 +12,7 @@
 
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, Location, PoolAttr, RawPool};
+use crate::pool::stream_order::streams::synchronize_device;
 use crate::resource::{validate_request, HandedOut, LiveBlock, Properties, DEFAULT_ALIGNMENT};
 use crate::stream::Stream;
 use crate::{Error, Result};
@@ -301,7 +302,9 @@ impl MemPool {
         let got = match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
             // Memory freed on other streams returns to the pool only when
             // their frees have run: wait for them and try once more.
-            Err(e) if e.is_oom() && self.device.synchronize().is_ok() => {
+            // Never while a capture is under way: CUDA refuses the
+            // synchronization then, and the refusal breaks the capture.
+            Err(e) if e.is_oom() && synchronize_device(&self.device).is_ok() => {
                 driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw())
             }
             other => other,

@@ -20,7 +20,10 @@
 //! Out of memory: memory freed on a stream goes back to the pool only when
 //! the free has run, so a failed allocation synchronizes the device and is
 //! tried once more (as PyTorch's `cudaMallocAsync` backend does) before it
-//! is [`Error::OutOfMemory`].
+//! is [`Error::OutOfMemory`]. While a stream capture is under way
+//! ([`crate::captures`]) the device is not synchronized (CUDA would refuse,
+//! and the refusal breaks the capture): the allocation is out of memory at
+//! once.
 //!
 //! Devices or drivers without memory pools, and pools asking for a handle
 //! type or allocation type the device lacks, give [`Error::Unsupported`] naming

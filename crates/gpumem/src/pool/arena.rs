@@ -84,7 +84,7 @@ use std::sync::{Arc, Mutex};
 use global::GlobalArena;
 use stream_arena::{ArenaState, StreamArena};
 
-use super::stream_order::parked::Parked;
+use super::stream_order::parked::{capturing, Parked};
 use super::stream_order::streams::synchronize_device;
 use super::stream_order::sync::lock;
 use super::Pool;
@@ -495,7 +495,8 @@ pub struct ArenaResource<U: MemoryResource> {
     upstream: U,
     core: Core,
     region: DevicePtr,
-    /// Blocks freed on capturing streams (see `stream_order::parked`).
+    /// Blocks freed on capturing streams (see `stream_order::parked`): live
+    /// in their superblocks, counted as freed in their stream arenas.
     parked: Parked,
 }
 
@@ -647,29 +648,16 @@ impl<U: MemoryResource> ArenaResource<U> {
             return r.map_err(|e| Self::refused(ptr, e, bytes));
         }
         // Allocated by another arena: a cross-stream (or cross-thread) free.
-        for _ in 0..16 {
-            let w = core.global.dir.owner(idx);
-            let Some(slot) = w.slot() else {
-                return Err(Self::invalid(ptr, FreeError::Unknown));
-            };
-            let Some(a) = core.arena_by_uid(w.arena()) else {
-                return Err(Self::invalid(ptr, FreeError::Unknown));
-            };
-            let mut st = a.lock();
-            if core.global.dir.owner(idx) != w {
-                continue;
-            }
-            let r = if a.stream_id == stream.id() {
-                st.free_small(core, slot, gran, g)
+        self.with_owner(idx, Self::small_owner, |a, st, slot| {
+            if a.stream_id == stream.id() {
+                st.free_small(core, slot, gran, g)?;
             } else {
-                st.defer_small(core, slot, gran, g, stream)
-            };
-            if r.is_ok() {
-                st.live -= block;
+                st.defer_small(core, slot, gran, g, stream)?;
             }
-            return r.map_err(|e| Self::refused(ptr, e, bytes));
-        }
-        Err(Self::invalid(ptr, FreeError::Unknown))
+            st.live -= block;
+            Ok(())
+        })
+        .map_err(|e| Self::refused(ptr, e, bytes))
     }
 
     fn free_large(
@@ -684,30 +672,12 @@ impl<U: MemoryResource> ArenaResource<U> {
         // Checked to the granule, counted in whole superblocks (see
         // `free_small`).
         let block = Req::Large(n).block_bytes(core);
-        let check = |w: OwnerWord| -> std::result::Result<(), FreeError> {
-            let granules = |b: usize| b.div_ceil(GRANULE);
-            match w.large_len() {
-                Some(l) => {
-                    let allocated = core.large_bytes[idx as usize].load(StdOrdering::Relaxed);
-                    let allocated = allocated as usize;
-                    if l == n && granules(allocated) == granules(bytes) {
-                        Ok(())
-                    } else {
-                        Err(FreeError::SizeMismatch {
-                            allocated,
-                            freed: bytes,
-                        })
-                    }
-                }
-                None => Err(FreeError::Unknown),
-            }
-        };
         let local = core.with_arena(stream, |a, st| {
             let w = core.global.dir.owner(idx);
             if w.arena() != a.uid {
                 return None;
             }
-            if let Err(e) = check(w) {
+            if let Err(e) = self.check_large(w, idx, n, bytes) {
                 return Some(Err(e));
             }
             st.free_large(core, idx, n);
@@ -718,27 +688,108 @@ impl<U: MemoryResource> ArenaResource<U> {
             return r.map_err(|e| Self::invalid(ptr, e));
         }
         // Allocated by another arena: the run moves to the freeing stream's arena.
-        let mut moved = false;
+        self.with_owner(
+            idx,
+            |w| self.check_large(w, idx, n, bytes),
+            |_, st, _| {
+                st.disown_large(core, idx);
+                st.live -= block;
+                Ok(())
+            },
+        )
+        .map_err(|e| Self::invalid(ptr, e))?;
+        core.with_arena(stream, |_, st| st.add_spare(core, idx, n));
+        Ok(())
+    }
+
+    /// A free of a block on a capturing stream: checked as [`Self::free_small`]
+    /// and [`Self::free_large`] check it, counted as freed in the arena that
+    /// holds it, and parked (it stays live in its superblocks).
+    #[cold]
+    #[inline(never)]
+    fn park(&self, ptr: DevicePtr, idx: u32, gran: u32, req: Req, bytes: usize) -> Result<()> {
+        let block = req.block_bytes(&self.core);
+        let park = |st: &mut ArenaState| {
+            self.parked
+                .park(ptr, block)
+                .map_err(|_| FreeError::DoubleFree)?;
+            st.live -= block;
+            Ok(())
+        };
+        match req {
+            Req::Small(g) => self
+                .with_owner(idx, Self::small_owner, |_, st, slot| {
+                    st.check_small(slot, gran, g)?;
+                    park(st)
+                })
+                .map_err(|e| Self::refused(ptr, e, bytes)),
+            Req::Large(n) => self
+                .with_owner(
+                    idx,
+                    |w| self.check_large(w, idx, n, bytes),
+                    |_, st, _| park(st),
+                )
+                .map_err(|e| Self::invalid(ptr, e)),
+        }
+    }
+
+    /// The slot of a superblock held for small blocks, from its owner word.
+    fn small_owner(w: OwnerWord) -> std::result::Result<u32, FreeError> {
+        w.slot().ok_or(FreeError::Unknown)
+    }
+
+    /// Checks that `w`, superblock `idx`'s owner word, starts a large block
+    /// of `n` superblocks that a free of `bytes` names (to the granule).
+    fn check_large(
+        &self,
+        w: OwnerWord,
+        idx: u32,
+        n: u32,
+        bytes: usize,
+    ) -> std::result::Result<(), FreeError> {
+        let granules = |b: usize| b.div_ceil(GRANULE);
+        match w.large_len() {
+            Some(l) => {
+                let allocated = self.core.large_bytes[idx as usize].load(StdOrdering::Relaxed);
+                let allocated = allocated as usize;
+                if l == n && granules(allocated) == granules(bytes) {
+                    Ok(())
+                } else {
+                    Err(FreeError::SizeMismatch {
+                        allocated,
+                        freed: bytes,
+                    })
+                }
+            }
+            None => Err(FreeError::Unknown),
+        }
+    }
+
+    /// Runs `f` under the lock of the stream arena that owns superblock
+    /// `idx`, with what `vet` makes of its owner word (an error ends the
+    /// call). The word is read again under the lock: an owner that changed
+    /// meanwhile is looked up again. An owner no arena answers for is an
+    /// unknown pointer.
+    fn with_owner<V>(
+        &self,
+        idx: u32,
+        vet: impl Fn(OwnerWord) -> std::result::Result<V, FreeError>,
+        f: impl FnOnce(&StreamArena, &mut ArenaState, V) -> std::result::Result<(), FreeError>,
+    ) -> std::result::Result<(), FreeError> {
+        let core = &self.core;
         for _ in 0..16 {
             let w = core.global.dir.owner(idx);
-            check(w).map_err(|e| Self::invalid(ptr, e))?;
+            let v = vet(w)?;
             let Some(a) = core.arena_by_uid(w.arena()) else {
-                return Err(Self::invalid(ptr, FreeError::Unknown));
+                return Err(FreeError::Unknown);
             };
             let mut st = a.lock();
             if core.global.dir.owner(idx) != w {
                 continue;
             }
-            st.disown_large(core, idx);
-            st.live -= block;
-            moved = true;
-            break;
+            return f(&a, &mut st, v);
         }
-        if !moved {
-            return Err(Self::invalid(ptr, FreeError::Unknown));
-        }
-        core.with_arena(stream, |_, st| st.add_spare(core, idx, n));
-        Ok(())
+        Err(FreeError::Unknown)
     }
 }
 
@@ -814,24 +865,20 @@ impl<U: MemoryResource> MemoryResource for ArenaResource<U> {
         if bytes == 0 || ptr.0 < core.base || off >= core.size as u64 {
             return Err(Self::invalid(ptr, FreeError::Unknown));
         }
-        if self.parked.park_if_capturing(ptr, stream)? {
-            return Ok(());
-        }
+        // A parked block stays live in its superblocks: it is refused first.
+        self.parked.refuse(ptr)?;
         let idx = (off >> core.sb_shift) as u32;
         let within = off & (core.sb_size() as u64 - 1);
-        match core.classify(bytes) {
-            Some(Req::Small(g)) => {
-                if !within.is_multiple_of(GRANULE as u64) {
-                    return Err(Self::invalid(ptr, FreeError::Unknown));
-                }
-                self.free_small(ptr, idx, (within / GRANULE as u64) as u32, g, bytes, stream)
+        let req = core.classify(bytes);
+        let gran = (within / GRANULE as u64) as u32;
+        match req {
+            Some(Req::Small(_)) if !within.is_multiple_of(GRANULE as u64) => {
+                Err(Self::invalid(ptr, FreeError::Unknown))
             }
-            Some(Req::Large(n)) => {
-                if within != 0 {
-                    return Err(Self::invalid(ptr, FreeError::Unknown));
-                }
-                self.free_large(ptr, idx, n, bytes, stream)
-            }
+            Some(Req::Large(_)) if within != 0 => Err(Self::invalid(ptr, FreeError::Unknown)),
+            Some(req) if capturing(stream) => self.park(ptr, idx, gran, req, bytes),
+            Some(Req::Small(g)) => self.free_small(ptr, idx, gran, g, bytes, stream),
+            Some(Req::Large(n)) => self.free_large(ptr, idx, n, bytes, stream),
             None => Err(Self::invalid(ptr, FreeError::Unknown)),
         }
     }

@@ -14,7 +14,8 @@
 //! ([`BinningResource::add_fixed_bins`]), but any resource can be a bin.
 //!
 //! Out of memory in a bin or the upstream: every fixed-size bin gives its
-//! entirely free chunks back (after the streams that freed them are done),
+//! entirely free chunks back (after the streams that freed them are done;
+//! while a capture is under way, only those known done without waiting),
 //! then the request is retried once; a second failure is
 //! [`Error::OutOfMemory`] with the numbers over all bins.
 
@@ -23,6 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fixed_size::{FixedSizeConfig, FixedSizeResource};
+use super::stream_order::parked::{capturing, Parked};
+use super::stream_order::streams::may_wait;
 use super::Pool;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -157,6 +160,10 @@ pub struct BinningResource<U: MemoryResource + 'static> {
     bins: Vec<Bin<U>>,
     /// Allocations taken straight from the upstream.
     direct: HandedOut,
+    /// Direct allocations freed on capturing streams (see
+    /// `stream_order::parked`; the fixed-size bins park their own): still
+    /// held from the upstream, given back when the resource goes.
+    parked: Parked,
 }
 
 impl<U: MemoryResource + 'static> std::fmt::Debug for BinningResource<U> {
@@ -191,6 +198,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             }),
             bins: Vec::new(),
             direct: HandedOut::default(),
+            parked: Parked::default(),
         })
     }
 
@@ -406,6 +414,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             None => {
                 let up = &self.upstream;
                 let r = self.direct.free_with(ptr, bytes, |_| match stream {
+                    Some(s) if capturing(s) => self.parked.park(ptr, bytes),
                     Some(s) => up.deallocate(ptr, bytes, alignment, s),
                     None => up.deallocate_sync(ptr, bytes, alignment),
                 });
@@ -430,7 +439,9 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
             allocated,
             freed: bytes,
         };
-        let reason = if let Some(allocated) = self.direct.bytes_of(ptr) {
+        let reason = if self.parked.contains(ptr) {
+            FreeError::DoubleFree
+        } else if let Some(allocated) = self.direct.bytes_of(ptr) {
             mismatch(allocated)
         } else if let Some(state) = self.fixed().find_map(|f| f.lookup(ptr)) {
             state.map_or(FreeError::DoubleFree, mismatch)
@@ -472,6 +483,15 @@ impl<U: MemoryResource + 'static> Pool for BinningResource<U> {
     }
 }
 
+impl<U: MemoryResource + 'static> Drop for BinningResource<U> {
+    fn drop(&mut self) {
+        let up = &self.upstream;
+        self.parked.give_back(up.device(), |p, bytes| {
+            up.deallocate_sync(p, bytes, DEFAULT_ALIGNMENT)
+        });
+    }
+}
+
 impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
     #[inline]
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
@@ -480,7 +500,12 @@ impl<U: MemoryResource + 'static> MemoryResource for BinningResource<U> {
         }
         match self.try_allocate(bytes, alignment, stream) {
             Err(e) if e.is_oom() => {
-                let _ = Pool::release(self);
+                // Waiting for the bins' streams only where it may (see
+                // `stream_order::streams::may_wait`).
+                let _ = match may_wait() {
+                    true => Pool::release(self),
+                    false => Pool::trim(self, 0),
+                };
                 match self.try_allocate(bytes, alignment, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,

@@ -30,7 +30,9 @@
 use std::sync::Mutex;
 
 use super::ptr_map::PtrMap;
-use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
+use super::slab::{ClassSpec, ClassStats, Freed, Slab, SlabConfig};
+use super::stream_order::parked::Parked;
+use super::stream_order::streams::may_wait;
 use super::stream_order::sync::lock;
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -164,6 +166,10 @@ pub struct CachingPool<U: MemoryResource = DeviceResource> {
     min_shift: u32,
     /// Requests above `max_block_size`: pointer → bytes.
     large: Mutex<PtrMap<usize>>,
+    /// Large blocks freed on capturing streams (see `stream_order::parked`):
+    /// still held from the upstream, given back when the pool goes. Cached
+    /// blocks park in the slab.
+    parked: Parked,
 }
 
 impl<U: MemoryResource> std::fmt::Debug for CachingPool<U> {
@@ -206,6 +212,7 @@ impl<U: MemoryResource> CachingPool<U> {
             config,
             min_shift,
             large: Mutex::new(PtrMap::default()),
+            parked: Parked::default(),
         })
     }
 
@@ -268,20 +275,16 @@ impl<U: MemoryResource> CachingPool<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        if let Some(s) = stream {
-            if self.slab.parked.park_if_capturing(ptr, s)? {
-                return Ok(());
-            }
-        }
+        let freed = stream.map_or(Freed::Done, Freed::on);
         match bytes {
             Some(b) if b <= self.config.max_block_size => self
                 .slab
-                .deallocate(self.class_of(b), ptr, bytes, stream)
+                .deallocate(self.class_of(b), ptr, bytes, freed)
                 .map_err(|e| self.explain(e, ptr, b)),
-            Some(b) => self.free_large(ptr, Some(b), stream),
+            Some(b) => self.free_large(ptr, Some(b), freed),
             None => match self.slab.locate(ptr) {
-                Some(class) => self.slab.deallocate(class, ptr, None, stream),
-                None => self.free_large(ptr, None, stream),
+                Some(class) => self.slab.deallocate(class, ptr, None, freed),
+                None => self.free_large(ptr, None, freed),
             },
         }
     }
@@ -290,7 +293,9 @@ impl<U: MemoryResource> CachingPool<U> {
     fn allocate_large(&self, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         match self.try_large(bytes, stream) {
             Err(e) if e.is_oom() => {
-                let _ = self.slab.release(true, 0);
+                // Not waiting for streams during a capture (see
+                // `stream_order::streams::may_wait`).
+                let _ = self.slab.release(may_wait(), 0);
                 match self.try_large(bytes, stream) {
                     Err(e) if e.is_oom() => Err(Error::oom_with(self.oom_info(bytes))),
                     other => other,
@@ -322,12 +327,7 @@ impl<U: MemoryResource> CachingPool<U> {
     }
 
     #[cold]
-    fn free_large(
-        &self,
-        ptr: DevicePtr,
-        bytes: Option<usize>,
-        stream: Option<&Stream>,
-    ) -> Result<()> {
+    fn free_large(&self, ptr: DevicePtr, bytes: Option<usize>, freed: Freed<'_>) -> Result<()> {
         let mut large = lock(&self.large);
         let Some(&allocated) = large.get(&ptr.0) else {
             drop(large);
@@ -347,8 +347,10 @@ impl<U: MemoryResource> CachingPool<U> {
         large.remove(&ptr.0);
         drop(large);
         let up = self.slab.upstream();
-        let res = match stream {
-            Some(s) if self.config.stream_ordered => {
+        let res = match freed {
+            // Still held from the upstream: the budget stays reserved.
+            Freed::Parked => return self.parked.park(ptr, allocated),
+            Freed::On(s) if self.config.stream_ordered => {
                 up.deallocate(ptr, allocated, DEFAULT_ALIGNMENT, s)
             }
             _ => up.deallocate_sync(ptr, allocated, DEFAULT_ALIGNMENT),
@@ -373,13 +375,19 @@ impl<U: MemoryResource> CachingPool<U> {
 
     /// Why a free of `ptr` with `bytes` found no block where the size sent
     /// it: a large block or a cached block of another class (allocated with
-    /// another size), a free cached block (a double free), or not ours.
+    /// another size), a free or parked block (a double free), or not ours.
     #[cold]
     fn misrouted(&self, ptr: DevicePtr, bytes: usize) -> Error {
         let mismatch = |allocated| FreeError::SizeMismatch {
             allocated,
             freed: bytes,
         };
+        if self.parked.contains(ptr) {
+            return Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::DoubleFree,
+            };
+        }
         let reason = match lock(&self.large).get(&ptr.0) {
             Some(&allocated) => mismatch(allocated),
             None => match self.slab.lookup(ptr) {
@@ -536,5 +544,12 @@ impl<U: MemoryResource> Drop for CachingPool<U> {
                 },
             );
         }
+        let slab = &self.slab;
+        self.parked.give_back(slab.device(), |p, bytes| {
+            slab.upstream()
+                .deallocate_sync(p, bytes, DEFAULT_ALIGNMENT)?;
+            slab.unreserve_budget(bytes);
+            Ok(())
+        });
     }
 }

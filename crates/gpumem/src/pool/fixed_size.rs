@@ -16,7 +16,7 @@
 //! block size as `limit`: this resource can never serve it.
 //! [`BinningResource`](super::BinningResource) routes sizes to such bins.
 
-use super::slab::{ClassSpec, ClassStats, Slab, SlabConfig};
+use super::slab::{ClassSpec, ClassStats, Freed, Slab, SlabConfig};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
@@ -224,10 +224,7 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        if self.slab.parked.park_if_capturing(ptr, stream)? {
-            return Ok(());
-        }
-        self.slab.deallocate(0, ptr, Some(bytes), Some(stream))
+        self.slab.deallocate(0, ptr, Some(bytes), Freed::on(stream))
     }
 
     fn device(&self) -> &Device {
@@ -257,6 +254,6 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        self.slab.deallocate(0, ptr, Some(bytes), None)
+        self.slab.deallocate(0, ptr, Some(bytes), Freed::Done)
     }
 }

@@ -25,6 +25,17 @@
 //! once S's work up to the free is known done, or after it was made to wait
 //! for S; no event per free. The policy and every stream decision of the
 //! pools are in one component, `pool/stream_order/`.
+//!
+//! # Graph capture
+//!
+//! A block freed on a stream that is capturing a CUDA graph belongs to the
+//! graph from then on: every pool checks the free as any other (the same
+//! [`Error::InvalidFree`](crate::Error::InvalidFree) for a foreign or
+//! interior pointer or a wrong size), then parks the block: it counts as
+//! freed in the pool's live numbers, stays in its reserve, is never handed
+//! out again while the pool lives, and a second free of it, during the
+//! capture or after, is a double free. Graphs that should reuse their
+//! temporaries belong in a [`GraphPool`](crate::graph_pool::GraphPool).
 
 mod arena;
 mod binning;

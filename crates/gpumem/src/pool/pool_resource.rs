@@ -41,7 +41,8 @@
 //!    recorded on its stream and one `cuStreamWaitEvent` on S;
 //! 3. *grow*: a new region from the upstream, sized by the [`GrowthPolicy`];
 //! 4. *reclaim*: on upstream out-of-memory (or the pool's maximum), wait for
-//!    every stream with free blocks, take a free block of either heap (the
+//!    every stream with free blocks (during a capture, only query them:
+//!    nothing is waited for then), take a free block of either heap (the
 //!    segregation yields to memory pressure), else give entirely free regions
 //!    back and retry; then fail with
 //!    [`Error::OutOfMemory`] carrying requested, reserved, live and
@@ -51,7 +52,11 @@
 //! the TLSF operation (tens of ns); no driver call, no event. A free is
 //! checked against the block the same lookup finds: a pointer that starts no
 //! used block, or a size that does not round up to the block's 256-byte
-//! granules, is [`Error::InvalidFree`] and frees nothing. Growth costs one
+//! granules, is [`Error::InvalidFree`] and frees nothing. A block freed on a
+//! capturing stream is checked the same way and parked for the graph (see
+//! [`crate::pool`]): it stays used in its heap, kept apart in its shard, and
+//! is subtracted from the live numbers; a free first looks there, which
+//! costs nothing but a length read while nothing is parked. Growth costs one
 //! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
 //! `bench/results/NOTES.md`).
 //!
@@ -95,7 +100,8 @@ use self::expandable::Frontier;
 use super::live_blocks;
 use super::shards::{shard_count, Guard, RegionOwners, Shards, Spread};
 use super::stream_order::heap_lanes::HeapLanes;
-use super::stream_order::parked::Parked;
+use super::stream_order::parked::{capturing, ParkedBlocks};
+use super::stream_order::streams::may_wait;
 use super::Pool;
 use crate::adaptor::CallCount;
 use crate::device::Device;
@@ -272,6 +278,9 @@ struct Shard {
     peak_live: usize,
     /// The range each heap grows, with [`PoolConfig::expandable`].
     frontier: [Option<Frontier>; CLASSES],
+    /// Blocks of `heaps` freed on capturing streams: used in their heap,
+    /// freed for the caller (see `stream_order::parked`).
+    parked: ParkedBlocks,
 }
 
 impl Shard {
@@ -281,12 +290,15 @@ impl Shard {
             lanes: HeapLanes::new(),
             peak_live: 0,
             frontier: [None; CLASSES],
+            parked: ParkedBlocks::default(),
         }
     }
 
+    /// Bytes in blocks handed out (parked blocks are used in their heap, but
+    /// freed).
     #[inline]
     fn live(&self) -> usize {
-        self.heaps.iter().map(|h| h.used_bytes()).sum::<u64>() as usize
+        self.heaps.iter().map(|h| h.used_bytes()).sum::<u64>() as usize - self.parked.bytes()
     }
 
     fn largest_free_any(&self) -> usize {
@@ -355,9 +367,10 @@ pub struct PoolResource<U: MemoryResource> {
     upstream: U,
     config: PoolConfig,
     shards: Shards<Shard, Shared>,
-    /// Blocks freed on capturing streams (see `stream_order::parked`);
-    /// `None` in a graph pool, whose captures reuse what they free.
-    parked: Option<Parked>,
+    /// Whether blocks freed on capturing streams are parked (see
+    /// `stream_order::parked`); not in a graph pool, whose captures reuse
+    /// what they free.
+    parks: bool,
 }
 
 impl<U: MemoryResource> std::fmt::Debug for PoolResource<U> {
@@ -405,7 +418,7 @@ impl<U: MemoryResource> PoolResource<U> {
             upstream,
             config,
             shards,
-            parked: Some(Parked::default()),
+            parks: true,
         };
         if pool.config.initial_size > 0 {
             // A size no allocation can have is out of memory, as for requests.
@@ -433,7 +446,7 @@ impl<U: MemoryResource> PoolResource<U> {
     /// [`crate::captures`]). Only for a pool that nothing but graph
     /// captures allocate from.
     pub fn reusing_captured_frees(mut self) -> Self {
-        self.parked = None;
+        self.parks = false;
         self
     }
 
@@ -487,14 +500,16 @@ impl<U: MemoryResource> PoolResource<U> {
         self.each_shard(|_, sh| {
             out.peak_live += sh.peak_live;
             out.lanes += sh.lanes.len();
+            out.live += sh.live();
             for h in &sh.heaps {
                 let s = h.stats();
-                out.live += s.used_bytes as usize;
                 out.live_blocks += s.used_blocks;
                 out.free += s.free_bytes as usize;
                 out.free_blocks += s.free_blocks as usize;
                 out.largest_free = out.largest_free.max(s.largest_free as usize);
             }
+            // Used in their heaps, freed for the caller.
+            out.live_blocks -= sh.parked.len();
         });
         let g = self.shards.global();
         out.reserved = g.regions.bytes();
@@ -520,7 +535,7 @@ impl<U: MemoryResource> PoolResource<U> {
     /// rounded them (the requested sizes are not recorded). O(blocks).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
         let mut out = Vec::new();
-        self.each_shard(|_, sh| out.extend(live_blocks::live_blocks(&sh.heaps)));
+        self.each_shard(|_, sh| out.extend(live_blocks::live_blocks(&sh.heaps, &sh.parked)));
         out.sort_unstable();
         out
     }
@@ -529,7 +544,7 @@ impl<U: MemoryResource> PoolResource<U> {
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         let mut found = None;
         self.each_shard(|_, sh| {
-            found = found.or_else(|| live_blocks::live_block_size(&sh.heaps, ptr));
+            found = found.or_else(|| live_blocks::live_block_size(&sh.heaps, &sh.parked, ptr));
         });
         found
     }
@@ -971,8 +986,10 @@ impl<U: MemoryResource> PoolResource<U> {
         Ok(self.grow(st, home, class, region))
     }
 
-    /// Reclaim: waits for every stream's frees in every shard, then takes a
-    /// free block of heap `class`, else of the other heap (segregation
+    /// Reclaim: waits for every stream's frees in every shard (while a
+    /// capture is counted, takes only those a query finds done: see
+    /// `stream_order::streams::may_wait`), then takes a free block of heap
+    /// `class`, else of the other heap (segregation
     /// yields to memory pressure: a pool of fixed size, initial = maximum,
     /// serves every size from its one region), from shard `home` first. A
     /// block of another shard stays that shard's.
@@ -985,7 +1002,12 @@ impl<U: MemoryResource> PoolResource<U> {
     ) -> Result<Option<DevicePtr>> {
         let n = self.shards.len();
         for i in 0..n {
-            Self::settle_blocking(&mut self.shards.lock(i))?;
+            let mut st = self.shards.lock(i);
+            if may_wait() {
+                Self::settle_blocking(&mut st)?;
+            } else {
+                Self::settle(&mut st, None);
+            }
         }
         for c in [class, 1 - class] {
             for i in (0..n).map(|k| (home + k) % n) {
@@ -1110,18 +1132,17 @@ impl<U: MemoryResource> PoolResource<U> {
         if ptr.is_null() {
             return Ok(());
         }
-        if let Some(parked) = &self.parked {
-            if parked.park_if_capturing(ptr, stream)? {
-                self.apply_count(self.shards.home(), count);
-                return Ok(());
-            }
+        if self.parks && capturing(stream) {
+            return self.park(ptr, bytes, count);
         }
         // The size names the heap; a wrong size costs one more lookup (the
         // heaps' regions are disjoint, so the other heap's miss is cheap).
         // The heap checks the size against the block it finds (its 256-byte
-        // granules): a wrong size is refused and frees nothing.
+        // granules): a wrong size is refused and frees nothing. A parked
+        // block is used in its heap: it is refused first.
         let class = self.class_of(bytes);
         let (home, mut st) = self.shards.lock_home();
+        st.parked.refuse(ptr)?;
         let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
             Ok(_) => {}
@@ -1285,6 +1306,7 @@ impl<U: MemoryResource> PoolResource<U> {
             return Err(HeapError::UnknownAddress(ptr.0).into_invalid_free(ptr.0));
         };
         let mut st = self.shards.lock(owner);
+        st.parked.refuse(ptr)?;
         let lane = st.lane_of(stream)?;
         match st.heaps[class].free_sized(ptr.0, lane, bytes as u64) {
             Ok(_) => {}
@@ -1298,6 +1320,56 @@ impl<U: MemoryResource> PoolResource<U> {
         // live count stays its shard's, so the peaks summed stay close.
         self.count_holding(owner, st, count);
         Ok(())
+    }
+}
+
+impl<U: MemoryResource> PoolResource<U> {
+    /// A free of `ptr` as `bytes` on a capturing stream: checked as any free
+    /// is (in the calling thread's shard `home`, else in the shard owning
+    /// its region), then parked there instead of freed.
+    #[cold]
+    #[inline(never)]
+    fn park(&self, ptr: DevicePtr, bytes: usize, count: Count<'_>) -> Result<()> {
+        let class = self.class_of(bytes);
+        let (home, mut st) = self.shards.lock_home();
+        let mut at = home;
+        let mut parked = Self::park_in(&mut st, class, ptr, bytes);
+        if let Err(HeapError::UnknownAddress(_)) = parked {
+            if let Some(owner) = self.shards.owner_other_than(ptr.0, home) {
+                drop(st);
+                st = self.shards.lock(owner);
+                at = owner;
+                parked = Self::park_in(&mut st, class, ptr, bytes);
+            }
+        }
+        parked.map_err(|e| e.into_invalid_free(ptr.0))?;
+        self.count_holding(at, st, count);
+        Ok(())
+    }
+
+    /// Parks `ptr` in shard `st` when a free of `bytes` would free it there:
+    /// the heap `class` names first, then the other, as [`Self::free`]
+    /// looks.
+    fn park_in(
+        st: &mut Shard,
+        class: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+    ) -> std::result::Result<(), HeapError> {
+        if st.parked.contains(ptr) {
+            return Err(HeapError::DoubleFree(ptr.0));
+        }
+        for c in [class, 1 - class] {
+            match st.heaps[c].check_free_sized(ptr.0, bytes as u64) {
+                Ok(size) => {
+                    st.parked.insert(ptr, size as usize);
+                    return Ok(());
+                }
+                Err(HeapError::UnknownAddress(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(HeapError::UnknownAddress(ptr.0))
     }
 }
 

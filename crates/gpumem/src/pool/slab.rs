@@ -15,7 +15,8 @@
 //!    entirely free chunks back to the upstream, the largest first, just
 //!    enough to make room for one block, retry 1 and a single block; then
 //!    the same giving back every free chunk; then [`Error::OutOfMemory`]
-//!    with requested, reserved, live and largest free block. Giving back no
+//!    with requested, reserved, live and largest free block. During a
+//!    capture the streams are not waited for, only polled. Giving back no
 //!    more than needed keeps the rest of the cache: a loop whose sizes
 //!    change every iteration, at its memory limit, would otherwise refill
 //!    the whole cache from the upstream each time it meets a new size.
@@ -31,7 +32,8 @@ use std::sync::{Mutex, RwLock};
 use super::ptr_map::PtrMap;
 use super::stream_order::batched::BatchedStreams;
 use super::stream_order::free_lists::FreeBlocks;
-use super::stream_order::parked::Parked;
+use super::stream_order::parked::capturing;
+use super::stream_order::streams::may_wait;
 use super::stream_order::sync::{lock, read_lock, write_lock};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -146,8 +148,32 @@ pub(crate) struct Slab<U: MemoryResource> {
     /// Every chunk: base → (length, class). Touched when growing and
     /// releasing, read to find the class of a pointer freed without its size.
     index: RwLock<BTreeMap<u64, (usize, usize)>>,
-    /// Blocks freed on capturing streams (see `stream_order::parked`).
-    pub(crate) parked: Parked,
+}
+
+/// What becomes of a block freed into a [`Slab`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Freed<'a> {
+    /// Reusable once the work enqueued on the stream so far has run.
+    On(&'a Stream),
+    /// Reusable at once: no stream uses it any more.
+    Done,
+    /// Parked for the graph capturing the freeing stream (see
+    /// `stream_order::parked`): neither live nor free from then on, so a
+    /// second free is a double free and no allocation gets it; its chunk
+    /// stays until the slab goes.
+    Parked,
+}
+
+impl<'a> Freed<'a> {
+    /// A free on `stream`: parked when the stream captures a graph.
+    #[inline]
+    pub(crate) fn on(stream: &'a Stream) -> Self {
+        if capturing(stream) {
+            Freed::Parked
+        } else {
+            Freed::On(stream)
+        }
+    }
 }
 
 impl<U: MemoryResource> Slab<U> {
@@ -175,7 +201,6 @@ impl<U: MemoryResource> Slab<U> {
             peak_reserved: AtomicUsize::new(0),
             cfg,
             index: RwLock::new(BTreeMap::new()),
-            parked: Parked::default(),
         }
     }
 
@@ -264,10 +289,12 @@ impl<U: MemoryResource> Slab<U> {
         // chunks, the largest first, just enough for one block; if that is
         // not enough, all of them. Emptying the whole cache at once would
         // send a loop whose sizes change back to the upstream for every
-        // block it frees.
+        // block it frees. During a capture nothing is waited for (see
+        // `stream_order::streams::may_wait`).
         let enough = self.reserved().saturating_sub(c.spec.block);
+        let wait = may_wait();
         for (round, to) in [enough, 0].into_iter().enumerate() {
-            let given = self.release_from(true, to, Order::LargestFirst);
+            let given = self.release_from(wait, to, Order::LargestFirst);
             if round > 0 && given.unwrap_or(0) == 0 {
                 break; // nothing more to give back: the retry would fail again
             }
@@ -363,15 +390,15 @@ impl<U: MemoryResource> Slab<U> {
         Ok(DevicePtr(base))
     }
 
-    /// Frees a block of `class`. `bytes` (when known) must be the requested
-    /// size; `stream` `None` means no stream uses the block any more.
+    /// Frees a block of `class`, to become what `freed` says. `bytes` (when
+    /// known) must be the requested size.
     #[inline]
     pub(crate) fn deallocate(
         &self,
         class: usize,
         ptr: DevicePtr,
         bytes: Option<usize>,
-        stream: Option<&Stream>,
+        freed: Freed<'_>,
     ) -> Result<()> {
         let c = &self.classes[class];
         let seal = {
@@ -393,10 +420,11 @@ impl<U: MemoryResource> Slab<U> {
                 }
             }
             st.live_bytes -= req;
-            match stream {
-                Some(s) if self.cfg.stream_ordered => {
+            match freed {
+                Freed::On(s) if self.cfg.stream_ordered => {
                     st.free.push(s, ptr.0, &self.streams, self.cfg.batch_size)
                 }
+                Freed::Parked => None,
                 _ => {
                     st.free.push_ready(ptr.0);
                     None

@@ -37,6 +37,9 @@
 //!   says what is wrong ([`FreeError`](crate::FreeError)); a second free is
 //!   `DoubleFree` where the resource can still tell (a pool whose block is
 //!   free, a driver resource that freed the pointer recently), else `Unknown`.
+//!   A pool's block freed on a stream that captures a graph is parked for the
+//!   graph (see [`crate::pool`]): it is checked the same way first, and
+//!   freeing it again is always `DoubleFree`.
 //!   [`CallbackResource`] leaves all this to its closures.
 //! - The pointer and the size name the block: an alignment of at most 256
 //!   bytes passed to `deallocate` need not be the allocation's (the aligned

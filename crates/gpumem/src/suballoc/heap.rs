@@ -910,6 +910,24 @@ impl LaneHeap {
         self.free_checked(addr, lane, Some(bytes))
     }
 
+    /// The checks of [`free_sized`](Self::free_sized) without the free: the
+    /// size of the used block at `addr` when a free of `bytes` there would
+    /// be accepted, else the error that free would give. Nothing changes.
+    /// O(1).
+    pub fn check_free_sized(&self, addr: u64, bytes: u64) -> Result<u64, HeapError> {
+        let Some(block) = self.used_size(addr) else {
+            return Err(self.diagnose_bad_free(addr));
+        };
+        if !block_holds(block, bytes, self.min_split) {
+            return Err(HeapError::SizeMismatch {
+                addr,
+                block,
+                freed: bytes,
+            });
+        }
+        Ok(block)
+    }
+
     #[inline(always)]
     fn free_checked(
         &mut self,

@@ -259,6 +259,40 @@ fn bad_frees_are_errors_and_change_nothing() {
 }
 
 #[test]
+fn check_free_sized_answers_as_free_sized_and_changes_nothing() {
+    let (mut h, _) = heap_with(0x10000, MIB);
+    let a = h.allocate(G, 1000, 256).unwrap();
+    let b = h.allocate(G, 4096, 256).unwrap();
+    h.free(b.addr, G).unwrap();
+    let cases = [
+        (a.addr, 1000),
+        (a.addr, 1001),
+        (a.addr, 40_000),
+        (a.addr, 0),
+        (a.addr + 256, 256),
+        (b.addr, 4096),
+        (0, 4096),
+    ];
+    for (addr, bytes) in cases {
+        let before = h.stats();
+        let checked = h.check_free_sized(addr, bytes);
+        assert_eq!(
+            h.stats(),
+            before,
+            "{addr:#x} as {bytes}: the check changed the heap"
+        );
+        let mut copy = h.clone();
+        assert_eq!(
+            checked,
+            copy.free_sized(addr, G, bytes),
+            "{addr:#x} as {bytes}"
+        );
+    }
+    assert_eq!(h.check_free_sized(a.addr, 1000), Ok(1024));
+    h.check_invariants().unwrap();
+}
+
+#[test]
 fn region_rules() {
     let mut h = LaneHeap::new();
     assert!(matches!(

@@ -14,7 +14,16 @@
 //! [`matrix`] runs every case and returns what each gave, so callers can
 //! also assert resource-specific outcomes (which resources must refuse a
 //! same-granule size, which know a double free).
+//!
+//! [`matrix_in_capture`] runs the same cases while the stream captures a
+//! graph (Global mode): every free is checked as it would be otherwise, and
+//! a block freed in the capture is the graph's from then on. It stays out of
+//! reach: nothing allocated later overlaps it, and freeing it again, during
+//! the capture or after it, is a double free.
 
+use std::cell::RefCell;
+
+use gpumem::driver::CaptureMode;
 use gpumem::resource::MemoryResource;
 use gpumem::{DevicePtr, Error, FreeError, Stream};
 
@@ -116,8 +125,13 @@ struct Run<'a, R: ?Sized> {
     stream: Stream,
     other: Stream,
     live_bytes: Option<&'a dyn Fn() -> usize>,
-    /// Blocks the matrix holds live, to prove later blocks do not overlap them.
+    /// Blocks the matrix holds live, to prove later blocks do not overlap them
+    /// (in a capture, also those freed in it: the graph's).
     held: LiveSet,
+    /// Whether `stream` captures a graph.
+    capture: bool,
+    /// Blocks freed in the capture, with the bytes they were freed as.
+    parked: RefCell<Vec<(DevicePtr, usize)>>,
     report: Report,
 }
 
@@ -133,12 +147,22 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
     }
 
     fn free_ok(&self, p: DevicePtr, bytes: usize, case: &str) {
-        self.held.remove(p);
+        self.forget(p, bytes);
         self.mr
             .deallocate(p, bytes, 256, &self.stream)
             .unwrap_or_else(|e| {
                 panic!("{case}: the correct free of {p:#x} ({bytes} B) failed: {e}")
             });
+    }
+
+    /// A block freed as `bytes`: no longer held, unless the free was captured
+    /// (the graph keeps it; nothing may overlap it).
+    fn forget(&self, p: DevicePtr, bytes: usize) {
+        if self.capture {
+            self.parked.borrow_mut().push((p, bytes));
+        } else {
+            self.held.remove(p);
+        }
     }
 
     /// Allocates one block of each probe size (those the resource serves),
@@ -196,7 +220,7 @@ impl<R: MemoryResource + ?Sized> Run<'_, R> {
                         before,
                         "{case}: accepted, but the live count did not go back"
                     );
-                    self.held.remove(p);
+                    self.forget(p, wrong);
                     self.probe(case);
                     let again = self.mr.deallocate(p, bytes, 256, &self.stream);
                     assert!(
@@ -243,6 +267,26 @@ pub fn matrix<R: MemoryResource + ?Sized>(
     mr: &R,
     live_bytes: Option<&dyn Fn() -> usize>,
 ) -> Report {
+    run_matrix(mr, live_bytes, false)
+}
+
+/// [`matrix`] with every case made while the stream captures a graph in
+/// Global mode (the resource must serve allocations during a capture). A
+/// block freed in the capture counts as freed in `live_bytes` and is the
+/// graph's from then on: after the capture, each is freed again (refused as
+/// a double free) and allocations of every probe size overlap none of them.
+pub fn matrix_in_capture<R: MemoryResource + ?Sized>(
+    mr: &R,
+    live_bytes: Option<&dyn Fn() -> usize>,
+) -> Report {
+    run_matrix(mr, live_bytes, true)
+}
+
+fn run_matrix<R: MemoryResource + ?Sized>(
+    mr: &R,
+    live_bytes: Option<&dyn Fn() -> usize>,
+    capture: bool,
+) -> Report {
     let device = mr.device().clone();
     let mut run = Run {
         mr,
@@ -250,19 +294,27 @@ pub fn matrix<R: MemoryResource + ?Sized>(
         other: device.create_stream().expect("stream"),
         live_bytes,
         held: LiveSet::default(),
+        capture,
+        parked: RefCell::default(),
         report: Report::default(),
     };
-    // A block held across the whole matrix: nothing may ever overlap it.
-    let anchor = run.alloc(1000);
-    let baseline = run.live();
+    let start = run.live();
     // A live pointer of another allocator (cuMemAlloc), taken before this
-    // resource frees anything, so its address was never this resource's.
+    // resource frees anything, so its address was never this resource's
+    // (and before the capture, which forbids cuMemAlloc).
     let driver = device.driver();
     let foreign = driver
         .mem_alloc(device.ordinal(), 4096)
         .expect("cuMemAlloc");
     run.held.insert(foreign, 4096);
-
+    if capture {
+        run.stream
+            .begin_capture(CaptureMode::Global)
+            .expect("begin capture");
+    }
+    // A block held across the whole matrix: nothing may ever overlap it.
+    let anchor = run.alloc(1000);
+    let baseline = run.live();
     run.wrong_size(SAME_GRANULE, 1000, &[1001], true);
     run.wrong_size(OTHER_CLASS, 1000, &[40_000], false);
     run.wrong_size(ABOVE_LARGEST_BIN, 1000, &[3 * MIB], false);
@@ -307,28 +359,29 @@ pub fn matrix<R: MemoryResource + ?Sized>(
     }
 
     // The other allocator's pointer: refused, and still live (its owner
-    // frees it).
+    // frees it, after the capture).
     let during = run.live();
     let o = run.record(FOREIGN, mr.deallocate(foreign, 4096, 256, &run.stream));
     run.must_refuse(FOREIGN, o);
     assert_eq!(run.live(), during, "{FOREIGN}: live count changed");
     run.probe(FOREIGN);
-    run.held.remove(foreign);
-    driver
-        .mem_free(device.ordinal(), foreign)
-        .expect("the foreign pointer was left alone: its owner frees it");
 
     // NULL with a size: a documented no-op.
     let o = run.record(NULL, mr.deallocate(DevicePtr::NULL, 4096, 256, &run.stream));
     assert_eq!(o, Outcome::Accepted, "{NULL}: the rule is a no-op");
     assert_eq!(run.live(), baseline, "{NULL}: live count changed");
 
-    // Another stream: a valid free, ordered on that stream.
+    // Another stream: a valid free, ordered on that stream (in a capture,
+    // the wait joins `other` to it, and the stream waits for `other` again
+    // so that the capture can end).
     if let Ok(p) = mr.allocate(4096, 256, &run.stream) {
         run.held.insert(p, 4096);
         run.other.wait_for(&run.stream).expect("wait");
-        run.held.remove(p);
+        run.forget(p, 4096);
         let o = run.record(WRONG_STREAM, mr.deallocate(p, 4096, 256, &run.other));
+        if run.capture {
+            run.stream.wait_for(&run.other).expect("join back");
+        }
         assert_eq!(
             o,
             Outcome::Accepted,
@@ -342,7 +395,7 @@ pub fn matrix<R: MemoryResource + ?Sized>(
 
     // Another alignment at the free (both at most 256): valid.
     if let Some(p) = run.alloc(4096) {
-        run.held.remove(p);
+        run.forget(p, 4096);
         let o = run.record(WRONG_ALIGNMENT, mr.deallocate(p, 4096, 64, &run.stream));
         assert_eq!(
             o,
@@ -357,7 +410,45 @@ pub fn matrix<R: MemoryResource + ?Sized>(
     if let Some(p) = anchor {
         run.free_ok(p, 1000, "anchor");
     }
+    if capture {
+        let graph = run
+            .stream
+            .end_capture()
+            .expect("the capture ends with a graph");
+        run.capture = false;
+        run.after_capture();
+        drop(graph);
+    }
+    assert_eq!(run.live(), start, "live count after the matrix");
+    run.held.remove(foreign);
+    driver
+        .mem_free(device.ordinal(), foreign)
+        .expect("the foreign pointer was left alone: its owner frees it");
     run.stream.synchronize().expect("synchronize");
     run.other.synchronize().expect("synchronize");
     run.report
+}
+
+impl<R: MemoryResource + ?Sized> Run<'_, R> {
+    /// Once the capture has ended: every block freed in it is freed again on
+    /// both streams, and each is refused as a double free without changing
+    /// the live count; allocations of every size then overlap none of them.
+    fn after_capture(&self) {
+        let live = self.live();
+        for &(p, bytes) in self.parked.borrow().iter() {
+            for s in [&self.stream, &self.other] {
+                assert_eq!(
+                    self.mr.deallocate(p, bytes, 256, s),
+                    Err(Error::InvalidFree {
+                        ptr: p.0,
+                        reason: FreeError::DoubleFree
+                    }),
+                    "{p:#x} ({bytes} B), freed in the capture, freed again after it"
+                );
+            }
+        }
+        assert_eq!(self.live(), live, "refused frees changed the live count");
+        self.probe("after the capture");
+        self.probe("after the capture, again");
+    }
 }

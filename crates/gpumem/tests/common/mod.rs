@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod bad_free;
+pub mod expandable;
 pub mod model;
 pub mod pattern;
 pub mod suite;
@@ -48,6 +49,11 @@ pub fn sim_only(sim: Option<Arc<SimDriver>>, test: &str) -> Option<Arc<SimDriver
         eprintln!("{test}: simulator-only test, skipped on the real GPU");
     }
     sim
+}
+
+/// `N` new streams of `device`.
+pub fn streams<const N: usize>(device: &Device) -> [gpumem::Stream; N] {
+    std::array::from_fn(|_| device.create_stream().expect("stream"))
 }
 
 /// Blocks of `block_size` bytes, `blocks_per_chunk` to an upstream chunk.

@@ -235,6 +235,15 @@ impl ArenaState {
         Ok(())
     }
 
+    /// Checks that a live block of `g` granules starts at granule `off` of
+    /// the superblock in `slot`, as [`ArenaState::free_small`] would.
+    pub(crate) fn check_small(&self, slot: u32, off: u32, g: u32) -> Result<(), FreeError> {
+        match self.sbs.get(slot as usize) {
+            Some(Some(sb)) => sb.check_live(off, g),
+            _ => Err(FreeError::Unknown),
+        }
+    }
+
     /// Merges every parked quick-list block into its superblock's free blocks.
     /// Returns whether there were any.
     fn drain_quick(&mut self, core: &Core) -> bool {

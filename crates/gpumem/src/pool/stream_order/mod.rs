@@ -24,8 +24,9 @@
 //! default stream is queried and recorded on only by its own thread.
 //!
 //! Graph capture ([`crate::captures`]): while gpumem counts a capture under
-//! way, a block freed on a capturing stream is parked for the graph and
-//! never handed out again (`parked.rs`); no event is recorded on a
+//! way, a block freed on a capturing stream is checked as any free, then
+//! parked for the graph and never handed out again; a second free of it is
+//! a double free, capture or not (`parked.rs`); no event is recorded on a
 //! capturing stream and no capturing stream waits for one recorded outside
 //! its capture; queries and stream synchronizations run in relaxed capture
 //! mode, and device synchronization is refused (CUDA would refuse it and
@@ -35,6 +36,9 @@
 //! cached blocks, gives entirely free chunks back to its upstream and retries;
 //! then it fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory)
 //! carrying the requested, reserved and live bytes and the largest free block.
+//! While a capture is counted it waits for nothing
+//! ([`may_wait`](streams::may_wait)): it takes what a query finds done and
+//! gives back what is free already, then fails the same way.
 //! Dropping a pool gives all its upstream memory back.
 //!
 //! # Parts

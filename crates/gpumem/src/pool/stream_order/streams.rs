@@ -68,6 +68,19 @@ pub(crate) fn synchronize(stream: &Stream) -> Result<()> {
     stream.synchronize()
 }
 
+/// Whether the pools' out-of-memory paths may wait for streams or the device
+/// now: not while a capture is counted ([`crate::captures`]). CUDA refuses a
+/// device synchronization during a capture, and the synchronization of a
+/// capturing stream or of one joined to a capture, and each refusal breaks
+/// the capture; a wait for other work would stall the capture behind it. So
+/// a pool out of memory during a capture takes only what needs no wait
+/// (blocks whose streams a query finds idle, memory free already) and
+/// otherwise answers out of memory.
+#[inline]
+pub(crate) fn may_wait() -> bool {
+    !crate::captures::underway()
+}
+
 /// Blocks until all work on `device` is done: the fallback for streams that
 /// cannot be queried or synchronized. Refused while a capture is counted
 /// (CUDA refuses it, in any mode, when a stream of the device captures, and

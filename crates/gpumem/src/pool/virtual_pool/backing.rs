@@ -5,6 +5,7 @@ use super::page_table::{PageRef, PageSpan, PageTable, PhysPage};
 use super::phys_cache::ExtentId;
 use super::{State, VirtualPool, SMALL};
 use crate::driver::{AccessFlags, DevicePtr};
+use crate::pool::stream_order::streams::may_wait;
 use crate::{Error, Result};
 
 /// Mappings made: (reservation, first page, extent).
@@ -148,8 +149,12 @@ impl VirtualPool {
             }
         }
         if oom {
-            // Wait for pending unmaps, take every idle extent, retry page by page.
-            st.streams.synchronize_all(&self.device)?;
+            // Wait for pending unmaps (not during a capture: see
+            // `stream_order::streams::may_wait`), take every idle extent,
+            // retry page by page.
+            if may_wait() {
+                st.streams.synchronize_all(&self.device)?;
+            }
             self.reclaim(st, usize::MAX)?;
             self.fill_from_cache(st, res, &mut pieces, done)?;
             self.release_cached(st, 0);

@@ -72,7 +72,9 @@
 //!   stream that freed blocks, unmaps every idle mapping, releases what is
 //!   then mapped nowhere and retries with one-page extents; then it undoes
 //!   the call's mappings and fails with [`Error::OutOfMemory`] (requested,
-//!   reserved physical, live, largest free block).
+//!   reserved physical, live, largest free block). During a capture it
+//!   waits for no stream: only the idle mappings whose streams a query
+//!   finds done are taken.
 //! - *Regions* (`regions`, `sleep`, `backup`): blocks allocated while a
 //!   region is begun carry its tag; [`VirtualPool::sleep`] copies a region's
 //!   blocks to pinned host memory (or not) and releases the extents mapped
@@ -135,7 +137,8 @@ use self::regions::Regions;
 use super::shards::{shard_count, Guard, RegionOwners, Shards};
 use super::stream_order::free_streams::FreeStreams;
 use super::stream_order::heap_lanes::HeapLanes;
-use super::stream_order::parked::Parked;
+use super::stream_order::parked::{capturing, ParkedBlocks};
+use super::stream_order::streams::may_wait;
 use crate::adaptor::CallCount;
 use crate::device::Device;
 use crate::driver::{DevicePtr, HandleType, PhysProps};
@@ -191,6 +194,9 @@ struct State {
     fresh_ranges: u64,
     /// The region new blocks get, and the regions asleep.
     regions: Regions,
+    /// Blocks freed on capturing streams: used in their heap (their pages
+    /// stay mapped), freed for the caller (see `stream_order::parked`).
+    parked: ParkedBlocks,
 }
 
 impl State {
@@ -227,11 +233,14 @@ impl State {
             aliases_collected: 0,
             fresh_ranges: 0,
             regions: Regions::default(),
+            parked: ParkedBlocks::default(),
         }
     }
 
+    /// Bytes in blocks handed out (parked blocks are used in their heap, but
+    /// freed).
     fn live_bytes(&self) -> usize {
-        self.areas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize
+        self.areas.iter().map(|a| a.heap.used_bytes()).sum::<u64>() as usize - self.parked.bytes()
     }
 
     #[inline]
@@ -292,8 +301,6 @@ pub struct VirtualPool {
     pool_pages: Arc<AtomicUsize>,
     /// Most physical pages held at once, all shards.
     peak_pages: AtomicUsize,
-    /// Blocks freed on capturing streams (see `stream_order::parked`).
-    parked: Parked,
     /// Some region sleeps (read without the lock, so memory operations go
     /// through at once while none does).
     any_asleep: AtomicBool,
@@ -418,7 +425,6 @@ impl VirtualPool {
             shards,
             pool_pages,
             peak_pages: AtomicUsize::new(0),
-            parked: Parked::default(),
             any_asleep: AtomicBool::new(false),
         })
     }
@@ -639,17 +645,19 @@ impl VirtualPool {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if self.parked.park_if_capturing(ptr, stream)? {
-            return Ok(());
-        }
-        let a = &mut st.areas[area];
-        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
+        // A parked block is used in its heap: it is refused first.
+        st.parked.refuse(ptr)?;
         // Blocks of the NCCL-ready mode are whole pages (a size past the
         // largest is left to the heap to refuse).
         let bytes = match self.config.nccl_ready {
             true => self.whole_size(bytes).unwrap_or(bytes),
             false => bytes,
         };
+        if capturing(stream) {
+            return Self::park(st, area, ptr, bytes);
+        }
+        let a = &mut st.areas[area];
+        let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space
         // beside it, so the pool stays compact; with several, that would make
         // the others wait for this one (steal) to get addresses. The heap
@@ -667,6 +675,20 @@ impl VirtualPool {
         if st.regions.has_sleeping_blocks() {
             st.regions.forget(ptr.0);
         }
+        Ok(())
+    }
+
+    /// A free of `ptr` as `bytes` on a capturing stream, found in `area` of
+    /// shard `st`: checked as any free is, then parked (its pages stay
+    /// mapped and counted under a live block).
+    #[cold]
+    #[inline(never)]
+    fn park(st: &mut State, area: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        let size = st.areas[area]
+            .heap
+            .check_free_sized(ptr.0, bytes as u64)
+            .map_err(|e| e.into_invalid_free(ptr.0))?;
+        st.parked.insert(ptr, size as usize);
         Ok(())
     }
 
@@ -725,7 +747,9 @@ impl VirtualPool {
             if st.phys.total_pages() == 0 {
                 continue;
             }
-            st.streams.synchronize_all(&self.device)?;
+            if may_wait() {
+                st.streams.synchronize_all(&self.device)?;
+            }
             self.reclaim(&mut st, usize::MAX)?;
             freed += self.release_cached(&mut st, 0).0;
         }

@@ -108,7 +108,8 @@ impl VirtualPool {
             out.chunks += st.phys.extent_count();
             out.live += st.live_bytes();
             out.peak_live += st.peak_live;
-            out.live_blocks += st.areas.iter().map(|a| a.heap.used_blocks()).sum::<usize>();
+            out.live_blocks +=
+                st.areas.iter().map(|a| a.heap.used_blocks()).sum::<usize>() - st.parked.len();
             out.virtual_reserved += st.pages.reserved_bytes();
             out.streams += st.streams.len();
             out.pages_created += st.pages_created;
@@ -163,7 +164,10 @@ impl VirtualPool {
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
         let mut out = Vec::new();
         self.each_shard(|st| {
-            out.extend(live_blocks::live_blocks(st.areas.iter().map(|a| &a.heap)));
+            out.extend(live_blocks::live_blocks(
+                st.areas.iter().map(|a| &a.heap),
+                &st.parked,
+            ));
         });
         out.sort_unstable_by_key(|b| b.address.0);
         out
@@ -172,7 +176,7 @@ impl VirtualPool {
     /// The size of the live block starting at `ptr`, if there is one.
     pub fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
         let st = self.lock_owner(ptr.0);
-        live_blocks::live_block_size(st.areas.iter().map(|a| &a.heap), ptr)
+        live_blocks::live_block_size(st.areas.iter().map(|a| &a.heap), &st.parked, ptr)
     }
 
     /// Bytes in blocks handed out, all shards.

@@ -28,6 +28,7 @@ use super::page_table::{PageRef, PageSpan};
 use super::placement::places_in;
 use super::{State, VirtualPool, LARGE, NO_REGION};
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::streams::may_wait;
 use crate::stream::Stream;
 use crate::suballoc::{Allocation, BlockId, LaneId};
 use crate::{Error, Result};
@@ -207,7 +208,9 @@ impl VirtualPool {
                 match self.create_whole(st, n) {
                     Ok(x) => x,
                     Err(e) if e.is_oom() => {
-                        st.streams.synchronize_all(&self.device)?;
+                        if may_wait() {
+                            st.streams.synchronize_all(&self.device)?;
+                        }
                         self.reclaim(st, usize::MAX)?;
                         self.release_cached(st, 0);
                         self.create_whole(st, n).map_err(|e| {
