@@ -118,7 +118,10 @@ fn a_fraction_of_zero_allows_nothing_new() {
         let p = a.malloc(MIB, 0, 0);
         a.set_memory_fraction(0, 0.0).unwrap();
         assert_eq!(a.memory_fraction(0), 0.0);
-        assert!(a.malloc(64 * MIB, 0, 0).is_null(), "{kind}: new memory refused");
+        assert!(
+            a.malloc(64 * MIB, 0, 0).is_null(),
+            "{kind}: new memory refused"
+        );
         let why = last_error().unwrap();
         assert!(why.contains("memory fraction 0"), "{kind}: {why}");
         a.free(p, MIB, 0, 0);
