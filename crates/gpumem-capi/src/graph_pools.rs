@@ -17,7 +17,8 @@
 //! read the segments they expect). A block freed during a capture is reused
 //! by later allocations of that capture's stream (the graph orders them as
 //! the stream did). Its layout can be saved and put back
-//! ([`GraphPools::checkpoint`], [`GraphPools::restore`]): PyTorch's CUDA
+//! ([`crate::gpumem_graph_pool_checkpoint`],
+//! [`crate::gpumem_graph_pool_restore`]): PyTorch's CUDA
 //! graph trees (`torch.compile(mode="reduce-overhead")`) do that whenever
 //! they record a new branch.
 //!
