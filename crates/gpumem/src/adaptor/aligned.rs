@@ -139,6 +139,7 @@ impl<U: MemoryResource> MemoryResource for AlignedAdaptor<U> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         // An over-aligned allocation freed as a small one would reach the
         // upstream, which could take it (its aligned address can be the
         // upstream's own) at the granule's precision, and leave its entry

@@ -97,10 +97,11 @@ impl<U: MemoryResource> MemoryResource for HoldingAdaptor<U> {
     /// [`HoldingAdaptor::give_back`]. A pointer this adaptor did not hand
     /// out, one already freed, or a size other than the allocation's is
     /// refused and nothing is held.
-    fn deallocate(&self, ptr: DevicePtr, bytes: usize, _: usize, _: &Stream) -> Result<()> {
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, alignment: usize, _: &Stream) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         let alignment = self.live.take(ptr, bytes)?;
         self.lock().push((ptr, bytes, alignment));
         Ok(())

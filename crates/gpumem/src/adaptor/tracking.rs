@@ -208,6 +208,7 @@ impl<U: MemoryResource> MemoryResource for TrackingAdaptor<U> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         let record = {
             let mut t = self.lock();
             match t.live.get(&ptr.0) {

@@ -75,9 +75,12 @@ macro_rules! forward_to_pool {
                 &self,
                 ptr: $crate::DevicePtr,
                 bytes: usize,
-                _alignment: usize,
+                alignment: usize,
                 stream: &$crate::Stream,
             ) -> $crate::Result<()> {
+                if !ptr.is_null() {
+                    $crate::error::check_alignment(alignment)?;
+                }
                 self.pool().deallocate(ptr, bytes, stream)
             }
 

@@ -1081,9 +1081,12 @@ impl MemoryResource for PinnedPool {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if !ptr.is_null() {
+            crate::error::check_alignment(alignment)?;
+        }
         self.free_block(ptr, Some(bytes), Some(stream), false)
     }
 

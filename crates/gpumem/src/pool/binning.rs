@@ -397,6 +397,7 @@ impl<U: MemoryResource + 'static> BinningResource<U> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         match self.bin_for(bytes) {
             Some(bin) => {
                 let r = match stream {

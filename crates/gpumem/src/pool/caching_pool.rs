@@ -489,9 +489,10 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
+        crate::error::check_alignment(alignment)?;
         self.free(ptr, Some(bytes), Some(stream))
     }
 
@@ -521,7 +522,8 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
         Ok(ptr)
     }
 
-    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
+        crate::error::check_alignment(alignment)?;
         self.free(ptr, Some(bytes), None)
     }
 }

@@ -218,12 +218,13 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         self.slab.deallocate(0, ptr, Some(bytes), Freed::on(stream))
     }
 
@@ -250,10 +251,11 @@ impl<U: MemoryResource> MemoryResource for FixedSizeResource<U> {
         Ok(ptr)
     }
 
-    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, _alignment: usize) -> Result<()> {
+    fn deallocate_sync(&self, ptr: DevicePtr, bytes: usize, alignment: usize) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         self.slab.deallocate(0, ptr, Some(bytes), Freed::Done)
     }
 }

@@ -1184,10 +1184,11 @@ impl<U: MemoryResource> LentLock for PoolResource<U> {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
         count: CallCount<'_>,
     ) -> Result<()> {
+        crate::error::check_alignment(alignment)?;
         self.free(ptr, bytes, stream, Some(count))
     }
 
@@ -1212,9 +1213,10 @@ impl<U: MemoryResource> MemoryResource for PoolResource<U> {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
+        crate::error::check_alignment(alignment)?;
         self.free(ptr, bytes, stream, None)
     }
 

@@ -908,12 +908,13 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         let mut st = self.lock();
         let start = self.checked(&st, ptr, bytes)?;
         let owner = &st.segs[&start].stream;

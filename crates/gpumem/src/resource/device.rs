@@ -89,12 +89,13 @@ impl MemoryResource for DeviceResource {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         _stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         self.handed_out.free_with(ptr, bytes, |&growable| {
             if growable {
                 return self.growable.free(&self.device, ptr.0);

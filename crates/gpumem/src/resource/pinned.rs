@@ -76,12 +76,13 @@ impl MemoryResource for PinnedHostResource {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         _stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         self.handed_out
             .free_with(ptr, bytes, |_| self.device.driver().mem_free_host(ptr))
     }

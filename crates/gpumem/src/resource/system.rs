@@ -78,12 +78,13 @@ impl MemoryResource for SystemResource {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         _stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         // Dropping the storage frees the memory.
         self.live.take(ptr, bytes).map(drop)
     }

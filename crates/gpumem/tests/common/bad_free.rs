@@ -82,6 +82,10 @@ pub const WRONG_STREAM: &str = "wrong stream";
 /// counts; valid.
 pub const WRONG_ALIGNMENT: &str = "other alignment";
 
+/// Freed with an alignment of 3 (no power of two): refused, whatever the
+/// resource ([`Error::BadAlignment`]).
+pub const BAD_ALIGNMENT: &str = "alignment not a power of two";
+
 /// What every case gave.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
@@ -405,6 +409,19 @@ fn run_matrix<R: MemoryResource + ?Sized>(
         assert_eq!(run.live(), baseline, "{WRONG_ALIGNMENT}: live count");
     } else {
         run.report.rows.push((WRONG_ALIGNMENT, Outcome::Skipped));
+    }
+
+    // An alignment that is no power of two is refused before anything is
+    // looked up; the block stays live and its correct free succeeds.
+    if let Some(p) = run.alloc(4096) {
+        let during = run.live();
+        let r = mr.deallocate(p, 4096, 3, &run.stream);
+        assert!(
+            matches!(r, Err(Error::BadAlignment { alignment: 3 })),
+            "{BAD_ALIGNMENT}: {r:?}"
+        );
+        assert_eq!(run.live(), during, "{BAD_ALIGNMENT}: nothing freed");
+        run.free_ok(p, 4096, BAD_ALIGNMENT);
     }
 
     if let Some(p) = anchor {

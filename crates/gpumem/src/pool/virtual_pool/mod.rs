@@ -540,12 +540,13 @@ impl MemoryResource for VirtualPool {
         &self,
         ptr: DevicePtr,
         bytes: usize,
-        _alignment: usize,
+        alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
+        crate::error::check_alignment(alignment)?;
         let (_, mut guard) = self.shards.lock_home();
         let st = &mut *guard;
         match st.area_of(ptr.0) {
