@@ -13,7 +13,7 @@ use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{DevicePtr, Driver, HandleType, RawPhys};
 use gpumem::pool::{Backup, Pool, VirtualPool, VirtualPoolConfig};
 use gpumem::resource::MemoryResource;
-use gpumem::{Device, Error, Stream};
+use gpumem::{Device, Error, FreeError, Stream};
 use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
@@ -139,6 +139,38 @@ fn a_block_asked_for_again_at_its_size_costs_no_driver_call() {
     all_whole(&**device.driver(), &[(r, g)], g);
     pool.check_invariants().unwrap();
     pool.deallocate(r, g, 256, &s).unwrap();
+}
+
+/// A block is whole pages, but a free must name the size it was asked
+/// with (to 256 bytes): a 5,000-byte block freed as 1 MiB, within the same
+/// page, is refused and changes nothing; the right free then succeeds once.
+#[test]
+fn a_free_naming_another_size_within_the_page_is_refused() {
+    let (device, _) = common::device(false);
+    let pool = nccl_pool(&device);
+    let s = device.create_stream().unwrap();
+    let p = pool.allocate(5000, 256, &s).unwrap();
+    let live = pool.live_bytes();
+    for wrong in [MIB, 4096, 5377, pool.page_size()] {
+        match pool.deallocate(p, wrong, 256, &s) {
+            Err(Error::InvalidFree {
+                reason: FreeError::SizeMismatch { allocated, freed },
+                ..
+            }) => assert_eq!((allocated, freed), (5120, wrong)),
+            other => panic!("freed as {wrong}: {other:?}"),
+        }
+        assert_eq!(pool.live_bytes(), live, "nothing freed");
+    }
+    pool.deallocate(p, 5100, 256, &s).unwrap(); // the same 256-byte granule
+    assert_eq!(pool.live_bytes(), 0);
+    assert!(matches!(
+        pool.deallocate(p, 5000, 256, &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::DoubleFree,
+            ..
+        })
+    ));
+    pool.check_invariants().unwrap();
 }
 
 #[test]

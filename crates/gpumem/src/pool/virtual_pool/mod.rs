@@ -197,6 +197,10 @@ struct State {
     /// Blocks freed on capturing streams: used in their heap (their pages
     /// stay mapped), freed for the caller (see `stream_order::parked`).
     parked: ParkedBlocks,
+    /// The NCCL-ready mode's live blocks and the size each was asked with
+    /// (to 256 bytes): its heap holds whole pages, so a free naming another
+    /// size within the same pages is caught here.
+    whole_sizes: std::collections::HashMap<u64, u64>,
 }
 
 impl State {
@@ -234,6 +238,7 @@ impl State {
             fresh_ranges: 0,
             regions: Regions::default(),
             parked: ParkedBlocks::default(),
+            whole_sizes: std::collections::HashMap::new(),
         }
     }
 
@@ -649,9 +654,13 @@ impl VirtualPool {
         // A parked block is used in its heap: it is refused first.
         st.parked.refuse(ptr)?;
         // Blocks of the NCCL-ready mode are whole pages (a size past the
-        // largest is left to the heap to refuse).
+        // largest is left to the heap to refuse), whose asked size is
+        // checked first.
         let bytes = match self.config.nccl_ready {
-            true => self.whole_size(bytes).unwrap_or(bytes),
+            true => {
+                Self::check_whole_size(st, ptr, bytes)?;
+                self.whole_size(bytes).unwrap_or(bytes)
+            }
             false => bytes,
         };
         if capturing(stream) {
@@ -675,6 +684,29 @@ impl VirtualPool {
         }
         if st.regions.has_sleeping_blocks() {
             st.regions.forget(ptr.0);
+        }
+        if self.config.nccl_ready {
+            st.whole_sizes.remove(&ptr.0);
+        }
+        Ok(())
+    }
+
+    /// The NCCL-ready mode: refuses a free of `ptr` naming another size than
+    /// it was allocated with (compared at 256 bytes, as the other blocks'
+    /// sizes are).
+    #[cold]
+    fn check_whole_size(st: &State, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        let Some(&asked) = st.whole_sizes.get(&ptr.0) else {
+            return Ok(()); // not a live block: the heap says why
+        };
+        if crate::adaptor::granular_size(bytes).map(|g| g as u64) != Some(asked) {
+            return Err(Error::InvalidFree {
+                ptr: ptr.0,
+                reason: FreeError::SizeMismatch {
+                    allocated: asked as usize,
+                    freed: bytes,
+                },
+            });
         }
         Ok(())
     }

@@ -88,6 +88,8 @@ impl VirtualPool {
                 return Err(e);
             }
         }
+        let granular = crate::adaptor::granular_size(bytes).unwrap_or(size) as u64;
+        st.whole_sizes.insert(blk.addr, granular);
         Ok(Self::hand_out(st, LARGE, &blk))
     }
 
