@@ -198,3 +198,51 @@ fn blocks_handed_to_another_thread_keep_the_peak() {
     let (device, _) = common::device(false);
     threads::handed_blocks_keep_the_peak(sharded(&device, PoolConfig::default()));
 }
+
+/// A release whose wait for one shard's stream fails gives back the other
+/// shards' free memory, keeps that shard's (its stream's work may still use
+/// it), and reports the failure.
+#[test]
+fn a_failed_wait_keeps_only_its_shards_memory() {
+    let (device, sim) =
+        gpumem::Device::from_env(gpumem::driver::sim::SimConfig::default()).unwrap();
+    let Some(sim) = common::sim_only(sim, "a_failed_wait_keeps_only_its_shards_memory") else {
+        return;
+    };
+    let mut config = PoolConfig::default();
+    config.shards = 2;
+    config.spread = Spread::Always;
+    let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
+    // Two threads, two shards, a block freed in each on a stream whose
+    // work is still pending (held): a release must wait for both.
+    let all_in = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            let (pool, device, all_in, sim) = (&pool, &device, &all_in, &sim);
+            scope.spawn(move || {
+                let s = device.create_stream().unwrap();
+                sim.hold(s.raw());
+                let p = pool.allocate(1 << 20, 256, &s).unwrap();
+                common::model::enqueue_work(&s);
+                all_in.wait();
+                pool.deallocate(p, 1 << 20, 256, &s).unwrap();
+            });
+        }
+    });
+    let st = pool.stats();
+    assert_eq!(st.shards_in_use, 2);
+    let reserved = pool.reserved_bytes();
+    // The first shard's stream cannot be waited for, nor the device (the
+    // fallback for a stream that fails).
+    sim.fail_call("cuStreamSynchronize", 1, 999);
+    sim.fail_call("cuCtxSynchronize", 1, 999);
+    assert!(pool.release().is_err(), "the failed wait is reported");
+    let kept = pool.reserved_bytes();
+    assert!(
+        kept > 0 && kept < reserved,
+        "one shard gave back, one kept: {kept} of {reserved}"
+    );
+    sim.clear_faults();
+    assert_eq!(pool.release().unwrap(), kept);
+    assert_eq!(pool.reserved_bytes(), 0);
+}

@@ -805,10 +805,10 @@ impl<U: MemoryResource> PoolResource<U> {
         first_err.map_or(Ok(released), Err)
     }
 
-    /// Gives entirely free regions of every shard back until the pool holds
-    /// at most `to` bytes, after settling each shard (waiting for its
-    /// streams when `blocking`). Returns the bytes given back.
-    fn release_to(&self, to: usize, blocking: bool) -> Result<usize> {
+    /// Gives entirely free regions of every shard but those of `skip` back
+    /// until the pool holds at most `to` bytes, after settling each shard
+    /// (without waiting). Returns the bytes given back.
+    fn release_to(&self, to: usize, skip: &[usize]) -> Result<usize> {
         let mut released = 0;
         let mut first_err = None;
         for i in 0..self.shards.len() {
@@ -816,12 +816,11 @@ impl<U: MemoryResource> PoolResource<U> {
             if excess == 0 {
                 break;
             }
-            let mut st = self.shards.lock(i);
-            if blocking {
-                Self::settle_blocking(&mut st)?;
-            } else {
-                Self::settle(&mut st, None);
+            if skip.contains(&i) {
+                continue;
             }
+            let mut st = self.shards.lock(i);
+            Self::settle(&mut st, None);
             match self.release_free_regions(st, i, excess) {
                 Ok(b) => released += b,
                 Err(e) => {
@@ -942,7 +941,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         // A region the upstream refuses to take back stays free in the pool;
         // growing may still succeed, so its error is not the answer here.
-        let _ = self.release_to(0, false);
+        let _ = self.release_to(0, &[]);
         st = self.shards.lock(home);
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
@@ -1255,14 +1254,26 @@ impl<U: MemoryResource> Pool for PoolResource<U> {
     }
 
     fn trim(&self, to: usize) -> Result<usize> {
-        self.release_to(to, false)
+        self.release_to(to, &[])
     }
 
+    /// A shard whose streams cannot be waited for (a failed synchronize)
+    /// keeps its free memory, which its streams' work may still use; the
+    /// other shards give theirs back, and the first error is returned.
     fn release(&self) -> Result<usize> {
+        let mut failed = Vec::new();
+        let mut first_err = None;
         for i in 0..self.shards.len() {
-            Self::settle_blocking(&mut self.shards.lock(i))?;
+            if let Err(e) = Self::settle_blocking(&mut self.shards.lock(i)) {
+                failed.push(i);
+                first_err.get_or_insert(e);
+            }
         }
-        self.release_to(0, false)
+        let released = self.release_to(0, &failed);
+        match first_err {
+            Some(e) => Err(e),
+            None => released,
+        }
     }
 }
 
