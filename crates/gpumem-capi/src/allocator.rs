@@ -412,7 +412,14 @@ impl Allocator {
                     s.frozen = true;
                     s.conf.clone()
                 };
-                slot.get_or_init(|| self.build(device as u32, conf))
+                let built = slot.get_or_init(|| self.build(device as u32, conf));
+                // A memory fraction set while the device was being built
+                // may have found it unbuilt (and not applied itself) after
+                // the build read the old one: apply the one in force now.
+                if let Ok(st) = built {
+                    self.apply_limit(st);
+                }
+                built
             }
         };
         built

@@ -124,7 +124,9 @@ fn threads_that_take_turns_keep_one_shard() {
 fn spread_threads_use_their_own_shards_and_frees_find_the_owner() {
     let (device, _) = common::device(false);
     let mut config = PoolConfig::default();
-    config.shards = 8;
+    // Thread slots are process-wide: with 64 shards, the few threads of
+    // this test binary never share one.
+    config.shards = 64;
     config.spread = Spread::Always;
     let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
     // Every thread holds its slot until all have allocated: eight live
@@ -143,7 +145,11 @@ fn spread_threads_use_their_own_shards_and_frees_find_the_owner() {
             });
         }
     });
-    assert_eq!(pool.stats().shards_in_use, 8, "one shard per thread");
+    assert_eq!(
+        pool.stats().regions,
+        8,
+        "one shard, so one region, per thread"
+    );
     // This thread frees the others' blocks: each goes back to its owner.
     for (p, s) in blocks.into_inner().unwrap() {
         pool.deallocate(p, 4096, 256, &s).unwrap();
@@ -210,7 +216,9 @@ fn a_failed_wait_keeps_only_its_shards_memory() {
         return;
     };
     let mut config = PoolConfig::default();
-    config.shards = 2;
+    // Thread slots are process-wide: with 64 shards, the few threads of
+    // this test binary never share one.
+    config.shards = 64;
     config.spread = Spread::Always;
     let pool = PoolResource::new(DeviceResource::new(device.clone()), config).unwrap();
     // Two threads, two shards, a block freed in each on a stream whose
@@ -230,7 +238,7 @@ fn a_failed_wait_keeps_only_its_shards_memory() {
         }
     });
     let st = pool.stats();
-    assert_eq!(st.shards_in_use, 2);
+    assert_eq!(st.regions, 2, "one shard, so one region, per thread");
     let reserved = pool.reserved_bytes();
     // The first shard's stream cannot be waited for, nor the device (the
     // fallback for a stream that fails).
