@@ -99,10 +99,20 @@ pub fn read_pickle(bytes: &[u8]) -> Result<Value> {
     parse_checked(bytes)
 }
 
-/// serde-pickle on bytes [`pickle_bounds`] has accepted.
+/// serde-pickle on bytes [`pickle_bounds`] has accepted. serde-pickle
+/// panics on some pickles (a set or dict keyed by NaN floats makes its
+/// sorted collections fail their order checks): a panic is the same error
+/// as any unreadable pickle, nothing of it escapes.
 fn parse_checked(bytes: &[u8]) -> Result<Value> {
-    serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())
-        .map_err(|e| anyhow!("not a readable pickle: {e}"))
+    let parsed = std::panic::catch_unwind(|| {
+        serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())
+    });
+    match parsed {
+        Ok(r) => r.map_err(|e| anyhow!("not a readable pickle: {e}")),
+        Err(_) => Err(anyhow!(
+            "not a readable pickle: the pickle reader failed on it (keys or set members it cannot order, such as NaN)"
+        )),
+    }
 }
 
 /// Reads a snapshot pickle from the file at `path`, or from standard input

@@ -1103,6 +1103,18 @@ fn deep_or_endless_pickles_are_refused_not_a_crash() {
     assert!(err.contains("byte 0: opcode 0x00"), "{err}");
 }
 
+/// A pickle the fuzzer found: serde-pickle panics on it (keys it cannot
+/// order); reading it is an error like any unreadable pickle.
+#[test]
+fn a_pickle_the_reader_panics_on_is_an_error() {
+    let bytes =
+        include_bytes!("../../../fuzz/corpus/torch_snapshot/regression-unordered-keys.pickle");
+    let err = gpumem_cli::snapshot::read_pickle(bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a readable pickle"), "{err}");
+}
+
 #[test]
 fn pickles_up_to_the_depth_limit_are_read() {
     let limit = gpumem_cli::pickle_bounds::Limits::default().max_depth as usize;
