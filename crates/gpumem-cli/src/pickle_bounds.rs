@@ -11,6 +11,12 @@
 //! [`Limits::max_bytes`] or does not end (`/dev/zero`), that refers to itself,
 //! or that serde-pickle could not read anyway. What it accepts, serde-pickle
 //! reads with a bounded recursion.
+//!
+//! serde-pickle also sorts dict keys and set members with an order that is
+//! no total order once a float takes part (NaN, or a float beside an integer
+//! it rounds to), and Rust's sort panics then. A snapshot keys its dicts by
+//! text and integers and has no sets, so [`read`] refuses a float in a key,
+//! any set, and a call (REDUCE, how `set([...])` pickles) on floats.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
@@ -46,6 +52,9 @@ struct Node {
     /// The memo entries it refers to, each with how deep inside it the
     /// reference sits.
     refs: Vec<(u32, u32)>,
+    /// It is or holds a float (as it was when it was taken in: what can
+    /// change later, a list or a dict, is no dict key either way).
+    float: bool,
 }
 
 /// A stack slot: a value, or a reference to a memo entry (which later
@@ -215,9 +224,27 @@ impl<'a, R: BufRead> Machine<'a, R> {
         }
     }
 
+    /// Whether the value behind `slot` is or holds a float.
+    fn holds_float(&self, slot: &Slot) -> bool {
+        match slot {
+            Slot::Value(n) => n.float,
+            Slot::Memo(id) => self.memo.get(id).is_some_and(|n| n.float),
+        }
+    }
+
+    /// Refuses dict keys (every other item of `items`, from the first) that
+    /// are or hold a float.
+    fn check_keys(&self, items: &[Slot]) -> Result<()> {
+        if items.iter().step_by(2).any(|k| self.holds_float(k)) {
+            return self.fail("a dict key that is or holds a float (not a memory snapshot)");
+        }
+        Ok(())
+    }
+
     /// Puts `items` inside `node`, one level down.
     fn fill(&self, node: &mut Node, items: Vec<Slot>) -> Result<()> {
         for item in items {
+            node.float |= self.holds_float(&item);
             match item {
                 Slot::Memo(id) => {
                     node.depth = node.depth.max(1);
@@ -247,7 +274,7 @@ impl<'a, R: BufRead> Machine<'a, R> {
     fn build(&mut self, items: Vec<Slot>) -> Result<()> {
         let mut node = Node {
             depth: 1,
-            refs: Vec::new(),
+            ..Node::default()
         };
         self.fill(&mut node, items)?;
         self.push(node);
@@ -271,6 +298,7 @@ impl<'a, R: BufRead> Machine<'a, R> {
             Some(n) if n.depth > 0 => {
                 n.depth = n.depth.max(added.depth);
                 n.refs.extend(added.refs);
+                n.float |= added.float;
                 Ok(())
             }
             _ => self.fail("adding items to something that is not a container"),
@@ -308,7 +336,7 @@ impl<'a, R: BufRead> Machine<'a, R> {
         let scalar = Node::default;
         let empty = || Node {
             depth: 1,
-            refs: Vec::new(),
+            ..Node::default()
         };
         loop {
             self.op_at = self.pos;
@@ -370,7 +398,10 @@ impl<'a, R: BufRead> Machine<'a, R> {
                 // INT, LONG, FLOAT, STRING, UNICODE: a line each
                 b'I' | b'L' | b'F' | b'S' | b'V' => {
                     self.line()?;
-                    self.push(scalar());
+                    self.push(Node {
+                        float: op == b'F',
+                        ..scalar()
+                    });
                 }
                 // BININT1, BININT2, BININT, BINFLOAT
                 b'K' | b'M' | b'J' | b'G' => {
@@ -380,7 +411,10 @@ impl<'a, R: BufRead> Machine<'a, R> {
                         b'J' => 4,
                         _ => 8,
                     })?;
-                    self.push(scalar());
+                    self.push(Node {
+                        float: op == b'G',
+                        ..scalar()
+                    });
                 }
                 // LONG1, SHORT_BINBYTES, SHORT_BINSTRING, SHORT_BINUNICODE:
                 // a 1-byte length
@@ -410,16 +444,23 @@ impl<'a, R: BufRead> Machine<'a, R> {
                     self.skip(n)?;
                     self.push(scalar());
                 }
-                // EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT, EMPTY_SET
-                b')' | b']' | b'}' | b'\x8f' => self.push(empty()),
+                // EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT
+                b')' | b']' | b'}' => self.push(empty()),
+                // EMPTY_SET, ADDITEMS, FROZENSET
+                b'\x8f' | b'\x90' | b'\x91' => {
+                    return self.fail("a set (a memory snapshot has none)")
+                }
                 b'\x85' | b'\x86' | b'\x87' => {
                     // TUPLE1, TUPLE2, TUPLE3
                     let items = self.pop_n(usize::from(op - b'\x84'))?;
                     self.build(items)?;
                 }
-                // TUPLE, LIST, DICT, FROZENSET: the items above the mark
-                b't' | b'l' | b'd' | b'\x91' => {
+                // TUPLE, LIST, DICT: the items above the mark
+                b't' | b'l' | b'd' => {
                     let items = self.pop_mark()?;
+                    if op == b'd' {
+                        self.check_keys(&items)?;
+                    }
                     self.build(items)?;
                 }
                 b'a' => {
@@ -428,11 +469,15 @@ impl<'a, R: BufRead> Machine<'a, R> {
                 }
                 b's' => {
                     let items = self.pop_n(2)?; // SETITEM
+                    self.check_keys(&items)?;
                     self.extend_top(items)?;
                 }
-                // APPENDS, SETITEMS, ADDITEMS
-                b'e' | b'u' | b'\x90' => {
+                // APPENDS, SETITEMS
+                b'e' | b'u' => {
                     let items = self.pop_mark()?;
+                    if op == b'u' {
+                        self.check_keys(&items)?;
+                    }
                     self.extend_top(items)?;
                 }
                 b'c' => {
@@ -449,6 +494,9 @@ impl<'a, R: BufRead> Machine<'a, R> {
                     // tuple holds; count the tuple itself, to be safe.
                     let args = self.pop()?;
                     let args = self.resolve(args)?;
+                    if args.float {
+                        return self.fail("a call on floats (a memory snapshot makes no calls)");
+                    }
                     self.pop()?;
                     self.push(args);
                 }
@@ -493,8 +541,8 @@ impl<'a, R: BufRead> Machine<'a, R> {
         let root = match top {
             Slot::Value(n) => n,
             Slot::Memo(id) => Node {
-                depth: 0,
                 refs: vec![(id, 0)],
+                ..Node::default()
             },
         };
         let depth = self.resolved_depth(&root)?;

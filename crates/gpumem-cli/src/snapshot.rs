@@ -99,10 +99,9 @@ pub fn read_pickle(bytes: &[u8]) -> Result<Value> {
     parse_checked(bytes)
 }
 
-/// serde-pickle on bytes [`pickle_bounds`] has accepted. serde-pickle
-/// panics on some pickles (a set or dict keyed by NaN floats makes its
-/// sorted collections fail their order checks): a panic is the same error
-/// as any unreadable pickle, nothing of it escapes.
+/// serde-pickle on bytes [`pickle_bounds`] has accepted. The panics known
+/// in serde-pickle (keys it cannot order) never get here; should another
+/// one, it is the same error as any unreadable pickle.
 fn parse_checked(bytes: &[u8]) -> Result<Value> {
     let parsed = std::panic::catch_unwind(|| {
         serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())

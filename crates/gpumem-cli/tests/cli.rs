@@ -1103,16 +1103,47 @@ fn deep_or_endless_pickles_are_refused_not_a_crash() {
     assert!(err.contains("byte 0: opcode 0x00"), "{err}");
 }
 
-/// A pickle the fuzzer found: serde-pickle panics on it (keys it cannot
-/// order); reading it is an error like any unreadable pickle.
+/// A pickle the fuzzer found: serde-pickle's sort panics on it (set
+/// members it cannot order); the bounded reader refuses it first.
 #[test]
 fn a_pickle_the_reader_panics_on_is_an_error() {
     let bytes =
         include_bytes!("../../../fuzz/corpus/torch_snapshot/regression-unordered-keys.pickle");
-    let err = gpumem_cli::snapshot::read_pickle(bytes)
-        .unwrap_err()
-        .to_string();
+    let err = format!(
+        "{:#}",
+        gpumem_cli::snapshot::read_pickle(bytes).unwrap_err()
+    );
     assert!(err.contains("not a readable pickle"), "{err}");
+    assert!(err.contains("a set"), "{err}");
+}
+
+/// What serde-pickle cannot order: floats as dict keys (alone or in a tuple,
+/// protocols 0 and 2), sets however pickled. A float as a value is fine
+/// (a snapshot's allocator settings hold one).
+#[test]
+fn pickles_with_unorderable_keys_are_refused() {
+    let refused: &[(&[u8], &str)] = &[
+        (b"(dp0\nF1.5\nI1\ns.", "dict key"),
+        (b"\x80\x02}q\x00G?\xf8\x00\x00\x00\x00\x00\x00K\x01s.", "dict key"),
+        (b"(dp0\n(I1\nF2.0\ntp1\nI1\ns.", "dict key"),
+        (b"\x80\x02}q\x00(K\x01K\x02G\x7f\xf8\x00\x00\x00\x00\x00\x00K\x03u.", "dict key"),
+        (b"(G\x7f\xf8\x00\x00\x00\x00\x00\x00K\x01d.", "dict key"),
+        (b"\x80\x04\x8f\x94(G?\xf0\x00\x00\x00\x00\x00\x00\x90.", "a set"),
+        (b"\x80\x04(G?\xf0\x00\x00\x00\x00\x00\x00\x91\x94.", "a set"),
+        (
+            b"\x80\x02c__builtin__\nset\nq\x00]q\x01G?\xf0\x00\x00\x00\x00\x00\x00a\x85q\x02Rq\x03.",
+            "a call on floats",
+        ),
+    ];
+    for (bytes, what) in refused {
+        let err = format!("{:#}", snapshot::read_pickle(bytes).unwrap_err());
+        assert!(err.contains(what), "{err}");
+    }
+    let v = snapshot::read_pickle(
+        b"\x80\x02}q\x00(K\x01G@\x04\x00\x00\x00\x00\x00\x00X\x01\x00\x00\x00aq\x01]q\x02G?\xe0\x00\x00\x00\x00\x00\x00au.",
+    )
+    .unwrap();
+    assert!(matches!(v, serde_pickle::Value::Dict(_)), "{v:?}");
 }
 
 #[test]

@@ -22,6 +22,7 @@ use super::handed_out::HandedOut;
 use super::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use crate::device::Device;
 use crate::driver::DevicePtr;
+use crate::pool::stream_order::{self, streams::Progress};
 use crate::stream::Stream;
 use crate::{Error, Result};
 
@@ -90,13 +91,27 @@ impl MemoryResource for DeviceResource {
         ptr: DevicePtr,
         bytes: usize,
         alignment: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         crate::error::check_alignment(alignment)?;
         self.handed_out.free_with(ptr, bytes, |&growable| {
+            // The memory goes back to the driver at once, and CUDA says its
+            // free *may* wait for the device, not that it does: the work
+            // the free is ordered after runs first. (A capturing stream's
+            // work is a graph's, whose launches the caller orders.)
+            use stream_order::streams;
+            if !streams::capturing(stream) {
+                match streams::query(stream) {
+                    Progress::Idle => {}
+                    Progress::Busy => streams::synchronize(stream)?,
+                    Progress::NotHere | Progress::Unknown => {
+                        streams::synchronize_device(&self.device)?
+                    }
+                }
+            }
             if growable {
                 return self.growable.free(&self.device, ptr.0);
             }
