@@ -131,6 +131,9 @@ pub struct CachingPoolStats {
     pub live: usize,
     /// Bytes of free cached blocks.
     pub free: usize,
+    /// Bytes of blocks freed on a stream while it captured a CUDA graph:
+    /// kept for the graph until the pool goes.
+    pub parked: usize,
     /// Live allocations above `max_block_size` (served by the upstream).
     pub large_allocations: usize,
     /// One entry per class, smallest first.
@@ -455,6 +458,7 @@ impl<U: MemoryResource> CachingPool<U> {
             peak_reserved: self.slab.peak_reserved(),
             live: classes.iter().map(|c| c.live).sum::<usize>() + large.values().sum::<usize>(),
             free: classes.iter().map(|c| c.free_blocks * c.block_size).sum(),
+            parked: classes.iter().map(|c| c.parked_blocks * c.block_size).sum(),
             large_allocations: large.len(),
             classes,
         }

@@ -78,6 +78,9 @@ pub struct ClassStats {
     pub live: usize,
     /// Free blocks (in any stream's list or free for all).
     pub free_blocks: usize,
+    /// Blocks freed on a stream while it captured a CUDA graph: kept for
+    /// the graph, neither live nor free, until the pool goes.
+    pub parked_blocks: usize,
 }
 
 struct ClassState {
@@ -86,6 +89,7 @@ struct ClassState {
     live_bytes: usize,
     chunks: BTreeMap<u64, usize>,
     reserved: usize,
+    parked: usize,
 }
 
 #[repr(align(128))]
@@ -189,6 +193,7 @@ impl<U: MemoryResource> Slab<U> {
                     live_bytes: 0,
                     chunks: BTreeMap::new(),
                     reserved: 0,
+                    parked: 0,
                 }),
             })
             .collect();
@@ -424,7 +429,10 @@ impl<U: MemoryResource> Slab<U> {
                 Freed::On(s) if self.cfg.stream_ordered => {
                     st.free.push(s, ptr.0, &self.streams, self.cfg.batch_size)
                 }
-                Freed::Parked => None,
+                Freed::Parked => {
+                    st.parked += 1;
+                    None
+                }
                 _ => {
                     st.free.push_ready(ptr.0);
                     None
@@ -614,6 +622,7 @@ impl<U: MemoryResource> Slab<U> {
             live_blocks: st.live.len(),
             live: st.live_bytes,
             free_blocks: st.free.count,
+            parked_blocks: st.parked,
         }
     }
 

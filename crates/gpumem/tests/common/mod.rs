@@ -6,6 +6,7 @@ pub mod bad_free;
 pub mod expandable;
 pub mod model;
 pub mod pattern;
+pub mod regions_model;
 pub mod suite;
 pub mod threads;
 

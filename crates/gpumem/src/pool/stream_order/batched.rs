@@ -121,7 +121,9 @@ impl BatchedStream {
     /// covered). With `force` false (the free path), skips when too many
     /// batches are already pending and none of them has completed.
     pub(crate) fn seal(&self, events: &EventPool, force: bool) -> Result<()> {
-        if !self.held.is_here() {
+        // A capturing stream records no event that runs now: its frees from
+        // before the capture settle by a query once the capture has ended.
+        if !self.held.is_here() || super::streams::capturing(self.held.stream()) {
             return Ok(());
         }
         let mut batches = lock(&self.batches);
