@@ -14,18 +14,10 @@ Configurations: ``torch`` (PyTorch's caching allocator), ``MODE:RESOURCE``
 (gpumem as PyTorch's allocator in mode ``native`` or ``pluggable``, with
 ``GPUMEM_CONF=resource=RESOURCE``; more GPUMEM_CONF settings after ``+``).
 
-Every (test, configuration) pair runs pytest on its one node id in a fresh
-process (a CUDA error is sticky: it would fail every later test of the
-process), ``--jobs`` at a time, spread over the GPUs of ``--gpus`` (one
-visible to each process). The processes are forked from a zygote
-(``zygote.py``) that has imported PyTorch and the test file's imports but
-never touched CUDA (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so that
-``torch.cuda.is_available()`` does not initialize the driver, and a module
-that touches CUDA at import time is left out): each test then pays for its
-own CUDA context and the test module's own code, not for importing
-PyTorch again, which under a crowd of processes took most of their time.
-If a forked process cannot use the GPU, every test starts as ``python -m
-pytest NODEID`` instead, as ``--exec`` always does. The pairs are interleaved so that every
+Every (test, configuration) pair runs as ``python -m pytest NODEID`` in a
+fresh process (a CUDA error is sticky: it would fail every later test of
+the process), ``--jobs`` at a time, spread over the GPUs of ``--gpus`` (one
+visible to each process). The pairs are interleaved so that every
 configuration sees the same load. Tests that ask for most of the GPU's
 memory, or compare memory figures, can fail only because other processes
 share the GPU: every pair that fails or errs is then run again alone on an
@@ -38,18 +30,14 @@ differs from ``torch``'s) and prints the summary last.
 """
 
 import argparse
-import ast
 import concurrent.futures as cf
 import datetime
-import itertools
 import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -101,14 +89,9 @@ def outcome(xml_path):
     return "passed", ""
 
 
-def report_name(logdir, nodeid, config, suffix):
+def run_one(workdir, nodeid, config, gpu, timeout, logdir):
     safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in f"{config}__{nodeid.split('::', 1)[1]}")
-    return os.path.join(logdir, safe + suffix)
-
-
-def run_exec(workdir, nodeid, config, gpu, timeout, logdir):
-    """One test in a fresh interpreter: (outcome, message, seconds)."""
-    xml = report_name(logdir, nodeid, config, ".xml")
+    xml = os.path.join(logdir, safe + ".xml")
     env = config_env(config)
     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.time()
@@ -119,117 +102,12 @@ def run_exec(workdir, nodeid, config, gpu, timeout, logdir):
     except subprocess.TimeoutExpired as e:
         out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
         return "timeout", f"no result in {timeout} s\n{out[-1500:]}", time.time() - t0
-    return judge(xml, out, rc, t0)
-
-
-def judge(xml, out, rc, t0):
     got, msg = outcome(xml)
     if got is None:  # the process died before writing its report (a crash)
         got, msg = "crashed", f"exit {rc}\n{out[-1500:]}"
     elif got != "passed":
         msg = msg or out[-1500:]
     return got, msg, time.time() - t0
-
-
-def preload_modules(test_file):
-    """The modules the test file imports at its top level: the zygote
-    imports them once for every test."""
-    tree = ast.parse(open(test_file).read())
-    mods = ["pytest", "torch"]
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            mods += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            mods.append(node.module)
-    return list(dict.fromkeys(mods))
-
-
-class Zygote:
-    """Starts test processes by forking them from zygote.py, which has the
-    test file's imports loaded and CUDA untouched. `ok` is false when no
-    forked process could use the GPU: the runner then starts interpreters."""
-
-    def __init__(self, test_file, workdir, logdir):
-        self.workdir, self.lock, self.waiting, self.ids = workdir, threading.Lock(), {}, itertools.count()
-        mods = preload_modules(test_file)
-        while True:
-            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "zygote.py"), json.dumps(mods)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-            msg = self.startup()
-            if "ready" in msg:
-                break
-            self.proc.kill()
-            self.proc.wait()
-            if "poisoned_by" not in msg or not msg["after"]:
-                print(f"conformance: the zygote did not start ({msg}); every test starts an interpreter", flush=True)
-                self.ok = False
-                return
-            print(f"conformance: importing {msg['poisoned_by']} touches CUDA: the zygote imports only "
-                  f"{len(msg['after'])} modules", flush=True)
-            mods = msg["after"]
-        print(f"conformance: the zygote has {len(msg['ready'])} modules imported", flush=True)
-        threading.Thread(target=self.dispatch, daemon=True).start()
-        got, msg, _ = self.run(workdir, None, "torch", 0, 120, logdir)
-        self.ok = got == "passed"
-        if not self.ok:
-            print(f"conformance: a forked process cannot use the GPU ({got}), so every test starts an "
-                  f"interpreter:\n{msg[-1500:]}", flush=True)
-
-    def startup(self):
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            if "not_imported" in msg:
-                continue
-            return msg
-        return {"exit": self.proc.wait()}
-
-    def dispatch(self):
-        """Hands each line of the zygote to the test waiting for it."""
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self.lock:
-                q = self.waiting.get(msg["id"])
-            if q is not None:
-                q.put(msg)
-        with self.lock:  # the zygote is gone: nobody waits forever
-            for q in self.waiting.values():
-                q.put({"exit": None})
-
-    def run(self, workdir, nodeid, config, gpu, timeout, logdir):
-        """One test in a forked process: (outcome, message, seconds)."""
-        name = nodeid or "test_cuda.py::forked_gpu_check"
-        xml = report_name(logdir, name, config, ".xml")
-        log = report_name(logdir, name, config, ".log")
-        env = config_env(config)
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-        q = queue.Queue()
-        t0 = time.time()
-        with self.lock:
-            n = next(self.ids)
-            self.waiting[n] = q
-            self.proc.stdin.write(json.dumps({"id": n, "workdir": workdir, "nodeid": nodeid, "env": env,
-                                              "xml": xml, "log": log}) + "\n")
-            self.proc.stdin.flush()
-        pid = q.get().get("pid")
-        timed_out = False
-        try:
-            end = q.get(timeout=timeout)
-        except queue.Empty:
-            timed_out = True
-            try:  # the test and whatever it started: they share its session
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, TypeError):
-                pass
-            end = q.get()
-        with self.lock:
-            del self.waiting[n]
-        out = open(log, errors="replace").read() if os.path.exists(log) else ""
-        if timed_out:
-            return "timeout", f"no result in {timeout} s\n{out[-1500:]}", time.time() - t0
-        if nodeid is None:
-            return ("passed" if end.get("exit") == 0 else "failed"), out, time.time() - t0
-        return judge(xml, out, end.get("exit"), t0)
 
 
 def main():
@@ -243,8 +121,6 @@ def main():
     ap.add_argument("--deadline", type=int, default=0, help="stop starting tests after this many seconds (0: none)")
     ap.add_argument("--alone-time", type=int, default=120,
                     help="seconds past the deadline for running failures again alone")
-    ap.add_argument("--exec", action="store_true",
-                    help="start every test as a fresh interpreter instead of forking it from the zygote")
     ap.add_argument("-k", dest="select", default="", help="only node ids containing this text")
     ap.add_argument("--out", default="conformance")
     args = ap.parse_args()
@@ -263,13 +139,8 @@ def main():
     shutil.copy(args.test_file, workdir)
     shutil.copy(os.path.join(HERE, "conftest.py"), workdir)
     ids = [i for i in collect(workdir, args.test_file, args.classes) if args.select in i]
-    run_one = run_exec
-    if not args.exec:
-        zygote = Zygote(args.test_file, workdir, logdir)
-        if zygote.ok:
-            run_one = zygote.run
-    print(f"conformance: {len(ids)} tests x {len(configs)} configurations, {args.jobs} at a time on GPUs {args.gpus}"
-          f" ({'forked' if run_one is not run_exec else 'fresh interpreters'})", flush=True)
+    print(f"conformance: {len(ids)} tests x {len(configs)} configurations, {args.jobs} at a time on GPUs {args.gpus}",
+          flush=True)
 
     free_gpus = queue.Queue()
     per_gpu = max(1, args.jobs // len(gpus))
