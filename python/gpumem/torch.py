@@ -97,8 +97,8 @@ MODE_ENV = "GPUMEM_TORCH_MODE"
 # The C ABI functions the native allocator calls, in the order of
 # `struct gpumem_torch_api` in csrc/torch_allocator.cpp.
 _API = (
-    "malloc",
-    "free",
+    "malloc_rounded",
+    "free_rounded",
     "last_error",
     "get_device_stats",
     "reset_peak_stats",
@@ -115,7 +115,7 @@ _API = (
     "graph_pool_use_count",
     "graph_pool_malloc",
     "graph_pool_free",
-    "graph_pool_hold",
+    "graph_pool_hold_rounded",
     "graph_pool_checkpoint",
     "checkpoint_free",
     "graph_pool_restore",

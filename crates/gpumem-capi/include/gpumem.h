@@ -187,6 +187,29 @@ void *gpumem_malloc(ssize_t size, int device, gpumem_stream_t stream);
 void gpumem_free(void *ptr, ssize_t size, int device, gpumem_stream_t stream);
 
 /**
+ * Allocates a block of `block_size` bytes on `device` for a request of
+ * `size` bytes that the caller rounded up, usable by work on `stream` at
+ * once: [`gpumem_malloc`] of `block_size` bytes, except that the
+ * statistics count `size` in `requested_bytes` (and the block in
+ * `allocated_bytes` and `active_bytes`). PyTorch's native allocator rounds
+ * requests as PyTorch's own allocator does (512-byte blocks, its
+ * `roundup_power2_divisions` setting) and allocates through this. NULL for
+ * a zero `block_size`, a `size` larger than `block_size`, and when the
+ * request cannot be met. Freed by [`gpumem_free_rounded`].
+ */
+void *gpumem_malloc_rounded(size_t size, size_t block_size, int device, gpumem_stream_t stream);
+
+/**
+ * Frees a block of [`gpumem_malloc_rounded`], named with the two sizes it
+ * was allocated with, as [`gpumem_free`] frees.
+ */
+void gpumem_free_rounded(void *ptr,
+                         size_t size,
+                         size_t block_size,
+                         int device,
+                         gpumem_stream_t stream);
+
+/**
  * Allocates `size` bytes on `device` on the legacy default stream (CuPy's
  * `CFunctionAllocator` malloc). `param` is ignored. NULL for zero bytes and
  * on failure.
@@ -432,6 +455,18 @@ void gpumem_graph_pool_hold(void *ptr,
                             uint64_t id0,
                             uint64_t id1,
                             gpumem_stream_t stream);
+
+/**
+ * [`gpumem_graph_pool_hold`] of a block of [`gpumem_malloc_rounded`],
+ * named with the two sizes it was allocated with.
+ */
+void gpumem_graph_pool_hold_rounded(void *ptr,
+                                    size_t size,
+                                    size_t block_size,
+                                    int device,
+                                    uint64_t id0,
+                                    uint64_t id1,
+                                    gpumem_stream_t stream);
 
 /**
  * Saves the layout of the graph pool `(id0, id1)` of `device`. NULL when

@@ -148,6 +148,23 @@ impl Backend {
     }
 }
 
+/// The two sizes of a block: the bytes asked for and the block that serves
+/// them (the same unless the caller rounded the request up).
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    requested: usize,
+    block: usize,
+}
+
+impl From<usize> for Sizes {
+    fn from(bytes: usize) -> Self {
+        Sizes {
+            requested: bytes,
+            block: bytes,
+        }
+    }
+}
+
 /// The stack serving one device.
 struct DeviceState {
     device: Device,
@@ -535,10 +552,28 @@ impl Allocator {
     /// memory empties the device's cache and retries once first.
     #[inline]
     pub fn malloc(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
+        self.malloc_rounded(size, size, device, stream)
+    }
+
+    /// [`Allocator::malloc`] of a block of `block` bytes for a request of
+    /// `requested` bytes that the caller rounded up (PyTorch's native
+    /// allocator rounds as PyTorch's own does): the statistics count the
+    /// block in `allocated_bytes` and `active_bytes`, the request in
+    /// `requested_bytes`. Freed by [`Allocator::free_rounded`] with both
+    /// sizes. A request larger than its block fails.
+    #[inline]
+    pub fn malloc_rounded(
+        &self,
+        requested: usize,
+        block: usize,
+        device: i32,
+        stream: u64,
+    ) -> DevicePtr {
         clear_last_error();
-        if size == 0 {
+        if block == 0 {
             return DevicePtr::NULL;
         }
+        let size = Sizes { requested, block };
         // A device already built serves the configuration it was built with
         // (valid, and fixed from then on). `unusable` is read before any
         // lock: in a forked child, one the parent held at the fork stays
@@ -554,21 +589,21 @@ impl Allocator {
     /// driver (a forked child, an exiting process).
     #[cold]
     #[inline(never)]
-    fn malloc_first(&self, size: usize, device: i32, stream: u64) -> DevicePtr {
+    fn malloc_first(&self, size: Sizes, device: i32, stream: u64) -> DevicePtr {
         if unusable() || self.invalid.load(Ordering::Relaxed) {
-            return self.refuse(size, device);
+            return self.refuse(size.block, device);
         }
         match self.state(device) {
             Ok(st) => self.malloc_on(st, size, st.streams.get(stream)),
-            Err(why) => self.cannot_serve(size, device, why),
+            Err(why) => self.cannot_serve(size.block, device, why),
         }
     }
 
     #[inline]
-    fn malloc_on(&self, st: &DeviceState, size: usize, stream: &Stream) -> DevicePtr {
+    fn malloc_on(&self, st: &DeviceState, size: Sizes, stream: &Stream) -> DevicePtr {
         match self.allocate_on(st, size, DEFAULT_ALIGNMENT, stream) {
             Ok(p) => p,
-            Err(e) => self.failed(st, size, e),
+            Err(e) => self.failed(st, size.block, e),
         }
     }
 
@@ -640,14 +675,17 @@ impl Allocator {
     fn allocate_on(
         &self,
         st: &DeviceState,
-        size: usize,
+        size: Sizes,
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
         if st.uses.has_pending() {
             self.poll_deferred(st);
         }
-        match st.stack.allocate(size, alignment, stream) {
+        match st
+            .stack
+            .allocate_rounded(size.requested, size.block, alignment, stream)
+        {
             Ok(p) => Ok(p),
             Err(e) => self.not_allocated(st, e, size, alignment, stream),
         }
@@ -663,15 +701,19 @@ impl Allocator {
         &self,
         st: &DeviceState,
         e: Error,
-        size: usize,
+        size: Sizes,
         alignment: usize,
         stream: &Stream,
     ) -> gpumem::Result<DevicePtr> {
         if !e.is_oom() {
             return Err(e);
         }
-        match self.after_oom(st, || st.stack.allocate(size, alignment, stream)) {
-            Err(e) if e.is_oom() => Err(self.oom_error(st, size)),
+        let again = || {
+            st.stack
+                .allocate_rounded(size.requested, size.block, alignment, stream)
+        };
+        match self.after_oom(st, again) {
+            Err(e) if e.is_oom() => Err(self.oom_error(st, size.block)),
             other => other,
         }
     }
@@ -714,13 +756,14 @@ impl Allocator {
         &self,
         st: &DeviceState,
         ptr: DevicePtr,
-        size: usize,
+        size: Sizes,
         stream: &Stream,
     ) -> gpumem::Result<()> {
         if st.uses.any() {
             return self.free_with_uses(st, ptr, size, stream);
         }
-        st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
+        st.stack
+            .deallocate_rounded(ptr, size.requested, size.block, DEFAULT_ALIGNMENT, stream)
     }
 
     /// [`Allocator::free_on`] while some block has recorded streams or a
@@ -731,14 +774,16 @@ impl Allocator {
         &self,
         st: &DeviceState,
         ptr: DevicePtr,
-        size: usize,
+        size: Sizes,
         stream: &Stream,
     ) -> gpumem::Result<()> {
-        let r = if st.uses.defer_free(ptr, size, stream, None)? {
-            st.stack.begin_deferred_free(size);
+        let Sizes { requested, block } = size;
+        let r = if st.uses.defer_free(ptr, block, requested, stream, None)? {
+            st.stack.begin_deferred_free_rounded(requested, block);
             Ok(())
         } else {
-            st.stack.deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)
+            st.stack
+                .deallocate_rounded(ptr, requested, block, DEFAULT_ALIGNMENT, stream)
         };
         self.poll_deferred(st);
         r
@@ -763,7 +808,7 @@ impl Allocator {
                 None => st
                     .stack
                     .finish_deferred_free(d.ptr, d.size, DEFAULT_ALIGNMENT, &d.stream)
-                    .inspect_err(|_| st.stack.cancel_deferred_free(d.size)),
+                    .inspect_err(|_| st.stack.cancel_deferred_free_rounded(d.requested, d.size)),
                 Some(pool) => st
                     .graphs
                     .free(pool, d.ptr, d.size, &d.stream)
@@ -929,7 +974,7 @@ impl Allocator {
         };
         let s = st.streams.get(stream);
         let deferred = if st.uses.any() {
-            st.uses.defer_free(ptr, size, s, Some(pool))
+            st.uses.defer_free(ptr, size, size, s, Some(pool))
         } else {
             Ok(false)
         };
@@ -969,15 +1014,31 @@ impl Allocator {
         pool: PoolId,
         stream: u64,
     ) {
+        self.graph_pool_hold_rounded(ptr, size, size, device, pool, stream)
+    }
+
+    /// [`Allocator::graph_pool_hold`] of a block of
+    /// [`Allocator::malloc_rounded`], with the two sizes it was allocated
+    /// with.
+    pub fn graph_pool_hold_rounded(
+        &self,
+        ptr: DevicePtr,
+        requested: usize,
+        size: usize,
+        device: i32,
+        pool: PoolId,
+        stream: u64,
+    ) {
         if ptr.is_null() || unusable() {
             return;
         }
         let Some(st) = self.built(device) else {
-            return self.free(ptr, size, device, stream);
+            return self.free_rounded(ptr, requested, size, device, stream);
         };
         let held = Held {
             ptr,
             size,
+            requested,
             stream: st.streams.get(stream).clone(),
         };
         let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
@@ -1000,7 +1061,7 @@ impl Allocator {
         let cupy = st.cupy_live.load(Ordering::Relaxed) != 0 && st.cupy.bytes_of(ptr).is_some();
         let live = st.stack.upstream().live_block_size(ptr);
         if cupy || pending || st.graphs.is_held(ptr) || live.is_none() {
-            return self.free(ptr, size, device, stream);
+            return self.free_rounded(ptr, requested, size, device, stream);
         }
         // Held, its size is never checked by the resource: checked here.
         if let Some(block) = live.filter(|&b| !size_fits_block(size, b)) {
@@ -1011,7 +1072,7 @@ impl Allocator {
             return self.refused_for(ptr, size, device, reason);
         }
         if let Err(held) = st.graphs.hold(pool, held) {
-            self.free(held.ptr, held.size, device, stream);
+            self.free_rounded(held.ptr, held.requested, held.size, device, stream);
         }
     }
 
@@ -1059,7 +1120,11 @@ impl Allocator {
             self.apply_limit(st);
         }
         for h in retired.into_iter().flatten() {
-            if let Err(e) = self.free_on(st, h.ptr, h.size, &h.stream) {
+            let sizes = Sizes {
+                requested: h.requested,
+                block: h.size,
+            };
+            if let Err(e) = self.free_on(st, h.ptr, sizes, &h.stream) {
                 let device = st.device.ordinal() as i32;
                 self.report_bad_free(
                     device,
@@ -1079,6 +1144,20 @@ impl Allocator {
     /// frees nothing and is counted and reported.
     #[inline]
     pub fn free(&self, ptr: DevicePtr, size: usize, device: i32, stream: u64) {
+        self.free_rounded(ptr, size, size, device, stream)
+    }
+
+    /// Frees a block of [`Allocator::malloc_rounded`] with the two sizes it
+    /// was allocated with (as [`Allocator::free`] frees).
+    #[inline]
+    pub fn free_rounded(
+        &self,
+        ptr: DevicePtr,
+        requested: usize,
+        size: usize,
+        device: i32,
+        stream: u64,
+    ) {
         if ptr.is_null() {
             return;
         }
@@ -1099,7 +1178,11 @@ impl Allocator {
         if st.graphs.is_held(ptr) {
             return self.refused_for(ptr, size, device, FreeError::DoubleFree);
         }
-        if let Err(e) = self.free_on(st, ptr, size, st.streams.get(stream)) {
+        let sizes = Sizes {
+            requested,
+            block: size,
+        };
+        if let Err(e) = self.free_on(st, ptr, sizes, st.streams.get(stream)) {
             self.refused_free(ptr, size, device, e);
         }
     }
@@ -1201,7 +1284,7 @@ impl Allocator {
         match st.cupy.take_any(ptr) {
             Ok((size, ())) => {
                 st.cupy_live.fetch_sub(1, Ordering::Relaxed);
-                if let Err(e) = self.free_on(st, ptr, size, st.streams.get(0)) {
+                if let Err(e) = self.free_on(st, ptr, size.into(), st.streams.get(0)) {
                     self.refused_free(ptr, size, device, e);
                 }
             }
@@ -1545,7 +1628,7 @@ impl MemoryResource for DeviceHandle {
             return Err(off_limits_error());
         }
         self.allocator
-            .allocate_on(self.state, bytes, alignment, stream)
+            .allocate_on(self.state, bytes.into(), alignment, stream)
     }
 
     fn deallocate(
@@ -1558,7 +1641,8 @@ impl MemoryResource for DeviceHandle {
         if ptr.is_null() || unusable() {
             return Ok(());
         }
-        self.allocator.free_on(self.state, ptr, bytes, stream)
+        self.allocator
+            .free_on(self.state, ptr, bytes.into(), stream)
     }
 
     fn device(&self) -> &Device {

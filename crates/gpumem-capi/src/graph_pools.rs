@@ -60,6 +60,8 @@ pub type PoolId = (u64, u64);
 pub(crate) struct Held {
     pub(crate) ptr: DevicePtr,
     pub(crate) size: usize,
+    /// The bytes its allocation asked for (`size` unless rounded up).
+    pub(crate) requested: usize,
     pub(crate) stream: Stream,
 }
 

@@ -244,6 +244,48 @@ pub extern "C" fn gpumem_free(
     })
 }
 
+/// Allocates a block of `block_size` bytes on `device` for a request of
+/// `size` bytes that the caller rounded up, usable by work on `stream` at
+/// once: [`gpumem_malloc`] of `block_size` bytes, except that the
+/// statistics count `size` in `requested_bytes` (and the block in
+/// `allocated_bytes` and `active_bytes`). PyTorch's native allocator rounds
+/// requests as PyTorch's own allocator does (512-byte blocks, its
+/// `roundup_power2_divisions` setting) and allocates through this. NULL for
+/// a zero `block_size`, a `size` larger than `block_size`, and when the
+/// request cannot be met. Freed by [`gpumem_free_rounded`].
+#[no_mangle]
+pub extern "C" fn gpumem_malloc_rounded(
+    size: usize,
+    block_size: usize,
+    device: c_int,
+    stream: gpumem_stream_t,
+) -> *mut c_void {
+    guard("gpumem_malloc_rounded", std::ptr::null_mut(), || {
+        to_ptr(global().malloc_rounded(size, block_size, device, stream as usize as u64))
+    })
+}
+
+/// Frees a block of [`gpumem_malloc_rounded`], named with the two sizes it
+/// was allocated with, as [`gpumem_free`] frees.
+#[no_mangle]
+pub extern "C" fn gpumem_free_rounded(
+    ptr: *mut c_void,
+    size: usize,
+    block_size: usize,
+    device: c_int,
+    stream: gpumem_stream_t,
+) {
+    guard("gpumem_free_rounded", (), || {
+        global().free_rounded(
+            from_ptr(ptr),
+            size,
+            block_size,
+            device,
+            stream as usize as u64,
+        )
+    })
+}
+
 /// Allocates `size` bytes on `device` on the legacy default stream (CuPy's
 /// `CFunctionAllocator` malloc). `param` is ignored. NULL for zero bytes and
 /// on failure.
@@ -696,6 +738,30 @@ pub extern "C" fn gpumem_graph_pool_hold(
         global().graph_pool_hold(
             from_ptr(ptr),
             size,
+            device,
+            (id0, id1),
+            stream as usize as u64,
+        )
+    })
+}
+
+/// [`gpumem_graph_pool_hold`] of a block of [`gpumem_malloc_rounded`],
+/// named with the two sizes it was allocated with.
+#[no_mangle]
+pub extern "C" fn gpumem_graph_pool_hold_rounded(
+    ptr: *mut c_void,
+    size: usize,
+    block_size: usize,
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    stream: gpumem_stream_t,
+) {
+    guard("gpumem_graph_pool_hold_rounded", (), || {
+        global().graph_pool_hold_rounded(
+            from_ptr(ptr),
+            size,
+            block_size,
             device,
             (id0, id1),
             stream as usize as u64,

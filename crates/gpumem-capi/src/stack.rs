@@ -95,6 +95,41 @@ impl Stack {
         each!(self, s => s.deallocate(ptr, bytes, alignment, stream))
     }
 
+    /// [`StatisticsAdaptor::allocate_rounded`].
+    #[inline]
+    pub fn allocate_rounded(
+        &self,
+        requested: usize,
+        block: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        each!(self, s => s.allocate_rounded(requested, block, alignment, stream))
+    }
+
+    /// [`StatisticsAdaptor::deallocate_rounded`].
+    #[inline]
+    pub fn deallocate_rounded(
+        &self,
+        ptr: DevicePtr,
+        requested: usize,
+        block: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        each!(self, s => s.deallocate_rounded(ptr, requested, block, alignment, stream))
+    }
+
+    /// [`StatisticsAdaptor::begin_deferred_free_rounded`].
+    pub fn begin_deferred_free_rounded(&self, requested: usize, block: usize) {
+        each!(self, s => s.begin_deferred_free_rounded(requested, block))
+    }
+
+    /// [`StatisticsAdaptor::cancel_deferred_free_rounded`].
+    pub fn cancel_deferred_free_rounded(&self, requested: usize, block: usize) {
+        each!(self, s => s.cancel_deferred_free_rounded(requested, block))
+    }
+
     /// [`StatisticsAdaptor::stats`].
     pub fn stats(&self) -> MemoryStats {
         each!(self, s => s.stats())

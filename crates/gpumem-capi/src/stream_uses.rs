@@ -60,6 +60,7 @@ struct Uses {
 struct Pending {
     ptr: DevicePtr,
     size: usize,
+    requested: usize,
     stream: Stream,
     home: Home,
     events: Vec<Event>,
@@ -112,6 +113,9 @@ pub struct Done {
     pub ptr: DevicePtr,
     /// The size its free named.
     pub size: usize,
+    /// The bytes its allocation asked for (`size` unless the caller
+    /// rounded the request up: `gpumem_malloc_rounded`).
+    pub requested: usize,
     /// The stream it was freed on.
     pub stream: Stream,
     /// Where it lives.
@@ -171,7 +175,8 @@ impl StreamUses {
         }
     }
 
-    /// Defers the free of `ptr` (of `size` bytes, freed on `stream`, living
+    /// Defers the free of `ptr` (of `size` bytes allocated for `requested`,
+    /// freed on `stream`, living
     /// at `home`) if it has recorded streams other than `stream`: keeps the
     /// block until events recorded on those streams have completed, and
     /// returns `Ok(true)`; the caller counts the free now. `Ok(false)`:
@@ -182,6 +187,7 @@ impl StreamUses {
         &self,
         ptr: DevicePtr,
         size: usize,
+        requested: usize,
         stream: &Stream,
         home: Home,
     ) -> Result<bool> {
@@ -221,6 +227,7 @@ impl StreamUses {
         inner.pending.push(Pending {
             ptr,
             size,
+            requested,
             stream: stream.clone(),
             home,
             events,
@@ -286,6 +293,7 @@ impl StreamUses {
                 Done {
                     ptr: p.ptr,
                     size: p.size,
+                    requested: p.requested,
                     stream: p.stream,
                     home: p.home,
                 }

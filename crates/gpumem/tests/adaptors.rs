@@ -262,6 +262,46 @@ fn statistics_deferred_frees_stay_active_until_finished() {
 }
 
 #[test]
+fn statistics_of_rounded_blocks_count_the_block_and_the_request() {
+    for mr in [Fake::new(1 << 20), Fake::lending(1 << 20)].map(StatisticsAdaptor::new) {
+        let s = mr.upstream().stream();
+        let a = mr.allocate_rounded(700, 1024, 256, &s).unwrap();
+        let b = mr.allocate_rounded(8, 512, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!(st.requested_bytes.current, 708);
+        assert_eq!(st.allocated_bytes.current, 1536);
+        assert_eq!(st.active_bytes.current, 1536);
+        assert!(
+            mr.allocate_rounded(1025, 1024, 256, &s).is_err(),
+            "a request larger than its block"
+        );
+        assert_eq!(mr.stats().allocation.total, 2);
+        // Deferred: the caller's side now, the block's later.
+        mr.begin_deferred_free_rounded(700, 1024);
+        let st = mr.stats();
+        assert_eq!(
+            (st.requested_bytes.current, st.allocated_bytes.current),
+            (8, 512)
+        );
+        assert_eq!(st.active_bytes.current, 1536);
+        mr.cancel_deferred_free_rounded(700, 1024);
+        assert_eq!(mr.stats().requested_bytes.current, 708);
+        mr.begin_deferred_free_rounded(700, 1024);
+        mr.finish_deferred_free(a, 1024, 256, &s).unwrap();
+        mr.deallocate_rounded(b, 8, 512, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!(st.requested_bytes.current, 0);
+        assert_eq!(st.requested_bytes.freed, 708);
+        assert_eq!(
+            (st.allocated_bytes.current, st.active_bytes.current),
+            (0, 0)
+        );
+        assert_eq!(st.active_bytes.freed, 1536);
+        assert_eq!(mr.upstream().frees.load(Ordering::Relaxed), 2);
+    }
+}
+
+#[test]
 fn statistics_frames_are_fresh_and_merge_peaks_into_the_parent() {
     for mr in [Fake::new(1 << 30), Fake::lending(1 << 30)].map(StatisticsAdaptor::new) {
         let s = mr.upstream().stream();

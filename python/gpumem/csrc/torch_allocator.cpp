@@ -10,12 +10,16 @@
 // library and Python's share one gpumem instance, whatever paths are involved.
 //
 // What each PyTorch entry point does here:
-// - allocate / raw_alloc: gpumem_malloc on the current stream. gpumem empties
-//   its cache and retries once on out-of-memory; a failure after that raises
-//   torch.OutOfMemoryError with gpumem's message, after PyTorch's OOM
-//   observers ran. Other failures raise RuntimeError.
-// - the DataPtr's context carries (pointer, size, device, stream), so a free
-//   is one gpumem_free with the stream of the allocation, as PyTorch's own
+// - allocate / raw_alloc: gpumem_malloc_rounded on the current stream, of
+//   the block PyTorch's own allocator would make for the request
+//   (block_size_for: 512-byte steps, roundup_power2_divisions), the request
+//   counted in requested_bytes. gpumem empties its cache and retries once on
+//   out-of-memory; a failure after that raises torch.OutOfMemoryError with
+//   gpumem's message, after PyTorch's OOM observers ran. Other failures
+//   raise RuntimeError.
+// - the DataPtr's context carries (pointer, sizes, device, stream), so a
+//   free is one gpumem_free_rounded with the stream of the allocation, as
+//   PyTorch's own
 //   allocator orders it. raw_delete looks raw allocations up in a small map.
 // - statistics, reset, cacheInfo, emptyCache, the memory fraction,
 //   recordStream and snapshot map to their gpumem_* counterparts.
@@ -36,6 +40,7 @@
 //   naming gpumem and the way out (the MemPool mode, gpumem.torch.mempool).
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -69,8 +74,8 @@
 // typed after their declarations in gpumem.h. Its order is part of the
 // contract with python/gpumem/torch.py (_API there).
 struct gpumem_torch_api {
-  decltype(&gpumem_malloc) malloc;
-  decltype(&gpumem_free) free;
+  decltype(&gpumem_malloc_rounded) malloc_rounded;
+  decltype(&gpumem_free_rounded) free_rounded;
   decltype(&gpumem_last_error) last_error;
   decltype(&gpumem_get_device_stats) get_device_stats;
   decltype(&gpumem_reset_peak_stats) reset_peak_stats;
@@ -87,7 +92,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_use_count) graph_pool_use_count;
   decltype(&gpumem_graph_pool_malloc) graph_pool_malloc;
   decltype(&gpumem_graph_pool_free) graph_pool_free;
-  decltype(&gpumem_graph_pool_hold) graph_pool_hold;
+  decltype(&gpumem_graph_pool_hold_rounded) graph_pool_hold_rounded;
   decltype(&gpumem_graph_pool_checkpoint) graph_pool_checkpoint;
   decltype(&gpumem_checkpoint_free) checkpoint_free;
   decltype(&gpumem_graph_pool_restore) graph_pool_restore;
@@ -113,11 +118,15 @@ constexpr PoolId kDevicePool{0, 0};
 // came from cudaMalloc and goes back to cudaFree.
 constexpr PoolId kUncached{~0ull, ~0ull};
 
-// What a DataPtr's context holds: everything gpumem_free needs, and the
-// graph pool the block came from ({0, 0}: the device's pool).
+// What a DataPtr's context holds: everything gpumem_free_rounded needs, and
+// the graph pool the block came from ({0, 0}: the device's pool).
 struct Allocation {
   void* ptr;
+  // The bytes asked for.
   size_t size;
+  // The block allocated for them (block_size_for(size) in the device's
+  // pool; `size` in a graph pool, which rounds as PyTorch's own does).
+  size_t block;
   cudaStream_t stream;
   c10::DeviceIndex device;
   PoolId pool;
@@ -248,6 +257,7 @@ bool graph_block(void* ptr, Allocation* a) {
   *a = Allocation{
       ptr,
       requested,
+      requested,
       static_cast<cudaStream_t>(stream),
       static_cast<c10::DeviceIndex>(device),
       PoolId{id0, id1}};
@@ -273,18 +283,18 @@ void free_block(const Allocation& a) {
     if (a.pool != kDevicePool) {
       api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
     } else {
-      api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+      api.free_rounded(a.ptr, a.size, a.block, a.device, a.stream);
     }
     return;
   }
   RelaxedMode relaxed(true);
   PoolId pool;
   if (hold_pool_for(a.device, a.stream, &pool)) {
-    api.graph_pool_hold(a.ptr, a.size, a.device, pool.first, pool.second, a.stream);
+    api.graph_pool_hold_rounded(a.ptr, a.size, a.block, a.device, pool.first, pool.second, a.stream);
   } else if (a.pool != kDevicePool) {
     api.graph_pool_free(a.ptr, a.size, a.device, a.pool.first, a.pool.second, a.stream);
   } else {
-    api.free(a.ptr, static_cast<ssize_t>(a.size), a.device, a.stream);
+    api.free_rounded(a.ptr, a.size, a.block, a.device, a.stream);
   }
 }
 
@@ -313,7 +323,7 @@ bool free_by_pointer(void* ptr) {
 void free_pointer(void* ptr) {
   if (ptr != nullptr && !free_by_pointer(ptr)) {
     // A deleter cannot throw: gpumem counts it as a bad free and says so.
-    api.free(ptr, 0, c10::cuda::current_device(), nullptr);
+    api.free_rounded(ptr, 0, 0, c10::cuda::current_device(), nullptr);
   }
 }
 
@@ -381,6 +391,32 @@ Stat to_stat(const gpumem_stat_t& s) {
 
 // gpumem's statistics are not split into PyTorch's small and large pools:
 // they go to "all" (the aggregate), the others read zero.
+// The block PyTorch's own allocator makes for a request of `size` bytes,
+// so that its statistics (active_bytes, allocated_bytes) and its
+// roundup_power2_divisions setting mean here what they mean there: at
+// least 512 bytes, in 512-byte steps; where the setting divides the
+// power-of-two interval holding `size` (torch.cuda.memory.
+// _set_allocator_settings or PYTORCH_CUDA_ALLOC_CONF, read on every
+// request, as PyTorch reads it), up to the next division.
+size_t block_size_for(size_t size) {
+  constexpr size_t kMinBlock = 512;
+  if (size <= kMinBlock) {
+    return kMinBlock;
+  }
+  size_t divisions =
+      c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(size);
+  if (divisions > 1 && size > kMinBlock * divisions && (size & (size - 1)) != 0) {
+    size_t floor = size_t{1} << (63 - __builtin_clzll(size));
+    // The interval's step: the power of two at most `divisions` divides it.
+    size_t step = floor >> (63 - __builtin_clzll(divisions));
+    if (step == 0) {
+      return floor << 1;
+    }
+    return (size + step - 1) / step * step;
+  }
+  return (size + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
+
 void set_all(StatArray& a, const gpumem_stat_t& s) {
   a[static_cast<size_t>(StatType::AGGREGATE)] = to_stat(s);
 }
@@ -802,18 +838,25 @@ class GpumemAllocator final : public CUDAAllocator {
   // is under way.
   Allocation route_block(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (!capturing()) {
-      return Allocation{malloc_or_throw(size, device, stream), size, stream, device, kDevicePool};
+      return device_block(size, device, stream);
     }
     RelaxedMode relaxed(true);
     PoolId pool;
     if (!pool_for(device, stream, &pool)) {
-      return Allocation{malloc_or_throw(size, device, stream), size, stream, device, kDevicePool};
+      return device_block(size, device, stream);
     }
     void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
     if (p == nullptr) {
       failed(size, device, " for a CUDA graph");
     }
-    return Allocation{p, size, stream, device, pool};
+    return Allocation{p, size, size, stream, device, pool};
+  }
+
+  // A block of the device's pool, of the size PyTorch's own allocator
+  // would give the request.
+  Allocation device_block(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    size_t block = block_size_for(size);
+    return Allocation{malloc_or_throw(size, block, device, stream), size, block, stream, device, kDevicePool};
   }
 
   // The live blocks of a graph pool (none when it does not exist).
@@ -841,13 +884,14 @@ class GpumemAllocator final : public CUDAAllocator {
 
   void* malloc_or_throw(
       size_t size,
+      size_t block,
       c10::DeviceIndex device,
       cudaStream_t stream) {
-    void* p = api.malloc(static_cast<ssize_t>(size), device, stream);
+    void* p = api.malloc_rounded(size, block, device, stream);
     if (p != nullptr) {
       return p;
     }
-    failed(size, device, "");
+    failed(block, device, "");
   }
 
   static void check_size(size_t size) {
@@ -919,7 +963,7 @@ class GpumemAllocator final : public CUDAAllocator {
     if (!enabled_.load(std::memory_order_relaxed)) {
       void* p = uncached_malloc(size, device);
       std::lock_guard<std::mutex> lock(raw_mutex);
-      raw_blocks[p] = Allocation{p, size, stream, device, kUncached};
+      raw_blocks[p] = Allocation{p, size, size, stream, device, kUncached};
       return p;
     }
     Allocation a = allocate_block(size, device, stream);
@@ -1043,7 +1087,7 @@ extern "C" int gpumem_torch_install(
     }
     return -1;
   };
-  if (api == nullptr || api->malloc == nullptr || api->free == nullptr ||
+  if (api == nullptr || api->malloc_rounded == nullptr || api->free_rounded == nullptr ||
       api->last_error == nullptr || api->get_device_stats == nullptr ||
       api->reset_peak_stats == nullptr ||
       api->reset_accumulated_stats == nullptr || api->empty_cache == nullptr ||

@@ -13,7 +13,11 @@
 //! - `allocated_bytes`: bytes handed out and not yet freed by their callers,
 //!   each allocation rounded up to the 256-byte granularity (what it takes
 //!   from a driver allocator or a pool at least).
-//! - `requested_bytes`: the same, in the bytes callers asked for.
+//! - `requested_bytes`: the same, in the bytes callers asked for. A caller
+//!   that rounds requests up itself (as PyTorch's allocator rounds them)
+//!   allocates the block with [`StatisticsAdaptor::allocate_rounded`],
+//!   naming the request too: the block counts in `allocated_bytes`, the
+//!   request here.
 //! - `allocation`: the same, counting allocations.
 //! - `active_bytes` and `active`: bytes and allocations the upstream still
 //!   holds for callers: `allocated_bytes` and `allocation` plus the *deferred
@@ -383,12 +387,13 @@ impl TopFrame {
         }
     }
 
-    /// Counts an allocation of `bytes` (the counters' lock held).
+    /// Counts an allocation of `bytes` for a request of `requested` bytes
+    /// (the counters' lock held).
     #[inline(always)]
-    fn count_allocation<const SERVED: bool>(&self, bytes: usize) {
+    fn count_allocation<const SERVED: bool>(&self, bytes: usize, requested: usize) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
         self.allocated_bytes.add::<SERVED>(counted);
-        self.requested_bytes.add::<SERVED>(bytes as u64);
+        self.requested_bytes.add::<SERVED>(requested as u64);
         self.allocation.add::<SERVED>(1);
         if let Some([active_bytes, active]) = self.active() {
             active_bytes.add::<SERVED>(counted);
@@ -396,17 +401,17 @@ impl TopFrame {
         }
     }
 
-    /// Counts a free of `bytes` on the caller's side, the upstream's or
-    /// both (the counters' lock held).
+    /// Counts a free of `bytes` (allocated for `requested`) on the caller's
+    /// side, the upstream's or both (the counters' lock held).
     #[inline(always)]
-    fn count_free<const SERVED: bool>(&self, bytes: usize, side: Side) {
+    fn count_free<const SERVED: bool>(&self, bytes: usize, requested: usize, side: Side) {
         let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
         if side != Side::Both {
             self.defer();
         }
         if side != Side::Upstream {
             self.allocated_bytes.sub::<SERVED>(counted);
-            self.requested_bytes.sub::<SERVED>(bytes as u64);
+            self.requested_bytes.sub::<SERVED>(requested as u64);
             self.allocation.sub::<SERVED>(1);
         }
         if side != Side::Caller {
@@ -621,7 +626,13 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// hands it to the upstream (or [`StatisticsAdaptor::cancel_deferred_free`]
     /// takes the free back). The caller checks that the block is live.
     pub fn begin_deferred_free(&self, bytes: usize) {
-        self.count_free(bytes, Side::Caller);
+        self.count_free(bytes, bytes, Side::Caller);
+    }
+
+    /// [`StatisticsAdaptor::begin_deferred_free`] of a block allocated with
+    /// [`StatisticsAdaptor::allocate_rounded`].
+    pub fn begin_deferred_free_rounded(&self, requested: usize, block: usize) {
+        self.count_free(block, requested, Side::Caller);
     }
 
     /// Frees a block whose free [`StatisticsAdaptor::begin_deferred_free`]
@@ -635,30 +646,113 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        self.free_through(ptr, bytes, alignment, stream, Side::Upstream)
+        self.free_through(ptr, bytes, bytes, alignment, stream, Side::Upstream)
     }
 
     /// Takes back a free counted by [`StatisticsAdaptor::begin_deferred_free`]
     /// whose block stays live after all (its free was refused): the counters
     /// are as if the free had not been made.
     pub fn cancel_deferred_free(&self, bytes: usize) {
-        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        self.cancel_deferred_free_rounded(bytes, bytes)
+    }
+
+    /// [`StatisticsAdaptor::cancel_deferred_free`] of a block allocated with
+    /// [`StatisticsAdaptor::allocate_rounded`].
+    pub fn cancel_deferred_free_rounded(&self, requested: usize, block: usize) {
+        let counted = granular_size(block).unwrap_or(usize::MAX) as u64;
         let top = self.top.at(0);
         self.counting(&mut || {
             top.defer();
             top.allocated_bytes.unsub(counted);
-            top.requested_bytes.unsub(bytes as u64);
+            top.requested_bytes.unsub(requested as u64);
             top.allocation.unsub(1);
         });
     }
 
-    /// Frees `ptr` through the upstream and, once accepted, counts it on
-    /// `side`.
+    /// Allocates a block of `block` bytes for a request of `requested`
+    /// bytes, rounded up by the caller (PyTorch's `roundup_power2_divisions`
+    /// and 512-byte blocks, for one): `allocated_bytes` and `active_bytes`
+    /// count the block, `requested_bytes` the request. The block is freed
+    /// with [`StatisticsAdaptor::deallocate_rounded`] and the same two
+    /// sizes. `InvalidArgument` when `requested` exceeds `block`.
+    #[inline]
+    pub fn allocate_rounded(
+        &self,
+        requested: usize,
+        block: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        if requested > block {
+            return Err(Error::InvalidArgument(format!(
+                "a request of {requested} bytes does not fit the block of {block} bytes meant for it"
+            )));
+        }
+        self.allocate_counting(requested, block, alignment, stream)
+    }
+
+    /// Frees a block of [`StatisticsAdaptor::allocate_rounded`]: the
+    /// upstream gets `block` bytes back, `requested_bytes` loses
+    /// `requested`.
+    #[inline]
+    pub fn deallocate_rounded(
+        &self,
+        ptr: DevicePtr,
+        requested: usize,
+        block: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.free_through(ptr, block, requested, alignment, stream, Side::Both)
+    }
+
+    /// Allocates `bytes` from the upstream, counted as a request of
+    /// `requested` bytes.
+    #[inline(always)]
+    fn allocate_counting(
+        &self,
+        requested: usize,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<DevicePtr> {
+        check_alignment(alignment)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let top = &self.top;
+        let r = match self.upstream.lent_lock() {
+            Some(lent) => {
+                let count = CallCount {
+                    top,
+                    bytes,
+                    requested,
+                    call: Call::Allocate,
+                };
+                lent.allocate_counted(bytes, alignment, stream, count)
+            }
+            None => self
+                .upstream
+                .allocate(bytes, alignment, stream)
+                .inspect(|_| {
+                    let _guard = self.busy.lock();
+                    top.at(0).count_allocation::<false>(bytes, requested);
+                }),
+        };
+        match r {
+            Ok(p) => Ok(p),
+            Err(e) => Err(self.allocation_failed(e)),
+        }
+    }
+
+    /// Frees `ptr` (`bytes` allocated for `requested`) through the upstream
+    /// and, once accepted, counts it on `side`.
     #[inline(always)]
     fn free_through(
         &self,
         ptr: DevicePtr,
         bytes: usize,
+        requested: usize,
         alignment: usize,
         stream: &Stream,
         side: Side,
@@ -671,6 +765,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
                 let count = CallCount {
                     top: &self.top,
                     bytes,
+                    requested,
                     call: Call::Free(side),
                 };
                 lent.deallocate_counted(ptr, bytes, alignment, stream, count)
@@ -678,7 +773,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
             None => {
                 self.upstream.deallocate(ptr, bytes, alignment, stream)?;
                 let _guard = self.busy.lock();
-                self.top.at(0).count_free::<false>(bytes, side);
+                self.top.at(0).count_free::<false>(bytes, requested, side);
                 Ok(())
             }
         }
@@ -702,9 +797,10 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         self.counting(&mut || n.store(n.load(Relaxed).saturating_add(1), Relaxed));
     }
 
-    /// Counts a free of `bytes` on the caller's side, the upstream's or both.
-    fn count_free(&self, bytes: usize, side: Side) {
-        self.counting(&mut || self.top.at(0).count_free::<false>(bytes, side));
+    /// Counts a free of `bytes` (allocated for `requested`) on the caller's
+    /// side, the upstream's or both.
+    fn count_free(&self, bytes: usize, requested: usize, side: Side) {
+        self.counting(&mut || self.top.at(0).count_free::<false>(bytes, requested, side));
     }
 }
 
@@ -724,6 +820,8 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 pub struct CallCount<'a> {
     top: &'a Cells,
     bytes: usize,
+    /// The bytes asked for (`bytes` unless the caller rounded the request).
+    requested: usize,
     call: Call,
 }
 
@@ -742,8 +840,8 @@ impl CallCount<'_> {
     pub fn apply(self, lock: usize) {
         let top = self.top.at(lock);
         match self.call {
-            Call::Allocate => top.count_allocation::<true>(self.bytes),
-            Call::Free(side) => top.count_free::<true>(self.bytes, side),
+            Call::Allocate => top.count_allocation::<true>(self.bytes, self.requested),
+            Call::Free(side) => top.count_free::<true>(self.bytes, self.requested, side),
         }
     }
 }
@@ -761,32 +859,7 @@ enum Side {
 impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
     #[inline]
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        check_alignment(alignment)?;
-        if bytes == 0 {
-            return Ok(DevicePtr::NULL);
-        }
-        let top = &self.top;
-        let r = match self.upstream.lent_lock() {
-            Some(lent) => {
-                let count = CallCount {
-                    top,
-                    bytes,
-                    call: Call::Allocate,
-                };
-                lent.allocate_counted(bytes, alignment, stream, count)
-            }
-            None => self
-                .upstream
-                .allocate(bytes, alignment, stream)
-                .inspect(|_| {
-                    let _guard = self.busy.lock();
-                    top.at(0).count_allocation::<false>(bytes);
-                }),
-        };
-        match r {
-            Ok(p) => Ok(p),
-            Err(e) => Err(self.allocation_failed(e)),
-        }
+        self.allocate_counting(bytes, bytes, alignment, stream)
     }
 
     #[inline]
@@ -797,7 +870,7 @@ impl<U: MemoryResource> MemoryResource for StatisticsAdaptor<U> {
         alignment: usize,
         stream: &Stream,
     ) -> Result<()> {
-        self.free_through(ptr, bytes, alignment, stream, Side::Both)
+        self.free_through(ptr, bytes, bytes, alignment, stream, Side::Both)
     }
 
     fn device(&self) -> &Device {
@@ -843,7 +916,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         let g = self.upstream.grow_in_place().ok_or_else(not_growable)?;
         let r = g.allocate_growable_in_pieces(bytes, capacity, max_piece);
         match &r {
-            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation::<false>(bytes)),
+            Ok(_) => self.counting(&mut || self.top.at(0).count_allocation::<false>(bytes, bytes)),
             Err(e) if e.is_oom() => self.count_oom(),
             Err(_) => {}
         }
@@ -880,7 +953,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         self.counting(&mut || {
             let top = self.top.at(0);
             top.count_resize(bytes, at);
-            top.count_allocation::<false>(bytes - at);
+            top.count_allocation::<false>(bytes - at, bytes - at);
         });
         Ok(tail)
     }
@@ -897,7 +970,7 @@ impl<U: MemoryResource> GrowInPlace for StatisticsAdaptor<U> {
         g.recycle(src, src_bytes, dst, dst_bytes)?;
         self.counting(&mut || {
             let top = self.top.at(0);
-            top.count_free::<false>(src_bytes, Side::Both);
+            top.count_free::<false>(src_bytes, src_bytes, Side::Both);
             top.count_resize(dst_bytes, dst_bytes + src_bytes);
         });
         Ok(())
