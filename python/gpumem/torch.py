@@ -124,6 +124,7 @@ _API = (
     "restored_free",
     "graph_pool_live_blocks",
     "graph_pool_block",
+    "get_class_stats",
 )
 
 _mode = None

@@ -312,6 +312,24 @@ const char *gpumem_last_error(void);
 int gpumem_get_device_stats(int device, struct gpumem_device_stats_t *out);
 
 /**
+ * Fills `*small` and `*large` with the statistics of `device`'s blocks of
+ * at most 1 MiB and of the larger ones (`torch.cuda.memory_stats`'
+ * `small_pool` and `large_pool`), as [`gpumem_get_device_stats`] counts
+ * all blocks. The device's resource keeps both in one reserve, which
+ * counts in `*large`; graph pools keep them apart as PyTorch's pools do.
+ * Driver calls, retries and out-of-memory failures are zero here (PyTorch
+ * counts them for all blocks only). 0 on success; -1 for a device out of
+ * range (0..64) or a NULL pointer.
+ *
+ * # Safety
+ * `small` and `large` are NULL or point to writable
+ * `gpumem_device_stats_t`s.
+ */
+int gpumem_get_class_stats(int device,
+                           struct gpumem_device_stats_t *small,
+                           struct gpumem_device_stats_t *large);
+
+/**
  * Sets every peak of `device` to its current value
  * (`torch.cuda.reset_peak_memory_stats`).
  */

@@ -58,7 +58,7 @@ use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::foreign_streams::ForeignStreams;
-use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired};
+use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf};
 use crate::last_error::clear_last_error;
 pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
@@ -66,7 +66,7 @@ use crate::served::{self, Served};
 use crate::stack::{Resource, Stack};
 use crate::stream_uses::{size_fits_block, Done, StreamUses};
 use crate::types::gpumem_device_stats_t;
-use gpumem::pool::{Checkpoint, Restored};
+use gpumem::pool::{Checkpoint, Restored, SizeClass};
 
 /// Most device ordinals served (CUDA devices per process rarely pass 16).
 pub const MAX_DEVICES: usize = 64;
@@ -187,7 +187,7 @@ struct DeviceState {
     /// Allocations that failed after the retry.
     ooms: AtomicU64,
     /// The statistics at the last reset of accumulated statistics.
-    baseline: Mutex<gpumem_device_stats_t>,
+    baseline: Mutex<[gpumem_device_stats_t; 3]>,
     /// CUDA graphs' private pools.
     graphs: GraphPools,
 }
@@ -486,7 +486,7 @@ impl Allocator {
             uses: StreamUses::default(),
             retries: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
-            baseline: Mutex::new(gpumem_device_stats_t::default()),
+            baseline: Mutex::new([gpumem_device_stats_t::default(); 3]),
             graphs: GraphPools::default(),
         })
     }
@@ -1405,35 +1405,79 @@ impl Allocator {
     /// The statistics of `device` in PyTorch's terms; all zero for a device
     /// not used yet, `None` for one out of range.
     pub fn device_stats(&self, device: i32) -> Option<gpumem_device_stats_t> {
+        self.stats_of(device, StatsOf::All)
+    }
+
+    /// The statistics of `device`'s blocks of at most 1 MiB and of the
+    /// larger ones ([`gpumem::adaptor::SMALL_BLOCK_MAX`]: PyTorch's `small_pool` and
+    /// `large_pool`), as [`Allocator::device_stats`] counts all blocks. The
+    /// device's resource keeps both classes in one reserve: its segments
+    /// and reserve count in the large class. Graph pools keep them apart,
+    /// as PyTorch's pools do. The driver calls, retries and out-of-memory
+    /// failures count with all blocks only (zero here).
+    pub fn class_stats(&self, device: i32) -> Option<[gpumem_device_stats_t; 2]> {
+        Some([
+            self.stats_of(device, StatsOf::Class(SizeClass::Small))?,
+            self.stats_of(device, StatsOf::Class(SizeClass::Large))?,
+        ])
+    }
+
+    fn stats_of(&self, device: i32, of: StatsOf) -> Option<gpumem_device_stats_t> {
         self.slot(device)?;
         let Some(st) = self.built(device) else {
             return Some(gpumem_device_stats_t::default());
         };
-        let now = Self::raw_stats(st);
-        Some(now.since(&lock(&st.baseline)))
+        let now = Self::raw_stats(st, of);
+        Some(now.since(&lock(&st.baseline)[of.index()]))
     }
 
-    /// The statistics with their totals since the stack was built.
-    fn raw_stats(st: &DeviceState) -> gpumem_device_stats_t {
+    /// The statistics of the blocks `of` counts, with their totals since
+    /// the stack was built.
+    fn raw_stats(st: &DeviceState, of: StatsOf) -> gpumem_device_stats_t {
         let s = st.stack.stats();
         let served = st.stack.upstream();
         let d = served.driver_stats();
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let mut stats = gpumem_device_stats_t {
-            allocation: s.allocation.into(),
-            segment: d.segments.unwrap_or(s.active).into(),
-            active: s.active.into(),
-            allocated_bytes: s.allocated_bytes.into(),
-            requested_bytes: s.requested_bytes.into(),
-            reserved_bytes: d.reserved.into(),
-            active_bytes: s.active_bytes.into(),
-            num_alloc_retries: count(st.retries.load(Ordering::Relaxed)),
-            num_ooms: count(st.ooms.load(Ordering::Relaxed)),
-            num_device_alloc: count(d.device_allocs),
-            num_device_free: count(d.device_frees),
-            largest_free_block: count(served.largest_free_block() as u64),
+        let mut stats = match of {
+            StatsOf::All => gpumem_device_stats_t {
+                allocation: s.allocation.into(),
+                segment: d.segments.unwrap_or(s.active).into(),
+                active: s.active.into(),
+                allocated_bytes: s.allocated_bytes.into(),
+                requested_bytes: s.requested_bytes.into(),
+                reserved_bytes: d.reserved.into(),
+                active_bytes: s.active_bytes.into(),
+                num_alloc_retries: count(st.retries.load(Ordering::Relaxed)),
+                num_ooms: count(st.ooms.load(Ordering::Relaxed)),
+                num_device_alloc: count(d.device_allocs),
+                num_device_free: count(d.device_frees),
+                largest_free_block: count(served.largest_free_block() as u64),
+            },
+            StatsOf::Class(class) => {
+                let c = match class {
+                    SizeClass::Small => s.small,
+                    SizeClass::Large => s.large,
+                };
+                // The device's resource keeps both classes in one reserve
+                // (its segments, or the driver's pool): it counts in the
+                // large class.
+                let (segment, reserved_bytes) = match class {
+                    SizeClass::Small => Default::default(),
+                    SizeClass::Large => (d.segments.unwrap_or(s.active).into(), d.reserved.into()),
+                };
+                gpumem_device_stats_t {
+                    allocation: c.allocation.into(),
+                    segment,
+                    active: c.active.into(),
+                    allocated_bytes: c.allocated_bytes.into(),
+                    requested_bytes: c.requested_bytes.into(),
+                    reserved_bytes,
+                    active_bytes: c.active_bytes.into(),
+                    ..Default::default()
+                }
+            }
         };
-        st.graphs.add_stats(&mut stats);
+        st.graphs.add_stats(&mut stats, of);
         stats
     }
 
@@ -1442,8 +1486,10 @@ impl Allocator {
     /// (PyTorch's `reset_accumulated_memory_stats`).
     pub fn reset_accumulated(&self, device: i32) {
         if let Some(st) = self.built(device) {
-            let now = Self::raw_stats(st);
-            *lock(&st.baseline) = now;
+            let mut baseline = lock(&st.baseline);
+            for of in StatsOf::EACH {
+                baseline[of.index()] = Self::raw_stats(st, of);
+            }
         }
     }
 

@@ -39,7 +39,7 @@ use std::sync::Mutex;
 
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
-use gpumem::pool::{Checkpoint, Restored, SegmentInfo, SegmentPool};
+use gpumem::pool::{Checkpoint, Restored, SegmentInfo, SegmentPool, SizeClass};
 use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
 
@@ -122,7 +122,39 @@ pub(crate) struct GraphPools {
     /// What the pools that are gone counted: their totals (and peaks, until
     /// the next reset), so the device's statistics never go backwards when
     /// a graph is deleted. Current values are zero: a pool goes empty.
-    gone: Mutex<gpumem_device_stats_t>,
+    /// One record per [`StatsOf`]: all blocks, then each size class.
+    gone: Mutex<[gpumem_device_stats_t; 3]>,
+}
+
+/// Which blocks statistics count: all, or one size class (PyTorch's
+/// `small_pool` and `large_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatsOf {
+    All,
+    Class(SizeClass),
+}
+
+impl StatsOf {
+    /// Every choice, in the order of the records kept per choice.
+    pub(crate) const EACH: [StatsOf; 3] = [
+        StatsOf::All,
+        StatsOf::Class(SizeClass::Small),
+        StatsOf::Class(SizeClass::Large),
+    ];
+
+    /// Its record among those kept per choice.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            StatsOf::All => 0,
+            StatsOf::Class(SizeClass::Small) => 1,
+            StatsOf::Class(SizeClass::Large) => 2,
+        }
+    }
+
+    /// Whether it counts the blocks of `class`.
+    fn takes(self, class: SizeClass) -> bool {
+        self == StatsOf::All || self == StatsOf::Class(class)
+    }
 }
 
 /// What a device must do once a graph pool is gone: give these blocks back
@@ -250,12 +282,16 @@ impl GraphPools {
                 let Some(p) = pools.remove(&id) else { continue };
                 // Its counts live on in `gone`; the reserve it gives back
                 // below is counted as freed there.
-                let mut stats = gpumem_device_stats_t::default();
-                add_pool_stats(&mut stats, &p);
-                stats.reserved_bytes.freed += stats.reserved_bytes.current;
-                stats.segment.freed += stats.segment.current;
-                stats.num_device_free += stats.segment.current;
-                add_totals(&mut lock(&self.gone), &stats);
+                let mut gone = lock(&self.gone);
+                for of in StatsOf::EACH {
+                    let mut stats = gpumem_device_stats_t::default();
+                    add_pool_stats(&mut stats, &p, of);
+                    stats.reserved_bytes.freed += stats.reserved_bytes.current;
+                    stats.segment.freed += stats.segment.current;
+                    stats.num_device_free += stats.segment.current;
+                    add_totals(&mut gone[of.index()], &stats);
+                }
+                drop(gone);
                 let released = p.held.len() + p.held_elsewhere.len();
                 self.held.fetch_sub(released, Ordering::Relaxed);
                 out.extend(p.held);
@@ -506,11 +542,11 @@ impl GraphPools {
     /// The graph pools' statistics added to `stats` (current values and
     /// totals add up exactly; peaks are the sum of each pool's peak), those
     /// of the pools that are gone included.
-    pub(crate) fn add_stats(&self, stats: &mut gpumem_device_stats_t) {
+    pub(crate) fn add_stats(&self, stats: &mut gpumem_device_stats_t, of: StatsOf) {
         for p in lock(&self.pools).values() {
-            add_pool_stats(stats, p);
+            add_pool_stats(stats, p, of);
         }
-        add_totals(stats, &lock(&self.gone));
+        add_totals(stats, &lock(&self.gone)[of.index()]);
     }
 
     /// Bytes the graph pools hold from the driver: now, and the sum of
@@ -530,12 +566,12 @@ impl GraphPools {
         stat: impl Fn(&gpumem_device_stats_t) -> gpumem_stat_t,
         gone: impl Fn(&gpumem_device_stats_t) -> i64,
     ) -> (usize, usize) {
-        let gone_peak = gone(&lock(&self.gone)).max(0) as usize;
+        let gone_peak = gone(&lock(&self.gone)[StatsOf::All.index()]).max(0) as usize;
         lock(&self.pools)
             .values()
             .fold((0, gone_peak), |(now, peak), p| {
                 let mut s = gpumem_device_stats_t::default();
-                add_pool_stats(&mut s, p);
+                add_pool_stats(&mut s, p, StatsOf::All);
                 let s = stat(&s);
                 (
                     now + s.current.max(0) as usize,
@@ -551,18 +587,18 @@ impl GraphPools {
             p.resource.reset_peak();
             p.driver().reset_peak();
         }
-        let mut guard = lock(&self.gone);
-        let gone = &mut *guard;
-        for s in [
-            &mut gone.allocation,
-            &mut gone.segment,
-            &mut gone.active,
-            &mut gone.allocated_bytes,
-            &mut gone.requested_bytes,
-            &mut gone.reserved_bytes,
-            &mut gone.active_bytes,
-        ] {
-            s.peak = 0;
+        for gone in lock(&self.gone).iter_mut() {
+            for s in [
+                &mut gone.allocation,
+                &mut gone.segment,
+                &mut gone.active,
+                &mut gone.allocated_bytes,
+                &mut gone.requested_bytes,
+                &mut gone.reserved_bytes,
+                &mut gone.active_bytes,
+            ] {
+                s.peak = 0;
+            }
         }
     }
 
@@ -572,9 +608,10 @@ impl GraphPools {
     }
 }
 
-/// Adds pool `p`'s statistics to `stats`: both size classes; a graph
-/// pool's live blocks are all active (none waits for a stream).
-fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
+/// Adds pool `p`'s statistics of the blocks `of` counts to `stats` (its
+/// driver calls with all blocks only); a graph pool's live blocks are all
+/// active (none waits for a stream).
+fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool, of: StatsOf) {
     let add = |to: &mut gpumem_stat_t, from: gpumem_stat_t| {
         to.current += from.current;
         to.peak += from.peak;
@@ -583,7 +620,8 @@ fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
     };
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let s = p.resource.stats();
-    for c in [&s.small, &s.large] {
+    let classes = [(SizeClass::Small, &s.small), (SizeClass::Large, &s.large)];
+    for (_, c) in classes.into_iter().filter(|(class, _)| of.takes(*class)) {
         add(&mut stats.allocation, c.allocation.into());
         add(&mut stats.active, c.allocation.into());
         add(&mut stats.allocated_bytes, c.allocated_bytes.into());
@@ -592,9 +630,11 @@ fn add_pool_stats(stats: &mut gpumem_device_stats_t, p: &GraphPool) {
         add(&mut stats.segment, c.segment.into());
         add(&mut stats.reserved_bytes, c.reserved_bytes.into());
     }
-    let d = p.driver().stats();
-    stats.num_device_alloc += count(d.allocation.total);
-    stats.num_device_free += count(d.allocation.freed);
+    if of == StatsOf::All {
+        let d = p.driver().stats();
+        stats.num_device_alloc += count(d.allocation.total);
+        stats.num_device_free += count(d.allocation.freed);
+    }
 }
 
 /// Adds the totals and peaks of `from` (a gone pool's, current values

@@ -461,6 +461,43 @@ pub unsafe extern "C" fn gpumem_get_device_stats(
     })
 }
 
+/// Fills `*small` and `*large` with the statistics of `device`'s blocks of
+/// at most 1 MiB and of the larger ones (`torch.cuda.memory_stats`'
+/// `small_pool` and `large_pool`), as [`gpumem_get_device_stats`] counts
+/// all blocks. The device's resource keeps both in one reserve, which
+/// counts in `*large`; graph pools keep them apart as PyTorch's pools do.
+/// Driver calls, retries and out-of-memory failures are zero here (PyTorch
+/// counts them for all blocks only). 0 on success; -1 for a device out of
+/// range (0..64) or a NULL pointer.
+///
+/// # Safety
+/// `small` and `large` are NULL or point to writable
+/// `gpumem_device_stats_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_get_class_stats(
+    device: c_int,
+    small: *mut gpumem_device_stats_t,
+    large: *mut gpumem_device_stats_t,
+) -> c_int {
+    guard("gpumem_get_class_stats", -1, || {
+        if small.is_null() || large.is_null() {
+            return -1;
+        }
+        match global().class_stats(device) {
+            Some([s, l]) => {
+                // SAFETY: the caller passes writable structs (checked
+                // non-NULL).
+                unsafe {
+                    small.write(s);
+                    large.write(l);
+                }
+                0
+            }
+            None => -1,
+        }
+    })
+}
+
 /// Sets every peak of `device` to its current value
 /// (`torch.cuda.reset_peak_memory_stats`).
 #[no_mangle]

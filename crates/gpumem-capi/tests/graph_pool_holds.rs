@@ -9,7 +9,7 @@ mod support;
 use gpumem::driver::Driver;
 use gpumem::DevicePtr;
 use gpumem_capi::Allocator;
-use support::{allocator, sim, stats, MIB};
+use support::{allocator, kinds, sim, stats, MIB};
 
 const POOL: (u64, u64) = (1, 0);
 
@@ -173,4 +173,31 @@ fn the_snapshot_includes_the_graph_pools() {
     a.graph_pool_end(0, POOL).unwrap();
     a.graph_pool_release(0, POOL).unwrap();
     a.free(d, MIB, 0, s);
+}
+
+#[test]
+fn a_rounded_block_held_for_a_graph_is_freed_with_its_request() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let sim = sim(&a);
+        let driver: &dyn Driver = &*sim;
+        let s = driver.stream_create(0, true).unwrap();
+        let x = a.malloc_rounded(3 * MIB + 5, 4 * MIB, 0, s);
+        a.graph_pool_begin(0, POOL).unwrap();
+        a.graph_pool_hold_rounded(x, 3 * MIB + 5, 4 * MIB, 0, POOL, s);
+        a.graph_pool_end(0, POOL).unwrap();
+        assert_eq!(
+            stats(&a, 0).requested_bytes.current,
+            (3 * MIB + 5) as i64,
+            "{kind}"
+        );
+        a.graph_pool_release(0, POOL).unwrap();
+        let st = stats(&a, 0);
+        assert_eq!(
+            st.requested_bytes.current, 0,
+            "{kind}: freed when the graph went"
+        );
+        assert_eq!(st.allocated_bytes.current, 0, "{kind}");
+        assert_eq!(a.bad_free_count(0), 0, "{kind}");
+    }
 }

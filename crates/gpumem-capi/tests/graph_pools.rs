@@ -9,8 +9,8 @@ mod support;
 use gpumem::driver::Driver;
 use gpumem::DevicePtr;
 use gpumem_capi::allocator::last_error;
-use gpumem_capi::Allocator;
-use support::{allocator, kinds, sim, stats, MIB};
+use gpumem_capi::{gpumem_device_stats_t, Allocator};
+use support::{allocator, kinds, named, sim, stats, MIB};
 
 const POOL: (u64, u64) = (1, 0);
 const OTHER: (u64, u64) = (0, 7);
@@ -246,4 +246,85 @@ fn misuse_is_an_error_that_says_what() {
     a.graph_pool_release(0, POOL).unwrap();
     let e = a.graph_pool_release(0, POOL).unwrap_err();
     assert!(e.contains("does not exist"), "{e}");
+}
+
+/// The named counters of `s`, current values and totals.
+fn counts(s: &gpumem_device_stats_t) -> Vec<(&'static str, i64, i64, i64)> {
+    named(s)
+        .into_iter()
+        .map(|(n, x)| (n, x.current, x.allocated, x.freed))
+        .collect()
+}
+
+#[test]
+fn size_classes_split_every_count_as_pytorch_s_pools_do() {
+    for kind in kinds() {
+        let a = allocator(&format!("resource={kind}"));
+        let small = [a.malloc(1000, 0, 0), a.malloc(MIB, 0, 0)];
+        let large = a.malloc(MIB + 1, 0, 0);
+        a.free(small[0], 1000, 0, 0);
+        // A graph pool's blocks, in segments of their own class.
+        a.graph_pool_begin(0, POOL).unwrap();
+        let g_small = a.graph_pool_malloc(512, 0, POOL, 0);
+        let g_large = a.graph_pool_malloc(3 * MIB, 0, POOL, 0);
+        a.graph_pool_end(0, POOL).unwrap();
+        let [s, l] = a.class_stats(0).unwrap();
+        let all = stats(&a, 0);
+        assert_eq!(
+            (s.allocation.current, s.allocation.allocated),
+            (2, 3),
+            "{kind}"
+        );
+        assert_eq!(
+            (l.allocation.current, l.allocation.allocated),
+            (2, 2),
+            "{kind}"
+        );
+        assert_eq!(s.requested_bytes.current, (MIB + 512) as i64, "{kind}");
+        assert_eq!(l.requested_bytes.current, (4 * MIB + 1) as i64, "{kind}");
+        for ((name, a_now, a_in, a_out), ((_, s_now, s_in, s_out), (_, l_now, l_in, l_out))) in
+            counts(&all)
+                .into_iter()
+                .zip(counts(&s).into_iter().zip(counts(&l)))
+        {
+            assert_eq!(a_now, s_now + l_now, "{kind}: {name}.current");
+            assert_eq!(
+                (a_in, a_out),
+                (s_in + l_in, s_out + l_out),
+                "{kind}: {name} totals"
+            );
+        }
+        // The graph pool's small segment is PyTorch's 2 MiB one.
+        let g_segments = [s.segment.current, l.segment.current];
+        assert!(
+            g_segments[0] >= 1 && s.reserved_bytes.current >= 2 * MIB as i64,
+            "{kind}: {g_segments:?}"
+        );
+        a.reset_accumulated(0);
+        let [s, l] = a.class_stats(0).unwrap();
+        assert_eq!(
+            (s.allocation.allocated, l.allocation.allocated),
+            (0, 0),
+            "{kind}"
+        );
+        assert_eq!(
+            (s.allocation.current, l.allocation.current),
+            (2, 2),
+            "{kind}"
+        );
+        for (p, n) in [(g_small, 512), (g_large, 3 * MIB)] {
+            a.graph_pool_free(p, n, 0, POOL, 0);
+        }
+        a.graph_pool_release(0, POOL).unwrap();
+        a.free(small[1], MIB, 0, 0);
+        a.free(large, MIB + 1, 0, 0);
+        let [s, l] = a.class_stats(0).unwrap();
+        assert_eq!(
+            (s.allocation.current, l.allocation.current),
+            (0, 0),
+            "{kind}"
+        );
+        assert_eq!((s.allocation.freed, l.allocation.freed), (2, 2), "{kind}");
+        assert!(a.class_stats(64).is_none());
+    }
 }

@@ -9,7 +9,7 @@ mod support;
 use gpumem::adaptor::granular_size;
 use gpumem_capi::conf::ResourceKind;
 use gpumem_capi::gpumem_device_stats_t;
-use support::{allocator, kinds, sim, stats, MIB};
+use support::{allocator, kinds, named, sim, stats, MIB};
 
 /// Every kind's configuration, and the pools' without expandable heaps.
 fn confs() -> Vec<(ResourceKind, String)> {
@@ -134,15 +134,7 @@ fn peaks_and_totals_reset_as_pytorch_resets_them() {
         assert!(before.allocated_bytes.peak > before.allocated_bytes.current);
         a.reset_peak(0);
         let s = stats(&a, 0);
-        for (name, stat) in [
-            ("allocation", s.allocation),
-            ("segment", s.segment),
-            ("active", s.active),
-            ("allocated_bytes", s.allocated_bytes),
-            ("requested_bytes", s.requested_bytes),
-            ("reserved_bytes", s.reserved_bytes),
-            ("active_bytes", s.active_bytes),
-        ] {
+        for (name, stat) in named(&s) {
             assert_eq!(
                 stat.peak, stat.current,
                 "{kind}: {name}.peak after the reset"

@@ -101,6 +101,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_restored_free) restored_free;
   decltype(&gpumem_graph_pool_live_blocks) graph_pool_live_blocks;
   decltype(&gpumem_graph_pool_block) graph_pool_block;
+  decltype(&gpumem_get_class_stats) get_class_stats;
 };
 
 namespace gpumem_torch {
@@ -421,6 +422,13 @@ void set_all(StatArray& a, const gpumem_stat_t& s) {
   a[static_cast<size_t>(StatType::AGGREGATE)] = to_stat(s);
 }
 
+// PyTorch's small_pool and large_pool entries of a statistic: gpumem's
+// blocks of at most 1 MiB and the larger ones (gpumem_get_class_stats).
+void set_classes(StatArray& a, const gpumem_stat_t& small, const gpumem_stat_t& large) {
+  a[static_cast<size_t>(StatType::SMALL_POOL)] = to_stat(small);
+  a[static_cast<size_t>(StatType::LARGE_POOL)] = to_stat(large);
+}
+
 class GpumemAllocator final : public CUDAAllocator {
  public:
   c10::DataPtr allocate(size_t size) override {
@@ -565,6 +573,17 @@ class GpumemAllocator final : public CUDAAllocator {
     out.num_ooms = s.num_ooms;
     out.num_device_alloc = s.num_device_alloc;
     out.num_device_free = s.num_device_free;
+    gpumem_device_stats_t small{};
+    gpumem_device_stats_t large{};
+    if (api.get_class_stats(device, &small, &large) == 0) {
+      set_classes(out.allocation, small.allocation, large.allocation);
+      set_classes(out.segment, small.segment, large.segment);
+      set_classes(out.active, small.active, large.active);
+      set_classes(out.allocated_bytes, small.allocated_bytes, large.allocated_bytes);
+      set_classes(out.requested_bytes, small.requested_bytes, large.requested_bytes);
+      set_classes(out.reserved_bytes, small.reserved_bytes, large.reserved_bytes);
+      set_classes(out.active_bytes, small.active_bytes, large.active_bytes);
+    }
     return out;
   }
 
@@ -1097,7 +1116,7 @@ extern "C" int gpumem_torch_install(
       api->checkpoint_free == nullptr || api->graph_pool_restore == nullptr ||
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
-      api->graph_pool_block == nullptr) {
+      api->graph_pool_block == nullptr || api->get_class_stats == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gpumem::driver::sim::SimDriver;
 use gpumem_capi::conf::{parse, ResourceKind};
-use gpumem_capi::{gpumem_device_stats_t, Allocator, Backend};
+use gpumem_capi::{gpumem_device_stats_t, gpumem_stat_t, Allocator, Backend};
 
 pub const MIB: usize = 1 << 20;
 
@@ -34,4 +34,17 @@ pub fn kinds() -> Vec<ResourceKind> {
 /// The statistics of device `d` (which must be in range).
 pub fn stats(a: &Allocator, d: i32) -> gpumem_device_stats_t {
     a.device_stats(d).expect("device in range")
+}
+
+/// The statistics of `s` that are PyTorch's `StatArray`s, by name.
+pub fn named(s: &gpumem_device_stats_t) -> [(&'static str, gpumem_stat_t); 7] {
+    [
+        ("allocation", s.allocation),
+        ("segment", s.segment),
+        ("active", s.active),
+        ("allocated_bytes", s.allocated_bytes),
+        ("requested_bytes", s.requested_bytes),
+        ("reserved_bytes", s.reserved_bytes),
+        ("active_bytes", s.active_bytes),
+    ]
 }

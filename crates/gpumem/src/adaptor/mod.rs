@@ -42,7 +42,9 @@ pub use holding::HoldingAdaptor;
 pub use limiting::LimitingAdaptor;
 pub use logging::{format_log_line, LogAction, LoggingAdaptor, LOG_FILE_ENV, LOG_HEADER};
 pub use prefetch::PrefetchAdaptor;
-pub use statistics::{CallCount, MemoryStats, Stat, StatisticsAdaptor};
+pub use statistics::{
+    CallCount, ClassStats, MemoryStats, Stat, StatisticsAdaptor, SMALL_BLOCK_MAX,
+};
 pub use thread_safe::{LocalMemoryResource, ThreadSafeAdaptor};
 pub use tracking::{Allocation, TrackingAdaptor};
 

@@ -142,6 +142,61 @@ pub struct MemoryStats {
     pub num_alloc_retries: u64,
     /// Allocations refused with out-of-memory by the upstream.
     pub num_ooms: u64,
+    /// The counters of blocks of at most [`SMALL_BLOCK_MAX`] bytes
+    /// (PyTorch's `small_pool`).
+    pub small: ClassStats,
+    /// The counters of larger blocks (PyTorch's `large_pool`).
+    pub large: ClassStats,
+}
+
+/// The counters of one size class of blocks (see [`MemoryStats`], whose
+/// fields of the same names count all blocks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// As [`MemoryStats::allocated_bytes`].
+    pub allocated_bytes: Stat,
+    /// As [`MemoryStats::requested_bytes`].
+    pub requested_bytes: Stat,
+    /// As [`MemoryStats::allocation`].
+    pub allocation: Stat,
+    /// As [`MemoryStats::active_bytes`].
+    pub active_bytes: Stat,
+    /// As [`MemoryStats::active`].
+    pub active: Stat,
+}
+
+impl ClassStats {
+    fn stats_mut(&mut self) -> [&mut Stat; 5] {
+        [
+            &mut self.allocated_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocation,
+            &mut self.active_bytes,
+            &mut self.active,
+        ]
+    }
+
+    fn stats(&self) -> [&Stat; 5] {
+        [
+            &self.allocated_bytes,
+            &self.requested_bytes,
+            &self.allocation,
+            &self.active_bytes,
+            &self.active,
+        ]
+    }
+
+    fn merge_child(&mut self, child: &ClassStats) {
+        for (s, c) in self.stats_mut().into_iter().zip(child.stats()) {
+            s.merge_child(c);
+        }
+    }
+
+    fn add_cell(&mut self, other: &ClassStats) {
+        for (s, o) in self.stats_mut().into_iter().zip(other.stats()) {
+            s.add_cell(o);
+        }
+    }
 }
 
 impl MemoryStats {
@@ -161,7 +216,20 @@ impl MemoryStats {
         self.allocation.merge_child(&child.allocation);
         self.active_bytes.merge_child(&child.active_bytes);
         self.active.merge_child(&child.active);
+        self.small.merge_child(&child.small);
+        self.large.merge_child(&child.large);
         self.num_ooms += child.num_ooms;
+    }
+
+    /// The counters of all blocks, as one class's.
+    fn all(&self) -> ClassStats {
+        ClassStats {
+            allocated_bytes: self.allocated_bytes,
+            requested_bytes: self.requested_bytes,
+            allocation: self.allocation,
+            active_bytes: self.active_bytes,
+            active: self.active,
+        }
     }
 }
 
@@ -256,22 +324,31 @@ impl SharedStat {
     }
 }
 
-/// The counters of the top frame (see [`SharedStat`]).
+/// The five counters of allocations of one kind (all of them, or those of
+/// one size class) in the top frame (see [`SharedStat`]).
 ///
 /// Until a deferred free, `active` and `active_bytes` move exactly as
 /// `allocation` and `allocated_bytes` do (every allocation and free counts
 /// in both): while `deferred` is false they are not updated and read as
 /// those, which spares two of the five updates of every allocation and free.
 /// The first deferred free copies them and sets `deferred`; from then on
-/// the frame keeps all five.
+/// the counters keep all five.
 #[derive(Debug, Default)]
-struct TopFrame {
+struct Counters {
     allocated_bytes: SharedStat,
     requested_bytes: SharedStat,
     allocation: SharedStat,
     active_bytes: SharedStat,
     active: SharedStat,
     deferred: AtomicBool,
+}
+
+/// The counters of the top frame: all allocations, and each size class.
+#[derive(Debug, Default)]
+struct TopFrame {
+    all: Counters,
+    small: Counters,
+    large: Counters,
     num_ooms: AtomicU64,
     retry_base: AtomicU64,
 }
@@ -322,6 +399,8 @@ impl Cells {
             s.allocation.add_cell(&t.allocation);
             s.active_bytes.add_cell(&t.active_bytes);
             s.active.add_cell(&t.active);
+            s.small.add_cell(&t.small);
+            s.large.add_cell(&t.large);
             s.num_ooms = s.num_ooms.saturating_add(t.num_ooms);
         }
         f
@@ -342,30 +421,24 @@ impl Cells {
     }
 }
 
-impl TopFrame {
-    fn get(&self) -> Frame {
+impl Counters {
+    fn get(&self) -> ClassStats {
         let (allocated_bytes, allocation) = (self.allocated_bytes.get(), self.allocation.get());
         let (active_bytes, active) = if self.deferred.load(Relaxed) {
             (self.active_bytes.get(), self.active.get())
         } else {
             (allocated_bytes, allocation)
         };
-        Frame {
-            stats: MemoryStats {
-                allocated_bytes,
-                requested_bytes: self.requested_bytes.get(),
-                allocation,
-                active_bytes,
-                active,
-                num_ooms: self.num_ooms.load(Relaxed),
-                ..MemoryStats::default()
-            },
-            retry_base: self.retry_base.load(Relaxed),
+        ClassStats {
+            allocated_bytes,
+            requested_bytes: self.requested_bytes.get(),
+            allocation,
+            active_bytes,
+            active,
         }
     }
 
-    fn set(&self, f: &Frame) {
-        let s = &f.stats;
+    fn set(&self, s: &ClassStats) {
         self.allocated_bytes.set(s.allocated_bytes);
         self.requested_bytes.set(s.requested_bytes);
         self.allocation.set(s.allocation);
@@ -373,8 +446,15 @@ impl TopFrame {
         self.active.set(s.active);
         let same = s.active_bytes == s.allocated_bytes && s.active == s.allocation;
         self.deferred.store(!same, Relaxed);
-        self.num_ooms.store(s.num_ooms, Relaxed);
-        self.retry_base.store(f.retry_base, Relaxed);
+    }
+
+    /// Takes back a free counted on the caller's side (see
+    /// [`StatisticsAdaptor::cancel_deferred_free`]).
+    fn uncount_free(&self, counted: u64, requested: u64) {
+        self.defer();
+        self.allocated_bytes.unsub(counted);
+        self.requested_bytes.unsub(requested);
+        self.allocation.unsub(1);
     }
 
     /// Starts keeping `active` and `active_bytes` apart (a deferred free is
@@ -455,6 +535,88 @@ impl TopFrame {
             &self.active_bytes,
             &self.active,
         ]
+    }
+}
+
+/// PyTorch's size classes: a block of at most this many bytes belongs to
+/// its small pool, a larger one to its large pool.
+pub const SMALL_BLOCK_MAX: usize = 1 << 20;
+
+impl TopFrame {
+    /// The counters of the size class of a block of `bytes`.
+    #[inline(always)]
+    fn class(&self, bytes: usize) -> &Counters {
+        if bytes <= SMALL_BLOCK_MAX {
+            &self.small
+        } else {
+            &self.large
+        }
+    }
+
+    fn get(&self) -> Frame {
+        let all = self.all.get();
+        Frame {
+            stats: MemoryStats {
+                allocated_bytes: all.allocated_bytes,
+                requested_bytes: all.requested_bytes,
+                allocation: all.allocation,
+                active_bytes: all.active_bytes,
+                active: all.active,
+                num_ooms: self.num_ooms.load(Relaxed),
+                small: self.small.get(),
+                large: self.large.get(),
+                ..MemoryStats::default()
+            },
+            retry_base: self.retry_base.load(Relaxed),
+        }
+    }
+
+    fn set(&self, f: &Frame) {
+        let s = &f.stats;
+        self.all.set(&s.all());
+        self.small.set(&s.small);
+        self.large.set(&s.large);
+        self.num_ooms.store(s.num_ooms, Relaxed);
+        self.retry_base.store(f.retry_base, Relaxed);
+    }
+
+    #[inline(always)]
+    fn count_allocation<const SERVED: bool>(&self, bytes: usize, requested: usize) {
+        self.all.count_allocation::<SERVED>(bytes, requested);
+        self.class(bytes)
+            .count_allocation::<SERVED>(bytes, requested);
+    }
+
+    #[inline(always)]
+    fn count_free<const SERVED: bool>(&self, bytes: usize, requested: usize, side: Side) {
+        self.all.count_free::<SERVED>(bytes, requested, side);
+        self.class(bytes)
+            .count_free::<SERVED>(bytes, requested, side);
+    }
+
+    /// A resize within a size class moves its bytes; one across classes
+    /// moves the allocation from one class to the other.
+    fn count_resize(&self, old: usize, new: usize) {
+        self.all.count_resize(old, new);
+        let (from, to) = (self.class(old), self.class(new));
+        if std::ptr::eq(from, to) {
+            from.count_resize(old, new);
+        } else {
+            from.count_free::<false>(old, old, Side::Both);
+            to.count_allocation::<false>(new, new);
+        }
+    }
+
+    fn uncount_free(&self, bytes: usize, requested: usize) {
+        let counted = granular_size(bytes).unwrap_or(usize::MAX) as u64;
+        self.all.uncount_free(counted, requested as u64);
+        self.class(bytes).uncount_free(counted, requested as u64);
+    }
+
+    fn stats(&self) -> impl Iterator<Item = &SharedStat> {
+        [&self.all, &self.small, &self.large]
+            .into_iter()
+            .flat_map(Counters::stats)
     }
 }
 
@@ -659,14 +821,8 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
     /// [`StatisticsAdaptor::cancel_deferred_free`] of a block allocated with
     /// [`StatisticsAdaptor::allocate_rounded`].
     pub fn cancel_deferred_free_rounded(&self, requested: usize, block: usize) {
-        let counted = granular_size(block).unwrap_or(usize::MAX) as u64;
         let top = self.top.at(0);
-        self.counting(&mut || {
-            top.defer();
-            top.allocated_bytes.unsub(counted);
-            top.requested_bytes.unsub(requested as u64);
-            top.allocation.unsub(1);
-        });
+        self.counting(&mut || top.uncount_free(block, requested));
     }
 
     /// Allocates a block of `block` bytes for a request of `requested`
@@ -1109,7 +1265,9 @@ mod model_tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (1usize..5000).prop_map(Op::Alloc),
+            // Both size classes, and blocks on either side of the line.
+            4 => prop_oneof![1usize..5000, SMALL_BLOCK_MAX - 600..SMALL_BLOCK_MAX + 600]
+                .prop_map(Op::Alloc),
             2 => any::<usize>().prop_map(Op::Free),
             1 => any::<usize>().prop_map(Op::Begin),
             1 => any::<usize>().prop_map(Op::Finish),
@@ -1143,6 +1301,7 @@ mod model_tests {
             let mut model = vec![MemoryStats::default()];
             let mut live: Vec<(DevicePtr, usize)> = Vec::new();
             let mut deferred: Vec<(DevicePtr, usize)> = Vec::new();
+            let mut pushed = false;
             for op in ops {
                 let depth = model.len();
                 let top = model.last_mut().unwrap();
@@ -1185,6 +1344,7 @@ mod model_tests {
                         live.push((p, b));
                     }
                     Op::Push => {
+                        pushed = true;
                         mr.push_frame();
                         model.push(MemoryStats::default());
                     }
@@ -1217,6 +1377,25 @@ mod model_tests {
                 prop_assert_eq!(got.active_bytes, want.active_bytes);
                 prop_assert_eq!(got.active, want.active);
                 prop_assert_eq!(mr.frame_depth(), model.len());
+                // The size classes split every count; in the root frame
+                // (never negative) a class's peak is at most the whole's.
+                for ((a, s), l) in got.all().stats().into_iter().zip(got.small.stats()).zip(got.large.stats()) {
+                    prop_assert_eq!(a.current, s.current + l.current);
+                    // A cancelled free comes off the frees its frame
+                    // counted: those of all blocks or of the block's class,
+                    // which differ once frames were pushed.
+                    if !pushed {
+                        prop_assert_eq!(a.total, s.total + l.total);
+                        prop_assert_eq!(a.freed, s.freed + l.freed);
+                    }
+                    if model.len() == 1 {
+                        prop_assert!(s.peak <= a.peak && l.peak <= a.peak);
+                    }
+                }
+                let small: usize = live.iter().filter(|(_, b)| *b <= SMALL_BLOCK_MAX).count();
+                if model.len() == 1 {
+                    prop_assert_eq!(got.small.allocation.current, small as i64);
+                }
             }
             for (p, b) in live {
                 mr.deallocate(p, b, 256, &stream).unwrap();

@@ -84,7 +84,7 @@ impl Default for SegmentPoolConfig {
     fn default() -> Self {
         Self {
             round: 512,
-            small_limit: 1 << 20,
+            small_limit: crate::adaptor::SMALL_BLOCK_MAX,
             small_segment: 2 << 20,
             large_segment: 20 << 20,
             large_segment_limit: 10 << 20,
