@@ -365,7 +365,11 @@ double gpumem_get_memory_fraction(int device);
  * later allocations and frees, waited for by [`gpumem_empty_cache`]).
  * While a stream capture is under way nothing is recorded or queried (it
  * would break the capture): the events are recorded after it. A second free
- * of a block waiting so is a double free. Blocks of graph pools
+ * of a block waiting so is a double free. Its free's size is checked at
+ * once only against what the block could be rounded from (more than half
+ * of it, up to the block): the resource checks it exactly when the
+ * deferred free is made, and a wrong size then counts as a bad free and
+ * leaves the block live. Blocks of graph pools
  * ([`gpumem_graph_pool_malloc`]) wait the same way. Unknown pointers are
  * reported and ignored.
  */

@@ -170,3 +170,32 @@ fn any_size_the_resource_rounds_defers() {
         }
     }
 }
+
+/// A design choice, pinned: the free of a block with recorded streams is
+/// checked against the block's size when it is deferred only as closely
+/// as any size the resource could have rounded to that block (more than
+/// half of it); the exact check is the resource's, when the deferred free
+/// is made. A wrong size within that range is then refused there,
+/// counted as a bad free, and the block stays live and counted.
+#[test]
+fn a_deferred_free_s_exact_size_is_checked_when_it_is_made() {
+    let a = allocator("resource=pool");
+    let sim = sim(&a);
+    let (s1, s2) = streams(&a);
+    let p = a.malloc(SIZE, 0, s1);
+    a.record_stream(p, 0, s2);
+    sim.hold(s2);
+    let wrong = SIZE - 3 * 4096; // within the block's lenient range, not its size
+    a.free(p, wrong, 0, s1);
+    assert_eq!(a.pending_frees(0), 1, "deferred: the lenient check passed");
+    assert_eq!(a.bad_free_count(0), 0);
+    sim.release(s2);
+    a.empty_cache(0);
+    assert_eq!(a.pending_frees(0), 0);
+    assert_eq!(a.bad_free_count(0), 1, "refused when made");
+    assert!(live_in_snapshot(&a, p), "the block stays live");
+    assert_eq!(a.allocated_bytes(0), SIZE, "and counted");
+    a.free(p, SIZE, 0, s1);
+    assert_eq!(a.allocated_bytes(0), 0);
+    assert_eq!(a.bad_free_count(0), 1);
+}

@@ -246,3 +246,23 @@ fn recycling_takes_a_hole_s_pieces_and_the_statistics_follow() {
         assert_eq!(stats(&a, 0).allocated_bytes.current, 0, "{conf}");
     }
 }
+
+/// A design choice, pinned: pools record a block to its 256-byte granule,
+/// so a free naming another size within the granule is accepted (not a
+/// bad free), and `requested_bytes` loses the size the free names.
+#[test]
+fn a_free_within_the_granule_moves_requested_bytes_by_the_size_named() {
+    for kind in [ResourceKind::Pool, ResourceKind::Virtual] {
+        let a = allocator(&format!("resource={kind}"));
+        let p = a.malloc(1000, 0, 0);
+        a.free(p, 1001, 0, 0);
+        assert_eq!(a.bad_free_count(0), 0, "{kind}");
+        let s = stats(&a, 0);
+        assert_eq!(s.allocated_bytes.current, 0, "{kind}");
+        assert_eq!(
+            s.requested_bytes.current, -1,
+            "{kind}: drifts by the difference"
+        );
+        assert_eq!(s.requested_bytes.freed, 1001, "{kind}");
+    }
+}
