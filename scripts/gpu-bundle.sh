@@ -12,11 +12,11 @@
 # wheels the GPU machine lacks from ./.whl (git-ignored; see
 # torch-conformance.sh for what goes there).
 #
-# Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: ../shared/traces)
+# Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: traces, the repository's)
 # Then on the GPU machine: tar -xJf gpu-bundle.tar.xz && gpu-bundle/run-tests.sh [LOG_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-traces=${1:-../shared/traces}
+traces=${1:-traces}
 out=gpu-bundle
 tgt=${CARGO_TARGET_DIR:-target}
 rm -rf "$out"

@@ -630,7 +630,10 @@ fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
     };
     let mut records = run_bench(&t, &cfg, &[], false)?;
     if traces.is_empty() {
-        outln!("\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces)")?;
+        outln!(
+            "\nreplay: no trace found (give --trace FILE, or put RMM logs in ./traces; \
+             record one with GPUMEM_CONF=log=FILE)"
+        )?;
     }
     for trace in &traces {
         records.extend(replay_trace(&t, trace, &[], 3, 0, false)?);

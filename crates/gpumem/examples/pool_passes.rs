@@ -38,7 +38,7 @@ fn main() {
     }
     if paths.is_empty() {
         paths = ["resnet50_train", "gpt2_train"]
-            .map(|t| format!("/work/shared/traces/{t}.rmm.csv"))
+            .map(|t| format!("{}/../../traces/{t}.rmm.csv", env!("CARGO_MANIFEST_DIR")))
             .to_vec();
     }
     for path in &paths {

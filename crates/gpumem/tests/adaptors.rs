@@ -1,6 +1,6 @@
 //! The adaptors' own logic, over a strict host-only fake upstream (no driver
 //! calls): limits, statistics frames, tracking and bad frees, the RMM log
-//! format (checked against real RMM logs in shared/traces), alignment, retry on
+//! format (checked against the real RMM logs in traces/), alignment, retry on
 //! out-of-memory, the thread-safe wrapper and prefetch. The same adaptors run
 //! through the shared resource suite on the simulated device in
 //! `adaptors_sim.rs`.
@@ -625,13 +625,13 @@ fn check_rmm_line(line: &str) -> std::result::Result<(), String> {
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/traces/resnet50_train.rmm.csv"
+    "/../../traces/resnet50_train.rmm.csv"
 );
 
 #[test]
 fn the_checker_accepts_real_rmm_logs() {
     let Ok(text) = std::fs::read_to_string(TRACE) else {
-        eprintln!("shared/traces absent ({TRACE}): skipping the check against a real RMM log");
+        eprintln!("traces absent ({TRACE}): skipping the check against a real RMM log");
         return;
     };
     let mut lines = text.lines();

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use gpumem::trace::{self, Action, TraceEvent};
 
-/// The shared traces: `$GPUMEM_TRACES`, else `shared/traces` beside the
-/// repository (where CI and the worktrees have it).
+/// The real traces: `$GPUMEM_TRACES`, else `shared/traces` beside the
+/// repository, else the repository's own `traces/`.
 fn shared_trace(name: &str) -> Option<PathBuf> {
     let mut dirs = Vec::new();
     if let Ok(d) = std::env::var("GPUMEM_TRACES") {
