@@ -320,7 +320,9 @@ fn flag(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("{key}={value}: expected true or false")),
+        _ => Err(format!(
+            "{key}={value}: expected true or false (also accepted: 1 or 0, yes or no, on or off)"
+        )),
     }
 }
 
@@ -742,6 +744,21 @@ mod tests {
             bad.problems[0].contains("expected true or false"),
             "{bad:?}"
         );
+    }
+
+    /// Every spelling a flag accepts is the one its error names.
+    #[test]
+    fn a_bad_flag_names_every_accepted_spelling() {
+        let bad = parse("expandable=maybe");
+        let why = &bad.problems[0];
+        for (on, off) in [("true", "false"), ("1", "0"), ("yes", "no"), ("on", "off")] {
+            assert!(why.contains(on) && why.contains(off), "{why}");
+            assert!(parse(&format!("expandable={on}")).conf.expandable, "{on}");
+            assert!(
+                !parse(&format!("expandable={off}")).conf.expandable,
+                "{off}"
+            );
+        }
     }
 
     #[test]
