@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use gpumem::adaptor::LoggingAdaptor;
+use gpumem::device::BackendChoice;
 use gpumem::driver::sim::{SimConfig, SimDriver};
 use gpumem::driver::Driver;
 use gpumem::pool::Pool;
@@ -74,9 +75,10 @@ pub const MAX_DEVICES: usize = 64;
 pub const MAX_OOM_REPORTS: u32 = 10;
 /// Bad-free reports printed per allocator before the rest are only counted.
 pub const MAX_BAD_FREE_REPORTS: u32 = 10;
-/// Environment variable choosing the backend: `cuda` (the default), `sim`
-/// or `auto` (CUDA when a GPU is there, else simulated).
-pub const DEVICE_ENV: &str = "GPUMEM_DEVICE";
+/// Environment variable choosing the backend: `cuda` (the default here),
+/// `sim` or `auto` (CUDA when a GPU is there, else simulated); parsed by
+/// [`gpumem::device::BackendChoice`].
+pub use gpumem::device::DEVICE_ENV;
 /// Number of devices of the simulated driver used with `GPUMEM_DEVICE=sim`.
 pub const SIM_DEVICES: u32 = 8;
 
@@ -114,16 +116,18 @@ impl Backend {
     /// The backend `GPUMEM_DEVICE` names (unset: CUDA). A bad value is
     /// reported, and no device can be used then.
     pub fn from_env() -> Backend {
-        let want = std::env::var(DEVICE_ENV).unwrap_or_default();
-        match want.trim().to_ascii_lowercase().as_str() {
-            "" | "cuda" => Backend::Cuda,
-            "sim" => Backend::sim(),
-            "auto" => match Device::cuda(0) {
+        match BackendChoice::from_env() {
+            Ok(None | Some(BackendChoice::Cuda)) => Backend::Cuda,
+            Ok(Some(BackendChoice::Sim)) => Backend::sim(),
+            Ok(Some(BackendChoice::Auto)) => match Device::cuda(0) {
                 Ok(_) => Backend::Cuda,
                 Err(_) => Backend::sim(),
             },
-            other => {
-                let why = format!("{DEVICE_ENV}={other:?}: expected cuda, sim or auto");
+            Err(e) => {
+                let why = match e {
+                    gpumem::Error::InvalidArgument(why) => why,
+                    other => other.to_string(),
+                };
                 log::error!("{why}; every allocation returns NULL");
                 Backend::Invalid(why)
             }

@@ -103,7 +103,7 @@ fn bad_device_env_serves_nothing_and_says_why() {
     );
     assert!(
         stderr.contains(
-            "gpumem: GPUMEM_DEVICE=\"gpu\": expected cuda, sim or auto; every allocation returns NULL"
+            "gpumem: GPUMEM_DEVICE=\"gpu\": expected sim, cuda or auto; every allocation returns NULL"
         ),
         "{stderr}"
     );

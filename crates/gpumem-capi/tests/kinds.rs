@@ -230,7 +230,7 @@ fn a_device_that_does_not_exist_says_why() {
 /// misspelt `sim` must not run on the GPU.
 #[test]
 fn an_unknown_backend_serves_nothing_and_says_why() {
-    let why = "GPUMEM_DEVICE=\"simm\": expected cuda, sim or auto".to_string();
+    let why = "GPUMEM_DEVICE=\"simm\": expected sim, cuda or auto".to_string();
     let a = Allocator::new(parse("").conf, Backend::Invalid(why));
     assert!(a.malloc(MIB, 0, 0).is_null());
     let last = gpumem_capi::last_error::last_error().unwrap();

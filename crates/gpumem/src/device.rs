@@ -20,6 +20,42 @@ pub const DEVICE_ENV: &str = "GPUMEM_DEVICE";
 /// Environment variable that selects the CUDA device ordinal (default 0).
 pub const ORDINAL_ENV: &str = "GPUMEM_CUDA_DEVICE";
 
+/// A backend `GPUMEM_DEVICE` names. The one parser of that variable: the
+/// library's [`Device::from_env`] and the C ABI both read it here, and
+/// differ only in the default for an unset variable (the simulated device
+/// for the test suite, CUDA for programs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The simulated device.
+    Sim,
+    /// The CUDA driver.
+    Cuda,
+    /// CUDA when a GPU is there, else the simulated device.
+    Auto,
+}
+
+impl BackendChoice {
+    /// Parses a value of `GPUMEM_DEVICE`: `sim`, `cuda` or `auto`, in any
+    /// case, surrounding blanks ignored. `Ok(None)` for an empty value (the
+    /// caller's default); anything else is an error naming the choices.
+    pub fn parse(value: &str) -> Result<Option<Self>> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(None),
+            "sim" => Ok(Some(Self::Sim)),
+            "cuda" => Ok(Some(Self::Cuda)),
+            "auto" => Ok(Some(Self::Auto)),
+            _ => Err(Error::InvalidArgument(format!(
+                "{DEVICE_ENV}={value:?}: expected sim, cuda or auto"
+            ))),
+        }
+    }
+
+    /// [`BackendChoice::parse`] of `GPUMEM_DEVICE` (unset: `Ok(None)`).
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::parse(&std::env::var(DEVICE_ENV).unwrap_or_default())
+    }
+}
+
 /// A device of a driver backend. Cheap to clone.
 #[derive(Clone)]
 pub struct Device {
@@ -81,29 +117,26 @@ impl Device {
     /// default 0), `auto`, or `sim` (the default), in which case `sim` configures
     /// the simulated device. Returns the simulated driver too when it is one.
     pub fn from_env(sim: SimConfig) -> Result<(Self, Option<Arc<SimDriver>>)> {
-        let want = std::env::var(DEVICE_ENV).unwrap_or_default();
+        let want = BackendChoice::from_env()?.unwrap_or(BackendChoice::Sim);
         let ordinal = match std::env::var(ORDINAL_ENV) {
             Ok(s) => s.trim().parse::<u32>().map_err(|_| {
                 Error::InvalidArgument(format!("{ORDINAL_ENV}={s:?} is not a device ordinal"))
             })?,
             Err(_) => 0,
         };
-        match want.trim() {
-            "" | "sim" => {
+        match want {
+            BackendChoice::Sim => {
                 let (d, s) = Self::sim_with_driver(sim);
                 Ok((d, Some(s)))
             }
-            "cuda" => Ok((Self::cuda(ordinal)?, None)),
-            "auto" => match Self::cuda(ordinal) {
+            BackendChoice::Cuda => Ok((Self::cuda(ordinal)?, None)),
+            BackendChoice::Auto => match Self::cuda(ordinal) {
                 Ok(d) => Ok((d, None)),
                 Err(_) => {
                     let (d, s) = Self::sim_with_driver(sim);
                     Ok((d, Some(s)))
                 }
             },
-            other => Err(Error::InvalidArgument(format!(
-                "{DEVICE_ENV}={other:?}: expected sim, cuda or auto"
-            ))),
         }
     }
 
@@ -174,5 +207,30 @@ impl Device {
     /// True when both handles name the same device of the same driver instance.
     pub fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.driver, &other.driver) && self.ordinal == other.ordinal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One rule for `GPUMEM_DEVICE` everywhere: any case, blanks ignored,
+    /// empty for the caller's default, anything else refused by name.
+    #[test]
+    fn gpumem_device_values_parse_one_way() {
+        for (text, want) in [
+            ("sim", Some(BackendChoice::Sim)),
+            (" CUDA ", Some(BackendChoice::Cuda)),
+            ("Auto", Some(BackendChoice::Auto)),
+            ("", None),
+            ("  ", None),
+        ] {
+            assert_eq!(BackendChoice::parse(text).unwrap(), want, "{text:?}");
+        }
+        let e = BackendChoice::parse("gpu").unwrap_err().to_string();
+        assert!(
+            e.contains("GPUMEM_DEVICE=\"gpu\": expected sim, cuda or auto"),
+            "{e}"
+        );
     }
 }
