@@ -95,7 +95,7 @@ fn replay(
     streams: &mut HashMap<u64, Stream>,
     sim: &SimDriver,
 ) -> (u128, usize) {
-    let mut live: HashMap<u64, (DevicePtr, usize)> = HashMap::with_capacity(4096);
+    let mut live: HashMap<u64, (DevicePtr, usize, u64)> = HashMap::with_capacity(4096);
     for ev in events {
         let s = match *ev {
             Ev::Alloc { stream, .. } | Ev::Free { stream, .. } => stream,
@@ -140,7 +140,7 @@ fn replay(
                 let s = &streams[&stream];
                 match pool.allocate(size, 256, s) {
                     Ok(p) => {
-                        live.insert(ptr, (p, size));
+                        live.insert(ptr, (p, size, stream));
                         cur += size;
                         peak = peak.max(cur);
                     }
@@ -148,7 +148,7 @@ fn replay(
                 }
             }
             Ev::Free { ptr, stream } => {
-                if let Some((p, size)) = live.remove(&ptr) {
+                if let Some((p, size, _)) = live.remove(&ptr) {
                     pool.deallocate(p, size, 256, &streams[&stream])
                         .expect("free");
                     cur -= size;
@@ -157,10 +157,15 @@ fn replay(
         }
     }
     let ns = t0.elapsed().as_nanos();
-    // Whatever the trace left live is freed (not timed).
-    for (_, (p, size)) in live.drain() {
-        let s = streams.values().next().expect("a stream");
-        pool.deallocate(p, size, 256, s).expect("free");
+    // Whatever the trace left live is freed (not timed), in the trace's
+    // pointer order and each on the stream that allocated it, as `gpumem
+    // replay` does: a free on another stream would give that stream a lane
+    // of its own, and the next pass would start from other free blocks.
+    let mut left: Vec<_> = live.drain().collect();
+    left.sort_unstable_by_key(|&(ptr, _)| ptr);
+    for (_, (p, size, stream)) in left {
+        pool.deallocate(p, size, 256, &streams[&stream])
+            .expect("free");
     }
     (ns, peak)
 }

@@ -25,6 +25,13 @@ fn pool(device: &Device) -> VirtualPool {
     VirtualPool::new(device.clone(), VirtualPoolConfig::default()).unwrap()
 }
 
+/// A pool whose extents are two pages at the most.
+fn two_page_extents(device: &Device) -> VirtualPool {
+    let mut config = VirtualPoolConfig::default();
+    config.max_extent_pages = 2;
+    VirtualPool::new(device.clone(), config).unwrap()
+}
+
 /// A pool whose physical memory can be exported.
 fn ipc_pool(device: &Device) -> VirtualPool {
     let mut config = VirtualPoolConfig::default();
@@ -186,6 +193,68 @@ fn a_multi_page_block_is_one_extent_released_only_when_wholly_idle() {
     assert_eq!(sim.call_count("cuMemUnmap"), unmaps + 1);
     assert_eq!(sim.call_count("cuMemRelease"), releases + 1);
     assert_eq!(p.stats().mappings_unmapped, 1);
+    drop(p);
+    assert_all_back(&sim);
+}
+
+/// A place over two mappings of one extent can never be acquired (its
+/// block would hold the same physical page twice), so the search for a
+/// better place must not pick it. It did: it checked each page alone, and
+/// the block, refused there, went to a new reservation, in every pass of
+/// a repeating workload (with new pages mapped there each time; past 16
+/// times the device's memory, each such block also unmapped every idle
+/// alias).
+#[test]
+fn a_place_over_two_mappings_of_one_extent_is_not_picked() {
+    let (device, sim) = sim(80 << 30);
+    let (p, s) = (two_page_extents(&device), device.create_stream().unwrap());
+    let pg = p.page_size();
+    let alloc = |pages: usize| p.allocate(pages * pg, 256, &s).unwrap();
+    let free = |ptr: DevicePtr, pages: usize| p.deallocate(ptr, pages * pg, 256, &s).unwrap();
+    // Pages of the large area: w 0-15, a fence at 16, x 17-18, a 19-20.
+    let w = alloc(16);
+    let fence = alloc(1);
+    let x = alloc(2);
+    let a = alloc(2);
+    assert_eq!(a.0, x.0 + 2 * pg as u64);
+    // x's memory, idle, goes under the first two pages of y (21-24) as an
+    // alias: one extent under pages 17-18 and 21-22.
+    free(x, 2);
+    let y = alloc(4);
+    assert_eq!(y.0, a.0 + 2 * pg as u64);
+    assert_eq!(p.stats().aliases_made, 1);
+    let spacer = alloc(26);
+    // w's memory, idle, goes under q (beyond the spacer): w's place now
+    // conflicts while q lives.
+    free(w, 16);
+    let q = alloc(18);
+    free(y, 4);
+    free(a, 2);
+    free(spacer, 26);
+    // The next 16-page block fits w's place best, which conflicts. Of the
+    // other free places, the one from page 17 is mapped but covers both
+    // mappings of x's extent; the end of that free block is mapped too and
+    // can be acquired.
+    let before = p.stats();
+    let z = alloc(16);
+    let st = p.stats();
+    assert_eq!(z.0, y.0 + 14 * pg as u64, "{st:?}");
+    assert_eq!(st.fresh_ranges, before.fresh_ranges, "{st:?}");
+    assert_eq!(st.mappings_made, before.mappings_made, "{st:?}");
+    p.check_invariants().unwrap();
+    free(z, 16);
+    // Repeated, it goes there again: no new reservation, no driver call.
+    let maps = sim.call_count("cuMemMap");
+    for _ in 0..3 {
+        let again = alloc(16);
+        assert_eq!(again, z);
+        free(again, 16);
+    }
+    assert_eq!(sim.call_count("cuMemMap"), maps);
+    assert_eq!(p.stats().fresh_ranges, before.fresh_ranges);
+    p.check_invariants().unwrap();
+    free(q, 18);
+    free(fence, 1);
     drop(p);
     assert_all_back(&sim);
 }
@@ -429,9 +498,7 @@ fn a_failed_mapping_is_undone_entirely() {
     let (device, sim) = sim(80 << 30);
     // Extents of two pages: the 8-page block takes four maps, so the third
     // fails after two succeeded.
-    let mut config = VirtualPoolConfig::default();
-    config.max_extent_pages = 2;
-    let p = VirtualPool::new(device.clone(), config).unwrap();
+    let p = two_page_extents(&device);
     let s = device.create_stream().unwrap();
     for (call, nth) in [("cuMemMap", 3), ("cuMemSetAccess", 1), ("cuMemCreate", 1)] {
         p.trim(0).unwrap(); // nothing mapped: the next allocation maps

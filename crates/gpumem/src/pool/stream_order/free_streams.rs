@@ -155,12 +155,19 @@ impl FreeStreams {
     /// follow: the stream's own frees are ordered before its new work, the
     /// others must be known done (a query at most, never a wait).
     pub(crate) fn safe_for(&mut self, taker: u64, mask: u64, tick: u64) -> bool {
-        let others = mask & !taker;
-        if others == 0 || tick <= self.floor {
+        if mask & !taker == 0 || tick <= self.floor {
             return true;
         }
         self.begin_pass();
-        self.complete(others, tick)
+        self.safe_in_pass(taker, mask, tick)
+    }
+
+    /// [`FreeStreams::safe_for`] within a pass the caller began
+    /// ([`FreeStreams::begin_pass`]): a search that checks many places asks
+    /// each stream at most once.
+    pub(crate) fn safe_in_pass(&mut self, taker: u64, mask: u64, tick: u64) -> bool {
+        let others = mask & !taker;
+        others == 0 || self.complete(others, tick)
     }
 
     /// Starts a reclaim pass: each stream is asked about at most once per pass.

@@ -51,7 +51,12 @@
 //!   block that would need `RELOCATE_MIN_PAGES` or more new pages, looks
 //!   among up to 64 free places for one without conflicts needing the
 //!   fewest new pages; if every place conflicts, it goes to a new
-//!   reservation. Small requests and large ones keep their own memory (small
+//!   reservation. A place is judged as acquiring it judges it (a physical
+//!   page that two mappings of one extent put twice under the block is a
+//!   conflict too): a place picked and then refused would send the block
+//!   to a new reservation in every pass of a repeating workload, until
+//!   address space runs short and each such block unmaps every idle
+//!   alias. Small requests and large ones keep their own memory (small
 //!   blocks share pages, so aliases between the two would conflict at every
 //!   turn).
 //! - *Physical memory* for a run (`backing`), in order: cached extents that

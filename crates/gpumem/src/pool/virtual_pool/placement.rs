@@ -156,8 +156,9 @@ impl VirtualPool {
     /// conflicts; else, for a large block needing at least
     /// [`RELOCATE_MIN_PAGES`] new pages, a place that needs fewer. The free
     /// blocks of the stream's lane and of the global lane that fit are tried
-    /// at their start and their end; places with conflicts are skipped and
-    /// the fewest unmapped pages wins. Taken out of the heap when better than
+    /// at their start and their end; places with conflicts (as `acquire`
+    /// would find them for `stream`) are skipped and the fewest unmapped
+    /// pages wins. Taken out of the heap when better than
     /// `blk` (which the caller gives back). Slow path only: bounded by
     /// `PLACEMENT_CANDIDATES` blocks.
     #[cold]
@@ -167,7 +168,7 @@ impl VirtualPool {
         area: usize,
         lane: LaneId,
         blk: &Allocation,
-        alignment: usize,
+        (alignment, stream): (usize, &Stream),
         conflict: bool,
     ) -> Option<Allocation> {
         const PLACEMENT_CANDIDATES: usize = 64;
@@ -184,9 +185,18 @@ impl VirtualPool {
         let align = alignment.max(256) as u64;
         let mut best: Option<(BlockId, u64)> = None;
         let State {
-            areas, pages, phys, ..
-        } = &*st;
+            areas,
+            pages,
+            phys,
+            streams,
+            ..
+        } = &mut *st;
         let heap = &areas[area].heap;
+        // The places are checked as `acquire` will check the one chosen, for
+        // the stream that takes the block; each stream is asked at most once.
+        let taker = streams.taker_bit(stream);
+        let others = streams.others_freed(taker);
+        streams.begin_pass();
         let mut seen = 0;
         for l in [lane, LaneId::GLOBAL] {
             heap.for_each_free_at_least(l, size, |id, addr, bsize| {
@@ -196,7 +206,11 @@ impl VirtualPool {
                         continue;
                     };
                     let n = pages.count_unmapped(there);
-                    if n < best_n && !pages.has_conflict(there, phys) {
+                    if n < best_n
+                        && !pages.has_conflict(there, phys, |frees| {
+                            !others || frees().quiet(|m, t| streams.safe_in_pass(taker, m, t))
+                        })
+                    {
                         best_n = n;
                         best = Some((id, at));
                         if n == 0 {
@@ -237,7 +251,9 @@ impl VirtualPool {
             .span(blk.addr, blk.size)
             .expect("inside a reservation");
         st.pages.unacquire(span);
-        if let Some(better) = self.better_placement(st, area, lane, blk, alignment, conflict) {
+        if let Some(better) =
+            self.better_placement(st, area, lane, blk, (alignment, stream), conflict)
+        {
             span = Self::swap_block(st, area, lane, blk, better);
         }
         let mut got = Self::acquire(st, span, stream);
@@ -248,7 +264,9 @@ impl VirtualPool {
                 let _ = st.areas[area].heap.free(blk.addr, lane);
                 return Err(e);
             }
-            if let Some(better) = self.better_placement(st, area, lane, blk, alignment, true) {
+            if let Some(better) =
+                self.better_placement(st, area, lane, blk, (alignment, stream), true)
+            {
                 span = Self::swap_block(st, area, lane, blk, better);
             }
             got = Self::acquire(st, span, stream);
