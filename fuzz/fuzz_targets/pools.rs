@@ -12,6 +12,10 @@
 //! adaptors' counters) match, and that everything goes back to the driver.
 #![no_main]
 
+// The model's data patterns (`super::pattern` there).
+#[path = "../../crates/gpumem/tests/common/pattern.rs"]
+#[allow(dead_code)]
+mod pattern;
 #[path = "../../crates/gpumem/tests/common/model.rs"]
 #[allow(dead_code)]
 mod model;
