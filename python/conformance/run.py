@@ -57,6 +57,19 @@ def collect(workdir, test_file, classes):
     return got
 
 
+def interleave(ids):
+    """`ids` taken from each class in turn (a test of every class, then the
+    next of each, ...), so that a deadline cuts every class a little rather
+    than the last classes whole."""
+    by_class = {}
+    for i in ids:
+        by_class.setdefault(i.split("::")[1], []).append(i)
+    out = []
+    for k in range(max(map(len, by_class.values()), default=0)):
+        out += [tests[k] for tests in by_class.values() if k < len(tests)]
+    return out
+
+
 def config_env(config):
     """The environment of a test process of `config`."""
     env = dict(os.environ)
@@ -118,7 +131,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--gpus", default="0", help="comma list of GPU ordinals to spread the processes over")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for one test")
-    ap.add_argument("--deadline", type=int, default=0, help="stop starting tests after this many seconds (0: none)")
+    ap.add_argument("--deadline", type=int, default=0,
+                    help="stop starting tests after this many seconds (0: none); the classes take turns, so a "
+                         "deadline leaves some tests of every class unrun rather than whole classes")
     ap.add_argument("--alone-time", type=int, default=120,
                     help="seconds past the deadline for running failures again alone")
     ap.add_argument("-k", dest="select", default="", help="only node ids containing this text")
@@ -138,7 +153,7 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     shutil.copy(args.test_file, workdir)
     shutil.copy(os.path.join(HERE, "conftest.py"), workdir)
-    ids = [i for i in collect(workdir, args.test_file, args.classes) if args.select in i]
+    ids = interleave([i for i in collect(workdir, args.test_file, args.classes) if args.select in i])
     print(f"conformance: {len(ids)} tests x {len(configs)} configurations, {args.jobs} at a time on GPUs {args.gpus}",
           flush=True)
 
