@@ -10,7 +10,6 @@
 
 use gpumem::adaptor::{MemoryStats, StatisticsAdaptor};
 use gpumem::pool::{PoolResource, VirtualPool};
-use gpumem::resource::MemoryResource;
 use gpumem::{DevicePtr, Result, Stream};
 
 use crate::served::{Served, Upstream};
@@ -77,24 +76,6 @@ impl Stack {
         }
     }
 
-    /// [`MemoryResource::allocate`], counted.
-    #[inline]
-    pub fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        each!(self, s => s.allocate(bytes, alignment, stream))
-    }
-
-    /// [`MemoryResource::deallocate`], counted.
-    #[inline]
-    pub fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        each!(self, s => s.deallocate(ptr, bytes, alignment, stream))
-    }
-
     /// [`StatisticsAdaptor::allocate_rounded`].
     #[inline]
     pub fn allocate_rounded(
@@ -140,11 +121,6 @@ impl Stack {
         each!(self, s => s.reset_peak())
     }
 
-    /// [`StatisticsAdaptor::begin_deferred_free`].
-    pub fn begin_deferred_free(&self, bytes: usize) {
-        each!(self, s => s.begin_deferred_free(bytes))
-    }
-
     /// [`StatisticsAdaptor::finish_deferred_free`].
     pub fn finish_deferred_free(
         &self,
@@ -154,11 +130,6 @@ impl Stack {
         stream: &Stream,
     ) -> Result<()> {
         each!(self, s => s.finish_deferred_free(ptr, bytes, alignment, stream))
-    }
-
-    /// [`StatisticsAdaptor::cancel_deferred_free`].
-    pub fn cancel_deferred_free(&self, bytes: usize) {
-        each!(self, s => s.cancel_deferred_free(bytes))
     }
 }
 
@@ -206,21 +177,28 @@ mod tests {
             let mut live: Vec<(DevicePtr, DevicePtr, usize)> = Vec::new();
             for step in 0..2_000 {
                 if live.is_empty() || rng.random_bool(0.55) {
+                    // Rounded as the native allocator rounds: 512-byte steps.
                     let bytes = rng.random_range(1..=4usize << 20);
-                    let a = typed.allocate(bytes, DEFAULT_ALIGNMENT, &sa).unwrap();
-                    let b = boxed.allocate(bytes, DEFAULT_ALIGNMENT, &sb).unwrap();
+                    let block = bytes.next_multiple_of(512);
+                    let a = typed
+                        .allocate_rounded(bytes, block, DEFAULT_ALIGNMENT, &sa)
+                        .unwrap();
+                    let b = boxed
+                        .allocate_rounded(bytes, block, DEFAULT_ALIGNMENT, &sb)
+                        .unwrap();
                     live.push((a, b, bytes));
                 } else {
                     let (a, b, bytes) = live.swap_remove(rng.random_range(0..live.len()));
-                    if step % 97 == 0 {
-                        for (s, p, st) in [(&typed, a, &sa), (&boxed, b, &sb)] {
-                            s.begin_deferred_free(bytes);
-                            s.finish_deferred_free(p, bytes, DEFAULT_ALIGNMENT, st)
+                    let block = bytes.next_multiple_of(512);
+                    for (s, p, st) in [(&typed, a, &sa), (&boxed, b, &sb)] {
+                        if step % 97 == 0 {
+                            s.begin_deferred_free_rounded(bytes, block);
+                            s.finish_deferred_free(p, block, DEFAULT_ALIGNMENT, st)
+                                .unwrap();
+                        } else {
+                            s.deallocate_rounded(p, bytes, block, DEFAULT_ALIGNMENT, st)
                                 .unwrap();
                         }
-                    } else {
-                        typed.deallocate(a, bytes, DEFAULT_ALIGNMENT, &sa).unwrap();
-                        boxed.deallocate(b, bytes, DEFAULT_ALIGNMENT, &sb).unwrap();
                     }
                 }
                 if step % 250 == 0 {
@@ -239,13 +217,14 @@ mod tests {
             assert_eq!(typed.stats().allocation.current, live.len() as i64);
             // A bad free is refused by both, and counts in neither.
             let (a, b, bytes) = live[0];
+            let block = bytes.next_multiple_of(512);
             let before = typed.stats();
-            assert!(typed
-                .deallocate(DevicePtr(a.0 + 1), bytes, DEFAULT_ALIGNMENT, &sa)
-                .is_err());
-            assert!(boxed
-                .deallocate(DevicePtr(b.0 + 1), bytes, DEFAULT_ALIGNMENT, &sb)
-                .is_err());
+            for (s, p, st) in [(&typed, a, &sa), (&boxed, b, &sb)] {
+                let interior = DevicePtr(p.0 + 1);
+                assert!(s
+                    .deallocate_rounded(interior, bytes, block, DEFAULT_ALIGNMENT, st)
+                    .is_err());
+            }
             assert_eq!(typed.stats(), before, "{conf}");
             assert_eq!(boxed.stats(), before, "{conf}");
         }
