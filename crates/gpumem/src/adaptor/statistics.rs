@@ -344,6 +344,8 @@ struct Counters {
 }
 
 /// The counters of the top frame: all allocations, and each size class.
+/// `all` is kept, not summed from the classes when read: its peak is not
+/// the sum of theirs.
 #[derive(Debug, Default)]
 struct TopFrame {
     all: Counters,
