@@ -12,10 +12,15 @@
 # wheels the GPU machine lacks from ./.whl (git-ignored; see
 # torch-conformance.sh for what goes there).
 #
-# Usage: scripts/gpu-bundle.sh [TRACES_DIR]   (default: traces, the repository's)
+# Usage: scripts/gpu-bundle.sh [--torch-only] [TRACES_DIR]   (default: traces, the repository's)
+#   --torch-only: only what PyTorch runs need (libgpumem.so, python/, the
+#   scripts, PyTorch's test file and the wheels), without the test binaries
+#   and programs, which take most of the build time.
 # Then on the GPU machine: tar -xJf gpu-bundle.tar.xz && gpu-bundle/run-tests.sh [LOG_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+torch_only=false
+if [[ ${1:-} == --torch-only ]]; then torch_only=true; shift; fi
 traces=${1:-traces}
 out=gpu-bundle
 tgt=${CARGO_TARGET_DIR:-target}
@@ -23,7 +28,7 @@ rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/traces"
 
 # Only what this checkout builds (a shared target directory may hold others').
-cargo build --release --workspace --bins --examples --message-format=json 2>/dev/null \
+$torch_only || cargo build --release --workspace --bins --examples --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | .executable' \
   | sort -u | while read -r exe; do
       cp "$exe" "$out/bin/"
@@ -32,7 +37,7 @@ cargo build --release --workspace --bins --examples --message-format=json 2>/dev
 if [[ -f crates/gpumem-capi/cdylib/Cargo.toml ]]; then
   cargo build --release -p gpumem-cdylib
 fi
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+$torch_only || cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true) | .executable' \
   | sort -u | while read -r exe; do
       cp "$exe" "$out/tests/"

@@ -74,6 +74,7 @@ class MemoryHistory {
     }
     if (!enabled) {
       blocks_.clear();
+      last_freed_.clear();
     }
     on_.store(enabled, std::memory_order_relaxed);
   }
@@ -114,7 +115,8 @@ class MemoryHistory {
     auto it = blocks_.find(ptr);
     std::shared_ptr<c10::GatheredContext> at_alloc;
     if (it != blocks_.end()) {
-      at_alloc = std::move(it->second.context);
+      at_alloc = it->second.context;
+      last_freed_[ptr] = std::move(it->second);
       blocks_.erase(it);
     }
     const auto& ctx = context != nullptr ? context : at_alloc;
@@ -147,6 +149,19 @@ class MemoryHistory {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = blocks_.find(ptr);
     if (it == blocks_.end()) {
+      return {nullptr, 0};
+    }
+    return {it->second.context, it->second.requested};
+  }
+
+  // The stack and requested size of the last block recorded at `ptr`
+  // that was freed since (null and 0 when none was): what a snapshot says
+  // of a free block starting there, as PyTorch's says of its inactive
+  // blocks, so the memory viewer can tell what last used free memory.
+  std::pair<std::shared_ptr<c10::GatheredContext>, size_t> last_freed_at(void* ptr) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = last_freed_.find(ptr);
+    if (it == last_freed_.end()) {
       return {nullptr, 0};
     }
     return {it->second.context, it->second.requested};
@@ -260,6 +275,9 @@ class MemoryHistory {
     size_t requested;
   };
   std::unordered_map<void*, Live> blocks_;
+  // The last freed block recorded at each address (one entry per address
+  // a recorded block started at, kept until recording stops).
+  std::unordered_map<void*, Live> last_freed_;
   std::vector<AllocatorTraceTracker> trackers_;
   std::vector<std::string> compile_contexts_;
   std::string user_metadata_;

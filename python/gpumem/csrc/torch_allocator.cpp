@@ -615,6 +615,12 @@ class GpumemAllocator final : public CUDAAllocator {
               seg.requested_size += requested - b.requested_size;
               b.requested_size = requested;
             }
+          } else if (!b.active) {
+            // A free block: what last used its start, as PyTorch reports
+            // for its inactive blocks (not counted in the segment's total).
+            auto [context, requested] = history.last_freed_at(reinterpret_cast<void*>(at));
+            b.context_when_allocated = std::move(context);
+            b.requested_size = requested;
           }
           at += b.size;
         }
