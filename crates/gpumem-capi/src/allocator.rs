@@ -1416,8 +1416,10 @@ impl Allocator {
     /// larger ones ([`gpumem::adaptor::SMALL_BLOCK_MAX`]: PyTorch's `small_pool` and
     /// `large_pool`), as [`Allocator::device_stats`] counts all blocks. The
     /// device's resource keeps both classes in one reserve: its segments
-    /// and reserve count in the large class. Graph pools keep them apart,
-    /// as PyTorch's pools do. The driver calls, retries and out-of-memory
+    /// of at most [`gpumem::adaptor::SMALL_SEGMENT_MAX`] count as small, as
+    /// PyTorch's small pool's segments are that size ([`served::DriverStats::classes`];
+    /// CUDA's pool cannot tell, its reserve counts as large). Graph pools
+    /// keep the classes apart, as PyTorch's pools do. The driver calls, retries and out-of-memory
     /// failures count with all blocks only (zero here).
     pub fn class_stats(&self, device: i32) -> Option<[gpumem_device_stats_t; 2]> {
         Some([
@@ -1462,12 +1464,20 @@ impl Allocator {
                     SizeClass::Small => s.small,
                     SizeClass::Large => s.large,
                 };
-                // The device's resource keeps both classes in one reserve
-                // (its segments, or the driver's pool): it counts in the
-                // large class.
-                let (segment, reserved_bytes) = match class {
-                    SizeClass::Small => Default::default(),
-                    SizeClass::Large => (d.segments.unwrap_or(s.active).into(), d.reserved.into()),
+                // The device's segments by their size, as PyTorch's pools
+                // make them; where the resource cannot tell (CUDA's pool),
+                // its reserve counts in the large class.
+                let (segment, reserved_bytes) = match (d.classes, class) {
+                    (Some([small, _]), SizeClass::Small) => {
+                        (small.segments.into(), small.reserved.into())
+                    }
+                    (Some([_, large]), SizeClass::Large) => {
+                        (large.segments.into(), large.reserved.into())
+                    }
+                    (None, SizeClass::Small) => Default::default(),
+                    (None, SizeClass::Large) => {
+                        (d.segments.unwrap_or(s.active).into(), d.reserved.into())
+                    }
                 };
                 gpumem_device_stats_t {
                     allocation: c.allocation.into(),

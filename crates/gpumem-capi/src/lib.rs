@@ -112,11 +112,6 @@ use gpumem::pool::SizeClass;
 use gpumem::resource::SharedResource;
 use gpumem::DevicePtr;
 
-/// The size of a small segment in PyTorch's layout: the device pool's
-/// segments up to this size are reported small in snapshots (its pools do
-/// not split memory by PyTorch's size classes).
-const SMALL_SEGMENT: usize = 2 << 20;
-
 pub use allocator::{Allocator, Backend, Snapshot};
 pub use graph_checkpoints::{
     gpumem_checkpoint_free, gpumem_checkpoint_live_count, gpumem_checkpoint_t,
@@ -619,7 +614,8 @@ pub unsafe extern "C" fn gpumem_snapshot(
                         stream: 0,
                         pool_id0: 0,
                         pool_id1: 0,
-                        is_large: i32::from(s.size > SMALL_SEGMENT),
+                        // As the statistics count them (`Allocator::class_stats`).
+                        is_large: i32::from(s.size > gpumem::adaptor::SMALL_SEGMENT_MAX),
                     },
                 }
             })

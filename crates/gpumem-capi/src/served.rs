@@ -33,7 +33,9 @@
 //! bytes costs one atomic update per allocation and free, next to the
 //! driver's microsecond.
 
-use gpumem::adaptor::{LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor};
+use gpumem::adaptor::{
+    ClassStats, LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor, SMALL_SEGMENT_MAX,
+};
 use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
@@ -65,6 +67,21 @@ pub struct DriverStats {
     pub device_allocs: u64,
     /// Driver free calls (`cuMemFree`, `cuMemRelease`).
     pub device_frees: u64,
+    /// `segments` and `reserved` split by size class, small then large
+    /// (PyTorch's `small_pool` and `large_pool`): a segment of at most
+    /// [`SMALL_SEGMENT_MAX`] bytes is small, as PyTorch's small pool's
+    /// segments are. `None` when the resource cannot tell: all count as
+    /// large.
+    pub classes: Option<[ClassDriverStats; 2]>,
+}
+
+/// The segments and reserve of one size class ([`DriverStats::classes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassDriverStats {
+    /// Segments of the class held.
+    pub segments: Stat,
+    /// Their bytes.
+    pub reserved: Stat,
 }
 
 /// What the C ABI needs from the resource serving a device, besides
@@ -116,11 +133,16 @@ fn peers_of(device: &Device) -> Result<Vec<u32>> {
 
 fn upstream_stats(u: &Upstream) -> DriverStats {
     let s = u.stats();
+    let class = |c: ClassStats| ClassDriverStats {
+        segments: c.active,
+        reserved: c.allocated_bytes,
+    };
     DriverStats {
         segments: Some(s.active),
         reserved: s.allocated_bytes,
         device_allocs: s.active.total,
         device_frees: s.active.freed,
+        classes: Some([class(s.small), class(s.large)]),
     }
 }
 
@@ -447,6 +469,7 @@ impl Served for LimitingAdaptor<AsyncResource> {
             },
             device_allocs: 0,
             device_frees: 0,
+            classes: None,
         }
     }
     fn largest_free_block(&self) -> usize {
@@ -500,6 +523,20 @@ impl Served for VirtualPool {
             },
             device_allocs: s.chunks_created,
             device_frees: s.chunks_released,
+            classes: Some(s.chunk_classes.map(|c| ClassDriverStats {
+                segments: Stat {
+                    current: c.current as i64,
+                    peak: c.peak as i64,
+                    total: c.created,
+                    freed: c.released,
+                },
+                reserved: Stat {
+                    current: c.bytes as i64,
+                    peak: c.peak_bytes as i64,
+                    total: c.bytes_created,
+                    freed: c.bytes_released,
+                },
+            })),
         }
     }
     fn largest_free_block(&self) -> usize {
@@ -615,6 +652,7 @@ pub fn build(conf: &Conf, device: &Device, limit: Option<usize>) -> Result<Resou
             DeviceResource::new(device.clone()),
             limit.unwrap_or(usize::MAX),
         ))
+        .with_small_class_max(SMALL_SEGMENT_MAX)
     };
     let mut config = PoolConfig::default();
     config.initial_size = conf.initial_size;

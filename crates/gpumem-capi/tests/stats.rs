@@ -266,3 +266,53 @@ fn a_free_within_the_granule_moves_requested_bytes_by_the_size_named() {
         assert_eq!(s.requested_bytes.freed, 1001, "{kind}");
     }
 }
+
+/// The device's segments count in PyTorch's size classes by their size: a
+/// small request's growth makes a small segment (2 MiB, as PyTorch's small
+/// pool's are), a large request's a large one; the classes split every
+/// count of all segments; CUDA's pool, which cannot tell, counts its
+/// reserve as large.
+#[test]
+fn device_segments_count_in_the_class_of_their_size() {
+    for (kind, conf) in confs() {
+        let a = allocator(&conf);
+        let small = a.malloc(512, 0, 0);
+        let [s, l] = a.class_stats(0).unwrap();
+        let all = stats(&a, 0);
+        assert_eq!(
+            s.segment.current + l.segment.current,
+            all.segment.current,
+            "{conf}"
+        );
+        assert_eq!(
+            s.reserved_bytes.current + l.reserved_bytes.current,
+            all.reserved_bytes.current,
+            "{conf}"
+        );
+        match kind {
+            ResourceKind::Pool | ResourceKind::Virtual => {
+                assert_eq!((s.segment.current, l.segment.current), (1, 0), "{conf}");
+                assert_eq!(s.reserved_bytes.current, 2 * MIB as i64, "{conf}");
+            }
+            ResourceKind::Async => assert_eq!(s.segment.current, 0, "{conf}"),
+            _ => {}
+        }
+        let large = a.malloc(30 * MIB, 0, 0);
+        let [s2, l2] = a.class_stats(0).unwrap();
+        if matches!(kind, ResourceKind::Pool | ResourceKind::Virtual) {
+            assert_eq!(s2.segment.current, 1, "{conf}");
+            assert!(l2.segment.current >= 1, "{conf}: {:?}", l2.segment);
+            assert_eq!(l2.segment.allocated, l2.segment.current, "{conf}");
+        }
+        a.free(large, 30 * MIB, 0, 0);
+        a.free(small, 512, 0, 0);
+        a.empty_cache(0);
+        let [s3, l3] = a.class_stats(0).unwrap();
+        assert!(l3.segment.peak >= l2.segment.current, "{conf}");
+        if kind != ResourceKind::Arena {
+            // (The arena keeps its one region.)
+            assert_eq!((s3.segment.current, l3.segment.current), (0, 0), "{conf}");
+            assert_eq!(s3.segment.freed, s3.segment.allocated, "{conf}");
+        }
+    }
+}

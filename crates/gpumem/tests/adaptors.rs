@@ -1003,3 +1003,42 @@ fn composed_stack_counts_limits_and_tracks() {
     let p = dynamic.allocate(10, 256, &s).unwrap();
     dynamic.deallocate(p, 10, 256, &s).unwrap();
 }
+
+#[test]
+fn the_small_class_can_end_at_another_size() {
+    for mr in [Fake::new(64 << 20), Fake::lending(64 << 20)]
+        .map(|f| StatisticsAdaptor::new(f).with_small_class_max(SMALL_SEGMENT_MAX))
+    {
+        let s = mr.upstream().stream();
+        let a = mr.allocate(SMALL_SEGMENT_MAX, 256, &s).unwrap();
+        let b = mr.allocate(SMALL_BLOCK_MAX + 512, 256, &s).unwrap();
+        let c = mr.allocate(SMALL_SEGMENT_MAX + 1, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!(
+            (st.small.allocation.current, st.large.allocation.current),
+            (2, 1)
+        );
+        assert_eq!(
+            st.small.allocated_bytes.current as usize,
+            SMALL_SEGMENT_MAX + SMALL_BLOCK_MAX + 512
+        );
+        mr.deallocate(a, SMALL_SEGMENT_MAX, 256, &s).unwrap();
+        mr.deallocate(b, SMALL_BLOCK_MAX + 512, 256, &s).unwrap();
+        mr.deallocate(c, SMALL_SEGMENT_MAX + 1, 256, &s).unwrap();
+        let st = mr.stats();
+        assert_eq!(
+            (st.small.allocation.freed, st.large.allocation.freed),
+            (2, 1)
+        );
+        assert_eq!(
+            st.small.allocated_bytes.peak as usize,
+            SMALL_SEGMENT_MAX + SMALL_BLOCK_MAX + 512
+        );
+    }
+    // Without it, PyTorch's block classes.
+    let mr = StatisticsAdaptor::new(Fake::new(64 << 20));
+    let s = mr.upstream().stream();
+    let b = mr.allocate(SMALL_BLOCK_MAX + 512, 256, &s).unwrap();
+    assert_eq!(mr.stats().large.allocation.current, 1);
+    mr.deallocate(b, SMALL_BLOCK_MAX + 512, 256, &s).unwrap();
+}

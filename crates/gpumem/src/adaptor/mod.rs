@@ -43,7 +43,7 @@ pub use limiting::LimitingAdaptor;
 pub use logging::{format_log_line, LogAction, LoggingAdaptor, LOG_FILE_ENV, LOG_HEADER};
 pub use prefetch::PrefetchAdaptor;
 pub use statistics::{
-    CallCount, ClassStats, MemoryStats, Stat, StatisticsAdaptor, SMALL_BLOCK_MAX,
+    CallCount, ClassStats, MemoryStats, Stat, StatisticsAdaptor, SMALL_BLOCK_MAX, SMALL_SEGMENT_MAX,
 };
 pub use thread_safe::{LocalMemoryResource, ThreadSafeAdaptor};
 pub use tracking::{Allocation, TrackingAdaptor};

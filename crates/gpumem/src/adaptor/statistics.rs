@@ -143,7 +143,8 @@ pub struct MemoryStats {
     /// Allocations refused with out-of-memory by the upstream.
     pub num_ooms: u64,
     /// The counters of blocks of at most [`SMALL_BLOCK_MAX`] bytes
-    /// (PyTorch's `small_pool`).
+    /// (PyTorch's `small_pool`; another bound with
+    /// [`StatisticsAdaptor::with_small_class_max`]).
     pub small: ClassStats,
     /// The counters of larger blocks (PyTorch's `large_pool`).
     pub large: ClassStats,
@@ -346,13 +347,29 @@ struct Counters {
 /// The counters of the top frame: all allocations, and each size class.
 /// `all` is kept, not summed from the classes when read: its peak is not
 /// the sum of theirs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct TopFrame {
     all: Counters,
     small: Counters,
     large: Counters,
     num_ooms: AtomicU64,
     retry_base: AtomicU64,
+    /// The largest allocation of the small class
+    /// ([`StatisticsAdaptor::with_small_class_max`]).
+    small_max: usize,
+}
+
+impl Default for TopFrame {
+    fn default() -> Self {
+        Self {
+            all: Counters::default(),
+            small: Counters::default(),
+            large: Counters::default(),
+            num_ooms: AtomicU64::default(),
+            retry_base: AtomicU64::default(),
+            small_max: SMALL_BLOCK_MAX,
+        }
+    }
 }
 
 /// One [`TopFrame`] per lock the upstream lends, each on its own cache
@@ -544,11 +561,17 @@ impl Counters {
 /// its small pool, a larger one to its large pool.
 pub const SMALL_BLOCK_MAX: usize = 1 << 20;
 
+/// The size of PyTorch's small pool's segments: what a resource takes from
+/// the driver counts in the small class up to this size (a segment of
+/// PyTorch's large pool is always larger), see
+/// [`StatisticsAdaptor::with_small_class_max`].
+pub const SMALL_SEGMENT_MAX: usize = 2 << 20;
+
 impl TopFrame {
     /// The counters of the size class of a block of `bytes`.
     #[inline(always)]
     fn class(&self, bytes: usize) -> &Counters {
-        if bytes <= SMALL_BLOCK_MAX {
+        if bytes <= self.small_max {
             &self.small
         } else {
             &self.large
@@ -664,6 +687,19 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
         };
         adaptor.top.at(0).retry_base.store(base, Relaxed);
         adaptor
+    }
+
+    /// Counts allocations of at most `bytes` in the small class
+    /// ([`MemoryStats::small`]) instead of [`SMALL_BLOCK_MAX`]: for an
+    /// adaptor that counts a pool's segments (whose small class is
+    /// [`SMALL_SEGMENT_MAX`]) rather than the blocks handed out. Set before
+    /// the first allocation: what was counted stays in its class.
+    #[must_use]
+    pub fn with_small_class_max(mut self, bytes: usize) -> Self {
+        for c in self.top.0.iter_mut() {
+            c.0.small_max = bytes;
+        }
+        self
     }
 
     /// The wrapped resource.

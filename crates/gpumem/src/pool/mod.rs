@@ -72,6 +72,6 @@ pub use shards::{RegionOwners, Shards, SlotRegistry};
 pub use shards::{Spread, BURST_WINDOW, CONTENDED_BURST};
 pub use slab::ClassStats;
 pub use virtual_pool::{
-    Backup, PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, NO_REGION,
+    Backup, ChunkClass, PhysExport, VirtualPool, VirtualPoolConfig, VirtualPoolStats, NO_REGION,
     VIRTUAL_POOL_MAX_ALIGNMENT,
 };

@@ -226,6 +226,7 @@ impl VirtualPool {
         st.pages_created += n as u64;
         st.extents_created += 1;
         st.peak_extents = st.peak_extents.max(st.phys.extent_count());
+        st.extent_classes[self.class_of_extent(n)].created(n * self.gran);
         self.peak_pages
             .fetch_max(st.phys.pool_pages(), std::sync::atomic::Ordering::Relaxed);
         Ok(x)

@@ -155,7 +155,7 @@ use crate::{Error, FreeError, OomInfo, Result};
 pub use self::config::{VirtualPoolConfig, VIRTUAL_POOL_MAX_ALIGNMENT};
 pub use self::ipc::PhysExport;
 pub use self::regions::{Backup, NO_REGION};
-pub use self::stats::VirtualPoolStats;
+pub use self::stats::{ChunkClass, VirtualPoolStats};
 
 /// The area of requests up to `small_limit` bytes.
 const SMALL: usize = 0;
@@ -187,6 +187,8 @@ struct State {
     extents_created: u64,
     extents_released: u64,
     peak_extents: usize,
+    /// Extents by size class ([`VirtualPoolStats::chunk_classes`]).
+    extent_classes: [stats::ChunkClass; 2],
     /// Most physical bytes the pool may hold now (`max_reserved`, which
     /// [`VirtualPool::set_max_reserved`] changes).
     max_physical: Option<usize>,
@@ -233,6 +235,7 @@ impl State {
             extents_created: 0,
             extents_released: 0,
             peak_extents: 0,
+            extent_classes: Default::default(),
             max_physical,
             relocations: 0,
             mappings_made: 0,

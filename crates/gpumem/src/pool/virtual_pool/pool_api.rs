@@ -87,6 +87,7 @@ impl Pool for VirtualPool {
         self.each_shard(|st| {
             st.peak_live = st.live_bytes();
             st.peak_extents = st.phys.extent_count();
+            st.extent_classes.iter_mut().for_each(|c| c.reset_peak());
         });
         self.peak_pages
             .store(self.pool_pages.load(Relaxed), Relaxed);

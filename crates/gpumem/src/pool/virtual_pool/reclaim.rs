@@ -257,6 +257,8 @@ impl VirtualPool {
             released += pages as usize * self.gran;
             st.pages_released += u64::from(pages);
             st.extents_released += 1;
+            let n = pages as usize;
+            st.extent_classes[self.class_of_extent(n)].released(n * self.gran);
         }
         (released, first_err)
     }

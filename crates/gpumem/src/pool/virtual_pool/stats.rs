@@ -7,6 +7,62 @@ use crate::driver::DevicePtr;
 use crate::pool::live_blocks;
 use crate::resource::{merge_adjacent, LiveBlock, Segment};
 
+/// The extents of one size class ([`VirtualPoolStats::chunk_classes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChunkClass {
+    /// Extents of the class held.
+    pub current: usize,
+    /// Highest `current` so far.
+    pub peak: usize,
+    /// Extents of the class created so far.
+    pub created: u64,
+    /// Extents of the class released so far.
+    pub released: u64,
+    /// Bytes of the extents held.
+    pub bytes: usize,
+    /// Highest `bytes` so far.
+    pub peak_bytes: usize,
+    /// Bytes of the extents created so far.
+    pub bytes_created: u64,
+    /// Bytes of the extents released so far.
+    pub bytes_released: u64,
+}
+
+impl ChunkClass {
+    pub(super) fn created(&mut self, bytes: usize) {
+        self.current += 1;
+        self.peak = self.peak.max(self.current);
+        self.created += 1;
+        self.bytes += bytes;
+        self.peak_bytes = self.peak_bytes.max(self.bytes);
+        self.bytes_created += bytes as u64;
+    }
+
+    pub(super) fn released(&mut self, bytes: usize) {
+        self.current -= 1;
+        self.released += 1;
+        self.bytes -= bytes;
+        self.bytes_released += bytes as u64;
+    }
+
+    pub(super) fn reset_peak(&mut self) {
+        self.peak = self.current;
+        self.peak_bytes = self.bytes;
+    }
+
+    /// Adds another shard's counts (peaks summed: an upper bound).
+    fn add(&mut self, o: &ChunkClass) {
+        self.current += o.current;
+        self.peak += o.peak;
+        self.created += o.created;
+        self.released += o.released;
+        self.bytes += o.bytes;
+        self.peak_bytes += o.peak_bytes;
+        self.bytes_created += o.bytes_created;
+        self.bytes_released += o.bytes_released;
+    }
+}
+
 /// Numbers describing a [`VirtualPool`] at one moment. Names follow the
 /// statistics adaptor: *reserved* is memory taken from the driver (here
 /// physical memory), *live* is what blocks handed out hold.
@@ -53,6 +109,10 @@ pub struct VirtualPoolStats {
     pub chunks_released: u64,
     /// Highest `chunks` (extents held) so far.
     pub peak_chunks: usize,
+    /// The extents split by size: of at most
+    /// [`SMALL_SEGMENT_MAX`](crate::adaptor::SMALL_SEGMENT_MAX) bytes, then
+    /// larger (the segments of PyTorch's small and large pools).
+    pub chunk_classes: [ChunkClass; 2],
     /// Large blocks placed elsewhere than the heap's first choice because
     /// fewer new pages were needed there.
     pub relocations: u64,
@@ -82,6 +142,12 @@ pub struct VirtualPoolStats {
 }
 
 impl VirtualPool {
+    /// The size class of an extent of `pages` pages: 0 up to
+    /// [`SMALL_SEGMENT_MAX`](crate::adaptor::SMALL_SEGMENT_MAX) bytes, else 1.
+    pub(super) fn class_of_extent(&self, pages: usize) -> usize {
+        usize::from(pages.saturating_mul(self.gran) > crate::adaptor::SMALL_SEGMENT_MAX)
+    }
+
     /// The current numbers, all shards together (each shard's peaks summed
     /// for `peak_live` and `peak_chunks`: exact while one shard is in use,
     /// an upper bound with several).
@@ -117,6 +183,9 @@ impl VirtualPool {
             out.chunks_created += st.extents_created;
             out.chunks_released += st.extents_released;
             out.peak_chunks += st.peak_extents;
+            for (o, c) in out.chunk_classes.iter_mut().zip(&st.extent_classes) {
+                o.add(c);
+            }
             out.relocations += st.relocations;
             out.mappings_made += st.mappings_made;
             out.mappings_unmapped += st.mappings_unmapped;
