@@ -976,20 +976,7 @@ impl Allocator {
             );
             return;
         };
-        let s = st.streams.get(stream);
-        let deferred = if st.uses.any() {
-            st.uses.defer_free(ptr, size, size, s, Some(pool))
-        } else {
-            Ok(false)
-        };
-        let r = deferred.and_then(|deferred| {
-            if deferred {
-                return Ok(());
-            }
-            let retired = st.graphs.free(pool, ptr, size, s)?;
-            self.give_back_retired(st, retired);
-            Ok(())
-        });
+        let r = self.free_graph_block(st, pool, ptr, size, st.streams.get(stream));
         if st.uses.has_pending() {
             self.poll_deferred(st);
         }
@@ -1001,12 +988,34 @@ impl Allocator {
         }
     }
 
+    /// Frees a block of the graph pool `pool` on `stream`: once the work of
+    /// its recorded streams is done if it has any (after the capture, when
+    /// one is under way: see [`StreamUses`]), else at once; then gives back
+    /// what a pool that went held for the device. `Err` is a bad free.
+    fn free_graph_block(
+        &self,
+        st: &DeviceState,
+        pool: PoolId,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        if st.uses.any() && st.uses.defer_free(ptr, size, size, stream, Some(pool))? {
+            return Ok(());
+        }
+        let retired = st.graphs.free(pool, ptr, size, stream)?;
+        self.give_back_retired(st, retired);
+        Ok(())
+    }
+
     /// A free made while `stream` captures into `pool`: the block stays
     /// live and untouched until the graph pool goes (the captured graph may
     /// use it in every replay), if it is a live block of the device's pool
-    /// or of another graph pool; a block of `pool` itself is freed there
-    /// (the capture reuses it in its own order). With no capture into
-    /// `pool` under way, it is freed at once. Anything else is a bad free,
+    /// or of another graph pool; a block of `pool` itself is freed there as
+    /// [`Allocator::graph_pool_free`] frees it (the capture reuses it in its
+    /// own order, but not while work on other streams recorded on it may
+    /// still use it). With no capture into `pool` under way, it is freed as
+    /// a free outside a capture would be. Anything else is a bad free,
     /// refused and reported as [`Allocator::free`] refuses it: a block held
     /// already or whose free waits for a recorded stream, a CuPy block, a
     /// pointer not handed out, a wrong size.
@@ -1047,15 +1056,26 @@ impl Allocator {
         };
         let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
         if let (false, Some((owner, _))) = (pending, st.graphs.block_size(ptr)) {
-            match st.graphs.free_in_capture(pool, owner, held) {
-                Ok(retired) => self.give_back_retired(st, retired),
-                Err(e) => self.report_bad_free(
+            let r =
+                st.graphs
+                    .hold_elsewhere(pool, owner, held)
+                    .and_then(|declined| match declined {
+                        Some(h) => self.free_graph_block(st, owner, h.ptr, h.size, &h.stream),
+                        // Held until the capture's pool goes, which waits for
+                        // the device first: what other streams did is done then.
+                        None => {
+                            st.uses.forget(ptr, Some(owner));
+                            Ok(())
+                        }
+                    });
+            if let Err(e) = r {
+                self.report_bad_free(
                     device,
                     &format!(
                         "bad free of {ptr:#x} ({size} bytes) of graph pool {owner:?} during a capture into {pool:?} on device {device}: {}",
                         free_reason(e)
                     ),
-                ),
+                );
             }
             return;
         }
@@ -1075,8 +1095,11 @@ impl Allocator {
             };
             return self.refused_for(ptr, size, device, reason);
         }
-        if let Err(held) = st.graphs.hold(pool, held) {
-            self.free_rounded(held.ptr, held.requested, held.size, device, stream);
+        match st.graphs.hold(pool, held) {
+            // Freed when the pool goes, after the device's work: the
+            // streams recorded on it need no events then.
+            Ok(()) => st.uses.forget(ptr, None),
+            Err(held) => self.free_rounded(held.ptr, held.requested, held.size, device, stream),
         }
     }
 

@@ -175,6 +175,20 @@ impl StreamUses {
         }
     }
 
+    /// Drops the streams recorded for the live block at `ptr` of `home`:
+    /// it is held for a graph, and freed only once the device's work is
+    /// done, so its free needs no events.
+    pub fn forget(&self, ptr: DevicePtr, home: Home) {
+        if !self.any() {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.uses.get(&ptr.0).is_some_and(|u| u.home == home) {
+            inner.uses.remove(&ptr.0);
+            self.any.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Defers the free of `ptr` (of `size` bytes allocated for `requested`,
     /// freed on `stream`, living
     /// at `home`) if it has recorded streams other than `stream`: keeps the

@@ -11,6 +11,7 @@ use gpumem_capi::Allocator;
 use support::{allocator, kinds, sim, stats, MIB};
 
 const POOL: (u64, u64) = (1, 0);
+const OTHER: (u64, u64) = (0, 7);
 
 /// Deferred frees wait while any capture in the process is under way, so
 /// the tests of this binary run one at a time.
@@ -203,4 +204,124 @@ fn a_block_whose_free_is_pending_is_not_held() {
     a.graph_pool_release(0, POOL).unwrap();
     assert_eq!(a.bad_free_count(0), 1, "freed once");
     assert_eq!(stats(&a, 0).active.current, 0);
+}
+
+/// How a block of the capture's own graph pool is freed during the capture.
+#[derive(Debug, Clone, Copy)]
+enum CaptureFree {
+    /// `gpumem_graph_pool_hold`: PyTorch's native allocator, for a block
+    /// freed on the capturing stream.
+    Hold,
+    /// `gpumem_graph_pool_hold_rounded`, with a request below the block.
+    HoldRounded,
+    /// `gpumem_graph_pool_free`: a free from outside the capture.
+    Free,
+}
+
+/// A block of the capture's own graph pool, used by work on another stream
+/// and freed during the capture, is not handed out again while the capture
+/// is under way, whichever call frees it: nothing in the graph orders the
+/// other stream's work before that of the block's next owner, so every
+/// replay would race. Once the capture is over it goes back to its pool
+/// after the other stream's work, and a later capture reuses it.
+#[test]
+fn a_graph_pool_block_used_on_another_stream_is_not_reused_during_the_capture() {
+    let _one = one_at_a_time();
+    for how in [
+        CaptureFree::Hold,
+        CaptureFree::HoldRounded,
+        CaptureFree::Free,
+    ] {
+        let a = allocator("resource=pool");
+        let sim = sim(&a);
+        let (s1, s2) = (stream(&a), stream(&a));
+        a.graph_pool_begin(0, POOL).unwrap();
+        let p = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
+        a.record_stream(p, 0, s2);
+        match how {
+            CaptureFree::Hold => a.graph_pool_hold(p, 4 * MIB, 0, POOL, s1),
+            CaptureFree::HoldRounded => {
+                a.graph_pool_hold_rounded(p, 4 * MIB - 100, 4 * MIB, 0, POOL, s1)
+            }
+            CaptureFree::Free => a.graph_pool_free(p, 4 * MIB, 0, POOL, s1),
+        }
+        assert_eq!(a.pending_frees(0), 1, "{how:?}: waits for s2");
+        assert_eq!(a.bad_free_count(0), 0, "{how:?}");
+        let q = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
+        assert!(!q.is_null(), "{how:?}");
+        assert_ne!(p, q, "{how:?}: reused while s2's work may still read it");
+        a.graph_pool_hold(p, 4 * MIB, 0, POOL, s1);
+        assert_eq!(a.bad_free_count(0), 1, "{how:?}: a second free is refused");
+        a.graph_pool_hold(q, 4 * MIB, 0, POOL, s1);
+        a.graph_pool_end(0, POOL).unwrap();
+        // After the capture the event is recorded on s2 (held: not done).
+        sim.hold(s2);
+        let x = a.malloc(MIB, 0, s1);
+        a.free(x, MIB, 0, s1);
+        assert_eq!(a.pending_frees(0), 1, "{how:?}: s2's work is pending");
+        sim.release(s2);
+        a.empty_cache(0);
+        assert_eq!(a.pending_frees(0), 0, "{how:?}");
+        assert_eq!(a.graph_pool_live_blocks(0, POOL), Some(vec![]), "{how:?}");
+        a.graph_pool_begin(0, POOL).unwrap();
+        let r = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
+        assert!(r == p || r == q, "{how:?}: a later capture reuses the pool");
+        a.graph_pool_free(r, 4 * MIB, 0, POOL, s1);
+        a.graph_pool_end(0, POOL).unwrap();
+        a.graph_pool_release(0, POOL).unwrap();
+        a.graph_pool_release(0, POOL).unwrap();
+        assert_eq!(a.graph_pool_count(0), 0, "{how:?}");
+        assert_eq!(a.bad_free_count(0), 1, "{how:?}");
+    }
+}
+
+/// A block of the device's pool or of another graph pool, used on another
+/// stream and freed during a capture, is held for the graph: never handed
+/// out before the capture's pool goes, which waits for the device first.
+/// What was recorded on it goes with the hold: the block then goes back at
+/// once, and a later block at its address is not kept waiting for streams
+/// recorded on the old one.
+#[test]
+fn a_held_block_used_on_another_stream_waits_for_the_graph_not_for_events() {
+    let _one = one_at_a_time();
+    let a = allocator("resource=pool");
+    let (s1, s2) = (stream(&a), stream(&a));
+    a.graph_pool_begin(0, OTHER).unwrap();
+    let y = a.graph_pool_malloc(4 * MIB, 0, OTHER, s1);
+    a.graph_pool_end(0, OTHER).unwrap();
+    let x = a.malloc(4 * MIB, 0, s1);
+    for p in [x, y] {
+        a.record_stream(p, 0, s2);
+    }
+    a.graph_pool_begin(0, POOL).unwrap();
+    a.graph_pool_hold(x, 4 * MIB, 0, POOL, s1);
+    a.graph_pool_hold(y, 4 * MIB, 0, POOL, s1);
+    assert_eq!(a.pending_frees(0), 0, "held, not deferred");
+    assert_eq!(a.bad_free_count(0), 0);
+    let x2 = a.malloc(4 * MIB, 0, s1);
+    let y2 = a.graph_pool_malloc(4 * MIB, 0, OTHER, s1);
+    assert!(x2 != x && y2 != y, "a held block was handed out");
+    a.free(x2, 4 * MIB, 0, s1);
+    a.graph_pool_free(y2, 4 * MIB, 0, OTHER, s1);
+    a.graph_pool_end(0, POOL).unwrap();
+    a.graph_pool_release(0, POOL).unwrap();
+    assert_eq!(a.graph_pool_count(0), 1, "POOL went, OTHER stays");
+    assert_eq!(a.pending_frees(0), 0, "given back at once");
+    assert_eq!(a.allocated_bytes(0), 0);
+    // Fresh blocks at those addresses, never recorded: freed at once, even
+    // while s2 has work pending.
+    let sim = sim(&a);
+    sim.hold(s2);
+    let x3 = a.malloc(4 * MIB, 0, s1);
+    a.free(x3, 4 * MIB, 0, s1);
+    a.graph_pool_begin(0, OTHER).unwrap();
+    let y3 = a.graph_pool_malloc(4 * MIB, 0, OTHER, s1);
+    a.graph_pool_free(y3, 4 * MIB, 0, OTHER, s1);
+    assert_eq!(a.pending_frees(0), 0, "no stale record defers them");
+    sim.release(s2);
+    a.graph_pool_end(0, OTHER).unwrap();
+    a.graph_pool_release(0, OTHER).unwrap();
+    a.graph_pool_release(0, OTHER).unwrap();
+    assert_eq!(a.graph_pool_count(0), 0);
+    assert_eq!(a.bad_free_count(0), 0);
 }
