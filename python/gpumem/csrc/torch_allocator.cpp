@@ -549,9 +549,14 @@ class GpumemAllocator final : public CUDAAllocator {
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream)
       override {
-    // Only memory this allocator handed out is tracked (a DataPtr of another
-    // allocator, or an empty one, is none of gpumem's business).
-    if (ptr.get() == nullptr || ptr.get_deleter() != &free_allocation) {
+    // Only memory this allocator handed out is tracked: the device pool's
+    // blocks and the graph pools' (whose deleter is free_pointer); a
+    // DataPtr of another allocator, or an empty one, is none of gpumem's
+    // business. A graph-pool block read by another stream during a capture
+    // must be recorded too, or its free would let the capture reuse it
+    // before that stream's reads.
+    c10::DeleterFnPtr deleter = ptr.get_deleter();
+    if (ptr.get() == nullptr || (deleter != &free_allocation && deleter != &free_pointer)) {
       return;
     }
     api.record_stream(ptr.get(), ptr.device().index(), stream.stream());
