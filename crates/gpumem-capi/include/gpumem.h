@@ -451,6 +451,18 @@ void *gpumem_graph_pool_malloc(size_t size,
                                gpumem_stream_t stream);
 
 /**
+ * PyTorch's `graph_capture_record_stream_reuse` allocator setting, for
+ * every device: with `enabled` non-zero, a graph-pool block freed during a
+ * capture while work on other streams was recorded on it
+ * ([`gpumem_record_stream`]) is reused by the capture before it ends, once
+ * every such stream has joined the stream it was freed on in the captured
+ * graph; with 0 (the default) it waits for the capture to end. Applies to
+ * the frees and allocations made from now on. Returns the previous setting
+ * (0 or 1).
+ */
+int gpumem_set_graph_capture_reuse(int enabled);
+
+/**
  * Frees a block of the graph pool `(id0, id1)` with the size and stream it
  * was allocated with. A bad free frees nothing and is counted and reported.
  */

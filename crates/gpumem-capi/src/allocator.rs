@@ -235,6 +235,9 @@ pub struct Allocator {
     bad_frees: Box<[AtomicU64]>,
     bad_frees_elsewhere: AtomicU64,
     bad_free_reports: AtomicU32,
+    /// PyTorch's `graph_capture_record_stream_reuse`, shared by every
+    /// device's [`StreamUses`].
+    reuse_in_capture: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -290,6 +293,7 @@ impl Allocator {
             bad_frees: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
             bad_frees_elsewhere: AtomicU64::new(0),
             bad_free_reports: AtomicU32::new(0),
+            reuse_in_capture: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -487,7 +491,7 @@ impl Allocator {
             stack: Stack::new(served),
             cupy: HandedOut::default(),
             cupy_live: AtomicU64::new(0),
-            uses: StreamUses::default(),
+            uses: StreamUses::with_reuse_flag(self.reuse_in_capture.clone()),
             retries: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
             baseline: Mutex::new([gpumem_device_stats_t::default(); 3]),
@@ -918,9 +922,29 @@ impl Allocator {
         self.built(device).map_or(0, |st| st.graphs.len())
     }
 
+    /// Sets PyTorch's `graph_capture_record_stream_reuse` for every device:
+    /// with it on, a graph-pool block freed during a capture while work on
+    /// other streams was recorded on it is reused by the capture before it
+    /// ends, once every such stream has joined the stream it was freed on in
+    /// the captured graph (see [`crate::capture_reuse`]); off (the default),
+    /// it waits for the capture to end. Applies to the frees and allocations
+    /// made from now on. Returns the previous setting.
+    pub fn set_graph_capture_reuse(&self, on: bool) -> bool {
+        self.reuse_in_capture.swap(on, Ordering::Relaxed)
+    }
+
+    /// PyTorch's `graph_capture_record_stream_reuse` as set here (off
+    /// unless [`Allocator::set_graph_capture_reuse`] turned it on).
+    pub fn graph_capture_reuse(&self) -> bool {
+        self.reuse_in_capture.load(Ordering::Relaxed)
+    }
+
     /// Allocates `size` bytes from the graph pool `pool` on `stream`. NULL
     /// on failure, with the reason as the thread's [`last_error`]. Out of
-    /// memory empties the device's cache and retries once first.
+    /// memory empties the device's cache and retries once first. During a
+    /// capture, with [`Allocator::set_graph_capture_reuse`] on, blocks freed
+    /// on `stream` that waited for other streams go back to the pool first
+    /// when those streams have joined `stream` in the graph.
     pub fn graph_pool_malloc(
         &self,
         size: usize,
@@ -934,6 +958,10 @@ impl Allocator {
         }
         let result = self.used(device).and_then(|st| {
             let s = st.streams.get(stream);
+            if st.uses.has_marked() {
+                let done = st.uses.reusable_in_capture(pool, s);
+                self.finish_deferred(st, done);
+            }
             let reserved = st.graphs.reserved_bytes().0;
             let mut r = st.graphs.allocate(pool, size, s, self.graph_room(st));
             if matches!(&r, Err(e) if e.is_oom()) {

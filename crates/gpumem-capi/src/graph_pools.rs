@@ -18,8 +18,10 @@
 //! by later allocations of that capture's stream (the graph orders them as
 //! the stream did), unless work on other streams used it
 //! (`Tensor.record_stream`): nothing in the graph need order that work
-//! before the block's next owner, so it waits (see
-//! [`crate::stream_uses`]). Its layout can be saved and put back
+//! before the block's next owner, so it waits for the capture to end (see
+//! [`crate::stream_uses`]), or, with PyTorch's
+//! `graph_capture_record_stream_reuse`, until those streams have joined its
+//! stream in the graph (see [`crate::capture_reuse`]). Its layout can be saved and put back
 //! ([`crate::gpumem_graph_pool_checkpoint`],
 //! [`crate::gpumem_graph_pool_restore`]): PyTorch's CUDA
 //! graph trees (`torch.compile(mode="reduce-overhead")`) do that whenever

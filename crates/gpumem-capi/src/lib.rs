@@ -28,6 +28,7 @@
 //! void  *gpumem_graph_pool_malloc(size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
+//! int    gpumem_set_graph_capture_reuse(int enabled);  // graph_capture_record_stream_reuse
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
@@ -83,6 +84,8 @@
 // handles C passes in, on the C contract that they stay valid.
 #[deny(unsafe_code)]
 pub mod allocator;
+#[deny(unsafe_code)]
+mod capture_reuse;
 #[deny(unsafe_code)]
 pub mod conf;
 pub mod foreign_streams;
@@ -733,6 +736,21 @@ pub extern "C" fn gpumem_graph_pool_malloc(
 ) -> *mut c_void {
     guard("gpumem_graph_pool_malloc", std::ptr::null_mut(), || {
         to_ptr(global().graph_pool_malloc(size, device, (id0, id1), stream as usize as u64))
+    })
+}
+
+/// PyTorch's `graph_capture_record_stream_reuse` allocator setting, for
+/// every device: with `enabled` non-zero, a graph-pool block freed during a
+/// capture while work on other streams was recorded on it
+/// ([`gpumem_record_stream`]) is reused by the capture before it ends, once
+/// every such stream has joined the stream it was freed on in the captured
+/// graph; with 0 (the default) it waits for the capture to end. Applies to
+/// the frees and allocations made from now on. Returns the previous setting
+/// (0 or 1).
+#[no_mangle]
+pub extern "C" fn gpumem_set_graph_capture_reuse(enabled: c_int) -> c_int {
+    guard("gpumem_set_graph_capture_reuse", 0, || {
+        c_int::from(global().set_graph_capture_reuse(enabled != 0))
     })
 }
 
