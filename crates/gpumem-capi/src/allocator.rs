@@ -899,9 +899,17 @@ impl Allocator {
         self.built(device).map_or(0, |st| st.graphs.use_count(pool))
     }
 
-    /// The live blocks of `pool`, `None` when it does not exist.
+    /// The live blocks of `pool`, `None` when it does not exist. A block
+    /// whose free waits for recorded streams is not live (PyTorch's
+    /// `checkPoolLiveAllocations` counts it freed).
     pub fn graph_pool_live_blocks(&self, device: i32, pool: PoolId) -> Option<Vec<DevicePtr>> {
-        self.built(device)?.graphs.live_blocks(pool)
+        let st = self.built(device)?;
+        let mut live = st.graphs.live_blocks(pool)?;
+        if st.uses.has_pending() {
+            let pending = st.uses.pending_ptrs();
+            live.retain(|p| !pending.contains(p));
+        }
+        Some(live)
     }
 
     /// The device, graph pool, block and raw stream of the live graph-pool

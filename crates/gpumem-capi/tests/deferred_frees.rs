@@ -250,6 +250,11 @@ fn a_graph_pool_block_used_on_another_stream_is_not_reused_during_the_capture() 
         }
         assert_eq!(a.pending_frees(0), 1, "{how:?}: waits for s2");
         assert_eq!(a.bad_free_count(0), 0, "{how:?}");
+        assert_eq!(
+            a.graph_pool_live_blocks(0, POOL),
+            Some(vec![]),
+            "{how:?}: freed for the caller (PyTorch's checkPoolLiveAllocations)"
+        );
         let q = a.graph_pool_malloc(4 * MIB, 0, POOL, s1);
         assert!(!q.is_null(), "{how:?}");
         assert_ne!(p, q, "{how:?}: reused while s2's work may still read it");
