@@ -235,6 +235,9 @@ pub struct Allocator {
     bad_frees: Box<[AtomicU64]>,
     bad_frees_elsewhere: AtomicU64,
     bad_free_reports: AtomicU32,
+    /// PyTorch's `graph_capture_record_stream_reuse`, shared by every
+    /// device's [`StreamUses`].
+    reuse_in_capture: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -290,6 +293,7 @@ impl Allocator {
             bad_frees: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
             bad_frees_elsewhere: AtomicU64::new(0),
             bad_free_reports: AtomicU32::new(0),
+            reuse_in_capture: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -487,7 +491,7 @@ impl Allocator {
             stack: Stack::new(served),
             cupy: HandedOut::default(),
             cupy_live: AtomicU64::new(0),
-            uses: StreamUses::default(),
+            uses: StreamUses::with_reuse_flag(self.reuse_in_capture.clone()),
             retries: AtomicU64::new(0),
             ooms: AtomicU64::new(0),
             baseline: Mutex::new([gpumem_device_stats_t::default(); 3]),
@@ -895,9 +899,17 @@ impl Allocator {
         self.built(device).map_or(0, |st| st.graphs.use_count(pool))
     }
 
-    /// The live blocks of `pool`, `None` when it does not exist.
+    /// The live blocks of `pool`, `None` when it does not exist. A block
+    /// whose free waits for recorded streams is not live (PyTorch's
+    /// `checkPoolLiveAllocations` counts it freed).
     pub fn graph_pool_live_blocks(&self, device: i32, pool: PoolId) -> Option<Vec<DevicePtr>> {
-        self.built(device)?.graphs.live_blocks(pool)
+        let st = self.built(device)?;
+        let mut live = st.graphs.live_blocks(pool)?;
+        if st.uses.has_pending() {
+            let pending = st.uses.pending_ptrs();
+            live.retain(|p| !pending.contains(p));
+        }
+        Some(live)
     }
 
     /// The device, graph pool, block and raw stream of the live graph-pool
@@ -918,9 +930,29 @@ impl Allocator {
         self.built(device).map_or(0, |st| st.graphs.len())
     }
 
+    /// Sets PyTorch's `graph_capture_record_stream_reuse` for every device:
+    /// with it on, a graph-pool block freed during a capture while work on
+    /// other streams was recorded on it is reused by the capture before it
+    /// ends, once every such stream has joined the stream it was freed on in
+    /// the captured graph (see [`crate::capture_reuse`]); off (the default),
+    /// it waits for the capture to end. Applies to the frees and allocations
+    /// made from now on. Returns the previous setting.
+    pub fn set_graph_capture_reuse(&self, on: bool) -> bool {
+        self.reuse_in_capture.swap(on, Ordering::Relaxed)
+    }
+
+    /// PyTorch's `graph_capture_record_stream_reuse` as set here (off
+    /// unless [`Allocator::set_graph_capture_reuse`] turned it on).
+    pub fn graph_capture_reuse(&self) -> bool {
+        self.reuse_in_capture.load(Ordering::Relaxed)
+    }
+
     /// Allocates `size` bytes from the graph pool `pool` on `stream`. NULL
     /// on failure, with the reason as the thread's [`last_error`]. Out of
-    /// memory empties the device's cache and retries once first.
+    /// memory empties the device's cache and retries once first. During a
+    /// capture, with [`Allocator::set_graph_capture_reuse`] on, blocks freed
+    /// on `stream` that waited for other streams go back to the pool first
+    /// when those streams have joined `stream` in the graph.
     pub fn graph_pool_malloc(
         &self,
         size: usize,
@@ -934,6 +966,10 @@ impl Allocator {
         }
         let result = self.used(device).and_then(|st| {
             let s = st.streams.get(stream);
+            if st.uses.has_marked() {
+                let done = st.uses.reusable_in_capture(pool, s);
+                self.finish_deferred(st, done);
+            }
             let reserved = st.graphs.reserved_bytes().0;
             let mut r = st.graphs.allocate(pool, size, s, self.graph_room(st));
             if matches!(&r, Err(e) if e.is_oom()) {
@@ -976,20 +1012,7 @@ impl Allocator {
             );
             return;
         };
-        let s = st.streams.get(stream);
-        let deferred = if st.uses.any() {
-            st.uses.defer_free(ptr, size, size, s, Some(pool))
-        } else {
-            Ok(false)
-        };
-        let r = deferred.and_then(|deferred| {
-            if deferred {
-                return Ok(());
-            }
-            let retired = st.graphs.free(pool, ptr, size, s)?;
-            self.give_back_retired(st, retired);
-            Ok(())
-        });
+        let r = self.free_graph_block(st, pool, ptr, size, st.streams.get(stream));
         if st.uses.has_pending() {
             self.poll_deferred(st);
         }
@@ -1001,12 +1024,34 @@ impl Allocator {
         }
     }
 
+    /// Frees a block of the graph pool `pool` on `stream`: once the work of
+    /// its recorded streams is done if it has any (after the capture, when
+    /// one is under way: see [`StreamUses`]), else at once; then gives back
+    /// what a pool that went held for the device. `Err` is a bad free.
+    fn free_graph_block(
+        &self,
+        st: &DeviceState,
+        pool: PoolId,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        if st.uses.any() && st.uses.defer_free(ptr, size, size, stream, Some(pool))? {
+            return Ok(());
+        }
+        let retired = st.graphs.free(pool, ptr, size, stream)?;
+        self.give_back_retired(st, retired);
+        Ok(())
+    }
+
     /// A free made while `stream` captures into `pool`: the block stays
     /// live and untouched until the graph pool goes (the captured graph may
     /// use it in every replay), if it is a live block of the device's pool
-    /// or of another graph pool; a block of `pool` itself is freed there
-    /// (the capture reuses it in its own order). With no capture into
-    /// `pool` under way, it is freed at once. Anything else is a bad free,
+    /// or of another graph pool; a block of `pool` itself is freed there as
+    /// [`Allocator::graph_pool_free`] frees it (the capture reuses it in its
+    /// own order, but not while work on other streams recorded on it may
+    /// still use it). With no capture into `pool` under way, it is freed as
+    /// a free outside a capture would be. Anything else is a bad free,
     /// refused and reported as [`Allocator::free`] refuses it: a block held
     /// already or whose free waits for a recorded stream, a CuPy block, a
     /// pointer not handed out, a wrong size.
@@ -1047,15 +1092,26 @@ impl Allocator {
         };
         let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
         if let (false, Some((owner, _))) = (pending, st.graphs.block_size(ptr)) {
-            match st.graphs.free_in_capture(pool, owner, held) {
-                Ok(retired) => self.give_back_retired(st, retired),
-                Err(e) => self.report_bad_free(
+            let r =
+                st.graphs
+                    .hold_elsewhere(pool, owner, held)
+                    .and_then(|declined| match declined {
+                        Some(h) => self.free_graph_block(st, owner, h.ptr, h.size, &h.stream),
+                        // Held until the capture's pool goes, which waits for
+                        // the device first: what other streams did is done then.
+                        None => {
+                            st.uses.forget(ptr, Some(owner));
+                            Ok(())
+                        }
+                    });
+            if let Err(e) = r {
+                self.report_bad_free(
                     device,
                     &format!(
                         "bad free of {ptr:#x} ({size} bytes) of graph pool {owner:?} during a capture into {pool:?} on device {device}: {}",
                         free_reason(e)
                     ),
-                ),
+                );
             }
             return;
         }
@@ -1075,8 +1131,11 @@ impl Allocator {
             };
             return self.refused_for(ptr, size, device, reason);
         }
-        if let Err(held) = st.graphs.hold(pool, held) {
-            self.free_rounded(held.ptr, held.requested, held.size, device, stream);
+        match st.graphs.hold(pool, held) {
+            // Freed when the pool goes, after the device's work: the
+            // streams recorded on it need no events then.
+            Ok(()) => st.uses.forget(ptr, None),
+            Err(held) => self.free_rounded(held.ptr, held.requested, held.size, device, stream),
         }
     }
 

@@ -16,7 +16,12 @@
 //! as PyTorch's own private pools lay it out (so PyTorch's tools and tests
 //! read the segments they expect). A block freed during a capture is reused
 //! by later allocations of that capture's stream (the graph orders them as
-//! the stream did). Its layout can be saved and put back
+//! the stream did), unless work on other streams used it
+//! (`Tensor.record_stream`): nothing in the graph need order that work
+//! before the block's next owner, so it waits for the capture to end (see
+//! [`crate::stream_uses`]), or, with PyTorch's
+//! `graph_capture_record_stream_reuse`, until those streams have joined its
+//! stream in the graph (see [`crate::capture_reuse`]). Its layout can be saved and put back
 //! ([`crate::gpumem_graph_pool_checkpoint`],
 //! [`crate::gpumem_graph_pool_restore`]): PyTorch's CUDA
 //! graph trees (`torch.compile(mode="reduce-overhead")`) do that whenever
@@ -444,24 +449,27 @@ impl GraphPools {
     }
 
     /// A block of graph pool `owner`, freed while a capture into `id` is
-    /// under way: with `owner == id`, an ordinary free (the capture reuses
-    /// it in its own order); otherwise checked as a free would be and kept
-    /// live in `owner` until `id` goes. Returns what the device gets back
-    /// if a pool went.
-    pub(crate) fn free_in_capture(
+    /// under way: checked as a free would be and kept live in `owner` until
+    /// `id` goes (`Ok(None)`), when `owner` is another pool and a capture
+    /// into `id` is under way. Otherwise `Ok(Some(held))`: the caller frees
+    /// it into `owner` as any free of its blocks (a block of the capture's
+    /// own pool is reused by the capture, in the graph's order, unless other
+    /// streams used it). `Err` is a bad free (a block held already, a
+    /// pointer or size `owner` refuses).
+    pub(crate) fn hold_elsewhere(
         &self,
         id: PoolId,
         owner: PoolId,
         held: Held,
-    ) -> gpumem::Result<Option<Retired>> {
-        if owner == id {
-            return self.free(owner, held.ptr, held.size, &held.stream);
-        }
+    ) -> gpumem::Result<Option<Held>> {
         if self.is_held(held.ptr) {
             return Err(gpumem::Error::InvalidFree {
                 ptr: held.ptr.0,
                 reason: gpumem::FreeError::DoubleFree,
             });
+        }
+        if owner == id {
+            return Ok(Some(held));
         }
         let mut pools = lock(&self.pools);
         let o = pools.get(&owner).ok_or_else(|| no_pool(owner))?;
@@ -472,12 +480,7 @@ impl GraphPools {
                 self.held.fetch_add(1, Ordering::Relaxed);
                 Ok(None)
             }
-            _ => {
-                let o = &pools[&owner];
-                o.resource
-                    .deallocate(held.ptr, held.size, DEFAULT_ALIGNMENT, &held.stream)?;
-                Ok(self.sweep(&mut pools))
-            }
+            _ => Ok(Some(held)),
         }
     }
 

@@ -28,6 +28,7 @@
 //! void  *gpumem_graph_pool_malloc(size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
+//! int    gpumem_set_graph_capture_reuse(int enabled);  // graph_capture_record_stream_reuse
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
@@ -83,6 +84,8 @@
 // handles C passes in, on the C contract that they stay valid.
 #[deny(unsafe_code)]
 pub mod allocator;
+#[deny(unsafe_code)]
+mod capture_reuse;
 #[deny(unsafe_code)]
 pub mod conf;
 pub mod foreign_streams;
@@ -732,6 +735,21 @@ pub extern "C" fn gpumem_graph_pool_malloc(
     })
 }
 
+/// PyTorch's `graph_capture_record_stream_reuse` allocator setting, for
+/// every device: with `enabled` non-zero, a graph-pool block freed during a
+/// capture while work on other streams was recorded on it
+/// ([`gpumem_record_stream`]) is reused by the capture before it ends, once
+/// every such stream has joined the stream it was freed on in the captured
+/// graph; with 0 (the default) it waits for the capture to end. Applies to
+/// the frees and allocations made from now on. Returns the previous setting
+/// (0 or 1).
+#[no_mangle]
+pub extern "C" fn gpumem_set_graph_capture_reuse(enabled: c_int) -> c_int {
+    guard("gpumem_set_graph_capture_reuse", 0, || {
+        c_int::from(global().set_graph_capture_reuse(enabled != 0))
+    })
+}
+
 /// Frees a block of the graph pool `(id0, id1)` with the size and stream it
 /// was allocated with. A bad free frees nothing and is counted and reported.
 #[no_mangle]
@@ -754,14 +772,18 @@ pub extern "C" fn gpumem_graph_pool_free(
     })
 }
 
-/// Frees a block from [`gpumem_malloc`] that was freed on `stream` while
-/// `stream` captures into the graph pool `(id0, id1)`: the graph may use it
-/// in every replay, so it is held until the graph pool goes, then freed as
-/// [`gpumem_free`] would. With no capture into that pool under way, it is
-/// freed at once. Only a live block of the device's pool is held: a block
-/// held already, one of [`gpumem_cupy_malloc`] or a pointer not handed out
-/// is a bad free, refused and reported as [`gpumem_free`] refuses it, and so
-/// is a [`gpumem_free`] of a block held.
+/// Frees a block that was freed on `stream` while `stream` captures into
+/// the graph pool `(id0, id1)`. A block from [`gpumem_malloc`] or of another
+/// graph pool may be used by the graph in every replay, so it is held until
+/// the graph pool goes, then freed as [`gpumem_free`] would. A block of
+/// `(id0, id1)` itself is freed as [`gpumem_graph_pool_free`] frees it: the
+/// capture reuses it, but not before the capture is over when work on other
+/// streams was recorded on it ([`gpumem_record_stream`]). With no capture
+/// into that pool under way, a block is freed as outside a capture. A block
+/// held already, one whose free waits for recorded streams, one of
+/// [`gpumem_cupy_malloc`] or a pointer not handed out is a bad free, refused
+/// and reported as [`gpumem_free`] refuses it, and so is a [`gpumem_free`]
+/// of a block held.
 #[no_mangle]
 pub extern "C" fn gpumem_graph_pool_hold(
     ptr: *mut c_void,

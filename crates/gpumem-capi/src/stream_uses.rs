@@ -17,9 +17,14 @@
 //! would be part of the graph, and a query during a capture in global mode
 //! breaks it. A free made then keeps its block pending with the streams to
 //! record on, and the events are recorded at the first poll after the
-//! capture (as PyTorch does). A second free of a pending block is refused
-//! as a double free, and a query that fails keeps the block pending: a
-//! block is never reused on a guess.
+//! capture (as PyTorch does). With PyTorch's
+//! `graph_capture_record_stream_reuse` on
+//! ([`StreamUses::set_reuse_in_capture`]), a graph-pool block freed during
+//! a capture notes where its uses end in the graph, and an allocation of
+//! the capture on its stream may take it back before the capture ends
+//! ([`StreamUses::reusable_in_capture`], see [`crate::capture_reuse`]). A
+//! second free of a pending block is refused as a double free, and a query
+//! that fails keeps the block pending: a block is never reused on a guess.
 //!
 //! Cost when nothing is recorded: one atomic load per free and one per
 //! allocation (the counters below); everything else runs only while some
@@ -27,12 +32,13 @@
 //! kept for reuse, so a steady state creates none.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem::adaptor::granular_size;
 use gpumem::{DevicePtr, Error, Event, FreeError, Result, Stream};
 
+use crate::capture_reuse::{self, Markers, Reach};
 use crate::graph_pools::PoolId;
 
 /// Whether a free naming `size` bytes can be the allocation of a live
@@ -66,6 +72,17 @@ struct Pending {
     events: Vec<Event>,
     /// Streams to record an event on once no capture is under way.
     later: Vec<Stream>,
+    /// Where its uses end in the graph of the capture it was freed in, when
+    /// it may be reused before that capture ends.
+    markers: Option<Markers>,
+}
+
+impl Pending {
+    /// Whether it waits, with markers, for an allocation of `pool` on
+    /// `stream` during a capture.
+    fn marked_for(&self, pool: PoolId, stream: &Stream) -> bool {
+        self.markers.is_some() && self.home == Some(pool) && self.stream.id() == stream.id()
+    }
 }
 
 #[derive(Default)]
@@ -73,6 +90,8 @@ struct Inner {
     uses: HashMap<u64, Uses>,
     pending: Vec<Pending>,
     spare_events: Vec<Event>,
+    /// What each capturing stream's next work comes after.
+    reach: Reach,
 }
 
 impl Inner {
@@ -102,6 +121,12 @@ pub struct StreamUses {
     any: AtomicUsize,
     /// Pending frees: allocations poll only when non-zero.
     pending: AtomicUsize,
+    /// Pending frees with markers: allocations during a capture look for
+    /// reusable ones only when non-zero.
+    marked: AtomicUsize,
+    /// PyTorch's `graph_capture_record_stream_reuse` (shared by the
+    /// devices of an allocator).
+    reuse_in_capture: Arc<AtomicBool>,
     inner: Mutex<Inner>,
 }
 
@@ -139,6 +164,33 @@ impl StreamUses {
         self.pending.load(Ordering::Relaxed) != 0
     }
 
+    /// Recorded streams and deferred frees that follow `reuse_in_capture`
+    /// for PyTorch's `graph_capture_record_stream_reuse` (see
+    /// [`StreamUses::set_reuse_in_capture`]); the default value has a flag
+    /// of its own, off.
+    pub fn with_reuse_flag(reuse_in_capture: Arc<AtomicBool>) -> Self {
+        Self {
+            reuse_in_capture,
+            ..Self::default()
+        }
+    }
+
+    /// Sets PyTorch's `graph_capture_record_stream_reuse` (for everything
+    /// sharing the flag): whether a graph-pool block freed during a capture
+    /// may be reused before it ends, once every stream that used it has
+    /// joined its stream in the graph. Applies to the frees and allocations
+    /// made from now on.
+    pub fn set_reuse_in_capture(&self, on: bool) {
+        self.reuse_in_capture.store(on, Ordering::Relaxed);
+    }
+
+    /// True when an allocation during a capture may find a reusable pending
+    /// block (one atomic load, two with blocks waiting).
+    #[inline]
+    pub fn has_marked(&self) -> bool {
+        self.marked.load(Ordering::Relaxed) != 0 && self.reuse_in_capture.load(Ordering::Relaxed)
+    }
+
     /// Deferred frees pending now.
     pub fn pending_count(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
@@ -172,6 +224,20 @@ impl StreamUses {
         }
         if !uses.streams.iter().any(|s| s.id() == stream.id()) {
             uses.streams.push(stream);
+        }
+    }
+
+    /// Drops the streams recorded for the live block at `ptr` of `home`:
+    /// it is held for a graph, and freed only once the device's work is
+    /// done, so its free needs no events.
+    pub fn forget(&self, ptr: DevicePtr, home: Home) {
+        if !self.any() {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.uses.get(&ptr.0).is_some_and(|u| u.home == home) {
+            inner.uses.remove(&ptr.0);
+            self.any.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -224,6 +290,16 @@ impl StreamUses {
         if events.is_empty() && later.is_empty() {
             return Ok(false);
         }
+        let markers =
+            if !later.is_empty() && home.is_some() && self.reuse_in_capture.load(Ordering::Relaxed)
+            {
+                capture_reuse::markers(stream, &later)
+            } else {
+                None
+            };
+        if markers.is_some() {
+            self.marked.fetch_add(1, Ordering::Relaxed);
+        }
         inner.pending.push(Pending {
             ptr,
             size,
@@ -232,10 +308,38 @@ impl StreamUses {
             home,
             events,
             later,
+            markers,
         });
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.any.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// The pending blocks of graph pool `pool` freed on `stream` during the
+    /// capture `stream` is in, which an allocation of that capture on
+    /// `stream` may reuse now: every stream that used them has joined
+    /// `stream` in the graph (see [`crate::capture_reuse`]). Taken out for
+    /// the caller to free into the pool. None unless the reuse is on.
+    pub fn reusable_in_capture(&self, pool: PoolId, stream: &Stream) -> Vec<Done> {
+        if !self.has_marked() {
+            return Vec::new();
+        }
+        let done: Vec<Pending> = {
+            let mut inner = self.lock();
+            let Inner { pending, reach, .. } = &mut *inner;
+            if !pending.iter().any(|p| p.marked_for(pool, stream)) {
+                return Vec::new();
+            }
+            let Some(behind) = reach.behind(stream) else {
+                return Vec::new();
+            };
+            let (done, waiting) = std::mem::take(pending).into_iter().partition(|p| {
+                p.marked_for(pool, stream) && p.markers.as_ref().is_some_and(|m| behind.covers(m))
+            });
+            *pending = waiting;
+            done
+        };
+        self.take_out(done)
     }
 
     /// The pending blocks whose events have completed, taken out for the
@@ -258,8 +362,13 @@ impl StreamUses {
         let done: Vec<Pending> = {
             let mut inner = self.lock();
             let inner = &mut *inner;
+            // No capture left: what was noted of their graphs is done with.
+            inner.reach.clear();
             let mut pending = std::mem::take(&mut inner.pending);
             for p in &mut pending {
+                if p.markers.take().is_some() {
+                    self.marked.fetch_sub(1, Ordering::Relaxed);
+                }
                 for s in std::mem::take(&mut p.later) {
                     if let Some(e) = inner.event_on(&s) {
                         p.events.push(e);
@@ -280,11 +389,19 @@ impl StreamUses {
             inner.pending = waiting;
             done
         };
+        self.take_out(done)
+    }
+
+    /// Counts `done` out of the pending frees (their events kept for reuse)
+    /// and hands them to the caller.
+    fn take_out(&self, done: Vec<Pending>) -> Vec<Done> {
         if done.is_empty() {
             return Vec::new();
         }
         self.pending.fetch_sub(done.len(), Ordering::Relaxed);
         self.any.fetch_sub(done.len(), Ordering::Relaxed);
+        let marked = done.iter().filter(|p| p.markers.is_some()).count();
+        self.marked.fetch_sub(marked, Ordering::Relaxed);
         let mut events = Vec::new();
         let done = done
             .into_iter()

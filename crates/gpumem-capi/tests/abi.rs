@@ -423,3 +423,17 @@ fn torch_entry_points_through_c() {
     assert_eq!(gpumem_allocated_bytes(d), 0);
     driver.stream_destroy(other).unwrap();
 }
+
+/// PyTorch's `graph_capture_record_stream_reuse` through C: off until set,
+/// any non-zero value turns it on, and each call returns the setting it
+/// replaced.
+#[test]
+fn graph_capture_reuse_is_set_and_returns_the_previous_setting() {
+    setup();
+    assert!(!global().graph_capture_reuse());
+    assert_eq!(gpumem_set_graph_capture_reuse(1), 0);
+    assert!(global().graph_capture_reuse());
+    assert_eq!(gpumem_set_graph_capture_reuse(7), 1);
+    assert_eq!(gpumem_set_graph_capture_reuse(0), 1);
+    assert!(!global().graph_capture_reuse());
+}

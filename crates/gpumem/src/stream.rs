@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use crate::device::Device;
 use crate::driver::{
-    CaptureInfo, CaptureMode, CaptureStatus, RawEvent, RawStream, STREAM_LEGACY, STREAM_PER_THREAD,
+    CaptureInfo, CaptureMode, CaptureStatus, RawEvent, RawGraphNode, RawStream, STREAM_LEGACY,
+    STREAM_PER_THREAD,
 };
 use crate::graph::Graph;
 use crate::Result;
@@ -234,6 +235,16 @@ impl Stream {
             .device
             .driver()
             .stream_capture_info(self.inner.raw)
+    }
+
+    /// [`Stream::capture_info`] and the nodes the next work captured on the
+    /// stream will depend on (`cuStreamGetCaptureInfo`; see
+    /// [`Driver::stream_capture_dependencies`](crate::driver::Driver::stream_capture_dependencies)).
+    pub fn capture_dependencies(&self) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
+        self.inner
+            .device
+            .driver()
+            .stream_capture_dependencies(self.inner.raw)
     }
 
     /// Whether the stream is capturing: [`Stream::capture_info`]'s status.

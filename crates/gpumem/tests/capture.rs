@@ -479,6 +479,75 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
     d.mem_free(o, b).unwrap();
 }
 
+/// What finding whether captured work on one stream comes after work on
+/// another reads: each stream's dependency set (its last captured work, plus
+/// what its waits joined) and each node's own dependencies.
+#[test]
+fn capture_dependencies_name_each_stream_s_last_work_and_lead_to_its_ancestors() {
+    let _turn = serial();
+    let (dev, sim) = common::device(false);
+    let (d, o) = (dev.driver().as_ref(), dev.ordinal());
+    let a = d.mem_alloc(o, N).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let (fork, join) = (Event::new(&dev).unwrap(), Event::new(&dev).unwrap());
+    let deps = |s: &Stream| {
+        let (info, mut nodes) = s.capture_dependencies().unwrap();
+        nodes.sort_unstable();
+        (info.status, nodes)
+    };
+    let parents = |n: u64| {
+        let mut p = d.graph_node_dependencies(n).unwrap();
+        p.sort_unstable();
+        p
+    };
+    let sorted = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(deps(&s1), (CaptureStatus::None, vec![]));
+
+    s1.begin_capture(CaptureMode::Global).unwrap();
+    assert_eq!(deps(&s1), (CaptureStatus::Active, vec![]), "nothing yet");
+    memset(d, a, 1, N, s1.raw()).unwrap();
+    let (_, first) = deps(&s1);
+    assert_eq!(first.len(), 1);
+    let n1 = first[0];
+    assert_eq!(parents(n1), vec![]);
+    fork.record(&s1).unwrap();
+    s2.wait_event(&fork).unwrap();
+    assert_eq!(
+        deps(&s2),
+        (CaptureStatus::Active, vec![n1]),
+        "forked after n1"
+    );
+    memset(d, a, 2, N, s2.raw()).unwrap();
+    let n2 = deps(&s2).1[0];
+    memset(d, a, 3, N, s1.raw()).unwrap();
+    let n3 = deps(&s1).1[0];
+    assert_eq!((parents(n2), parents(n3)), (vec![n1], vec![n1]));
+    join.record(&s2).unwrap();
+    s1.wait_event(&join).unwrap();
+    assert_eq!(
+        deps(&s1).1,
+        sorted(vec![n2, n3]),
+        "the join adds s2's last work"
+    );
+    memset(d, a, 4, N, s1.raw()).unwrap();
+    let n4 = deps(&s1).1[0];
+    assert_eq!(parents(n4), sorted(vec![n2, n3]));
+    if sim.is_some() {
+        assert!(
+            d.graph_node_dependencies(n4 + (1 << 40)).is_err(),
+            "no such node"
+        );
+    }
+    let graph = s1.end_capture().unwrap();
+    assert_eq!(deps(&s1), (CaptureStatus::None, vec![]));
+    drop(graph);
+    assert_no_violation(&sim);
+    d.mem_free(o, a).unwrap();
+}
+
 #[test]
 fn only_the_thread_that_began_a_capture_ends_it_unless_relaxed() {
     let _turn = serial();

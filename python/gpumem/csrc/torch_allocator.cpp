@@ -32,7 +32,12 @@
 //   PyTorch's own allocator does around cudaMalloc. A block of the device's
 //   pool freed during a capture, on the capturing stream (or by the thread
 //   that began the only capture under way), is held for the graph until its
-//   pool goes: the captured work may use it in every replay.
+//   pool goes: the captured work may use it in every replay. A block of the
+//   capture's own pool that other streams used (recordStream) is not reused
+//   before the capture ends, or, with PyTorch's
+//   graph_capture_record_stream_reuse setting (passed to gpumem at each
+//   capture-time allocation and free, as PyTorch reads it at each), before
+//   those streams have joined its stream in the captured graph.
 //   Checkpoints (torch.compile's CUDA graph trees) are taken, and restored
 //   when nothing has changed since; a restore that would have to re-create
 //   blocks is refused with an error.
@@ -41,6 +46,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -102,6 +108,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_live_blocks) graph_pool_live_blocks;
   decltype(&gpumem_graph_pool_block) graph_pool_block;
   decltype(&gpumem_get_class_stats) get_class_stats;
+  decltype(&gpumem_set_graph_capture_reuse) set_graph_capture_reuse;
 };
 
 namespace gpumem_torch {
@@ -225,6 +232,13 @@ bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   return false;
 }
 
+// Passes PyTorch's graph_capture_record_stream_reuse setting
+// (torch.cuda.memory._set_allocator_settings or PYTORCH_CUDA_ALLOC_CONF) on
+// to gpumem, which applies it to graph-pool blocks freed during captures.
+void pass_capture_reuse() {
+  api.set_graph_capture_reuse(CUDAAllocatorConfig::graph_capture_record_stream_reuse() ? 1 : 0);
+}
+
 // Tells PyTorch's profiler (profile_memory=True) of an allocation (positive
 // size) or a free (negative), with the device's totals after it.
 void report_to_profiler(void* ptr, int64_t size, c10::DeviceIndex device) {
@@ -289,6 +303,7 @@ void free_block(const Allocation& a) {
     return;
   }
   RelaxedMode relaxed(true);
+  pass_capture_reuse();
   PoolId pool;
   if (hold_pool_for(a.device, a.stream, &pool)) {
     api.graph_pool_hold_rounded(a.ptr, a.size, a.block, a.device, pool.first, pool.second, a.stream);
@@ -549,9 +564,14 @@ class GpumemAllocator final : public CUDAAllocator {
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream)
       override {
-    // Only memory this allocator handed out is tracked (a DataPtr of another
-    // allocator, or an empty one, is none of gpumem's business).
-    if (ptr.get() == nullptr || ptr.get_deleter() != &free_allocation) {
+    // Only memory this allocator handed out is tracked: the device pool's
+    // blocks and the graph pools' (whose deleter is free_pointer); a
+    // DataPtr of another allocator, or an empty one, is none of gpumem's
+    // business. A graph-pool block read by another stream during a capture
+    // must be recorded too, or its free would let the capture reuse it
+    // before that stream's reads.
+    c10::DeleterFnPtr deleter = ptr.get_deleter();
+    if (ptr.get() == nullptr || (deleter != &free_allocation && deleter != &free_pointer)) {
       return;
     }
     api.record_stream(ptr.get(), ptr.device().index(), stream.stream());
@@ -870,6 +890,7 @@ class GpumemAllocator final : public CUDAAllocator {
     if (!pool_for(device, stream, &pool)) {
       return device_block(size, device, stream);
     }
+    pass_capture_reuse();
     void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
     if (p == nullptr) {
       failed(size, device, " for a CUDA graph");
@@ -1122,7 +1143,8 @@ extern "C" int gpumem_torch_install(
       api->checkpoint_free == nullptr || api->graph_pool_restore == nullptr ||
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
-      api->graph_pool_block == nullptr || api->get_class_stats == nullptr) {
+      api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
+      api->set_graph_capture_reuse == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

@@ -31,8 +31,8 @@ mod types;
 pub use types::{
     AccessFlags, AllocationType, Backend, CaptureInfo, CaptureMode, CaptureStatus, DeviceInfo,
     DevicePtr, HandleType, HostAllocFlags, Location, MemInfo, PhysProps, PoolAttr, PoolProps,
-    PoolPtrExport, RawEvent, RawGraph, RawGraphExec, RawPhys, RawPool, RawStream, STREAM_LEGACY,
-    STREAM_PER_THREAD,
+    PoolPtrExport, RawEvent, RawGraph, RawGraphExec, RawGraphNode, RawPhys, RawPool, RawStream,
+    STREAM_LEGACY, STREAM_PER_THREAD,
 };
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -128,6 +128,19 @@ pub trait Driver: Send + Sync + 'static {
     /// `cuStreamGetCaptureInfo`: whether `stream` is capturing, and the
     /// capture's id.
     fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo>;
+    /// `cuStreamGetCaptureInfo` with the capture's dependency set: what
+    /// [`Driver::stream_capture_info`] says, and the nodes the next work
+    /// captured on `stream` will depend on (none when the stream is not
+    /// capturing, its capture was invalidated, or nothing captured comes
+    /// before its next work). The nodes stay valid while the capture is
+    /// under way.
+    fn stream_capture_dependencies(
+        &self,
+        stream: RawStream,
+    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)>;
+    /// `cuGraphNodeGetDependencies`: the nodes that `node`, a node of a
+    /// capture under way, depends on.
+    fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>>;
     /// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture
     /// mode and returns the one it had. Meant to be used in pairs: set, call,
     /// restore.

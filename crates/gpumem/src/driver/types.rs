@@ -58,6 +58,9 @@ pub type RawPhys = u64;
 pub type RawGraph = u64;
 /// A raw executable-graph handle (a `CUgraphExec`).
 pub type RawGraphExec = u64;
+/// A raw graph-node handle (a `CUgraphNode`): a node of the graph a capture
+/// under way builds, as its streams' dependency sets name them.
+pub type RawGraphNode = u64;
 
 /// The legacy default stream, `CU_STREAM_LEGACY` (same semantics as handle 0).
 pub const STREAM_LEGACY: RawStream = 0x1;

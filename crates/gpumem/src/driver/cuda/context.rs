@@ -106,6 +106,7 @@ pub(super) const SYMS_GRAPHS: &[&str] = &[
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuStreamGetCaptureInfo_v3",
+    "cuGraphNodeGetDependencies_v2",
     "cuThreadExchangeStreamCaptureMode",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",

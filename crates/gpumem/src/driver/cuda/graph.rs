@@ -1,7 +1,8 @@
 //! Stream capture and graphs: `cuStreamBeginCapture`, `cuStreamEndCapture`,
 //! `cuStreamGetCaptureInfo`, `cuThreadExchangeStreamCaptureMode` and the
-//! graph calls capture needs (instantiate, launch, destroy). Each is one
-//! driver call once a context is current.
+//! graph calls capture needs (instantiate, launch, destroy, a node's
+//! dependencies). Each is one driver call once a context is current (two
+//! for a node's dependencies: their count, then them).
 //!
 //! The symbols are checked as a group at load; without them these calls are
 //! [`Error::Unsupported`] and the rest of the backend works.
@@ -11,7 +12,9 @@ use cudarc::driver::sys::{self, CUstreamCaptureMode, CUstreamCaptureStatus};
 use super::error::check;
 use super::stream::cu_stream;
 use super::CudaDriver;
-use crate::driver::{CaptureInfo, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, RawStream};
+use crate::driver::{
+    CaptureInfo, CaptureMode, CaptureStatus, RawGraph, RawGraphExec, RawGraphNode, RawStream,
+};
 use crate::{Error, Result};
 
 fn cu_mode(mode: CaptureMode) -> CUstreamCaptureMode {
@@ -46,6 +49,23 @@ fn cu_graph(g: RawGraph) -> sys::CUgraph {
 #[inline]
 fn cu_exec(e: RawGraphExec) -> sys::CUgraphExec {
     e as usize as sys::CUgraphExec
+}
+
+#[inline]
+fn cu_node(n: RawGraphNode) -> sys::CUgraphNode {
+    n as usize as sys::CUgraphNode
+}
+
+/// Edge data for `n` edges, for the driver to fill (the queries fail with
+/// `CUDA_ERROR_LOSSY_QUERY` without it when an edge is not a plain one).
+fn edge_slots(n: usize) -> Vec<sys::CUgraphEdgeData> {
+    let plain = sys::CUgraphEdgeData {
+        from_port: 0,
+        to_port: 0,
+        type_: 0,
+        reserved: [0; 5],
+    };
+    vec![plain; n]
 }
 
 fn null_handle(call: &str, what: &str) -> Error {
@@ -116,6 +136,107 @@ impl CudaDriver {
         let status = from_cu_status(status);
         let id = if status == CaptureStatus::None { 0 } else { id };
         Ok(CaptureInfo { status, id })
+    }
+
+    pub(super) fn stream_capture_dependencies_impl(
+        &self,
+        stream: RawStream,
+    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
+        const CALL: &str = "cuStreamGetCaptureInfo";
+        self.graphs_ready(CALL)?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        let mut deps: *const sys::CUgraphNode = std::ptr::null();
+        let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+        let mut n: usize = 0;
+        check(
+            // SAFETY: the symbol was found at load; every output is a valid
+            // out-pointer (the graph output is optional: null, not wanted).
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v3(
+                    cu_stream(stream),
+                    &mut status,
+                    &mut id,
+                    std::ptr::null_mut(),
+                    &mut deps,
+                    &mut edges,
+                    &mut n,
+                )
+            },
+            CALL,
+        )?;
+        let status = from_cu_status(status);
+        let info = CaptureInfo {
+            status,
+            id: if status == CaptureStatus::None { 0 } else { id },
+        };
+        if status != CaptureStatus::Active || n == 0 || deps.is_null() {
+            return Ok((info, Vec::new()));
+        }
+        // SAFETY: on success with an active capture the driver points `deps`
+        // at `n` node handles it owns, valid until the stream's next capture
+        // call; they are copied out here, before any other call.
+        let nodes = unsafe { std::slice::from_raw_parts(deps, n) };
+        Ok((
+            info,
+            nodes.iter().map(|&p| p as usize as RawGraphNode).collect(),
+        ))
+    }
+
+    pub(super) fn graph_node_dependencies_impl(
+        &self,
+        node: RawGraphNode,
+    ) -> Result<Vec<RawGraphNode>> {
+        const CALL: &str = "cuGraphNodeGetDependencies";
+        if node == 0 {
+            return Err(null_handle(CALL, "graph node"));
+        }
+        self.graphs_ready(CALL)?;
+        let mut n: usize = 0;
+        check(
+            // SAFETY: the symbol was found at load; with null arrays the
+            // driver only writes the count to `n`, a valid out-pointer.
+            unsafe {
+                sys::cuGraphNodeGetDependencies_v2(
+                    cu_node(node),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut n,
+                )
+            },
+            CALL,
+        )?;
+        // A node's dependencies are set when it is captured: read again
+        // only if their count grew between the two calls.
+        for _ in 0..4 {
+            let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+            let mut edges = edge_slots(n);
+            let mut got = n;
+            check(
+                // SAFETY: `nodes` and `edges` hold `got` entries each, the
+                // most the driver writes; `got` is a valid in/out pointer.
+                unsafe {
+                    sys::cuGraphNodeGetDependencies_v2(
+                        cu_node(node),
+                        nodes.as_mut_ptr(),
+                        edges.as_mut_ptr(),
+                        &mut got,
+                    )
+                },
+                CALL,
+            )?;
+            if got <= n {
+                nodes.truncate(got);
+                return Ok(nodes
+                    .into_iter()
+                    .map(|p| p as usize as RawGraphNode)
+                    .collect());
+            }
+            n = got;
+        }
+        Err(Error::InvalidArgument(format!(
+            "{CALL}: the dependencies of node {node:#x} kept changing while read"
+        )))
     }
 
     pub(super) fn thread_exchange_capture_mode_impl(

@@ -187,6 +187,15 @@ impl Driver for CudaDriver {
     fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
         self.stream_capture_info_impl(stream)
     }
+    fn stream_capture_dependencies(
+        &self,
+        stream: RawStream,
+    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
+        self.stream_capture_dependencies_impl(stream)
+    }
+    fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
+        self.graph_node_dependencies_impl(node)
+    }
     fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
         self.thread_exchange_capture_mode_impl(mode)
     }

@@ -71,12 +71,42 @@ use super::faults::{
 };
 use super::streams::{Op, QueueId, Record};
 use super::{Ctx, State};
-use crate::driver::{CaptureInfo, CaptureMode, CaptureStatus, DevicePtr, RawEvent, RawGraph};
+use crate::driver::{
+    CaptureInfo, CaptureMode, CaptureStatus, DevicePtr, RawEvent, RawGraph, RawGraphNode,
+};
 use crate::{Error, Result};
 
 /// A capture's id: unique for the driver's life, as `cuStreamGetCaptureInfo`
 /// reports it.
 pub(super) type CaptureId = u64;
+
+/// The low bits of a node's handle: its index in its capture's nodes plus
+/// one (no handle is 0); its capture's id sits above them.
+const NODE_INDEX_BITS: u32 = 24;
+
+/// The handle of node `index` of capture `id`.
+fn node_handle(id: CaptureId, index: usize) -> Result<RawGraphNode> {
+    let low = index as u64 + 1;
+    if low >> NODE_INDEX_BITS != 0 || id >> (64 - NODE_INDEX_BITS) != 0 {
+        return Err(Error::unsupported(format!(
+            "graph node handles of the simulator for node {index} of capture {id} \
+             (it names at most 2^{NODE_INDEX_BITS} - 1 nodes per capture)"
+        )));
+    }
+    Ok((id << NODE_INDEX_BITS) | low)
+}
+
+/// The capture and node index a handle names (`None` for no node).
+fn node_of(node: RawGraphNode) -> Option<(CaptureId, usize)> {
+    let low = node & ((1 << NODE_INDEX_BITS) - 1);
+    let index = usize::try_from(low.checked_sub(1)?).ok()?;
+    Some((node >> NODE_INDEX_BITS, index))
+}
+
+/// The handles of nodes `indices` of capture `id`.
+fn node_handles(id: CaptureId, indices: &[usize]) -> Result<Vec<RawGraphNode>> {
+    indices.iter().map(|&i| node_handle(id, i)).collect()
+}
 
 /// The calls the simulator treats as potentially unsafe during a capture (by
 /// their CUDA names; see the module documentation).
@@ -377,6 +407,37 @@ impl State {
                 },
                 id,
             },
+        }
+    }
+
+    /// `cuStreamGetCaptureInfo` with the dependency set of `q` (empty unless
+    /// its capture is active).
+    pub(super) fn capture_dependencies(
+        &self,
+        q: QueueId,
+    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
+        let info = self.capture_info(q);
+        if info.status != CaptureStatus::Active {
+            return Ok((info, Vec::new()));
+        }
+        let deps = self
+            .captures
+            .get(&info.id)
+            .and_then(|c| c.members.get(&q))
+            .map_or(Ok(Vec::new()), |d| node_handles(info.id, d))?;
+        Ok((info, deps))
+    }
+
+    /// `cuGraphNodeGetDependencies` of a node of a capture under way.
+    pub(super) fn node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
+        const CALL: &str = "cuGraphNodeGetDependencies";
+        let found = node_of(node).and_then(|(id, index)| {
+            let c = self.captures.get(&id)?;
+            Some((id, &c.nodes.get(index)?.1))
+        });
+        match found {
+            Some((id, deps)) => node_handles(id, deps),
+            None => Err(drv(CALL, INVALID_VALUE)),
         }
     }
 

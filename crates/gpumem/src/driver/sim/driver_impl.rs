@@ -239,6 +239,23 @@ impl Driver for SimDriver {
         })
     }
 
+    fn stream_capture_dependencies(
+        &self,
+        stream: RawStream,
+    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
+        const CALL: &str = "cuStreamGetCaptureInfo";
+        self.call(CALL, |st, ctx| {
+            let q = st.queue_of(stream, ctx, CALL)?;
+            st.capture_dependencies(q)
+        })
+    }
+
+    fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
+        self.call("cuGraphNodeGetDependencies", |st, _| {
+            st.node_dependencies(node)
+        })
+    }
+
     fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
         self.call("cuThreadExchangeStreamCaptureMode", |_, _| Ok(()))?;
         Ok(self.exchange_thread_mode(mode))

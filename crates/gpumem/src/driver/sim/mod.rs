@@ -47,7 +47,8 @@
 //! | `stream_wait_event` | `cuStreamWaitEvent` |
 //! | `device_synchronize` | `cuCtxSynchronize` |
 //! | `stream_begin_capture` / `stream_end_capture` | `cuStreamBeginCapture` / `cuStreamEndCapture` |
-//! | `stream_capture_info` | `cuStreamGetCaptureInfo` |
+//! | `stream_capture_info` / `stream_capture_dependencies` | `cuStreamGetCaptureInfo` |
+//! | `graph_node_dependencies` | `cuGraphNodeGetDependencies` |
 //! | `thread_exchange_capture_mode` | `cuThreadExchangeStreamCaptureMode` |
 //! | `graph_instantiate` / `graph_launch` | `cuGraphInstantiate` / `cuGraphLaunch` |
 //! | `graph_destroy` / `graph_exec_destroy` | `cuGraphDestroy` / `cuGraphExecDestroy` |
