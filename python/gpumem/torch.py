@@ -125,6 +125,7 @@ _API = (
     "graph_pool_live_blocks",
     "graph_pool_block",
     "get_class_stats",
+    "pool_snapshot",
 )
 
 _mode = None

@@ -402,6 +402,26 @@ int gpumem_snapshot(int device,
                     size_t *n_blocks);
 
 /**
+ * [`gpumem_snapshot`] of one pool (PyTorch's `memory_snapshot(mempool_id)`,
+ * `MemPool.snapshot()`): with `(id0, id1)` = `(0, 0)` everything `device`
+ * holds, as [`gpumem_snapshot`]; with another id the segments and live
+ * blocks of that graph pool only (none when it does not exist on
+ * `device`). Returns and counts as [`gpumem_snapshot`] does.
+ *
+ * # Safety
+ * As for [`gpumem_snapshot`].
+ */
+int gpumem_pool_snapshot(int device,
+                         uint64_t id0,
+                         uint64_t id1,
+                         struct gpumem_segment_t *segments,
+                         size_t max_segments,
+                         size_t *n_segments,
+                         struct gpumem_block_t *blocks,
+                         size_t max_blocks,
+                         size_t *n_blocks);
+
+/**
  * Routes allocations to the graph-private pool `(id0, id1)` of `device`
  * from now on (PyTorch's `beginAllocateToPool`): creates it, or counts one
  * more use of it, which [`gpumem_graph_pool_release`] drops. The caller

@@ -59,7 +59,7 @@ use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
 use crate::foreign_streams::ForeignStreams;
-use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf};
+use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf, DEVICE_POOL};
 use crate::last_error::clear_last_error;
 pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
@@ -872,6 +872,11 @@ impl Allocator {
         if unusable() {
             return Err("gpumem cannot be used in this process".into());
         }
+        if pool == DEVICE_POOL {
+            return Err(format!(
+                "graph pool id {pool:?} names the device's own pool, not a graph pool"
+            ));
+        }
         let st = self.state(device)?;
         f(&st.graphs, pool, &st.device)
             .map_err(|e| format!("device {device}: graph pool {pool:?}: {e}"))
@@ -1548,19 +1553,32 @@ impl Allocator {
 
     /// What `device` holds now: its segments and its live blocks (with their
     /// streams where known), each in address order, those of its graph pools
-    /// included; blocks whose free waits for a recorded stream are not live. Empty for a device not used yet,
-    /// `None` for one out of range.
+    /// included; blocks whose free waits for a recorded stream are not
+    /// live. Empty for a device not used yet, `None` for one out of range.
     pub fn snapshot(&self, device: i32) -> Option<Snapshot> {
+        self.pool_snapshot(device, DEVICE_POOL)
+    }
+
+    /// [`Allocator::snapshot`] of one pool (PyTorch's
+    /// `memory_snapshot(mempool_id)`): [`DEVICE_POOL`] for everything the
+    /// device holds, as [`Allocator::snapshot`]; any other id for the
+    /// segments and live blocks of that graph pool only (none when it does
+    /// not exist on `device`).
+    pub fn pool_snapshot(&self, device: i32, pool: PoolId) -> Option<Snapshot> {
         self.slot(device)?;
         let Some(st) = self.built(device) else {
             return Some(Snapshot::default());
         };
-        let served = st.stack.upstream();
-        let mut blocks = served.live_blocks();
-        let mut segments = served.segments();
+        let whole = pool == DEVICE_POOL;
+        let (mut segments, mut blocks) = if whole {
+            let served = st.stack.upstream();
+            (served.segments(), served.live_blocks())
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let mut graph_segments = Vec::new();
         if st.graphs.len() > 0 {
-            let (s, b) = st.graphs.snapshot();
+            let (s, b) = st.graphs.snapshot((!whole).then_some(pool));
             segments.extend(s.iter().map(|g| Segment {
                 address: g.segment.address,
                 size: g.segment.size,

@@ -53,6 +53,11 @@ type Upstream = StatisticsAdaptor<LimitingAdaptor<DeviceResource>>;
 /// PyTorch's `MempoolId_t`: two numbers, one of them zero.
 pub type PoolId = (u64, u64);
 
+/// The id PyTorch gives the device's own pool (`{0, 0}`), never a graph
+/// pool's: where a call takes a pool id, it names everything the device
+/// holds.
+pub const DEVICE_POOL: PoolId = (0, 0);
+
 /// A block freed during a capture that the capture's pool does not own
 /// (a block of the device's pool, or of another graph pool): held, live and
 /// untouched, until the capture's pool goes.
@@ -327,11 +332,19 @@ impl GraphPools {
         lock(&self.pools).values().any(|p| p.holds(ptr))
     }
 
-    /// Every graph pool's segments, with their blocks, and its live blocks
-    /// (with the raw stream of their segment).
-    pub(crate) fn snapshot(&self) -> (Vec<GraphSegment>, Vec<(LiveBlock, u64)>) {
+    /// The segments of every graph pool (`only`: of that one, none when it
+    /// does not exist), with their blocks, and their live blocks (with the
+    /// raw stream of their segment).
+    pub(crate) fn snapshot(
+        &self,
+        only: Option<PoolId>,
+    ) -> (Vec<GraphSegment>, Vec<(LiveBlock, u64)>) {
         let (mut segments, mut blocks) = (Vec::new(), Vec::new());
-        for (&pool, p) in lock(&self.pools).iter() {
+        let pools = lock(&self.pools);
+        let chosen = pools
+            .iter()
+            .filter(|(id, _)| only.is_none_or(|o| o == **id));
+        for (&pool, p) in chosen {
             segments.extend(
                 p.resource
                     .segments()

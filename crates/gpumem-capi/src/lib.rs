@@ -23,6 +23,7 @@
 //! void   gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
 //! int    gpumem_snapshot(int device, gpumem_segment_t *segments, size_t max_segments, size_t *n_segments,
 //!                        gpumem_block_t *blocks, size_t max_blocks, size_t *n_blocks);
+//! int    gpumem_pool_snapshot(int device, uint64_t id0, uint64_t id1, ...);  // the same, of one pool
 //! // CUDA graphs' private pools (PyTorch's MempoolId_t is the pair id0, id1):
 //! int    gpumem_graph_pool_begin(int device, uint64_t id0, uint64_t id1);   // and _end, _retain, _release
 //! void  *gpumem_graph_pool_malloc(size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
@@ -595,48 +596,116 @@ pub unsafe extern "C" fn gpumem_snapshot(
         let Some(snapshot) = global().snapshot(device) else {
             return -1;
         };
-        let segs: Vec<gpumem_segment_t> = snapshot
-            .segments
-            .iter()
-            .map(|s| {
-                let graph = snapshot
-                    .graph_segments
-                    .binary_search_by_key(&s.address, |g| g.segment.address)
-                    .ok()
-                    .map(|i| &snapshot.graph_segments[i]);
-                match graph {
-                    Some(g) => gpumem_segment_t {
-                        address: s.address.0,
-                        size: s.size as u64,
-                        stream: g.segment.raw_stream,
-                        pool_id0: g.pool.0,
-                        pool_id1: g.pool.1,
-                        is_large: i32::from(g.segment.class == SizeClass::Large),
-                    },
-                    None => gpumem_segment_t {
-                        address: s.address.0,
-                        size: s.size as u64,
-                        stream: 0,
-                        pool_id0: 0,
-                        pool_id1: 0,
-                        is_large: i32::from(s.size > SMALL_SEGMENT),
-                    },
-                }
-            })
-            .collect();
-        let live: Vec<gpumem_block_t> = snapshot
-            .blocks
-            .iter()
-            .map(|(b, stream)| gpumem_block_t::of(b, *stream))
-            .collect();
-        // SAFETY: the caller passes arrays of the given lengths and writable
-        // counts (each checked non-NULL before use).
+        // SAFETY: the caller's promise, passed on.
         unsafe {
-            copy_out(&segs, segments, max_segments, n_segments);
-            copy_out(&live, blocks, max_blocks, n_blocks);
-        }
+            snapshot_out(
+                &snapshot,
+                segments,
+                max_segments,
+                n_segments,
+                blocks,
+                max_blocks,
+                n_blocks,
+            )
+        };
         0
     })
+}
+
+/// [`gpumem_snapshot`] of one pool (PyTorch's `memory_snapshot(mempool_id)`,
+/// `MemPool.snapshot()`): with `(id0, id1)` = `(0, 0)` everything `device`
+/// holds, as [`gpumem_snapshot`]; with another id the segments and live
+/// blocks of that graph pool only (none when it does not exist on
+/// `device`). Returns and counts as [`gpumem_snapshot`] does.
+///
+/// # Safety
+/// As for [`gpumem_snapshot`].
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gpumem_pool_snapshot(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    segments: *mut gpumem_segment_t,
+    max_segments: usize,
+    n_segments: *mut usize,
+    blocks: *mut gpumem_block_t,
+    max_blocks: usize,
+    n_blocks: *mut usize,
+) -> c_int {
+    guard("gpumem_pool_snapshot", -1, || {
+        let Some(snapshot) = global().pool_snapshot(device, (id0, id1)) else {
+            return -1;
+        };
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            snapshot_out(
+                &snapshot,
+                segments,
+                max_segments,
+                n_segments,
+                blocks,
+                max_blocks,
+                n_blocks,
+            )
+        };
+        0
+    })
+}
+
+/// Writes `snapshot` out as [`gpumem_snapshot`] describes.
+///
+/// # Safety
+/// As for [`gpumem_snapshot`]'s arguments.
+unsafe fn snapshot_out(
+    snapshot: &Snapshot,
+    segments: *mut gpumem_segment_t,
+    max_segments: usize,
+    n_segments: *mut usize,
+    blocks: *mut gpumem_block_t,
+    max_blocks: usize,
+    n_blocks: *mut usize,
+) {
+    let segs: Vec<gpumem_segment_t> = snapshot
+        .segments
+        .iter()
+        .map(|s| {
+            let graph = snapshot
+                .graph_segments
+                .binary_search_by_key(&s.address, |g| g.segment.address)
+                .ok()
+                .map(|i| &snapshot.graph_segments[i]);
+            match graph {
+                Some(g) => gpumem_segment_t {
+                    address: s.address.0,
+                    size: s.size as u64,
+                    stream: g.segment.raw_stream,
+                    pool_id0: g.pool.0,
+                    pool_id1: g.pool.1,
+                    is_large: i32::from(g.segment.class == SizeClass::Large),
+                },
+                None => gpumem_segment_t {
+                    address: s.address.0,
+                    size: s.size as u64,
+                    stream: 0,
+                    pool_id0: 0,
+                    pool_id1: 0,
+                    is_large: i32::from(s.size > SMALL_SEGMENT),
+                },
+            }
+        })
+        .collect();
+    let live: Vec<gpumem_block_t> = snapshot
+        .blocks
+        .iter()
+        .map(|(b, stream)| gpumem_block_t::of(b, *stream))
+        .collect();
+    // SAFETY: the caller passes arrays of the given lengths and writable
+    // counts (each checked non-NULL before use).
+    unsafe {
+        copy_out(&segs, segments, max_segments, n_segments);
+        copy_out(&live, blocks, max_blocks, n_blocks);
+    }
 }
 
 /// Copies up to `max` items to `dst` and writes the total to `*n`.

@@ -102,6 +102,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_live_blocks) graph_pool_live_blocks;
   decltype(&gpumem_graph_pool_block) graph_pool_block;
   decltype(&gpumem_get_class_stats) get_class_stats;
+  decltype(&gpumem_pool_snapshot) pool_snapshot;
 };
 
 namespace gpumem_torch {
@@ -186,12 +187,13 @@ class RelaxedMode {
 };
 
 // The graph pool an allocation on `stream` goes to, if a capture's filter
-// takes it.
+// takes it: the latest begun that does, as PyTorch chooses (nested
+// use_mem_pool contexts on one thread: the innermost).
 bool pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   std::lock_guard<std::mutex> lock(captures_mutex);
-  for (const auto& c : captures) {
-    if (c.device == device && c.filter(stream)) {
-      *pool = c.pool;
+  for (auto c = captures.rbegin(); c != captures.rend(); ++c) {
+    if (c->device == device && c->filter(stream)) {
+      *pool = c->pool;
       return true;
     }
   }
@@ -199,23 +201,23 @@ bool pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
 }
 
 // The graph pool that must hold a block of the device's pool freed now: the
-// one whose capture takes the block's stream, else, if this thread began the
-// only capture under way on the device, that one.
+// latest one whose capture takes the block's stream, else, if this thread
+// began the only capture under way on the device, that one.
 bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   std::lock_guard<std::mutex> lock(captures_mutex);
   const Capture* by_thread = nullptr;
   int on_device = 0;
-  for (const auto& c : captures) {
-    if (c.device != device) {
+  for (auto c = captures.rbegin(); c != captures.rend(); ++c) {
+    if (c->device != device) {
       continue;
     }
     ++on_device;
-    if (c.filter(stream)) {
-      *pool = c.pool;
+    if (c->filter(stream)) {
+      *pool = c->pool;
       return true;
     }
-    if (c.thread == std::this_thread::get_id()) {
-      by_thread = &c;
+    if (c->thread == std::this_thread::get_id()) {
+      by_thread = &*c;
     }
   }
   if (on_device == 1 && by_thread != nullptr) {
@@ -595,14 +597,15 @@ class GpumemAllocator final : public CUDAAllocator {
     api.reset_peak_stats(device);
   }
 
-  // Every device's segments (with their blocks and, when the memory history
-  // records stacks, each live block's allocation stack) and, when asked, the
-  // history's trace entries and annotations.
-  SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/, bool include_traces) override {
+  // Every device's segments, or with a MemPool's id that pool's only (with
+  // their blocks and, when the memory history records stacks, each live
+  // block's allocation stack) and, when asked, the history's trace entries
+  // and annotations.
+  SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     SnapshotInfo info{};
     c10::DeviceIndex n = c10::cuda::device_count();
     for (c10::DeviceIndex d = 0; d < n; ++d) {
-      snapshot_device(d, info.segments);
+      snapshot_device(d, info.segments, mempool_id);
     }
     if (history.on()) {
       for (auto& seg : info.segments) {
@@ -1016,17 +1019,21 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   // Segments with their blocks, live ones from gpumem and the gaps between
-  // them as free blocks, so every segment is tiled as memory_viz expects.
+  // them as free blocks, so every segment is tiled as memory_viz expects:
+  // those of one MemPool, or with kDevicePool all the device holds.
   static void snapshot_device(
       c10::DeviceIndex device,
-      std::vector<SegmentInfo>& out) {
+      std::vector<SegmentInfo>& out,
+      PoolId pool = kDevicePool) {
     size_t n_segments = 0;
     size_t n_blocks = 0;
     std::vector<gpumem_segment_t> segments;
     std::vector<gpumem_block_t> blocks;
     for (int attempt = 0; attempt < 4; ++attempt) {
-      if (api.snapshot(
+      if (api.pool_snapshot(
               device,
+              pool.first,
+              pool.second,
               segments.data(),
               segments.size(),
               &n_segments,
@@ -1116,7 +1123,8 @@ extern "C" int gpumem_torch_install(
       api->checkpoint_free == nullptr || api->graph_pool_restore == nullptr ||
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
-      api->graph_pool_block == nullptr || api->get_class_stats == nullptr) {
+      api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
+      api->pool_snapshot == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

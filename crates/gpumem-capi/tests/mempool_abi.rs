@@ -1,0 +1,111 @@
+//! The C functions behind PyTorch's `torch.cuda.MemPool` in the native
+//! allocator, called as it calls them, over the simulated device (the
+//! global allocator, so a binary of its own). Each test has a device of its
+//! own, so that parallel tests see only their own numbers.
+
+use std::ptr::null_mut;
+
+use gpumem_capi::*;
+
+const MIB: usize = 1 << 20;
+
+fn setup() {
+    // Set before the first call into the library, which reads it.
+    std::env::set_var("GPUMEM_DEVICE", "sim");
+    std::env::remove_var("GPUMEM_CONF");
+}
+
+mod dev {
+    pub const SNAPSHOT: i32 = 0;
+}
+
+/// `gpumem_pool_snapshot` of `(device, id)`: its segments and live blocks.
+fn pool_snapshot(device: i32, id: (u64, u64)) -> (Vec<gpumem_segment_t>, Vec<gpumem_block_t>) {
+    let (mut n_seg, mut n_blk) = (0usize, 0usize);
+    // SAFETY: NULL arrays with maxima of 0 and writable counts.
+    let rc = unsafe {
+        gpumem_pool_snapshot(
+            device,
+            id.0,
+            id.1,
+            null_mut(),
+            0,
+            &mut n_seg,
+            null_mut(),
+            0,
+            &mut n_blk,
+        )
+    };
+    assert_eq!(rc, 0);
+    let mut segs = vec![gpumem_segment_t::default(); n_seg];
+    let mut blks = vec![gpumem_block_t::default(); n_blk];
+    // SAFETY: arrays of the sizes given and writable counts.
+    let rc = unsafe {
+        gpumem_pool_snapshot(
+            device,
+            id.0,
+            id.1,
+            segs.as_mut_ptr(),
+            n_seg,
+            &mut n_seg,
+            blks.as_mut_ptr(),
+            n_blk,
+            &mut n_blk,
+        )
+    };
+    assert_eq!(rc, 0);
+    segs.truncate(n_seg);
+    blks.truncate(n_blk);
+    (segs, blks)
+}
+
+#[test]
+fn a_pool_s_snapshot_through_the_c_function() {
+    setup();
+    let (d, id, s) = (dev::SNAPSHOT, (0u64, 11u64), null_mut());
+    let outside = gpumem_malloc(MIB as isize, d, s);
+    assert_eq!(gpumem_graph_pool_retain(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let small = gpumem_graph_pool_malloc(1000, d, id.0, id.1, s);
+    let large = gpumem_graph_pool_malloc(4 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+
+    let (segs, blks) = pool_snapshot(d, id);
+    let sizes: Vec<(u64, i32)> = segs.iter().map(|g| (g.size, g.is_large)).collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes.contains(&(2 * MIB as u64, 0)) && sizes.contains(&(20 * MIB as u64, 1)));
+    assert!(segs.iter().all(|g| (g.pool_id0, g.pool_id1) == id));
+    let mut mine = vec![small as u64, large as u64];
+    mine.sort();
+    let got: Vec<u64> = blks.iter().map(|b| b.address).collect();
+    assert_eq!(got, mine, "the pool's live blocks only");
+
+    // (0, 0): everything, as gpumem_snapshot.
+    let (all_segs, all_blks) = pool_snapshot(d, (0, 0));
+    assert_eq!(all_segs.len(), 3);
+    assert!(all_blks.iter().any(|b| b.address == outside as u64));
+    // A pool that does not exist: nothing.
+    assert_eq!(pool_snapshot(d, (0, 12345)).0.len(), 0);
+    // A device out of range.
+    // SAFETY: NULL arrays with maxima of 0; NULL counts are not written.
+    let rc = unsafe {
+        gpumem_pool_snapshot(
+            64,
+            id.0,
+            id.1,
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+        )
+    };
+    assert_eq!(rc, -1);
+
+    gpumem_graph_pool_free(small, 1000, d, id.0, id.1, s);
+    gpumem_graph_pool_free(large, 4 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    gpumem_free(outside, MIB as isize, d, s);
+    assert_eq!(gpumem_bad_free_count(d), 0);
+}
