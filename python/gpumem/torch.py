@@ -126,6 +126,7 @@ _API = (
     "graph_pool_block",
     "get_class_stats",
     "pool_snapshot",
+    "pool_empty_cache",
 )
 
 _mode = None

@@ -261,6 +261,17 @@ void gpumem_reset_peak(int device);
 void gpumem_empty_cache(int device);
 
 /**
+ * [`gpumem_empty_cache`] of one pool (PyTorch's `emptyCache(mempool_id)`,
+ * which a `MemPool` calls as it is deleted): with `(id0, id1)` = `(0, 0)`
+ * the device's cache as [`gpumem_empty_cache`] gives it back; with another
+ * id the segments without a live block of that graph pool only, when
+ * nothing uses it any more (no graph, no `MemPool`, no capture into it),
+ * and nothing else. Nothing while a capture into a graph pool is under
+ * way. Returns the bytes given back (0 for a pool that does not exist).
+ */
+size_t gpumem_pool_empty_cache(int device, uint64_t id0, uint64_t id1);
+
+/**
  * Frees refused on `device` since the start: pointers gpumem did not hand
  * out, second frees, sizes other than the allocation's (to 256 bytes in
  * the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.

@@ -1604,10 +1604,42 @@ impl Allocator {
     /// deferred frees' streams are done; returns the bytes given back (0 for
     /// a device not used yet; failures reported).
     pub fn empty_cache(&self, device: i32) -> usize {
+        self.pool_empty_cache(device, DEVICE_POOL)
+    }
+
+    /// [`Allocator::empty_cache`] of one pool (PyTorch's
+    /// `emptyCache(mempool_id)`, which a MemPool calls as it is deleted,
+    /// after `releasePool`): [`DEVICE_POOL`] empties the device's cache as
+    /// [`Allocator::empty_cache`] does (the device's pool and the free
+    /// segments of graph pools nothing uses); another id gives back the
+    /// segments without a live block of that graph pool only, and only
+    /// when nothing uses it (no graph, no MemPool, no capture into it):
+    /// the device's pool and other graph pools keep theirs. While a capture
+    /// into a graph pool of any device is under way, nothing is given back
+    /// (see [`Allocator::empty_cache`]). Returns the bytes given back.
+    pub fn pool_empty_cache(&self, device: i32, pool: PoolId) -> usize {
         if unusable() {
             return 0;
         }
-        self.built(device).map_or(0, |st| self.empty_cache_of(st))
+        let Some(st) = self.built(device) else {
+            return 0;
+        };
+        if pool == DEVICE_POOL {
+            return self.empty_cache_of(st);
+        }
+        if self.capturing() {
+            return 0;
+        }
+        if st.uses.has_pending() {
+            // Blocks of the pool whose frees wait for recorded streams.
+            let done = st.uses.wait_all();
+            self.finish_deferred(st, done);
+        }
+        let given = st.graphs.empty_cache(Some(pool));
+        if given > 0 {
+            self.apply_limit(st);
+        }
+        given
     }
 
     /// Empties `st`'s cache: waits for the deferred frees' streams, gives
@@ -1628,7 +1660,7 @@ impl Allocator {
                 0
             }
         };
-        let graphs = st.graphs.empty_cache();
+        let graphs = st.graphs.empty_cache(None);
         if graphs > 0 {
             self.apply_limit(st);
         }

@@ -529,14 +529,19 @@ impl GraphPools {
 
     /// Gives back the segments without a live block of every pool that no
     /// graph uses and no capture fills (PyTorch's `empty_cache` frees
-    /// those), once the device's work is done; nothing while a capture is
-    /// under way. Returns the bytes given back.
-    pub(crate) fn empty_cache(&self) -> usize {
+    /// those), or of `only` if nothing uses it (a MemPool's `emptyCache`
+    /// as it is deleted), once the device's work is done; nothing while a
+    /// capture is under way. Returns the bytes given back.
+    pub(crate) fn empty_cache(&self, only: Option<PoolId>) -> usize {
         if self.capturing() {
             return 0;
         }
         let pools = lock(&self.pools);
-        let idle: Vec<&GraphPool> = pools.values().filter(|p| p.uses == 0).collect();
+        let idle: Vec<&GraphPool> = pools
+            .iter()
+            .filter(|(id, p)| p.uses == 0 && only.is_none_or(|o| o == **id))
+            .map(|(_, p)| p)
+            .collect();
         let Some(first) = idle.first() else { return 0 };
         if let Err(e) = first.resource.device().synchronize() {
             log::warn!("graph pools: waiting for the device failed: {e}");

@@ -11,6 +11,7 @@
 //! size_t gpumem_allocated_bytes(int device);        // and _peak_allocated_, _reserved_, _peak_reserved_
 //! void   gpumem_reset_peak(int device);
 //! void   gpumem_empty_cache(int device);
+//! size_t gpumem_pool_empty_cache(int device, uint64_t id0, uint64_t id1);  // of one pool
 //! uint64_t gpumem_bad_free_count(int device);       // frees refused (-1: all devices)
 //! int    gpumem_configure(const char *conf);        // GPUMEM_CONF's syntax, before the first allocation
 //! const char *gpumem_config_error(void);            // NULL when the configuration is valid
@@ -365,6 +366,20 @@ pub extern "C" fn gpumem_reset_peak(device: c_int) {
 pub extern "C" fn gpumem_empty_cache(device: c_int) {
     guard("gpumem_empty_cache", (), || {
         global().empty_cache(device);
+    })
+}
+
+/// [`gpumem_empty_cache`] of one pool (PyTorch's `emptyCache(mempool_id)`,
+/// which a `MemPool` calls as it is deleted): with `(id0, id1)` = `(0, 0)`
+/// the device's cache as [`gpumem_empty_cache`] gives it back; with another
+/// id the segments without a live block of that graph pool only, when
+/// nothing uses it any more (no graph, no `MemPool`, no capture into it),
+/// and nothing else. Nothing while a capture into a graph pool is under
+/// way. Returns the bytes given back (0 for a pool that does not exist).
+#[no_mangle]
+pub extern "C" fn gpumem_pool_empty_cache(device: c_int, id0: u64, id1: u64) -> usize {
+    guard("gpumem_pool_empty_cache", 0, || {
+        global().pool_empty_cache(device, (id0, id1))
     })
 }
 

@@ -17,6 +17,7 @@ fn setup() {
 
 mod dev {
     pub const SNAPSHOT: i32 = 0;
+    pub const EMPTY: i32 = 1;
 }
 
 /// `gpumem_pool_snapshot` of `(device, id)`: its segments and live blocks.
@@ -107,5 +108,38 @@ fn a_pool_s_snapshot_through_the_c_function() {
     gpumem_graph_pool_free(large, 4 * MIB, d, id.0, id.1, s);
     assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
     gpumem_free(outside, MIB as isize, d, s);
+    assert_eq!(gpumem_bad_free_count(d), 0);
+}
+
+#[test]
+fn a_pool_s_cache_through_the_c_function() {
+    setup();
+    let (d, id, s) = (dev::EMPTY, (0u64, 21u64), null_mut());
+    let cached = gpumem_malloc(MIB as isize, d, s);
+    gpumem_free(cached, MIB as isize, d, s);
+    let device_cache = gpumem_reserved_bytes(d);
+    assert!(device_cache > 0);
+    // MemPool(), then `with use_mem_pool(pool)`: two blocks.
+    assert_eq!(gpumem_graph_pool_retain(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let live = gpumem_graph_pool_malloc(4 * MIB, d, id.0, id.1, s);
+    let freed = gpumem_graph_pool_malloc(30 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    gpumem_graph_pool_free(freed, 30 * MIB, d, id.0, id.1, s);
+    assert_eq!(
+        gpumem_pool_empty_cache(d, id.0, id.1),
+        0,
+        "the MemPool uses it"
+    );
+    // del pool: releasePool, then emptyCache(id).
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    assert_eq!(gpumem_pool_empty_cache(d, id.0, id.1), 30 * MIB);
+    assert_eq!(gpumem_reserved_bytes(d), device_cache + 20 * MIB);
+    gpumem_graph_pool_free(live, 4 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_reserved_bytes(d), device_cache, "the pool went");
+    assert_eq!(gpumem_pool_empty_cache(d, id.0, id.1), 0, "no such pool");
+    assert_eq!(gpumem_pool_empty_cache(d, 0, 0), device_cache);
+    assert_eq!(gpumem_reserved_bytes(d), 0);
     assert_eq!(gpumem_bad_free_count(d), 0);
 }

@@ -103,6 +103,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_block) graph_pool_block;
   decltype(&gpumem_get_class_stats) get_class_stats;
   decltype(&gpumem_pool_snapshot) pool_snapshot;
+  decltype(&gpumem_pool_empty_cache) pool_empty_cache;
 };
 
 namespace gpumem_torch {
@@ -511,13 +512,18 @@ class GpumemAllocator final : public CUDAAllocator {
     return enabled_.load(std::memory_order_relaxed);
   }
 
-  // Gives every device's cached memory back. While the memory history
-  // records, the segments that went are recorded with this call's stack.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+  // Gives cached memory back (PyTorch's emptyCache(mempool_id)): with
+  // {0, 0} every device's cache (the device's pool and the graph pools
+  // nothing uses; nothing while a capture or a use_mem_pool context is
+  // under way), with a MemPool's id that pool's free segments only, once
+  // nothing uses it (~MemPool calls it after releasePool). While the memory
+  // history records, the segments that went are recorded with this call's
+  // stack.
+  void emptyCache(c10::MempoolId_t mempool_id) override {
     c10::DeviceIndex n = c10::cuda::device_count();
     if (!history.on()) {
       for (c10::DeviceIndex d = 0; d < n; ++d) {
-        api.empty_cache(d);
+        api.pool_empty_cache(d, mempool_id.first, mempool_id.second);
       }
       return;
     }
@@ -525,9 +531,9 @@ class GpumemAllocator final : public CUDAAllocator {
     for (c10::DeviceIndex d = 0; d < n; ++d) {
       std::vector<SegmentInfo> before;
       std::vector<SegmentInfo> after;
-      snapshot_device(d, before);
-      api.empty_cache(d);
-      snapshot_device(d, after);
+      snapshot_device(d, before, mempool_id);
+      api.pool_empty_cache(d, mempool_id.first, mempool_id.second);
+      snapshot_device(d, after, mempool_id);
       for (const auto& s : before) {
         bool kept = std::any_of(after.begin(), after.end(), [&](const SegmentInfo& a) {
           return a.address == s.address && a.total_size == s.total_size;
@@ -1124,7 +1130,7 @@ extern "C" int gpumem_torch_install(
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
       api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
-      api->pool_snapshot == nullptr) {
+      api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {
