@@ -127,6 +127,7 @@ _API = (
     "get_class_stats",
     "pool_snapshot",
     "pool_empty_cache",
+    "graph_pool_set_no_split",
 )
 
 _mode = None

@@ -624,6 +624,15 @@ int gpumem_graph_pool_block(void *ptr,
                             gpumem_stream_t *stream);
 
 /**
+ * Makes the graph pool `(id0, id1)` of `device` hand out its free blocks
+ * whole from now on (PyTorch's `MemPool(no_split=True)`, `setNoSplit`):
+ * each of its segments then holds one block, the segment PyTorch's
+ * allocator makes for the request. 0 on success, -1 when the pool does
+ * not exist.
+ */
+int gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);
+
+/**
  * Begins region `tag` (1 and up) on `device`: every allocation on the
  * device from now on, from any thread, carries the tag until
  * [`gpumem_region_end`]. Regions nest. 0 on success; -1 on failure (tag 0,

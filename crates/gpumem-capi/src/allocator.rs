@@ -895,6 +895,18 @@ impl Allocator {
         Ok(())
     }
 
+    /// Makes the graph pool `pool` of `device` hand out its free blocks
+    /// whole from now on (PyTorch's `MemPool(no_split=True)`, `setNoSplit`):
+    /// each of its segments then holds one block, of the size PyTorch's
+    /// allocator gives a segment for the request. `Err` when the pool does
+    /// not exist.
+    pub fn graph_pool_set_no_split(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        let st = self.used(device)?;
+        st.graphs
+            .set_no_split(pool)
+            .map_err(|e| format!("device {device}: {e}"))
+    }
+
     /// Uses of `pool` counted; 0 when it does not exist.
     pub fn graph_pool_use_count(&self, device: i32, pool: PoolId) -> u32 {
         self.built(device).map_or(0, |st| st.graphs.use_count(pool))

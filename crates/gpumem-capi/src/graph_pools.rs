@@ -373,6 +373,15 @@ impl GraphPools {
         })
     }
 
+    /// Makes `id` hand out its free blocks whole from now on (PyTorch's
+    /// `MemPool(no_split=True)`): see [`SegmentPool::set_no_split`].
+    pub(crate) fn set_no_split(&self, id: PoolId) -> gpumem::Result<()> {
+        let pools = lock(&self.pools);
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        p.resource.set_no_split(true);
+        Ok(())
+    }
+
     /// Uses of `id` counted (0 when it does not exist).
     pub(crate) fn use_count(&self, id: PoolId) -> u32 {
         lock(&self.pools).get(&id).map_or(0, |p| p.uses)

@@ -31,6 +31,7 @@
 //! void   gpumem_graph_pool_free(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
+//! int    gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);  // MemPool options
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
 //! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
@@ -96,6 +97,9 @@ pub mod graph_pools;
 pub mod last_error;
 // Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
 // counts; it has no `unsafe` block.
+pub mod mempool_options;
+// Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
+// counts; it has no `unsafe` block.
 pub mod regions;
 #[deny(unsafe_code)]
 pub mod served;
@@ -126,6 +130,7 @@ pub use graph_checkpoints::{
     gpumem_graph_pool_restore, gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made,
     gpumem_restored_t,
 };
+pub use mempool_options::gpumem_graph_pool_set_no_split;
 pub use regions::{
     gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,
 };

@@ -18,6 +18,7 @@ fn setup() {
 mod dev {
     pub const SNAPSHOT: i32 = 0;
     pub const EMPTY: i32 = 1;
+    pub const NO_SPLIT: i32 = 2;
 }
 
 /// `gpumem_pool_snapshot` of `(device, id)`: its segments and live blocks.
@@ -141,5 +142,30 @@ fn a_pool_s_cache_through_the_c_function() {
     assert_eq!(gpumem_pool_empty_cache(d, id.0, id.1), 0, "no such pool");
     assert_eq!(gpumem_pool_empty_cache(d, 0, 0), device_cache);
     assert_eq!(gpumem_reserved_bytes(d), 0);
+    assert_eq!(gpumem_bad_free_count(d), 0);
+}
+
+#[test]
+fn no_split_through_the_c_function() {
+    setup();
+    let (d, id, s) = (dev::NO_SPLIT, (0u64, 31u64), null_mut());
+    assert_eq!(gpumem_graph_pool_retain(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_set_no_split(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let a = gpumem_graph_pool_malloc(4 * MIB, d, id.0, id.1, s);
+    let b = gpumem_graph_pool_malloc(4 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    let (segs, blks) = pool_snapshot(d, id);
+    assert_eq!(segs.len(), 2);
+    assert!(blks.iter().all(|b| b.size == 20 * MIB as u64));
+    gpumem_graph_pool_free(a, 4 * MIB, d, id.0, id.1, s);
+    gpumem_graph_pool_free(b, 4 * MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    // The pool is gone: nothing to set.
+    assert_eq!(gpumem_graph_pool_set_no_split(d, id.0, id.1), -1);
+    // SAFETY: the thread's last error, read at once.
+    let why = unsafe { std::ffi::CStr::from_ptr(gpumem_last_error()) };
+    assert!(why.to_string_lossy().contains("does not exist"), "{why:?}");
     assert_eq!(gpumem_bad_free_count(d), 0);
 }

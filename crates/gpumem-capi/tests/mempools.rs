@@ -221,3 +221,51 @@ fn empty_cache_inside_a_pool_context_leaves_every_pool_its_segment() {
     }
     assert_eq!(a.reserved_bytes(0), 0);
 }
+
+#[test]
+fn a_no_split_pool_gives_each_block_a_segment() {
+    // test_mempool_no_split: 4 MiB twice in a pool that splits and in one
+    // that does not.
+    let a = allocator("resource=pool");
+    let (split, whole) = (POOL1, POOL2);
+    a.graph_pool_retain(0, split).unwrap();
+    a.graph_pool_retain(0, whole).unwrap();
+    a.graph_pool_set_no_split(0, whole).unwrap();
+    let mut live = Vec::new();
+    for _ in 0..2 {
+        for pool in [split, whole] {
+            enter(&a, pool);
+            live.push((pool, alloc_in(&a, pool, 4 * MIB)));
+            leave(&a, pool);
+        }
+    }
+    let blocks_of = |pool| -> Vec<Vec<(usize, bool)>> {
+        let snap = a.pool_snapshot(0, pool).unwrap();
+        snap.graph_segments
+            .iter()
+            .map(|g| g.segment.blocks.iter().map(|b| (b.size, b.live)).collect())
+            .collect()
+    };
+    assert_eq!(
+        blocks_of(whole),
+        vec![vec![(20 * MIB, true)], vec![(20 * MIB, true)]],
+        "one whole block per segment"
+    );
+    assert_eq!(
+        blocks_of(split),
+        vec![vec![(4 * MIB, true), (4 * MIB, true), (12 * MIB, false)]]
+    );
+    // The whole blocks count as allocated; each is freed with its request.
+    assert_eq!(a.allocated_bytes(0), 48 * MIB);
+    for (pool, p) in live {
+        a.graph_pool_free(p, 4 * MIB, 0, pool, 0);
+    }
+    assert_eq!(a.bad_free_count(0), 0);
+    let e = a.graph_pool_set_no_split(0, (0, 99)).unwrap_err();
+    assert!(e.contains("does not exist"), "{e}");
+    let e = a.graph_pool_set_no_split(7, whole).unwrap_err();
+    assert!(e.contains("never used"), "{e}");
+    a.graph_pool_release(0, split).unwrap();
+    a.graph_pool_release(0, whole).unwrap();
+    assert_eq!(a.reserved_bytes(0), 0);
+}

@@ -104,6 +104,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_get_class_stats) get_class_stats;
   decltype(&gpumem_pool_snapshot) pool_snapshot;
   decltype(&gpumem_pool_empty_cache) pool_empty_cache;
+  decltype(&gpumem_graph_pool_set_no_split) graph_pool_set_no_split;
 };
 
 namespace gpumem_torch {
@@ -702,8 +703,12 @@ class GpumemAllocator final : public CUDAAllocator {
     }
   }
 
-  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override {
-    // gpumem's graph pools split blocks as their pool does; nothing to set.
+  // MemPool(no_split=True): the pool hands its free blocks out whole, so
+  // each of its segments holds one block.
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    if (api.graph_pool_set_no_split(device, mempool_id.first, mempool_id.second) != 0) {
+      fail(std::string("gpumem: setNoSplit: ") + last_error());
+    }
   }
 
   bool checkPoolLiveAllocations(
@@ -1130,7 +1135,8 @@ extern "C" int gpumem_torch_install(
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
       api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
-      api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr) {
+      api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr ||
+      api->graph_pool_set_no_split == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {
