@@ -128,6 +128,7 @@ _API = (
     "pool_snapshot",
     "pool_empty_cache",
     "graph_pool_set_no_split",
+    "graph_pool_set_use_on_oom",
 )
 
 _mode = None

@@ -633,6 +633,20 @@ int gpumem_graph_pool_block(void *ptr,
 int gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);
 
 /**
+ * Lets the graph pool `(id0, id1)` of `device` lend its free blocks to the
+ * device's own allocations when they run out of memory (`on` not 0;
+ * PyTorch's `MemPool(use_on_oom=True)`, `setUseOnOOM`), or stops it (0).
+ * An allocation from the device's pool ([`crate::gpumem_malloc`] and the
+ * others) that fails even after the cache went back then takes a free
+ * block of the first pool, in the order the pools were made, that lends,
+ * is still used, and has one that fits (split as usual; no pool grows for
+ * it). The block stays the pool's (statistics, snapshots) and goes back
+ * there when freed with the device's free functions. 0 on success; -1 when
+ * setting it on a pool that does not exist (clearing it always succeeds).
+ */
+int gpumem_graph_pool_set_use_on_oom(int device, uint64_t id0, uint64_t id1, int on);
+
+/**
  * Begins region `tag` (1 and up) on `device`: every allocation on the
  * device from now on, from any thread, carries the tag until
  * [`gpumem_region_end`]. Regions nest. 0 on success; -1 on failure (tag 0,

@@ -713,8 +713,17 @@ impl Allocator {
             return Err(e);
         }
         let again = || {
-            st.stack
+            match st
+                .stack
                 .allocate_rounded(size.requested, size.block, alignment, stream)
+            {
+                // The last resort: a MemPool's free memory.
+                Err(e) if e.is_oom() => match st.graphs.lend(size.requested, alignment, stream) {
+                    Some((_, p)) => Ok(p),
+                    None => Err(e),
+                },
+                other => other,
+            }
         };
         match self.after_oom(st, again) {
             Err(e) if e.is_oom() => Err(self.oom_error(st, size.block)),
@@ -763,6 +772,9 @@ impl Allocator {
         size: Sizes,
         stream: &Stream,
     ) -> gpumem::Result<()> {
+        if let Some(pool) = st.graphs.lender_of(ptr) {
+            return self.free_in_graph_pool(st, ptr, size.requested, pool, stream);
+        }
         if st.uses.any() {
             return self.free_with_uses(st, ptr, size, stream);
         }
@@ -895,6 +907,34 @@ impl Allocator {
         Ok(())
     }
 
+    /// Lets the graph pool `pool` of `device` lend its free blocks to the
+    /// device's own allocations when they run out of memory (`on`; PyTorch's
+    /// `MemPool(use_on_oom=True)`, `setUseOnOOM`), or stops it. When an
+    /// allocation from the device's pool fails even after the cache went
+    /// back, the free blocks of the pools that lend, in the order they were
+    /// made, serve it (the first that has a block that fits, split as
+    /// usual; no pool grows for it), as long as something still uses the
+    /// pool. The block stays the pool's (its statistics, its snapshot) and
+    /// goes back there when freed. `Err` when setting it on a pool that
+    /// does not exist; clearing it never fails.
+    pub fn graph_pool_set_use_on_oom(
+        &self,
+        device: i32,
+        pool: PoolId,
+        on: bool,
+    ) -> Result<(), String> {
+        let Some(st) = self.built(device) else {
+            return if on {
+                Err(format!("device {device} was never used"))
+            } else {
+                Ok(())
+            };
+        };
+        st.graphs
+            .set_use_on_oom(pool, on)
+            .map_err(|e| format!("device {device}: {e}"))
+    }
+
     /// Makes the graph pool `pool` of `device` hand out its free blocks
     /// whole from now on (PyTorch's `MemPool(no_split=True)`, `setNoSplit`):
     /// each of its segments then holds one block, of the size PyTorch's
@@ -993,9 +1033,29 @@ impl Allocator {
             );
             return;
         };
-        let s = st.streams.get(stream);
+        let r = self.free_in_graph_pool(st, ptr, size, pool, st.streams.get(stream));
+        if let Err(e) = r {
+            self.report_bad_free(
+                device,
+                &format!("bad free of {ptr:#x} ({size} bytes) in graph pool {pool:?} on device {device}: {}", free_reason(e)),
+            );
+        }
+    }
+
+    /// Frees a block of the graph pool `pool` of `size` bytes as asked
+    /// for, on `stream`: deferred while it has recorded streams (its size
+    /// checked by the pool at once); the pool may go with it.
+    fn free_in_graph_pool(
+        &self,
+        st: &DeviceState,
+        ptr: DevicePtr,
+        size: usize,
+        pool: PoolId,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
         let deferred = if st.uses.any() {
-            st.uses.defer_free(ptr, size, size, s, Some(pool))
+            st.graphs.check_free(pool, ptr, size)?;
+            st.uses.defer_free(ptr, size, size, stream, Some(pool))
         } else {
             Ok(false)
         };
@@ -1003,19 +1063,14 @@ impl Allocator {
             if deferred {
                 return Ok(());
             }
-            let retired = st.graphs.free(pool, ptr, size, s)?;
+            let retired = st.graphs.free(pool, ptr, size, stream)?;
             self.give_back_retired(st, retired);
             Ok(())
         });
         if st.uses.has_pending() {
             self.poll_deferred(st);
         }
-        if let Err(e) = r {
-            self.report_bad_free(
-                device,
-                &format!("bad free of {ptr:#x} ({size} bytes) in graph pool {pool:?} on device {device}: {}", free_reason(e)),
-            );
-        }
+        r
     }
 
     /// A free made while `stream` captures into `pool`: the block stays
@@ -1064,6 +1119,13 @@ impl Allocator {
         };
         let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
         if let (false, Some((owner, _))) = (pending, st.graphs.block_size(ptr)) {
+            // A graph pool's block is named by its request (the native
+            // allocator's rounding is the device pool's, and a block the
+            // pool lent to the device carries it).
+            let held = Held {
+                size: requested,
+                ..held
+            };
             match st.graphs.free_in_capture(pool, owner, held) {
                 Ok(retired) => self.give_back_retired(st, retired),
                 Err(e) => self.report_bad_free(

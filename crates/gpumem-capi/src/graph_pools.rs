@@ -30,11 +30,19 @@
 //! block is freed; then, once the device's work is done, its memory goes
 //! back to the driver and the blocks it held are freed where they belong.
 //!
+//! PyTorch's `torch.cuda.MemPool` is a graph pool too: made with
+//! `createOrIncrefPool` and filled while a thread is in `use_mem_pool` (a
+//! capture to gpumem). Its options: a pool that does not split (see
+//! [`SegmentPool::set_no_split`](gpumem::pool::SegmentPool::set_no_split)) and one whose free blocks serve the
+//! device's allocations when the device runs out of memory (lending, in
+//! `graph_pools/lending.rs`).
+//!
 //! Allocations into a graph pool are rare (during captures only) and take a
-//! lock per device; the device's own allocation path checks one atomic.
+//! lock per device; the device's own allocation path checks one atomic, and
+//! its free path one more while a graph pool's block is lent to it.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
@@ -44,6 +52,8 @@ use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, DEFAULT_ALIGNM
 use gpumem::{Device, DevicePtr, Stream};
 
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
+
+mod lending;
 
 /// What a graph pool takes its segments from: statistics of the driver's
 /// allocations, and its share of the device's limit (set before each
@@ -82,6 +92,14 @@ struct GraphPool {
     held: Vec<Held>,
     /// Blocks of other graph pools held for it, with their pool.
     held_elsewhere: Vec<(PoolId, Held)>,
+    /// When it was made, among the device's graph pools (the order they
+    /// lend in).
+    made: u64,
+    /// Its free blocks serve the device's allocations that ran out of
+    /// memory (PyTorch's `MemPool(use_on_oom=True)`, see [`lending`]).
+    use_on_oom: bool,
+    /// Its live blocks lent to the device's allocations, by address.
+    lent: HashSet<u64>,
 }
 
 impl GraphPool {
@@ -102,6 +120,21 @@ impl GraphPool {
     fn holds(&self, ptr: DevicePtr) -> bool {
         self.held.iter().any(|h| h.ptr == ptr)
             || self.held_elsewhere.iter().any(|(_, h)| h.ptr == ptr)
+    }
+
+    /// Frees a live block of the pool (checked by the pool); a block lent
+    /// to the device's allocations is lent no longer.
+    fn free_block(
+        &mut self,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+        lending: &AtomicUsize,
+    ) -> gpumem::Result<()> {
+        self.resource
+            .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
+        self.forget_lent(ptr, lending);
+        Ok(())
     }
 }
 
@@ -129,6 +162,11 @@ pub(crate) struct GraphPools {
     /// a graph is deleted. Current values are zero: a pool goes empty.
     /// One record per [`StatsOf`]: all blocks, then each size class.
     gone: Mutex<[gpumem_device_stats_t; 3]>,
+    /// Pools made so far (each pool's [`GraphPool::made`]).
+    made: AtomicU64,
+    /// Blocks of graph pools lent to the device's allocations (see
+    /// [`lending`]): while not zero, the device's free path looks for them.
+    lending: AtomicUsize,
 }
 
 /// Which blocks statistics count: all, or one size class (PyTorch's
@@ -195,6 +233,9 @@ impl GraphPools {
                 notice: None,
                 held: Vec::new(),
                 held_elsewhere: Vec::new(),
+                made: self.made.fetch_add(1, Ordering::Relaxed),
+                use_on_oom: false,
+                lent: HashSet::new(),
             },
         );
         Ok(())
@@ -299,12 +340,13 @@ impl GraphPools {
                 drop(gone);
                 let released = p.held.len() + p.held_elsewhere.len();
                 self.held.fetch_sub(released, Ordering::Relaxed);
+                // None is live: none is lent.
+                self.lending.fetch_sub(p.lent.len(), Ordering::Relaxed);
                 out.extend(p.held);
                 for (owner, h) in p.held_elsewhere {
-                    let freed = pools.get(&owner).map(|o| {
-                        o.resource
-                            .deallocate(h.ptr, h.size, DEFAULT_ALIGNMENT, &h.stream)
-                    });
+                    let freed = pools
+                        .get_mut(&owner)
+                        .map(|o| o.free_block(h.ptr, h.size, &h.stream, &self.lending));
                     if let Some(Err(e)) = freed {
                         log::warn!(
                             "graph pool {owner:?}: freeing {:#x} held for graph pool {id:?}: {e}",
@@ -438,10 +480,17 @@ impl GraphPools {
             });
         }
         let mut pools = lock(&self.pools);
-        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
-        p.resource
-            .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
+        let p = pools.get_mut(&id).ok_or_else(|| no_pool(id))?;
+        p.free_block(ptr, size, stream, &self.lending)?;
         Ok(self.sweep(&mut pools))
+    }
+
+    /// Checks a free of `ptr` with `size` in `id` as [`GraphPools::free`]
+    /// would, freeing nothing.
+    pub(crate) fn check_free(&self, id: PoolId, ptr: DevicePtr, size: usize) -> gpumem::Result<()> {
+        let pools = lock(&self.pools);
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        p.resource.check_free(ptr, size)
     }
 
     /// Whether a capture into any pool is under way (one atomic load).
@@ -495,9 +544,8 @@ impl GraphPools {
                 Ok(None)
             }
             _ => {
-                let o = &pools[&owner];
-                o.resource
-                    .deallocate(held.ptr, held.size, DEFAULT_ALIGNMENT, &held.stream)?;
+                let o = pools.get_mut(&owner).expect("checked above");
+                o.free_block(held.ptr, held.size, &held.stream, &self.lending)?;
                 Ok(self.sweep(&mut pools))
             }
         }
@@ -518,8 +566,10 @@ impl GraphPools {
     /// held for a graph is never freed by it: a checkpoint that would free
     /// one is refused.
     pub(crate) fn restore(&self, id: PoolId, saved: &Checkpoint) -> gpumem::Result<Restored> {
-        let pools = lock(&self.pools);
-        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        let mut pools = lock(&self.pools);
+        if !pools.contains_key(&id) {
+            return Err(no_pool(id));
+        }
         if self.held.load(Ordering::Relaxed) != 0 {
             let keep: Vec<DevicePtr> = saved.live_blocks().map(|b| b.address).collect();
             let held_here = pools
@@ -533,7 +583,12 @@ impl GraphPools {
                 )));
             }
         }
-        p.resource.restore(saved)
+        let p = pools.get_mut(&id).ok_or_else(|| no_pool(id))?;
+        let restored = p.resource.restore(saved)?;
+        for &ptr in &restored.freed {
+            p.forget_lent(ptr, &self.lending);
+        }
+        Ok(restored)
     }
 
     /// Gives back the segments without a live block of every pool that no

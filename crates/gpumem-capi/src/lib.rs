@@ -32,6 +32,7 @@
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! int    gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);  // MemPool options
+//! int    gpumem_graph_pool_set_use_on_oom(int device, uint64_t id0, uint64_t id1, int on);
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
 //! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
@@ -130,7 +131,7 @@ pub use graph_checkpoints::{
     gpumem_graph_pool_restore, gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made,
     gpumem_restored_t,
 };
-pub use mempool_options::gpumem_graph_pool_set_no_split;
+pub use mempool_options::{gpumem_graph_pool_set_no_split, gpumem_graph_pool_set_use_on_oom};
 pub use regions::{
     gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,
 };

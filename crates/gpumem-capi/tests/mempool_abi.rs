@@ -19,6 +19,7 @@ mod dev {
     pub const SNAPSHOT: i32 = 0;
     pub const EMPTY: i32 = 1;
     pub const NO_SPLIT: i32 = 2;
+    pub const USE_ON_OOM: i32 = 3;
 }
 
 /// `gpumem_pool_snapshot` of `(device, id)`: its segments and live blocks.
@@ -167,5 +168,37 @@ fn no_split_through_the_c_function() {
     // SAFETY: the thread's last error, read at once.
     let why = unsafe { std::ffi::CStr::from_ptr(gpumem_last_error()) };
     assert!(why.to_string_lossy().contains("does not exist"), "{why:?}");
+    assert_eq!(gpumem_bad_free_count(d), 0);
+}
+
+#[test]
+fn use_on_oom_through_the_c_functions() {
+    setup();
+    let (d, id, s) = (dev::USE_ON_OOM, (0u64, 41u64), null_mut());
+    // 40 MiB of the simulated device's 80 GiB.
+    assert_eq!(gpumem_set_memory_fraction(d, 1.0 / 2048.0), 0);
+    assert_eq!(gpumem_graph_pool_retain(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 1), 0);
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let x = gpumem_graph_pool_malloc(40 * MIB, d, id.0, id.1, s);
+    assert!(!x.is_null());
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    gpumem_graph_pool_free(x, 40 * MIB, d, id.0, id.1, s);
+    // The device's allocations are lent the pool's free memory, and their
+    // frees (plain and rounded) give it back.
+    let b = gpumem_malloc(20 * MIB as isize, d, s);
+    let c = gpumem_malloc_rounded(20 * MIB - 100, 20 * MIB, d, s);
+    assert_eq!((b, c), (x, x.wrapping_byte_add(20 * MIB)));
+    assert_eq!(pool_snapshot(d, id).1.len(), 2);
+    gpumem_free(b, 20 * MIB as isize, d, s);
+    gpumem_free_rounded(c, 20 * MIB - 100, 20 * MIB, d, s);
+    assert_eq!(pool_snapshot(d, id).1.len(), 0);
+    // Cleared: the pool lends no more.
+    assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 0), 0);
+    assert!(gpumem_malloc(20 * MIB as isize, d, s).is_null());
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 0), 0);
+    assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 1), -1);
     assert_eq!(gpumem_bad_free_count(d), 0);
 }

@@ -7,11 +7,12 @@
 
 mod support;
 
+use gpumem::driver::Driver;
 use gpumem::DevicePtr;
 use gpumem_capi::allocator::last_error;
 use gpumem_capi::graph_pools::DEVICE_POOL;
 use gpumem_capi::Allocator;
-use support::{allocator, MIB};
+use support::{allocator, sim, stats, MIB};
 
 const POOL1: (u64, u64) = (0, 1);
 const POOL2: (u64, u64) = (0, 2);
@@ -22,6 +23,19 @@ fn alloc_in(a: &Allocator, pool: (u64, u64), size: usize) -> DevicePtr {
     let p = a.graph_pool_malloc(size, 0, pool, 0);
     assert!(!p.is_null(), "{:?}", last_error());
     p
+}
+
+/// The simulated device's memory over this many bytes is the fraction
+/// that leaves `bytes` (the device holds 80 GiB).
+fn fraction_for(bytes: usize) -> f64 {
+    bytes as f64 / (80u64 << 30) as f64
+}
+
+/// A stream of `a`'s device, by its raw handle.
+fn stream(a: &Allocator) -> u64 {
+    let sim = sim(a);
+    let driver: &dyn Driver = &*sim;
+    driver.stream_create(0, true).unwrap()
 }
 
 /// Enters `use_mem_pool(pool)` as PyTorch does.
@@ -255,11 +269,15 @@ fn a_no_split_pool_gives_each_block_a_segment() {
         blocks_of(split),
         vec![vec![(4 * MIB, true), (4 * MIB, true), (12 * MIB, false)]]
     );
-    // The whole blocks count as allocated; each is freed with its request.
+    // The whole blocks count as allocated; each is freed with its request,
+    // a block used on another stream too.
     assert_eq!(a.allocated_bytes(0), 48 * MIB);
+    a.record_stream(live[1].1, 0, stream(&a));
     for (pool, p) in live {
         a.graph_pool_free(p, 4 * MIB, 0, pool, 0);
     }
+    assert_eq!(a.pending_frees(0), 0);
+    assert_eq!(a.allocated_bytes(0), 0);
     assert_eq!(a.bad_free_count(0), 0);
     let e = a.graph_pool_set_no_split(0, (0, 99)).unwrap_err();
     assert!(e.contains("does not exist"), "{e}");
@@ -268,4 +286,147 @@ fn a_no_split_pool_gives_each_block_a_segment() {
     a.graph_pool_release(0, split).unwrap();
     a.graph_pool_release(0, whole).unwrap();
     assert_eq!(a.reserved_bytes(0), 0);
+}
+
+#[test]
+fn a_use_on_oom_pool_serves_the_device_when_memory_runs_out() {
+    // test_mempool_limited_memory_with_allocator, with pools over the
+    // driver: 80 MiB allowed, 40 MiB in a pool that lends and 40 MiB in
+    // one that does not.
+    let a = allocator("resource=pool");
+    a.set_memory_fraction(0, fraction_for(80 * MIB)).unwrap();
+    let (keeps, lends) = (POOL1, POOL2);
+    a.graph_pool_retain(0, keeps).unwrap();
+    a.graph_pool_retain(0, lends).unwrap();
+    a.graph_pool_set_use_on_oom(0, lends, true).unwrap();
+    enter(&a, keeps);
+    let x = alloc_in(&a, keeps, 40 * MIB);
+    leave(&a, keeps);
+    enter(&a, lends);
+    let y = alloc_in(&a, lends, 40 * MIB);
+    leave(&a, lends);
+    // Nothing free anywhere: out of memory.
+    assert!(a.malloc(40 * MIB, 0, 0).is_null());
+    assert!(last_error().unwrap().contains("out of memory"));
+    a.graph_pool_free(x, 40 * MIB, 0, keeps, 0);
+    a.graph_pool_free(y, 40 * MIB, 0, lends, 0);
+    // The device's allocation takes the free block of the pool that lends,
+    // at its start, split.
+    let c = a.malloc(30 * MIB, 0, 0);
+    assert_eq!(c, y, "{:?}", last_error());
+    assert_eq!(a.allocated_bytes(0), 30 * MIB);
+    let (sizes, blocks) = pool_view(&a, lends);
+    assert_eq!(
+        (sizes, blocks),
+        (vec![40 * MIB], vec![c]),
+        "the pool's block"
+    );
+    let s = stats(&a, 0);
+    assert_eq!(s.allocation.current, 1);
+    assert_eq!(s.num_ooms, 1, "the lent allocation is no failure");
+    // The rest of it is too small and the other pool does not lend.
+    assert!(a.malloc(30 * MIB, 0, 0).is_null());
+    assert_eq!(stats(&a, 0).num_ooms, 2);
+    // Freed through the device's free path (used on another stream too):
+    // back in the pool, which serves its own allocations from it again.
+    a.record_stream(c, 0, stream(&a));
+    a.free(c, 30 * MIB, 0, 0);
+    assert_eq!((a.allocated_bytes(0), a.pending_frees(0)), (0, 0));
+    assert_eq!(pool_view(&a, lends).1, vec![]);
+    enter(&a, lends);
+    let e = alloc_in(&a, lends, 20 * MIB);
+    leave(&a, lends);
+    assert_eq!(e, c);
+    a.graph_pool_free(e, 20 * MIB, 0, lends, 0);
+    // A second free of a lent block is refused as any double free.
+    let f = a.malloc(30 * MIB, 0, 0);
+    assert_eq!(f, y);
+    a.free(f, 30 * MIB, 0, 0);
+    a.free(f, 30 * MIB, 0, 0);
+    assert_eq!(a.bad_free_count(0), 1);
+    // Deleting the MemPools: setUseOnOOM(false), releasePool, emptyCache.
+    for pool in [lends, keeps] {
+        a.graph_pool_set_use_on_oom(0, pool, false).unwrap();
+        a.graph_pool_release(0, pool).unwrap();
+        a.pool_empty_cache(0, pool);
+    }
+    assert_eq!(a.graph_pool_count(0), 0);
+    assert_eq!(a.reserved_bytes(0), 0);
+    // Clearing it on a pool gone is no error; setting it is.
+    a.graph_pool_set_use_on_oom(0, lends, false).unwrap();
+    let e = a.graph_pool_set_use_on_oom(0, lends, true).unwrap_err();
+    assert!(e.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn pools_lend_in_the_order_they_were_made_and_a_deleted_one_never() {
+    // test_deleted_mempool_not_used_on_oom: pools that lend, deleted one
+    // after the other, then one kept: only the one kept lends.
+    let a = allocator("resource=pool");
+    a.set_memory_fraction(0, fraction_for(40 * MIB)).unwrap();
+    for i in 0..10 {
+        let pool = (0, 100 + i);
+        a.graph_pool_retain(0, pool).unwrap();
+        a.graph_pool_set_use_on_oom(0, pool, true).unwrap();
+        enter(&a, pool);
+        let x = alloc_in(&a, pool, 40 * MIB);
+        leave(&a, pool);
+        a.graph_pool_free(x, 40 * MIB, 0, pool, 0);
+        a.graph_pool_set_use_on_oom(0, pool, false).unwrap();
+        a.graph_pool_release(0, pool).unwrap();
+        a.pool_empty_cache(0, pool);
+    }
+    assert_eq!(a.graph_pool_count(0), 0);
+    let kept = (0, 200);
+    a.graph_pool_retain(0, kept).unwrap();
+    a.graph_pool_set_use_on_oom(0, kept, true).unwrap();
+    enter(&a, kept);
+    let x = alloc_in(&a, kept, 40 * MIB);
+    leave(&a, kept);
+    a.graph_pool_free(x, 40 * MIB, 0, kept, 0);
+    let b = a.malloc(20 * MIB, 0, 0);
+    let c = a.malloc(20 * MIB, 0, 0);
+    assert_eq!((b, c), (x, DevicePtr(x.0 + (20 * MIB) as u64)));
+    assert_eq!(pool_view(&a, kept).1, vec![b, c]);
+    a.free(b, 20 * MIB, 0, 0);
+    a.free(c, 20 * MIB, 0, 0);
+    a.graph_pool_release(0, kept).unwrap();
+    assert_eq!(a.reserved_bytes(0), 0);
+
+    // Two pools that lend: the one made first serves first; a pool its
+    // MemPool released (alive for a live block) no longer lends.
+    a.set_memory_fraction(0, fraction_for(60 * MIB)).unwrap();
+    let (first, second) = ((0, 301), (0, 302));
+    for pool in [second, first] {
+        a.graph_pool_retain(0, pool).unwrap();
+        a.graph_pool_set_use_on_oom(0, pool, true).unwrap();
+    }
+    enter(&a, second);
+    let (a20, a10) = (
+        alloc_in(&a, second, 20 * MIB),
+        alloc_in(&a, second, 10 * MIB),
+    );
+    leave(&a, second);
+    enter(&a, first);
+    let b30 = alloc_in(&a, first, 30 * MIB);
+    leave(&a, first);
+    a.graph_pool_free(a20, 20 * MIB, 0, second, 0);
+    a.graph_pool_free(b30, 30 * MIB, 0, first, 0);
+    let d = a.malloc(20 * MIB, 0, 0);
+    assert_eq!(d, a20, "made first: `second`");
+    a.free(d, 20 * MIB, 0, 0);
+    a.graph_pool_release(0, second).unwrap();
+    assert_eq!(a.graph_pool_count(0), 2, "a10 keeps `second`");
+    // A context under way elsewhere: the cache stays through the retry,
+    // `second`'s free block included.
+    let other = (0, 303);
+    enter(&a, other);
+    let d = a.malloc(20 * MIB, 0, 0);
+    assert_eq!(d, b30, "`second` lends no more");
+    assert_eq!(pool_view(&a, second).0, vec![20 * MIB, 10 * MIB]);
+    a.free(d, 20 * MIB, 0, 0);
+    leave(&a, other);
+    a.graph_pool_free(a10, 10 * MIB, 0, second, 0);
+    a.graph_pool_release(0, first).unwrap();
+    assert_eq!((a.graph_pool_count(0), a.bad_free_count(0)), (0, 0));
 }

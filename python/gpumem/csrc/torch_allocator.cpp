@@ -105,6 +105,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_pool_snapshot) pool_snapshot;
   decltype(&gpumem_pool_empty_cache) pool_empty_cache;
   decltype(&gpumem_graph_pool_set_no_split) graph_pool_set_no_split;
+  decltype(&gpumem_graph_pool_set_use_on_oom) graph_pool_set_use_on_oom;
 };
 
 namespace gpumem_torch {
@@ -696,11 +697,19 @@ class GpumemAllocator final : public CUDAAllocator {
     }
   }
 
-  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/, bool use_on_oom)
+  // MemPool(use_on_oom=True): when an allocation of the device's pool fails
+  // even after gpumem emptied its cache, the free blocks of such pools serve
+  // it (in the order they were made; none grows). ~MemPool clears it, after
+  // which the pool may be gone already: that only warns.
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom)
       override {
-    if (use_on_oom) {
-      fail("gpumem's native allocator does not serve out-of-memory retries from a MemPool (use_on_oom)");
+    if (api.graph_pool_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0) == 0) {
+      return;
     }
+    if (use_on_oom) {
+      fail(std::string("gpumem: setUseOnOOM: ") + last_error());
+    }
+    TORCH_WARN(std::string("gpumem: setUseOnOOM: ") + last_error());
   }
 
   // MemPool(no_split=True): the pool hands its free blocks out whole, so
@@ -1136,7 +1145,7 @@ extern "C" int gpumem_torch_install(
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
       api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
       api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr ||
-      api->graph_pool_set_no_split == nullptr) {
+      api->graph_pool_set_no_split == nullptr || api->graph_pool_set_use_on_oom == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {
