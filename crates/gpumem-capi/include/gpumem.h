@@ -137,6 +137,12 @@ typedef struct gpumem_segment_t {
    * 0 for small ones.
    */
   int32_t is_large;
+  /**
+   * 1 when it is a range of virtual memory grown and shrunk in place
+   * (PyTorch's expandable segments, which CUDA IPC cannot share), 0 for
+   * memory allocated whole.
+   */
+  int32_t is_expandable;
 } gpumem_segment_t;
 
 /**

@@ -207,6 +207,10 @@ pub struct Snapshot {
     /// The segments of its graph pools (also in `segments`), with their
     /// pool, stream, size class and every block, in address order.
     pub graph_segments: Vec<GraphSegment>,
+    /// The segments (by address, in order) that are ranges of virtual
+    /// memory grown and shrunk in place (PyTorch's expandable segments);
+    /// never a graph pool's.
+    pub expandable: Vec<DevicePtr>,
 }
 
 /// The configuration and whether it can still change.
@@ -1644,12 +1648,18 @@ impl Allocator {
             return Some(Snapshot::default());
         };
         let whole = pool == DEVICE_POOL;
-        let (mut segments, mut blocks) = if whole {
+        let (mut segments, mut blocks, mut expandable): (Vec<Segment>, Vec<_>, Vec<_>) =
+            Default::default();
+        if whole {
             let served = st.stack.upstream();
-            (served.segments(), served.live_blocks())
-        } else {
-            (Vec::new(), Vec::new())
-        };
+            segments = served.segments();
+            blocks = served.live_blocks();
+            expandable = segments
+                .iter()
+                .map(|s| s.address)
+                .filter(|&a| served.is_expandable(a))
+                .collect();
+        }
         let mut graph_segments = Vec::new();
         if st.graphs.len() > 0 {
             let (s, b) = st.graphs.snapshot((!whole).then_some(pool));
@@ -1667,10 +1677,12 @@ impl Allocator {
             let pending = st.uses.pending_ptrs();
             blocks.retain(|(b, _)| !pending.contains(&b.address));
         }
+        expandable.sort();
         Some(Snapshot {
             segments,
             blocks,
             graph_segments,
+            expandable,
         })
     }
 

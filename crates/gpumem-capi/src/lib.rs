@@ -704,6 +704,7 @@ unsafe fn snapshot_out(
                     pool_id0: g.pool.0,
                     pool_id1: g.pool.1,
                     is_large: i32::from(g.segment.class == SizeClass::Large),
+                    is_expandable: 0,
                 },
                 None => gpumem_segment_t {
                     address: s.address.0,
@@ -712,6 +713,7 @@ unsafe fn snapshot_out(
                     pool_id0: 0,
                     pool_id1: 0,
                     is_large: i32::from(s.size > SMALL_SEGMENT),
+                    is_expandable: i32::from(snapshot.expandable.binary_search(&s.address).is_ok()),
                 },
             }
         })

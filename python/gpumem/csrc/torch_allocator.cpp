@@ -1079,6 +1079,7 @@ class GpumemAllocator final : public CUDAAllocator {
       seg.total_size = s.size;
       seg.stream = reinterpret_cast<cudaStream_t>(s.stream);
       seg.is_large = s.is_large != 0;
+      seg.is_expandable = s.is_expandable != 0;
       seg.owner_private_pool_id = PoolId{s.pool_id0, s.pool_id1};
       uint64_t at = s.address;
       uint64_t end = s.address + s.size;
