@@ -129,6 +129,7 @@ _API = (
     "pool_empty_cache",
     "graph_pool_set_no_split",
     "graph_pool_set_use_on_oom",
+    "graph_pool_retain_foreign",
 )
 
 _mode = None

@@ -167,6 +167,54 @@ typedef struct gpumem_block_t {
   uint64_t stream;
 } gpumem_block_t;
 
+/**
+ * Allocates `size` bytes on device `device` for work ordered on `stream`
+ * (`ctx` as given); NULL when it cannot. A NULL function is none.
+ */
+typedef void *(*gpumem_segment_alloc_fn)(void *ctx, size_t size, int device, gpumem_stream_t stream);
+
+/**
+ * Gives back `ptr`, a block of `size` bytes that `alloc` made on `device`,
+ * freed on `stream`. A NULL function is none.
+ */
+typedef void (*gpumem_segment_free_fn)(void *ctx,
+                                       void *ptr,
+                                       size_t size,
+                                       int device,
+                                       gpumem_stream_t stream);
+
+/**
+ * Lets go of `ctx`: gpumem calls neither function with it again. A NULL
+ * function is none.
+ */
+typedef void (*gpumem_segment_release_fn)(void *ctx);
+
+/**
+ * Where a graph pool's segments come from, in C: the allocator of a
+ * PyTorch `MemPool` made with one. `alloc` and `free` are required,
+ * `release` may be NULL.
+ */
+typedef struct gpumem_segment_source_t {
+  /**
+   * Makes a segment; NULL is out of memory. Its pointer must be aligned
+   * to 256 bytes (`cudaMalloc`'s are).
+   */
+  gpumem_segment_alloc_fn alloc;
+  /**
+   * Gives a segment back.
+   */
+  gpumem_segment_free_fn free;
+  /**
+   * Called once, with `ctx`, when gpumem needs neither function any
+   * more.
+   */
+  gpumem_segment_release_fn release;
+  /**
+   * Passed to the three as it is.
+   */
+  void *ctx;
+} gpumem_segment_source_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -526,6 +574,34 @@ void gpumem_graph_pool_hold_rounded(void *ptr,
                                     uint64_t id0,
                                     uint64_t id1,
                                     gpumem_stream_t stream);
+
+/**
+ * Creates the graph pool `(id0, id1)` of `device` (PyTorch's
+ * `createOrIncrefPool` with an allocator: `torch.cuda.MemPool(allocator)`)
+ * with one use, as [`crate::gpumem_graph_pool_retain`] does, but its
+ * segments come from `source`: `alloc(ctx, size, device, stream)` for each
+ * new segment (a NULL is out of memory) and `free(ctx, ptr, size, device,
+ * stream)` as each goes back (when the pool's cache is emptied, or the
+ * pool goes). Everything else is a graph pool's as usual: its blocks,
+ * statistics, share of the device's memory limit, snapshots.
+ *
+ * From the call on, `source->ctx` is gpumem's until it calls
+ * `source->release(ctx)` (if not NULL), exactly once: once the pool went
+ * and its last segment with it, or at once when the call fails. The
+ * functions may be called from any thread, under gpumem's locks: they must
+ * not call gpumem. 0 on success; -1 (the reason in
+ * [`crate::gpumem_last_error`]) when `source` is NULL or lacks `alloc` or
+ * `free`, the pool exists already (its source is given when it is made),
+ * or the device cannot be used.
+ *
+ * # Safety
+ * `source` is NULL or points to a readable [`gpumem_segment_source_t`]
+ * whose functions keep the promises above.
+ */
+int gpumem_graph_pool_retain_foreign(int device,
+                                     uint64_t id0,
+                                     uint64_t id1,
+                                     const struct gpumem_segment_source_t *source);
 
 /**
  * Saves the layout of the graph pool `(id0, id1)` of `device`. NULL when

@@ -58,6 +58,7 @@ use gpumem::resource::{
 use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
+use crate::foreign_segments::ForeignSource;
 use crate::foreign_streams::ForeignStreams;
 use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf, DEVICE_POOL};
 use crate::last_error::clear_last_error;
@@ -869,6 +870,24 @@ impl Allocator {
         self.create_graph_pool(device, pool, GraphPools::retain)
     }
 
+    /// Creates the graph pool `pool` of `device` with one use, as
+    /// [`Allocator::graph_pool_retain`] does, but with its segments from
+    /// `source` (PyTorch's `createOrIncrefPool` with an allocator,
+    /// `torch.cuda.MemPool(allocator)`): see
+    /// [`crate::gpumem_graph_pool_retain_foreign`]. `source` is released
+    /// once the pool and its last segment are gone, or at once on `Err`
+    /// (the pool exists already, the device cannot be used).
+    pub fn graph_pool_retain_foreign(
+        &self,
+        device: i32,
+        pool: PoolId,
+        source: ForeignSource,
+    ) -> Result<(), String> {
+        self.create_graph_pool(device, pool, |graphs, pool, device| {
+            graphs.retain_foreign(pool, device, source)
+        })
+    }
+
     /// Counts one use of `pool` less (PyTorch's `releasePool`, when a graph
     /// is deleted). With no use and no capture left, the pool goes once its
     /// last block is freed: its memory goes back to the driver after the
@@ -883,7 +902,7 @@ impl Allocator {
         &self,
         device: i32,
         pool: PoolId,
-        f: fn(&GraphPools, PoolId, &Device) -> gpumem::Result<()>,
+        f: impl FnOnce(&GraphPools, PoolId, &Device) -> gpumem::Result<()>,
     ) -> Result<(), String> {
         if unusable() {
             return Err("gpumem cannot be used in this process".into());

@@ -11,7 +11,8 @@
 //!
 //! Here each pool id on a device gets its own
 //! [`SegmentPool`](gpumem::pool::SegmentPool) over the driver, whatever the
-//! device's resource: its blocks never mix with the device's pool, only
+//! device's resource (or over the allocator a PyTorch `MemPool` was made
+//! with, see [`crate::foreign_segments`]): its blocks never mix with the device's pool, only
 //! allocations routed to the same id reuse them, and its memory is laid out
 //! as PyTorch's own private pools lay it out (so PyTorch's tools and tests
 //! read the segments they expect). A block freed during a capture is reused
@@ -48,17 +49,66 @@ use std::sync::Mutex;
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
 use gpumem::pool::{Checkpoint, Restored, SegmentInfo, SegmentPool, SizeClass};
-use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
+use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
 
+use crate::foreign_segments::{ForeignSegments, ForeignSource};
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
 
 mod lending;
 
-/// What a graph pool takes its segments from: statistics of the driver's
-/// allocations, and its share of the device's limit (set before each
-/// allocation: what the device's own pool and the other graph pools leave).
-type Upstream = StatisticsAdaptor<LimitingAdaptor<DeviceResource>>;
+/// What a graph pool takes its segments from: statistics of the segments
+/// made, and its share of the device's limit (set before each allocation:
+/// what the device's own pool and the other graph pools leave), over the
+/// driver or the pool's own allocator.
+type Upstream = StatisticsAdaptor<LimitingAdaptor<Source>>;
+
+/// Where a graph pool's segments come from.
+#[derive(Debug)]
+enum Source {
+    /// `cuMemAlloc`.
+    Driver(DeviceResource),
+    /// The allocator a PyTorch `MemPool` was made with.
+    Foreign(ForeignSegments),
+}
+
+impl Source {
+    fn resource(&self) -> &dyn MemoryResource {
+        match self {
+            Source::Driver(r) => r,
+            Source::Foreign(r) => r,
+        }
+    }
+}
+
+impl MemoryResource for Source {
+    fn allocate(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
+        self.resource().allocate(bytes, alignment, stream)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        self.resource().deallocate(ptr, bytes, alignment, stream)
+    }
+
+    fn device(&self) -> &Device {
+        self.resource().device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.resource().properties()
+    }
+}
 
 /// PyTorch's `MempoolId_t`: two numbers, one of them zero.
 pub type PoolId = (u64, u64);
@@ -107,13 +157,14 @@ impl GraphPool {
         self.resource.live_count() > 0
     }
 
-    /// The statistics of what the pool takes from the driver.
+    /// The statistics of the segments the pool makes (from the driver or
+    /// from its own allocator).
     fn driver(&self) -> &Upstream {
         self.resource.upstream()
     }
 
     /// Its share of the device's limit.
-    fn limiting(&self) -> &LimitingAdaptor<DeviceResource> {
+    fn limiting(&self) -> &LimitingAdaptor<Source> {
         self.driver().upstream()
     }
 
@@ -220,10 +271,39 @@ impl GraphPools {
             p.uses += 1;
             return Ok(());
         }
-        let upstream = StatisticsAdaptor::new(LimitingAdaptor::new(
-            DeviceResource::new(device.clone()),
-            usize::MAX,
-        ));
+        self.make(
+            &mut pools,
+            id,
+            Source::Driver(DeviceResource::new(device.clone())),
+        )
+    }
+
+    /// Creates the pool `id`, with one use, whose segments come from
+    /// `source`; `Err` when it exists already (`source` is dropped then).
+    pub(crate) fn retain_foreign(
+        &self,
+        id: PoolId,
+        device: &Device,
+        source: ForeignSource,
+    ) -> gpumem::Result<()> {
+        let mut pools = lock(&self.pools);
+        if pools.contains_key(&id) {
+            return Err(gpumem::Error::InvalidArgument(format!(
+                "graph pool {id:?} exists already (a pool's allocator is given when it is made)"
+            )));
+        }
+        let foreign = ForeignSegments::new(device.clone(), source);
+        self.make(&mut pools, id, Source::Foreign(foreign))
+    }
+
+    /// Adds the pool `id`, with one use, over `source`.
+    fn make(
+        &self,
+        pools: &mut HashMap<PoolId, GraphPool>,
+        id: PoolId,
+        source: Source,
+    ) -> gpumem::Result<()> {
+        let upstream = StatisticsAdaptor::new(LimitingAdaptor::new(source, usize::MAX));
         pools.insert(
             id,
             GraphPool {

@@ -33,6 +33,8 @@
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
 //! int    gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);  // MemPool options
 //! int    gpumem_graph_pool_set_use_on_oom(int device, uint64_t id0, uint64_t id1, int on);
+//! int    gpumem_graph_pool_retain_foreign(int device, uint64_t id0, uint64_t id1,
+//!                                         const gpumem_segment_source_t *source);  // MemPool(allocator)
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
 //! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
@@ -89,6 +91,8 @@
 pub mod allocator;
 #[deny(unsafe_code)]
 pub mod conf;
+/// Graph pools whose segments come from the caller's allocator.
+pub mod foreign_segments;
 pub mod foreign_streams;
 /// Saving and restoring a graph pool's layout (the C functions).
 pub mod graph_checkpoints;
@@ -125,6 +129,7 @@ use gpumem::DevicePtr;
 const SMALL_SEGMENT: usize = 2 << 20;
 
 pub use allocator::{Allocator, Backend, Snapshot};
+pub use foreign_segments::{gpumem_graph_pool_retain_foreign, gpumem_segment_source_t};
 pub use graph_checkpoints::{
     gpumem_checkpoint_free, gpumem_checkpoint_live_count, gpumem_checkpoint_t,
     gpumem_graph_pool_block, gpumem_graph_pool_checkpoint, gpumem_graph_pool_live_blocks,

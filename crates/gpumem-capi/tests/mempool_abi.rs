@@ -3,9 +3,12 @@
 //! global allocator, so a binary of its own). Each test has a device of its
 //! own, so that parallel tests see only their own numbers.
 
+mod support;
+
 use std::ptr::null_mut;
 
 use gpumem_capi::*;
+use support::foreign::source_t;
 
 const MIB: usize = 1 << 20;
 
@@ -20,6 +23,8 @@ mod dev {
     pub const EMPTY: i32 = 1;
     pub const NO_SPLIT: i32 = 2;
     pub const USE_ON_OOM: i32 = 3;
+    pub const FOREIGN: i32 = 4;
+    pub const EXPANDABLE: i32 = 5;
 }
 
 /// `gpumem_pool_snapshot` of `(device, id)`: its segments and live blocks.
@@ -201,4 +206,78 @@ fn use_on_oom_through_the_c_functions() {
     assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 0), 0);
     assert_eq!(gpumem_graph_pool_set_use_on_oom(d, id.0, id.1, 1), -1);
     assert_eq!(gpumem_bad_free_count(d), 0);
+}
+
+#[test]
+fn a_pool_of_the_caller_s_allocator_through_the_c_function() {
+    setup();
+    let (d, id, s) = (dev::FOREIGN, (0u64, 51u64), null_mut());
+    let driver = global_sim_driver().expect("the simulated device");
+    let (c, calls) = source_t(driver.clone());
+    // SAFETY: a readable source whose functions keep the promises.
+    assert_eq!(
+        unsafe { gpumem_graph_pool_retain_foreign(d, id.0, id.1, &c) },
+        0
+    );
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let p = gpumem_graph_pool_malloc(4 * MIB, d, id.0, id.1, s);
+    assert!(!p.is_null());
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    assert_eq!(calls.allocs(), 1);
+    let (segs, _) = pool_snapshot(d, id);
+    assert_eq!(segs.len(), 1);
+    assert_eq!((segs[0].size, segs[0].is_expandable), (20 * MIB as u64, 0));
+    // A second pool with the id: refused, its context released at once.
+    let (c2, calls2) = source_t(driver);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { gpumem_graph_pool_retain_foreign(d, id.0, id.1, &c2) },
+        -1
+    );
+    assert_eq!(calls2.releases(), 1);
+    // SAFETY: NULL is allowed.
+    assert_eq!(
+        unsafe { gpumem_graph_pool_retain_foreign(d, 0, 52, std::ptr::null()) },
+        -1
+    );
+    // Deleted, then its tensor: the segment goes back, then the context.
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    assert_eq!(gpumem_pool_empty_cache(d, id.0, id.1), 0);
+    assert_eq!((calls.frees(), calls.releases()), (0, 0));
+    gpumem_graph_pool_free(p, 4 * MIB, d, id.0, id.1, s);
+    assert_eq!((calls.frees(), calls.releases()), (1, 1));
+    assert_eq!(gpumem_reserved_bytes(d), 0);
+    assert_eq!(gpumem_bad_free_count(d), 0);
+}
+
+#[test]
+fn a_snapshot_says_which_segments_are_expandable() {
+    // test_mempool_expandable: a MemPool of the caller's allocator with a
+    // block, and one block of the device's pool (expandable heaps, the
+    // default): two segments, only the device's expandable.
+    setup();
+    let (d, id, s) = (dev::EXPANDABLE, (0u64, 61u64), null_mut());
+    let (c, calls) = source_t(global_sim_driver().expect("the simulated device"));
+    // SAFETY: a readable source whose functions keep the promises.
+    assert_eq!(
+        unsafe { gpumem_graph_pool_retain_foreign(d, id.0, id.1, &c) },
+        0
+    );
+    assert_eq!(gpumem_graph_pool_begin(d, id.0, id.1), 0);
+    let p = gpumem_graph_pool_malloc(MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_end(d, id.0, id.1), 0);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    let q = gpumem_malloc_rounded(MIB, MIB, d, s);
+    let (segs, blks) = pool_snapshot(d, (0, 0));
+    assert_eq!((segs.len(), blks.len()), (2, 2));
+    let expandable: Vec<(u64, i32)> = segs.iter().map(|g| (g.pool_id1, g.is_expandable)).collect();
+    assert!(
+        expandable.contains(&(0, 1)) && expandable.contains(&(id.1, 0)),
+        "{expandable:?}"
+    );
+    gpumem_free_rounded(q, MIB, MIB, d, s);
+    gpumem_graph_pool_free(p, MIB, d, id.0, id.1, s);
+    assert_eq!(gpumem_graph_pool_release(d, id.0, id.1), 0);
+    assert_eq!((calls.frees(), calls.releases()), (1, 1));
 }

@@ -36,6 +36,13 @@
 //   Checkpoints (torch.compile's CUDA graph trees) are taken, and restored
 //   when nothing has changed since; a restore that would have to re-create
 //   blocks is refused with an error.
+// - torch.cuda.MemPool is a graph pool too, filled in use_mem_pool (whose
+//   filter takes the thread's allocations; nested contexts: the latest).
+//   snapshot and emptyCache take its id (gpumem_pool_snapshot,
+//   gpumem_pool_empty_cache); no_split, use_on_oom and a MemPool's own
+//   allocator (its segments from that allocator's raw_alloc and raw_delete,
+//   the allocator kept until the pool's last segment went) map to
+//   gpumem_graph_pool_set_no_split, _set_use_on_oom and _retain_foreign.
 // - CUDA IPC of tensors is not supported by this mode: it raises an error
 //   naming gpumem and the way out (the MemPool mode, gpumem.torch.mempool).
 
@@ -106,6 +113,7 @@ struct gpumem_torch_api {
   decltype(&gpumem_pool_empty_cache) pool_empty_cache;
   decltype(&gpumem_graph_pool_set_no_split) graph_pool_set_no_split;
   decltype(&gpumem_graph_pool_set_use_on_oom) graph_pool_set_use_on_oom;
+  decltype(&gpumem_graph_pool_retain_foreign) graph_pool_retain_foreign;
 };
 
 namespace gpumem_torch {
@@ -340,6 +348,55 @@ void free_allocation(void* ctx) {
   }
   free_block(*a);
   delete a;
+}
+
+// The allocator a MemPool was made with (torch.cuda.MemPool(allocator)), as
+// the source of its pool's segments: gpumem holds a heap copy of the
+// shared_ptr as the source's context and releases it once the pool and its
+// last segment are gone, so the allocator outlives the tensors of the pool
+// even when Python lets go of it first.
+using ForeignAllocator = std::shared_ptr<CUDAAllocator>;
+
+// Why this thread's last segment from a MemPool's allocator failed (for the
+// error raised), empty when it did not.
+thread_local std::string foreign_error;
+
+// gpumem_segment_source_t's alloc: the allocator's raw_alloc_with_stream on
+// the pool's device. No exception may reach gpumem: one is kept as
+// foreign_error and the segment is NULL (out of memory to gpumem).
+void* foreign_alloc(void* ctx, size_t size, int device, gpumem_stream_t stream) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    void* p = (*static_cast<ForeignAllocator*>(ctx))
+                  ->raw_alloc_with_stream(size, static_cast<cudaStream_t>(stream));
+    if (p == nullptr) {
+      foreign_error = "the MemPool's allocator returned NULL";
+    }
+    return p;
+  } catch (const std::exception& e) {
+    foreign_error = std::string("the MemPool's allocator failed: ") + e.what();
+  } catch (...) {
+    foreign_error = "the MemPool's allocator failed (unknown C++ exception)";
+  }
+  return nullptr;
+}
+
+// gpumem_segment_source_t's free: the allocator's raw_delete. A failure is
+// reported on stderr (a free cannot fail back into gpumem).
+void foreign_free(void* ctx, void* ptr, size_t /*size*/, int device, gpumem_stream_t /*stream*/) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    (*static_cast<ForeignAllocator*>(ctx))->raw_delete(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem: the MemPool's allocator could not free %p: %s\n", ptr, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "gpumem: the MemPool's allocator could not free %p\n", ptr);
+  }
+}
+
+// gpumem_segment_source_t's release: the pool no longer needs its allocator.
+void foreign_release(void* ctx) noexcept {
+  delete static_cast<ForeignAllocator*>(ctx);
 }
 
 // A checkpoint of a graph pool, saved in gpumem (torch.compile's CUDA graph
@@ -687,10 +744,14 @@ class GpumemAllocator final : public CUDAAllocator {
       c10::MempoolId_t mempool_id,
       std::shared_ptr<CUDAAllocator> allocator) override {
     if (allocator != nullptr && allocator.get() != this) {
-      fail(
-          "gpumem's native allocator cannot serve a MemPool made with another "
-          "allocator; create the MemPool without one, or use PyTorch's "
-          "allocator with gpumem.torch.mempool()");
+      // The pool's segments come from that allocator (gpumem releases the
+      // copy it is given, on failure at once).
+      gpumem_segment_source_t source{
+          &foreign_alloc, &foreign_free, &foreign_release, new ForeignAllocator(std::move(allocator))};
+      if (api.graph_pool_retain_foreign(device, mempool_id.first, mempool_id.second, &source) != 0) {
+        fail(std::string("gpumem: createOrIncrefPool: ") + last_error());
+      }
+      return;
     }
     if (api.graph_pool_retain(device, mempool_id.first, mempool_id.second) != 0) {
       fail(std::string("gpumem: createOrIncrefPool: ") + last_error());
@@ -887,10 +948,13 @@ class GpumemAllocator final : public CUDAAllocator {
     if (!pool_for(device, stream, &pool)) {
       return device_block(size, device, stream);
     }
+    foreign_error.clear();
     void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
     if (p == nullptr) {
-      failed(size, device, " for a CUDA graph");
+      failed(size, device, " for a CUDA graph or MemPool");
     }
+    // A segment refused and then served after gpumem emptied its cache.
+    foreign_error.clear();
     return Allocation{p, size, size, stream, device, pool};
   }
 
@@ -948,6 +1012,10 @@ class GpumemAllocator final : public CUDAAllocator {
   // observers ran, and gpumem's reason; anything else a RuntimeError.
   [[noreturn]] void failed(size_t size, c10::DeviceIndex device, const char* what) {
     std::string why = last_error();
+    if (!foreign_error.empty()) {
+      why += " (" + foreign_error + ")";
+      foreign_error.clear();
+    }
     if (why.find("out of memory") == std::string::npos) {
       fail(std::string("gpumem could not allocate ") + format_bytes(size) + what +
            " on device " + std::to_string(static_cast<int>(device)) + ": " + why);
@@ -1146,7 +1214,8 @@ extern "C" int gpumem_torch_install(
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
       api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
       api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr ||
-      api->graph_pool_set_no_split == nullptr || api->graph_pool_set_use_on_oom == nullptr) {
+      api->graph_pool_set_no_split == nullptr || api->graph_pool_set_use_on_oom == nullptr ||
+      api->graph_pool_retain_foreign == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

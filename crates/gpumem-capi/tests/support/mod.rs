@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+pub mod foreign;
+
 use gpumem::driver::sim::SimDriver;
 use gpumem_capi::conf::{parse, ResourceKind};
 use gpumem_capi::{gpumem_device_stats_t, gpumem_stat_t, Allocator, Backend};
