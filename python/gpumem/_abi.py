@@ -55,6 +55,7 @@ class Segment(ctypes.Structure):
         ("pool_id0", _u64),
         ("pool_id1", _u64),
         ("is_large", ctypes.c_int32),
+        ("is_expandable", ctypes.c_int32),
     ]
 
 

@@ -126,6 +126,11 @@ _API = (
     "graph_pool_block",
     "get_class_stats",
     "set_graph_capture_reuse",
+    "pool_snapshot",
+    "pool_empty_cache",
+    "graph_pool_set_no_split",
+    "graph_pool_set_use_on_oom",
+    "graph_pool_retain_foreign",
 )
 
 _mode = None

@@ -137,6 +137,12 @@ typedef struct gpumem_segment_t {
    * 0 for small ones.
    */
   int32_t is_large;
+  /**
+   * 1 when it is a range of virtual memory grown and shrunk in place
+   * (PyTorch's expandable segments, which CUDA IPC cannot share), 0 for
+   * memory allocated whole.
+   */
+  int32_t is_expandable;
 } gpumem_segment_t;
 
 /**
@@ -160,6 +166,54 @@ typedef struct gpumem_block_t {
    */
   uint64_t stream;
 } gpumem_block_t;
+
+/**
+ * Allocates `size` bytes on device `device` for work ordered on `stream`
+ * (`ctx` as given); NULL when it cannot. A NULL function is none.
+ */
+typedef void *(*gpumem_segment_alloc_fn)(void *ctx, size_t size, int device, gpumem_stream_t stream);
+
+/**
+ * Gives back `ptr`, a block of `size` bytes that `alloc` made on `device`,
+ * freed on `stream`. A NULL function is none.
+ */
+typedef void (*gpumem_segment_free_fn)(void *ctx,
+                                       void *ptr,
+                                       size_t size,
+                                       int device,
+                                       gpumem_stream_t stream);
+
+/**
+ * Lets go of `ctx`: gpumem calls neither function with it again. A NULL
+ * function is none.
+ */
+typedef void (*gpumem_segment_release_fn)(void *ctx);
+
+/**
+ * Where a graph pool's segments come from, in C: the allocator of a
+ * PyTorch `MemPool` made with one. `alloc` and `free` are required,
+ * `release` may be NULL.
+ */
+typedef struct gpumem_segment_source_t {
+  /**
+   * Makes a segment; NULL is out of memory. Its pointer must be aligned
+   * to 256 bytes (`cudaMalloc`'s are).
+   */
+  gpumem_segment_alloc_fn alloc;
+  /**
+   * Gives a segment back.
+   */
+  gpumem_segment_free_fn free;
+  /**
+   * Called once, with `ctx`, when gpumem needs neither function any
+   * more.
+   */
+  gpumem_segment_release_fn release;
+  /**
+   * Passed to the three as it is.
+   */
+  void *ctx;
+} gpumem_segment_source_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -259,6 +313,17 @@ void gpumem_reset_peak(int device);
  * that freed it have finished their work (like `torch.cuda.empty_cache`).
  */
 void gpumem_empty_cache(int device);
+
+/**
+ * [`gpumem_empty_cache`] of one pool (PyTorch's `emptyCache(mempool_id)`,
+ * which a `MemPool` calls as it is deleted): with `(id0, id1)` = `(0, 0)`
+ * the device's cache as [`gpumem_empty_cache`] gives it back; with another
+ * id the segments without a live block of that graph pool only, when
+ * nothing uses it any more (no graph, no `MemPool`, no capture into it),
+ * and nothing else. Nothing while a capture into a graph pool is under
+ * way. Returns the bytes given back (0 for a pool that does not exist).
+ */
+size_t gpumem_pool_empty_cache(int device, uint64_t id0, uint64_t id1);
 
 /**
  * Frees refused on `device` since the start: pointers gpumem did not hand
@@ -402,6 +467,26 @@ int gpumem_snapshot(int device,
                     size_t *n_blocks);
 
 /**
+ * [`gpumem_snapshot`] of one pool (PyTorch's `memory_snapshot(mempool_id)`,
+ * `MemPool.snapshot()`): with `(id0, id1)` = `(0, 0)` everything `device`
+ * holds, as [`gpumem_snapshot`]; with another id the segments and live
+ * blocks of that graph pool only (none when it does not exist on
+ * `device`). Returns and counts as [`gpumem_snapshot`] does.
+ *
+ * # Safety
+ * As for [`gpumem_snapshot`].
+ */
+int gpumem_pool_snapshot(int device,
+                         uint64_t id0,
+                         uint64_t id1,
+                         struct gpumem_segment_t *segments,
+                         size_t max_segments,
+                         size_t *n_segments,
+                         struct gpumem_block_t *blocks,
+                         size_t max_blocks,
+                         size_t *n_blocks);
+
+/**
  * Routes allocations to the graph-private pool `(id0, id1)` of `device`
  * from now on (PyTorch's `beginAllocateToPool`): creates it, or counts one
  * more use of it, which [`gpumem_graph_pool_release`] drops. The caller
@@ -507,6 +592,34 @@ void gpumem_graph_pool_hold_rounded(void *ptr,
                                     gpumem_stream_t stream);
 
 /**
+ * Creates the graph pool `(id0, id1)` of `device` (PyTorch's
+ * `createOrIncrefPool` with an allocator: `torch.cuda.MemPool(allocator)`)
+ * with one use, as [`crate::gpumem_graph_pool_retain`] does, but its
+ * segments come from `source`: `alloc(ctx, size, device, stream)` for each
+ * new segment (a NULL is out of memory) and `free(ctx, ptr, size, device,
+ * stream)` as each goes back (when the pool's cache is emptied, or the
+ * pool goes). Everything else is a graph pool's as usual: its blocks,
+ * statistics, share of the device's memory limit, snapshots.
+ *
+ * From the call on, `source->ctx` is gpumem's until it calls
+ * `source->release(ctx)` (if not NULL), exactly once: once the pool went
+ * and its last segment with it, or at once when the call fails. The
+ * functions may be called from any thread, under gpumem's locks: they must
+ * not call gpumem. 0 on success; -1 (the reason in
+ * [`crate::gpumem_last_error`]) when `source` is NULL or lacks `alloc` or
+ * `free`, the pool exists already (its source is given when it is made),
+ * or the device cannot be used.
+ *
+ * # Safety
+ * `source` is NULL or points to a readable [`gpumem_segment_source_t`]
+ * whose functions keep the promises above.
+ */
+int gpumem_graph_pool_retain_foreign(int device,
+                                     uint64_t id0,
+                                     uint64_t id1,
+                                     const struct gpumem_segment_source_t *source);
+
+/**
  * Saves the layout of the graph pool `(id0, id1)` of `device`. NULL when
  * the pool does not exist (the reason in [`crate::gpumem_last_error`]).
  * Free it with [`gpumem_checkpoint_free`].
@@ -607,6 +720,29 @@ int gpumem_graph_pool_block(void *ptr,
                             uint64_t *id1,
                             size_t *requested,
                             gpumem_stream_t *stream);
+
+/**
+ * Makes the graph pool `(id0, id1)` of `device` hand out its free blocks
+ * whole from now on (PyTorch's `MemPool(no_split=True)`, `setNoSplit`):
+ * each of its segments then holds one block, the segment PyTorch's
+ * allocator makes for the request. 0 on success, -1 when the pool does
+ * not exist.
+ */
+int gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);
+
+/**
+ * Lets the graph pool `(id0, id1)` of `device` lend its free blocks to the
+ * device's own allocations when they run out of memory (`on` not 0;
+ * PyTorch's `MemPool(use_on_oom=True)`, `setUseOnOOM`), or stops it (0).
+ * An allocation from the device's pool ([`crate::gpumem_malloc`] and the
+ * others) that fails even after the cache went back then takes a free
+ * block of the first pool, in the order the pools were made, that lends,
+ * is still used, and has one that fits (split as usual; no pool grows for
+ * it). The block stays the pool's (statistics, snapshots) and goes back
+ * there when freed with the device's free functions. 0 on success; -1 when
+ * setting it on a pool that does not exist (clearing it always succeeds).
+ */
+int gpumem_graph_pool_set_use_on_oom(int device, uint64_t id0, uint64_t id1, int on);
 
 /**
  * Begins region `tag` (1 and up) on `device`: every allocation on the

@@ -58,8 +58,9 @@ use gpumem::resource::{
 use gpumem::{Device, DevicePtr, Error, FreeError, OomInfo, Stream};
 
 use crate::conf::{self, Conf, Parsed, ResourceKind};
+use crate::foreign_segments::ForeignSource;
 use crate::foreign_streams::ForeignStreams;
-use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf};
+use crate::graph_pools::{GraphPools, GraphSegment, Held, PoolId, Retired, StatsOf, DEVICE_POOL};
 use crate::last_error::clear_last_error;
 pub(crate) use crate::last_error::set_last_error;
 pub use crate::last_error::{last_error, last_error_ptr};
@@ -207,6 +208,10 @@ pub struct Snapshot {
     /// The segments of its graph pools (also in `segments`), with their
     /// pool, stream, size class and every block, in address order.
     pub graph_segments: Vec<GraphSegment>,
+    /// The segments (by address, in order) that are ranges of virtual
+    /// memory grown and shrunk in place (PyTorch's expandable segments);
+    /// never a graph pool's.
+    pub expandable: Vec<DevicePtr>,
 }
 
 /// The configuration and whether it can still change.
@@ -717,8 +722,17 @@ impl Allocator {
             return Err(e);
         }
         let again = || {
-            st.stack
+            match st
+                .stack
                 .allocate_rounded(size.requested, size.block, alignment, stream)
+            {
+                // The last resort: a MemPool's free memory.
+                Err(e) if e.is_oom() => match st.graphs.lend(size.requested, alignment, stream) {
+                    Some((_, p)) => Ok(p),
+                    None => Err(e),
+                },
+                other => other,
+            }
         };
         match self.after_oom(st, again) {
             Err(e) if e.is_oom() => Err(self.oom_error(st, size.block)),
@@ -767,6 +781,9 @@ impl Allocator {
         size: Sizes,
         stream: &Stream,
     ) -> gpumem::Result<()> {
+        if let Some(pool) = st.graphs.lender_of(ptr) {
+            return self.free_in_graph_pool(st, ptr, size.requested, pool, stream);
+        }
         if st.uses.any() {
             return self.free_with_uses(st, ptr, size, stream);
         }
@@ -857,6 +874,24 @@ impl Allocator {
         self.create_graph_pool(device, pool, GraphPools::retain)
     }
 
+    /// Creates the graph pool `pool` of `device` with one use, as
+    /// [`Allocator::graph_pool_retain`] does, but with its segments from
+    /// `source` (PyTorch's `createOrIncrefPool` with an allocator,
+    /// `torch.cuda.MemPool(allocator)`): see
+    /// [`crate::gpumem_graph_pool_retain_foreign`]. `source` is released
+    /// once the pool and its last segment are gone, or at once on `Err`
+    /// (the pool exists already, the device cannot be used).
+    pub fn graph_pool_retain_foreign(
+        &self,
+        device: i32,
+        pool: PoolId,
+        source: ForeignSource,
+    ) -> Result<(), String> {
+        self.create_graph_pool(device, pool, |graphs, pool, device| {
+            graphs.retain_foreign(pool, device, source)
+        })
+    }
+
     /// Counts one use of `pool` less (PyTorch's `releasePool`, when a graph
     /// is deleted). With no use and no capture left, the pool goes once its
     /// last block is freed: its memory goes back to the driver after the
@@ -871,10 +906,15 @@ impl Allocator {
         &self,
         device: i32,
         pool: PoolId,
-        f: fn(&GraphPools, PoolId, &Device) -> gpumem::Result<()>,
+        f: impl FnOnce(&GraphPools, PoolId, &Device) -> gpumem::Result<()>,
     ) -> Result<(), String> {
         if unusable() {
             return Err("gpumem cannot be used in this process".into());
+        }
+        if pool == DEVICE_POOL {
+            return Err(format!(
+                "graph pool id {pool:?} names the device's own pool, not a graph pool"
+            ));
         }
         let st = self.state(device)?;
         f(&st.graphs, pool, &st.device)
@@ -892,6 +932,46 @@ impl Allocator {
         let retired = f(&st.graphs)?;
         self.give_back_retired(st, retired);
         Ok(())
+    }
+
+    /// Lets the graph pool `pool` of `device` lend its free blocks to the
+    /// device's own allocations when they run out of memory (`on`; PyTorch's
+    /// `MemPool(use_on_oom=True)`, `setUseOnOOM`), or stops it. When an
+    /// allocation from the device's pool fails even after the cache went
+    /// back, the free blocks of the pools that lend, in the order they were
+    /// made, serve it (the first that has a block that fits, split as
+    /// usual; no pool grows for it), as long as something still uses the
+    /// pool. The block stays the pool's (its statistics, its snapshot) and
+    /// goes back there when freed. `Err` when setting it on a pool that
+    /// does not exist; clearing it never fails.
+    pub fn graph_pool_set_use_on_oom(
+        &self,
+        device: i32,
+        pool: PoolId,
+        on: bool,
+    ) -> Result<(), String> {
+        let Some(st) = self.built(device) else {
+            return if on {
+                Err(format!("device {device} was never used"))
+            } else {
+                Ok(())
+            };
+        };
+        st.graphs
+            .set_use_on_oom(pool, on)
+            .map_err(|e| format!("device {device}: {e}"))
+    }
+
+    /// Makes the graph pool `pool` of `device` hand out its free blocks
+    /// whole from now on (PyTorch's `MemPool(no_split=True)`, `setNoSplit`):
+    /// each of its segments then holds one block, of the size PyTorch's
+    /// allocator gives a segment for the request. `Err` when the pool does
+    /// not exist.
+    pub fn graph_pool_set_no_split(&self, device: i32, pool: PoolId) -> Result<(), String> {
+        let st = self.used(device)?;
+        st.graphs
+            .set_no_split(pool)
+            .map_err(|e| format!("device {device}: {e}"))
     }
 
     /// Uses of `pool` counted; 0 when it does not exist.
@@ -1012,10 +1092,7 @@ impl Allocator {
             );
             return;
         };
-        let r = self.free_graph_block(st, pool, ptr, size, st.streams.get(stream));
-        if st.uses.has_pending() {
-            self.poll_deferred(st);
-        }
+        let r = self.free_in_graph_pool(st, ptr, size, pool, st.streams.get(stream));
         if let Err(e) = r {
             self.report_bad_free(
                 device,
@@ -1024,24 +1101,38 @@ impl Allocator {
         }
     }
 
-    /// Frees a block of the graph pool `pool` on `stream`: once the work of
-    /// its recorded streams is done if it has any (after the capture, when
-    /// one is under way: see [`StreamUses`]), else at once; then gives back
-    /// what a pool that went held for the device. `Err` is a bad free.
-    fn free_graph_block(
+    /// Frees a block of the graph pool `pool` of `size` bytes as asked
+    /// for, on `stream`: once the work of its recorded streams is done if
+    /// it has any (after the capture, when one is under way: see
+    /// [`StreamUses`]; its size checked by the pool at once), else at once;
+    /// then gives back what a pool that went held for the device. `Err` is
+    /// a bad free.
+    fn free_in_graph_pool(
         &self,
         st: &DeviceState,
-        pool: PoolId,
         ptr: DevicePtr,
         size: usize,
+        pool: PoolId,
         stream: &Stream,
     ) -> gpumem::Result<()> {
-        if st.uses.any() && st.uses.defer_free(ptr, size, size, stream, Some(pool))? {
-            return Ok(());
+        let deferred = if st.uses.any() {
+            st.graphs.check_free(pool, ptr, size)?;
+            st.uses.defer_free(ptr, size, size, stream, Some(pool))
+        } else {
+            Ok(false)
+        };
+        let r = deferred.and_then(|deferred| {
+            if deferred {
+                return Ok(());
+            }
+            let retired = st.graphs.free(pool, ptr, size, stream)?;
+            self.give_back_retired(st, retired);
+            Ok(())
+        });
+        if st.uses.has_pending() {
+            self.poll_deferred(st);
         }
-        let retired = st.graphs.free(pool, ptr, size, stream)?;
-        self.give_back_retired(st, retired);
-        Ok(())
+        r
     }
 
     /// A free made while `stream` captures into `pool`: the block stays
@@ -1092,11 +1183,18 @@ impl Allocator {
         };
         let pending = st.uses.has_pending() && st.uses.pending_ptrs().contains(&ptr);
         if let (false, Some((owner, _))) = (pending, st.graphs.block_size(ptr)) {
+            // A graph pool's block is named by its request (the native
+            // allocator's rounding is the device pool's, and a block the
+            // pool lent to the device carries it).
+            let held = Held {
+                size: requested,
+                ..held
+            };
             let r =
                 st.graphs
                     .hold_elsewhere(pool, owner, held)
                     .and_then(|declined| match declined {
-                        Some(h) => self.free_graph_block(st, owner, h.ptr, h.size, &h.stream),
+                        Some(h) => self.free_in_graph_pool(st, h.ptr, h.size, owner, &h.stream),
                         // Held until the capture's pool goes, which waits for
                         // the device first: what other streams did is done then.
                         None => {
@@ -1617,19 +1715,38 @@ impl Allocator {
 
     /// What `device` holds now: its segments and its live blocks (with their
     /// streams where known), each in address order, those of its graph pools
-    /// included; blocks whose free waits for a recorded stream are not live. Empty for a device not used yet,
-    /// `None` for one out of range.
+    /// included; blocks whose free waits for a recorded stream are not
+    /// live. Empty for a device not used yet, `None` for one out of range.
     pub fn snapshot(&self, device: i32) -> Option<Snapshot> {
+        self.pool_snapshot(device, DEVICE_POOL)
+    }
+
+    /// [`Allocator::snapshot`] of one pool (PyTorch's
+    /// `memory_snapshot(mempool_id)`): [`DEVICE_POOL`] for everything the
+    /// device holds, as [`Allocator::snapshot`]; any other id for the
+    /// segments and live blocks of that graph pool only (none when it does
+    /// not exist on `device`).
+    pub fn pool_snapshot(&self, device: i32, pool: PoolId) -> Option<Snapshot> {
         self.slot(device)?;
         let Some(st) = self.built(device) else {
             return Some(Snapshot::default());
         };
-        let served = st.stack.upstream();
-        let mut blocks = served.live_blocks();
-        let mut segments = served.segments();
+        let whole = pool == DEVICE_POOL;
+        let (mut segments, mut blocks, mut expandable): (Vec<Segment>, Vec<_>, Vec<_>) =
+            Default::default();
+        if whole {
+            let served = st.stack.upstream();
+            segments = served.segments();
+            blocks = served.live_blocks();
+            expandable = segments
+                .iter()
+                .map(|s| s.address)
+                .filter(|&a| served.is_expandable(a))
+                .collect();
+        }
         let mut graph_segments = Vec::new();
         if st.graphs.len() > 0 {
-            let (s, b) = st.graphs.snapshot();
+            let (s, b) = st.graphs.snapshot((!whole).then_some(pool));
             segments.extend(s.iter().map(|g| Segment {
                 address: g.segment.address,
                 size: g.segment.size,
@@ -1644,10 +1761,12 @@ impl Allocator {
             let pending = st.uses.pending_ptrs();
             blocks.retain(|(b, _)| !pending.contains(&b.address));
         }
+        expandable.sort();
         Some(Snapshot {
             segments,
             blocks,
             graph_segments,
+            expandable,
         })
     }
 
@@ -1655,10 +1774,42 @@ impl Allocator {
     /// deferred frees' streams are done; returns the bytes given back (0 for
     /// a device not used yet; failures reported).
     pub fn empty_cache(&self, device: i32) -> usize {
+        self.pool_empty_cache(device, DEVICE_POOL)
+    }
+
+    /// [`Allocator::empty_cache`] of one pool (PyTorch's
+    /// `emptyCache(mempool_id)`, which a MemPool calls as it is deleted,
+    /// after `releasePool`): [`DEVICE_POOL`] empties the device's cache as
+    /// [`Allocator::empty_cache`] does (the device's pool and the free
+    /// segments of graph pools nothing uses); another id gives back the
+    /// segments without a live block of that graph pool only, and only
+    /// when nothing uses it (no graph, no MemPool, no capture into it):
+    /// the device's pool and other graph pools keep theirs. While a capture
+    /// into a graph pool of any device is under way, nothing is given back
+    /// (see [`Allocator::empty_cache`]). Returns the bytes given back.
+    pub fn pool_empty_cache(&self, device: i32, pool: PoolId) -> usize {
         if unusable() {
             return 0;
         }
-        self.built(device).map_or(0, |st| self.empty_cache_of(st))
+        let Some(st) = self.built(device) else {
+            return 0;
+        };
+        if pool == DEVICE_POOL {
+            return self.empty_cache_of(st);
+        }
+        if self.capturing() {
+            return 0;
+        }
+        if st.uses.has_pending() {
+            // Blocks of the pool whose frees wait for recorded streams.
+            let done = st.uses.wait_all();
+            self.finish_deferred(st, done);
+        }
+        let given = st.graphs.empty_cache(Some(pool));
+        if given > 0 {
+            self.apply_limit(st);
+        }
+        given
     }
 
     /// Empties `st`'s cache: waits for the deferred frees' streams, gives
@@ -1679,7 +1830,7 @@ impl Allocator {
                 0
             }
         };
-        let graphs = st.graphs.empty_cache();
+        let graphs = st.graphs.empty_cache(None);
         if graphs > 0 {
             self.apply_limit(st);
         }

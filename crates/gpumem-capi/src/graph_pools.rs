@@ -11,7 +11,8 @@
 //!
 //! Here each pool id on a device gets its own
 //! [`SegmentPool`](gpumem::pool::SegmentPool) over the driver, whatever the
-//! device's resource: its blocks never mix with the device's pool, only
+//! device's resource (or over the allocator a PyTorch `MemPool` was made
+//! with, see [`crate::foreign_segments`]): its blocks never mix with the device's pool, only
 //! allocations routed to the same id reuse them, and its memory is laid out
 //! as PyTorch's own private pools lay it out (so PyTorch's tools and tests
 //! read the segments they expect). A block freed during a capture is reused
@@ -35,28 +36,92 @@
 //! block is freed; then, once the device's work is done, its memory goes
 //! back to the driver and the blocks it held are freed where they belong.
 //!
+//! PyTorch's `torch.cuda.MemPool` is a graph pool too: made with
+//! `createOrIncrefPool` and filled while a thread is in `use_mem_pool` (a
+//! capture to gpumem). Its options: a pool that does not split (see
+//! [`SegmentPool::set_no_split`](gpumem::pool::SegmentPool::set_no_split)) and one whose free blocks serve the
+//! device's allocations when the device runs out of memory (lending, in
+//! `graph_pools/lending.rs`).
+//!
 //! Allocations into a graph pool are rare (during captures only) and take a
-//! lock per device; the device's own allocation path checks one atomic.
+//! lock per device; the device's own allocation path checks one atomic, and
+//! its free path one more while a graph pool's block is lent to it.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::captures::CaptureNotice;
 use gpumem::pool::{Checkpoint, Restored, SegmentInfo, SegmentPool, SizeClass};
-use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
+use gpumem::resource::{DeviceResource, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
 use gpumem::{Device, DevicePtr, Stream};
 
+use crate::foreign_segments::{ForeignSegments, ForeignSource};
 use crate::types::{gpumem_device_stats_t, gpumem_stat_t};
 
-/// What a graph pool takes its segments from: statistics of the driver's
-/// allocations, and its share of the device's limit (set before each
-/// allocation: what the device's own pool and the other graph pools leave).
-type Upstream = StatisticsAdaptor<LimitingAdaptor<DeviceResource>>;
+mod lending;
+
+/// What a graph pool takes its segments from: statistics of the segments
+/// made, and its share of the device's limit (set before each allocation:
+/// what the device's own pool and the other graph pools leave), over the
+/// driver or the pool's own allocator.
+type Upstream = StatisticsAdaptor<LimitingAdaptor<Source>>;
+
+/// Where a graph pool's segments come from.
+#[derive(Debug)]
+enum Source {
+    /// `cuMemAlloc`.
+    Driver(DeviceResource),
+    /// The allocator a PyTorch `MemPool` was made with.
+    Foreign(ForeignSegments),
+}
+
+impl Source {
+    fn resource(&self) -> &dyn MemoryResource {
+        match self {
+            Source::Driver(r) => r,
+            Source::Foreign(r) => r,
+        }
+    }
+}
+
+impl MemoryResource for Source {
+    fn allocate(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
+        self.resource().allocate(bytes, alignment, stream)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<()> {
+        self.resource().deallocate(ptr, bytes, alignment, stream)
+    }
+
+    fn device(&self) -> &Device {
+        self.resource().device()
+    }
+
+    fn properties(&self) -> Properties {
+        self.resource().properties()
+    }
+}
 
 /// PyTorch's `MempoolId_t`: two numbers, one of them zero.
 pub type PoolId = (u64, u64);
+
+/// The id PyTorch gives the device's own pool (`{0, 0}`), never a graph
+/// pool's: where a call takes a pool id, it names everything the device
+/// holds.
+pub const DEVICE_POOL: PoolId = (0, 0);
 
 /// A block freed during a capture that the capture's pool does not own
 /// (a block of the device's pool, or of another graph pool): held, live and
@@ -82,6 +147,14 @@ struct GraphPool {
     held: Vec<Held>,
     /// Blocks of other graph pools held for it, with their pool.
     held_elsewhere: Vec<(PoolId, Held)>,
+    /// When it was made, among the device's graph pools (the order they
+    /// lend in).
+    made: u64,
+    /// Its free blocks serve the device's allocations that ran out of
+    /// memory (PyTorch's `MemPool(use_on_oom=True)`, see [`lending`]).
+    use_on_oom: bool,
+    /// Its live blocks lent to the device's allocations, by address.
+    lent: HashSet<u64>,
 }
 
 impl GraphPool {
@@ -89,19 +162,35 @@ impl GraphPool {
         self.resource.live_count() > 0
     }
 
-    /// The statistics of what the pool takes from the driver.
+    /// The statistics of the segments the pool makes (from the driver or
+    /// from its own allocator).
     fn driver(&self) -> &Upstream {
         self.resource.upstream()
     }
 
     /// Its share of the device's limit.
-    fn limiting(&self) -> &LimitingAdaptor<DeviceResource> {
+    fn limiting(&self) -> &LimitingAdaptor<Source> {
         self.driver().upstream()
     }
 
     fn holds(&self, ptr: DevicePtr) -> bool {
         self.held.iter().any(|h| h.ptr == ptr)
             || self.held_elsewhere.iter().any(|(_, h)| h.ptr == ptr)
+    }
+
+    /// Frees a live block of the pool (checked by the pool); a block lent
+    /// to the device's allocations is lent no longer.
+    fn free_block(
+        &mut self,
+        ptr: DevicePtr,
+        size: usize,
+        stream: &Stream,
+        lending: &AtomicUsize,
+    ) -> gpumem::Result<()> {
+        self.resource
+            .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
+        self.forget_lent(ptr, lending);
+        Ok(())
     }
 }
 
@@ -129,6 +218,11 @@ pub(crate) struct GraphPools {
     /// a graph is deleted. Current values are zero: a pool goes empty.
     /// One record per [`StatsOf`]: all blocks, then each size class.
     gone: Mutex<[gpumem_device_stats_t; 3]>,
+    /// Pools made so far (each pool's [`GraphPool::made`]).
+    made: AtomicU64,
+    /// Blocks of graph pools lent to the device's allocations (see
+    /// [`lending`]): while not zero, the device's free path looks for them.
+    lending: AtomicUsize,
 }
 
 /// Which blocks statistics count: all, or one size class (PyTorch's
@@ -182,10 +276,39 @@ impl GraphPools {
             p.uses += 1;
             return Ok(());
         }
-        let upstream = StatisticsAdaptor::new(LimitingAdaptor::new(
-            DeviceResource::new(device.clone()),
-            usize::MAX,
-        ));
+        self.make(
+            &mut pools,
+            id,
+            Source::Driver(DeviceResource::new(device.clone())),
+        )
+    }
+
+    /// Creates the pool `id`, with one use, whose segments come from
+    /// `source`; `Err` when it exists already (`source` is dropped then).
+    pub(crate) fn retain_foreign(
+        &self,
+        id: PoolId,
+        device: &Device,
+        source: ForeignSource,
+    ) -> gpumem::Result<()> {
+        let mut pools = lock(&self.pools);
+        if pools.contains_key(&id) {
+            return Err(gpumem::Error::InvalidArgument(format!(
+                "graph pool {id:?} exists already (a pool's allocator is given when it is made)"
+            )));
+        }
+        let foreign = ForeignSegments::new(device.clone(), source);
+        self.make(&mut pools, id, Source::Foreign(foreign))
+    }
+
+    /// Adds the pool `id`, with one use, over `source`.
+    fn make(
+        &self,
+        pools: &mut HashMap<PoolId, GraphPool>,
+        id: PoolId,
+        source: Source,
+    ) -> gpumem::Result<()> {
+        let upstream = StatisticsAdaptor::new(LimitingAdaptor::new(source, usize::MAX));
         pools.insert(
             id,
             GraphPool {
@@ -195,6 +318,9 @@ impl GraphPools {
                 notice: None,
                 held: Vec::new(),
                 held_elsewhere: Vec::new(),
+                made: self.made.fetch_add(1, Ordering::Relaxed),
+                use_on_oom: false,
+                lent: HashSet::new(),
             },
         );
         Ok(())
@@ -299,12 +425,13 @@ impl GraphPools {
                 drop(gone);
                 let released = p.held.len() + p.held_elsewhere.len();
                 self.held.fetch_sub(released, Ordering::Relaxed);
+                // None is live: none is lent.
+                self.lending.fetch_sub(p.lent.len(), Ordering::Relaxed);
                 out.extend(p.held);
                 for (owner, h) in p.held_elsewhere {
-                    let freed = pools.get(&owner).map(|o| {
-                        o.resource
-                            .deallocate(h.ptr, h.size, DEFAULT_ALIGNMENT, &h.stream)
-                    });
+                    let freed = pools
+                        .get_mut(&owner)
+                        .map(|o| o.free_block(h.ptr, h.size, &h.stream, &self.lending));
                     if let Some(Err(e)) = freed {
                         log::warn!(
                             "graph pool {owner:?}: freeing {:#x} held for graph pool {id:?}: {e}",
@@ -332,11 +459,19 @@ impl GraphPools {
         lock(&self.pools).values().any(|p| p.holds(ptr))
     }
 
-    /// Every graph pool's segments, with their blocks, and its live blocks
-    /// (with the raw stream of their segment).
-    pub(crate) fn snapshot(&self) -> (Vec<GraphSegment>, Vec<(LiveBlock, u64)>) {
+    /// The segments of every graph pool (`only`: of that one, none when it
+    /// does not exist), with their blocks, and their live blocks (with the
+    /// raw stream of their segment).
+    pub(crate) fn snapshot(
+        &self,
+        only: Option<PoolId>,
+    ) -> (Vec<GraphSegment>, Vec<(LiveBlock, u64)>) {
         let (mut segments, mut blocks) = (Vec::new(), Vec::new());
-        for (&pool, p) in lock(&self.pools).iter() {
+        let pools = lock(&self.pools);
+        let chosen = pools
+            .iter()
+            .filter(|(id, _)| only.is_none_or(|o| o == **id));
+        for (&pool, p) in chosen {
             segments.extend(
                 p.resource
                     .segments()
@@ -363,6 +498,15 @@ impl GraphPools {
                 .live_block(ptr)
                 .map(|(b, stream)| (*id, b, stream))
         })
+    }
+
+    /// Makes `id` hand out its free blocks whole from now on (PyTorch's
+    /// `MemPool(no_split=True)`): see [`SegmentPool::set_no_split`].
+    pub(crate) fn set_no_split(&self, id: PoolId) -> gpumem::Result<()> {
+        let pools = lock(&self.pools);
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        p.resource.set_no_split(true);
+        Ok(())
     }
 
     /// Uses of `id` counted (0 when it does not exist).
@@ -421,10 +565,17 @@ impl GraphPools {
             });
         }
         let mut pools = lock(&self.pools);
-        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
-        p.resource
-            .deallocate(ptr, size, DEFAULT_ALIGNMENT, stream)?;
+        let p = pools.get_mut(&id).ok_or_else(|| no_pool(id))?;
+        p.free_block(ptr, size, stream, &self.lending)?;
         Ok(self.sweep(&mut pools))
+    }
+
+    /// Checks a free of `ptr` with `size` in `id` as [`GraphPools::free`]
+    /// would, freeing nothing.
+    pub(crate) fn check_free(&self, id: PoolId, ptr: DevicePtr, size: usize) -> gpumem::Result<()> {
+        let pools = lock(&self.pools);
+        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        p.resource.check_free(ptr, size)
     }
 
     /// Whether a capture into any pool is under way (one atomic load).
@@ -499,8 +650,10 @@ impl GraphPools {
     /// held for a graph is never freed by it: a checkpoint that would free
     /// one is refused.
     pub(crate) fn restore(&self, id: PoolId, saved: &Checkpoint) -> gpumem::Result<Restored> {
-        let pools = lock(&self.pools);
-        let p = pools.get(&id).ok_or_else(|| no_pool(id))?;
+        let mut pools = lock(&self.pools);
+        if !pools.contains_key(&id) {
+            return Err(no_pool(id));
+        }
         if self.held.load(Ordering::Relaxed) != 0 {
             let keep: Vec<DevicePtr> = saved.live_blocks().map(|b| b.address).collect();
             let held_here = pools
@@ -514,19 +667,29 @@ impl GraphPools {
                 )));
             }
         }
-        p.resource.restore(saved)
+        let p = pools.get_mut(&id).ok_or_else(|| no_pool(id))?;
+        let restored = p.resource.restore(saved)?;
+        for &ptr in &restored.freed {
+            p.forget_lent(ptr, &self.lending);
+        }
+        Ok(restored)
     }
 
     /// Gives back the segments without a live block of every pool that no
     /// graph uses and no capture fills (PyTorch's `empty_cache` frees
-    /// those), once the device's work is done; nothing while a capture is
-    /// under way. Returns the bytes given back.
-    pub(crate) fn empty_cache(&self) -> usize {
+    /// those), or of `only` if nothing uses it (a MemPool's `emptyCache`
+    /// as it is deleted), once the device's work is done; nothing while a
+    /// capture is under way. Returns the bytes given back.
+    pub(crate) fn empty_cache(&self, only: Option<PoolId>) -> usize {
         if self.capturing() {
             return 0;
         }
         let pools = lock(&self.pools);
-        let idle: Vec<&GraphPool> = pools.values().filter(|p| p.uses == 0).collect();
+        let idle: Vec<&GraphPool> = pools
+            .iter()
+            .filter(|(id, p)| p.uses == 0 && only.is_none_or(|o| o == **id))
+            .map(|(_, p)| p)
+            .collect();
         let Some(first) = idle.first() else { return 0 };
         if let Err(e) = first.resource.device().synchronize() {
             log::warn!("graph pools: waiting for the device failed: {e}");

@@ -11,6 +11,7 @@
 //! size_t gpumem_allocated_bytes(int device);        // and _peak_allocated_, _reserved_, _peak_reserved_
 //! void   gpumem_reset_peak(int device);
 //! void   gpumem_empty_cache(int device);
+//! size_t gpumem_pool_empty_cache(int device, uint64_t id0, uint64_t id1);  // of one pool
 //! uint64_t gpumem_bad_free_count(int device);       // frees refused (-1: all devices)
 //! int    gpumem_configure(const char *conf);        // GPUMEM_CONF's syntax, before the first allocation
 //! const char *gpumem_config_error(void);            // NULL when the configuration is valid
@@ -23,6 +24,7 @@
 //! void   gpumem_record_stream(void *ptr, int device, gpumem_stream_t stream);
 //! int    gpumem_snapshot(int device, gpumem_segment_t *segments, size_t max_segments, size_t *n_segments,
 //!                        gpumem_block_t *blocks, size_t max_blocks, size_t *n_blocks);
+//! int    gpumem_pool_snapshot(int device, uint64_t id0, uint64_t id1, ...);  // the same, of one pool
 //! // CUDA graphs' private pools (PyTorch's MempoolId_t is the pair id0, id1):
 //! int    gpumem_graph_pool_begin(int device, uint64_t id0, uint64_t id1);   // and _end, _retain, _release
 //! void  *gpumem_graph_pool_malloc(size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
@@ -30,6 +32,10 @@
 //! void   gpumem_graph_pool_hold(void *ptr, size_t size, int device, uint64_t id0, uint64_t id1, gpumem_stream_t stream);
 //! int    gpumem_set_graph_capture_reuse(int enabled);  // graph_capture_record_stream_reuse
 //! int    gpumem_graph_pool_use_count(int device, uint64_t id0, uint64_t id1);
+//! int    gpumem_graph_pool_set_no_split(int device, uint64_t id0, uint64_t id1);  // MemPool options
+//! int    gpumem_graph_pool_set_use_on_oom(int device, uint64_t id0, uint64_t id1, int on);
+//! int    gpumem_graph_pool_retain_foreign(int device, uint64_t id0, uint64_t id1,
+//!                                         const gpumem_segment_source_t *source);  // MemPool(allocator)
 //! int    gpumem_graph_pool_live_blocks(int device, uint64_t id0, uint64_t id1, void **out, size_t max, size_t *n);
 //! int    gpumem_graph_pool_block(void *ptr, int *device, uint64_t *id0, uint64_t *id1, size_t *requested, gpumem_stream_t *stream);
 //! gpumem_checkpoint_t *gpumem_graph_pool_checkpoint(int device, uint64_t id0, uint64_t id1);  // graph trees
@@ -88,6 +94,8 @@ pub mod allocator;
 mod capture_reuse;
 #[deny(unsafe_code)]
 pub mod conf;
+/// Graph pools whose segments come from the caller's allocator.
+pub mod foreign_segments;
 pub mod foreign_streams;
 /// Saving and restoring a graph pool's layout (the C functions).
 pub mod graph_checkpoints;
@@ -95,6 +103,9 @@ pub mod graph_checkpoints;
 pub mod graph_pools;
 #[deny(unsafe_code)]
 pub mod last_error;
+// Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
+// counts; it has no `unsafe` block.
+pub mod mempool_options;
 // Its `extern "C"` functions carry `#[no_mangle]`, which `unsafe_code`
 // counts; it has no `unsafe` block.
 pub mod regions;
@@ -116,12 +127,14 @@ use gpumem::resource::SharedResource;
 use gpumem::DevicePtr;
 
 pub use allocator::{Allocator, Backend, Snapshot};
+pub use foreign_segments::{gpumem_graph_pool_retain_foreign, gpumem_segment_source_t};
 pub use graph_checkpoints::{
     gpumem_checkpoint_free, gpumem_checkpoint_live_count, gpumem_checkpoint_t,
     gpumem_graph_pool_block, gpumem_graph_pool_checkpoint, gpumem_graph_pool_live_blocks,
     gpumem_graph_pool_restore, gpumem_restored_free, gpumem_restored_freed, gpumem_restored_made,
     gpumem_restored_t,
 };
+pub use mempool_options::{gpumem_graph_pool_set_no_split, gpumem_graph_pool_set_use_on_oom};
 pub use regions::{
     gpumem_region_begin, gpumem_region_end, gpumem_sleep, gpumem_sleeping_bytes, gpumem_wake,
 };
@@ -365,6 +378,20 @@ pub extern "C" fn gpumem_empty_cache(device: c_int) {
     })
 }
 
+/// [`gpumem_empty_cache`] of one pool (PyTorch's `emptyCache(mempool_id)`,
+/// which a `MemPool` calls as it is deleted): with `(id0, id1)` = `(0, 0)`
+/// the device's cache as [`gpumem_empty_cache`] gives it back; with another
+/// id the segments without a live block of that graph pool only, when
+/// nothing uses it any more (no graph, no `MemPool`, no capture into it),
+/// and nothing else. Nothing while a capture into a graph pool is under
+/// way. Returns the bytes given back (0 for a pool that does not exist).
+#[no_mangle]
+pub extern "C" fn gpumem_pool_empty_cache(device: c_int, id0: u64, id1: u64) -> usize {
+    guard("gpumem_pool_empty_cache", 0, || {
+        global().pool_empty_cache(device, (id0, id1))
+    })
+}
+
 /// Frees refused on `device` since the start: pointers gpumem did not hand
 /// out, second frees, sizes other than the allocation's (to 256 bytes in
 /// the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.
@@ -593,49 +620,119 @@ pub unsafe extern "C" fn gpumem_snapshot(
         let Some(snapshot) = global().snapshot(device) else {
             return -1;
         };
-        let segs: Vec<gpumem_segment_t> = snapshot
-            .segments
-            .iter()
-            .map(|s| {
-                let graph = snapshot
-                    .graph_segments
-                    .binary_search_by_key(&s.address, |g| g.segment.address)
-                    .ok()
-                    .map(|i| &snapshot.graph_segments[i]);
-                match graph {
-                    Some(g) => gpumem_segment_t {
-                        address: s.address.0,
-                        size: s.size as u64,
-                        stream: g.segment.raw_stream,
-                        pool_id0: g.pool.0,
-                        pool_id1: g.pool.1,
-                        is_large: i32::from(g.segment.class == SizeClass::Large),
-                    },
-                    None => gpumem_segment_t {
-                        address: s.address.0,
-                        size: s.size as u64,
-                        stream: 0,
-                        pool_id0: 0,
-                        pool_id1: 0,
-                        // As the statistics count them (`Allocator::class_stats`).
-                        is_large: i32::from(s.size > gpumem::adaptor::SMALL_SEGMENT_MAX),
-                    },
-                }
-            })
-            .collect();
-        let live: Vec<gpumem_block_t> = snapshot
-            .blocks
-            .iter()
-            .map(|(b, stream)| gpumem_block_t::of(b, *stream))
-            .collect();
-        // SAFETY: the caller passes arrays of the given lengths and writable
-        // counts (each checked non-NULL before use).
+        // SAFETY: the caller's promise, passed on.
         unsafe {
-            copy_out(&segs, segments, max_segments, n_segments);
-            copy_out(&live, blocks, max_blocks, n_blocks);
-        }
+            snapshot_out(
+                &snapshot,
+                segments,
+                max_segments,
+                n_segments,
+                blocks,
+                max_blocks,
+                n_blocks,
+            )
+        };
         0
     })
+}
+
+/// [`gpumem_snapshot`] of one pool (PyTorch's `memory_snapshot(mempool_id)`,
+/// `MemPool.snapshot()`): with `(id0, id1)` = `(0, 0)` everything `device`
+/// holds, as [`gpumem_snapshot`]; with another id the segments and live
+/// blocks of that graph pool only (none when it does not exist on
+/// `device`). Returns and counts as [`gpumem_snapshot`] does.
+///
+/// # Safety
+/// As for [`gpumem_snapshot`].
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gpumem_pool_snapshot(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    segments: *mut gpumem_segment_t,
+    max_segments: usize,
+    n_segments: *mut usize,
+    blocks: *mut gpumem_block_t,
+    max_blocks: usize,
+    n_blocks: *mut usize,
+) -> c_int {
+    guard("gpumem_pool_snapshot", -1, || {
+        let Some(snapshot) = global().pool_snapshot(device, (id0, id1)) else {
+            return -1;
+        };
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            snapshot_out(
+                &snapshot,
+                segments,
+                max_segments,
+                n_segments,
+                blocks,
+                max_blocks,
+                n_blocks,
+            )
+        };
+        0
+    })
+}
+
+/// Writes `snapshot` out as [`gpumem_snapshot`] describes.
+///
+/// # Safety
+/// As for [`gpumem_snapshot`]'s arguments.
+unsafe fn snapshot_out(
+    snapshot: &Snapshot,
+    segments: *mut gpumem_segment_t,
+    max_segments: usize,
+    n_segments: *mut usize,
+    blocks: *mut gpumem_block_t,
+    max_blocks: usize,
+    n_blocks: *mut usize,
+) {
+    let segs: Vec<gpumem_segment_t> = snapshot
+        .segments
+        .iter()
+        .map(|s| {
+            let graph = snapshot
+                .graph_segments
+                .binary_search_by_key(&s.address, |g| g.segment.address)
+                .ok()
+                .map(|i| &snapshot.graph_segments[i]);
+            match graph {
+                Some(g) => gpumem_segment_t {
+                    address: s.address.0,
+                    size: s.size as u64,
+                    stream: g.segment.raw_stream,
+                    pool_id0: g.pool.0,
+                    pool_id1: g.pool.1,
+                    is_large: i32::from(g.segment.class == SizeClass::Large),
+                    is_expandable: 0,
+                },
+                None => gpumem_segment_t {
+                    address: s.address.0,
+                    size: s.size as u64,
+                    stream: 0,
+                    pool_id0: 0,
+                    pool_id1: 0,
+                    // As the statistics count them (`Allocator::class_stats`).
+                    is_large: i32::from(s.size > gpumem::adaptor::SMALL_SEGMENT_MAX),
+                    is_expandable: i32::from(snapshot.expandable.binary_search(&s.address).is_ok()),
+                },
+            }
+        })
+        .collect();
+    let live: Vec<gpumem_block_t> = snapshot
+        .blocks
+        .iter()
+        .map(|(b, stream)| gpumem_block_t::of(b, *stream))
+        .collect();
+    // SAFETY: the caller passes arrays of the given lengths and writable
+    // counts (each checked non-NULL before use).
+    unsafe {
+        copy_out(&segs, segments, max_segments, n_segments);
+        copy_out(&live, blocks, max_blocks, n_blocks);
+    }
 }
 
 /// Copies up to `max` items to `dst` and writes the total to `*n`.

@@ -101,6 +101,13 @@ pub trait Served: Pool {
     /// What the resource holds from the driver, in address order; every
     /// live block lies inside one.
     fn segments(&self) -> Vec<Segment>;
+    /// Whether the segment at `address` (one of [`Served::segments`]) is a
+    /// range of virtual memory mapped in pieces that grows and shrinks in
+    /// place (PyTorch's expandable segments, which CUDA IPC cannot share).
+    fn is_expandable(&self, address: DevicePtr) -> bool {
+        let _ = address;
+        false
+    }
     /// The blocks handed out, in address order, with their stream where the
     /// resource knows it (else 0).
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)>;
@@ -211,6 +218,9 @@ macro_rules! over_upstream {
         }
         fn segments(&self) -> Vec<Segment> {
             upstream_segments(self.up())
+        }
+        fn is_expandable(&self, address: DevicePtr) -> bool {
+            self.up().upstream().upstream().is_growable(address)
         }
         fn set_limit(&self, limit: Option<usize>, _: &Conf) {
             set_upstream_limit(self.up(), limit)
@@ -545,6 +555,10 @@ impl Served for VirtualPool {
     fn segments(&self) -> Vec<Segment> {
         self.mapped_ranges()
     }
+    /// Its segments are runs of pages mapped into its virtual ranges.
+    fn is_expandable(&self, _: DevicePtr) -> bool {
+        true
+    }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
         no_stream(VirtualPool::live_blocks(self))
     }
@@ -626,6 +640,9 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     }
     fn segments(&self) -> Vec<Segment> {
         self.upstream().segments()
+    }
+    fn is_expandable(&self, address: DevicePtr) -> bool {
+        self.upstream().is_expandable(address)
     }
     fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
         self.upstream().live_blocks()

@@ -248,7 +248,10 @@ impl StreamUses {
     /// returns `Ok(true)`; the caller counts the free now. `Ok(false)`:
     /// nothing recorded, free it as usual. An error is a free that cannot
     /// be right ([`Error::InvalidFree`]: the block's free is already
-    /// pending, or a size its block cannot have); nothing is freed.
+    /// pending, or, for a block of the device's stack, a size its block
+    /// cannot have); nothing is freed. A graph pool's block may be far
+    /// larger than its request (a pool that does not split): the caller
+    /// has its pool check the size exactly instead.
     pub fn defer_free(
         &self,
         ptr: DevicePtr,
@@ -267,7 +270,7 @@ impl StreamUses {
             }
             return Ok(false);
         };
-        if !size_fits_block(size, uses.block_size) {
+        if home.is_none() && !size_fits_block(size, uses.block_size) {
             return Err(Error::InvalidFree {
                 ptr: ptr.0,
                 reason: FreeError::SizeMismatch {

@@ -117,6 +117,10 @@ pub struct gpumem_segment_t {
     /// 1 when it serves requests above 1 MiB (PyTorch's "large" segments),
     /// 0 for small ones.
     pub is_large: i32,
+    /// 1 when it is a range of virtual memory grown and shrunk in place
+    /// (PyTorch's expandable segments, which CUDA IPC cannot share), 0 for
+    /// memory allocated whole.
+    pub is_expandable: i32,
 }
 
 /// A block of a snapshot: a live allocation.

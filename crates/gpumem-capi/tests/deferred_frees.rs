@@ -11,18 +11,10 @@ mod support;
 use gpumem::driver::{CaptureMode, Driver};
 use gpumem::DevicePtr;
 use gpumem_capi::Allocator;
-use support::{allocator, kinds, sim, stats, MIB};
+use support::{allocator, kinds, one_at_a_time, sim, stats, MIB};
 
 const POOL: (u64, u64) = (1, 0);
 const OTHER: (u64, u64) = (0, 7);
-
-/// Deferred frees wait while any capture in the process is under way, so
-/// the tests of this binary run one at a time.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn stream(a: &Allocator) -> u64 {
     let sim = sim(a);

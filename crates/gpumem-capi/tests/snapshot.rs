@@ -96,3 +96,51 @@ fn the_arena_knows_each_block_s_stream() {
     a.free(p, 1000, 0, 0);
     a.free(q, MIB, 0, 0x7000);
 }
+
+#[test]
+fn segments_say_whether_they_grow_in_place() {
+    for kind in kinds() {
+        let choices: &[bool] = match kind {
+            ResourceKind::Pool | ResourceKind::Binning => &[true, false],
+            _ => &[true],
+        };
+        for &expandable in choices {
+            let text = match kind {
+                ResourceKind::Pool | ResourceKind::Binning => {
+                    format!("resource={kind},expandable={expandable}")
+                }
+                _ => format!("resource={kind}"),
+            };
+            let a = allocator(&text);
+            let live: Vec<_> = [1000, 3 * MIB, 30 * MIB]
+                .iter()
+                .map(|&n| (a.malloc(n, 0, 0), n))
+                .collect();
+            let snap = a.snapshot(0).unwrap();
+            assert!(!snap.segments.is_empty(), "{kind}");
+            let all: Vec<DevicePtr> = snap.segments.iter().map(|s| s.address).collect();
+            let want = match kind {
+                // Heaps that grow one range of virtual memory each.
+                ResourceKind::Pool | ResourceKind::Binning if expandable => all,
+                // Runs of pages mapped into its virtual ranges.
+                ResourceKind::Virtual => all,
+                // cuMemAlloc regions, or CUDA's own pool.
+                _ => vec![],
+            };
+            assert_eq!(snap.expandable, want, "{kind}, expandable={expandable}");
+            // A graph pool's segments are allocated whole (a pool retained,
+            // with no capture begun).
+            a.graph_pool_retain(0, (0, 5)).unwrap();
+            let g = a.graph_pool_malloc(MIB, 0, (0, 5), 0);
+            let snap = a.snapshot(0).unwrap();
+            assert_eq!(snap.graph_segments.len(), 1);
+            let at = snap.graph_segments[0].segment.address;
+            assert!(!snap.expandable.contains(&at), "{kind}");
+            a.graph_pool_free(g, MIB, 0, (0, 5), 0);
+            a.graph_pool_release(0, (0, 5)).unwrap();
+            for (p, n) in live {
+                a.free(p, n, 0, 0);
+            }
+        }
+    }
+}

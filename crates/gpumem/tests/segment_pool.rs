@@ -145,6 +145,79 @@ fn segments_and_blocks_are_sized_as_pytorch_sizes_them() {
 }
 
 #[test]
+fn a_pool_that_does_not_split_hands_out_whole_blocks() {
+    let (pool, s, _) = pool();
+    assert!(!pool.no_split());
+    pool.set_no_split(true);
+    assert!(pool.no_split());
+    // PyTorch's test_mempool_no_split: two 4 MiB requests, a 20 MiB
+    // segment each, one block each.
+    let a = pool.allocate(4 * MIB, 256, &s).unwrap();
+    let b = pool.allocate(4 * MIB, 256, &s).unwrap();
+    let c = pool.allocate(1000, 256, &s).unwrap();
+    let mut segs = layout(&pool);
+    segs.sort();
+    assert_eq!(
+        segs,
+        vec![
+            (2 * MIB, vec![(2 * MIB, true)]),
+            (20 * MIB, vec![(20 * MIB, true)]),
+            (20 * MIB, vec![(20 * MIB, true)]),
+        ]
+    );
+    let st = pool.stats();
+    assert_eq!(st.large.allocated_bytes.current as usize, 40 * MIB);
+    assert_eq!(st.large.requested_bytes.current as usize, 8 * MIB);
+    check_segments(&pool.segments(), &st);
+    // Freed with the size asked for; a free segment serves a smaller
+    // request of its class whole.
+    pool.deallocate(a, 4 * MIB, 256, &s).unwrap();
+    let d = pool.allocate(2 * MIB, 256, &s).unwrap();
+    assert_eq!(d, a);
+    assert_eq!(pool.live_block_size(d), Some(20 * MIB));
+    // Splitting again: the next block takes a piece only.
+    pool.set_no_split(false);
+    pool.deallocate(d, 2 * MIB, 256, &s).unwrap();
+    let e = pool.allocate(2 * MIB, 256, &s).unwrap();
+    assert_eq!((e, pool.live_block_size(e)), (a, Some(2 * MIB)));
+    for (p, n) in [(b, 4 * MIB), (c, 1000), (e, 2 * MIB)] {
+        pool.deallocate(p, n, 256, &s).unwrap();
+    }
+    check_segments(&pool.segments(), &pool.stats());
+}
+
+#[test]
+fn allocate_cached_takes_free_blocks_and_never_grows() {
+    let (pool, s1, s2) = pool();
+    assert_eq!(pool.allocate_cached(MIB, 256, &s1).unwrap(), None);
+    assert!(pool.segments().is_empty(), "nothing made");
+    let a = pool.allocate(40 * MIB, 256, &s1).unwrap();
+    pool.deallocate(a, 40 * MIB, 256, &s1).unwrap();
+    // Best fit, split as an allocation splits.
+    let b = pool.allocate_cached(30 * MIB, 256, &s1).unwrap();
+    assert_eq!(b, Some(a));
+    assert_eq!(
+        layout(&pool),
+        vec![(40 * MIB, vec![(30 * MIB, true), (10 * MIB, false)])]
+    );
+    assert_eq!(pool.allocate_cached(20 * MIB, 256, &s1).unwrap(), None);
+    assert_eq!(
+        pool.allocate_cached(MIB, 256, &s1).unwrap(),
+        None,
+        "a small request takes no large block"
+    );
+    assert_eq!(
+        pool.allocate_cached(5 * MIB, 256, &s2).unwrap(),
+        None,
+        "another stream's segment"
+    );
+    assert_eq!(pool.allocate_cached(0, 256, &s1).unwrap(), None);
+    assert_eq!(pool.segments().len(), 1);
+    pool.deallocate(b.unwrap(), 30 * MIB, 256, &s1).unwrap();
+    check_segments(&pool.segments(), &pool.stats());
+}
+
+#[test]
 fn a_segment_serves_only_the_stream_it_was_made_for() {
     let (pool, s1, s2) = pool();
     let a = pool.allocate(1000, 256, &s1).unwrap();

@@ -41,6 +41,13 @@
 //   Checkpoints (torch.compile's CUDA graph trees) are taken, and restored
 //   when nothing has changed since; a restore that would have to re-create
 //   blocks is refused with an error.
+// - torch.cuda.MemPool is a graph pool too, filled in use_mem_pool (whose
+//   filter takes the thread's allocations; nested contexts: the latest).
+//   snapshot and emptyCache take its id (gpumem_pool_snapshot,
+//   gpumem_pool_empty_cache); no_split, use_on_oom and a MemPool's own
+//   allocator (its segments from that allocator's raw_alloc and raw_delete,
+//   the allocator kept until the pool's last segment went) map to
+//   gpumem_graph_pool_set_no_split, _set_use_on_oom and _retain_foreign.
 // - CUDA IPC of tensors is not supported by this mode: it raises an error
 //   naming gpumem and the way out (the MemPool mode, gpumem.torch.mempool).
 
@@ -109,6 +116,11 @@ struct gpumem_torch_api {
   decltype(&gpumem_graph_pool_block) graph_pool_block;
   decltype(&gpumem_get_class_stats) get_class_stats;
   decltype(&gpumem_set_graph_capture_reuse) set_graph_capture_reuse;
+  decltype(&gpumem_pool_snapshot) pool_snapshot;
+  decltype(&gpumem_pool_empty_cache) pool_empty_cache;
+  decltype(&gpumem_graph_pool_set_no_split) graph_pool_set_no_split;
+  decltype(&gpumem_graph_pool_set_use_on_oom) graph_pool_set_use_on_oom;
+  decltype(&gpumem_graph_pool_retain_foreign) graph_pool_retain_foreign;
 };
 
 namespace gpumem_torch {
@@ -193,12 +205,13 @@ class RelaxedMode {
 };
 
 // The graph pool an allocation on `stream` goes to, if a capture's filter
-// takes it.
+// takes it: the latest begun that does, as PyTorch chooses (nested
+// use_mem_pool contexts on one thread: the innermost).
 bool pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   std::lock_guard<std::mutex> lock(captures_mutex);
-  for (const auto& c : captures) {
-    if (c.device == device && c.filter(stream)) {
-      *pool = c.pool;
+  for (auto c = captures.rbegin(); c != captures.rend(); ++c) {
+    if (c->device == device && c->filter(stream)) {
+      *pool = c->pool;
       return true;
     }
   }
@@ -206,23 +219,23 @@ bool pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
 }
 
 // The graph pool that must hold a block of the device's pool freed now: the
-// one whose capture takes the block's stream, else, if this thread began the
-// only capture under way on the device, that one.
+// latest one whose capture takes the block's stream, else, if this thread
+// began the only capture under way on the device, that one.
 bool hold_pool_for(c10::DeviceIndex device, cudaStream_t stream, PoolId* pool) {
   std::lock_guard<std::mutex> lock(captures_mutex);
   const Capture* by_thread = nullptr;
   int on_device = 0;
-  for (const auto& c : captures) {
-    if (c.device != device) {
+  for (auto c = captures.rbegin(); c != captures.rend(); ++c) {
+    if (c->device != device) {
       continue;
     }
     ++on_device;
-    if (c.filter(stream)) {
-      *pool = c.pool;
+    if (c->filter(stream)) {
+      *pool = c->pool;
       return true;
     }
-    if (c.thread == std::this_thread::get_id()) {
-      by_thread = &c;
+    if (c->thread == std::this_thread::get_id()) {
+      by_thread = &*c;
     }
   }
   if (on_device == 1 && by_thread != nullptr) {
@@ -350,6 +363,55 @@ void free_allocation(void* ctx) {
   }
   free_block(*a);
   delete a;
+}
+
+// The allocator a MemPool was made with (torch.cuda.MemPool(allocator)), as
+// the source of its pool's segments: gpumem holds a heap copy of the
+// shared_ptr as the source's context and releases it once the pool and its
+// last segment are gone, so the allocator outlives the tensors of the pool
+// even when Python lets go of it first.
+using ForeignAllocator = std::shared_ptr<CUDAAllocator>;
+
+// Why this thread's last segment from a MemPool's allocator failed (for the
+// error raised), empty when it did not.
+thread_local std::string foreign_error;
+
+// gpumem_segment_source_t's alloc: the allocator's raw_alloc_with_stream on
+// the pool's device. No exception may reach gpumem: one is kept as
+// foreign_error and the segment is NULL (out of memory to gpumem).
+void* foreign_alloc(void* ctx, size_t size, int device, gpumem_stream_t stream) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    void* p = (*static_cast<ForeignAllocator*>(ctx))
+                  ->raw_alloc_with_stream(size, static_cast<cudaStream_t>(stream));
+    if (p == nullptr) {
+      foreign_error = "the MemPool's allocator returned NULL";
+    }
+    return p;
+  } catch (const std::exception& e) {
+    foreign_error = std::string("the MemPool's allocator failed: ") + e.what();
+  } catch (...) {
+    foreign_error = "the MemPool's allocator failed (unknown C++ exception)";
+  }
+  return nullptr;
+}
+
+// gpumem_segment_source_t's free: the allocator's raw_delete. A failure is
+// reported on stderr (a free cannot fail back into gpumem).
+void foreign_free(void* ctx, void* ptr, size_t /*size*/, int device, gpumem_stream_t /*stream*/) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    (*static_cast<ForeignAllocator*>(ctx))->raw_delete(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpumem: the MemPool's allocator could not free %p: %s\n", ptr, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "gpumem: the MemPool's allocator could not free %p\n", ptr);
+  }
+}
+
+// gpumem_segment_source_t's release: the pool no longer needs its allocator.
+void foreign_release(void* ctx) noexcept {
+  delete static_cast<ForeignAllocator*>(ctx);
 }
 
 // A checkpoint of a graph pool, saved in gpumem (torch.compile's CUDA graph
@@ -524,13 +586,18 @@ class GpumemAllocator final : public CUDAAllocator {
     return enabled_.load(std::memory_order_relaxed);
   }
 
-  // Gives every device's cached memory back. While the memory history
-  // records, the segments that went are recorded with this call's stack.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+  // Gives cached memory back (PyTorch's emptyCache(mempool_id)): with
+  // {0, 0} every device's cache (the device's pool and the graph pools
+  // nothing uses; nothing while a capture or a use_mem_pool context is
+  // under way), with a MemPool's id that pool's free segments only, once
+  // nothing uses it (~MemPool calls it after releasePool). While the memory
+  // history records, the segments that went are recorded with this call's
+  // stack.
+  void emptyCache(c10::MempoolId_t mempool_id) override {
     c10::DeviceIndex n = c10::cuda::device_count();
     if (!history.on()) {
       for (c10::DeviceIndex d = 0; d < n; ++d) {
-        api.empty_cache(d);
+        api.pool_empty_cache(d, mempool_id.first, mempool_id.second);
       }
       return;
     }
@@ -538,9 +605,9 @@ class GpumemAllocator final : public CUDAAllocator {
     for (c10::DeviceIndex d = 0; d < n; ++d) {
       std::vector<SegmentInfo> before;
       std::vector<SegmentInfo> after;
-      snapshot_device(d, before);
-      api.empty_cache(d);
-      snapshot_device(d, after);
+      snapshot_device(d, before, mempool_id);
+      api.pool_empty_cache(d, mempool_id.first, mempool_id.second);
+      snapshot_device(d, after, mempool_id);
       for (const auto& s : before) {
         bool kept = std::any_of(after.begin(), after.end(), [&](const SegmentInfo& a) {
           return a.address == s.address && a.total_size == s.total_size;
@@ -615,14 +682,15 @@ class GpumemAllocator final : public CUDAAllocator {
     api.reset_peak_stats(device);
   }
 
-  // Every device's segments (with their blocks and, when the memory history
-  // records stacks, each live block's allocation stack) and, when asked, the
-  // history's trace entries and annotations.
-  SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/, bool include_traces) override {
+  // Every device's segments, or with a MemPool's id that pool's only (with
+  // their blocks and, when the memory history records stacks, each live
+  // block's allocation stack) and, when asked, the history's trace entries
+  // and annotations.
+  SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override {
     SnapshotInfo info{};
     c10::DeviceIndex n = c10::cuda::device_count();
     for (c10::DeviceIndex d = 0; d < n; ++d) {
-      snapshot_device(d, info.segments);
+      snapshot_device(d, info.segments, mempool_id);
     }
     if (history.on()) {
       for (auto& seg : info.segments) {
@@ -702,25 +770,41 @@ class GpumemAllocator final : public CUDAAllocator {
       c10::MempoolId_t mempool_id,
       std::shared_ptr<CUDAAllocator> allocator) override {
     if (allocator != nullptr && allocator.get() != this) {
-      fail(
-          "gpumem's native allocator cannot serve a MemPool made with another "
-          "allocator; create the MemPool without one, or use PyTorch's "
-          "allocator with gpumem.torch.mempool()");
+      // The pool's segments come from that allocator (gpumem releases the
+      // copy it is given, on failure at once).
+      gpumem_segment_source_t source{
+          &foreign_alloc, &foreign_free, &foreign_release, new ForeignAllocator(std::move(allocator))};
+      if (api.graph_pool_retain_foreign(device, mempool_id.first, mempool_id.second, &source) != 0) {
+        fail(std::string("gpumem: createOrIncrefPool: ") + last_error());
+      }
+      return;
     }
     if (api.graph_pool_retain(device, mempool_id.first, mempool_id.second) != 0) {
       fail(std::string("gpumem: createOrIncrefPool: ") + last_error());
     }
   }
 
-  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/, bool use_on_oom)
+  // MemPool(use_on_oom=True): when an allocation of the device's pool fails
+  // even after gpumem emptied its cache, the free blocks of such pools serve
+  // it (in the order they were made; none grows). ~MemPool clears it, after
+  // which the pool may be gone already: that only warns.
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom)
       override {
-    if (use_on_oom) {
-      fail("gpumem's native allocator does not serve out-of-memory retries from a MemPool (use_on_oom)");
+    if (api.graph_pool_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0) == 0) {
+      return;
     }
+    if (use_on_oom) {
+      fail(std::string("gpumem: setUseOnOOM: ") + last_error());
+    }
+    TORCH_WARN(std::string("gpumem: setUseOnOOM: ") + last_error());
   }
 
-  void setNoSplit(c10::DeviceIndex /*device*/, c10::MempoolId_t /*mempool_id*/) override {
-    // gpumem's graph pools split blocks as their pool does; nothing to set.
+  // MemPool(no_split=True): the pool hands its free blocks out whole, so
+  // each of its segments holds one block.
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    if (api.graph_pool_set_no_split(device, mempool_id.first, mempool_id.second) != 0) {
+      fail(std::string("gpumem: setNoSplit: ") + last_error());
+    }
   }
 
   bool checkPoolLiveAllocations(
@@ -891,10 +975,13 @@ class GpumemAllocator final : public CUDAAllocator {
       return device_block(size, device, stream);
     }
     pass_capture_reuse();
+    foreign_error.clear();
     void* p = api.graph_pool_malloc(size, device, pool.first, pool.second, stream);
     if (p == nullptr) {
-      failed(size, device, " for a CUDA graph");
+      failed(size, device, " for a CUDA graph or MemPool");
     }
+    // A segment refused and then served after gpumem emptied its cache.
+    foreign_error.clear();
     return Allocation{p, size, size, stream, device, pool};
   }
 
@@ -952,6 +1039,10 @@ class GpumemAllocator final : public CUDAAllocator {
   // observers ran, and gpumem's reason; anything else a RuntimeError.
   [[noreturn]] void failed(size_t size, c10::DeviceIndex device, const char* what) {
     std::string why = last_error();
+    if (!foreign_error.empty()) {
+      why += " (" + foreign_error + ")";
+      foreign_error.clear();
+    }
     if (why.find("out of memory") == std::string::npos) {
       fail(std::string("gpumem could not allocate ") + format_bytes(size) + what +
            " on device " + std::to_string(static_cast<int>(device)) + ": " + why);
@@ -1043,17 +1134,21 @@ class GpumemAllocator final : public CUDAAllocator {
   }
 
   // Segments with their blocks, live ones from gpumem and the gaps between
-  // them as free blocks, so every segment is tiled as memory_viz expects.
+  // them as free blocks, so every segment is tiled as memory_viz expects:
+  // those of one MemPool, or with kDevicePool all the device holds.
   static void snapshot_device(
       c10::DeviceIndex device,
-      std::vector<SegmentInfo>& out) {
+      std::vector<SegmentInfo>& out,
+      PoolId pool = kDevicePool) {
     size_t n_segments = 0;
     size_t n_blocks = 0;
     std::vector<gpumem_segment_t> segments;
     std::vector<gpumem_block_t> blocks;
     for (int attempt = 0; attempt < 4; ++attempt) {
-      if (api.snapshot(
+      if (api.pool_snapshot(
               device,
+              pool.first,
+              pool.second,
               segments.data(),
               segments.size(),
               &n_segments,
@@ -1079,6 +1174,7 @@ class GpumemAllocator final : public CUDAAllocator {
       seg.total_size = s.size;
       seg.stream = reinterpret_cast<cudaStream_t>(s.stream);
       seg.is_large = s.is_large != 0;
+      seg.is_expandable = s.is_expandable != 0;
       seg.owner_private_pool_id = PoolId{s.pool_id0, s.pool_id1};
       uint64_t at = s.address;
       uint64_t end = s.address + s.size;
@@ -1144,7 +1240,10 @@ extern "C" int gpumem_torch_install(
       api->restored_freed == nullptr || api->restored_made == nullptr ||
       api->restored_free == nullptr || api->graph_pool_live_blocks == nullptr ||
       api->graph_pool_block == nullptr || api->get_class_stats == nullptr ||
-      api->set_graph_capture_reuse == nullptr) {
+      api->set_graph_capture_reuse == nullptr ||
+      api->pool_snapshot == nullptr || api->pool_empty_cache == nullptr ||
+      api->graph_pool_set_no_split == nullptr || api->graph_pool_set_use_on_oom == nullptr ||
+      api->graph_pool_retain_foreign == nullptr) {
     return fail("gpumem_torch_install: the function table is incomplete");
   }
   try {

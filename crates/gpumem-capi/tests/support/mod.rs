@@ -4,11 +4,21 @@
 
 use std::sync::Arc;
 
+pub mod foreign;
+
 use gpumem::driver::sim::SimDriver;
 use gpumem_capi::conf::{parse, ResourceKind};
 use gpumem_capi::{gpumem_device_stats_t, gpumem_stat_t, Allocator, Backend};
 
 pub const MIB: usize = 1 << 20;
+
+/// Captures (and MemPool contexts) are the process's, and deferred frees
+/// and empty_cache wait while any is under way: a test binary whose tests
+/// begin them runs them one at a time, each holding this.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// An allocator serving `text` (which must be valid) on a fresh simulated
 /// driver.

@@ -27,7 +27,13 @@
 //!   way on either), stays out of use until the pool drops;
 //! - a free block is taken best fit (smallest, then lowest address) and
 //!   split when what remains is at least `round` bytes (small) or more than
-//!   `small_limit` (large); a freed block merges with its free neighbours;
+//!   `small_limit` (large); a freed block merges with its free neighbours.
+//!   A pool set not to split ([`SegmentPool::set_no_split`], PyTorch's
+//!   `MemPool(no_split=True)`) hands every free block out whole: each
+//!   segment then holds one block;
+//! - [`SegmentPool::allocate_cached`] serves a request from the free blocks
+//!   alone and never grows (PyTorch's use of a MemPool's free memory when
+//!   the device runs out);
 //! - segments go back to the upstream only when asked
 //!   ([`SegmentPool::release_free_segments`]) or when the pool drops.
 //!
@@ -42,7 +48,7 @@
 //! ([`SegmentPool::stats`]), blocks made or freed by a restore included.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::adaptor::Stat;
@@ -472,6 +478,8 @@ pub struct SegmentPool<U: MemoryResource> {
     state: Mutex<State>,
     /// Events for frees on another stream than the block's.
     events: EventPool,
+    /// Free blocks are handed out whole ([`SegmentPool::set_no_split`]).
+    no_split: AtomicBool,
 }
 
 impl<U: MemoryResource> std::fmt::Debug for SegmentPool<U> {
@@ -504,7 +512,24 @@ impl<U: MemoryResource> SegmentPool<U> {
             id: POOLS.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State::default()),
             events: EventPool::new(4),
+            no_split: AtomicBool::new(false),
         })
+    }
+
+    /// Stops splitting free blocks (`true`) or starts again (`false`, the
+    /// default): a pool that does not split hands every free block out
+    /// whole, so a new segment holds the one block it was made for, and a
+    /// free segment serves one request of its class whatever its size
+    /// (PyTorch's `MemPool(no_split=True)`). Blocks already split stay as
+    /// they are.
+    pub fn set_no_split(&self, no_split: bool) {
+        self.no_split.store(no_split, Ordering::Relaxed);
+    }
+
+    /// Whether free blocks are handed out whole
+    /// ([`SegmentPool::set_no_split`]).
+    pub fn no_split(&self) -> bool {
+        self.no_split.load(Ordering::Relaxed)
     }
 
     /// The upstream resource.
@@ -549,6 +574,9 @@ impl<U: MemoryResource> SegmentPool<U> {
 
     /// Whether a free block of `whole` bytes given `size` is split.
     fn splits(&self, class: SizeClass, whole: u64, size: u64) -> bool {
+        if self.no_split() {
+            return false;
+        }
         let rest = whole - size;
         match class {
             SizeClass::Small => rest >= self.config.round as u64,
@@ -837,6 +865,54 @@ impl<U: MemoryResource> SegmentPool<U> {
         Ok(start)
     }
 
+    /// [`MemoryResource::allocate`] from the free blocks alone: best fit
+    /// among the free blocks of `stream`'s segments of the request's class,
+    /// split as an allocation splits it, but never a new segment. `None`
+    /// when no free block fits (and for zero bytes).
+    pub fn allocate_cached(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> Result<Option<DevicePtr>> {
+        self.allocate_in(bytes, alignment, stream, false)
+    }
+
+    /// Best fit among the free blocks, else a new segment when `grow`;
+    /// `None` for zero bytes and when nothing fits without growing.
+    fn allocate_in(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+        grow: bool,
+    ) -> Result<Option<DevicePtr>> {
+        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
+            return Ok(None);
+        }
+        let size = self.rounded(bytes).ok_or_else(|| Error::oom(bytes))?;
+        let class = self.class_of(size);
+        let mut st = self.lock();
+        let id = stream.id();
+        let found = st
+            .free
+            .range((id, class, size, 0)..=(id, class, u64::MAX, u64::MAX))
+            .next()
+            .copied();
+        let (whole, addr) = match found {
+            Some((_, _, whole, addr)) => (whole, addr),
+            None if grow => {
+                let addr = self.grow(&mut st, size, class, stream)?;
+                (st.segs[&addr].size, addr)
+            }
+            None => return Ok(None),
+        };
+        let start = st.seg_of(addr).expect("a free block lies in a segment");
+        let split = self.splits(class, whole, size);
+        st.take(start, addr, size, bytes as u64, split);
+        Ok(Some(DevicePtr(addr)))
+    }
+
     /// A new segment for a block of `size` bytes of `class` on `stream`.
     fn grow(&self, st: &mut State, size: u64, class: SizeClass, stream: &Stream) -> Result<u64> {
         let too_large = || Error::oom(size as usize);
@@ -877,29 +953,8 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
     /// bytes (the upstream's segments are aligned so, and blocks lie at
     /// multiples of [`SegmentPoolConfig::round`] into them).
     fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> Result<DevicePtr> {
-        if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
-            return Ok(DevicePtr::NULL);
-        }
-        let size = self.rounded(bytes).ok_or_else(|| Error::oom(bytes))?;
-        let class = self.class_of(size);
-        let mut st = self.lock();
-        let id = stream.id();
-        let found = st
-            .free
-            .range((id, class, size, 0)..=(id, class, u64::MAX, u64::MAX))
-            .next()
-            .copied();
-        let (whole, addr) = match found {
-            Some((_, _, whole, addr)) => (whole, addr),
-            None => {
-                let addr = self.grow(&mut st, size, class, stream)?;
-                (st.segs[&addr].size, addr)
-            }
-        };
-        let start = st.seg_of(addr).expect("a free block lies in a segment");
-        let split = self.splits(class, whole, size);
-        st.take(start, addr, size, bytes as u64, split);
-        Ok(DevicePtr(addr))
+        self.allocate_in(bytes, alignment, stream, true)
+            .map(|p| p.unwrap_or(DevicePtr::NULL))
     }
 
     /// Checks the free (a live block's first byte, with a size that rounds

@@ -70,6 +70,14 @@ impl DeviceResource {
     pub fn allocation_size(&self, ptr: DevicePtr) -> Option<usize> {
         self.handed_out.bytes_of(ptr)
     }
+
+    /// Whether the live allocation at `ptr` is a growable one
+    /// ([`GrowInPlace`]: a range of CUDA virtual memory mapped in pieces,
+    /// PyTorch's expandable segments); `false` for a `cuMemAlloc` one and
+    /// for a pointer that is no allocation's.
+    pub fn is_growable(&self, ptr: DevicePtr) -> bool {
+        self.growable.contains(ptr)
+    }
 }
 
 impl MemoryResource for DeviceResource {
