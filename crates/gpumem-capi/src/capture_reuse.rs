@@ -30,10 +30,26 @@
 //! guess. Nothing here runs unless the setting is on and a block waits.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpumem::driver::{CaptureStatus, RawGraphNode};
 use gpumem::stream::StreamId;
 use gpumem::Stream;
+
+/// The value of a read of the capture's graph, or `None` when the driver
+/// refused it: the block waits for the capture to end, and the first such
+/// refusal in the process is reported (the setting asked for more).
+fn unreadable<T>(r: gpumem::Result<T>) -> Option<T> {
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    r.inspect_err(|e| {
+        if !REPORTED.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "graph_capture_record_stream_reuse: cannot read the capture's graph ({e}); blocks freed with recorded streams wait for the capture to end"
+            );
+        }
+    })
+    .ok()
+}
 
 /// Where the uses of a block freed during a capture end in its graph: the
 /// dependency sets of the streams that used it, at the free.
@@ -51,7 +67,7 @@ pub(crate) fn markers(stream: &Stream, others: &[Stream]) -> Option<Markers> {
     let mut capture = None;
     let mut nodes = Vec::new();
     for s in std::iter::once(stream).chain(others) {
-        let (info, deps) = s.capture_dependencies().ok()?;
+        let (info, deps) = unreadable(s.capture_dependencies())?;
         if info.status != CaptureStatus::Active || *capture.get_or_insert(info.id) != info.id {
             return None;
         }
@@ -107,7 +123,7 @@ impl Reach {
     }
 
     fn update(known: Option<Behind>, stream: &Stream) -> Option<Behind> {
-        let (info, mut now) = stream.capture_dependencies().ok()?;
+        let (info, mut now) = unreadable(stream.capture_dependencies())?;
         if info.status != CaptureStatus::Active {
             return None;
         }
@@ -147,7 +163,7 @@ fn walk(
         if known.contains(&n) {
             met.insert(n);
         } else if fresh.insert(n) {
-            todo.extend(driver.graph_node_dependencies(n).ok()?);
+            todo.extend(unreadable(driver.graph_node_dependencies(n))?);
         }
     }
     Some((fresh, met))
