@@ -27,7 +27,7 @@ def check(r, what):
         raise RuntimeError(f"{what}: CUresult {r}")
 
 class Mem:
-    def __init__(self, nbytes, rdma, posix, peers):
+    def __init__(self, nbytes, rdma, posix, peers, reserve=0):
         p = Prop(type=1, requestedHandleTypes=1 if posix else 0, location=Loc(1, dev))
         p.allocFlags.gpuDirectRDMACapable = 1 if rdma else 0
         g = ctypes.c_size_t()
@@ -36,7 +36,11 @@ class Mem:
         h = ctypes.c_ulonglong()
         check(cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(self.size), ctypes.byref(p), ctypes.c_ulonglong(0)), "create")
         ptr = ctypes.c_ulonglong()
-        check(cu.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(self.size), ctypes.c_size_t(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "reserve")
+        # `reserve` bytes of address space (0: the allocation's own size),
+        # the memory mapped a quarter of the way in, as a pool lays it out.
+        span = (max(reserve, self.size) + g.value - 1) // g.value * g.value
+        check(cu.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(span), ctypes.c_size_t(g.value), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "reserve")
+        ptr = ctypes.c_ulonglong(ptr.value + (span - self.size) // 4 // g.value * g.value)
         check(cu.cuMemMap(ptr, ctypes.c_size_t(self.size), ctypes.c_size_t(0), h, ctypes.c_ulonglong(0)), "map")
         devs = range(torch.cuda.device_count()) if peers else [dev]
         acc = (Access * len(devs))(*[Access(Loc(1, d), 3) for d in devs])
@@ -54,10 +58,13 @@ def attn(buf):
     torch.cuda.synchronize()
     return y
 ref = attn(src.clone())
-for rdma, posix, peers in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)):
-    name = f"dev {dev} rdma={rdma} posix_fd={posix} peers={peers}"
+total = torch.cuda.get_device_properties(dev).total_memory
+variants = [(r, p, q, 0) for r, p, q in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1))]
+variants += [(1, 1, q, k * total) for k in (1, 2) for q in (0, 1)]
+for rdma, posix, peers, reserve in variants:
+    name = f"dev {dev} rdma={rdma} posix_fd={posix} peers={peers} reserve={reserve / total:.0f}x memory"
     try:
-        m = Mem(src.numel() * 2, rdma, posix, peers)
+        m = Mem(src.numel() * 2, rdma, posix, peers, reserve)
         buf = torch.as_tensor(m, device="cuda").view(torch.bfloat16)
         buf.copy_(src.view(-1))
         y = attn(buf)

@@ -207,7 +207,11 @@ impl CudaDriver {
             CALL,
         )?;
         // A node's dependencies are set when it is captured: read again
-        // only if their count grew between the two calls.
+        // only if their count grew between the two calls. None: no second
+        // call (the driver refuses one with arrays of no entries).
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         for _ in 0..4 {
             let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
             let mut edges = edge_slots(n);
