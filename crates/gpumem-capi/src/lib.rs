@@ -91,7 +91,7 @@
 #[deny(unsafe_code)]
 pub mod allocator;
 #[deny(unsafe_code)]
-mod capture_reuse;
+pub mod capture_reuse;
 #[deny(unsafe_code)]
 pub mod conf;
 /// Graph pools whose segments come from the caller's allocator.

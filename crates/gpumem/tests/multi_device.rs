@@ -285,3 +285,41 @@ fn pools_over_cuda_memory_serve_a_peer_once_the_device_grants_it() {
     ));
     pool.deallocate(p, MIB, 256, &s).unwrap();
 }
+
+/// gpumem runs inside applications that keep a current device of their own
+/// (PyTorch's `cudaSetDevice`): whatever it does on another device, or for
+/// a peer, leaves the thread's current device as it was. (A context left on
+/// the peer sent PyTorch's next kernels to the other GPU.)
+#[test]
+fn calls_for_another_device_leave_the_current_device_alone() {
+    let Some((d0, d1, _sim)) = reaching_pair() else {
+        return;
+    };
+    let driver = d0.driver();
+    for (home, other) in [(&d0, &d1), (&d1, &d0)] {
+        driver.set_current_device(home.ordinal()).unwrap();
+        // A pool on the other device whose pages its peer (home) may use:
+        // creating, mapping and granting access bind both devices' contexts.
+        let mut config = VirtualPoolConfig::default();
+        config.peers = vec![home.ordinal()];
+        let pool = VirtualPool::new(other.clone(), config).unwrap();
+        let s = other.create_stream().unwrap();
+        let p = pool.allocate(3 * MIB, 256, &s).unwrap();
+        let plain = DeviceResource::new(other.clone());
+        let q = plain.allocate(MIB, 256, &s).unwrap();
+        assert_eq!(
+            driver.current_device().unwrap(),
+            home.ordinal(),
+            "after allocating"
+        );
+        plain.deallocate(q, MIB, 256, &s).unwrap();
+        pool.deallocate(p, 3 * MIB, 256, &s).unwrap();
+        s.synchronize().unwrap();
+        drop(pool);
+        assert_eq!(
+            driver.current_device().unwrap(),
+            home.ordinal(),
+            "after freeing"
+        );
+    }
+}

@@ -8,13 +8,11 @@
 //! Contexts: each device's primary context is retained on first use and kept
 //! for the life of the process (never released: the process may be exiting
 //! when the last user goes away, and the driver tears it down itself). A
-//! thread-local cache remembers which of our primary contexts is current on
-//! the thread, so binding a device that is already bound costs a TLS read and
-//! no driver call. The cache assumes nothing else on the thread changes the
-//! current context behind gpumem's back; code that does should call
-//! [`CudaDriver::forget_thread_context`] afterwards.
+//! call that needs a device's context makes it current for the call only
+//! ([`CudaDriver::bind`]): the application's current context (PyTorch's
+//! current device) is current again afterwards, and nothing is cached, since
+//! the application changes it behind gpumem's back.
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::OnceLock;
 
@@ -199,10 +197,40 @@ pub(super) fn load() -> Result<Loaded> {
 /// `Send + Sync` (the driver's contexts are usable from any thread).
 pub(super) type CtxAddr = usize;
 
-thread_local! {
-    /// (device ordinal, context) of the gpumem primary context current on this
-    /// thread; context 0 when unknown.
-    static CURRENT: Cell<(u32, CtxAddr)> = const { Cell::new((u32::MAX, 0)) };
+/// The context current on this thread (0: none).
+fn current_ctx() -> Result<CtxAddr> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    Ok(ctx as CtxAddr)
+}
+
+/// Makes `ctx` current on this thread.
+fn set_current(ctx: CtxAddr) -> Result<()> {
+    check(
+        // SAFETY: `ctx` is one of our primary contexts, retained and never
+        // released, or a context that was current on this thread when a
+        // `Bound` took it (its owner keeps it alive), or null (none).
+        unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) },
+        "cuCtxSetCurrent",
+    )
+}
+
+/// The context current before a [`CudaDriver::bind`], made current again on
+/// drop (nothing when the bind changed nothing).
+#[must_use = "the context is put back when the guard drops: keep it for the call"]
+pub(super) struct Bound {
+    prev: Option<CtxAddr>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(prev) = self.prev {
+            // A failure leaves our context current: nothing better to do in
+            // a drop, and the driver call itself was made.
+            let _ = set_current(prev);
+        }
+    }
 }
 
 /// Per-device primary contexts, retained on first use, never released.
@@ -251,57 +279,43 @@ impl CudaDriver {
         Ok(cell.get().copied().unwrap_or(addr))
     }
 
-    /// Makes `device`'s primary context current on this thread, calling
-    /// `cuCtxSetCurrent` only when the thread's current context differs.
+    /// Makes `device`'s primary context current on this thread for one
+    /// driver call: the context current before (another device's, the
+    /// application's own, or none) is current again when the returned guard
+    /// drops. gpumem runs inside applications that keep their own current
+    /// device (PyTorch's `cudaSetDevice`): a context left switched would
+    /// send their next work to another GPU. Binding the context already
+    /// current costs one `cuCtxGetCurrent`.
     #[inline]
-    pub(super) fn bind(&self, device: u32) -> Result<()> {
-        let (d, c) = CURRENT.get();
-        if d == device && c != 0 {
-            return Ok(());
+    pub(super) fn bind(&self, device: u32) -> Result<Bound> {
+        let target = self.primary_ctx(device)?;
+        let now = current_ctx()?;
+        if now == target {
+            return Ok(Bound { prev: None });
         }
-        self.bind_slow(device)
+        set_current(target)?;
+        Ok(Bound { prev: Some(now) })
     }
 
-    #[cold]
-    fn bind_slow(&self, device: u32) -> Result<()> {
-        let ctx = self.primary_ctx(device)?;
-        check(
-            // SAFETY: `ctx` is a primary context we retained and never release, so
-            // it is valid for the life of the process.
-            unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) },
-            "cuCtxSetCurrent",
-        )?;
-        CURRENT.set((device, ctx));
+    /// Makes `device`'s primary context current on this thread and leaves
+    /// it there (`Driver::set_current_device`).
+    pub(super) fn make_current(&self, device: u32) -> Result<()> {
+        let target = self.primary_ctx(device)?;
+        if current_ctx()? != target {
+            set_current(target)?;
+        }
         Ok(())
     }
 
-    /// Makes sure *some* context is current, for calls that act on a stream,
-    /// event, pool or address: the one already current, or device 0's.
+    /// Makes sure *some* context is current for one call that acts on a
+    /// stream, event, pool or address: the one already current, else device
+    /// 0's until the guard drops.
     #[inline]
-    pub(super) fn ensure_context(&self) -> Result<()> {
-        if CURRENT.get().1 != 0 {
-            return Ok(());
+    pub(super) fn ensure_context(&self) -> Result<Bound> {
+        if current_ctx()? != 0 {
+            return Ok(Bound { prev: None });
         }
-        self.ensure_context_slow()
-    }
-
-    #[cold]
-    fn ensure_context_slow(&self) -> Result<()> {
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-pointer.
-        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-        if ctx.is_null() {
-            return self.bind(0);
-        }
-        // Someone else's context, or one of ours set by another path: use it,
-        // and remember it only if it is our primary one (so that `bind` stays
-        // correct when a foreign context of the same device is current).
-        if let Ok(device) = self.current_device_of_current_ctx() {
-            if self.contexts.primary[device as usize].get() == Some(&(ctx as CtxAddr)) {
-                CURRENT.set((device, ctx as CtxAddr));
-            }
-        }
-        Ok(())
+        self.bind(0)
     }
 
     /// Ordinal of the device of the context current on this thread.
@@ -321,18 +335,12 @@ impl CudaDriver {
             .ok_or_else(|| Error::InvalidArgument(format!("unknown CUdevice {dev}")))
     }
 
-    /// Drops this thread's record of which context is current. Call it after
-    /// code outside gpumem changed the thread's current context
-    /// (`cuCtxSetCurrent`, `cuCtxPushCurrent`, `cudaSetDevice`...), so that
-    /// the next gpumem call re-binds its own.
-    pub fn forget_thread_context(&self) {
-        CURRENT.set((u32::MAX, 0));
-    }
-
-    /// The device ordinal this thread last bound through gpumem, if any.
+    /// The device of the context current on this thread, if any.
     pub(super) fn thread_device(&self) -> Option<u32> {
-        let (d, c) = CURRENT.get();
-        (c != 0).then_some(d)
+        match current_ctx() {
+            Ok(c) if c != 0 => self.current_device_of_current_ctx().ok(),
+            _ => None,
+        }
     }
 
     pub(super) fn current_device_impl(&self) -> Result<u32> {
@@ -357,7 +365,7 @@ impl CudaDriver {
 
     pub(super) fn device_info_impl(&self, device: u32) -> Result<DeviceInfo> {
         let dev = self.cu_device(device)?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut name = [0u8; 256];
         check(
             // SAFETY: the buffer is 256 writable bytes and we pass its length; the
@@ -413,7 +421,7 @@ impl CudaDriver {
     }
 
     pub(super) fn mem_info_impl(&self, device: u32) -> Result<MemInfo> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let (mut free, mut total) = (0usize, 0usize);
         check(
             // SAFETY: both are valid out-pointers; `device`'s context is current.
@@ -426,7 +434,7 @@ impl CudaDriver {
     pub(super) fn can_access_peer_impl(&self, device: u32, peer: u32) -> Result<bool> {
         let dev = self.cu_device(device)?;
         let peer_dev = self.cu_device(peer)?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         if device == peer {
             // A device reaches its own memory; the driver answers 0 here.
             return Ok(true);
@@ -445,7 +453,7 @@ impl CudaDriver {
             return Err(crate::driver::peer_access_to_itself(device));
         }
         let peer_ctx = self.primary_ctx(peer)?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         // SAFETY: `peer_ctx` is a primary context we retained and never
         // release; `device`'s own primary context is current; flags must be 0.
         let res = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx as sys::CUcontext, 0) };
@@ -456,7 +464,7 @@ impl CudaDriver {
     }
 
     pub(super) fn device_synchronize_impl(&self, device: u32) -> Result<()> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         // SAFETY: no arguments; `device`'s context is current.
         check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
     }

@@ -74,8 +74,9 @@ fn null_handle(call: &str, what: &str) -> Error {
 
 impl CudaDriver {
     /// Fails unless the driver has every stream-capture symbol (so that no
-    /// call below can reach a missing one), then makes a context current.
-    fn graphs_ready(&self, call: &str) -> Result<()> {
+    /// call below can reach a missing one), then makes a context current for
+    /// the call (see [`CudaDriver::ensure_context`]).
+    fn graphs_ready(&self, call: &str) -> Result<super::context::Bound> {
         if let Some(sym) = self.missing_graph_symbol {
             return Err(Error::unsupported(format!(
                 "{call}: the CUDA driver lacks {sym} (stream capture needs CUDA 12.3 or newer)"
@@ -90,7 +91,7 @@ impl CudaDriver {
         mode: CaptureMode,
     ) -> Result<()> {
         const CALL: &str = "cuStreamBeginCapture";
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         check(
             // SAFETY: the symbol was found at load; handle and mode by value,
             // the driver validates the handle.
@@ -101,7 +102,7 @@ impl CudaDriver {
 
     pub(super) fn stream_end_capture_impl(&self, stream: RawStream) -> Result<RawGraph> {
         const CALL: &str = "cuStreamEndCapture";
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut g: sys::CUgraph = std::ptr::null_mut();
         check(
             // SAFETY: the symbol was found at load; `g` is a valid out-pointer.
@@ -113,7 +114,7 @@ impl CudaDriver {
 
     pub(super) fn stream_capture_info_impl(&self, stream: RawStream) -> Result<CaptureInfo> {
         const CALL: &str = "cuStreamGetCaptureInfo";
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: sys::cuuint64_t = 0;
         check(
@@ -143,7 +144,7 @@ impl CudaDriver {
         stream: RawStream,
     ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
         const CALL: &str = "cuStreamGetCaptureInfo";
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: sys::cuuint64_t = 0;
         let mut deps: *const sys::CUgraphNode = std::ptr::null();
@@ -191,7 +192,7 @@ impl CudaDriver {
         if node == 0 {
             return Err(null_handle(CALL, "graph node"));
         }
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut n: usize = 0;
         check(
             // SAFETY: the symbol was found at load; with null arrays the
@@ -248,7 +249,7 @@ impl CudaDriver {
         mode: CaptureMode,
     ) -> Result<CaptureMode> {
         const CALL: &str = "cuThreadExchangeStreamCaptureMode";
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut m = cu_mode(mode);
         check(
             // SAFETY: the symbol was found at load; `m` is a valid in/out pointer.
@@ -263,7 +264,7 @@ impl CudaDriver {
         if graph == 0 {
             return Err(null_handle(CALL, "graph"));
         }
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         let mut e: sys::CUgraphExec = std::ptr::null_mut();
         check(
             // SAFETY: the symbol was found at load; `e` is a valid out-pointer,
@@ -279,7 +280,7 @@ impl CudaDriver {
         if exec == 0 {
             return Err(null_handle(CALL, "executable graph"));
         }
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         check(
             // SAFETY: the symbol was found at load; handles by value, the
             // driver validates them.
@@ -293,7 +294,7 @@ impl CudaDriver {
         if graph == 0 {
             return Err(null_handle(CALL, "graph"));
         }
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         check(
             // SAFETY: the symbol was found at load; a non-null handle the
             // caller owns and destroys once (the trait's contract).
@@ -307,7 +308,7 @@ impl CudaDriver {
         if exec == 0 {
             return Err(null_handle(CALL, "executable graph"));
         }
-        self.graphs_ready(CALL)?;
+        let _bound = self.graphs_ready(CALL)?;
         check(
             // SAFETY: the symbol was found at load; a non-null handle the
             // caller owns and destroys once (the trait's contract).

@@ -47,7 +47,7 @@ impl CudaDriver {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a valid out-pointer; `device`'s context is current.
         let res = unsafe { sys::cuMemAlloc_v2(&mut p, bytes) };
@@ -59,7 +59,7 @@ impl CudaDriver {
         if ptr.is_null() {
             return Ok(());
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         // SAFETY: the caller hands back a pointer from mem_alloc (trait
         // contract); the driver rejects addresses it did not allocate.
         check(unsafe { sys::cuMemFree_v2(ptr.0) }, "cuMemFree")
@@ -69,7 +69,7 @@ impl CudaDriver {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a valid out-pointer; `device`'s context is current.
         let res = unsafe {
@@ -92,7 +92,7 @@ impl CudaDriver {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; `device`'s context is current and
         // the flags are the documented CU_MEMHOSTALLOC_* bits.
@@ -105,7 +105,7 @@ impl CudaDriver {
         if ptr.is_null() {
             return Ok(());
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller hands back a pointer from mem_alloc_host (trait
             // contract); the driver rejects pointers it did not allocate.
@@ -129,7 +129,7 @@ impl CudaDriver {
                 "cuMemAdvise_v2: needs a CUDA 12.2 or newer driver",
             ));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the symbol was found at load; advice changes only where the
             // driver places pages, it never reads or writes through `ptr`, and the
@@ -157,7 +157,7 @@ impl CudaDriver {
             return Ok(());
         }
         check_range(ptr.0, bytes, "cuMemPrefetchAsync")?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         if !self.has_prefetch_v2 {
             return Err(Error::unsupported(
                 "cuMemPrefetchAsync_v2: needs a CUDA 12.2 or newer driver",
@@ -191,7 +191,7 @@ impl CudaDriver {
             return Ok(());
         }
         check_range(dst.0, bytes, "cuMemsetD8Async")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: addresses by value, range checked not to wrap. The device,
             // not this thread, does the write; the trait's contract is that the
@@ -214,7 +214,7 @@ impl CudaDriver {
         }
         check_range(dst.0, bytes, "cuMemcpyDtoDAsync")?;
         check_range(src.0, bytes, "cuMemcpyDtoDAsync")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: addresses by value, ranges checked not to wrap; as for
             // memset, the caller names memory it owns (trait contract).
@@ -238,7 +238,7 @@ impl CudaDriver {
         check_range(src.0, bytes, CALL)?;
         let dst_ctx = self.primary_ctx(dst_device)?;
         let src_ctx = self.primary_ctx(src_device)?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: addresses by value, ranges checked not to wrap; both
             // contexts are primary contexts we retained and never release; as
@@ -259,7 +259,7 @@ impl CudaDriver {
     }
 
     pub(super) fn mem_address_range_impl(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         check(
             // SAFETY: both are valid out-pointers; the address is a value the
@@ -271,7 +271,7 @@ impl CudaDriver {
     }
 
     pub(super) fn is_pinned_host_impl(&self, ptr: DevicePtr) -> Result<bool> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut kind: u32 = 0;
         // SAFETY: `kind` is a valid out-pointer of the attribute's type (a
         // `CUmemorytype`, 32 bits); the address is a value the driver looks up.
@@ -306,7 +306,7 @@ impl CudaDriver {
             return Err(null_host("cuMemcpyHtoDAsync"));
         }
         check_range(dst.0, bytes, "cuMemcpyHtoDAsync")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller guarantees `src..src+bytes` is readable and stays
             // valid until the copy has run (this function's contract).
@@ -333,7 +333,7 @@ impl CudaDriver {
             return Err(null_host("cuMemcpyDtoHAsync"));
         }
         check_range(src.0, bytes, "cuMemcpyDtoHAsync")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller guarantees `dst..dst+bytes` is writable and
             // untouched until the copy has run (this function's contract).

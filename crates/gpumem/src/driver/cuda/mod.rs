@@ -126,7 +126,7 @@ impl Driver for CudaDriver {
         self.current_device_impl()
     }
     fn set_current_device(&self, device: u32) -> Result<()> {
-        self.bind(device)
+        self.make_current(device)
     }
     fn device_info(&self, device: u32) -> Result<DeviceInfo> {
         self.device_info_impl(device)

@@ -161,7 +161,7 @@ pub(super) fn export_posix_fd(
 impl CudaDriver {
     pub(super) fn mempool_default_impl(&self, device: u32) -> Result<RawPool> {
         let dev = self.cu_device(device)?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         check(
             // SAFETY: `pool` is a valid out-pointer, `dev` from cuDeviceGet.
@@ -173,7 +173,7 @@ impl CudaDriver {
 
     pub(super) fn mempool_current_impl(&self, device: u32) -> Result<RawPool> {
         let dev = self.cu_device(device)?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         check(
             // SAFETY: `pool` is a valid out-pointer, `dev` from cuDeviceGet.
@@ -184,10 +184,10 @@ impl CudaDriver {
     }
 
     pub(super) fn mempool_create_impl(&self, props: &PoolProps) -> Result<RawPool> {
-        match props.location {
+        let _bound = match props.location {
             Location::Device(d) => self.bind(d)?,
             Location::Host | Location::HostNuma(_) => self.ensure_context()?,
-        }
+        };
         let cu = pool_props_to_cu(props);
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         check(
@@ -203,7 +203,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolDestroy"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: a non-null pool the caller owns and destroys once (trait
             // contract); the driver rejects device default pools.
@@ -230,7 +230,7 @@ impl CudaDriver {
             )));
         }
         let (cu_attr, width) = pool_attr_to_cu(attr);
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let res = match width {
             AttrWidth::U64 => {
                 let mut v: u64 = value;
@@ -270,7 +270,7 @@ impl CudaDriver {
             return Err(null_pool("cuMemPoolGetAttribute"));
         }
         let (cu_attr, width) = pool_attr_to_cu(attr);
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         match width {
             AttrWidth::U64 => {
                 let mut v: u64 = 0;
@@ -310,7 +310,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolTrimTo"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: a non-null pool handle by value; the driver validates it.
             unsafe { sys::cuMemPoolTrimTo(cu_pool(pool), keep) },
@@ -327,7 +327,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolSetAccess"));
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let desc = access_desc(device, access);
         check(
             // SAFETY: `desc` is one initialized descriptor, count 1, alive
@@ -345,7 +345,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolGetAccess"));
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut loc = device_location(device);
         // Read into a plain u32, not the Rust enum, so an unexpected value
         // from the driver is an error instead of an invalid enum.
@@ -379,7 +379,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemAllocFromPoolAsync"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a valid out-pointer; pool and stream by value.
         let res = unsafe {
@@ -399,7 +399,7 @@ impl CudaDriver {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a valid out-pointer; the stream by value.
         let res = unsafe { sys::cuMemAllocAsync(&mut p, bytes, cu_stream(stream)) };
@@ -411,7 +411,7 @@ impl CudaDriver {
         if ptr.is_null() {
             return Ok(());
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller hands back a pointer from a pool allocation once
             // (trait contract); the driver validates pointer and stream.
@@ -424,7 +424,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolExportToShareableHandle"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         export_posix_fd("cuMemPoolExportToShareableHandle", |fd| {
             // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
             // writes an int through the handle pointer; `fd` points at one
@@ -442,7 +442,7 @@ impl CudaDriver {
 
     pub(super) fn mempool_import_fd_impl(&self, fd: BorrowedFd<'_>) -> Result<RawPool> {
         let fd = fd.as_raw_fd();
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         check(
             // SAFETY: for POSIX file descriptors the handle argument is the fd
@@ -462,7 +462,7 @@ impl CudaDriver {
     }
 
     pub(super) fn mempool_export_pointer_impl(&self, ptr: DevicePtr) -> Result<PoolPtrExport> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
         check(
             // SAFETY: `data` is a valid 64-byte out-struct; the pointer by value.
@@ -480,7 +480,7 @@ impl CudaDriver {
         if pool == 0 {
             return Err(null_pool("cuMemPoolImportPointer"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut share = sys::CUmemPoolPtrExportData { reserved: data.0 };
         let mut p: sys::CUdeviceptr = 0;
         check(

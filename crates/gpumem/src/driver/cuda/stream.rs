@@ -38,7 +38,7 @@ fn null_event(call: &str) -> Error {
 
 impl CudaDriver {
     pub(super) fn stream_create_impl(&self, device: u32, non_blocking: bool) -> Result<RawStream> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let flags = if non_blocking {
             CUstream_flags::CU_STREAM_NON_BLOCKING
         } else {
@@ -59,7 +59,7 @@ impl CudaDriver {
                 "cuStreamDestroy: stream {stream:#x} is a default stream"
             )));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the handle is not a default stream; the caller owns it and
             // destroys it once (the trait's contract). The driver checks the rest.
@@ -69,7 +69,7 @@ impl CudaDriver {
     }
 
     pub(super) fn stream_synchronize_impl(&self, stream: RawStream) -> Result<()> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: a stream handle by value; the driver validates it.
             unsafe { sys::cuStreamSynchronize(cu_stream(stream)) },
@@ -78,7 +78,7 @@ impl CudaDriver {
     }
 
     pub(super) fn stream_query_impl(&self, stream: RawStream) -> Result<bool> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         ready(
             // SAFETY: a stream handle by value; the driver validates it.
             unsafe { sys::cuStreamQuery(cu_stream(stream)) },
@@ -87,7 +87,7 @@ impl CudaDriver {
     }
 
     pub(super) fn event_create_impl(&self, device: u32) -> Result<RawEvent> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let mut e: sys::CUevent = std::ptr::null_mut();
         check(
             // SAFETY: `e` is a valid out-pointer; `device`'s context is current.
@@ -101,7 +101,7 @@ impl CudaDriver {
         if event == 0 {
             return Err(null_event("cuEventDestroy"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: non-null handle the caller owns and destroys once.
             unsafe { sys::cuEventDestroy_v2(cu_event(event)) },
@@ -113,7 +113,7 @@ impl CudaDriver {
         if event == 0 {
             return Err(null_event("cuEventRecord"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: handles by value; the driver validates them.
             unsafe { sys::cuEventRecord(cu_event(event), cu_stream(stream)) },
@@ -125,7 +125,7 @@ impl CudaDriver {
         if event == 0 {
             return Err(null_event("cuEventQuery"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         ready(
             // SAFETY: a non-null handle by value; the driver validates it.
             unsafe { sys::cuEventQuery(cu_event(event)) },
@@ -137,7 +137,7 @@ impl CudaDriver {
         if event == 0 {
             return Err(null_event("cuEventSynchronize"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: a non-null handle by value; the driver validates it.
             unsafe { sys::cuEventSynchronize(cu_event(event)) },
@@ -149,7 +149,7 @@ impl CudaDriver {
         if event == 0 {
             return Err(null_event("cuStreamWaitEvent"));
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: handles by value, flags 0 (the only portable value).
             unsafe { sys::cuStreamWaitEvent(cu_stream(stream), cu_event(event), 0) },
@@ -160,7 +160,7 @@ impl CudaDriver {
     /// The device a stream belongs to (`cuStreamGetDevice`, CUDA 12.8+); for the
     /// default streams, the device current on this thread.
     pub fn stream_device(&self, stream: RawStream) -> Result<u32> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         if !self.has_stream_get_device {
             return Err(Error::unsupported(
                 "cuStreamGetDevice: needs a CUDA 12.8 or newer driver",

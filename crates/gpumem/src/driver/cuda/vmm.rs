@@ -40,7 +40,7 @@ fn zero_bytes(call: &str) -> Error {
 
 impl CudaDriver {
     pub(super) fn vmm_granularity_impl(&self, device: u32, recommended: bool) -> Result<usize> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let prop = device_alloc_prop(device, PhysProps::default());
         let option = if recommended {
             CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
@@ -64,7 +64,7 @@ impl CudaDriver {
         if alignment != 0 {
             check_alignment(alignment)?;
         }
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a valid out-pointer; no fixed address, no flags.
         let res = unsafe { sys::cuMemAddressReserve(&mut p, bytes, alignment, 0, 0) };
@@ -75,7 +75,7 @@ impl CudaDriver {
 
     pub(super) fn vmm_free_address_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemAddressFree")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller frees a range it reserved, with nothing mapped
             // (trait contract); the driver validates the range.
@@ -93,7 +93,7 @@ impl CudaDriver {
         if bytes == 0 {
             return Err(zero_bytes("cuMemCreate"));
         }
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let prop = device_alloc_prop(device, props);
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `h` is a valid out-pointer, `prop` fully initialized and
@@ -104,14 +104,14 @@ impl CudaDriver {
     }
 
     pub(super) fn vmm_release_impl(&self, handle: RawPhys) -> Result<()> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         // SAFETY: a handle by value that the caller owns and releases once;
         // mappings keep the memory alive until unmapped.
         check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
     }
 
     pub(super) fn vmm_retain_handle_impl(&self, ptr: DevicePtr) -> Result<RawPhys> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         check(
             // SAFETY: `h` is a valid out-pointer; the address is passed as a
@@ -135,7 +135,7 @@ impl CudaDriver {
         handle: RawPhys,
     ) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemMap")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         check(
             // SAFETY: values only; the driver checks that the range is reserved
             // and unmapped and that offset+bytes fits the handle. Flags must be 0.
@@ -146,7 +146,7 @@ impl CudaDriver {
 
     pub(super) fn vmm_unmap_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemUnmap")?;
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         // SAFETY: values only; the caller unmaps a range it mapped and no
         // longer uses (trait contract).
         check(unsafe { sys::cuMemUnmap(ptr.0, bytes) }, "cuMemUnmap")
@@ -160,7 +160,7 @@ impl CudaDriver {
         access: AccessFlags,
     ) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemSetAccess")?;
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         let desc = access_desc(device, access);
         check(
             // SAFETY: `desc` is one initialized descriptor, count 1, alive through
@@ -171,7 +171,7 @@ impl CudaDriver {
     }
 
     pub(super) fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<OwnedFd> {
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         export_posix_fd("cuMemExportToShareableHandle", |fd| {
             // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
             // writes an int through the pointer; `fd` points at one that
@@ -189,7 +189,7 @@ impl CudaDriver {
 
     pub(super) fn vmm_import_fd_impl(&self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
         let fd = fd.as_raw_fd();
-        self.ensure_context()?;
+        let _bound = self.ensure_context()?;
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         check(
             // SAFETY: for POSIX file descriptors the handle argument is the fd

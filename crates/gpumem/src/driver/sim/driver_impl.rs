@@ -25,7 +25,7 @@ impl Driver for SimDriver {
     }
 
     fn set_current_device(&self, device: u32) -> Result<()> {
-        self.call_dev("cuCtxSetCurrent", device, |_, _| Ok(()))
+        self.make_current(device)
     }
 
     fn device_info(&self, device: u32) -> Result<DeviceInfo> {

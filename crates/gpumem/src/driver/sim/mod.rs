@@ -404,7 +404,7 @@ impl SimDriver {
         f(&mut st, ctx)
     }
 
-    /// Runs a call that takes a device: checks it and makes it current first.
+    /// Runs a call that takes a device: checks it and runs it on that device.
     fn call_dev<T>(
         &self,
         name: &'static str,
@@ -413,8 +413,17 @@ impl SimDriver {
     ) -> Result<T> {
         self.call(name, |st, ctx| {
             st.check_device(device, name)?;
-            CURRENT.with(|c| c.borrow_mut().entry(self.uid).or_default().device = device);
             f(st, Ctx { device, ..ctx })
+        })
+    }
+
+    /// Makes `device` this thread's current device (`cuCtxSetCurrent`);
+    /// the other calls that take a device act on it without changing the
+    /// thread's current one, as the CUDA backend does.
+    pub(super) fn make_current(&self, device: u32) -> Result<()> {
+        self.call_dev("cuCtxSetCurrent", device, |_, _| {
+            CURRENT.with(|c| c.borrow_mut().entry(self.uid).or_default().device = device);
+            Ok(())
         })
     }
 

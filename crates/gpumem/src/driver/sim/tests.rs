@@ -169,9 +169,9 @@ fn current_device_is_per_thread() {
         .unwrap();
     assert_eq!(code(d.set_current_device(2).unwrap_err()), 101);
     assert_eq!(d.current_device().unwrap(), 1);
-    // A call taking a device makes it current.
+    // A call taking a device acts on it and leaves the current one alone.
     d.mem_info(0).unwrap();
-    assert_eq!(d.current_device().unwrap(), 0);
+    assert_eq!(d.current_device().unwrap(), 1);
 }
 
 // ----- plain allocation -----
