@@ -1690,7 +1690,10 @@ impl Allocator {
     /// of the device's limit (`max_size` and the memory fraction): together
     /// they hold at most the limit. Called when the graph pools' reserve
     /// changes; a device allocation racing a graph pool's growth may find
-    /// the old share, so the sum can pass the limit by one growth then.
+    /// the old share, so the sum can pass the limit by one growth then (a
+    /// choice: closing the window would put one lock on every growth of
+    /// every pool of the device; `tests/graph_pool_limits.rs` makes the race
+    /// happen and pins the bound).
     fn apply_limit(&self, st: &DeviceState) {
         let limit = self.limit_of(&st.conf, st.device.ordinal(), st.total_memory);
         let graphs = st.graphs.reserved_bytes().0;

@@ -107,3 +107,59 @@ fn the_memory_fraction_covers_the_graph_pools() {
     assert!(!d.is_null());
     a.free(d, 32 * MIB, 0, s);
 }
+
+/// The race `Allocator::apply_limit` documents, made to happen: a graph
+/// pool's growth in flight (its `cuMemAlloc` stopped at a gate) while the
+/// device's pool grows. Each took its share of the limit before the other
+/// grew, so together they pass it, by at most the growth in flight; once
+/// that growth lands, the device's pool gets only what is left and cannot
+/// grow further. A design choice: closing the window would put one lock
+/// (or one shared budget) on every growth of every pool of the device.
+#[test]
+fn a_growth_racing_a_graph_pool_growth_passes_the_limit_by_one_growth_at_most() {
+    let a = allocator("resource=pool,max_size=64MiB");
+    let sim = sim(&a);
+    let s = stream(&a);
+    // The device's pool grows by mapping (expandable heaps), the graph
+    // pools by cuMemAlloc: the gate stops only the graph pool's growth.
+    let d = a.malloc(MIB, 0, s);
+    a.free(d, MIB, 0, s);
+    a.empty_cache(0);
+    assert_eq!(sim.call_count("cuMemAlloc"), 0, "the device's pool maps");
+    let gate = sim.gate_call("cuMemAlloc", 1);
+    std::thread::scope(|scope| {
+        let graph = scope.spawn(|| {
+            a.graph_pool_begin(0, POOL).unwrap();
+            let p = a.graph_pool_malloc(32 * MIB, 0, POOL, s);
+            a.graph_pool_end(0, POOL).unwrap();
+            p
+        });
+        assert!(
+            gate.wait_arrival(std::time::Duration::from_secs(60)),
+            "the graph pool's growth reached the driver"
+        );
+        // Meanwhile: the device's pool still sees the whole limit.
+        let mine = a.malloc(48 * MIB, 0, s);
+        assert!(
+            !mine.is_null(),
+            "the device's share did not count the growth in flight"
+        );
+        gate.open();
+        let g = graph.join().unwrap();
+        assert!(
+            !g.is_null(),
+            "the graph pool's share did not count the device's growth"
+        );
+        let held = a.reserved_bytes(0);
+        assert!(held > 64 * MIB, "the race passed the limit: {held}");
+        assert!(held <= 64 * MIB + 32 * MIB, "by one growth at most: {held}");
+        // From now on each gets only what the other leaves.
+        let more = a.malloc(16 * MIB, 0, s);
+        assert!(more.is_null(), "the device's pool grew past its share");
+        a.free(mine, 48 * MIB, 0, s);
+        a.graph_pool_free(g, 32 * MIB, 0, POOL, s);
+    });
+    a.graph_pool_release(0, POOL).unwrap();
+    a.empty_cache(0);
+    assert_eq!(a.reserved_bytes(0), 0);
+}

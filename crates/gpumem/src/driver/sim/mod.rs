@@ -95,6 +95,7 @@ mod capture;
 mod config;
 mod driver_impl;
 mod faults;
+mod gates;
 mod graphs;
 mod ipc;
 mod memory;
@@ -115,6 +116,7 @@ use std::thread::ThreadId;
 pub use capture::{CaptureViolation, UNSAFE_DURING_CAPTURE};
 pub use config::SimConfig;
 pub use faults::cu_result_name;
+pub use gates::CallGate;
 pub use memory::DataStats;
 pub use peer::PeerViolation;
 
@@ -327,6 +329,7 @@ pub struct SimDriver {
     uid: u64,
     devices: u32,
     state: Mutex<State>,
+    gates: gates::Gates,
 }
 
 impl std::fmt::Debug for SimDriver {
@@ -353,6 +356,7 @@ impl SimDriver {
             uid,
             devices,
             state: Mutex::new(State::new(config, uid)),
+            gates: gates::Gates::default(),
         }
     }
 
@@ -398,6 +402,7 @@ impl SimDriver {
         name: &'static str,
         f: impl FnOnce(&mut State, Ctx) -> Result<T>,
     ) -> Result<T> {
+        self.gates.pass(name);
         let ctx = self.ctx();
         let mut st = self.lock();
         st.faults.on_call(name)?;
@@ -425,6 +430,14 @@ impl SimDriver {
             CURRENT.with(|c| c.borrow_mut().entry(self.uid).or_default().device = device);
             Ok(())
         })
+    }
+
+    /// Makes the `nth` call named `call` from now on (a CUDA name, as
+    /// [`SimDriver::call_count`] counts them) stop before it runs until the
+    /// returned gate opens (see [`CallGate`]). For tests that must put one
+    /// thread's call in flight while another acts.
+    pub fn gate_call(&self, call: &'static str, nth: u64) -> CallGate {
+        self.gates.arm(call, nth)
     }
 
     /// The configuration this driver was made with.

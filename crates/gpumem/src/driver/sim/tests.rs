@@ -1430,3 +1430,28 @@ fn bench_bookkeeping() {
         t.elapsed() / (n + n / 2)
     );
 }
+
+#[test]
+fn a_gated_call_waits_for_its_gate_and_others_do_not() {
+    use std::time::Duration;
+    let d = Arc::new(SimDriver::new(SimConfig::default()));
+    let gate = d.gate_call("cuMemAlloc", 2);
+    let first = d.mem_alloc(0, 1 << 20).unwrap(); // the first passes
+    std::thread::scope(|s| {
+        let d2 = d.clone();
+        let second = s.spawn(move || d2.mem_alloc(0, 1 << 20).unwrap());
+        assert!(gate.wait_arrival(Duration::from_secs(60)));
+        // Stopped before it ran: nothing allocated yet, other calls go on.
+        assert_eq!(d.device_allocations(0), 1);
+        d.mem_info(0).unwrap();
+        gate.open();
+        let p = second.join().unwrap();
+        assert_eq!(d.device_allocations(0), 2);
+        d.mem_free(0, p).unwrap();
+    });
+    d.mem_free(0, first).unwrap();
+    // A gate never reached stops nothing once its handle is gone.
+    drop(d.gate_call("cuMemAlloc", 1));
+    let p = d.mem_alloc(0, 1 << 20).unwrap();
+    d.mem_free(0, p).unwrap();
+}
