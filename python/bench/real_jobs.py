@@ -1,0 +1,351 @@
+"""Real PyTorch jobs under PyTorch's allocators and gpumem's, side by side.
+
+    python3 python/bench/real_jobs.py run --out real_jobs.jsonl            # every job, 3 rounds
+    python3 python/bench/real_jobs.py run --quick --jobs lm,gnn            # minutes
+    python3 python/bench/real_jobs.py list                                 # the jobs and configurations
+
+The jobs use the libraries people train with (HF transformers, timm,
+torch_geometric), models built from their configurations (no download) and
+inputs made on the fly with fixed seeds, so every allocator sees the same
+work:
+
+- ``lm``: GPT-2 small training (transformers), batch 8, a new sequence
+  length (128 to 1024 tokens) every step, bf16 autocast, AdamW;
+- ``generate``: greedy generation with a small Llama (transformers), a new
+  batch size (1 to 16) and prompt length (32 to 512) every step;
+- ``vision``: ResNet-50 training (timm), batch 64 at 224 x 224,
+  ``cudnn.benchmark`` on, bf16 autocast, SGD;
+- ``gnn``: GraphSAGE training (torch_geometric) on a new random graph
+  (50,000 to 200,000 nodes, 10 edges each) every step;
+- ``compile``: a transformer block under ``torch.compile(mode=
+  "reduce-overhead")`` (CUDA graph trees) with the batch cycling through
+  8, 32 and 128;
+- ``threads``: inference of a ResNet-18 (timm) by 4 threads, each on its own
+  stream; a step is one batch from every thread.
+
+Configurations, each job in a fresh process: ``torch`` (PyTorch's caching
+allocator), ``torch+SETTINGS`` (with ``PYTORCH_CUDA_ALLOC_CONF=SETTINGS``,
+e.g. ``torch+expandable_segments:True``, ``torch+backend:cudaMallocAsync``),
+``native:RESOURCE`` (gpumem.torch.enable, more GPUMEM_CONF settings after
+``+``). The rounds rotate the order of the configurations.
+
+A row per job and configuration: step time (median of the steady steps,
+median over rounds) and its ratio to ``torch`` paired by round, with the
+spread; the first three steps' time (the process's first work, allocator
+warm-up included); peak reserved and peak allocated (PyTorch's counters);
+peak device memory in use (total - free, sampled after every step's
+forward and backward: checks every allocator's own report); the final
+loss (a checksum of the generated tokens for ``generate``), which must be
+the same for every allocator. Each row is a JSON line with date, device
+and command; the table is printed last.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = ["lm", "generate", "vision", "gnn", "compile", "threads"]
+CONFIGS = ["torch", "torch+expandable_segments:True", "torch+backend:cudaMallocAsync",
+           "native:pool", "native:vpool"]
+
+
+# ----- the jobs: each returns (step, state) where step(i) runs step i and
+# returns its loss, and calls `sample` after the forward and backward -----
+
+def job_lm(sample):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(1)
+
+    def step(i):
+        seq = rng.randrange(128, 1025)
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randint(0, 50257, (8, seq), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, labels=x).loss
+        sample()
+        loss.backward()
+        sample()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def job_generate(sample):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=1024)
+    model = LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
+    rng = random.Random(2)
+
+    @torch.no_grad()
+    def step(i):
+        batch, prompt = rng.choice([1, 2, 4, 8, 16]), rng.randrange(32, 513)
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randint(0, 32000, (batch, prompt), device="cuda", generator=g)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=64, min_new_tokens=64,
+                             do_sample=False, pad_token_id=0)
+        sample()
+        return float(out[:, prompt:].sum().item() % 1_000_003)
+
+    return step
+
+
+def job_vision(sample):
+    import timm
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    model = timm.create_model("resnet50", pretrained=False).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(i):
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randn(64, 3, 224, 224, device="cuda", generator=g).to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (64,), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        sample()
+        loss.backward()
+        sample()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def job_gnn(sample):
+    import torch
+    from torch_geometric.nn import GraphSAGE
+
+    model = GraphSAGE(128, 256, num_layers=3, out_channels=10).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    rng = random.Random(3)
+
+    def step(i):
+        n = rng.randrange(50_000, 200_001)
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randn(n, 128, device="cuda", generator=g)
+        edges = torch.randint(0, n, (2, 10 * n), device="cuda", generator=g)
+        y = torch.randint(0, 10, (n,), device="cuda", generator=g)
+        loss = torch.nn.functional.cross_entropy(model(x, edges), y)
+        sample()
+        loss.backward()
+        sample()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def job_compile(sample):
+    import torch
+
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True).cuda()
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
+    fwd = torch.compile(layer, mode="reduce-overhead")
+
+    def step(i):
+        batch = (8, 32, 128)[i % 3]
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randn(batch, 128, 512, device="cuda", generator=g)
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = fwd(x).float().pow(2).mean()
+        sample()
+        loss.backward()
+        sample()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def job_threads(sample):
+    import timm
+    import torch
+
+    model = timm.create_model("resnet18", pretrained=False).cuda().eval()
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    device = torch.cuda.current_device()
+
+    def step(i):
+        sums = [0.0] * 4
+
+        def infer(k):
+            torch.cuda.set_device(device)
+            with torch.cuda.stream(streams[k]), torch.no_grad():
+                g = torch.Generator(device="cuda").manual_seed(4 * i + k)
+                x = torch.randn(32, 3, 224, 224, device="cuda", generator=g)
+                sums[k] = model(x).float().sum().item()
+
+        threads = [threading.Thread(target=infer, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sample()
+        return sum(sums)
+
+    return step
+
+
+# ----- one job under one configuration, in this process -----
+
+def child(args):
+    sys.path.insert(0, HERE)
+    from torch_allocators import setup
+
+    kind, plus, _ = args.config.partition("+")
+    make_ctx = setup("torch" if kind == "torch" and plus else args.config)
+    import torch
+
+    in_use = []
+
+    def sample():
+        free, total = torch.cuda.mem_get_info()
+        in_use.append(total - free)
+
+    torch.manual_seed(0)
+    times, losses = [], []
+    with make_ctx():
+        step = globals()[f"job_{args.job}"](sample)
+        for i in range(3 + args.steps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            losses.append(step(i))
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+    print("RESULT " + json.dumps({
+        "job": args.job, "config": args.config, "first3_s": sum(times[:3]),
+        "s_per_step": statistics.median(times[3:]), "losses": losses,
+        "peak_reserved": torch.cuda.max_memory_reserved(), "peak_allocated": torch.cuda.max_memory_allocated(),
+        "peak_in_use": max(in_use)}), flush=True)
+
+
+# ----- every job under every configuration, in rotated rounds -----
+
+def run(args):
+    jobs, configs = args.jobs.split(","), args.configs.split(",")
+    unknown = [j for j in jobs if j not in JOBS]
+    if unknown:
+        sys.exit(f"unknown jobs {unknown}; known: {', '.join(JOBS)}")
+    steps, rounds = (8, 1) if args.quick else (args.steps, args.rounds)
+    command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    device = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                            capture_output=True, text=True).stdout.strip()
+    got = {(j, c): [] for j in jobs for c in configs}
+    for rnd in range(rounds):
+        k = rnd % len(configs)
+        for job in jobs:
+            for config in configs[k:] + configs[:k]:
+                env = dict(os.environ)
+                env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+                kind, plus, settings = config.partition("+")
+                if kind == "torch" and plus:
+                    env["PYTORCH_CUDA_ALLOC_CONF"] = settings
+                cmd = [sys.executable, __file__, "child", "--job", job, "--config", config, "--steps", str(steps)]
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+                res = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+                if p.returncode or not res:
+                    print(f"{job} {config} round {rnd}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}",
+                          flush=True)
+                    continue
+                res[0]["round"] = rnd
+                got[(job, config)].append(res[0])
+                print(f"{job} {config} round {rnd}: {res[0]['s_per_step']:.4f} s/step", flush=True)
+    rows = summarize(got, jobs, configs, configs[0])
+    with open(args.out, "a") as f:
+        for row in rows:
+            row.update({"bench": "real_jobs", "date": datetime.date.today().isoformat(), "device": device,
+                        "command": command, "steps": steps})
+            f.write(json.dumps(row) + "\n")
+    print_table(rows, configs[0])
+    return 0 if all(r["rounds_ok"] == rounds for r in rows) else 1
+
+
+def summarize(got, jobs, configs, base):
+    rows = []
+    for job in jobs:
+        by_round = {r["round"]: r["s_per_step"] for r in got[(job, base)]}
+        for config in configs:
+            rs = got[(job, config)]
+            row = {"job": job, "config": config, "rounds_ok": len(rs)}
+            if rs:
+                paired = [r["s_per_step"] / by_round[r["round"]] for r in rs if r["round"] in by_round]
+                row.update({
+                    "s_per_step": statistics.median(r["s_per_step"] for r in rs),
+                    "vs_base": statistics.median(paired) if paired else None,
+                    "vs_base_rounds": paired,
+                    "first3_s": statistics.median(r["first3_s"] for r in rs),
+                    "peak_reserved": max(r["peak_reserved"] for r in rs),
+                    "peak_allocated": max(r["peak_allocated"] for r in rs),
+                    "peak_in_use": max(r["peak_in_use"] for r in rs),
+                    "final_loss": rs[0]["losses"][-1],
+                    "same_losses_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
+                })
+            rows.append(row)
+    return rows
+
+
+def print_table(rows, base):
+    gib = 2 ** 30
+    print(f"\n| job | configuration | s/step | vs {base} (spread) | first 3 steps s | peak reserved GiB | "
+          "peak allocated GiB | reserved / allocated | peak in use GiB | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "s_per_step" not in r:
+            print(f"| {r['job']} | {r['config']} | failed | | | | | | | |")
+            continue
+        pr = r["vs_base_rounds"] or [float("nan")]
+        vs = f"{r['vs_base']:.3f} ({min(pr):.3f}-{max(pr):.3f})" if r["vs_base"] else "-"
+        print(f"| {r['job']} | {r['config']} | {r['s_per_step']:.4f} | {vs} | {r['first3_s']:.2f} | "
+              f"{r['peak_reserved'] / gib:.2f} | {r['peak_allocated'] / gib:.2f} | "
+              f"{r['peak_reserved'] / max(r['peak_allocated'], 1):.3f} | {r['peak_in_use'] / gib:.2f} | "
+              f"{r['final_loss']:.4f} |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["run", "child", "list"])
+    ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="the first is the baseline of the ratios")
+    ap.add_argument("--job", choices=JOBS, help="(child) the job to run")
+    ap.add_argument("--config", default="torch", help="(child) the configuration")
+    ap.add_argument("--steps", type=int, default=20, help="steady steps after the first three")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="8 steady steps, one round")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds for one job in one configuration")
+    ap.add_argument("--out", default="real_jobs.jsonl")
+    args = ap.parse_args(argv)
+    if args.what == "list":
+        print("jobs:", ", ".join(JOBS))
+        print("configurations:", ", ".join(CONFIGS))
+        return 0
+    if args.what == "child":
+        if args.job is None:
+            ap.error("child needs --job")
+        child(args)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
