@@ -35,6 +35,7 @@ pub mod resource;
 pub mod stream;
 pub mod suballoc;
 pub mod trace;
+pub mod units;
 
 pub use buffer::DeviceBuffer;
 pub use device::Device;
