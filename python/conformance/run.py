@@ -17,7 +17,11 @@ Configurations: ``torch`` (PyTorch's caching allocator), ``MODE:RESOURCE``
 Every (test, configuration) pair runs as ``python -m pytest NODEID`` in a
 fresh process (a CUDA error is sticky: it would fail every later test of
 the process), ``--jobs`` at a time, spread over the GPUs of ``--gpus`` (one
-visible to each process). The pairs are interleaved so that every
+visible to each process). With ``--batch N`` a process runs up to N tests
+of one configuration, since importing PyTorch and collecting the file take
+most of a process's time: a test that fails there (or whose process
+crashed, or whose test before it left a sticky error) runs again alone,
+below, so only a pass or a skip is ever taken from a shared process. The pairs are interleaved so that every
 configuration sees the same load. Tests that ask for most of the GPU's
 memory, or compare memory figures, can fail only because other processes
 share the GPU: every pair that fails or errs is then run again alone on an
@@ -86,41 +90,59 @@ def config_env(config):
     return env
 
 
-def outcome(xml_path):
-    """(outcome, message) of the single test in a JUnit XML report."""
+def outcomes(xml_path):
+    """{(class, test): (outcome, message)} of the tests in a JUnit XML
+    report (empty when there is no readable report)."""
     try:
-        case = ET.parse(xml_path).getroot().find(".//testcase")
+        cases = ET.parse(xml_path).getroot().iter("testcase")
     except (OSError, ET.ParseError):
-        return None, ""
-    if case is None:
-        return None, ""
-    for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-        el = case.find(tag)
-        if el is not None:
-            text = (el.get("message") or "") + "\n" + (el.text or "")
-            return name, text.strip()[-1500:]
-    return "passed", ""
+        return {}
+    got = {}
+    for case in cases:
+        key = (case.get("classname", "").rsplit(".", 1)[-1], case.get("name", ""))
+        got[key] = ("passed", "")
+        for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            el = case.find(tag)
+            if el is not None:
+                text = (el.get("message") or "") + "\n" + (el.text or "")
+                got[key] = (name, text.strip()[-1500:])
+                break
+    return got
 
 
-def run_one(workdir, nodeid, config, gpu, timeout, logdir):
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in f"{config}__{nodeid.split('::', 1)[1]}")
+def run_batch(workdir, nodeids, config, gpu, timeout, logdir):
+    """Runs `nodeids` (tests of one configuration) in one process; a list
+    of (outcome, message, seconds), one per test, in order."""
+    first = nodeids[0].split("::", 1)[1]
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in f"{config}__{first}__{len(nodeids)}")
     xml = os.path.join(logdir, safe + ".xml")
     env = config_env(config)
     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.time()
+    limit = timeout * len(nodeids)
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                            nodeid], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
-        out, rc = p.stdout + p.stderr, p.returncode
+                            *nodeids], cwd=workdir, env=env, capture_output=True, text=True, timeout=limit)
+        out, rc, timed_out = p.stdout + p.stderr, p.returncode, False
     except subprocess.TimeoutExpired as e:
         out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
-        return "timeout", f"no result in {timeout} s\n{out[-1500:]}", time.time() - t0
-    got, msg = outcome(xml)
-    if got is None:  # the process died before writing its report (a crash)
-        got, msg = "crashed", f"exit {rc}\n{out[-1500:]}"
-    elif got != "passed":
-        msg = msg or out[-1500:]
-    return got, msg, time.time() - t0
+        rc, timed_out = None, True
+    got = outcomes(xml)
+    each = (time.time() - t0) / len(nodeids)
+    results = []
+    for nodeid in nodeids:
+        _, cls, name = nodeid.split("::")
+        res, msg = got.get((cls, name), (None, ""))
+        if res is None and timed_out:  # no report: the limit passed
+            res, msg = "timeout", f"no result in {limit} s\n{out[-1500:]}"
+        elif res is None:  # the process died before writing its report (a crash)
+            res, msg = "crashed", f"exit {rc}\n{out[-1500:]}"
+        elif res != "passed":
+            msg = msg or out[-1500:]
+        results.append((res, msg, each))
+    return results
+
+
 
 
 def main():
@@ -136,6 +158,8 @@ def main():
                          "deadline leaves some tests of every class unrun rather than whole classes")
     ap.add_argument("--alone-time", type=int, default=120,
                     help="seconds past the deadline for running failures again alone")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="tests of one configuration per process in the crowd (failures run again alone)")
     ap.add_argument("-k", dest="select", default="", help="only node ids containing this text")
     ap.add_argument("--out", default="conformance")
     args = ap.parse_args()
@@ -165,23 +189,27 @@ def main():
 
     deadline = [args.deadline]
 
-    def task(pair):
-        nodeid, config = pair
+    def task(batch):
+        nodeids, config = batch
         if deadline[0] and time.time() - start > deadline[0]:
-            return pair, ("not run", "deadline", 0.0)
+            return batch, [("not run", "deadline", 0.0)] * len(nodeids)
         g = free_gpus.get()
         try:
-            return pair, run_one(workdir, nodeid, config, g, args.timeout, logdir)
+            return batch, run_batch(workdir, nodeids, config, g, args.timeout, logdir)
         finally:
             free_gpus.put(g)
 
-    pairs = [(i, c) for i in ids for c in configs]
+    size = max(1, args.batch)
+    batches = [(ids[k:k + size], c) for k in range(0, len(ids), size) for c in configs]
     results = {}
+    done = 0
     with cf.ThreadPoolExecutor(per_gpu * len(gpus)) as ex:
-        for n, (pair, res) in enumerate(ex.map(task, pairs), 1):
-            results[pair] = {"crowd": res}
-            if n % 100 == 0:
-                print(f"  {n}/{len(pairs)} in {time.time() - start:.0f} s", flush=True)
+        for (nodeids, config), res in ex.map(task, batches):
+            for nodeid, r in zip(nodeids, res):
+                results[(nodeid, config)] = {"crowd": r}
+            done, before = done + len(nodeids), done
+            if done // 100 != before // 100:
+                print(f"  {done}/{len(ids) * len(configs)} in {time.time() - start:.0f} s", flush=True)
     # Every failure again, alone on an idle GPU (one process per GPU).
     again = [p for p, r in results.items() if r["crowd"][0] not in PASSING + ("not run",)]
     print(f"conformance: {len(again)} failures run again alone ({time.time() - start:.0f} s so far)", flush=True)
@@ -192,9 +220,9 @@ def main():
     if args.deadline:
         deadline[0] = args.deadline + args.alone_time
     with cf.ThreadPoolExecutor(len(gpus)) as ex:
-        for pair, res in ex.map(task, again):
+        for ([nodeid], config), [res] in ex.map(task, [([i], c) for i, c in again]):
             if res[0] != "not run":
-                results[pair]["alone"] = res
+                results[(nodeid, config)]["alone"] = res
 
     date = datetime.date.today().isoformat()
     with open(os.path.join(args.out, "results.jsonl"), "w") as f:
@@ -203,7 +231,8 @@ def main():
             f.write(json.dumps({"bench": "torch_conformance", "date": date, "test": nodeid, "config": config,
                                 "outcome": final[0], "message": final[1], "seconds": round(final[2], 1),
                                 "crowd_outcome": r["crowd"][0], "ran_alone": "alone" in r}) + "\n")
-    lines = [f"PyTorch's test_cuda.py ({args.classes}), {len(ids)} tests, each in its own process; {date}",
+    where = "each in its own process" if size == 1 else f"up to {size} per process, failures again alone"
+    lines = [f"PyTorch's test_cuda.py ({args.classes}), {len(ids)} tests, {where}; {date}",
              f"{'configuration':<28} {'passed':>7} {'failed':>7} {'skipped':>8} {'other':>6}  (failed alone too / in the crowd)"]
     final = {p: r.get("alone", r["crowd"])[0] for p, r in results.items()}
     for c in configs:
