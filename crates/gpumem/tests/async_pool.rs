@@ -16,7 +16,7 @@ use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{AccessFlags, HandleType, Location, PoolPtrExport};
 use gpumem::pool::Pool;
 use gpumem::resource::{DeviceResource, MemoryResource, Properties};
-use gpumem::{Backend, Device, DeviceBuffer, Error};
+use gpumem::{Backend, Device, DeviceBuffer, Error, FreeError};
 
 const MIB: usize = 1 << 20;
 
@@ -553,7 +553,28 @@ fn export_and_import_within_one_process() {
         imported.import_pointer(&PoolPtrExport([7; 64])).is_err(),
         "garbage export data is an error"
     );
+    let foreign = copy.as_device_ptr();
+    assert!(
+        matches!(
+            imported.free_pointer(foreign, &stream),
+            Err(Error::InvalidFree {
+                reason: FreeError::Unknown,
+                ..
+            })
+        ),
+        "only what the pool imported is freed"
+    );
     imported.free_pointer(ptr, &stream).unwrap();
+    assert!(
+        matches!(
+            imported.free_pointer(ptr, &stream),
+            Err(Error::InvalidFree {
+                reason: FreeError::DoubleFree,
+                ..
+            })
+        ),
+        "a mapping is freed once"
+    );
     stream.synchronize().unwrap();
     drop(imported);
 
