@@ -123,10 +123,12 @@ impl Reach {
     }
 
     fn update(known: Option<Behind>, stream: &Stream) -> Option<Behind> {
-        let (info, mut now) = unreadable(stream.capture_dependencies())?;
+        let frontier = unreadable(stream.capture_frontier())?;
+        let info = frontier.info();
         if info.status != CaptureStatus::Active {
             return None;
         }
+        let mut now = frontier.nodes().to_vec();
         now.sort_unstable();
         now.dedup();
         let mut b = known
@@ -138,33 +140,13 @@ impl Reach {
         if b.last == now {
             return Some(b);
         }
-        let (fresh, met) = walk(stream, &now, &b.nodes)?;
+        let (fresh, met) = unreadable(frontier.ancestors(&b.nodes))?;
         if b.last.iter().all(|n| met.contains(n)) {
             b.nodes.extend(fresh);
         } else {
-            b.nodes = walk(stream, &now, &HashSet::new())?.0;
+            b.nodes = unreadable(frontier.ancestors(&HashSet::new()))?.0;
         }
         b.last = now;
         Some(b)
     }
-}
-
-/// The nodes reachable backwards from `from` (themselves included) without
-/// passing through `known`, and the nodes of `known` met on the way.
-fn walk(
-    stream: &Stream,
-    from: &[RawGraphNode],
-    known: &HashSet<RawGraphNode>,
-) -> Option<(HashSet<RawGraphNode>, HashSet<RawGraphNode>)> {
-    let driver = stream.device().driver();
-    let (mut fresh, mut met) = (HashSet::new(), HashSet::new());
-    let mut todo = from.to_vec();
-    while let Some(n) = todo.pop() {
-        if known.contains(&n) {
-            met.insert(n);
-        } else if fresh.insert(n) {
-            todo.extend(unreadable(driver.graph_node_dependencies(n))?);
-        }
-    }
-    Some((fresh, met))
 }

@@ -134,7 +134,8 @@ fn foreign_streams_are_served_and_reused() {
     // Another stream while s1 has pending work must not get s1's block.
     sim.hold(s1);
     let ev = driver.event_create(d as u32).unwrap();
-    driver.event_record(ev, s1).unwrap(); // pending work on s1
+    // SAFETY: `ev` and `s1` are this test's, live.
+    unsafe { driver.event_record(ev, s1) }.unwrap(); // pending work on s1
     let pos = sim.stream_position(s1);
     gpumem_free(b, 4096, d, stream(s1));
     let c = gpumem_malloc(4096, d, stream(s2));
@@ -147,7 +148,8 @@ fn foreign_streams_are_served_and_reused() {
     }
     sim.release(s1);
     gpumem_free(c, 4096, d, stream(s2));
-    driver.event_destroy(ev).unwrap();
+    // SAFETY: `ev` is this test's, destroyed once.
+    unsafe { driver.event_destroy(ev) }.unwrap();
     // The legacy and per-thread default handles are served too.
     for raw in [0u64, 1, 2] {
         let p = gpumem_malloc(512, d, stream(raw));
@@ -156,8 +158,12 @@ fn foreign_streams_are_served_and_reused() {
     }
     gpumem_empty_cache(d);
     assert_eq!(gpumem_allocated_bytes(d), 0);
-    driver.stream_destroy(s1).unwrap();
-    driver.stream_destroy(s2).unwrap();
+    // SAFETY: this test's streams, destroyed once; the cache was emptied,
+    // nothing freed on them is pending.
+    unsafe {
+        driver.stream_destroy(s1).unwrap();
+        driver.stream_destroy(s2).unwrap();
+    }
 }
 
 #[test]
@@ -214,7 +220,8 @@ fn threads_share_a_device() {
     assert_eq!(gpumem_allocated_bytes(d), 0);
     assert!(gpumem_peak_allocated_bytes(d) > 0);
     for s in streams {
-        driver.stream_destroy(s).unwrap();
+        // SAFETY: this test's streams, destroyed once; nothing freed on them is pending any more (all freed and synchronized).
+        unsafe { driver.stream_destroy(s) }.unwrap();
     }
 }
 
@@ -421,7 +428,8 @@ fn torch_entry_points_through_c() {
         gpumem_free(p, n as isize, d, null_mut());
     }
     assert_eq!(gpumem_allocated_bytes(d), 0);
-    driver.stream_destroy(other).unwrap();
+    // SAFETY: `other` is this test's stream, destroyed once; nothing freed on it is pending.
+    unsafe { driver.stream_destroy(other) }.unwrap();
 }
 
 /// PyTorch's `graph_capture_record_stream_reuse` through C: off until set,

@@ -163,8 +163,8 @@ fn matrix(kind: ResourceKind) -> usize {
         a.free(foreign, 4096, DEV, 0)
     });
     run.held.remove(&foreign.0);
-    sim.mem_free(DEV as u32, foreign)
-        .expect("left alone: its owner frees it");
+    // SAFETY: `foreign` is this run's own allocation, which the allocator refused to free; freed once, here.
+    unsafe { sim.mem_free(DEV as u32, foreign) }.expect("left alone: its owner frees it");
 
     // A device where nothing was allocated: counted there.
     run.a.free(anchor, 1000, 7, 0);
@@ -207,8 +207,11 @@ fn matrix(kind: ResourceKind) -> usize {
     let p = run.a.malloc(4096, DEV, s1);
     run.hold(p, 4096);
     let ev = sim.event_create(DEV as u32).unwrap();
-    sim.event_record(ev, s1).unwrap();
-    sim.stream_wait_event(s2, ev).unwrap();
+    // SAFETY: `ev`, `s1` and `s2` were just made here, live.
+    unsafe {
+        sim.event_record(ev, s1).unwrap();
+        sim.stream_wait_event(s2, ev).unwrap();
+    }
     run.held.remove(&p.0);
     run.a.free(p, 4096, DEV, s2);
     assert_eq!(
@@ -223,12 +226,15 @@ fn matrix(kind: ResourceKind) -> usize {
     assert_eq!(run.a.allocated_bytes(DEV), 0, "{kind}");
     assert_eq!(run.a.bad_free_count(-1), run.bad + 1, "{kind}: total");
     for s in [s1, s2] {
-        sim.stream_synchronize(s).unwrap();
+        // SAFETY: `s1` and `s2` are this run's streams, live.
+        unsafe { sim.stream_synchronize(s) }.unwrap();
     }
-    sim.event_destroy(ev).unwrap();
+    // SAFETY: `ev` is this run's event, destroyed once.
+    unsafe { sim.event_destroy(ev) }.unwrap();
     run.a.empty_cache(DEV);
     for s in [s1, s2] {
-        sim.stream_destroy(s).unwrap();
+        // SAFETY: this run's streams, destroyed once; the cache was emptied, nothing freed on them is pending.
+        unsafe { sim.stream_destroy(s) }.unwrap();
     }
     run.cases + 2
 }

@@ -69,9 +69,8 @@ fn a_free_during_a_capture_waits_without_touching_the_capture() {
     driver
         .thread_exchange_capture_mode(CaptureMode::Relaxed)
         .unwrap();
-    driver
-        .stream_begin_capture(cap, CaptureMode::Global)
-        .unwrap();
+    // SAFETY: `cap` is this test's stream, live.
+    unsafe { driver.stream_begin_capture(cap, CaptureMode::Global) }.unwrap();
     a.graph_pool_begin(0, POOL).unwrap();
     a.record_stream(p, 0, cap);
     a.free(p, 4 * MIB, 0, s1);
@@ -83,9 +82,8 @@ fn a_free_during_a_capture_waits_without_touching_the_capture() {
         "{:?}",
         sim.capture_violations()
     );
-    driver
-        .stream_end_capture(cap)
-        .expect("the capture is intact");
+    // SAFETY: as above.
+    unsafe { driver.stream_end_capture(cap) }.expect("the capture is intact");
     a.graph_pool_end(0, POOL).unwrap();
     driver
         .thread_exchange_capture_mode(CaptureMode::Global)
@@ -340,9 +338,8 @@ impl<'a> Capture<'a> {
         driver
             .thread_exchange_capture_mode(CaptureMode::Relaxed)
             .unwrap();
-        driver
-            .stream_begin_capture(origin, CaptureMode::Global)
-            .unwrap();
+        // SAFETY: the tests pass their own live stream as `origin`.
+        unsafe { driver.stream_begin_capture(origin, CaptureMode::Global) }.unwrap();
         a.graph_pool_begin(0, POOL).unwrap();
         Capture { a, driver, origin }
     }
@@ -351,9 +348,13 @@ impl<'a> Capture<'a> {
     /// (`to.wait_stream(from)`); a stream not capturing joins the capture.
     fn join(&self, to: u64, from: u64) {
         let e = self.driver.event_create(0).unwrap();
-        self.driver.event_record(e, from).unwrap();
-        self.driver.stream_wait_event(to, e).unwrap();
-        self.driver.event_destroy(e).unwrap();
+        // SAFETY: `e` was just made and is destroyed once; `from` and `to`
+        // are the test's live streams.
+        unsafe {
+            self.driver.event_record(e, from).unwrap();
+            self.driver.stream_wait_event(to, e).unwrap();
+            self.driver.event_destroy(e).unwrap();
+        }
     }
 
     /// Captured work on `s` that writes `p`.
@@ -363,12 +364,12 @@ impl<'a> Capture<'a> {
     }
 
     fn end(self) {
-        let graph = self
-            .driver
-            .stream_end_capture(self.origin)
-            .expect("the capture is intact");
+        // SAFETY: `origin` is live (see `begin`).
+        let graph =
+            unsafe { self.driver.stream_end_capture(self.origin) }.expect("the capture is intact");
         self.a.graph_pool_end(0, POOL).unwrap();
-        self.driver.graph_destroy(graph).unwrap();
+        // SAFETY: `graph` was just made by the capture's end, destroyed once.
+        unsafe { self.driver.graph_destroy(graph) }.unwrap();
         self.driver
             .thread_exchange_capture_mode(CaptureMode::Global)
             .unwrap();

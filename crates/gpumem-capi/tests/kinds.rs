@@ -182,9 +182,11 @@ fn vpool_in_the_nccl_ready_mode_gives_each_block_an_allocation_of_its_own() {
         sim.vmm_retain_handle(q.offset(3 * MIB - 1)).unwrap(),
     );
     assert_ne!(hp, hq, "a handle per block");
-    drop(sim.vmm_export_fd(hp).unwrap());
+    // SAFETY: `hp` was just retained, released below.
+    drop(unsafe { sim.vmm_export_fd(hp) }.unwrap());
     for h in [hp, hq] {
-        sim.vmm_release(h).unwrap();
+        // SAFETY: each handle was retained above, released once.
+        unsafe { sim.vmm_release(h) }.unwrap();
     }
     a.free(p, 1000, 0, 0);
     a.free(q, 3 * MIB, 0, 0);

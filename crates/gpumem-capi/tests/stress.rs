@@ -59,7 +59,8 @@ fn write(driver: &dyn Driver, b: &Block) {
             .memcpy_htod_async(b.ptr, data.as_ptr(), b.bytes, b.stream)
             .expect("copy to device");
     }
-    driver.stream_synchronize(b.stream).expect("synchronize");
+    // SAFETY: the block's stream is one of the test's live streams.
+    unsafe { driver.stream_synchronize(b.stream) }.expect("synchronize");
 }
 
 fn check(driver: &dyn Driver, b: &Block, fig: &Figures) {
@@ -71,7 +72,8 @@ fn check(driver: &dyn Driver, b: &Block, fig: &Figures) {
             .memcpy_dtoh_async(got.as_mut_ptr(), b.ptr, b.bytes, b.stream)
             .expect("copy to host");
     }
-    driver.stream_synchronize(b.stream).expect("synchronize");
+    // SAFETY: as in `write`.
+    unsafe { driver.stream_synchronize(b.stream) }.expect("synchronize");
     assert!(
         got == pattern(b.seed, b.bytes),
         "block {:#x} ({} bytes) was overwritten: two live blocks shared memory",
@@ -189,7 +191,8 @@ fn stress(kind: &str) {
     }
     drop(sh);
     for s in streams {
-        driver.stream_destroy(s).unwrap();
+        // SAFETY: the test's streams, destroyed once, after the allocator that used them is dropped.
+        unsafe { driver.stream_destroy(s) }.unwrap();
     }
 }
 

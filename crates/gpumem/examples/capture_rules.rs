@@ -83,9 +83,13 @@ impl Fixture {
         let free_va = d.vmm_reserve(2 * gran, gran)?;
         let mapped_phys = d.vmm_create(o, gran, HandleType::None.into())?;
         let mapped = d.vmm_reserve(gran, gran)?;
-        d.vmm_map(mapped, gran, 0, mapped_phys)?;
-        d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)?;
-        let pool_ptr = d.mem_alloc_async(4096, other.raw())?;
+        // SAFETY: physical memory and a reservation just made, mapped once;
+        // `other` is a live stream.
+        let pool_ptr = unsafe {
+            d.vmm_map(mapped, gran, 0, mapped_phys)?;
+            d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)?;
+            d.mem_alloc_async(4096, other.raw())?
+        };
         other.synchronize()?;
         let held = vec![
             Held::Plain(plain),
@@ -134,21 +138,29 @@ impl Fixture {
         r
     }
 
-    /// Gives back everything still held: mappings first, then memory.
+    /// Gives back everything still held: mappings first, then memory. A
+    /// case gives back through [`Fixture::gone`] only, so each thing is
+    /// given back once: by the case or here.
     fn release(self) {
         let (d, o) = (self.dev.driver().clone(), self.dev.ordinal());
         let mut held = std::mem::take(&mut *self.held.lock().unwrap());
         held.sort_by_key(|h| !matches!(h, Held::Mapping(..)));
         for h in held {
-            let r = match h {
-                Held::Plain(p) => d.mem_free(o, p),
-                Held::Host(p) => d.mem_free_host(p),
-                Held::Phys(p) => d.vmm_release(p),
-                Held::Va(p, n) => d.vmm_free_address(p, n),
-                Held::Mapping(p, n) => d.vmm_unmap(p, n),
-                Held::PoolPtr(p) => d
-                    .mem_free_async(p, self.other.raw())
-                    .and_then(|()| self.other.synchronize()),
+            // SAFETY: `h` is still held (see above): made by this fixture or
+            // its case and not given back yet. No work uses it: the case's
+            // work went into a capture that has ended, whose graph is never
+            // launched.
+            let r = unsafe {
+                match h {
+                    Held::Plain(p) => d.mem_free(o, p),
+                    Held::Host(p) => d.mem_free_host(p),
+                    Held::Phys(p) => d.vmm_release(p),
+                    Held::Va(p, n) => d.vmm_free_address(p, n),
+                    Held::Mapping(p, n) => d.vmm_unmap(p, n),
+                    Held::PoolPtr(p) => d
+                        .mem_free_async(p, self.other.raw())
+                        .and_then(|()| self.other.synchronize()),
+                }
             };
             if let Err(e) = r {
                 println!("# cleanup of {h:?} failed: {e}");
@@ -202,7 +214,8 @@ const CASES: &[Case] = &[
     }),
     during("mem_free", |f, _| {
         let p = f.plain;
-        f.gone(Held::Plain(p), f.d().mem_free(f.o(), p))
+        // SAFETY: the fixture's (see `Fixture`); given back through `gone`.
+        f.gone(Held::Plain(p), unsafe { f.d().mem_free(f.o(), p) })
     }),
     during("vmm_create", |f, _| {
         f.made(
@@ -213,20 +226,28 @@ const CASES: &[Case] = &[
     }),
     during("vmm_map", |f, _| {
         let va = f.free_va;
-        let r = f.d().vmm_map(va, f.gran, 0, f.spare_phys);
+        // SAFETY: the fixture's physical memory and reservation, nothing mapped.
+        let r = unsafe { f.d().vmm_map(va, f.gran, 0, f.spare_phys) };
         f.made(r.map(|()| Held::Mapping(va, f.gran)))
     }),
     during("vmm_set_access", |f, _| {
-        f.d()
-            .vmm_set_access(f.mapped, f.gran, f.o(), AccessFlags::ReadWrite)
+        // SAFETY: the fixture's mapping.
+        unsafe {
+            f.d()
+                .vmm_set_access(f.mapped, f.gran, f.o(), AccessFlags::ReadWrite)
+        }
     }),
     during("vmm_unmap", |f, _| {
         let p = f.mapped;
-        f.gone(Held::Mapping(p, f.gran), f.d().vmm_unmap(p, f.gran))
+        // SAFETY: the fixture's (see `Fixture`); given back through `gone`.
+        f.gone(Held::Mapping(p, f.gran), unsafe {
+            f.d().vmm_unmap(p, f.gran)
+        })
     }),
     during("vmm_release", |f, _| {
         let p = f.spare_phys;
-        f.gone(Held::Phys(p), f.d().vmm_release(p))
+        // SAFETY: the fixture's (see `Fixture`); given back through `gone`.
+        f.gone(Held::Phys(p), unsafe { f.d().vmm_release(p) })
     }),
     during("vmm_reserve", |f, _| {
         let r = f.d().vmm_reserve(f.gran, f.gran);
@@ -236,7 +257,8 @@ const CASES: &[Case] = &[
         let p = f.free_va;
         f.gone(
             Held::Va(p, 2 * f.gran),
-            f.d().vmm_free_address(p, 2 * f.gran),
+            // SAFETY: the fixture's (see `Fixture`); given back through `gone`.
+            unsafe { f.d().vmm_free_address(p, 2 * f.gran) },
         )
     }),
     during("event_query (unrelated event)", |f, _| {
@@ -298,17 +320,23 @@ const CASES: &[Case] = &[
     during(
         "mem_alloc_async + mem_free_async (capturing stream)",
         |f, s| {
-            let p = f.d().mem_alloc_async(4096, s.raw())?;
-            f.d().mem_free_async(p, s.raw())
+            // SAFETY: `s` is the live capturing stream; `p` is freed once.
+            unsafe {
+                let p = f.d().mem_alloc_async(4096, s.raw())?;
+                f.d().mem_free_async(p, s.raw())
+            }
         },
     ),
     during(
         "mem_free_async (capturing stream, memory from before)",
-        |f, s| f.d().mem_free_async(f.pool_ptr, s.raw()),
+        // SAFETY: the fixture's (see `Fixture`); a free the capture takes is a node of a graph never
+        // launched, so `release` still frees it, once.
+        |f, s| unsafe { f.d().mem_free_async(f.pool_ptr, s.raw()) },
     ),
     during("mempool_trim_to (default pool)", |f, _| {
         let pool = f.d().mempool_default(f.o())?;
-        f.d().mempool_trim_to(pool, 0)
+        // SAFETY: a device's default pool lives as long as its context.
+        unsafe { f.d().mempool_trim_to(pool, 0) }
     }),
     during("mem_alloc_host", |f, _| {
         let r = f.d().mem_alloc_host(f.o(), 4096, HostAllocFlags::default());
@@ -316,7 +344,8 @@ const CASES: &[Case] = &[
     }),
     during("mem_free_host", |f, _| {
         let p = f.host;
-        f.gone(Held::Host(p), f.d().mem_free_host(p))
+        // SAFETY: the fixture's (see `Fixture`); given back through `gone`.
+        f.gone(Held::Host(p), unsafe { f.d().mem_free_host(p) })
     }),
     during("memcpy_htod_async (capturing stream, pageable)", |f, s| {
         // SAFETY: `PAGEABLE` is static, so it outlives any capture of the

@@ -15,11 +15,18 @@
 use std::time::Instant;
 
 use gpumem::driver::sim::SimConfig;
-use gpumem::driver::{AccessFlags, RawPhys};
+use gpumem::driver::{AccessFlags, DevicePtr, RawPhys};
 use gpumem::Device;
 
 fn us(t: Instant) -> f64 {
     t.elapsed().as_nanos() as f64 / 1000.0
+}
+
+/// Microseconds `f` takes.
+fn timed(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    us(t)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -59,48 +66,41 @@ fn main() {
         let small: Vec<RawPhys> = (0..n)
             .map(|_| d.vmm_create(dev, page, Default::default()).expect("create"))
             .collect();
-        for _ in 0..reps {
-            // One allocation, one mapping.
-            let t = Instant::now();
-            d.vmm_map(va, n * page, 0, big).expect("map");
-            a1.push(us(t));
-            let t = Instant::now();
-            d.vmm_set_access(va, n * page, dev, rw).expect("access");
-            b1.push(us(t));
-            let t = Instant::now();
-            d.vmm_unmap(va, n * page).expect("unmap");
-            c1.push(us(t));
-            // n allocations, n mappings, one call each for access and unmap.
-            let t = Instant::now();
-            for (i, &h) in small.iter().enumerate() {
-                d.vmm_map(va.offset(i * page), page, 0, h).expect("map");
+        // SAFETY: `va` (reserved above, `max_n` pages) and the physical
+        // memory just made are this program's; each round maps into the
+        // unmapped reservation and unmaps what it mapped, then the physical
+        // memory is released once.
+        unsafe {
+            let map_small = || {
+                for (i, &h) in small.iter().enumerate() {
+                    d.vmm_map(va.offset(i * page), page, 0, h).expect("map");
+                }
+            };
+            let access =
+                |at: DevicePtr, bytes| d.vmm_set_access(at, bytes, dev, rw).expect("access");
+            let unmap = |at: DevicePtr, bytes| d.vmm_unmap(at, bytes).expect("unmap");
+            for _ in 0..reps {
+                // One allocation, one mapping.
+                a1.push(timed(|| d.vmm_map(va, n * page, 0, big).expect("map")));
+                b1.push(timed(|| access(va, n * page)));
+                c1.push(timed(|| unmap(va, n * page)));
+                // n allocations, n mappings, one call each for access and unmap.
+                a2.push(timed(map_small));
+                b2.push(timed(|| access(va, n * page)));
+                c2.push(timed(|| unmap(va, n * page)));
+                // n mappings, one call per page.
+                map_small();
+                b3.push(timed(|| {
+                    (0..n).for_each(|i| access(va.offset(i * page), page))
+                }));
+                c3.push(timed(|| {
+                    (0..n).for_each(|i| unmap(va.offset(i * page), page))
+                }));
             }
-            a2.push(us(t));
-            let t = Instant::now();
-            d.vmm_set_access(va, n * page, dev, rw).expect("access");
-            b2.push(us(t));
-            let t = Instant::now();
-            d.vmm_unmap(va, n * page).expect("unmap");
-            c2.push(us(t));
-            // n mappings, one call per page.
-            for (i, &h) in small.iter().enumerate() {
-                d.vmm_map(va.offset(i * page), page, 0, h).expect("map");
+            d.vmm_release(big).expect("release");
+            for h in small {
+                d.vmm_release(h).expect("release");
             }
-            let t = Instant::now();
-            for i in 0..n {
-                d.vmm_set_access(va.offset(i * page), page, dev, rw)
-                    .expect("access");
-            }
-            b3.push(us(t));
-            let t = Instant::now();
-            for i in 0..n {
-                d.vmm_unmap(va.offset(i * page), page).expect("unmap");
-            }
-            c3.push(us(t));
-        }
-        d.vmm_release(big).expect("release");
-        for h in small {
-            d.vmm_release(h).expect("release");
         }
         println!(
             "{n:>5} | {:>10.1} {:>10.1} {:>10.1} | {:>10.1} {:>10.1} {:>10.1} | {:>10.1} {:>10.1}",
@@ -114,7 +114,8 @@ fn main() {
             median(c3)
         );
     }
-    d.vmm_free_address(va, max_n * page).expect("free");
+    // SAFETY: the reservation made above, nothing mapped in it, freed once.
+    unsafe { d.vmm_free_address(va, max_n * page) }.expect("free");
 
     println!(
         "{:>5} | {:>10} {:>10} {:>12}   (µs, median of {reps})",
@@ -129,7 +130,8 @@ fn main() {
                 .expect("create");
             cr.push(us(t));
             let t = Instant::now();
-            d.vmm_release(h).expect("release");
+            // SAFETY: `h` was just made, released once.
+            unsafe { d.vmm_release(h) }.expect("release");
             rl.push(us(t));
         }
         let c = median(cr);

@@ -183,14 +183,21 @@ fn sim_ns_per_call() -> f64 {
     let t0 = Instant::now();
     for i in 0..n {
         let at = va.offset((i % 64) * page);
-        d.vmm_map(at, page, 0, h).expect("map");
-        d.vmm_set_access(at, page, 0, gpumem::driver::AccessFlags::ReadWrite)
-            .expect("access");
-        d.vmm_unmap(at, page).expect("unmap");
+        // SAFETY: `h` and the reservation `va` were made above; each round
+        // maps one page of the unmapped reservation and unmaps it again.
+        unsafe {
+            d.vmm_map(at, page, 0, h).expect("map");
+            d.vmm_set_access(at, page, 0, gpumem::driver::AccessFlags::ReadWrite)
+                .expect("access");
+            d.vmm_unmap(at, page).expect("unmap");
+        }
     }
     let ns = t0.elapsed().as_nanos() as f64 / (3 * n) as f64;
-    d.vmm_release(h).expect("release");
-    d.vmm_free_address(va, 64 * page).expect("free");
+    // SAFETY: made above, nothing mapped any more; each ended once.
+    unsafe {
+        d.vmm_release(h).expect("release");
+        d.vmm_free_address(va, 64 * page).expect("free");
+    }
     ns
 }
 

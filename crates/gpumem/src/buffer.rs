@@ -212,8 +212,10 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
             return Ok(());
         }
         self.check_access()?;
-        // SAFETY: the buffer owns this range while it lives; no host code gets
-        // a reference to it, and its free is ordered after this work.
+        // SAFETY: the buffer's stream is live while the buffer holds it, and
+        // passed to its own driver; the buffer owns this range while it lives;
+        // no host code gets a reference to it, and its free is ordered after
+        // this work.
         unsafe {
             self.stream.device().driver().memset_async(
                 self.ptr,
@@ -282,6 +284,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         self.check_access()?;
         let bytes: &[u8] = bytemuck::cast_slice(src);
         // SAFETY: forwarded to the caller (see above); the range is `bytes`.
+        // The buffer's stream is live and passed to its own driver.
         unsafe {
             self.stream.device().driver().memcpy_htod_async(
                 self.ptr,
@@ -305,6 +308,7 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
         self.check_access()?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         // SAFETY: forwarded to the caller (see above); the range is `bytes`.
+        // The buffer's stream is live and passed to its own driver.
         unsafe {
             self.stream.device().driver().memcpy_dtoh_async(
                 bytes.as_mut_ptr(),
@@ -344,9 +348,10 @@ impl<T: Pod, R: MemoryResource> DeviceBuffer<T, R> {
                 &self.stream,
             );
         }
-        // SAFETY: both buffers own their ranges while they live and hand no
-        // host references out; `src` is borrowed for the enqueue, and each free
-        // is stream-ordered (ordering across streams is the caller's, as for any
+        // SAFETY: this buffer's stream is live and passed to its own driver;
+        // both buffers own their ranges while they live and hand no host
+        // references out; `src` is borrowed for the enqueue, and each free is
+        // stream-ordered (ordering across streams is the caller's, as for any
         // kernel).
         unsafe {
             self.stream.device().driver().memcpy_dtod_async(

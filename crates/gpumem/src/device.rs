@@ -206,7 +206,13 @@ impl Device {
 
     /// True when both handles name the same device of the same driver instance.
     pub fn same_as(&self, other: &Device) -> bool {
-        Arc::ptr_eq(&self.driver, &other.driver) && self.ordinal == other.ordinal
+        self.same_driver(other) && self.ordinal == other.ordinal
+    }
+
+    /// True when both devices are of the same driver instance, so that a
+    /// handle of one means the same to the other.
+    pub(crate) fn same_driver(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.driver, &other.driver)
     }
 }
 

@@ -33,6 +33,9 @@ use crate::Result;
 
 /// A graph of captured work, destroyed on drop. It keeps alive the memory
 /// of the graph pools its capture used (see the module documentation).
+///
+/// Its handle is live (see [`crate::driver`]) as long as it is: it came
+/// from the capture's end and only this drop destroys it.
 pub struct Graph {
     device: Device,
     raw: RawGraph,
@@ -58,7 +61,8 @@ impl Graph {
     /// be dropped afterwards: the executable keeps the graph's memory alive
     /// too.
     pub fn instantiate(&self) -> Result<GraphExec> {
-        let raw = self.device.driver().graph_instantiate(self.raw)?;
+        // SAFETY: the handle is live while `self` is (see `Graph`).
+        let raw = unsafe { self.device.driver().graph_instantiate(self.raw) }?;
         Ok(GraphExec {
             device: self.device.clone(),
             raw,
@@ -75,12 +79,20 @@ impl Graph {
 impl Drop for Graph {
     fn drop(&mut self) {
         let (driver, raw) = (self.device.driver(), self.raw);
-        crate::exit::give_back(|| format!("graph {raw:#x}"), || driver.graph_destroy(raw));
+        crate::exit::give_back(
+            || format!("graph {raw:#x}"),
+            // SAFETY: the graph is this value's alone, and nothing uses it
+            // after its drop (an executable does not need it).
+            || unsafe { driver.graph_destroy(raw) },
+        );
     }
 }
 
 /// An executable graph, destroyed on drop. It keeps alive the memory of
 /// the graph pools its capture used (see the module documentation).
+///
+/// Its handle is live (see [`crate::driver`]) as long as it is: only this
+/// drop destroys it.
 pub struct GraphExec {
     device: Device,
     raw: RawGraphExec,
@@ -99,7 +111,14 @@ impl GraphExec {
     /// Enqueues one run of the graph's work on `stream` (`cuGraphLaunch`): it
     /// runs in stream order, after the work enqueued before it.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
-        self.device.driver().graph_launch(self.raw, stream.raw())
+        let s = stream.raw_on(&self.device)?;
+        // SAFETY: both handles are live while their owners, borrowed here,
+        // are, and of this driver (`raw_on` checked). The captured work's
+        // memory: the graph pools' memory is kept by `_keep` as long as
+        // `self`, and the other captured calls (memsets and copies, all
+        // `unsafe`) promised theirs valid for as long as the graph can be
+        // launched.
+        unsafe { self.device.driver().graph_launch(self.raw, s) }
     }
 
     /// The raw handle.
@@ -113,7 +132,9 @@ impl Drop for GraphExec {
         let (driver, raw) = (self.device.driver(), self.raw);
         crate::exit::give_back(
             || format!("executable graph {raw:#x}"),
-            || driver.graph_exec_destroy(raw),
+            // SAFETY: the executable is this value's alone, and nothing uses
+            // it after its drop (launches already enqueued still run).
+            || unsafe { driver.graph_exec_destroy(raw) },
         );
     }
 }

@@ -149,9 +149,17 @@ fn order_after(ours: &Stream, theirs: &CudaStream) {
     let waited = (|| -> Result<()> {
         let ev = Event::new(ours.device())?;
         ev.record(ours)?;
-        ours.device()
-            .driver()
-            .stream_wait_event(theirs.cu_stream() as RawStream, ev.raw())
+        // SAFETY: `theirs` is a live stream of the CUDA driver, borrowed for
+        // the call (cudarc destroys it after its last `Arc`), and `ev` a live
+        // event of `ours`'s driver. A `CudaStream` exists only with CUDA, and
+        // CUDA has one driver per process: when `ours` is a CUDA stream the
+        // driver is the same; on the simulator, which keeps handles as table
+        // keys, the unknown stream handle is refused, never followed.
+        unsafe {
+            ours.device()
+                .driver()
+                .stream_wait_event(theirs.cu_stream() as RawStream, ev.raw())
+        }
     })();
     if waited.is_err() {
         // Could not enqueue the wait: make the buffer's work complete instead.

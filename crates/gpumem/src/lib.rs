@@ -1,11 +1,14 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
-// `unsafe` lives at the bottom: the driver backends and the OS calls. Above
-// them it is allowed only where the public API itself hands out host memory
-// the compiler cannot track (the `unsafe fn` copies and host slices of
-// `buffer` and `manager`, cudarc's kernel-argument trait in `interop`) or
-// takes a driver handle from elsewhere (`Stream::from_raw`,
-// `AsyncViewResource::new`).
+// `unsafe` lives at the bottom: the driver backends and the OS calls, and
+// the owners of driver handles and memory that pass them to the driver's
+// `unsafe` methods (streams and events, graphs, CUDA's pools, the upstream
+// resources' allocations, `VirtualPool`'s physical memory: each module says
+// why its handles are live). Above them it is allowed only where the public
+// API itself hands out host memory the compiler cannot track (the `unsafe fn`
+// copies and host slices of `buffer` and `manager`, cudarc's kernel-argument
+// trait in `interop`) or takes a driver handle from elsewhere
+// (`Stream::from_raw`, `AsyncViewResource::new`).
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -20,6 +23,7 @@ pub mod driver;
 mod error;
 pub mod exit;
 pub mod fork;
+#[allow(unsafe_code)] // owns graph handles
 pub mod graph;
 pub mod graph_pool;
 #[allow(unsafe_code)]

@@ -7,13 +7,14 @@
 //! two legacy default handles (0 and `CU_STREAM_LEGACY`) share one id; the
 //! per-thread default stream resolves to a different id on each thread.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::device::Device;
 use crate::driver::{
-    CaptureInfo, CaptureMode, CaptureStatus, RawEvent, RawGraphNode, RawStream, STREAM_LEGACY,
-    STREAM_PER_THREAD,
+    CaptureInfo, CaptureMode, CaptureStatus, DevicePtr, Driver, RawEvent, RawGraphNode, RawStream,
+    STREAM_LEGACY, STREAM_PER_THREAD,
 };
 use crate::graph::Graph;
 use crate::Result;
@@ -37,6 +38,11 @@ thread_local! {
     static PER_THREAD_ID: StreamId = fresh_id();
 }
 
+/// The stream's handle and who answers for it. `raw` is live (see
+/// [`crate::driver`]) as long as this is: a default stream always is; one
+/// made by [`Stream::create`] is destroyed only when this drops; a foreign
+/// one is kept alive by `_keep` or by the promise of [`Stream::from_raw`].
+/// Every driver call below that passes `raw` rests on that.
 struct StreamInner {
     device: Device,
     raw: RawStream,
@@ -53,7 +59,12 @@ impl Drop for StreamInner {
         // Work already enqueued still completes.
         if self.owned {
             let (driver, raw) = (self.device.driver(), self.raw);
-            crate::exit::give_back(|| format!("stream {raw:#x}"), || driver.stream_destroy(raw));
+            crate::exit::give_back(
+                || format!("stream {raw:#x}"),
+                // SAFETY: `Stream::create` made this stream and only this,
+                // the last owner, destroys it; nothing uses it afterwards.
+                || unsafe { driver.stream_destroy(raw) },
+            );
         }
     }
 }
@@ -160,6 +171,18 @@ impl Stream {
         self.inner.raw
     }
 
+    /// The raw handle, for a call on `device`'s driver, which must be this
+    /// stream's: another driver's handle means nothing there (the simulator
+    /// refuses it; to the CUDA driver it would be a pointer to follow).
+    /// [`crate::Error::InvalidArgument`] when the drivers differ.
+    pub(crate) fn raw_on(&self, device: &Device) -> Result<RawStream> {
+        if self.inner.device.same_driver(device) {
+            Ok(self.inner.raw)
+        } else {
+            Err(other_driver("stream", self.inner.raw))
+        }
+    }
+
     /// True when no other clone of this handle exists (pools use it to let go of
     /// streams their users dropped).
     pub fn is_sole_handle(&self) -> bool {
@@ -174,23 +197,44 @@ impl Stream {
 
     /// Blocks until all work on the stream is complete.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner
-            .device
-            .driver()
-            .stream_synchronize(self.inner.raw)
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        unsafe { self.driver().stream_synchronize(self.inner.raw) }
     }
 
     /// True when all work enqueued so far is complete.
     pub fn is_idle(&self) -> Result<bool> {
-        self.inner.device.driver().stream_query(self.inner.raw)
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        unsafe { self.driver().stream_query(self.inner.raw) }
     }
 
     /// Makes later work on this stream wait for `event`'s last record.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        self.inner
-            .device
-            .driver()
-            .stream_wait_event(self.inner.raw, event.raw)
+        if !event.device.same_driver(self.device()) {
+            return Err(other_driver("event", event.raw));
+        }
+        // SAFETY: both handles are live while their owners, borrowed here,
+        // are (see `StreamInner` and `Event`), and of this driver (checked).
+        unsafe { self.driver().stream_wait_event(self.inner.raw, event.raw) }
+    }
+
+    /// Prefetches managed memory to `device` in this stream's order
+    /// (`cuMemPrefetchAsync`, see [`Driver::mem_prefetch`]); the device's
+    /// driver must be the stream's.
+    pub(crate) fn prefetch(&self, ptr: DevicePtr, bytes: usize, device: &Device) -> Result<()> {
+        let s = self.raw_on(device)?;
+        // SAFETY: the handle is live while `self` is (see `StreamInner`) and
+        // of this driver (`raw_on` checked); the range needs no promise (the
+        // driver checks it, and a prefetch keeps the bytes).
+        unsafe {
+            device
+                .driver()
+                .mem_prefetch(ptr, bytes, device.ordinal(), s)
+        }
+    }
+
+    /// The driver of the stream's device.
+    fn driver(&self) -> &dyn Driver {
+        &**self.inner.device.driver()
     }
 
     /// Begins a capture (`cuStreamBeginCapture`): from now on, work enqueued
@@ -200,10 +244,8 @@ impl Stream {
     /// [`CaptureMode`]); [`CaptureMode::Global`] is CUDA's and PyTorch's
     /// default. The legacy default stream cannot capture.
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        self.inner
-            .device
-            .driver()
-            .stream_begin_capture(self.inner.raw, mode)?;
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        unsafe { self.driver().stream_begin_capture(self.inner.raw, mode) }?;
         crate::captures::began(self);
         Ok(())
     }
@@ -216,7 +258,8 @@ impl Stream {
     /// joined back.
     pub fn end_capture(&self) -> Result<Graph> {
         let driver = self.inner.device.driver();
-        let res = driver.stream_end_capture(self.inner.raw);
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        let res = unsafe { driver.stream_end_capture(self.inner.raw) };
         // Some failures end the capture too, some do not.
         let mut keep = Vec::new();
         if !matches!(
@@ -231,20 +274,30 @@ impl Stream {
     /// Whether the stream is capturing, and the capture's id
     /// (`cuStreamGetCaptureInfo`).
     pub fn capture_info(&self) -> Result<CaptureInfo> {
-        self.inner
-            .device
-            .driver()
-            .stream_capture_info(self.inner.raw)
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        unsafe { self.driver().stream_capture_info(self.inner.raw) }
     }
 
     /// [`Stream::capture_info`] and the nodes the next work captured on the
     /// stream will depend on (`cuStreamGetCaptureInfo`; see
-    /// [`Driver::stream_capture_dependencies`](crate::driver::Driver::stream_capture_dependencies)).
+    /// [`Driver::stream_capture_dependencies`]).
     pub fn capture_dependencies(&self) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
-        self.inner
-            .device
-            .driver()
-            .stream_capture_dependencies(self.inner.raw)
+        // SAFETY: the handle is live while `self` is (see `StreamInner`).
+        unsafe { self.driver().stream_capture_dependencies(self.inner.raw) }
+    }
+
+    /// [`Stream::capture_dependencies`], kept with the stream so that the
+    /// capture's graph can be walked back from them
+    /// ([`CaptureFrontier::ancestors`]): the graph nodes a capture names
+    /// are handles, valid only while it is under way (or its graph lives),
+    /// so they are walked only from a set the driver just named.
+    pub fn capture_frontier(&self) -> Result<CaptureFrontier<'_>> {
+        let (info, nodes) = self.capture_dependencies()?;
+        Ok(CaptureFrontier {
+            stream: self,
+            info,
+            nodes,
+        })
     }
 
     /// Whether the stream is capturing: [`Stream::capture_info`]'s status.
@@ -261,7 +314,67 @@ impl Stream {
     }
 }
 
-/// A CUDA event (timing disabled), destroyed on drop.
+/// The error of a handle passed to a driver it is not of.
+fn other_driver(what: &str, raw: u64) -> crate::Error {
+    crate::Error::InvalidArgument(format!(
+        "{what} {raw:#x} is another driver's: a handle is only meaningful to its own driver"
+    ))
+}
+
+/// A stream's capture dependency set, read by [`Stream::capture_frontier`]:
+/// the nodes the next work captured on the stream will depend on.
+#[derive(Debug)]
+pub struct CaptureFrontier<'s> {
+    stream: &'s Stream,
+    info: CaptureInfo,
+    nodes: Vec<RawGraphNode>,
+}
+
+impl CaptureFrontier<'_> {
+    /// Whether the stream was capturing, and the capture's id.
+    pub fn info(&self) -> CaptureInfo {
+        self.info
+    }
+
+    /// The nodes (none when the stream was not capturing, its capture was
+    /// invalidated, or nothing captured came before its next work).
+    pub fn nodes(&self) -> &[RawGraphNode] {
+        &self.nodes
+    }
+
+    /// Walks the capture's graph back from the nodes
+    /// (`cuGraphNodeGetDependencies` on each node visited): the nodes
+    /// reachable from them, themselves included, without passing through a
+    /// node of `known`, and the nodes of `known` met on the way.
+    pub fn ancestors(
+        &self,
+        known: &HashSet<RawGraphNode>,
+    ) -> Result<(HashSet<RawGraphNode>, HashSet<RawGraphNode>)> {
+        let driver = self.stream.driver();
+        let (mut fresh, mut met) = (HashSet::new(), HashSet::new());
+        let mut todo = self.nodes.clone();
+        while let Some(n) = todo.pop() {
+            if known.contains(&n) {
+                met.insert(n);
+            } else if fresh.insert(n) {
+                // SAFETY: `n` is a node the driver named for the stream's
+                // capture: in `self.nodes`, read when the capture was under
+                // way, or a dependency of such a node read by this walk. A
+                // capture's nodes stay valid while it is under way and then
+                // while its graph lives. The stream is borrowed, so it lives;
+                // ending the capture and destroying its graph during this walk
+                // would take another thread racing the capture it is still
+                // capturing into, which no program that reads a capture's
+                // dependencies does.
+                todo.extend(unsafe { driver.graph_node_dependencies(n) }?);
+            }
+        }
+        Ok((fresh, met))
+    }
+}
+
+/// A CUDA event (timing disabled), destroyed on drop. Its handle is live (see
+/// [`crate::driver`]) as long as the `Event` is: only its drop destroys it.
 pub struct Event {
     device: Device,
     raw: RawEvent,
@@ -285,17 +398,23 @@ impl Event {
 
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        self.device.driver().event_record(self.raw, stream.raw())
+        let s = stream.raw_on(&self.device)?;
+        // SAFETY: both handles are live while their owners, borrowed here,
+        // are (see `Event` and `StreamInner`), and of this driver (`raw_on`
+        // checked).
+        unsafe { self.device.driver().event_record(self.raw, s) }
     }
 
     /// True when the work before the last record is complete.
     pub fn is_complete(&self) -> Result<bool> {
-        self.device.driver().event_query(self.raw)
+        // SAFETY: the handle is live while `self` is (see `Event`).
+        unsafe { self.device.driver().event_query(self.raw) }
     }
 
     /// Blocks until the work before the last record is complete.
     pub fn synchronize(&self) -> Result<()> {
-        self.device.driver().event_synchronize(self.raw)
+        // SAFETY: the handle is live while `self` is (see `Event`).
+        unsafe { self.device.driver().event_synchronize(self.raw) }
     }
 
     /// The raw handle.
@@ -312,6 +431,11 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         let (driver, raw) = (self.device.driver(), self.raw);
-        crate::exit::give_back(|| format!("event {raw:#x}"), || driver.event_destroy(raw));
+        crate::exit::give_back(
+            || format!("event {raw:#x}"),
+            // SAFETY: `Event::new` made the event and only this drop destroys
+            // it; nothing uses it afterwards.
+            || unsafe { driver.event_destroy(raw) },
+        );
     }
 }

@@ -16,7 +16,7 @@ use gpumem::driver::sim::SimConfig;
 use gpumem::driver::{AccessFlags, HandleType, Location, PoolPtrExport};
 use gpumem::pool::Pool;
 use gpumem::resource::{DeviceResource, MemoryResource, Properties};
-use gpumem::{Backend, Device, DeviceBuffer, Error};
+use gpumem::{Backend, Device, DeviceBuffer, Error, FreeError};
 
 const MIB: usize = 1 << 20;
 
@@ -553,7 +553,14 @@ fn export_and_import_within_one_process() {
         imported.import_pointer(&PoolPtrExport([7; 64])).is_err(),
         "garbage export data is an error"
     );
+    // Only what the pool imported is freed, and once.
+    let refused = |p: gpumem::DevicePtr| match imported.free_pointer(p, &stream) {
+        Err(Error::InvalidFree { reason, .. }) => reason,
+        other => panic!("{p:?}: expected a refused free, got {other:?}"),
+    };
+    assert_eq!(refused(copy.as_device_ptr()), FreeError::Unknown);
     imported.free_pointer(ptr, &stream).unwrap();
+    assert_eq!(refused(ptr), FreeError::DoubleFree);
     stream.synchronize().unwrap();
     drop(imported);
 

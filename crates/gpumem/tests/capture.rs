@@ -82,7 +82,8 @@ fn read(d: &dyn Driver, src: DevicePtr, bytes: usize, s: &Stream) -> Vec<u8> {
 
 fn bytes_used_by_default_pool(d: &dyn Driver, ordinal: u32) -> u64 {
     let pool = d.mempool_default(ordinal).unwrap();
-    d.mempool_get_attr(pool, PoolAttr::UsedMemCurrent).unwrap()
+    // SAFETY: a device's default pool lives as long as the device's context.
+    unsafe { d.mempool_get_attr(pool, PoolAttr::UsedMemCurrent) }.unwrap()
 }
 
 fn assert_no_violation(sim: &Option<Arc<SimDriver>>) {
@@ -133,8 +134,11 @@ fn replay_runs_the_captured_work_on_every_launch_and_not_at_capture() {
         assert_eq!(read(d, b, N, &s), vec![0x5A; N], "launch {round}");
     }
     drop(exec);
-    d.mem_free(o, a).unwrap();
-    d.mem_free(o, b).unwrap();
+    // SAFETY: `a` and `b` are this test's allocations, freed once, after the work on them has run.
+    unsafe {
+        d.mem_free(o, a).unwrap();
+        d.mem_free(o, b).unwrap();
+    }
     assert_no_violation(&sim);
 }
 
@@ -171,13 +175,15 @@ impl Fixture {
         let phys = d.vmm_create(o, gran, HandleType::None.into()).unwrap();
         let mapped_phys = d.vmm_create(o, gran, HandleType::None.into()).unwrap();
         let mapped = d.vmm_reserve(gran, gran).unwrap();
-        d.vmm_map(mapped, gran, 0, mapped_phys).unwrap();
-        d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite)
-            .unwrap();
+        // SAFETY: fresh physical memory mapped into a fresh reservation, both this fixture's.
+        unsafe { d.vmm_map(mapped, gran, 0, mapped_phys) }.unwrap();
+        // SAFETY: the mapping just made.
+        unsafe { d.vmm_set_access(mapped, gran, o, AccessFlags::ReadWrite) }.unwrap();
         let done = Event::new(&dev).unwrap();
         done.record(&other).unwrap();
         done.synchronize().unwrap();
-        let pool_ptr = d.mem_alloc_async(4096, other.raw()).unwrap();
+        // SAFETY: `other` is a live stream of the device.
+        let pool_ptr = unsafe { d.mem_alloc_async(4096, other.raw()) }.unwrap();
         other.synchronize().unwrap();
         let fixture = Fixture {
             plain: d.mem_alloc(o, 4096).unwrap(),
@@ -215,7 +221,10 @@ const FORBIDDEN: &[Case] = &[
     ("cuMemAlloc", UNSUPPORTED, |f, _| {
         f.d().mem_alloc(0, 4096).map(drop)
     }),
-    ("cuMemFree", UNSUPPORTED, |f, _| f.d().mem_free(0, f.plain)),
+    // SAFETY: `f.plain` is the fixture's allocation (each case gets a fresh fixture), freed at most once.
+    ("cuMemFree", UNSUPPORTED, |f, _| unsafe {
+        f.d().mem_free(0, f.plain)
+    }),
     ("cuMemAllocManaged", UNSUPPORTED, |f, _| {
         f.d().mem_alloc_managed(0, 4096).map(drop)
     }),
@@ -225,13 +234,16 @@ const FORBIDDEN: &[Case] = &[
             .map(drop)
     }),
     ("cuMemFreeHost", UNSUPPORTED, |f, _| {
-        f.d().mem_free_host(f.host)
+        // SAFETY: `f.host` is the fixture's allocation, freed at most once.
+        unsafe { f.d().mem_free_host(f.host) }
     }),
     ("cuMemPoolTrimTo", UNSUPPORTED, |f, _| {
-        f.d().mempool_trim_to(f.pool, 0)
+        // SAFETY: `f.pool` is the fixture's pool, live.
+        unsafe { f.d().mempool_trim_to(f.pool, 0) }
     }),
     ("cuMemPoolDestroy", UNSUPPORTED, |f, _| {
-        f.d().mempool_destroy(f.pool)
+        // SAFETY: `f.pool` is the fixture's pool, destroyed at most once.
+        unsafe { f.d().mempool_destroy(f.pool) }
     }),
     ("cuEventQuery", UNSUPPORTED, |f, _| {
         f.done.is_complete().map(drop)
@@ -276,25 +288,37 @@ type Call = fn(&Fixture, &Stream) -> gpumem::Result<()>;
 const ALLOWED: &[(&str, Call)] = &[
     ("cuMemCreate", |f, _| {
         let p = f.d().vmm_create(0, f.gran, HandleType::None.into())?;
-        f.d().vmm_release(p)
+        // SAFETY: `p` was just made, released once.
+        unsafe { f.d().vmm_release(p) }
     }),
-    ("cuMemRelease", |f, _| f.d().vmm_release(f.phys)),
+    // SAFETY: `f.phys` is the fixture's, released at most once.
+    ("cuMemRelease", |f, _| unsafe { f.d().vmm_release(f.phys) }),
     ("cuMemMap", |f, _| {
-        f.d().vmm_map(f.free_va, f.gran, 0, f.phys)?;
-        f.d()
-            .vmm_set_access(f.free_va, f.gran, 0, AccessFlags::ReadWrite)?;
-        f.d().vmm_unmap(f.free_va, f.gran)
+        // SAFETY: the fixture's physical memory, mapped into its reservation
+        // (both unused) and unmapped again.
+        unsafe {
+            f.d().vmm_map(f.free_va, f.gran, 0, f.phys)?;
+            f.d()
+                .vmm_set_access(f.free_va, f.gran, 0, AccessFlags::ReadWrite)?;
+            f.d().vmm_unmap(f.free_va, f.gran)
+        }
     }),
-    ("cuMemUnmap", |f, _| f.d().vmm_unmap(f.mapped, f.gran)),
+    // SAFETY: `f.mapped` is the fixture's mapping, unused, unmapped at most once.
+    ("cuMemUnmap", |f, _| unsafe {
+        f.d().vmm_unmap(f.mapped, f.gran)
+    }),
     ("cuMemSetAccess", |f, _| {
-        f.d().vmm_set_access(f.mapped, f.gran, 0, AccessFlags::Read)
+        // SAFETY: `f.mapped` is the fixture's mapping.
+        unsafe { f.d().vmm_set_access(f.mapped, f.gran, 0, AccessFlags::Read) }
     }),
     ("cuMemAddressReserve", |f, _| {
         let va = f.d().vmm_reserve(f.gran, f.gran)?;
-        f.d().vmm_free_address(va, f.gran)
+        // SAFETY: `va` was just reserved, freed once.
+        unsafe { f.d().vmm_free_address(va, f.gran) }
     }),
     ("cuMemAddressFree", |f, _| {
-        f.d().vmm_free_address(f.free_va, 2 * f.gran)
+        // SAFETY: `f.free_va` is the fixture's reservation, nothing mapped, freed at most once.
+        unsafe { f.d().vmm_free_address(f.free_va, 2 * f.gran) }
     }),
     ("cuMemcpyHtoDAsync", |f, s| {
         static DATA: [u8; 16] = [1; 16];
@@ -302,7 +326,8 @@ const ALLOWED: &[(&str, Call)] = &[
         unsafe { f.d().memcpy_htod_async(f.plain, DATA.as_ptr(), 16, s.raw()) }
     }),
     ("cuMemFreeAsync", |f, s| {
-        let e = f.d().mem_free_async(f.pool_ptr, s.raw()).unwrap_err();
+        // SAFETY: `f.pool_ptr` is the fixture's pool allocation and `s` a live stream (the free is refused during the capture).
+        let e = unsafe { f.d().mem_free_async(f.pool_ptr, s.raw()) }.unwrap_err();
         assert_eq!(code(&e), INVALID_VALUE, "{e}");
         Ok(())
     }),
@@ -375,7 +400,8 @@ fn relaxed_mode_permits_allocation_during_a_global_capture() {
     let e = d.mem_alloc(o, N).unwrap_err();
     assert!(e.is_capture_error(), "{e:?}");
     assert!(s.end_capture().unwrap_err().is_capture_error());
-    d.mem_free(o, p).unwrap();
+    // SAFETY: `p` is this test's allocation, freed once; the capture that used it is over.
+    unsafe { d.mem_free(o, p) }.unwrap();
 }
 
 #[test]
@@ -392,7 +418,8 @@ fn a_global_capture_binds_other_threads_unless_they_opt_out() {
             }
             let r = d.mem_alloc(o, 4096);
             if let Ok(p) = r {
-                d.mem_free(o, p).unwrap();
+                // SAFETY: `p` was just allocated, freed once.
+                unsafe { d.mem_free(o, p) }.unwrap();
             }
             r.map(drop)
         })
@@ -475,8 +502,11 @@ fn a_joined_stream_is_captured_and_must_rejoin() {
     if sim.is_some() {
         end.unwrap();
     }
-    d.mem_free(o, a).unwrap();
-    d.mem_free(o, b).unwrap();
+    // SAFETY: `a` and `b` are this test's allocations, freed once, after the work on them has run.
+    unsafe {
+        d.mem_free(o, a).unwrap();
+        d.mem_free(o, b).unwrap();
+    }
 }
 
 /// What finding whether captured work on one stream comes after work on
@@ -496,7 +526,8 @@ fn capture_dependencies_name_each_stream_s_last_work_and_lead_to_its_ancestors()
         (info.status, nodes)
     };
     let parents = |n: u64| {
-        let mut p = d.graph_node_dependencies(n).unwrap();
+        // SAFETY: `n` is a node the driver named for the capture under way on `s1`.
+        let mut p = unsafe { d.graph_node_dependencies(n) }.unwrap();
         p.sort_unstable();
         p
     };
@@ -537,7 +568,8 @@ fn capture_dependencies_name_each_stream_s_last_work_and_lead_to_its_ancestors()
     assert_eq!(parents(n4), sorted(vec![n2, n3]));
     if sim.is_some() {
         assert!(
-            d.graph_node_dependencies(n4 + (1 << 40)).is_err(),
+            // SAFETY: not a node, on purpose, on the simulator only, which refuses a handle it does not hold.
+            unsafe { d.graph_node_dependencies(n4 + (1 << 40)) }.is_err(),
             "no such node"
         );
     }
@@ -545,7 +577,8 @@ fn capture_dependencies_name_each_stream_s_last_work_and_lead_to_its_ancestors()
     assert_eq!(deps(&s1), (CaptureStatus::None, vec![]));
     drop(graph);
     assert_no_violation(&sim);
-    d.mem_free(o, a).unwrap();
+    // SAFETY: `a` is this test's allocation, freed once; the graph that used it is gone.
+    unsafe { d.mem_free(o, a) }.unwrap();
 }
 
 #[test]
@@ -580,9 +613,11 @@ fn graphs_executables_and_streams_drop_in_any_order_and_leak_nothing() {
     for order in 0..3 {
         let s = dev.create_stream().unwrap();
         s.begin_capture(CaptureMode::Global).unwrap();
-        let scratch = d.mem_alloc_async(N, s.raw()).unwrap();
+        // SAFETY: `s` is a live stream.
+        let scratch = unsafe { d.mem_alloc_async(N, s.raw()) }.unwrap();
         memset(d.as_ref(), scratch, 9, N, s.raw()).unwrap();
-        d.mem_free_async(scratch, s.raw()).unwrap();
+        // SAFETY: `scratch` was just allocated on `s`, freed once.
+        unsafe { d.mem_free_async(scratch, s.raw()) }.unwrap();
         let graph = s.end_capture().unwrap();
         let exec = graph.instantiate().unwrap();
         exec.launch(&s).unwrap();
@@ -631,7 +666,8 @@ fn graph_allocations_keep_their_address_and_go_back_with_the_graph() {
 
     // An allocation the graph does not free is the caller's after each launch.
     s.begin_capture(CaptureMode::Global).unwrap();
-    let out = d.mem_alloc_async(N, s.raw()).unwrap();
+    // SAFETY: `s` is a live stream.
+    let out = unsafe { d.mem_alloc_async(N, s.raw()) }.unwrap();
     memset(d, out, 7, N, s.raw()).unwrap();
     let exec = s.end_capture().unwrap().instantiate().unwrap();
     exec.launch(&s).unwrap();
@@ -642,16 +678,19 @@ fn graph_allocations_keep_their_address_and_go_back_with_the_graph() {
         INVALID_VALUE,
         "relaunch before the output was freed: {e}"
     );
-    d.mem_free_async(out, s.raw()).unwrap();
+    // SAFETY: `out`, the graph's allocation, is the caller's after each launch, and freed once per launch; `s` is live.
+    unsafe { d.mem_free_async(out, s.raw()) }.unwrap();
     exec.launch(&s).unwrap();
     assert_eq!(
         read(d, out, N, &s),
         vec![7; N],
         "same address on every launch"
     );
-    d.mem_free_async(out, s.raw()).unwrap();
+    // SAFETY: as above.
+    unsafe { d.mem_free_async(out, s.raw()) }.unwrap();
     assert_eq!(
-        code(&d.mem_free_async(out, s.raw()).unwrap_err()),
+        // SAFETY: a second free, on purpose, on the simulator only, which refuses it.
+        code(&unsafe { d.mem_free_async(out, s.raw()) }.unwrap_err()),
         INVALID_VALUE
     );
     drop(exec);
@@ -659,8 +698,10 @@ fn graph_allocations_keep_their_address_and_go_back_with_the_graph() {
 
     // Scratch memory the graph frees itself is never the caller's.
     s.begin_capture(CaptureMode::Global).unwrap();
-    let scratch = d.mem_alloc_async(N, s.raw()).unwrap();
-    d.mem_free_async(scratch, s.raw()).unwrap();
+    // SAFETY: `s` is a live stream.
+    let scratch = unsafe { d.mem_alloc_async(N, s.raw()) }.unwrap();
+    // SAFETY: `scratch` was just allocated on `s`, freed once.
+    unsafe { d.mem_free_async(scratch, s.raw()) }.unwrap();
     let graph = s.end_capture().unwrap();
     let exec = graph.instantiate().unwrap();
     // One executable at a time for a graph with allocations.
@@ -668,7 +709,8 @@ fn graph_allocations_keep_their_address_and_go_back_with_the_graph() {
     exec.launch(&s).unwrap();
     exec.launch(&s).unwrap();
     assert_eq!(
-        code(&d.mem_free_async(scratch, s.raw()).unwrap_err()),
+        // SAFETY: the graph's own scratch, never the caller's: refused, on the simulator only.
+        code(&unsafe { d.mem_free_async(scratch, s.raw()) }.unwrap_err()),
         INVALID_VALUE
     );
     assert!(
@@ -698,12 +740,13 @@ fn the_legacy_stream_is_refused_while_a_blocking_stream_captures() {
     memset(d, p, 1, 4096, legacy.raw()).unwrap();
     s.end_capture().unwrap();
 
-    d.stream_begin_capture(blocking, CaptureMode::Global)
-        .unwrap();
+    // SAFETY: `blocking` is this test's stream, live.
+    unsafe { d.stream_begin_capture(blocking, CaptureMode::Global) }.unwrap();
     let e = memset(d, p, 1, 4096, legacy.raw()).unwrap_err();
     assert_eq!(code(&e), IMPLICIT, "{e}");
     assert_eq!(
-        code(&d.stream_end_capture(blocking).unwrap_err()),
+        // SAFETY: as above.
+        code(&unsafe { d.stream_end_capture(blocking) }.unwrap_err()),
         INVALIDATED
     );
     assert_eq!(
@@ -711,6 +754,10 @@ fn the_legacy_stream_is_refused_while_a_blocking_stream_captures() {
         UNSUPPORTED
     );
     assert_eq!(sim.capture_violations().len(), 2);
-    d.stream_destroy(blocking).unwrap();
-    d.mem_free(0, p).unwrap();
+    // SAFETY: `blocking` and `p` are this test's, destroyed and freed once;
+    // no work on them is pending.
+    unsafe {
+        d.stream_destroy(blocking).unwrap();
+        d.mem_free(0, p).unwrap();
+    }
 }

@@ -59,10 +59,12 @@ impl DeviceBlock {
 impl Drop for DeviceBlock {
     fn drop(&mut self) {
         let _ = self.device.synchronize();
-        let _ = self
-            .device
-            .driver()
-            .mem_free(self.device.ordinal(), self.ptr);
+        // SAFETY: the block's own allocation, freed once, by its drop, after the device is synchronized.
+        let _ = unsafe {
+            self.device
+                .driver()
+                .mem_free(self.device.ordinal(), self.ptr)
+        };
     }
 }
 

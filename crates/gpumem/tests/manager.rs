@@ -70,7 +70,8 @@ fn a_freed_pinned_block_is_not_reused_while_its_copy_is_pending() {
     for p in [b, c] {
         pool.deallocate_sync(p, 1 << 20, 256).unwrap();
     }
-    device.driver().mem_free(0, dev).unwrap();
+    // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+    unsafe { device.driver().mem_free(0, dev) }.unwrap();
 }
 
 #[test]
@@ -103,7 +104,8 @@ fn copies_are_batched_one_event_per_batch_not_per_free() {
     sim.release(stream.raw());
     assert_eq!(pool.process_pending().unwrap(), 10);
     assert_eq!(pool.stats().pending_blocks, 0);
-    device.driver().mem_free(0, dev).unwrap();
+    // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+    unsafe { device.driver().mem_free(0, dev) }.unwrap();
 }
 
 #[test]
@@ -128,7 +130,8 @@ fn a_full_pinned_pool_waits_for_pending_copies_instead_of_failing() {
     let e = pool.allocate_sync(256, 256).unwrap_err();
     assert_eq!(e.oom_info().unwrap().limit, Some(1 << 20));
     pool.deallocate_sync(b, 1 << 20, 256).unwrap();
-    device.driver().mem_free(0, dev).unwrap();
+    // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+    unsafe { device.driver().mem_free(0, dev) }.unwrap();
 }
 
 #[test]
@@ -166,7 +169,8 @@ fn pinned_data_round_trips_and_bad_ranges_are_errors() {
         Err(Error::InvalidFree { .. })
     ));
     pool.deallocate_sync(b, 4096, 256).unwrap();
-    device.driver().mem_free(0, dev).unwrap();
+    // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+    unsafe { device.driver().mem_free(0, dev) }.unwrap();
 }
 
 #[test]
@@ -210,7 +214,8 @@ fn a_double_free_is_reported_as_one() {
         FreeError::Unknown
     );
     sim.release(stream.raw());
-    device.driver().mem_free(0, dev).unwrap();
+    // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+    unsafe { device.driver().mem_free(0, dev) }.unwrap();
 }
 
 #[test]
@@ -244,7 +249,8 @@ fn allocator_api2_vec_lives_in_pinned_memory() {
         pool.copy_to_device_async(dev, DevicePtr(v.as_ptr() as u64), 64, &stream)
             .unwrap();
         stream.synchronize().unwrap();
-        device.driver().mem_free(0, dev).unwrap();
+        // SAFETY: `dev` is this test's allocation, freed once; the copies that used it have run.
+        unsafe { device.driver().mem_free(0, dev) }.unwrap();
     }
     let s = pool.stats();
     assert_eq!((s.live_blocks, s.live), (0, 0), "{s:?}");

@@ -162,7 +162,8 @@ fn peer_reads(d0: &Device, d1: &Device, block: DevicePtr, n: usize) -> gpumem::R
         unsafe { drv.memcpy_dtoh_async(back.as_mut_ptr(), dst, n, s1.raw()) }.unwrap();
     }
     s1.synchronize().unwrap();
-    drv.mem_free(d1.ordinal(), dst).unwrap();
+    // SAFETY: `dst` is this function's allocation, freed once; `s1`, which ran the copies, is synchronized.
+    unsafe { drv.mem_free(d1.ordinal(), dst) }.unwrap();
     copied?;
     assert!(back == data, "the bytes of {block:#x} arrived on device 1");
     Ok(())

@@ -42,7 +42,8 @@ fn one_allocation(drv: &dyn Driver, ptr: DevicePtr, size: usize, page: usize) ->
     }
     let first = drv.vmm_retain_handle(ptr).unwrap();
     let last = drv.vmm_retain_handle(ptr.offset(size - 1)).unwrap();
-    drv.vmm_release(last).unwrap();
+    // SAFETY: `last` was just retained, released once.
+    unsafe { drv.vmm_release(last) }.unwrap();
     assert_eq!(first, last, "one handle from the first byte to the last");
     first
 }
@@ -56,7 +57,8 @@ fn all_whole(drv: &dyn Driver, live: &[(DevicePtr, usize)], page: usize) {
     let distinct: HashSet<RawPhys> = handles.iter().copied().collect();
     assert_eq!(distinct.len(), live.len(), "a handle per block");
     for h in handles {
-        drv.vmm_release(h).unwrap();
+        // SAFETY: each handle was retained by `one_allocation` for this, released once.
+        unsafe { drv.vmm_release(h) }.unwrap();
     }
 }
 
@@ -81,13 +83,15 @@ fn every_block_is_one_physical_allocation_of_its_own() {
     // The memory is exportable (POSIX file descriptors), RDMA-capable where
     // the device can, and the device has read-write access.
     let h = drv.vmm_retain_handle(live[0].0).unwrap();
-    drop(drv.vmm_export_fd(h).unwrap());
+    // SAFETY: `h` was just retained, live until released below.
+    drop(unsafe { drv.vmm_export_fd(h) }.unwrap());
     if let Some(sim) = &sim {
         let props = sim.phys_props(h).unwrap();
         assert_eq!(props.handle_type, HandleType::PosixFd);
         assert!(props.rdma_capable);
     }
-    drv.vmm_release(h).unwrap();
+    // SAFETY: `h` was retained above, released once.
+    unsafe { drv.vmm_release(h) }.unwrap();
 
     // Frees in another order, and other sizes where they were: still one
     // allocation per block (reused where it fits, placed elsewhere where not).
@@ -203,7 +207,8 @@ fn every_peer_gets_read_write_access_and_sleep_is_refused() {
         Err(Error::Unsupported { .. })
     ));
     pool.deallocate(p, 5 * MIB, 256, &s).unwrap();
-    device.driver().mem_free(2, dst).unwrap();
+    // SAFETY: `dst` is this test's allocation, freed once; the copy that used it has run.
+    unsafe { device.driver().mem_free(2, dst) }.unwrap();
 }
 
 #[derive(Debug, Clone)]

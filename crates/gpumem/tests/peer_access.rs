@@ -155,7 +155,9 @@ fn a_copy_touching_another_devices_memory_needs_peer_access() {
     assert_eq!(read(&d1, other, MIB), data, "a plain copy across devices");
     assert_eq!(sim.peer_violations().len(), 3, "no new refusal");
     for (dev, p) in [(0, src), (1, dst), (1, other)] {
-        drv.mem_free(dev, p).unwrap();
+        // SAFETY: this test's allocations, each freed once; the copies that
+        // used them have run (read back).
+        unsafe { drv.mem_free(dev, p) }.unwrap();
     }
 }
 
@@ -171,8 +173,11 @@ fn a_peer_copy_names_the_devices_that_own_its_memory() {
     assert_eq!(code(wrong), 1, "dst is device 1's memory");
     peer_copy(&d1, (dst, 1), (src, 0), MIB, s.raw()).unwrap();
     s.synchronize().unwrap();
-    drv.mem_free(0, src).unwrap();
-    drv.mem_free(1, dst).unwrap();
+    // SAFETY: this test's allocations, freed once; the copy has run.
+    unsafe {
+        drv.mem_free(0, src).unwrap();
+        drv.mem_free(1, dst).unwrap();
+    }
 }
 
 #[test]
@@ -186,27 +191,36 @@ fn pool_and_mapped_memory_need_their_own_grant() {
 
     // Pool memory: peer access does not open it; the pool's grant does.
     let pool = drv.mempool_create(&PoolProps::device(0)).unwrap();
-    let p = drv.mem_alloc_from_pool_async(MIB, pool, s0.raw()).unwrap();
+    // SAFETY: this test's pool, and a live stream.
+    let p = unsafe { drv.mem_alloc_from_pool_async(MIB, pool, s0.raw()) }.unwrap();
     s0.synchronize().unwrap();
     assert_eq!(code(dtod(&d1, dst, p, MIB, s1.raw()).unwrap_err()), 705);
     assert!(sim.peer_violations()[0]
         .reason
         .contains("cuMemPoolSetAccess"));
-    drv.mempool_set_access(pool, 1, AccessFlags::Read).unwrap();
+    // SAFETY: this test's pool.
+    unsafe { drv.mempool_set_access(pool, 1, AccessFlags::Read) }.unwrap();
     dtod(&d1, dst, p, MIB, s1.raw()).unwrap();
     assert!(dtod(&d1, p, dst, MIB, s1.raw()).is_err(), "read-only");
     s1.synchronize().unwrap();
-    drv.mem_free_async(p, s0.raw()).unwrap();
-    s0.synchronize().unwrap();
-    drv.mempool_destroy(pool).unwrap();
+    // SAFETY: `p` is this test's pool allocation, freed once after the copies
+    // that used it ran; then the pool, destroyed once.
+    unsafe {
+        drv.mem_free_async(p, s0.raw()).unwrap();
+        s0.synchronize().unwrap();
+        drv.mempool_destroy(pool).unwrap();
+    }
 
     // VMM memory: the mapping's grant for the device that touches it.
     let g = drv.vmm_granularity(0, true).unwrap();
     let va = drv.vmm_reserve(g, 0).unwrap();
     let h = drv.vmm_create(0, g, Default::default()).unwrap();
-    drv.vmm_map(va, g, 0, h).unwrap();
-    drv.vmm_set_access(va, g, 0, AccessFlags::ReadWrite)
-        .unwrap();
+    // SAFETY: the physical memory and the reservation just made, mapped once.
+    unsafe {
+        drv.vmm_map(va, g, 0, h).unwrap();
+        drv.vmm_set_access(va, g, 0, AccessFlags::ReadWrite)
+            .unwrap();
+    }
     assert_eq!(code(dtod(&d1, dst, va, MIB, s1.raw()).unwrap_err()), 705);
     assert!(sim
         .peer_violations()
@@ -214,14 +228,18 @@ fn pool_and_mapped_memory_need_their_own_grant() {
         .unwrap()
         .reason
         .contains("cuMemSetAccess"));
-    drv.vmm_set_access(va, g, 1, AccessFlags::ReadWrite)
-        .unwrap();
+    // SAFETY: the mapping made above.
+    unsafe { drv.vmm_set_access(va, g, 1, AccessFlags::ReadWrite) }.unwrap();
     peer_copy(&d1, (dst, 1), (va, 0), MIB, s1.raw()).unwrap();
     s1.synchronize().unwrap();
-    drv.vmm_unmap(va, g).unwrap();
-    drv.vmm_release(h).unwrap();
-    drv.vmm_free_address(va, g).unwrap();
-    drv.mem_free(1, dst).unwrap();
+    // SAFETY: the mapping, the physical memory, the reservation and `dst`
+    // are this test's, each ended once; the copy that used them has run.
+    unsafe {
+        drv.vmm_unmap(va, g).unwrap();
+        drv.vmm_release(h).unwrap();
+        drv.vmm_free_address(va, g).unwrap();
+        drv.mem_free(1, dst).unwrap();
+    }
     assert_eq!(sim.physical_bytes(), 0);
 }
 
@@ -238,16 +256,21 @@ fn address_range_and_retained_handle_name_the_allocation() {
         drv.vmm_retain_handle(p).is_err(),
         "cuMemAlloc memory has no VMM handle"
     );
-    drv.mem_free(o, p).unwrap();
+    // SAFETY: `p` is this test's allocation, freed once.
+    unsafe { drv.mem_free(o, p) }.unwrap();
 
     let g = drv.vmm_granularity(o, true).unwrap();
     let va = drv.vmm_reserve(3 * g, 0).unwrap();
     let h1 = drv.vmm_create(o, g, Default::default()).unwrap();
     let h2 = drv.vmm_create(o, 2 * g, Default::default()).unwrap();
-    drv.vmm_map(va, g, 0, h1).unwrap();
-    drv.vmm_map(va.offset(g), 2 * g, 0, h2).unwrap();
-    drv.vmm_set_access(va, 3 * g, o, AccessFlags::ReadWrite)
-        .unwrap();
+    // SAFETY: the physical memory and the reservation just made, each part
+    // of the reservation mapped once.
+    unsafe {
+        drv.vmm_map(va, g, 0, h1).unwrap();
+        drv.vmm_map(va.offset(g), 2 * g, 0, h2).unwrap();
+        drv.vmm_set_access(va, 3 * g, o, AccessFlags::ReadWrite)
+            .unwrap();
+    }
     assert_eq!(drv.mem_address_range(va.offset(g - 1)).unwrap(), (va, g));
     assert_eq!(
         drv.mem_address_range(va.offset(3 * g - 1)).unwrap(),
@@ -259,15 +282,23 @@ fn address_range_and_retained_handle_name_the_allocation() {
     assert_eq!((r1, r2, r2_last), (h1, h2, h2), "the handles cuMemMap got");
     // Each retain owes a release; the memory lives while mapped.
     for h in [r1, r2, r2_last, h1, h2] {
-        drv.vmm_release(h).unwrap();
+        // SAFETY: each create and retain above is released once.
+        unsafe { drv.vmm_release(h) }.unwrap();
     }
     if let Some(sim) = &sim {
         assert_eq!(sim.physical_bytes(), 3 * g, "still mapped");
-        assert!(drv.vmm_release(h1).is_err(), "every release was owed once");
+        // SAFETY: a release too many, on purpose, on the simulator only,
+        // which refuses a handle it does not hold.
+        let again = unsafe { drv.vmm_release(h1) };
+        assert!(again.is_err(), "every release was owed once");
     }
-    drv.vmm_unmap(va, g).unwrap();
-    drv.vmm_unmap(va.offset(g), 2 * g).unwrap();
-    drv.vmm_free_address(va, 3 * g).unwrap();
+    // SAFETY: the two mappings and the reservation made above, each ended
+    // once.
+    unsafe {
+        drv.vmm_unmap(va, g).unwrap();
+        drv.vmm_unmap(va.offset(g), 2 * g).unwrap();
+        drv.vmm_free_address(va, 3 * g).unwrap();
+    }
     if let Some(sim) = &sim {
         assert_eq!(sim.physical_bytes(), 0);
     }

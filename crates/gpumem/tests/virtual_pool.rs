@@ -600,7 +600,8 @@ fn physical_chunks_export_as_file_descriptors() {
     assert_eq!(mapped * p.page_size(), p.stats().mapped);
     for x in &exports {
         let h = device.driver().vmm_import_fd(x.fd.as_fd()).unwrap();
-        device.driver().vmm_release(h).unwrap();
+        // SAFETY: `h` was just imported, released once.
+        unsafe { device.driver().vmm_release(h) }.unwrap();
     }
     p.deallocate(a, 6 * MIB, 256, &s).unwrap();
     drop(p);

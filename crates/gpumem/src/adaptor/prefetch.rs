@@ -72,14 +72,10 @@ impl<U: MemoryResource> MemoryResource for PrefetchAdaptor<U> {
         let ptr = self.upstream.allocate(bytes, alignment, stream)?;
         if self.managed {
             let device = self.upstream.device();
-            let counter =
-                match device
-                    .driver()
-                    .mem_prefetch(ptr, bytes, device.ordinal(), stream.raw())
-                {
-                    Ok(()) => &self.prefetches,
-                    Err(_) => &self.failures,
-                };
+            let counter = match stream.prefetch(ptr, bytes, device) {
+                Ok(()) => &self.prefetches,
+                Err(_) => &self.failures,
+            };
             counter.fetch_add(1, Ordering::Relaxed);
         }
         Ok(ptr)

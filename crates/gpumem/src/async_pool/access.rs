@@ -48,9 +48,14 @@ impl MemPool {
                 )));
             }
         }
-        self.device()
-            .driver()
-            .mempool_set_access(self.raw(), peer, flags)
+        // SAFETY: the pool is live while `self` is (see `MemPool`), and this
+        // handle decides its access: it owns the pool, or holds the default
+        // pool or a foreign one for its user, who asks for the grant.
+        unsafe {
+            self.device()
+                .driver()
+                .mempool_set_access(self.raw(), peer, flags)
+        }
     }
 
     /// The access device `peer` has to the pool's memory.
@@ -59,6 +64,7 @@ impl MemPool {
         if self.owner() == Some(peer) {
             return Ok(AccessFlags::ReadWrite);
         }
-        self.device().driver().mempool_get_access(self.raw(), peer)
+        // SAFETY: the pool is live while `self` is (see `MemPool`).
+        unsafe { self.device().driver().mempool_get_access(self.raw(), peer) }
     }
 }

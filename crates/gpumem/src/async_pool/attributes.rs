@@ -65,6 +65,14 @@ pub struct PoolUsage {
 /// A CUDA memory pool of one device: its handle, what it hands out, and its
 /// typed attributes. Owned pools are destroyed when this drops; borrowed ones
 /// (the default pool, foreign pools) are not.
+///
+/// The handle is live (see [`crate::driver`]) as long as this value: an
+/// owned pool (created or imported here) is destroyed only by its drop; a
+/// borrowed one is a device's default pool, which lives as long as the
+/// device's primary context (neither backend releases it), or a foreign pool
+/// whose owner promised it outlives the view
+/// ([`AsyncViewResource::new`](super::AsyncViewResource::new)). Every driver
+/// call of this type and of its `access` and `ipc` modules rests on that.
 pub struct MemPool {
     device: Device,
     raw: RawPool,
@@ -176,11 +184,19 @@ impl MemPool {
     }
 
     fn get(&self, attr: PoolAttr) -> Result<u64> {
-        self.device.driver().mempool_get_attr(self.raw, attr)
+        // SAFETY: the pool is live while `self` is (see `MemPool`).
+        unsafe { self.device.driver().mempool_get_attr(self.raw, attr) }
     }
 
     fn set(&self, attr: PoolAttr, value: u64) -> Result<()> {
-        self.device.driver().mempool_set_attr(self.raw, attr, value)
+        // SAFETY: the pool is live while `self` is (see `MemPool`).
+        unsafe { self.device.driver().mempool_set_attr(self.raw, attr, value) }
+    }
+
+    /// `cuMemPoolTrimTo` on the pool.
+    fn trim_to(&self, keep: usize) -> Result<()> {
+        // SAFETY: the pool is live while `self` is (see `MemPool`).
+        unsafe { self.device.driver().mempool_trim_to(self.raw, keep) }
     }
 
     fn get_bytes(&self, attr: PoolAttr) -> Result<usize> {
@@ -267,7 +283,7 @@ impl MemPool {
     /// least `to` bytes, the simulated device at most `to`); the bytes given
     /// back. Memory whose free has not yet run on its stream is not unused.
     pub(crate) fn give_back(&self, to: usize) -> Result<usize> {
-        self.giving_back(|| self.device.driver().mempool_trim_to(self.raw, to))
+        self.giving_back(|| self.trim_to(to))
     }
 
     /// Synchronizes the device, so every free has run (the synchronization
@@ -276,7 +292,7 @@ impl MemPool {
     pub(crate) fn give_back_all(&self) -> Result<usize> {
         self.giving_back(|| {
             self.device.synchronize()?;
-            self.device.driver().mempool_trim_to(self.raw, 0)
+            self.trim_to(0)
         })
     }
 
@@ -298,15 +314,21 @@ impl MemPool {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
-        let driver = self.device.driver();
-        let got = match driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw()) {
+        let s = stream.raw_on(&self.device)?;
+        // SAFETY: the pool is live while `self` is (see `MemPool`), the
+        // stream while the borrowed `stream` is, and it is this driver's
+        // (`raw_on` checked).
+        let alloc = || unsafe {
+            self.device
+                .driver()
+                .mem_alloc_from_pool_async(bytes, self.raw, s)
+        };
+        let got = match alloc() {
             // Memory freed on other streams returns to the pool only when
             // their frees have run: wait for them and try once more.
             // Never while a capture is under way: CUDA refuses the
             // synchronization then, and the refusal breaks the capture.
-            Err(e) if e.is_oom() && synchronize_device(&self.device).is_ok() => {
-                driver.mem_alloc_from_pool_async(bytes, self.raw, stream.raw())
-            }
+            Err(e) if e.is_oom() && synchronize_device(&self.device).is_ok() => alloc(),
             other => other,
         };
         match got {
@@ -328,8 +350,13 @@ impl MemPool {
         if ptr.is_null() {
             return Ok(());
         }
+        let s = stream.raw_on(&self.device)?;
         self.handed_out.free_with(ptr, bytes, |_| {
-            self.device.driver().mem_free_async(ptr, stream.raw())
+            // SAFETY: `ptr` was just taken out of `handed_out`: an allocation
+            // of this pool, handed out and freed once, whose owner frees it
+            // in `stream`'s order (the resource rules). The stream is live
+            // while borrowed and this driver's (`raw_on` checked).
+            unsafe { self.device.driver().mem_free_async(ptr, s) }
         })
     }
 
@@ -359,7 +386,9 @@ impl Drop for MemPool {
             let (driver, raw) = (self.device.driver(), self.raw);
             crate::exit::give_back(
                 || format!("memory pool {raw:#x}"),
-                || driver.mempool_destroy(raw),
+                // SAFETY: an owned pool, created or imported for this value
+                // alone (never a default pool), destroyed only here.
+                || unsafe { driver.mempool_destroy(raw) },
             );
         }
     }

@@ -25,7 +25,7 @@ use super::attributes::MemPool;
 use super::{map_not_supported, require_pools};
 use crate::device::Device;
 use crate::driver::{AccessFlags, DevicePtr, HandleType, Location, PoolPtrExport};
-use crate::resource::Properties;
+use crate::resource::{HandedOut, Properties};
 use crate::stream::Stream;
 use crate::{Error, Result};
 
@@ -48,7 +48,8 @@ impl MemPool {
     /// Only pools built with [`HandleType::PosixFd`] can be exported.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         self.require_exportable("export_fd")?;
-        self.device().driver().mempool_export_fd(self.raw())
+        // SAFETY: the pool is live while `self` is (see `MemPool`).
+        unsafe { self.device().driver().mempool_export_fd(self.raw()) }
     }
 
     /// The record that lets an importer of this pool map allocation `ptr`
@@ -99,7 +100,10 @@ impl AsyncResource {
         if pool.access(ordinal)? != AccessFlags::ReadWrite {
             pool.grant_access(ordinal, AccessFlags::ReadWrite)?;
         }
-        Ok(ImportedPool { pool })
+        Ok(ImportedPool {
+            pool,
+            mappings: HandedOut::default(),
+        })
     }
 }
 
@@ -109,6 +113,9 @@ impl AsyncResource {
 #[derive(Debug)]
 pub struct ImportedPool {
     pool: MemPool,
+    /// The mappings [`ImportedPool::import_pointer`] made and
+    /// [`ImportedPool::free_pointer`] has not freed: only those are freed.
+    mappings: HandedOut,
 }
 
 impl ImportedPool {
@@ -116,23 +123,35 @@ impl ImportedPool {
     /// returned address is this process's mapping; free it with
     /// [`ImportedPool::free_pointer`] before the exporter frees the allocation.
     pub fn import_pointer(&self, export: &PoolPtrExport) -> Result<DevicePtr> {
-        self.pool
-            .device()
-            .driver()
-            .mempool_import_pointer(self.pool.raw(), export)
+        // SAFETY: the pool is live while `self` is (see `MemPool`), and it was
+        // imported from a descriptor.
+        let ptr = unsafe {
+            self.pool
+                .device()
+                .driver()
+                .mempool_import_pointer(self.pool.raw(), export)
+        }?;
+        self.mappings.insert(ptr, 0, ());
+        Ok(ptr)
     }
 
     /// Unmaps an imported allocation once the work enqueued on `stream` so far
     /// has run (`cuMemFreeAsync`; CUDA also allows `cuMemFree`). Synchronize
-    /// `stream` before telling the exporter it may free the allocation.
+    /// `stream` before telling the exporter it may free the allocation. A
+    /// pointer this pool did not import, or freed already, is refused with
+    /// [`Error::InvalidFree`] and the driver is not called.
     pub fn free_pointer(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
-        self.pool
-            .device()
-            .driver()
-            .mem_free_async(ptr, stream.raw())
+        let s = stream.raw_on(self.pool.device())?;
+        self.mappings.take_any(ptr)?;
+        // SAFETY: `ptr` was just taken out of `mappings`: a mapping this pool
+        // imported and that is freed once, here, in `stream`'s order (the
+        // caller's work on it is enqueued before). The stream is live while
+        // borrowed and this driver's (`raw_on` checked).
+        unsafe { self.pool.device().driver().mem_free_async(ptr, s) }
+            .inspect_err(|_| self.mappings.restore(ptr, 0, ()))
     }
 
     /// The imported pool (its attributes, as far as the driver reports them

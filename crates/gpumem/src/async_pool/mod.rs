@@ -128,10 +128,15 @@ macro_rules! pool_of_mempool {
 }
 use pool_of_mempool;
 
+// The owner of a pool handle (`MemPool`, with its peer access and IPC in
+// their own files) passes it to the driver's `unsafe` methods.
+#[allow(unsafe_code)]
 mod access;
 mod async_resource;
+#[allow(unsafe_code)]
 mod attributes;
 #[cfg(unix)]
+#[allow(unsafe_code)]
 pub mod ipc;
 mod managed;
 #[allow(unsafe_code)]

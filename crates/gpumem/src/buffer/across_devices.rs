@@ -45,8 +45,10 @@ pub(super) fn copy(
     let (d, s) = (dst_device.ordinal(), src_device.ordinal());
     if driver.can_access_peer(d, s)? {
         driver.enable_peer_access(d, s)?;
-        // SAFETY: both ranges are device memory owned by live buffers, which
-        // hand out no host references; each free is ordered on its stream.
+        // SAFETY: `stream` is live while borrowed and this driver's (the
+        // drivers are one, checked above); both ranges are device memory
+        // owned by live buffers, which hand out no host references; each free
+        // is ordered on its stream.
         return unsafe { driver.memcpy_peer_async(dst, d, src, s, bytes, stream.raw()) };
     }
     staged(dst, src, src_device, bytes, stream)
@@ -73,7 +75,10 @@ fn staged(
     let waited = side.synchronize().and(stream.synchronize());
     match waited {
         Ok(()) => {
-            driver.mem_free_host(host)?;
+            // SAFETY: `host` was allocated above for this copy alone and is
+            // freed once, here; the copies, the only users of it, ran on the
+            // two streams just synchronized, and no reference into it exists.
+            unsafe { driver.mem_free_host(host) }?;
             copied
         }
         Err(e) => {
@@ -100,9 +105,11 @@ fn stage_through(
     let mut done = 0;
     while done < bytes {
         let n = chunk.min(bytes - done);
-        // SAFETY: `host` is pinned memory of `chunk >= n` bytes that this
-        // copy owns and frees only after both streams have run (`staged`);
-        // the previous chunk's copy in ran before this one (the wait below).
+        // SAFETY: `side` and `stream` are live streams of this driver (one
+        // driver, checked in `copy`); `host` is pinned memory of `chunk >= n`
+        // bytes that this copy owns and frees only after both streams have
+        // run (`staged`); the previous chunk's copy in ran before this one
+        // (the wait below).
         unsafe { driver.memcpy_dtoh_async(host.as_mut_ptr(), src.offset(done), n, side.raw())? };
         stream.wait_for(side)?;
         // SAFETY: as above; the chunk's copy out ran before (the wait above).

@@ -842,7 +842,7 @@ impl PinnedPool {
             // around this call); the block is not given back to the driver or
             // reused until the event of this copy's batch has completed (noted
             // under the same lock), so the host range stays valid until the
-            // copy runs.
+            // copy runs. `stream` is live while borrowed, on its own driver.
             unsafe {
                 stream.device().driver().memcpy_htod_async(
                     dst,
@@ -912,7 +912,8 @@ impl PinnedPool {
             // SAFETY: the range lies in a live block (checked under the lock
             // held around this call) that is not reused until this copy's
             // batch has completed; host access is excluded by the caller or,
-            // for memory safe code can reach, the copy was refused.
+            // for memory safe code can reach, the copy was refused. `stream`
+            // is live while borrowed, on its own driver.
             unsafe {
                 stream.device().driver().memcpy_dtoh_async(
                     dst.as_mut_ptr::<u8>(),

@@ -124,7 +124,12 @@ impl MemoryResource for DeviceResource {
                 return self.growable.free(&self.device, ptr.0);
             }
             let _relaxed = crate::graph::relaxed(&self.device);
-            self.device.driver().mem_free(self.device.ordinal(), ptr)
+            // SAFETY: `ptr` was just taken out of `handed_out`: a live
+            // `cuMemAlloc` allocation of this resource, freed once, here, by
+            // its owner's free; the work ordered before that free has run
+            // (synchronized above) or is a graph's, whose launches the caller
+            // orders.
+            unsafe { self.device.driver().mem_free(self.device.ordinal(), ptr) }
         })
     }
 

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::device::Device;
-use crate::driver::{AccessFlags, DevicePtr, HandleType, RawPhys};
+use crate::driver::{AccessFlags, DevicePtr, Driver, HandleType, RawPhys};
 use crate::pool::stream_order::sync::lock;
 use crate::{Error, Result};
 
@@ -87,7 +87,7 @@ pub trait GrowInPlace: Send + Sync {
 
     /// Shrinks the growable allocation at `ptr` from `bytes` towards
     /// `new_bytes` (more than 0), giving back the physical memory past the
-    /// new end. Returns the size kept: at least `new_bytes`, more where a
+    /// new end, which the caller must know no work still uses. Returns the size kept: at least `new_bytes`, more where a
     /// piece of physical memory straddles `new_bytes` (see
     /// [`pieces`](Self::pieces)), `bytes` when nothing could go.
     fn shrink(&self, ptr: DevicePtr, bytes: usize, new_bytes: usize) -> Result<usize>;
@@ -248,7 +248,7 @@ impl GrowableRanges {
             pieces: Vec::new(),
         };
         if let Err(e) = self.map_pieces(device, base.0, &mut range, bytes) {
-            undo(|| device.driver().vmm_free_address(base, capacity));
+            undo(|| Vmm::of(device).free_address(base, capacity));
             return Err(e);
         }
         let mut t = lock(&self.tables);
@@ -276,6 +276,7 @@ impl GrowableRanges {
     ) -> Result<()> {
         let (_, peers) = self.setup(device)?;
         let driver = device.driver();
+        let vmm = Vmm::of(device);
         let start = range.mapped();
         if start
             .checked_add(bytes)
@@ -287,8 +288,8 @@ impl GrowableRanges {
         let made = range.pieces.len();
         let undo_made = |range: &mut Range| {
             for p in range.pieces.drain(made..) {
-                undo(|| driver.vmm_unmap(DevicePtr(base + p.at as u64), p.bytes));
-                undo(|| driver.vmm_release(p.handle));
+                undo(|| vmm.unmap(DevicePtr(base + p.at as u64), p.bytes));
+                undo(|| vmm.release(p.handle));
             }
         };
         let end = base + (start + bytes) as u64;
@@ -303,8 +304,8 @@ impl GrowableRanges {
                     return Err(e);
                 }
             };
-            if let Err(e) = driver.vmm_map(DevicePtr(at), len, 0, h) {
-                undo(|| driver.vmm_release(h));
+            if let Err(e) = vmm.map(DevicePtr(at), len, h) {
+                undo(|| vmm.release(h));
                 undo_made(range);
                 return Err(e);
             }
@@ -342,7 +343,7 @@ impl GrowableRanges {
         let mut t = lock(&self.tables);
         let range = range_mut(&mut t, base)?;
         let _relaxed = crate::graph::relaxed(device);
-        let driver = device.driver();
+        let vmm = Vmm::of(device);
         let before = range.mapped();
         while let Some(&p) = range.pieces.last() {
             if p.at < keep {
@@ -350,7 +351,7 @@ impl GrowableRanges {
             }
             if p.mapped {
                 let ptr = DevicePtr(base + p.at as u64);
-                if let Err(e) = retried(|| driver.vmm_unmap(ptr, p.bytes)) {
+                if let Err(e) = retried(|| vmm.unmap(ptr, p.bytes)) {
                     // What was given back stays given back.
                     return if range.mapped() < before {
                         Ok(range.mapped())
@@ -363,7 +364,7 @@ impl GrowableRanges {
             // Unmapped, the piece is no longer reachable: whatever its
             // release says, it is not the allocation's any more.
             if p.mapped {
-                undo(|| driver.vmm_release(p.handle));
+                undo(|| vmm.release(p.handle));
             }
         }
         Ok(range.mapped())
@@ -452,26 +453,24 @@ impl GrowableRanges {
             at
         };
         let _relaxed = crate::graph::relaxed(device);
-        let driver = device.driver();
+        let vmm = Vmm::of(device);
         let (from, into) = (DevicePtr(src), DevicePtr(dst + to as u64));
-        retried(|| driver.vmm_unmap(from, piece.bytes))?;
-        let moved = driver
-            .vmm_map(into, piece.bytes, 0, piece.handle)
-            .and_then(|()| {
-                set_access(device, peers, into, piece.bytes).inspect_err(|_| {
-                    undo(|| driver.vmm_unmap(into, piece.bytes));
-                })
-            });
+        retried(|| vmm.unmap(from, piece.bytes))?;
+        let moved = vmm.map(into, piece.bytes, piece.handle).and_then(|()| {
+            set_access(device, peers, into, piece.bytes).inspect_err(|_| {
+                undo(|| vmm.unmap(into, piece.bytes));
+            })
+        });
         if let Err(e) = moved {
             // Back where it was; if even that fails, the memory is gone and
             // `src` is an allocation with nothing mapped, for its free.
-            let back = driver
-                .vmm_map(from, piece.bytes, 0, piece.handle)
+            let back = vmm
+                .map(from, piece.bytes, piece.handle)
                 .and_then(|()| set_access(device, peers, from, piece.bytes));
             if let Err(e2) = back {
                 log::error!("growable device memory: a piece could not be mapped back: {e2}");
-                undo(|| driver.vmm_unmap(from, piece.bytes));
-                undo(|| driver.vmm_release(piece.handle));
+                undo(|| vmm.unmap(from, piece.bytes));
+                undo(|| vmm.release(piece.handle));
                 if let Some(r) = t.ranges.get_mut(&src) {
                     r.pieces[0].mapped = false;
                 }
@@ -484,7 +483,7 @@ impl GrowableRanges {
         let freed = gone.and_then(|res| leave_reservation(&mut t, res));
         drop(t);
         if let Some((res, bytes)) = freed {
-            undo(|| driver.vmm_free_address(DevicePtr(res), bytes));
+            undo(|| vmm.free_address(DevicePtr(res), bytes));
         }
         Ok(())
     }
@@ -497,13 +496,13 @@ impl GrowableRanges {
             return Err(not_a_range(base));
         };
         let _relaxed = crate::graph::relaxed(device);
-        let driver = device.driver();
+        let vmm = Vmm::of(device);
         // Unmapped piece by piece: each piece is a mapping of its own, and
         // CUDA unmaps whole mappings.
         let mut unmapped_any = false;
         for p in range.pieces.iter().filter(|p| p.mapped) {
             let ptr = DevicePtr(base + p.at as u64);
-            if let Err(e) = retried(|| driver.vmm_unmap(ptr, p.bytes)) {
+            if let Err(e) = retried(|| vmm.unmap(ptr, p.bytes)) {
                 if !unmapped_any {
                     // Still mapped, still usable: the allocation stays.
                     t.ranges.insert(base, range);
@@ -519,11 +518,11 @@ impl GrowableRanges {
         // an address free that fails twice leaks in the driver (and says
         // so), nothing the caller could use.
         for p in range.pieces.iter().filter(|p| p.mapped) {
-            undo(|| driver.vmm_release(p.handle));
+            undo(|| vmm.release(p.handle));
         }
         if let Some((res, bytes)) = leave_reservation(&mut t, range.reservation) {
             drop(t);
-            undo(|| driver.vmm_free_address(DevicePtr(res), bytes));
+            undo(|| vmm.free_address(DevicePtr(res), bytes));
         }
         Ok(())
     }
@@ -549,12 +548,66 @@ fn leave_reservation(t: &mut Tables, res: u64) -> Option<(u64, usize)> {
     t.reservations.remove(&res).map(|r| (res, r.bytes))
 }
 
+/// The driver's VMM calls on this module's own memory, which carry the one
+/// argument for their `unsafe` here: every range and handle passed comes from
+/// [`GrowableRanges`]' tables, or from the reservation and pieces just made
+/// for a range not yet in them. A reservation is one `vmm_reserve` of this
+/// module, its addresses freed once, when its last range goes; a piece is one
+/// `vmm_create` of this module, mapped only at its place in its range (in
+/// that range's reservation), unmapped and released once; each call is made
+/// with the tables' lock held or on a range just taken out of them, so no
+/// two calls race on one piece. The memory is the resource's until given
+/// back, and what is given back no work uses any more: a free follows the
+/// work ordered before it (`DeviceResource::deallocate` waits for it), and
+/// [`GrowInPlace::shrink`] and [`GrowInPlace::recycle`] take only memory
+/// their caller knows unused. (A call that failed is taken to have changed
+/// nothing, and is tried once more: see [`crate::driver`].)
+#[derive(Clone, Copy)]
+struct Vmm<'a>(&'a dyn Driver);
+
+impl<'a> Vmm<'a> {
+    fn of(device: &'a Device) -> Self {
+        Vmm(&**device.driver())
+    }
+
+    /// Maps all of piece `handle` at `ptr`.
+    fn map(self, ptr: DevicePtr, bytes: usize, handle: RawPhys) -> Result<()> {
+        // SAFETY: a piece of this module at its place in its range (see `Vmm`).
+        unsafe { self.0.vmm_map(ptr, bytes, 0, handle) }
+    }
+
+    fn unmap(self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: a piece of this module, mapped and given back (see `Vmm`).
+        unsafe { self.0.vmm_unmap(ptr, bytes) }
+    }
+
+    fn release(self, handle: RawPhys) -> Result<()> {
+        // SAFETY: a piece of this module, released once (see `Vmm`).
+        unsafe { self.0.vmm_release(handle) }
+    }
+
+    fn free_address(self, base: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: a reservation of this module with no range left in it,
+        // freed once (see `Vmm`).
+        unsafe { self.0.vmm_free_address(base, bytes) }
+    }
+
+    /// Read-write access for `device`.
+    fn set_access(self, ptr: DevicePtr, bytes: usize, device: u32) -> Result<()> {
+        // SAFETY: pieces of this module, just mapped (see `Vmm`).
+        unsafe {
+            self.0
+                .vmm_set_access(ptr, bytes, device, AccessFlags::ReadWrite)
+        }
+    }
+}
+
 /// Makes `bytes` at `ptr` (mapped) readable and writable by `device` and
 /// its peers, in one call per device (the span may cover several pieces).
 fn set_access(device: &Device, peers: &[u32], ptr: DevicePtr, bytes: usize) -> Result<()> {
-    let driver = device.driver();
+    let vmm = Vmm::of(device);
     for d in std::iter::once(device.ordinal()).chain(peers.iter().copied()) {
-        driver.vmm_set_access(ptr, bytes, d, AccessFlags::ReadWrite)?;
+        vmm.set_access(ptr, bytes, d)?;
     }
     Ok(())
 }

@@ -61,7 +61,12 @@ impl MemoryResource for ManagedResource {
         }
         crate::error::check_alignment(alignment)?;
         self.handed_out.free_with(ptr, bytes, |_| {
-            self.device.driver().mem_free(self.device.ordinal(), ptr)
+            // SAFETY: `ptr` was just taken out of `handed_out`: a live
+            // `cuMemAllocManaged` allocation of this resource, freed once,
+            // here, by its owner's free. Work still queued on it was enqueued
+            // under its own contract (memsets and copies of host-accessible
+            // memory keep it valid until they have run).
+            unsafe { self.device.driver().mem_free(self.device.ordinal(), ptr) }
         })
     }
 

@@ -56,11 +56,18 @@
 //! [`ArenaResource`]: crate::pool::ArenaResource
 
 mod callback;
+// The driver resources free what they handed out (their `HandedOut` tables
+// say what that is), and the growable ranges map and unmap their own VMM
+// memory: each passes its own allocations to the driver's `unsafe` methods.
+#[allow(unsafe_code)]
 mod device;
+#[allow(unsafe_code)]
 pub(crate) mod growable;
 mod handed_out;
 mod lent_lock;
+#[allow(unsafe_code)]
 mod managed;
+#[allow(unsafe_code)]
 mod pinned;
 mod sam_headroom;
 mod snapshot;

@@ -83,8 +83,15 @@ impl MemoryResource for PinnedHostResource {
             return Ok(());
         }
         crate::error::check_alignment(alignment)?;
-        self.handed_out
-            .free_with(ptr, bytes, |_| self.device.driver().mem_free_host(ptr))
+        self.handed_out.free_with(ptr, bytes, |_| {
+            // SAFETY: `ptr` was just taken out of `handed_out`: a live
+            // `cuMemHostAlloc` allocation of this resource, freed once, here,
+            // by its owner's free. The resource hands out addresses, never
+            // references, and work still queued on the memory was enqueued
+            // under its own contract (memsets and copies of host memory keep
+            // it valid until they have run).
+            unsafe { self.device.driver().mem_free_host(ptr) }
+        })
     }
 
     fn device(&self) -> &Device {

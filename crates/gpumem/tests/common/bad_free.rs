@@ -438,8 +438,9 @@ fn run_matrix<R: MemoryResource + ?Sized>(
     }
     assert_eq!(run.live(), start, "live count after the matrix");
     run.held.remove(foreign);
-    driver
-        .mem_free(device.ordinal(), foreign)
+    // SAFETY: `foreign` is this run's own `cuMemAlloc` allocation, which the
+    // resource under test refused to free; freed once, here.
+    unsafe { driver.mem_free(device.ordinal(), foreign) }
         .expect("the foreign pointer was left alone: its owner frees it");
     run.stream.synchronize().expect("synchronize");
     run.other.synchronize().expect("synchronize");

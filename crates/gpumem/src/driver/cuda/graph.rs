@@ -85,7 +85,9 @@ impl CudaDriver {
         self.ensure_context()
     }
 
-    pub(super) fn stream_begin_capture_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_begin_capture`].
+    pub(super) unsafe fn stream_begin_capture_impl(
         &self,
         stream: RawStream,
         mode: CaptureMode,
@@ -93,34 +95,40 @@ impl CudaDriver {
         const CALL: &str = "cuStreamBeginCapture";
         let _bound = self.graphs_ready(CALL)?;
         check(
-            // SAFETY: the symbol was found at load; handle and mode by value,
-            // the driver validates the handle.
+            // SAFETY: the symbol was found at load; a live stream (this
+            // function's contract) and a mode by value.
             unsafe { sys::cuStreamBeginCapture_v2(cu_stream(stream), cu_mode(mode)) },
             CALL,
         )
     }
 
-    pub(super) fn stream_end_capture_impl(&self, stream: RawStream) -> Result<RawGraph> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_end_capture`].
+    pub(super) unsafe fn stream_end_capture_impl(&self, stream: RawStream) -> Result<RawGraph> {
         const CALL: &str = "cuStreamEndCapture";
         let _bound = self.graphs_ready(CALL)?;
         let mut g: sys::CUgraph = std::ptr::null_mut();
         check(
-            // SAFETY: the symbol was found at load; `g` is a valid out-pointer.
+            // SAFETY: the symbol was found at load; `g` is a valid out-pointer
+            // and the stream is live (this function's contract).
             unsafe { sys::cuStreamEndCapture(cu_stream(stream), &mut g) },
             CALL,
         )?;
         Ok(g as usize as RawGraph)
     }
 
-    pub(super) fn stream_capture_info_impl(&self, stream: RawStream) -> Result<CaptureInfo> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_capture_info`].
+    pub(super) unsafe fn stream_capture_info_impl(&self, stream: RawStream) -> Result<CaptureInfo> {
         const CALL: &str = "cuStreamGetCaptureInfo";
         let _bound = self.graphs_ready(CALL)?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: sys::cuuint64_t = 0;
         check(
-            // SAFETY: the symbol was found at load; `status` and `id` are valid
-            // out-pointers, and the graph, dependency and edge outputs are
-            // optional (null: not wanted).
+            // SAFETY: the symbol was found at load; the stream is live (this
+            // function's contract); `status` and `id` are valid out-pointers,
+            // and the graph, dependency and edge outputs are optional (null:
+            // not wanted).
             unsafe {
                 sys::cuStreamGetCaptureInfo_v3(
                     cu_stream(stream),
@@ -139,7 +147,9 @@ impl CudaDriver {
         Ok(CaptureInfo { status, id })
     }
 
-    pub(super) fn stream_capture_dependencies_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_capture_dependencies`].
+    pub(super) unsafe fn stream_capture_dependencies_impl(
         &self,
         stream: RawStream,
     ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
@@ -151,8 +161,9 @@ impl CudaDriver {
         let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
         let mut n: usize = 0;
         check(
-            // SAFETY: the symbol was found at load; every output is a valid
-            // out-pointer (the graph output is optional: null, not wanted).
+            // SAFETY: the symbol was found at load; the stream is live (this
+            // function's contract); every output is a valid out-pointer (the
+            // graph output is optional: null, not wanted).
             unsafe {
                 sys::cuStreamGetCaptureInfo_v3(
                     cu_stream(stream),
@@ -184,7 +195,9 @@ impl CudaDriver {
         ))
     }
 
-    pub(super) fn graph_node_dependencies_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::graph_node_dependencies`].
+    pub(super) unsafe fn graph_node_dependencies_impl(
         &self,
         node: RawGraphNode,
     ) -> Result<Vec<RawGraphNode>> {
@@ -195,8 +208,10 @@ impl CudaDriver {
         let _bound = self.graphs_ready(CALL)?;
         let mut n: usize = 0;
         check(
-            // SAFETY: the symbol was found at load; with null arrays the
-            // driver only writes the count to `n`, a valid out-pointer.
+            // SAFETY: the symbol was found at load; the node is one of a
+            // capture under way or of a live graph (this function's
+            // contract); with null arrays the driver only writes the count to
+            // `n`, a valid out-pointer.
             unsafe {
                 sys::cuGraphNodeGetDependencies_v2(
                     cu_node(node),
@@ -218,8 +233,9 @@ impl CudaDriver {
             let mut edges = edge_slots(n);
             let mut got = n;
             check(
-                // SAFETY: `nodes` and `edges` hold `got` entries each, the
-                // most the driver writes; `got` is a valid in/out pointer.
+                // SAFETY: the node is still valid (this function's contract);
+                // `nodes` and `edges` hold `got` entries each, the most the
+                // driver writes; `got` is a valid in/out pointer.
                 unsafe {
                     sys::cuGraphNodeGetDependencies_v2(
                         cu_node(node),
@@ -259,7 +275,9 @@ impl CudaDriver {
         Ok(from_cu_mode(m))
     }
 
-    pub(super) fn graph_instantiate_impl(&self, graph: RawGraph) -> Result<RawGraphExec> {
+    /// # Safety
+    /// As [`crate::driver::Driver::graph_instantiate`].
+    pub(super) unsafe fn graph_instantiate_impl(&self, graph: RawGraph) -> Result<RawGraphExec> {
         const CALL: &str = "cuGraphInstantiate";
         if graph == 0 {
             return Err(null_handle(CALL, "graph"));
@@ -268,50 +286,61 @@ impl CudaDriver {
         let mut e: sys::CUgraphExec = std::ptr::null_mut();
         check(
             // SAFETY: the symbol was found at load; `e` is a valid out-pointer,
-            // the graph a non-null handle the driver validates; flags 0.
+            // the graph live (this function's contract); flags 0.
             unsafe { sys::cuGraphInstantiateWithFlags(&mut e, cu_graph(graph), 0) },
             CALL,
         )?;
         Ok(e as usize as RawGraphExec)
     }
 
-    pub(super) fn graph_launch_impl(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::graph_launch`].
+    pub(super) unsafe fn graph_launch_impl(
+        &self,
+        exec: RawGraphExec,
+        stream: RawStream,
+    ) -> Result<()> {
         const CALL: &str = "cuGraphLaunch";
         if exec == 0 {
             return Err(null_handle(CALL, "executable graph"));
         }
         let _bound = self.graphs_ready(CALL)?;
         check(
-            // SAFETY: the symbol was found at load; handles by value, the
-            // driver validates them.
+            // SAFETY: the symbol was found at load; a live executable and
+            // stream, and the captured work's memory valid for this run (this
+            // function's contract).
             unsafe { sys::cuGraphLaunch(cu_exec(exec), cu_stream(stream)) },
             CALL,
         )
     }
 
-    pub(super) fn graph_destroy_impl(&self, graph: RawGraph) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::graph_destroy`].
+    pub(super) unsafe fn graph_destroy_impl(&self, graph: RawGraph) -> Result<()> {
         const CALL: &str = "cuGraphDestroy";
         if graph == 0 {
             return Err(null_handle(CALL, "graph"));
         }
         let _bound = self.graphs_ready(CALL)?;
         check(
-            // SAFETY: the symbol was found at load; a non-null handle the
-            // caller owns and destroys once (the trait's contract).
+            // SAFETY: the symbol was found at load; a live graph the caller
+            // owns and destroys once (this function's contract).
             unsafe { sys::cuGraphDestroy(cu_graph(graph)) },
             CALL,
         )
     }
 
-    pub(super) fn graph_exec_destroy_impl(&self, exec: RawGraphExec) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::graph_exec_destroy`].
+    pub(super) unsafe fn graph_exec_destroy_impl(&self, exec: RawGraphExec) -> Result<()> {
         const CALL: &str = "cuGraphExecDestroy";
         if exec == 0 {
             return Err(null_handle(CALL, "executable graph"));
         }
         let _bound = self.graphs_ready(CALL)?;
         check(
-            // SAFETY: the symbol was found at load; a non-null handle the
-            // caller owns and destroys once (the trait's contract).
+            // SAFETY: the symbol was found at load; a live executable the
+            // caller owns and destroys once (this function's contract).
             unsafe { sys::cuGraphExecDestroy(cu_exec(exec)) },
             CALL,
         )

@@ -55,13 +55,16 @@ impl CudaDriver {
         Ok(DevicePtr(p))
     }
 
-    pub(super) fn mem_free_impl(&self, device: u32, ptr: DevicePtr) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_free`].
+    pub(super) unsafe fn mem_free_impl(&self, device: u32, ptr: DevicePtr) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         let _bound = self.bind(device)?;
-        // SAFETY: the caller hands back a pointer from mem_alloc (trait
-        // contract); the driver rejects addresses it did not allocate.
+        // SAFETY: the caller frees a live allocation of mem_alloc or
+        // mem_alloc_managed that it owns and nothing uses after (this
+        // function's contract).
         check(unsafe { sys::cuMemFree_v2(ptr.0) }, "cuMemFree")
     }
 
@@ -101,14 +104,17 @@ impl CudaDriver {
         Ok(DevicePtr(p as usize as u64))
     }
 
-    pub(super) fn mem_free_host_impl(&self, ptr: DevicePtr) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_free_host`].
+    pub(super) unsafe fn mem_free_host_impl(&self, ptr: DevicePtr) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: the caller hands back a pointer from mem_alloc_host (trait
-            // contract); the driver rejects pointers it did not allocate.
+            // SAFETY: the caller frees a live allocation of mem_alloc_host
+            // that it owns, with no reference into it left (this function's
+            // contract).
             unsafe { sys::cuMemFreeHost(ptr.as_mut_ptr::<c_void>()) },
             "cuMemFreeHost",
         )
@@ -146,7 +152,9 @@ impl CudaDriver {
         )
     }
 
-    pub(super) fn mem_prefetch_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_prefetch`].
+    pub(super) unsafe fn mem_prefetch_impl(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -165,8 +173,9 @@ impl CudaDriver {
         }
         check(
             // SAFETY: the symbol was found at load; the location is a device of
-            // this driver; prefetch only migrates pages, it never writes through
-            // `ptr`, and the driver validates that the range is managed memory.
+            // this driver and the stream is live (this function's contract);
+            // prefetch only migrates pages, it never writes through `ptr`, and
+            // the driver validates that the range is managed memory.
             unsafe {
                 sys::cuMemPrefetchAsync_v2(
                     ptr.0,
@@ -180,7 +189,9 @@ impl CudaDriver {
         )
     }
 
-    pub(super) fn memset_async_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::memset_async`].
+    pub(super) unsafe fn memset_async_impl(
         &self,
         dst: DevicePtr,
         value: u8,
@@ -194,15 +205,16 @@ impl CudaDriver {
         let _bound = self.ensure_context()?;
         check(
             // SAFETY: addresses by value, range checked not to wrap. The device,
-            // not this thread, does the write; the trait's contract is that the
-            // caller names memory it owns (this safe method cannot enforce that
-            // for mapped host memory: see the Driver trait notes).
+            // not this thread, does the write; the stream is live and the
+            // caller names memory it owns (this function's contract).
             unsafe { sys::cuMemsetD8Async(dst.0, value, bytes, cu_stream(stream)) },
             "cuMemsetD8Async",
         )
     }
 
-    pub(super) fn memcpy_dtod_async_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::memcpy_dtod_async`].
+    pub(super) unsafe fn memcpy_dtod_async_impl(
         &self,
         dst: DevicePtr,
         src: DevicePtr,
@@ -217,13 +229,16 @@ impl CudaDriver {
         let _bound = self.ensure_context()?;
         check(
             // SAFETY: addresses by value, ranges checked not to wrap; as for
-            // memset, the caller names memory it owns (trait contract).
+            // memset, the stream is live and the caller names memory it owns
+            // (this function's contract).
             unsafe { sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, cu_stream(stream)) },
             "cuMemcpyDtoDAsync",
         )
     }
 
-    pub(super) fn memcpy_peer_async_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::memcpy_peer_async`].
+    pub(super) unsafe fn memcpy_peer_async_impl(
         &self,
         (dst, dst_device): (DevicePtr, u32),
         (src, src_device): (DevicePtr, u32),
@@ -242,8 +257,8 @@ impl CudaDriver {
         check(
             // SAFETY: addresses by value, ranges checked not to wrap; both
             // contexts are primary contexts we retained and never release; as
-            // for the other copies, the caller names memory it owns (trait
-            // contract).
+            // for the other copies, the stream is live and the caller names
+            // memory it owns (this function's contract).
             unsafe {
                 sys::cuMemcpyPeerAsync(
                     dst.0,
@@ -309,7 +324,8 @@ impl CudaDriver {
         let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller guarantees `src..src+bytes` is readable and stays
-            // valid until the copy has run (this function's contract).
+            // valid until the copy has run, on a live stream (this function's
+            // contract).
             unsafe {
                 sys::cuMemcpyHtoDAsync_v2(dst.0, src as *const c_void, bytes, cu_stream(stream))
             },
@@ -336,7 +352,8 @@ impl CudaDriver {
         let _bound = self.ensure_context()?;
         check(
             // SAFETY: the caller guarantees `dst..dst+bytes` is writable and
-            // untouched until the copy has run (this function's contract).
+            // untouched until the copy has run, on a live stream (this
+            // function's contract).
             unsafe {
                 sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src.0, bytes, cu_stream(stream))
             },

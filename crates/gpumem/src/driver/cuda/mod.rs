@@ -115,6 +115,20 @@ impl CudaDriver {
     }
 }
 
+/// `Driver` methods that are `unsafe` for their raw handles or memory, each
+/// handed over to its helper, an `unsafe fn` whose contract is the method's.
+macro_rules! unsafe_to_helpers {
+    ($($name:ident => $helper:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(
+            unsafe fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                // SAFETY: the caller upholds this method's contract, which is
+                // the helper's.
+                unsafe { self.$helper($($arg),*) }
+            }
+        )*
+    };
+}
+
 impl Driver for CudaDriver {
     fn backend(&self) -> Backend {
         Backend::Cuda
@@ -147,76 +161,53 @@ impl Driver for CudaDriver {
     fn stream_create(&self, device: u32, non_blocking: bool) -> Result<RawStream> {
         self.stream_create_impl(device, non_blocking)
     }
-    fn stream_destroy(&self, stream: RawStream) -> Result<()> {
-        self.stream_destroy_impl(stream)
-    }
-    fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
-        self.stream_synchronize_impl(stream)
-    }
-    fn stream_query(&self, stream: RawStream) -> Result<bool> {
-        self.stream_query_impl(stream)
+    unsafe_to_helpers! {
+        stream_destroy => stream_destroy_impl(stream: RawStream) -> ();
+        stream_synchronize => stream_synchronize_impl(stream: RawStream) -> ();
+        stream_query => stream_query_impl(stream: RawStream) -> bool;
     }
     fn event_create(&self, device: u32) -> Result<RawEvent> {
         self.event_create_impl(device)
     }
-    fn event_destroy(&self, event: RawEvent) -> Result<()> {
-        self.event_destroy_impl(event)
-    }
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
-        self.event_record_impl(event, stream)
-    }
-    fn event_query(&self, event: RawEvent) -> Result<bool> {
-        self.event_query_impl(event)
-    }
-    fn event_synchronize(&self, event: RawEvent) -> Result<()> {
-        self.event_synchronize_impl(event)
-    }
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
-        self.stream_wait_event_impl(stream, event)
+    unsafe_to_helpers! {
+        event_destroy => event_destroy_impl(event: RawEvent) -> ();
+        event_record => event_record_impl(event: RawEvent, stream: RawStream) -> ();
+        event_query => event_query_impl(event: RawEvent) -> bool;
+        event_synchronize => event_synchronize_impl(event: RawEvent) -> ();
+        stream_wait_event => stream_wait_event_impl(stream: RawStream, event: RawEvent) -> ();
     }
     fn device_synchronize(&self, device: u32) -> Result<()> {
         self.device_synchronize_impl(device)
     }
 
-    fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()> {
-        self.stream_begin_capture_impl(stream, mode)
-    }
-    fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph> {
-        self.stream_end_capture_impl(stream)
-    }
-    fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
-        self.stream_capture_info_impl(stream)
-    }
-    fn stream_capture_dependencies(
-        &self,
-        stream: RawStream,
-    ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
-        self.stream_capture_dependencies_impl(stream)
-    }
-    fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
-        self.graph_node_dependencies_impl(node)
+    unsafe_to_helpers! {
+        stream_begin_capture => stream_begin_capture_impl(
+            stream: RawStream, mode: CaptureMode
+        ) -> ();
+        stream_end_capture => stream_end_capture_impl(stream: RawStream) -> RawGraph;
+        stream_capture_info => stream_capture_info_impl(stream: RawStream) -> CaptureInfo;
+        stream_capture_dependencies => stream_capture_dependencies_impl(
+            stream: RawStream
+        ) -> (CaptureInfo, Vec<RawGraphNode>);
+        graph_node_dependencies => graph_node_dependencies_impl(
+            node: RawGraphNode
+        ) -> Vec<RawGraphNode>;
     }
     fn thread_exchange_capture_mode(&self, mode: CaptureMode) -> Result<CaptureMode> {
         self.thread_exchange_capture_mode_impl(mode)
     }
-    fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec> {
-        self.graph_instantiate_impl(graph)
-    }
-    fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
-        self.graph_launch_impl(exec, stream)
-    }
-    fn graph_destroy(&self, graph: RawGraph) -> Result<()> {
-        self.graph_destroy_impl(graph)
-    }
-    fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()> {
-        self.graph_exec_destroy_impl(exec)
+    unsafe_to_helpers! {
+        graph_instantiate => graph_instantiate_impl(graph: RawGraph) -> RawGraphExec;
+        graph_launch => graph_launch_impl(exec: RawGraphExec, stream: RawStream) -> ();
+        graph_destroy => graph_destroy_impl(graph: RawGraph) -> ();
+        graph_exec_destroy => graph_exec_destroy_impl(exec: RawGraphExec) -> ();
     }
 
     fn mem_alloc(&self, device: u32, bytes: usize) -> Result<DevicePtr> {
         self.mem_alloc_impl(device, bytes)
     }
-    fn mem_free(&self, device: u32, ptr: DevicePtr) -> Result<()> {
-        self.mem_free_impl(device, ptr)
+    unsafe_to_helpers! {
+        mem_free => mem_free_impl(device: u32, ptr: DevicePtr) -> ();
     }
     fn mem_alloc_managed(&self, device: u32, bytes: usize) -> Result<DevicePtr> {
         self.mem_alloc_managed_impl(device, bytes)
@@ -229,17 +220,11 @@ impl Driver for CudaDriver {
     ) -> Result<DevicePtr> {
         self.mem_alloc_host_impl(device, bytes, flags)
     }
-    fn mem_free_host(&self, ptr: DevicePtr) -> Result<()> {
-        self.mem_free_host_impl(ptr)
-    }
-    fn mem_prefetch(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        device: u32,
-        stream: RawStream,
-    ) -> Result<()> {
-        self.mem_prefetch_impl(ptr, bytes, device, stream)
+    unsafe_to_helpers! {
+        mem_free_host => mem_free_host_impl(ptr: DevicePtr) -> ();
+        mem_prefetch => mem_prefetch_impl(
+            ptr: DevicePtr, bytes: usize, device: u32, stream: RawStream
+        ) -> ();
     }
 
     fn mem_advise_preferred_location(
@@ -251,45 +236,19 @@ impl Driver for CudaDriver {
         self.mem_advise_preferred_location_impl(ptr, bytes, location)
     }
 
-    unsafe fn memset_async(
-        &self,
-        dst: DevicePtr,
-        value: u8,
-        bytes: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        self.memset_async_impl(dst, value, bytes, stream)
-    }
-    unsafe fn memcpy_dtod_async(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        self.memcpy_dtod_async_impl(dst, src, bytes, stream)
-    }
-    unsafe fn memcpy_htod_async(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        bytes: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this method's contract, which is the
-        // helper's.
-        unsafe { self.memcpy_htod_async_impl(dst, src, bytes, stream) }
-    }
-    unsafe fn memcpy_dtoh_async(
-        &self,
-        dst: *mut u8,
-        src: DevicePtr,
-        bytes: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds this method's contract, which is the
-        // helper's.
-        unsafe { self.memcpy_dtoh_async_impl(dst, src, bytes, stream) }
+    unsafe_to_helpers! {
+        memset_async => memset_async_impl(
+            dst: DevicePtr, value: u8, bytes: usize, stream: RawStream
+        ) -> ();
+        memcpy_dtod_async => memcpy_dtod_async_impl(
+            dst: DevicePtr, src: DevicePtr, bytes: usize, stream: RawStream
+        ) -> ();
+        memcpy_htod_async => memcpy_htod_async_impl(
+            dst: DevicePtr, src: *const u8, bytes: usize, stream: RawStream
+        ) -> ();
+        memcpy_dtoh_async => memcpy_dtoh_async_impl(
+            dst: *mut u8, src: DevicePtr, bytes: usize, stream: RawStream
+        ) -> ();
     }
 
     unsafe fn memcpy_peer_async(
@@ -301,7 +260,9 @@ impl Driver for CudaDriver {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.memcpy_peer_async_impl((dst, dst_device), (src, src_device), bytes, stream)
+        // SAFETY: the caller upholds this method's contract, which is the
+        // helper's.
+        unsafe { self.memcpy_peer_async_impl((dst, dst_device), (src, src_device), bytes, stream) }
     }
     fn mem_address_range(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize)> {
         self.mem_address_range_impl(ptr)
@@ -319,40 +280,21 @@ impl Driver for CudaDriver {
     fn mempool_create(&self, props: &PoolProps) -> Result<RawPool> {
         self.mempool_create_impl(props)
     }
-    fn mempool_destroy(&self, pool: RawPool) -> Result<()> {
-        self.mempool_destroy_impl(pool)
-    }
-    fn mempool_set_attr(&self, pool: RawPool, attr: PoolAttr, value: u64) -> Result<()> {
-        self.mempool_set_attr_impl(pool, attr, value)
-    }
-    fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64> {
-        self.mempool_get_attr_impl(pool, attr)
-    }
-    fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()> {
-        self.mempool_trim_to_impl(pool, keep)
-    }
-    fn mempool_set_access(&self, pool: RawPool, device: u32, access: AccessFlags) -> Result<()> {
-        self.mempool_set_access_impl(pool, device, access)
-    }
-    fn mempool_get_access(&self, pool: RawPool, device: u32) -> Result<AccessFlags> {
-        self.mempool_get_access_impl(pool, device)
-    }
-    fn mem_alloc_from_pool_async(
-        &self,
-        bytes: usize,
-        pool: RawPool,
-        stream: RawStream,
-    ) -> Result<DevicePtr> {
-        self.mem_alloc_from_pool_async_impl(bytes, pool, stream)
-    }
-    fn mem_alloc_async(&self, bytes: usize, stream: RawStream) -> Result<DevicePtr> {
-        self.mem_alloc_async_impl(bytes, stream)
-    }
-    fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()> {
-        self.mem_free_async_impl(ptr, stream)
-    }
-    fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd> {
-        self.mempool_export_fd_impl(pool)
+    unsafe_to_helpers! {
+        mempool_destroy => mempool_destroy_impl(pool: RawPool) -> ();
+        mempool_set_attr => mempool_set_attr_impl(pool: RawPool, attr: PoolAttr, value: u64) -> ();
+        mempool_get_attr => mempool_get_attr_impl(pool: RawPool, attr: PoolAttr) -> u64;
+        mempool_trim_to => mempool_trim_to_impl(pool: RawPool, keep: usize) -> ();
+        mempool_set_access => mempool_set_access_impl(
+            pool: RawPool, device: u32, access: AccessFlags
+        ) -> ();
+        mempool_get_access => mempool_get_access_impl(pool: RawPool, device: u32) -> AccessFlags;
+        mem_alloc_from_pool_async => mem_alloc_from_pool_async_impl(
+            bytes: usize, pool: RawPool, stream: RawStream
+        ) -> DevicePtr;
+        mem_alloc_async => mem_alloc_async_impl(bytes: usize, stream: RawStream) -> DevicePtr;
+        mem_free_async => mem_free_async_impl(ptr: DevicePtr, stream: RawStream) -> ();
+        mempool_export_fd => mempool_export_fd_impl(pool: RawPool) -> OwnedFd;
     }
     fn mempool_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPool> {
         self.mempool_import_fd_impl(fd)
@@ -360,42 +302,34 @@ impl Driver for CudaDriver {
     fn mempool_export_pointer(&self, ptr: DevicePtr) -> Result<PoolPtrExport> {
         self.mempool_export_pointer_impl(ptr)
     }
-    fn mempool_import_pointer(&self, pool: RawPool, data: &PoolPtrExport) -> Result<DevicePtr> {
-        self.mempool_import_pointer_impl(pool, data)
+    unsafe_to_helpers! {
+        mempool_import_pointer => mempool_import_pointer_impl(
+            pool: RawPool, data: &PoolPtrExport
+        ) -> DevicePtr;
     }
 
     fn vmm_reserve(&self, bytes: usize, alignment: usize) -> Result<DevicePtr> {
         self.vmm_reserve_impl(bytes, alignment)
     }
-    fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.vmm_free_address_impl(ptr, bytes)
+    unsafe_to_helpers! {
+        vmm_free_address => vmm_free_address_impl(ptr: DevicePtr, bytes: usize) -> ();
     }
     fn vmm_create(&self, device: u32, bytes: usize, props: PhysProps) -> Result<RawPhys> {
         self.vmm_create_impl(device, bytes, props)
     }
-    fn vmm_release(&self, handle: RawPhys) -> Result<()> {
-        self.vmm_release_impl(handle)
+    unsafe_to_helpers! {
+        vmm_release => vmm_release_impl(handle: RawPhys) -> ();
     }
     fn vmm_retain_handle(&self, ptr: DevicePtr) -> Result<RawPhys> {
         self.vmm_retain_handle_impl(ptr)
     }
-    fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()> {
-        self.vmm_map_impl(ptr, bytes, offset, handle)
-    }
-    fn vmm_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.vmm_unmap_impl(ptr, bytes)
-    }
-    fn vmm_set_access(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        device: u32,
-        access: AccessFlags,
-    ) -> Result<()> {
-        self.vmm_set_access_impl(ptr, bytes, device, access)
-    }
-    fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd> {
-        self.vmm_export_fd_impl(handle)
+    unsafe_to_helpers! {
+        vmm_map => vmm_map_impl(ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> ();
+        vmm_unmap => vmm_unmap_impl(ptr: DevicePtr, bytes: usize) -> ();
+        vmm_set_access => vmm_set_access_impl(
+            ptr: DevicePtr, bytes: usize, device: u32, access: AccessFlags
+        ) -> ();
+        vmm_export_fd => vmm_export_fd_impl(handle: RawPhys) -> OwnedFd;
     }
     fn vmm_import_fd(&self, fd: BorrowedFd<'_>) -> Result<RawPhys> {
         self.vmm_import_fd_impl(fd)

@@ -199,20 +199,24 @@ impl CudaDriver {
         Ok(pool as usize as RawPool)
     }
 
-    pub(super) fn mempool_destroy_impl(&self, pool: RawPool) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_destroy`].
+    pub(super) unsafe fn mempool_destroy_impl(&self, pool: RawPool) -> Result<()> {
         if pool == 0 {
             return Err(null_pool("cuMemPoolDestroy"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: a non-null pool the caller owns and destroys once (trait
-            // contract); the driver rejects device default pools.
+            // SAFETY: a live pool, not a default one, that the caller owns and
+            // destroys once (this function's contract).
             unsafe { sys::cuMemPoolDestroy(cu_pool(pool)) },
             "cuMemPoolDestroy",
         )
     }
 
-    pub(super) fn mempool_set_attr_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_set_attr`].
+    pub(super) unsafe fn mempool_set_attr_impl(
         &self,
         pool: RawPool,
         attr: PoolAttr,
@@ -234,8 +238,9 @@ impl CudaDriver {
         let res = match width {
             AttrWidth::U64 => {
                 let mut v: u64 = value;
-                // SAFETY: the driver reads a cuuint64_t for this attribute
-                // from `v`, which lives through the call.
+                // SAFETY: a live pool (this function's contract); the driver
+                // reads a cuuint64_t for this attribute from `v`, which lives
+                // through the call.
                 unsafe {
                     sys::cuMemPoolSetAttribute(
                         cu_pool(pool),
@@ -251,8 +256,9 @@ impl CudaDriver {
                     )));
                 }
                 let mut v: c_int = value as c_int;
-                // SAFETY: the driver reads an int for this attribute from `v`,
-                // which lives through the call.
+                // SAFETY: a live pool (this function's contract); the driver
+                // reads an int for this attribute from `v`, which lives through
+                // the call.
                 unsafe {
                     sys::cuMemPoolSetAttribute(
                         cu_pool(pool),
@@ -265,7 +271,13 @@ impl CudaDriver {
         check(res, "cuMemPoolSetAttribute")
     }
 
-    pub(super) fn mempool_get_attr_impl(&self, pool: RawPool, attr: PoolAttr) -> Result<u64> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_get_attr`].
+    pub(super) unsafe fn mempool_get_attr_impl(
+        &self,
+        pool: RawPool,
+        attr: PoolAttr,
+    ) -> Result<u64> {
         if pool == 0 {
             return Err(null_pool("cuMemPoolGetAttribute"));
         }
@@ -275,8 +287,8 @@ impl CudaDriver {
             AttrWidth::U64 => {
                 let mut v: u64 = 0;
                 check(
-                    // SAFETY: the driver writes a cuuint64_t for this attribute
-                    // into `v`.
+                    // SAFETY: a live pool (this function's contract); the
+                    // driver writes a cuuint64_t for this attribute into `v`.
                     unsafe {
                         sys::cuMemPoolGetAttribute(
                             cu_pool(pool),
@@ -291,7 +303,8 @@ impl CudaDriver {
             AttrWidth::I32 => {
                 let mut v: c_int = 0;
                 check(
-                    // SAFETY: the driver writes an int for this attribute into `v`.
+                    // SAFETY: a live pool (this function's contract); the
+                    // driver writes an int for this attribute into `v`.
                     unsafe {
                         sys::cuMemPoolGetAttribute(
                             cu_pool(pool),
@@ -306,19 +319,23 @@ impl CudaDriver {
         }
     }
 
-    pub(super) fn mempool_trim_to_impl(&self, pool: RawPool, keep: usize) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_trim_to`].
+    pub(super) unsafe fn mempool_trim_to_impl(&self, pool: RawPool, keep: usize) -> Result<()> {
         if pool == 0 {
             return Err(null_pool("cuMemPoolTrimTo"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: a non-null pool handle by value; the driver validates it.
+            // SAFETY: a live pool (this function's contract).
             unsafe { sys::cuMemPoolTrimTo(cu_pool(pool), keep) },
             "cuMemPoolTrimTo",
         )
     }
 
-    pub(super) fn mempool_set_access_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_set_access`].
+    pub(super) unsafe fn mempool_set_access_impl(
         &self,
         pool: RawPool,
         device: u32,
@@ -330,14 +347,17 @@ impl CudaDriver {
         let _bound = self.bind(device)?;
         let desc = access_desc(device, access);
         check(
-            // SAFETY: `desc` is one initialized descriptor, count 1, alive
+            // SAFETY: a live pool the caller decides for (this function's
+            // contract); `desc` is one initialized descriptor, count 1, alive
             // through the call.
             unsafe { sys::cuMemPoolSetAccess(cu_pool(pool), &desc, 1) },
             "cuMemPoolSetAccess",
         )
     }
 
-    pub(super) fn mempool_get_access_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_get_access`].
+    pub(super) unsafe fn mempool_get_access_impl(
         &self,
         pool: RawPool,
         device: u32,
@@ -351,7 +371,8 @@ impl CudaDriver {
         // from the driver is an error instead of an invalid enum.
         let mut raw: u32 = u32::MAX;
         check(
-            // SAFETY: CUmemAccess_flags is repr(u32), so `raw` has its size and
+            // SAFETY: a live pool (this function's contract);
+            // CUmemAccess_flags is repr(u32), so `raw` has its size and
             // alignment; `loc` is initialized and both live through the call.
             unsafe {
                 sys::cuMemPoolGetAccess(
@@ -367,7 +388,9 @@ impl CudaDriver {
         })
     }
 
-    pub(super) fn mem_alloc_from_pool_async_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_alloc_from_pool_async`].
+    pub(super) unsafe fn mem_alloc_from_pool_async_impl(
         &self,
         bytes: usize,
         pool: RawPool,
@@ -381,17 +404,21 @@ impl CudaDriver {
         }
         let _bound = self.ensure_context()?;
         let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: `p` is a valid out-pointer; pool and stream by value.
+        // SAFETY: `p` is a valid out-pointer; a live pool and stream (this
+        // function's contract).
         let res = unsafe {
             sys::cuMemAllocFromPoolAsync(&mut p, bytes, cu_pool(pool), cu_stream(stream))
         };
         check_alloc(res, "cuMemAllocFromPoolAsync", bytes, || {
-            self.oom_device(stream)
+            // SAFETY: the stream is live (this function's contract).
+            unsafe { self.oom_device(stream) }
         })?;
         Ok(DevicePtr(p))
     }
 
-    pub(super) fn mem_alloc_async_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_alloc_async`].
+    pub(super) unsafe fn mem_alloc_async_impl(
         &self,
         bytes: usize,
         stream: RawStream,
@@ -401,34 +428,47 @@ impl CudaDriver {
         }
         let _bound = self.ensure_context()?;
         let mut p: sys::CUdeviceptr = 0;
-        // SAFETY: `p` is a valid out-pointer; the stream by value.
+        // SAFETY: `p` is a valid out-pointer; a live stream (this function's
+        // contract).
         let res = unsafe { sys::cuMemAllocAsync(&mut p, bytes, cu_stream(stream)) };
-        check_alloc(res, "cuMemAllocAsync", bytes, || self.oom_device(stream))?;
+        check_alloc(res, "cuMemAllocAsync", bytes, || {
+            // SAFETY: the stream is live (this function's contract).
+            unsafe { self.oom_device(stream) }
+        })?;
         Ok(DevicePtr(p))
     }
 
-    pub(super) fn mem_free_async_impl(&self, ptr: DevicePtr, stream: RawStream) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mem_free_async`].
+    pub(super) unsafe fn mem_free_async_impl(
+        &self,
+        ptr: DevicePtr,
+        stream: RawStream,
+    ) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: the caller hands back a pointer from a pool allocation once
-            // (trait contract); the driver validates pointer and stream.
+            // SAFETY: a live stream, and a pool allocation the caller owns and
+            // frees once (this function's contract).
             unsafe { sys::cuMemFreeAsync(ptr.0, cu_stream(stream)) },
             "cuMemFreeAsync",
         )
     }
 
-    pub(super) fn mempool_export_fd_impl(&self, pool: RawPool) -> Result<OwnedFd> {
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_export_fd`].
+    pub(super) unsafe fn mempool_export_fd_impl(&self, pool: RawPool) -> Result<OwnedFd> {
         if pool == 0 {
             return Err(null_pool("cuMemPoolExportToShareableHandle"));
         }
         let _bound = self.ensure_context()?;
         export_posix_fd("cuMemPoolExportToShareableHandle", |fd| {
-            // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
-            // writes an int through the handle pointer; `fd` points at one
-            // that lives through the call.
+            // SAFETY: a live pool (this function's contract); for
+            // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver writes an int
+            // through the handle pointer; `fd` points at one that lives
+            // through the call.
             unsafe {
                 sys::cuMemPoolExportToShareableHandle(
                     fd,
@@ -472,7 +512,9 @@ impl CudaDriver {
         Ok(PoolPtrExport(data.reserved))
     }
 
-    pub(super) fn mempool_import_pointer_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::mempool_import_pointer`].
+    pub(super) unsafe fn mempool_import_pointer_impl(
         &self,
         pool: RawPool,
         data: &PoolPtrExport,
@@ -484,8 +526,9 @@ impl CudaDriver {
         let mut share = sys::CUmemPoolPtrExportData { reserved: data.0 };
         let mut p: sys::CUdeviceptr = 0;
         check(
-            // SAFETY: `p` is a valid out-pointer and `share` an initialized copy
-            // of the export data (the driver only reads it).
+            // SAFETY: a live pool (this function's contract); `p` is a valid
+            // out-pointer and `share` an initialized copy of the export data
+            // (the driver only reads it).
             unsafe { sys::cuMemPoolImportPointer(&mut p, cu_pool(pool), &mut share) },
             "cuMemPoolImportPointer",
         )?;

@@ -53,7 +53,9 @@ impl CudaDriver {
         Ok(s as usize as RawStream)
     }
 
-    pub(super) fn stream_destroy_impl(&self, stream: RawStream) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_destroy`].
+    pub(super) unsafe fn stream_destroy_impl(&self, stream: RawStream) -> Result<()> {
         if matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
             return Err(Error::InvalidArgument(format!(
                 "cuStreamDestroy: stream {stream:#x} is a default stream"
@@ -61,26 +63,30 @@ impl CudaDriver {
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: the handle is not a default stream; the caller owns it and
-            // destroys it once (the trait's contract). The driver checks the rest.
+            // SAFETY: a live stream, not a default one, that the caller owns
+            // and destroys once (this function's contract).
             unsafe { sys::cuStreamDestroy_v2(cu_stream(stream)) },
             "cuStreamDestroy",
         )
     }
 
-    pub(super) fn stream_synchronize_impl(&self, stream: RawStream) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_synchronize`].
+    pub(super) unsafe fn stream_synchronize_impl(&self, stream: RawStream) -> Result<()> {
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: a stream handle by value; the driver validates it.
+            // SAFETY: a live stream (this function's contract).
             unsafe { sys::cuStreamSynchronize(cu_stream(stream)) },
             "cuStreamSynchronize",
         )
     }
 
-    pub(super) fn stream_query_impl(&self, stream: RawStream) -> Result<bool> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_query`].
+    pub(super) unsafe fn stream_query_impl(&self, stream: RawStream) -> Result<bool> {
         let _bound = self.ensure_context()?;
         ready(
-            // SAFETY: a stream handle by value; the driver validates it.
+            // SAFETY: a live stream (this function's contract).
             unsafe { sys::cuStreamQuery(cu_stream(stream)) },
             "cuStreamQuery",
         )
@@ -97,61 +103,81 @@ impl CudaDriver {
         Ok(e as usize as RawEvent)
     }
 
-    pub(super) fn event_destroy_impl(&self, event: RawEvent) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::event_destroy`].
+    pub(super) unsafe fn event_destroy_impl(&self, event: RawEvent) -> Result<()> {
         if event == 0 {
             return Err(null_event("cuEventDestroy"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: non-null handle the caller owns and destroys once.
+            // SAFETY: a live event the caller owns and destroys once (this
+            // function's contract).
             unsafe { sys::cuEventDestroy_v2(cu_event(event)) },
             "cuEventDestroy",
         )
     }
 
-    pub(super) fn event_record_impl(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::event_record`].
+    pub(super) unsafe fn event_record_impl(
+        &self,
+        event: RawEvent,
+        stream: RawStream,
+    ) -> Result<()> {
         if event == 0 {
             return Err(null_event("cuEventRecord"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: handles by value; the driver validates them.
+            // SAFETY: a live event and stream (this function's contract).
             unsafe { sys::cuEventRecord(cu_event(event), cu_stream(stream)) },
             "cuEventRecord",
         )
     }
 
-    pub(super) fn event_query_impl(&self, event: RawEvent) -> Result<bool> {
+    /// # Safety
+    /// As [`crate::driver::Driver::event_query`].
+    pub(super) unsafe fn event_query_impl(&self, event: RawEvent) -> Result<bool> {
         if event == 0 {
             return Err(null_event("cuEventQuery"));
         }
         let _bound = self.ensure_context()?;
         ready(
-            // SAFETY: a non-null handle by value; the driver validates it.
+            // SAFETY: a live event (this function's contract).
             unsafe { sys::cuEventQuery(cu_event(event)) },
             "cuEventQuery",
         )
     }
 
-    pub(super) fn event_synchronize_impl(&self, event: RawEvent) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::event_synchronize`].
+    pub(super) unsafe fn event_synchronize_impl(&self, event: RawEvent) -> Result<()> {
         if event == 0 {
             return Err(null_event("cuEventSynchronize"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: a non-null handle by value; the driver validates it.
+            // SAFETY: a live event (this function's contract).
             unsafe { sys::cuEventSynchronize(cu_event(event)) },
             "cuEventSynchronize",
         )
     }
 
-    pub(super) fn stream_wait_event_impl(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::stream_wait_event`].
+    pub(super) unsafe fn stream_wait_event_impl(
+        &self,
+        stream: RawStream,
+        event: RawEvent,
+    ) -> Result<()> {
         if event == 0 {
             return Err(null_event("cuStreamWaitEvent"));
         }
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: handles by value, flags 0 (the only portable value).
+            // SAFETY: a live stream and event (this function's contract),
+            // flags 0 (the only portable value).
             unsafe { sys::cuStreamWaitEvent(cu_stream(stream), cu_event(event), 0) },
             "cuStreamWaitEvent",
         )
@@ -159,7 +185,10 @@ impl CudaDriver {
 
     /// The device a stream belongs to (`cuStreamGetDevice`, CUDA 12.8+); for the
     /// default streams, the device current on this thread.
-    pub fn stream_device(&self, stream: RawStream) -> Result<u32> {
+    ///
+    /// # Safety
+    /// `stream` is live (see [`crate::driver`]).
+    pub unsafe fn stream_device(&self, stream: RawStream) -> Result<u32> {
         let _bound = self.ensure_context()?;
         if !self.has_stream_get_device {
             return Err(Error::unsupported(
@@ -168,7 +197,8 @@ impl CudaDriver {
         }
         let mut dev: sys::CUdevice = 0;
         check(
-            // SAFETY: the symbol was found at load; `dev` is a valid out-pointer.
+            // SAFETY: the symbol was found at load; `dev` is a valid
+            // out-pointer; the stream is live (this function's contract).
             unsafe { sys::cuStreamGetDevice(cu_stream(stream), &mut dev) },
             "cuStreamGetDevice",
         )?;
@@ -177,8 +207,12 @@ impl CudaDriver {
 
     /// The device to report in an out-of-memory error from an allocation on
     /// `stream` (error path only): the stream's device, else the thread's.
-    pub(super) fn oom_device(&self, stream: RawStream) -> Option<u32> {
-        self.stream_device(stream)
+    ///
+    /// # Safety
+    /// `stream` is live.
+    pub(super) unsafe fn oom_device(&self, stream: RawStream) -> Option<u32> {
+        // SAFETY: this function's contract.
+        unsafe { self.stream_device(stream) }
             .ok()
             .or_else(|| self.thread_device())
     }

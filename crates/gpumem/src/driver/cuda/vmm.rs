@@ -73,12 +73,14 @@ impl CudaDriver {
         Ok(DevicePtr(p))
     }
 
-    pub(super) fn vmm_free_address_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_free_address`].
+    pub(super) unsafe fn vmm_free_address_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemAddressFree")?;
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: the caller frees a range it reserved, with nothing mapped
-            // (trait contract); the driver validates the range.
+            // SAFETY: the caller frees a range it reserved and owns (this
+            // function's contract).
             unsafe { sys::cuMemAddressFree(ptr.0, bytes) },
             "cuMemAddressFree",
         )
@@ -103,10 +105,13 @@ impl CudaDriver {
         Ok(h)
     }
 
-    pub(super) fn vmm_release_impl(&self, handle: RawPhys) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_release`].
+    pub(super) unsafe fn vmm_release_impl(&self, handle: RawPhys) -> Result<()> {
         let _bound = self.ensure_context()?;
-        // SAFETY: a handle by value that the caller owns and releases once;
-        // mappings keep the memory alive until unmapped.
+        // SAFETY: a live handle that the caller owns and releases once (this
+        // function's contract); mappings keep the memory alive until
+        // unmapped.
         check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
     }
 
@@ -127,7 +132,9 @@ impl CudaDriver {
         Ok(h)
     }
 
-    pub(super) fn vmm_map_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_map`].
+    pub(super) unsafe fn vmm_map_impl(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -137,22 +144,28 @@ impl CudaDriver {
         check_range(ptr.0, bytes, "cuMemMap")?;
         let _bound = self.ensure_context()?;
         check(
-            // SAFETY: values only; the driver checks that the range is reserved
-            // and unmapped and that offset+bytes fits the handle. Flags must be 0.
+            // SAFETY: a live handle, mapped into address space the caller
+            // reserved and owns (this function's contract); the driver checks
+            // that the range is unmapped and that offset+bytes fits the
+            // handle. Flags must be 0.
             unsafe { sys::cuMemMap(ptr.0, bytes, offset, handle, 0) },
             "cuMemMap",
         )
     }
 
-    pub(super) fn vmm_unmap_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_unmap`].
+    pub(super) unsafe fn vmm_unmap_impl(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         check_range(ptr.0, bytes, "cuMemUnmap")?;
         let _bound = self.ensure_context()?;
-        // SAFETY: values only; the caller unmaps a range it mapped and no
-        // longer uses (trait contract).
+        // SAFETY: the caller unmaps a range it mapped and no longer uses (this
+        // function's contract).
         check(unsafe { sys::cuMemUnmap(ptr.0, bytes) }, "cuMemUnmap")
     }
 
-    pub(super) fn vmm_set_access_impl(
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_set_access`].
+    pub(super) unsafe fn vmm_set_access_impl(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -163,19 +176,23 @@ impl CudaDriver {
         let _bound = self.bind(device)?;
         let desc = access_desc(device, access);
         check(
-            // SAFETY: `desc` is one initialized descriptor, count 1, alive through
-            // the call; the driver checks the range is mapped.
+            // SAFETY: a range the caller mapped (this function's contract);
+            // `desc` is one initialized descriptor, count 1, alive through the
+            // call.
             unsafe { sys::cuMemSetAccess(ptr.0, bytes, &desc, 1) },
             "cuMemSetAccess",
         )
     }
 
-    pub(super) fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<OwnedFd> {
+    /// # Safety
+    /// As [`crate::driver::Driver::vmm_export_fd`].
+    pub(super) unsafe fn vmm_export_fd_impl(&self, handle: RawPhys) -> Result<OwnedFd> {
         let _bound = self.ensure_context()?;
         export_posix_fd("cuMemExportToShareableHandle", |fd| {
-            // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver
-            // writes an int through the pointer; `fd` points at one that
-            // lives through the call.
+            // SAFETY: a live handle (this function's contract); for
+            // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver writes an int
+            // through the pointer; `fd` points at one that lives through the
+            // call.
             unsafe {
                 sys::cuMemExportToShareableHandle(
                     fd,

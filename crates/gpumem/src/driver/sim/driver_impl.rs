@@ -2,6 +2,11 @@
 //! its CUDA name (maybe failing it, see `faults`), applies the stream-capture
 //! rules (see `capture`), makes a passed device current on the calling
 //! thread, and hands over to the `State` method that models it. Costs: one mutex lock per call plus the modelled work.
+//!
+//! The `unsafe` methods are `unsafe` for the trait's sake only: here a
+//! handle is a key of the simulator's tables, and one it does not hold is
+//! refused with CUDA's error, never followed (see `tests.rs`,
+//! `stale_handles_are_refused`).
 
 use super::faults::{self, drv, INVALID_HANDLE, NOT_SUPPORTED};
 use super::memory::Addr;
@@ -87,7 +92,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_destroy(&self, stream: RawStream) -> Result<()> {
+    unsafe fn stream_destroy(&self, stream: RawStream) -> Result<()> {
         self.call("cuStreamDestroy", |st, _| {
             let q = st.streams.get(&stream).copied();
             st.stream_destroy(stream)?;
@@ -98,7 +103,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
+    unsafe fn stream_synchronize(&self, stream: RawStream) -> Result<()> {
         const CALL: &str = "cuStreamSynchronize";
         self.call_raw(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -110,7 +115,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_query(&self, stream: RawStream) -> Result<bool> {
+    unsafe fn stream_query(&self, stream: RawStream) -> Result<bool> {
         const CALL: &str = "cuStreamQuery";
         self.call_raw(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -133,7 +138,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn event_destroy(&self, event: RawEvent) -> Result<()> {
+    unsafe fn event_destroy(&self, event: RawEvent) -> Result<()> {
         const CALL: &str = "cuEventDestroy";
         self.call(CALL, |st, _| {
             st.events
@@ -143,7 +148,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+    unsafe fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         const CALL: &str = "cuEventRecord";
         self.call(CALL, |st, ctx| {
             if !st.events.contains_key(&event) {
@@ -160,7 +165,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn event_query(&self, event: RawEvent) -> Result<bool> {
+    unsafe fn event_query(&self, event: RawEvent) -> Result<bool> {
         const CALL: &str = "cuEventQuery";
         self.call_raw(CALL, |st, ctx| {
             if !st.events.contains_key(&event) {
@@ -174,7 +179,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn event_synchronize(&self, event: RawEvent) -> Result<()> {
+    unsafe fn event_synchronize(&self, event: RawEvent) -> Result<()> {
         const CALL: &str = "cuEventSynchronize";
         self.call_raw(CALL, |st, ctx| {
             if !st.events.contains_key(&event) {
@@ -191,7 +196,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+    unsafe fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         const CALL: &str = "cuStreamWaitEvent";
         self.call(CALL, |st, ctx| {
             if !st.events.contains_key(&event) {
@@ -215,7 +220,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()> {
+    unsafe fn stream_begin_capture(&self, stream: RawStream, mode: CaptureMode) -> Result<()> {
         const CALL: &str = "cuStreamBeginCapture";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -223,7 +228,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph> {
+    unsafe fn stream_end_capture(&self, stream: RawStream) -> Result<RawGraph> {
         const CALL: &str = "cuStreamEndCapture";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -231,7 +236,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
+    unsafe fn stream_capture_info(&self, stream: RawStream) -> Result<CaptureInfo> {
         const CALL: &str = "cuStreamGetCaptureInfo";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -239,7 +244,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn stream_capture_dependencies(
+    unsafe fn stream_capture_dependencies(
         &self,
         stream: RawStream,
     ) -> Result<(CaptureInfo, Vec<RawGraphNode>)> {
@@ -250,7 +255,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
+    unsafe fn graph_node_dependencies(&self, node: RawGraphNode) -> Result<Vec<RawGraphNode>> {
         self.call("cuGraphNodeGetDependencies", |st, _| {
             st.node_dependencies(node)
         })
@@ -261,11 +266,11 @@ impl Driver for SimDriver {
         Ok(self.exchange_thread_mode(mode))
     }
 
-    fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec> {
+    unsafe fn graph_instantiate(&self, graph: RawGraph) -> Result<RawGraphExec> {
         self.call("cuGraphInstantiate", |st, _| st.graph_instantiate(graph))
     }
 
-    fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
+    unsafe fn graph_launch(&self, exec: RawGraphExec, stream: RawStream) -> Result<()> {
         const CALL: &str = "cuGraphLaunch";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -274,11 +279,11 @@ impl Driver for SimDriver {
         })
     }
 
-    fn graph_destroy(&self, graph: RawGraph) -> Result<()> {
+    unsafe fn graph_destroy(&self, graph: RawGraph) -> Result<()> {
         self.call("cuGraphDestroy", |st, _| st.graph_destroy(graph))
     }
 
-    fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()> {
+    unsafe fn graph_exec_destroy(&self, exec: RawGraphExec) -> Result<()> {
         self.call("cuGraphExecDestroy", |st, _| st.graph_exec_destroy(exec))
     }
 
@@ -286,7 +291,7 @@ impl Driver for SimDriver {
         self.call_dev("cuMemAlloc", device, |st, _| st.mem_alloc(device, bytes))
     }
 
-    fn mem_free(&self, device: u32, ptr: DevicePtr) -> Result<()> {
+    unsafe fn mem_free(&self, device: u32, ptr: DevicePtr) -> Result<()> {
         self.call_dev("cuMemFree", device, |st, _| st.mem_free(ptr))
     }
 
@@ -307,11 +312,11 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mem_free_host(&self, ptr: DevicePtr) -> Result<()> {
+    unsafe fn mem_free_host(&self, ptr: DevicePtr) -> Result<()> {
         self.call("cuMemFreeHost", |st, _| st.mem_free_host(ptr))
     }
 
-    fn mem_prefetch(
+    unsafe fn mem_prefetch(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -502,39 +507,44 @@ impl Driver for SimDriver {
         self.call("cuMemPoolCreate", |st, _| st.mempool_create(props))
     }
 
-    fn mempool_destroy(&self, pool: RawPool) -> Result<()> {
+    unsafe fn mempool_destroy(&self, pool: RawPool) -> Result<()> {
         self.call("cuMemPoolDestroy", |st, _| st.mempool_destroy(pool))
     }
 
-    fn mempool_set_attr(&self, pool: RawPool, attr: PoolAttr, value: u64) -> Result<()> {
+    unsafe fn mempool_set_attr(&self, pool: RawPool, attr: PoolAttr, value: u64) -> Result<()> {
         self.call("cuMemPoolSetAttribute", |st, _| {
             st.mempool_set_attr(pool, attr, value)
         })
     }
 
-    fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64> {
+    unsafe fn mempool_get_attr(&self, pool: RawPool, attr: PoolAttr) -> Result<u64> {
         self.call("cuMemPoolGetAttribute", |st, _| {
             st.mempool_get_attr(pool, attr)
         })
     }
 
-    fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()> {
+    unsafe fn mempool_trim_to(&self, pool: RawPool, keep: usize) -> Result<()> {
         self.call("cuMemPoolTrimTo", |st, _| st.mempool_trim_to(pool, keep))
     }
 
-    fn mempool_set_access(&self, pool: RawPool, device: u32, access: AccessFlags) -> Result<()> {
+    unsafe fn mempool_set_access(
+        &self,
+        pool: RawPool,
+        device: u32,
+        access: AccessFlags,
+    ) -> Result<()> {
         self.call("cuMemPoolSetAccess", |st, _| {
             st.mempool_set_access(pool, device, access)
         })
     }
 
-    fn mempool_get_access(&self, pool: RawPool, device: u32) -> Result<AccessFlags> {
+    unsafe fn mempool_get_access(&self, pool: RawPool, device: u32) -> Result<AccessFlags> {
         self.call("cuMemPoolGetAccess", |st, _| {
             st.mempool_get_access(pool, device)
         })
     }
 
-    fn mem_alloc_from_pool_async(
+    unsafe fn mem_alloc_from_pool_async(
         &self,
         bytes: usize,
         pool: RawPool,
@@ -553,7 +563,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mem_alloc_async(&self, bytes: usize, stream: RawStream) -> Result<DevicePtr> {
+    unsafe fn mem_alloc_async(&self, bytes: usize, stream: RawStream) -> Result<DevicePtr> {
         const CALL: &str = "cuMemAllocAsync";
         self.call(CALL, |st, ctx| {
             let q = st.queue_of(stream, ctx, CALL)?;
@@ -569,7 +579,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()> {
+    unsafe fn mem_free_async(&self, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         const CALL: &str = "cuMemFreeAsync";
         self.call(CALL, |st, ctx| {
             if !st.cfg.memory_pools {
@@ -585,7 +595,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd> {
+    unsafe fn mempool_export_fd(&self, pool: RawPool) -> Result<OwnedFd> {
         self.call("cuMemPoolExportToShareableHandle", |st, _| {
             st.mempool_export_fd(pool)
         })
@@ -603,7 +613,11 @@ impl Driver for SimDriver {
         })
     }
 
-    fn mempool_import_pointer(&self, pool: RawPool, data: &PoolPtrExport) -> Result<DevicePtr> {
+    unsafe fn mempool_import_pointer(
+        &self,
+        pool: RawPool,
+        data: &PoolPtrExport,
+    ) -> Result<DevicePtr> {
         self.call("cuMemPoolImportPointer", |st, _| {
             st.mempool_import_pointer(pool, data)
         })
@@ -615,7 +629,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    unsafe fn vmm_free_address(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.call("cuMemAddressFree", |st, _| st.vmm_free_address(ptr, bytes))
     }
 
@@ -625,7 +639,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn vmm_release(&self, handle: RawPhys) -> Result<()> {
+    unsafe fn vmm_release(&self, handle: RawPhys) -> Result<()> {
         self.call("cuMemRelease", |st, _| st.vmm_release(handle))
     }
 
@@ -635,15 +649,21 @@ impl Driver for SimDriver {
         })
     }
 
-    fn vmm_map(&self, ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> Result<()> {
+    unsafe fn vmm_map(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        offset: usize,
+        handle: RawPhys,
+    ) -> Result<()> {
         self.call("cuMemMap", |st, _| st.vmm_map(ptr, bytes, offset, handle))
     }
 
-    fn vmm_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    unsafe fn vmm_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         self.call("cuMemUnmap", |st, _| st.vmm_unmap(ptr, bytes))
     }
 
-    fn vmm_set_access(
+    unsafe fn vmm_set_access(
         &self,
         ptr: DevicePtr,
         bytes: usize,
@@ -655,7 +675,7 @@ impl Driver for SimDriver {
         })
     }
 
-    fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd> {
+    unsafe fn vmm_export_fd(&self, handle: RawPhys) -> Result<OwnedFd> {
         self.call("cuMemExportToShareableHandle", |st, _| {
             st.vmm_export_fd(handle)
         })

@@ -105,6 +105,63 @@ impl<D: Driver + ?Sized> DataOps for D {
     }
 }
 
+/// Safe forms, for these tests, of the driver's methods that are `unsafe` for
+/// their raw handles: each is an inherent method of `SimDriver` with the
+/// trait method's name, so a call on a `SimDriver` here (not through `dyn
+/// Driver`) takes it (an inherent method wins over a trait method).
+///
+/// SAFETY (for every method the macro makes): the simulator never follows a
+/// handle. A stream, event, pool or physical handle, and an address range,
+/// is a key of its own tables, and one it does not hold is
+/// refused with CUDA's error: the tests below pass stale and forged handles
+/// on purpose to check exactly that (`stale_handles_are_refused` goes
+/// through the trait itself). The memory the simulator frees for these
+/// calls is its own, or host memory of a test that holds no reference
+/// into it past the free.
+macro_rules! safe_on_the_simulator {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        impl SimDriver {
+            $(
+                fn $name(&self, $($arg: $ty),*) -> crate::Result<$ret> {
+                    // SAFETY: see `safe_on_the_simulator`.
+                    unsafe { <Self as Driver>::$name(self, $($arg),*) }
+                }
+            )*
+        }
+    };
+}
+
+safe_on_the_simulator! {
+    stream_destroy(stream: RawStream) -> ();
+    stream_synchronize(stream: RawStream) -> ();
+    stream_query(stream: RawStream) -> bool;
+    event_destroy(event: RawEvent) -> ();
+    event_record(event: RawEvent, stream: RawStream) -> ();
+    event_query(event: RawEvent) -> bool;
+    event_synchronize(event: RawEvent) -> ();
+    stream_wait_event(stream: RawStream, event: RawEvent) -> ();
+    mem_free(device: u32, ptr: DevicePtr) -> ();
+    mem_free_host(ptr: DevicePtr) -> ();
+    mem_prefetch(ptr: DevicePtr, bytes: usize, device: u32, stream: RawStream) -> ();
+    mempool_destroy(pool: RawPool) -> ();
+    mempool_set_attr(pool: RawPool, attr: PoolAttr, value: u64) -> ();
+    mempool_get_attr(pool: RawPool, attr: PoolAttr) -> u64;
+    mempool_trim_to(pool: RawPool, keep: usize) -> ();
+    mempool_set_access(pool: RawPool, device: u32, access: AccessFlags) -> ();
+    mempool_get_access(pool: RawPool, device: u32) -> AccessFlags;
+    mem_alloc_from_pool_async(bytes: usize, pool: RawPool, stream: RawStream) -> DevicePtr;
+    mem_alloc_async(bytes: usize, stream: RawStream) -> DevicePtr;
+    mem_free_async(ptr: DevicePtr, stream: RawStream) -> ();
+    mempool_export_fd(pool: RawPool) -> std::os::fd::OwnedFd;
+    mempool_import_pointer(pool: RawPool, data: &PoolPtrExport) -> DevicePtr;
+    vmm_free_address(ptr: DevicePtr, bytes: usize) -> ();
+    vmm_release(handle: RawPhys) -> ();
+    vmm_map(ptr: DevicePtr, bytes: usize, offset: usize, handle: RawPhys) -> ();
+    vmm_unmap(ptr: DevicePtr, bytes: usize) -> ();
+    vmm_set_access(ptr: DevicePtr, bytes: usize, device: u32, access: AccessFlags) -> ();
+    vmm_export_fd(handle: RawPhys) -> std::os::fd::OwnedFd;
+}
+
 // ----- devices -----
 
 #[test]
@@ -1454,4 +1511,85 @@ fn a_gated_call_waits_for_its_gate_and_others_do_not() {
     drop(d.gate_call("cuMemAlloc", 1));
     let p = d.mem_alloc(0, 1 << 20).unwrap();
     d.mem_free(0, p).unwrap();
+}
+
+// ----- the `unsafe` methods' contract, broken -----
+
+/// What a broken promise of the trait's `unsafe` methods (a handle that is
+/// not live, memory that is not the caller's) does on the simulator: the
+/// call is refused with an error, and nothing changes. The calls go through
+/// the trait, not this file's safe forms. The codes: for streams and events,
+/// and for memory and address ranges, those the CUDA driver documents for
+/// what it detects of the same misuse (`CUDA_ERROR_INVALID_HANDLE`,
+/// `CUDA_ERROR_INVALID_VALUE`); for pool and physical handles the simulator
+/// says `CUDA_ERROR_INVALID_HANDLE` where CUDA documents only
+/// `CUDA_ERROR_INVALID_VALUE` (and, for `cuMemRelease`, undefined
+/// behaviour).
+#[test]
+fn stale_handles_are_refused() {
+    const INVALID_VALUE: i32 = 1;
+    const INVALID_HANDLE: i32 = 400;
+    let d = sim();
+    let drv: &dyn Driver = &d;
+    let s = d.stream_create(0, true).unwrap();
+    let e = d.event_create(0).unwrap();
+    let pool = d.mempool_create(&PoolProps::device(0)).unwrap();
+    let plain = d.mem_alloc(0, 4096).unwrap();
+    let host = d
+        .mem_alloc_host(0, 4096, HostAllocFlags::default())
+        .unwrap();
+    let gran = d.vmm_granularity(0, false).unwrap();
+    let va = d.vmm_reserve(gran, 0).unwrap();
+    let phys = d.vmm_create(0, gran, HandleType::None.into()).unwrap();
+    // SAFETY: every handle was just made by `d` and is destroyed once, here.
+    unsafe {
+        let pooled = drv.mem_alloc_from_pool_async(4096, pool, s).unwrap();
+        drv.mem_free_async(pooled, s).unwrap();
+        drv.stream_synchronize(s).unwrap();
+        drv.stream_destroy(s).unwrap();
+        drv.event_destroy(e).unwrap();
+        drv.mempool_destroy(pool).unwrap();
+        drv.mem_free(0, plain).unwrap();
+        drv.mem_free_host(host).unwrap();
+        drv.vmm_release(phys).unwrap();
+        drv.vmm_free_address(va, gran).unwrap();
+    }
+    assert_clean(&d);
+    let before = d.total_calls();
+    let refused = |r: crate::Result<()>, want: i32| assert_eq!(code(r.unwrap_err()), want);
+    // SAFETY: none, on purpose: every handle and range below is destroyed,
+    // which the contracts forbid. The simulator keeps them as keys of its
+    // tables and refuses the ones it does not hold, which is what this test
+    // checks; it runs on the simulator only.
+    unsafe {
+        refused(drv.stream_destroy(s), INVALID_HANDLE);
+        refused(drv.stream_synchronize(s), INVALID_HANDLE);
+        refused(drv.stream_query(s).map(drop), INVALID_HANDLE);
+        refused(drv.stream_wait_event(0, e), INVALID_HANDLE);
+        refused(drv.event_record(e, 0), INVALID_HANDLE);
+        refused(drv.event_query(e).map(drop), INVALID_HANDLE);
+        refused(drv.event_synchronize(e), INVALID_HANDLE);
+        refused(drv.event_destroy(e), INVALID_HANDLE);
+        refused(drv.mem_alloc_async(256, s).map(drop), INVALID_HANDLE);
+        refused(drv.mem_free(0, plain), INVALID_VALUE);
+        refused(drv.mem_free_host(host), INVALID_VALUE);
+        refused(drv.vmm_unmap(va, gran), INVALID_VALUE);
+        refused(drv.vmm_free_address(va, gran), INVALID_VALUE);
+        let attr = PoolAttr::ReservedMemCurrent;
+        refused(drv.mempool_destroy(pool), INVALID_HANDLE);
+        refused(drv.mempool_trim_to(pool, 0), INVALID_HANDLE);
+        refused(drv.mempool_get_attr(pool, attr).map(drop), INVALID_HANDLE);
+        refused(
+            drv.mem_alloc_from_pool_async(256, pool, 0).map(drop),
+            INVALID_HANDLE,
+        );
+        refused(drv.vmm_release(phys), INVALID_HANDLE);
+        refused(drv.vmm_map(va, gran, 0, phys), INVALID_HANDLE);
+    }
+    assert_eq!(
+        d.total_calls(),
+        before + 19,
+        "each call reached the simulator"
+    );
+    assert_clean(&d);
 }

@@ -4,7 +4,6 @@
 use super::page_table::{PageRef, PageSpan, PageTable, PhysPage};
 use super::phys_cache::ExtentId;
 use super::{State, VirtualPool, SMALL};
-use crate::driver::{AccessFlags, DevicePtr};
 use crate::pool::stream_order::streams::may_wait;
 use crate::{Error, Result};
 
@@ -82,16 +81,11 @@ impl VirtualPool {
         start: usize,
         count: usize,
     ) -> Result<()> {
-        let addr = DevicePtr(st.pages.addr(PageRef { res, idx: start }));
+        let at = PageRef { res, idx: start };
         let devices =
             std::iter::once(self.device.ordinal()).chain(self.config.peers.iter().copied());
         for d in devices {
-            self.device.driver().vmm_set_access(
-                addr,
-                count * self.gran,
-                d,
-                AccessFlags::ReadWrite,
-            )?;
+            self.vmm().grant(st, at, count, d)?;
         }
         Ok(())
     }
@@ -243,12 +237,7 @@ impl VirtualPool {
         done: &mut Vec<(usize, ExtentId)>,
     ) -> Result<usize> {
         let n = st.phys.pages(x);
-        let addr = st.pages.addr(PageRef { res, idx });
-        if let Err(e) =
-            self.device
-                .driver()
-                .vmm_map(DevicePtr(addr), n * self.gran, 0, st.phys.handle(x))
-        {
+        if let Err(e) = self.vmm().map(st, PageRef { res, idx }, x) {
             if st.phys.extent(x).is_some_and(|ext| ext.mappings.is_empty()) {
                 st.phys.put(x);
             }

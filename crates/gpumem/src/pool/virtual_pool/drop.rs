@@ -2,6 +2,7 @@
 //! back to the driver, and the pinned memory of host backups with them.
 
 use super::page_table::PageRef;
+use super::vmm::Vmm;
 use super::{State, VirtualPool};
 use crate::device::Device;
 use crate::driver::DevicePtr;
@@ -31,8 +32,7 @@ impl VirtualPool {
         if st.streams.synchronize_all(device).is_err() {
             let _ = synchronize_device(device);
         }
-        let driver = device.driver();
-        let g = gran;
+        let vmm = Vmm { device, gran };
         let mapped: Vec<PageRef> = st.pages.mapped().map(|(p, _)| p).collect();
         let mut runs: Vec<(PageRef, usize)> = Vec::new();
         for p in mapped {
@@ -45,19 +45,19 @@ impl VirtualPool {
             let addr = st.pages.addr(r);
             crate::exit::give_back(
                 || format!("VirtualPool mapping at {addr:#x}"),
-                || driver.vmm_unmap(DevicePtr(addr), n * g),
+                || vmm.unmap(st, r, n),
             );
         }
         for (_, ext) in st.phys.extents() {
             crate::exit::give_back(
                 || "VirtualPool physical memory".into(),
-                || driver.vmm_release(ext.handle),
+                || vmm.release(ext.handle),
             );
         }
         for r in &st.pages.reservations {
             crate::exit::give_back(
                 || format!("VirtualPool address range {:#x}", r.base),
-                || driver.vmm_free_address(DevicePtr(r.base), r.bytes as usize),
+                || vmm.free_reservation(DevicePtr(r.base), r.bytes as usize),
             );
         }
         // The backups of regions asleep go before their pinned pool does.

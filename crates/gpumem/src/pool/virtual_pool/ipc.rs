@@ -47,7 +47,7 @@ impl VirtualPool {
         ];
         for (x, ext) in st.phys.extents() {
             // On failure, the descriptors already exported close with `out`.
-            let fd = self.device.driver().vmm_export_fd(ext.handle)?;
+            let fd = self.vmm().export(ext.handle)?;
             index[x as usize] = out.len();
             out.push(PhysExport {
                 fd,

@@ -130,6 +130,10 @@ mod reclaim;
 mod regions;
 mod sleep;
 mod stats;
+// The one place the pool passes its memory to the driver's `unsafe` VMM
+// methods.
+#[allow(unsafe_code)]
+mod vmm;
 mod whole;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -408,7 +412,11 @@ impl VirtualPool {
             ];
             for (start, bytes, area) in parts {
                 if let Err(e) = st.areas[area].heap.add_region(start, bytes) {
-                    let _ = driver.vmm_free_address(base, total);
+                    let _ = vmm::Vmm {
+                        device: &device,
+                        gran,
+                    }
+                    .free_reservation(base, total);
                     return Err(Error::InvalidArgument(format!(
                         "virtual pool: unusable range at {start:#x}: {e}"
                     )));

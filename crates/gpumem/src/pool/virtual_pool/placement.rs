@@ -113,7 +113,7 @@ impl VirtualPool {
         let id = match st.areas[area].heap.add_region(base.0, size as u64) {
             Ok(id) => id,
             Err(e) => {
-                let _ = self.device.driver().vmm_free_address(base, size);
+                let _ = self.vmm().free_reservation(base, size);
                 return Err(Error::InvalidArgument(format!(
                     "virtual pool: unusable range at {:#x}: {e}",
                     base.0

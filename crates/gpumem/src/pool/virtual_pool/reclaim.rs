@@ -4,7 +4,7 @@
 use super::page_table::{PackedPage, PageRef, PageTable};
 use super::phys_cache::ExtentId;
 use super::{area_at, State, VirtualPool};
-use crate::driver::{DevicePtr, RawPhys};
+use crate::driver::RawPhys;
 use crate::pool::stream_order::free_streams::FreeStreams;
 use crate::{Error, Result};
 
@@ -69,9 +69,7 @@ impl VirtualPool {
         len: usize,
     ) -> Result<()> {
         let p = PageTable::unpack(at);
-        self.device
-            .driver()
-            .vmm_unmap(DevicePtr(st.pages.addr(p)), len * self.gran)?;
+        self.vmm().unmap(st, p, len)?;
         for i in 0..len {
             let q = PageRef {
                 res: p.res,
@@ -168,13 +166,11 @@ impl VirtualPool {
                 _ => runs.push((p, n, 1)),
             }
         }
-        let driver = self.device.driver();
-        let g = self.gran;
+        let vmm = self.vmm();
         let mut got = 0;
         let mut first_err = None;
         for (r, n, k) in runs {
-            let addr = st.pages.addr(r);
-            match driver.vmm_unmap(DevicePtr(addr), n * g) {
+            match vmm.unmap(st, r, n) {
                 Ok(()) => {
                     for i in 0..n {
                         let p = PageRef {
@@ -244,11 +240,11 @@ impl VirtualPool {
         taken: Vec<(RawPhys, u32)>,
     ) -> (usize, Option<Error>) {
         let _relaxed = crate::graph::relaxed(&self.device);
-        let driver = self.device.driver();
+        let vmm = self.vmm();
         let mut released = 0;
         let mut first_err = None;
         for (h, pages) in taken {
-            if let Err(e) = driver.vmm_release(h) {
+            if let Err(e) = vmm.release(h) {
                 let x = st.phys.add_extent(h, pages);
                 st.phys.put(x);
                 first_err.get_or_insert(e);
