@@ -9,13 +9,15 @@
 //!
 //! `--direct` replays through a `CachingPool` with its defaults over the
 //! plain device resource on a stream of its own instead: what `gpumem
-//! replay --alloc caching` builds. `--wide SEED` replays the widely varying
+//! replay --alloc caching` builds (`--steps N`: with `large_class_steps`
+//! N; 0 sends blocks above 2 GiB to the driver as before issue 47), and
+//! prints the blocks each class holds at the end. `--wide SEED` replays the widely varying
 //! synthetic log of `tests/support/wide_sizes.rs` instead of files, and
 //! `--write FILE` writes that log as an RMM log.
 //!
 //! ```text
 //! cargo run --release -p gpumem-capi --example capi_replay -- \
-//!     [--conf resource=caching] [--direct] [--passes N] [--wide SEED] [--write FILE] [trace.rmm.csv ...]
+//!     [--conf resource=caching] [--direct [--steps N]] [--passes N] [--wide SEED] [--write FILE] [trace.rmm.csv ...]
 //! ```
 
 #[path = "../tests/support/wide_sizes.rs"]
@@ -27,7 +29,7 @@ use std::time::Instant;
 
 use gpumem::driver::sim::SimDriver;
 use gpumem::driver::Driver;
-use gpumem::pool::{CachingPool, Pool};
+use gpumem::pool::{CachingPool, CachingPoolConfig, Pool};
 use gpumem::resource::{DeviceResource, MemoryResource};
 use gpumem::trace::{self, Action, TraceEvent};
 use gpumem::{Device, DevicePtr, Stream};
@@ -114,28 +116,19 @@ fn main() {
     let mut passes = 8;
     let mut conf = "resource=caching".to_string();
     let mut direct = false;
+    let mut large_steps = None;
     let mut wide = None;
     let mut write = None;
     let mut paths = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--passes" => {
-                passes = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--passes N")
-            }
-            "--conf" => conf = args.next().expect("--conf TEXT"),
+            "--passes" => passes = value(args.next(), "--passes N"),
+            "--conf" => conf = value(args.next(), "--conf TEXT"),
             "--direct" => direct = true,
-            "--wide" => {
-                wide = Some(
-                    args.next()
-                        .and_then(|v| v.parse().ok())
-                        .expect("--wide SEED"),
-                )
-            }
-            "--write" => write = Some(args.next().expect("--write FILE")),
+            "--steps" => large_steps = Some(value(args.next(), "--steps N")),
+            "--wide" => wide = Some(value::<u64>(args.next(), "--wide SEED")),
+            "--write" => write = Some(value::<String>(args.next(), "--write FILE")),
             _ => paths.push(a),
         }
     }
@@ -160,7 +153,11 @@ fn main() {
                 .iter()
                 .map(|_| device.create_stream().expect("stream"))
                 .collect();
-            let pool = CachingPool::with_defaults(DeviceResource::new(device)).expect("pool");
+            let mut config = CachingPoolConfig::default();
+            if let Some(n) = large_steps {
+                config.large_class_steps = n;
+            }
+            let pool = CachingPool::new(DeviceResource::new(device), config).expect("pool");
             (Target::Direct(Box::new(pool), streams), sim, Vec::new())
         } else {
             let parsed = parse(&conf);
@@ -230,7 +227,26 @@ fn main() {
                 }
             );
         }
+        if let Target::Direct(pool, _) = &target {
+            let held: Vec<String> = pool
+                .stats()
+                .classes
+                .iter()
+                .filter(|c| c.chunks > 0 && c.block_size >= 1 << 20)
+                .map(|c| format!("{} MiB x{}", c.block_size >> 20, c.reserved / c.block_size))
+                .collect();
+            println!(
+                "  classes of 1 MiB and more holding blocks: {}",
+                held.join(", ")
+            );
+        }
     }
+}
+
+/// An option's value, parsed; `usage` says what was expected.
+fn value<T: std::str::FromStr>(arg: Option<String>, usage: &str) -> T {
+    arg.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("usage: {usage}"))
 }
 
 /// The driver calls made so far, by name.
