@@ -21,7 +21,7 @@
 //! | `log` | a file name (no comma) | none | writes every allocation and free of the C ABI as RMM's CSV log, for `gpumem replay` and `gpumem plot`: device 0 to the file, device N > 0 to the name with `-devN` before its extension (`job.csv`, `job-dev1.csv`) |
 //!
 //! Resources: `pool` is gpumem's coalescing TLSF pool (`PoolResource`);
-//! `caching` the power-of-two caching pool (`CachingPool`); `binning`
+//! `caching` the size-class caching pool (`CachingPool`); `binning`
 //! fixed-size bins over a `PoolResource` (`BinningResource`); `cuda` plain
 //! `cuMemAlloc`/`cuMemFree` (no caching); `arena` gpumem's arena
 //! (`ArenaResource`: one region taken whole at the start, of `initial_size`
@@ -62,7 +62,7 @@ pub enum ResourceKind {
     /// `PoolResource`: coalescing best fit over TLSF lanes (the default).
     #[default]
     Pool,
-    /// `CachingPool`: power-of-two size classes.
+    /// `CachingPool`: power-of-two size classes up to 2 GiB, eighths above.
     Caching,
     /// `BinningResource`: fixed-size bins over a `PoolResource`.
     Binning,

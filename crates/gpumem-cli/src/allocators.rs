@@ -106,7 +106,7 @@ pub const ALLOCATORS: &[AllocatorSpec] = &[
     },
     AllocatorSpec {
         name: "caching",
-        about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, per-stream reuse",
+        about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, eighths above, per-stream reuse",
         reserve_note: None,
         build: |d| {
             let pool = CachingPool::with_defaults(DeviceResource::new(d.clone()))?;

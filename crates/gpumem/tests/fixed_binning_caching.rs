@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::model::{enqueue_work, model_setup, op, run_model, sim};
+use common::model::{enqueue_work, model_setup, model_setup_backed, op, run_model, sim};
 
 use std::sync::Arc;
 
@@ -144,12 +144,19 @@ fn caching_pool_with_small_classes_and_no_stream_waits_passes_the_suite() {
 #[test]
 fn caching_pool_config_is_validated() {
     let (device, _) = common::device(false);
-    let edits: [fn(&mut CachingPoolConfig); 7] = [
+    let edits: [fn(&mut CachingPoolConfig); 10] = [
         |c| c.max_reserved = Some(0),
         |c| c.min_block_size = 128,
         |c| c.min_block_size = 768,
         |c| c.max_block_size = 256,
         |c| c.max_block_size = 3 << 20,
+        |c| c.large_class_steps = 3,
+        |c| c.large_class_steps = 128,
+        |c| {
+            // Steps of 128 bytes: blocks would not be 256-byte aligned.
+            c.min_block_size = 256;
+            c.max_block_size = 1024;
+        },
         |c| c.chunk_size = 1000,
         |c| c.batch_size = 0,
     ];
@@ -203,6 +210,28 @@ proptest! {
     }
 
     #[test]
+    fn caching_pool_model_with_large_classes(ops in prop::collection::vec(op(20), 1..160)) {
+        // Backed: a borrowed or reused block must hold its new owner's
+        // data only.
+        let (device, sim, streams, base) = model_setup_backed();
+        let mut config = with_large_classes();
+        config.batch_size = 3;
+        large_classes_model(&device, &sim, &streams, base, config, &ops)?;
+    }
+
+    #[test]
+    fn caching_pool_model_with_large_classes_tight(ops in prop::collection::vec(op(20), 1..160)) {
+        // Under a limit the requests pass often: the out-of-memory path
+        // gives back blocks of the large classes too.
+        let (device, sim) = sim(16 << 20);
+        let streams: Vec<Stream> = (0..3).map(|_| device.create_stream().unwrap()).collect();
+        let mut config = with_large_classes();
+        config.max_reserved = Some(6 << 20);
+        config.cross_stream_wait = false;
+        large_classes_model(&device, &sim, &streams, sim.device_bytes(0), config, &ops)?;
+    }
+
+    #[test]
     fn caching_pool_model_tight(ops in prop::collection::vec(op(20), 1..160)) {
         // A small device and a pool limit: growth fails often, so the
         // out-of-memory path (synchronize, give back, retry) runs.
@@ -217,6 +246,34 @@ proptest! {
         sim.complete_all();
         prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
     }
+}
+
+/// Power-of-two classes up to 16 KiB from 64 KiB chunks, and four classes
+/// per doubling above: most of the model's requests take a finer class,
+/// borrow a larger free block, or grow and give smaller free blocks back.
+fn with_large_classes() -> CachingPoolConfig {
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = 16 << 10;
+    config.large_class_steps = 4;
+    config.chunk_size = 64 << 10;
+    config
+}
+
+/// Runs `ops` through the model on a pool of `config`, then checks that
+/// the driver has back every byte but `base` once the pool is gone.
+fn large_classes_model(
+    device: &gpumem::Device,
+    sim: &gpumem::driver::sim::SimDriver,
+    streams: &[Stream],
+    base: usize,
+    config: CachingPoolConfig,
+    ops: &[common::model::Op],
+) -> Result<(), TestCaseError> {
+    let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
+    run_model(pool, sim, streams, ops)?;
+    sim.complete_all();
+    prop_assert_eq!(sim.device_bytes(0), base, "all memory back on drop");
+    Ok(())
 }
 
 // ----- cross-stream reuse, deterministic -----
@@ -576,11 +633,12 @@ fn bad_frees_are_errors_and_change_nothing() {
 }
 
 #[test]
-fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
+fn without_large_classes_large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
     let (device, sim) = sim(1 << 30);
     let base = sim.device_bytes(0);
     let mut config = CachingPoolConfig::default();
     config.max_block_size = 1 << 20;
+    config.large_class_steps = 0;
     let pool = CachingPool::new(DeviceResource::new(device.clone()), config).unwrap();
     let s = device.create_stream().unwrap();
     assert_eq!(pool.block_size_for(1), Some(512));
@@ -598,6 +656,137 @@ fn large_requests_bypass_the_cache_and_sizes_can_be_looked_up() {
     let q = pool.allocate_sync(2048, 256).unwrap();
     assert_eq!(p, q, "a block freed synchronously is everyone's at once");
     pool.deallocate_sync(q, 2048, 256).unwrap();
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+const MIB: usize = 1 << 20;
+
+/// A pool of power-of-two classes up to 1 MiB and eighths above; from
+/// 256 KiB up, each block is its own upstream allocation.
+fn large_classes_pool(device: &gpumem::Device) -> CachingPool {
+    let mut config = CachingPoolConfig::default();
+    config.max_block_size = MIB;
+    config.chunk_size = 256 << 10;
+    CachingPool::new(DeviceResource::new(device.clone()), config).unwrap()
+}
+
+#[test]
+fn requests_above_max_block_size_take_eighths_and_stay_cached() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    let pool = large_classes_pool(&device);
+    let s = device.create_stream().unwrap();
+    assert_eq!(pool.block_size_for(MIB), Some(MIB));
+    assert_eq!(pool.block_size_for(MIB + 1), Some(MIB + MIB / 8));
+    assert_eq!(pool.block_size_for(2 * MIB), Some(2 * MIB));
+    assert_eq!(pool.block_size_for(3 * MIB), Some(3 * MIB));
+    assert_eq!(pool.block_size_for(3 * MIB + 1), Some(3 * MIB + MIB / 4));
+    assert_eq!(pool.block_size_for(1 << 40), Some(1 << 40));
+    assert_eq!(pool.block_size_for((1 << 40) + 1), None);
+    let p = pool.allocate_async(3 * MIB + 1, &s).unwrap();
+    assert_eq!(pool.live_block_size(p), Some(3 * MIB + MIB / 4));
+    assert_eq!(pool.stats().large_allocations, 0, "a class's block");
+    pool.deallocate_async(p, Some(3 * MIB + 1), &s).unwrap();
+    let (allocs, frees) = (sim.call_count("cuMemAlloc"), sim.call_count("cuMemFree"));
+    // Every size of the class, again and again: the cached block.
+    for i in 0..100 {
+        let bytes = 3 * MIB + 1 + i * 2000;
+        let q = pool.allocate_async(bytes, &s).unwrap();
+        assert_eq!(q, p);
+        pool.deallocate_async(q, Some(bytes), &s).unwrap();
+    }
+    assert_eq!(sim.call_count("cuMemAlloc"), allocs);
+    assert_eq!(sim.call_count("cuMemFree"), frees);
+    assert_eq!(pool.reserved_bytes(), 3 * MIB + MIB / 4);
+    drop(pool);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn a_large_request_borrows_a_free_block_at_most_twice_its_class() {
+    let (device, sim) = sim(1 << 30);
+    let pool = large_classes_pool(&device);
+    let s = device.create_stream().unwrap();
+    let four = pool.allocate_async(4 * MIB - 1000, &s).unwrap();
+    pool.deallocate_async(four, Some(4 * MIB - 1000), &s)
+        .unwrap();
+    let allocs = sim.call_count("cuMemAlloc");
+    // 2.1 MiB is of the 2.25 MiB class: the 4 MiB block is within twice.
+    let small = 2 * MIB + MIB / 10;
+    let q = pool.allocate_async(small, &s).unwrap();
+    assert_eq!(q, four, "borrowed");
+    assert_eq!(pool.live_block_size(q), Some(4 * MIB));
+    assert_eq!(pool.live_bytes(), small);
+    assert_eq!(sim.call_count("cuMemAlloc"), allocs);
+    // A free with another size is refused; with its own it finds the block.
+    assert!(matches!(
+        pool.deallocate_async(q, Some(small + 1), &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::SizeMismatch { .. },
+            ..
+        })
+    ));
+    pool.deallocate_async(q, Some(small), &s).unwrap();
+    // 1.5 MiB is of the 1.5 MiB class: 4 MiB is more than twice.
+    let r = pool.allocate_async(3 * MIB / 2, &s).unwrap();
+    assert_ne!(r, four);
+    assert_eq!(pool.live_block_size(r), Some(3 * MIB / 2));
+    pool.deallocate_async(r, Some(3 * MIB / 2), &s).unwrap();
+    // The max_block_size class borrows too, and its frees find the block.
+    let t = pool.allocate_async(900 << 10, &s).unwrap();
+    assert_eq!(t, r, "the 1 MiB class took the 1.5 MiB block");
+    pool.deallocate_async(t, Some(900 << 10), &s).unwrap();
+    let u = pool.allocate_sync(900 << 10, 256).unwrap();
+    pool.deallocate_sync(u, 900 << 10, 256).unwrap();
+    // Smaller classes keep to their own blocks.
+    let v = pool.allocate_async(300 << 10, &s).unwrap();
+    assert_eq!(pool.live_block_size(v), Some(512 << 10));
+    pool.deallocate_async(v, None, &s).unwrap();
+    assert_eq!(pool.live_bytes(), 0);
+}
+
+#[test]
+fn growing_a_large_class_gives_back_the_smaller_free_blocks() {
+    let (device, sim) = sim(1 << 30);
+    let base = sim.device_bytes(0);
+    let pool = large_classes_pool(&device);
+    let (s, busy) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let sizes = [MIB / 2, MIB, 2 * MIB + MIB / 10, 3 * MIB - 1000];
+    let blocks: Vec<_> = sizes
+        .iter()
+        .map(|&b| pool.allocate_async(b, &s).unwrap())
+        .collect();
+    // A 2.5 MiB block freed on a stream whose work has not run.
+    let pending = pool.allocate_async(5 * MIB / 2, &busy).unwrap();
+    sim.hold(busy.raw());
+    enqueue_work(&busy);
+    pool.deallocate_async(pending, Some(5 * MIB / 2), &busy)
+        .unwrap();
+    for (&p, &b) in blocks.iter().zip(&sizes) {
+        pool.deallocate_async(p, Some(b), &s).unwrap();
+    }
+    let held = |mib_x8: usize| MIB / 2 + MIB + (mib_x8 * MIB) / 8;
+    // 2.25 + 3 + 2.5 MiB of large blocks.
+    assert_eq!(pool.reserved_bytes(), held(18 + 24 + 20));
+    // 7 MiB needs a block of its own: the free 1, 2.25 and 3 MiB blocks
+    // cannot serve it and go back; the 512 KiB class keeps its block, and
+    // the 2.5 MiB block stays until its stream's work is known done.
+    let big = pool.allocate_async(7 * MIB, &s).unwrap();
+    assert_eq!(pool.reserved_bytes(), MIB / 2 + 5 * MIB / 2 + 7 * MIB);
+    pool.deallocate_async(big, Some(7 * MIB), &s).unwrap();
+    sim.release(busy.raw());
+    let bigger = pool.allocate_async(8 * MIB + 1, &s).unwrap();
+    assert_eq!(
+        pool.reserved_bytes(),
+        MIB / 2 + 9 * MIB,
+        "the 2.5 and 7 MiB blocks went back"
+    );
+    pool.deallocate_async(bigger, Some(8 * MIB + 1), &s)
+        .unwrap();
     drop(pool);
     assert_eq!(sim.device_bytes(0), base);
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 pub mod foreign;
+pub mod wide_sizes;
 
 use gpumem::driver::sim::SimDriver;
 use gpumem_capi::conf::{parse, ResourceKind};

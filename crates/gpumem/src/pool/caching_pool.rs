@@ -1,15 +1,46 @@
 //! `CachingPool` (the seeds' CudaMemPool): power-of-two size classes from
-//! 512 B to 2 GiB, each with its own lock and free lists, over an upstream.
+//! 512 B to 2 GiB, finer classes above, each with its own lock and free
+//! lists, over an upstream.
 //!
-//! Algorithm: a request is rounded up to its class (`next_power_of_two`, at
-//! least `min_block_size`); classes smaller than `chunk_size` (2 MiB) are
-//! carved from chunks of `chunk_size`, larger ones take one upstream
-//! allocation per block. Frees follow the pools' stream-ordering policy (see
-//! the `pool` module): a block freed on S is reused by S at once; other
-//! streams get it when one of S's batch events (one per stream per
-//! `batch_size` frees or per [`CachingPool::process_deferred`]) shows it
-//! complete, when S is found idle, or by waiting for S. Requests above
-//! `max_block_size` go straight to the upstream (not cached).
+//! Algorithm: a request up to `max_block_size` (2 GiB) is rounded up to its
+//! class (`next_power_of_two`, at least `min_block_size`); classes smaller
+//! than `chunk_size` (2 MiB) are carved from chunks of `chunk_size`, larger
+//! ones take one upstream allocation per block. Above `max_block_size`, up
+//! to 2^40 bytes, there are `large_class_steps` (8) classes per doubling: a
+//! request takes the next eighth of its power of two (2.25, 2.5, ... 4 GiB
+//! above 2 GiB), each block one upstream allocation. Frees follow the
+//! pools' stream-ordering policy (see the `pool` module): a block freed on S
+//! is reused by S at once; other streams get it when one of S's batch
+//! events (one per stream per `batch_size` frees or per
+//! [`CachingPool::process_deferred`]) shows it complete, when S is found
+//! idle, or by waiting for S. Requests above 2^40 bytes (above
+//! `max_block_size` with `large_class_steps` 0) go straight to the upstream
+//! and back to it when freed (not cached).
+//!
+//! Why the classes above 2 GiB: such requests used to bypass the cache,
+//! since a power-of-two class rounds 2.1 GB up to 4 GiB. A loop that asks
+//! for such a block in every iteration then paid a driver allocation and a
+//! driver free (which waits for the stream's work) in every iteration, each
+//! dearer than all of the iteration's other operations together
+//! (`bench/results/NOTES.md`, "The caching pool above 2 GiB"). The finer
+//! classes keep the rounding within an eighth. But a size that changes
+//! every iteration would leave a cached block of GiBs in each class it
+//! passes through, so two rules bound the cache from the `max_block_size`
+//! class up (the largest power-of-two class included: sizes on both sides
+//! of 2 GiB are one size that varies): a request whose class has no free
+//! block takes one of the next `large_class_steps` classes (a block at most
+//! twice its own class's, the rounding the power-of-two classes allow), and
+//! before one of these classes grows, the free blocks of the smaller ones,
+//! which cannot serve the request, go back to the upstream (those known
+//! complete: the streams are polled, not waited for). Once warm, a loop
+//! whose large sizes vary within a factor of two is served without a
+//! driver call by the largest blocks it has needed at once. The classes
+//! below keep their free blocks until a trim, a release or memory pressure,
+//! as before: a size that varies within a power of two stays in one class,
+//! and their blocks are small next to these. Splitting large blocks (best
+//! fit with a remainder)
+//! would round less, but blocks of one class would no longer be
+//! interchangeable, which the per-stream free lists rely on.
 //!
 //! Costs: the fast path (a cached class, same stream or a completed block) is
 //! one class lock, a deque pop or push and a hash-map insert or remove, with
@@ -42,20 +73,36 @@ use crate::resource::{
 use crate::stream::Stream;
 use crate::{Error, FreeError, OomInfo, Result};
 
+/// log2 of the largest class's block (and of the largest `max_block_size`).
+const LARGEST_SHIFT: u32 = 40;
+
 /// Configuration of a [`CachingPool`]. `Default` gives the documented values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CachingPoolConfig {
     /// Most bytes the pool may hold from its upstream: its chunks and its
-    /// live blocks above `max_block_size`. A request that would pass it is
+    /// live blocks above the largest class. A request that would pass it is
     /// out of memory (after giving back free chunks). `None` (default): no
     /// limit; `Some(0)` is refused.
     pub max_reserved: Option<usize>,
     /// Smallest class, in bytes: a power of two, at least 256 (default 512).
     pub min_block_size: usize,
-    /// Largest cached class: a power of two, at least `min_block_size`, at
-    /// most 2^40 (default 2 GiB). Larger requests bypass the cache.
+    /// Largest power-of-two class: a power of two, at least
+    /// `min_block_size`, at most 2^40 (default 2 GiB). Larger requests take
+    /// the classes of `large_class_steps`.
     pub max_block_size: usize,
+    /// Classes per doubling above `max_block_size`, up to 2^40 bytes: 0, or
+    /// a power of two of at most 64 that cuts `max_block_size` into steps of
+    /// at least 256 bytes (default 8). A request above `max_block_size`
+    /// takes the next step of its power of two, one upstream allocation per
+    /// block, cached. A request of these classes or of the `max_block_size`
+    /// class whose class has no free block may take one of the next
+    /// `large_class_steps` classes (at most twice its own class's block), and
+    /// growing one of them gives the free blocks of the smaller ones back
+    /// (see the module documentation). 0: requests above `max_block_size`
+    /// bypass the cache (an upstream allocation and free each), as requests
+    /// above 2^40 do.
+    pub large_class_steps: usize,
     /// Classes smaller than this are carved from chunks of this many bytes:
     /// a multiple of 256 (default 2 MiB).
     pub chunk_size: usize,
@@ -77,6 +124,7 @@ impl Default for CachingPoolConfig {
             max_reserved: None,
             min_block_size: 512,
             max_block_size: 2 << 30,
+            large_class_steps: 8,
             chunk_size: 2 << 20,
             stream_ordered: true,
             cross_stream_wait: true,
@@ -100,11 +148,23 @@ impl CachingPoolConfig {
         }
         if !self.max_block_size.is_power_of_two()
             || self.max_block_size < self.min_block_size
-            || self.max_block_size > 1 << 40
+            || self.max_block_size > 1 << LARGEST_SHIFT
         {
             return bad(format!(
                 "max_block_size {} must be a power of two between min_block_size {} and 2^40",
                 self.max_block_size, self.min_block_size
+            ));
+        }
+        let steps = self.large_class_steps;
+        if steps != 0
+            && (!steps.is_power_of_two()
+                || steps > 64
+                || self.max_block_size / steps < DEFAULT_ALIGNMENT)
+        {
+            return bad(format!(
+                "large_class_steps {steps} must be 0 or a power of two of at most 64 and at most \
+                 max_block_size {} / {DEFAULT_ALIGNMENT}",
+                self.max_block_size
             ));
         }
         if self.chunk_size == 0 || !self.chunk_size.is_multiple_of(DEFAULT_ALIGNMENT) {
@@ -123,7 +183,8 @@ impl CachingPoolConfig {
 /// What a [`CachingPool`] holds, by class.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CachingPoolStats {
-    /// Bytes held from the upstream (chunks and uncached large blocks).
+    /// Bytes held from the upstream (chunks and uncached blocks above the
+    /// largest class).
     pub reserved: usize,
     /// Highest `reserved` since the pool was made or its peak was reset.
     pub peak_reserved: usize,
@@ -134,7 +195,7 @@ pub struct CachingPoolStats {
     /// Bytes of blocks freed on a stream while it captured a CUDA graph:
     /// kept for the graph until the pool goes.
     pub parked: usize,
-    /// Live allocations above `max_block_size` (served by the upstream).
+    /// Live allocations above the largest class (served by the upstream).
     pub large_allocations: usize,
     /// One entry per class, smallest first.
     pub classes: Vec<ClassStats>,
@@ -167,7 +228,16 @@ pub struct CachingPool<U: MemoryResource = DeviceResource> {
     slab: Slab<U>,
     config: CachingPoolConfig,
     min_shift: u32,
-    /// Requests above `max_block_size`: pointer → bytes.
+    /// The power-of-two classes (the classes above come after them).
+    pow2_classes: usize,
+    /// log2 of `large_class_steps`.
+    steps_shift: u32,
+    /// The largest class's block: larger requests go to the upstream.
+    largest: usize,
+    /// The largest request whose block is always of its own class (frees
+    /// of larger ones look their block's class up by address).
+    own_class_max: usize,
+    /// Requests above `largest`: pointer → bytes.
     large: Mutex<PtrMap<usize>>,
     /// Large blocks freed on capturing streams (see `stream_order::parked`):
     /// still held from the upstream, given back when the pool goes. Cached
@@ -191,15 +261,22 @@ impl<U: MemoryResource> CachingPool<U> {
         config.validate()?;
         let min_shift = config.min_block_size.trailing_zeros();
         let max_shift = config.max_block_size.trailing_zeros();
-        let specs: Vec<ClassSpec> = (min_shift..=max_shift)
-            .map(|s| {
-                let block = 1usize << s;
-                ClassSpec {
-                    block,
-                    chunk_blocks: (config.chunk_size / block).max(1),
-                }
-            })
-            .collect();
+        let steps = config.large_class_steps;
+        let max_block_size = config.max_block_size;
+        let spec = |block: usize| ClassSpec {
+            block,
+            chunk_blocks: (config.chunk_size / block).max(1),
+        };
+        let mut specs: Vec<ClassSpec> = (min_shift..=max_shift).map(|s| spec(1 << s)).collect();
+        let pow2_classes = specs.len();
+        let steps_shift = steps.trailing_zeros();
+        if steps > 0 {
+            for k in max_shift..LARGEST_SHIFT {
+                let step = (1usize << k) >> steps_shift;
+                specs.extend((1..=steps).map(|j| spec((1 << k) + j * step)));
+            }
+        }
+        let largest = specs.last().map_or(0, |c| c.block);
         let slab = Slab::new(
             upstream,
             &specs,
@@ -208,12 +285,27 @@ impl<U: MemoryResource> CachingPool<U> {
                 cross_stream_wait: config.cross_stream_wait,
                 batch_size: config.batch_size as u64,
                 max_reserved: config.max_reserved.unwrap_or(usize::MAX),
+                // From the `max_block_size` class up (see the module docs).
+                borrow_from: if steps > 0 {
+                    pow2_classes - 1
+                } else {
+                    usize::MAX
+                },
+                borrow: steps,
             },
         );
         Ok(Self {
             slab,
             config,
             min_shift,
+            pow2_classes,
+            steps_shift,
+            largest,
+            own_class_max: if steps > 0 {
+                max_block_size / 2
+            } else {
+                max_block_size
+            },
             large: Mutex::new(PtrMap::default()),
             parked: Parked::default(),
         })
@@ -241,10 +333,32 @@ impl<U: MemoryResource> CachingPool<U> {
         (s.trailing_zeros().saturating_sub(self.min_shift)) as usize
     }
 
-    /// The block size a request of `bytes` is served with (`None`: above
-    /// `max_block_size`, served by the upstream as it is).
+    /// The class of a request of `bytes` above `max_block_size` and at most
+    /// `largest`: in (2^k, 2^(k+1)], the `j`th step of 2^k / steps above 2^k.
+    fn large_class_of(&self, bytes: usize) -> usize {
+        let k = usize::BITS - 1 - (bytes - 1).leading_zeros();
+        let step = (1usize << k) >> self.steps_shift;
+        let j = (bytes - (1 << k)).div_ceil(step);
+        let first = (k - self.config.max_block_size.trailing_zeros()) << self.steps_shift;
+        self.pow2_classes + first as usize + j - 1
+    }
+
+    /// The class a request of `bytes` belongs to (`None`: above the largest
+    /// class, served by the upstream as it is).
+    fn class_for(&self, bytes: usize) -> Option<usize> {
+        if bytes <= self.config.max_block_size {
+            Some(self.class_of(bytes))
+        } else {
+            (bytes <= self.largest).then(|| self.large_class_of(bytes))
+        }
+    }
+
+    /// The block size of the class a request of `bytes` belongs to (`None`:
+    /// above the largest class, served by the upstream as it is). A request
+    /// above `max_block_size` may get a larger block of the classes above
+    /// its own ([`CachingPool::live_block_size`] tells).
     pub fn block_size_for(&self, bytes: usize) -> Option<usize> {
-        (bytes <= self.config.max_block_size).then(|| self.slab.block_size(self.class_of(bytes)))
+        self.class_for(bytes).map(|c| self.slab.block_size(c))
     }
 
     /// Allocates `bytes` (256-byte aligned) for use on `stream`.
@@ -255,6 +369,9 @@ impl<U: MemoryResource> CachingPool<U> {
         }
         if bytes <= self.config.max_block_size {
             self.slab.allocate(self.class_of(bytes), bytes, stream)
+        } else if bytes <= self.largest {
+            self.slab
+                .allocate(self.large_class_of(bytes), bytes, stream)
         } else {
             self.allocate_large(bytes, stream)
         }
@@ -280,15 +397,29 @@ impl<U: MemoryResource> CachingPool<U> {
         }
         let freed = stream.map_or(Freed::Done, Freed::on);
         match bytes {
-            Some(b) if b <= self.config.max_block_size => self
+            Some(b) if b <= self.own_class_max => self
                 .slab
                 .deallocate(self.class_of(b), ptr, bytes, freed)
                 .map_err(|e| self.explain(e, ptr, b)),
-            Some(b) => self.free_large(ptr, Some(b), freed),
+            Some(b) => self.free_above(ptr, b, freed),
             None => match self.slab.locate(ptr) {
                 Some(class) => self.slab.deallocate(class, ptr, None, freed),
                 None => self.free_large(ptr, None, freed),
             },
+        }
+    }
+
+    /// A free of a size above `own_class_max`: the block may be of a class
+    /// above the size's own (see the module documentation), so its class is
+    /// looked up by address.
+    #[cold]
+    fn free_above(&self, ptr: DevicePtr, bytes: usize, freed: Freed<'_>) -> Result<()> {
+        match self.slab.locate(ptr) {
+            Some(class) => self
+                .slab
+                .deallocate(class, ptr, Some(bytes), freed)
+                .map_err(|e| self.explain(e, ptr, bytes)),
+            None => self.free_large(ptr, Some(bytes), freed),
         }
     }
 
@@ -476,8 +607,8 @@ super::slab::pool_over_slab!(
     /// [`Pool::trim`](super::Pool::trim) gives back chunks whose blocks are
     /// all free and known complete (batch events polled, never waited for),
     /// smallest classes first; [`Pool::release`](super::Pool::release) waits
-    /// for the streams that freed blocks first. Large blocks go back when
-    /// they are freed.
+    /// for the streams that freed blocks first. Blocks above the largest
+    /// class go back when they are freed.
     CachingPool<U>
 );
 
@@ -512,8 +643,8 @@ impl<U: MemoryResource> MemoryResource for CachingPool<U> {
         if !validate_request(bytes, alignment, DEFAULT_ALIGNMENT)? {
             return Ok(DevicePtr::NULL);
         }
-        if bytes <= self.config.max_block_size {
-            if let Some(p) = self.slab.take_settled(self.class_of(bytes), bytes) {
+        if let Some(class) = self.class_for(bytes) {
+            if let Some(p) = self.slab.take_settled(class, bytes) {
                 return Ok(p);
             }
         }

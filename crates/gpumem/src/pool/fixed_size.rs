@@ -122,6 +122,8 @@ impl<U: MemoryResource> FixedSizeResource<U> {
                 cross_stream_wait: true,
                 batch_size: DEFAULT_BATCH_SIZE as u64,
                 max_reserved: usize::MAX,
+                borrow_from: usize::MAX,
+                borrow: 0,
             },
         );
         Ok(Self { slab })

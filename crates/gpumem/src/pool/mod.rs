@@ -7,8 +7,9 @@
 //! - [`FixedSizeResource`]: one block size, chunks of N blocks, O(1).
 //! - [`BinningResource`]: routes each size to a bin (fixed-size bins or any
 //!   resource), larger sizes to the upstream.
-//! - [`CachingPool`]: power-of-two size classes from 512 B to 2 GiB, a lock
-//!   per class, batched events for cross-stream reuse.
+//! - [`CachingPool`]: power-of-two size classes from 512 B to 2 GiB and
+//!   eighths of a doubling above, a lock per class, batched events for
+//!   cross-stream reuse.
 //! - [`ArenaResource`]: RMM's arena: per-stream arenas of superblocks over one
 //!   global arena, address-ordered first fit, large requests in whole superblocks.
 //! - [`SegmentPool`]: whole segments, one stream each, carved with PyTorch's

@@ -7,11 +7,18 @@
 //! 1. under `c`'s lock, no driver call: T's own lane (back), the blocks free
 //!    for every stream, another stream's oldest block already known complete;
 //! 2. poll the streams holding `c`'s blocks (event and stream queries), retry 1;
-//! 3. make T wait for the stream holding most of `c`'s blocks (one event
+//! 3. classes from [`SlabConfig::borrow_from`] on only: steps 1 and 2 in
+//!    the next [`SlabConfig::borrow`] classes, smallest first (the block
+//!    stays its class's: a free finds it with [`Slab::locate`]);
+//! 4. make T wait for the stream holding most of `c`'s blocks (one event
 //!    record and one wait) and take its lane;
-//! 4. take a chunk from the upstream (a configured number of blocks), then a
-//!    single block;
-//! 5. out of memory: synchronize the streams holding free blocks, give
+//! 5. take a chunk from the upstream (a configured number of blocks), then a
+//!    single block; a borrowing class first gives back the free blocks of
+//!    the borrowing classes below it that are known complete (the streams
+//!    polled, not waited for): they cannot serve this request, and keeping
+//!    them would let a size that changes every iteration leave one cached
+//!    block in each class it passes through;
+//! 6. out of memory: synchronize the streams holding free blocks, give
 //!    entirely free chunks back to the upstream, the largest first, just
 //!    enough to make room for one block, retry 1 and a single block; then
 //!    the same giving back every free chunk; then [`Error::OutOfMemory`]
@@ -22,8 +29,9 @@
 //!    the whole cache from the upstream each time it meets a new size.
 //!
 //! Free blocks never move to the upstream except whole chunks whose blocks
-//! are all free and complete (`release`, step 5, drop). Live blocks are kept
-//! in a map per class (pointer → requested bytes), so bad frees are errors.
+//! are all free and complete (`release`, steps 5 and 6, drop). Live blocks
+//! are kept in a map per class (pointer → requested bytes), so bad frees are
+//! errors.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,7 +46,7 @@ use super::stream_order::sync::{lock, read_lock, write_lock};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::{LiveBlock, MemoryResource, DEFAULT_ALIGNMENT};
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamId};
 use crate::{Error, FreeError, OomInfo, Result};
 
 /// Shape of one size class.
@@ -61,6 +69,14 @@ pub(crate) struct SlabConfig {
     pub batch_size: u64,
     /// Most bytes to hold from the upstream (`usize::MAX`: no limit).
     pub max_reserved: usize,
+    /// The first of the classes whose requests may borrow (`usize::MAX`:
+    /// none): a request of such a class that finds no free block of its
+    /// own may take one of the next `borrow` classes, and growing such a
+    /// class first gives back the free, complete blocks of the borrowing
+    /// classes below it (see [`Slab::allocate`]).
+    pub borrow_from: usize,
+    /// How many larger classes a borrowing class may take a block from.
+    pub borrow: usize,
 }
 
 /// Numbers of one size class.
@@ -257,27 +273,31 @@ impl<U: MemoryResource> Slab<U> {
     fn allocate_slow(&self, class: usize, bytes: usize, stream: &Stream) -> Result<DevicePtr> {
         let c = &self.classes[class];
         let id = stream.id();
-        if self.cfg.stream_ordered {
-            let owners = lock(&c.state).free.blocked_owners(id);
-            if !owners.is_empty() {
-                for o in &owners {
-                    // A failed query only means we cannot reuse those blocks yet.
-                    let _ = o.poll(&self.streams.events, true);
-                }
-                drop(owners);
-                let mut st = lock(&c.state);
-                if let Some(p) = st.free.take(id) {
-                    st.note_alloc(p, bytes);
-                    return Ok(DevicePtr(p));
-                }
-            }
-            if self.cfg.cross_stream_wait {
-                let mut st = lock(&c.state);
-                if let Ok(Some(p)) = st.free.steal_by_wait(stream, &self.streams) {
-                    st.note_alloc(p, bytes);
-                    return Ok(DevicePtr(p));
+        if let Some(p) = self.take_polled(class, bytes, id) {
+            return Ok(p);
+        }
+        let borrowing = class >= self.cfg.borrow_from;
+        if borrowing {
+            let last = (class + self.cfg.borrow).min(self.classes.len() - 1);
+            for b in class + 1..=last {
+                let got = self
+                    .take_here(b, bytes, id)
+                    .or_else(|| self.take_polled(b, bytes, id));
+                if let Some(p) = got {
+                    return Ok(p);
                 }
             }
+        }
+        if self.cfg.stream_ordered && self.cfg.cross_stream_wait {
+            let mut st = lock(&c.state);
+            if let Ok(Some(p)) = st.free.steal_by_wait(stream, &self.streams) {
+                st.note_alloc(p, bytes);
+                return Ok(DevicePtr(p));
+            }
+        }
+        if borrowing && class > self.cfg.borrow_from {
+            // Best effort: a block the upstream refuses stays cached.
+            let _ = self.release_classes(false, 0, self.cfg.borrow_from..class);
         }
         let chunk_blocks = c.spec.chunk_blocks;
         match self.grow_and_take(class, bytes, stream, chunk_blocks) {
@@ -303,17 +323,8 @@ impl<U: MemoryResource> Slab<U> {
             if round > 0 && given.unwrap_or(0) == 0 {
                 break; // nothing more to give back: the retry would fail again
             }
-            {
-                let mut st = lock(&c.state);
-                let got = if self.cfg.stream_ordered {
-                    st.free.take(id)
-                } else {
-                    st.free.take_settled()
-                };
-                if let Some(p) = got {
-                    st.note_alloc(p, bytes);
-                    return Ok(DevicePtr(p));
-                }
+            if let Some(p) = self.take_here(class, bytes, id) {
+                return Ok(p);
             }
             match self.grow_and_take(class, bytes, stream, 1) {
                 Err(e) if e.is_oom() => {}
@@ -321,6 +332,38 @@ impl<U: MemoryResource> Slab<U> {
             }
         }
         Err(Error::oom_with(self.oom_info(bytes)))
+    }
+
+    /// A free block of `class` for stream `id` without a driver call (the
+    /// fast path's look), handed out for a request of `bytes`.
+    fn take_here(&self, class: usize, bytes: usize, id: StreamId) -> Option<DevicePtr> {
+        let mut st = lock(&self.classes[class].state);
+        let p = if self.cfg.stream_ordered {
+            st.free.take(id)
+        } else {
+            st.free.take_settled()
+        }?;
+        st.note_alloc(p, bytes);
+        Some(DevicePtr(p))
+    }
+
+    /// Polls the streams whose free blocks of `class` are not known
+    /// complete yet, then looks again ([`Slab::take_here`]); `None` at once
+    /// when there are none (or frees are not stream-ordered).
+    fn take_polled(&self, class: usize, bytes: usize, id: StreamId) -> Option<DevicePtr> {
+        if !self.cfg.stream_ordered {
+            return None;
+        }
+        let owners = lock(&self.classes[class].state).free.blocked_owners(id);
+        if owners.is_empty() {
+            return None;
+        }
+        for o in &owners {
+            // A failed query only means we cannot reuse those blocks yet.
+            let _ = o.poll(&self.streams.events, true);
+        }
+        drop(owners);
+        self.take_here(class, bytes, id)
     }
 
     /// Reserves `len` bytes of the upstream budget.
@@ -505,6 +548,24 @@ impl<U: MemoryResource> Slab<U> {
 
     /// [`Slab::release`], taking the classes in `order`.
     fn release_from(&self, blocking: bool, to: usize, order: Order) -> Result<usize> {
+        let n = self.classes.len();
+        self.release_classes(
+            blocking,
+            to,
+            (0..n).map(|i| match order {
+                Order::SmallestFirst => i,
+                Order::LargestFirst => n - 1 - i,
+            }),
+        )
+    }
+
+    /// [`Slab::release`] over `classes`, in that order.
+    fn release_classes(
+        &self,
+        blocking: bool,
+        to: usize,
+        classes: impl Iterator<Item = usize>,
+    ) -> Result<usize> {
         let mut first_err = None;
         if self.cfg.stream_ordered {
             let r = if blocking {
@@ -518,11 +579,7 @@ impl<U: MemoryResource> Slab<U> {
         }
         let mut excess = self.reserved().saturating_sub(to);
         let mut to_free: Vec<(u64, usize, usize)> = Vec::new();
-        let n = self.classes.len();
-        for ci in (0..n).map(|i| match order {
-            Order::SmallestFirst => i,
-            Order::LargestFirst => n - 1 - i,
-        }) {
+        for ci in classes {
             let c = &self.classes[ci];
             if excess == 0 {
                 break;
