@@ -57,8 +57,17 @@ CONFIGS = ["torch", "torch+expandable_segments:True", "torch+backend:cudaMallocA
            "native:pool", "native:vpool"]
 
 
-# ----- the jobs: each returns (step, state) where step(i) runs step i and
-# returns its loss, and calls `sample` after the forward and backward -----
+# ----- the jobs: each returns step(i), which runs step i and returns its
+# loss, calling `sample` after the forward and after the backward -----
+
+def train(loss, opt, sample):
+    """The rest of a training step after its forward pass."""
+    sample()
+    loss.backward()
+    sample()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
 
 def job_lm(sample):
     import torch
@@ -74,12 +83,7 @@ def job_lm(sample):
         x = torch.randint(0, 50257, (8, seq), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x, labels=x).loss
-        sample()
-        loss.backward()
-        sample()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return train(loss, opt, sample)
 
     return step
 
@@ -120,12 +124,7 @@ def job_vision(sample):
         y = torch.randint(0, 1000, (64,), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
-        sample()
-        loss.backward()
-        sample()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return train(loss, opt, sample)
 
     return step
 
@@ -145,12 +144,7 @@ def job_gnn(sample):
         edges = torch.randint(0, n, (2, 10 * n), device="cuda", generator=g)
         y = torch.randint(0, 10, (n,), device="cuda", generator=g)
         loss = torch.nn.functional.cross_entropy(model(x, edges), y)
-        sample()
-        loss.backward()
-        sample()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return train(loss, opt, sample)
 
     return step
 
@@ -168,12 +162,7 @@ def job_compile(sample):
         x = torch.randn(batch, 128, 512, device="cuda", generator=g)
         torch.compiler.cudagraph_mark_step_begin()
         loss = fwd(x).float().pow(2).mean()
-        sample()
-        loss.backward()
-        sample()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return train(loss, opt, sample)
 
     return step
 

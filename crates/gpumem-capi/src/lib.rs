@@ -616,24 +616,21 @@ pub unsafe extern "C" fn gpumem_snapshot(
     max_blocks: usize,
     n_blocks: *mut usize,
 ) -> c_int {
-    guard("gpumem_snapshot", -1, || {
-        let Some(snapshot) = global().snapshot(device) else {
-            return -1;
-        };
-        // SAFETY: the caller's promise, passed on.
-        unsafe {
-            snapshot_out(
-                &snapshot,
-                segments,
-                max_segments,
-                n_segments,
-                blocks,
-                max_blocks,
-                n_blocks,
-            )
-        };
-        0
-    })
+    // SAFETY: the caller's promise, passed on (the device's pool id is
+    // everything `device` holds).
+    unsafe {
+        gpumem_pool_snapshot(
+            device,
+            0,
+            0,
+            segments,
+            max_segments,
+            n_segments,
+            blocks,
+            max_blocks,
+            n_blocks,
+        )
+    }
 }
 
 /// [`gpumem_snapshot`] of one pool (PyTorch's `memory_snapshot(mempool_id)`,
