@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p gpumem --example vpool_replay -- [--passes N] \
-//!     [--small BYTES] [--slack PERMILLE] [--slack-min BYTES] [--extent PAGES] [--alias-ratio N] \
+//!     [--nccl-ready] [--small BYTES] [--slack PERMILLE] [--slack-min BYTES] [--extent PAGES] [--alias-ratio N] \
 //!     [trace.rmm.csv ...]
 //! ```
 //!
@@ -203,6 +203,14 @@ fn sim_ns_per_call() -> f64 {
 
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // --nccl-ready: the NCCL-ready mode (one physical allocation per block).
+    let mut config = match args.iter().position(|a| a == "--nccl-ready") {
+        Some(i) => {
+            args.remove(i);
+            VirtualPoolConfig::nccl_ready(Vec::new())
+        }
+        None => VirtualPoolConfig::default(),
+    };
     let mut take = |flag: &str| -> Option<String> {
         let i = args.iter().position(|a| a == flag)?;
         let v = args.get(i + 1).cloned();
@@ -210,7 +218,6 @@ fn main() {
         v
     };
     let passes: usize = take("--passes").and_then(|v| v.parse().ok()).unwrap_or(2);
-    let mut config = VirtualPoolConfig::default();
     if let Some(c) = take("--small").and_then(|v| v.parse().ok()) {
         config.small_limit = c;
     }
@@ -232,8 +239,8 @@ fn main() {
         args
     };
     println!(
-        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}, slack_min_bytes {}, max_extent_pages {}",
-        config.small_limit, config.slack_permille, config.slack_min_bytes, config.max_extent_pages
+        "VirtualPool replay on the simulated device (address-only, 80 GiB); small_limit {}, slack_permille {}, slack_min_bytes {}, max_extent_pages {}, nccl_ready {}",
+        config.small_limit, config.slack_permille, config.slack_min_bytes, config.max_extent_pages, config.nccl_ready
     );
     let sim_call = sim_ns_per_call();
     println!(

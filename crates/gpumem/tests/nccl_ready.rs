@@ -145,6 +145,74 @@ fn a_block_asked_for_again_at_its_size_costs_no_driver_call() {
     pool.deallocate(r, g, 256, &s).unwrap();
 }
 
+/// A freed block stays whole for the next request of its size on the
+/// stream that freed it (no driver call, wherever the heap would have
+/// put the request), while it counts as freed: live bytes and blocks, a
+/// second free is a double free. Another stream gets memory of its own; a
+/// trim gives every kept block's memory back.
+#[test]
+fn a_freed_block_is_kept_for_its_size_on_its_stream() {
+    let (device, sim) = common::device(false);
+    let pool = nccl_pool(&device);
+    let (s, t) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let g = pool.page_size();
+    let a = pool.allocate(3 * g, 256, &s).unwrap();
+    let b = pool.allocate(g, 256, &s).unwrap();
+    pool.deallocate(a, 3 * g, 256, &s).unwrap();
+    let st = pool.stats();
+    assert_eq!((st.live, st.live_blocks), (g, 1), "freed for the caller");
+    assert_eq!(pool.live_block_size(a), None);
+    assert!(matches!(
+        pool.deallocate(a, 3 * g, 256, &s),
+        Err(Error::InvalidFree {
+            reason: FreeError::DoubleFree,
+            ..
+        })
+    ));
+    let other = pool.allocate(3 * g, 256, &t).unwrap();
+    assert_ne!(other, a, "another stream does not take it");
+    let calls = sim.as_ref().map(|s| s.total_calls());
+    let again = pool.allocate(3 * g - 1000, 256, &s).unwrap();
+    assert_eq!(again, a, "its stream gets it back");
+    if let Some(sim) = &sim {
+        assert_eq!(Some(sim.total_calls()), calls, "no driver call");
+    }
+    all_whole(&**device.driver(), &[(a, 3 * g), (b, g), (other, 3 * g)], g);
+    pool.check_invariants().unwrap();
+    for (p, n, on) in [(again, 3 * g - 1000, &s), (b, g, &s), (other, 3 * g, &t)] {
+        pool.deallocate(p, n, 256, on).unwrap();
+    }
+    s.synchronize().unwrap();
+    t.synchronize().unwrap();
+    pool.trim(0).unwrap();
+    assert_eq!(pool.reserved_bytes(), 0, "a trim gives kept blocks back");
+    assert_eq!(pool.stats().live, 0);
+    pool.check_invariants().unwrap();
+}
+
+/// Kept blocks never make an allocation fail: at the pool's limit, a
+/// request of another size frees them and takes their memory.
+#[test]
+fn kept_blocks_give_way_at_the_limit() {
+    let (device, _) = common::device(false);
+    let pool = nccl_pool(&device);
+    let s = device.create_stream().unwrap();
+    let g = pool.page_size();
+    pool.set_max_reserved(Some(4 * g));
+    let a = pool.allocate(3 * g, 256, &s).unwrap();
+    pool.deallocate(a, 3 * g, 256, &s).unwrap();
+    let b = pool.allocate(2 * g, 256, &s).unwrap();
+    let c = pool.allocate(2 * g, 256, &s).unwrap();
+    assert!(pool.reserved_bytes() <= 4 * g);
+    all_whole(&**device.driver(), &[(b, 2 * g), (c, 2 * g)], g);
+    pool.check_invariants().unwrap();
+    pool.deallocate(b, 2 * g, 256, &s).unwrap();
+    pool.deallocate(c, 2 * g, 256, &s).unwrap();
+}
+
 /// A block is whole pages, but a free must name the size it was asked
 /// with (to 256 bytes): a 5,000-byte block freed as 1 MiB, within the same
 /// page, is refused and changes nothing; the right free then succeeds once.

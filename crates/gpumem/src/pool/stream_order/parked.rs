@@ -87,6 +87,14 @@ impl ParkedBlocks {
         }
     }
 
+    /// Takes the block at `ptr` out (the NCCL-ready mode hands its kept
+    /// blocks out again; see `virtual_pool::kept`); the bytes it counted.
+    pub(crate) fn remove(&mut self, ptr: DevicePtr) -> Option<usize> {
+        let bytes = self.blocks.remove(&ptr.0)?;
+        self.bytes -= bytes;
+        Some(bytes)
+    }
+
     /// True when the block at `ptr` is parked.
     #[inline]
     pub(crate) fn contains(&self, ptr: DevicePtr) -> bool {

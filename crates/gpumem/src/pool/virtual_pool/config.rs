@@ -127,9 +127,15 @@ impl VirtualPoolConfig {
     /// - The device and every device of `peers` get read-write access to
     ///   every mapping.
     ///
-    /// A block freed and asked for again at the same place and size costs no
-    /// driver call; one that needs memory costs a create, a map and a
-    /// set-access per device. [`VirtualPool::sleep`] is refused in this mode.
+    /// A freed block is kept whole for the next request of its size on the
+    /// stream that freed it, which costs no driver call; one that needs
+    /// memory costs a create, a map and a set-access per device. Kept blocks
+    /// are not bound by `slack_permille` (the pool holds what the largest
+    /// mix of sizes needs, as a caching allocator does): they go back when
+    /// the pool is out of memory or at its `max_reserved`, on
+    /// [`Pool::trim`](crate::pool::Pool::trim) and on
+    /// [`Pool::release`](crate::pool::Pool::release).
+    /// [`VirtualPool::sleep`] is refused in this mode.
     pub fn nccl_ready(peers: Vec<u32>) -> Self {
         Self {
             peers,

@@ -121,6 +121,7 @@ mod check;
 mod config;
 mod drop;
 mod ipc;
+mod kept;
 mod lent;
 mod page_table;
 mod phys_cache;
@@ -212,6 +213,9 @@ struct State {
     /// (to 256 bytes): its heap holds whole pages, so a free naming another
     /// size within the same pages is caught here.
     whole_sizes: std::collections::HashMap<u64, u64>,
+    /// The NCCL-ready mode's freed blocks kept whole for the next request
+    /// of their size on their stream (also parked; see `kept`).
+    kept: kept::KeptBlocks,
 }
 
 impl State {
@@ -251,6 +255,7 @@ impl State {
             regions: Regions::default(),
             parked: ParkedBlocks::default(),
             whole_sizes: std::collections::HashMap::new(),
+            kept: kept::KeptBlocks::default(),
         }
     }
 
@@ -682,6 +687,24 @@ impl VirtualPool {
         if capturing(stream) {
             return Self::park(st, area, ptr, bytes);
         }
+        if self.config.nccl_ready && Self::may_keep(st, area, ptr) {
+            return Self::keep_whole(st, area, ptr, bytes, stream);
+        }
+        self.free_checked(st, area, ptr, bytes, stream)
+    }
+
+    /// The heap's part of a free of `ptr` as `bytes` on `stream` (the NCCL-
+    /// ready mode's asked size already checked): the heap checks the block
+    /// and frees it, and its pages record the free.
+    #[inline(always)]
+    fn free_checked(
+        &self,
+        st: &mut State,
+        area: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         let a = &mut st.areas[area];
         let lane = a.lanes.lane_of(&mut a.heap, stream)?;
         // With one stream, its free space also takes in the untouched space

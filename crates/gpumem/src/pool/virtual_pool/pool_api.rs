@@ -100,7 +100,10 @@ impl Pool for VirtualPool {
     fn release(&self) -> Result<usize> {
         let mut first_err = None;
         self.each_shard(|st| {
-            let settled = st.streams.synchronize_all(&self.device).and_then(|()| {
+            // Kept blocks are freed first, so that the wait covers them.
+            let settled = self.flush_kept(st, usize::MAX);
+            let settled = settled.and_then(|()| st.streams.synchronize_all(&self.device));
+            let settled = settled.and_then(|()| {
                 st.areas
                     .iter_mut()
                     .try_for_each(|a| a.lanes.settle_blocking(&mut a.heap))

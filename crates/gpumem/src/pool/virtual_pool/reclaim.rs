@@ -94,6 +94,9 @@ impl VirtualPool {
     /// smallest that cover the rest. Adjacent extents go with one
     /// `cuMemUnmap`. Returns the pages unmapped.
     pub(super) fn reclaim(&self, st: &mut State, want: usize) -> Result<usize> {
+        if want != 0 && !st.kept.is_empty() {
+            self.flush_kept(st, want)?;
+        }
         if want == 0 || st.pages.idle_pages() == 0 {
             return Ok(0);
         }

@@ -9,6 +9,8 @@
 //! one handle for all of it. So in this mode:
 //! - a request is rounded up to whole pages and placed at a page boundary,
 //!   in the large area: no two blocks share a page;
+//! - a freed block is kept whole for the next request of its size on its
+//!   stream (`kept`); only a request that finds none goes to the heap;
 //! - a block is handed out only over pages that are either all unmapped, or
 //!   all mapped by one extent whose size is the block's, mapped there (the
 //!   fast path: a block freed and asked for again at the same place and
@@ -20,7 +22,8 @@
 //!   of exactly that size), then read-write access for the device and every
 //!   peer; extents are never aliased and never split.
 //!
-//! Costs: the fast path is the usual one plus one page-table lookup; a
+//! Costs: a kept block is two hash-map lookups; the heap's path is the
+//! usual one plus one page-table lookup; a
 //! block that needs memory costs one `cuMemCreate`, one `cuMemMap` and one
 //! `cuMemSetAccess` per device.
 
@@ -72,6 +75,13 @@ impl VirtualPool {
         if st.regions.current != NO_REGION {
             Self::check_awake(st, bytes)?;
         }
+        if let Some(addr) = st.kept.take(size, stream) {
+            if addr.is_multiple_of(align as u64) {
+                return Ok(Self::hand_out_kept(st, addr, bytes));
+            }
+            // Aligned more strictly than the block is: it goes to the heap.
+            self.free_kept(st, addr, size, &stream.clone())?;
+        }
         let (lane, mut blk) = self.take_block(st, LARGE, stream, size, align)?;
         let mut span = Self::span_of(st, &blk)?;
         let mut fit = Self::fit(st, span);
@@ -91,6 +101,70 @@ impl VirtualPool {
         let granular = crate::adaptor::granular_size(bytes).unwrap_or(size) as u64;
         st.whole_sizes.insert(blk.addr, granular);
         Ok(Self::hand_out(st, LARGE, &blk))
+    }
+
+    /// A kept block at `addr` handed out again for a request of `bytes`
+    /// (its size in whole pages).
+    fn hand_out_kept(st: &mut State, addr: u64, bytes: usize) -> DevicePtr {
+        st.parked.remove(DevicePtr(addr));
+        let granular = crate::adaptor::granular_size(bytes).unwrap_or(bytes) as u64;
+        st.whole_sizes.insert(addr, granular);
+        let live = st.live_bytes();
+        if live > st.peak_live {
+            st.peak_live = live;
+        }
+        DevicePtr(addr)
+    }
+
+    /// True when a checked free of the block at `ptr` in `area` may keep it
+    /// (see `kept`): no region is begun or asleep and the block has none.
+    #[inline]
+    pub(super) fn may_keep(st: &State, area: usize, ptr: DevicePtr) -> bool {
+        st.regions.current == NO_REGION
+            && !st.regions.has_sleeping_blocks()
+            && st.areas[area].heap.used_tag(ptr.0) == Some(NO_REGION)
+    }
+
+    /// Keeps the block at `ptr`, freed as `bytes` (whole pages, the asked
+    /// size checked) on `stream`, once the heap finds it a live block of
+    /// that size.
+    pub(super) fn keep_whole(
+        st: &mut State,
+        area: usize,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let size = st.areas[area]
+            .heap
+            .check_free_sized(ptr.0, bytes as u64)
+            .map_err(|e| e.into_invalid_free(ptr.0))? as usize;
+        st.whole_sizes.remove(&ptr.0);
+        st.parked.insert(ptr, size);
+        st.kept.keep(ptr.0, size, stream);
+        Ok(())
+    }
+
+    /// Frees the kept block at `addr` (`bytes`, freed on `stream`) into the
+    /// heap, as its free would have.
+    fn free_kept(&self, st: &mut State, addr: u64, bytes: usize, stream: &Stream) -> Result<()> {
+        st.parked.remove(DevicePtr(addr));
+        self.free_checked(st, LARGE, DevicePtr(addr), bytes, stream)
+    }
+
+    /// Frees kept blocks into the heap, oldest first, until at least `want`
+    /// pages are freed (`usize::MAX`: all): the pool is about to look for
+    /// idle memory to unmap, and kept blocks are the first it may take.
+    pub(super) fn flush_kept(&self, st: &mut State, want: usize) -> Result<()> {
+        let mut got = 0;
+        while got < want {
+            let Some((addr, bytes, stream)) = st.kept.take_oldest() else {
+                break;
+            };
+            self.free_kept(st, addr, bytes, &stream)?;
+            got = got.saturating_add(bytes / self.gran);
+        }
+        Ok(())
     }
 
     fn span_of(st: &State, blk: &Allocation) -> Result<PageSpan> {
@@ -136,6 +210,7 @@ impl VirtualPool {
             return Ok(found);
         }
         if self.va_is_scarce(st) {
+            self.flush_kept(st, usize::MAX)?;
             self.uncover_idle(st, usize::MAX)?;
             if let Some(found) = self.find_whole_place(st, lane, size, align) {
                 return Ok(found);
@@ -210,6 +285,8 @@ impl VirtualPool {
                 match self.create_whole(st, n) {
                     Ok(x) => x,
                     Err(e) if e.is_oom() => {
+                        // Kept blocks first, so that the wait covers them.
+                        self.flush_kept(st, usize::MAX)?;
                         if may_wait() {
                             st.streams.synchronize_all(&self.device)?;
                         }
