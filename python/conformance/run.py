@@ -110,9 +110,12 @@ def outcomes(xml_path):
     return got
 
 
-def run_batch(workdir, nodeids, config, gpu, timeout, logdir):
+def run_batch(workdir, nodeids, config, gpu, timeout, logdir, until=None):
     """Runs `nodeids` (tests of one configuration) in one process; a list
-    of (outcome, message, seconds), one per test, in order."""
+    of (outcome, message, seconds), one per test, in order. The process
+    gets `timeout` seconds per test, and is stopped at the time `until`
+    (from time.time()) if that comes first: a hung test then costs the
+    run's end, not the whole run."""
     first = nodeids[0].split("::", 1)[1]
     safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in f"{config}__{first}__{len(nodeids)}")
     xml = os.path.join(logdir, safe + ".xml")
@@ -120,6 +123,8 @@ def run_batch(workdir, nodeids, config, gpu, timeout, logdir):
     env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.time()
     limit = timeout * len(nodeids)
+    if until is not None:
+        limit = max(1, min(limit, int(until - t0)))
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
                             *nodeids], cwd=workdir, env=env, capture_output=True, text=True, timeout=limit)
@@ -195,7 +200,8 @@ def main():
             return batch, [("not run", "deadline", 0.0)] * len(nodeids)
         g = free_gpus.get()
         try:
-            return batch, run_batch(workdir, nodeids, config, g, args.timeout, logdir)
+            until = start + args.deadline + args.alone_time if args.deadline else None
+            return batch, run_batch(workdir, nodeids, config, g, args.timeout, logdir, until)
         finally:
             free_gpus.put(g)
 

@@ -59,3 +59,19 @@ def test_batches_give_each_test_its_own_outcome(tmp_path):
 def test_one_test_per_process_agrees(tmp_path):
     got = run(tmp_path, 1)
     assert {t: r["outcome"] for t, r in got.items()} == EXPECTED
+
+
+def test_a_hung_test_stops_at_the_deadline(tmp_path):
+    # The process of a test that never returns is stopped when the deadline
+    # and the time for failures alone have passed, not after --timeout, so
+    # one hung test cannot take the whole run (and its summary) with it.
+    src = tmp_path / "test_cuda.py"
+    src.write_text("import time, unittest\nclass TestCuda(unittest.TestCase):\n"
+                   "    def test_hangs(self): time.sleep(3600)\n")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, RUN, "--test-file", str(src), "--classes", "TestCuda", "--configs", "torch",
+                    "--jobs", "1", "--timeout", "3600", "--deadline", "15", "--alone-time", "1", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    [row] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert row["crowd_outcome"] == "timeout"
+    assert "no result in" in row["message"]

@@ -116,6 +116,12 @@ class MemoryHistory {
     std::shared_ptr<c10::GatheredContext> at_alloc;
     if (it != blocks_.end()) {
       at_alloc = it->second.context;
+      // A free block keeps its last allocation's requested size; its stack
+      // only where stacks outlive their blocks (not with "state"), as in
+      // PyTorch's snapshots.
+      if (static_cast<int>(when_) < static_cast<int>(RecordContext::ALLOC)) {
+        it->second.context = nullptr;
+      }
       last_freed_[ptr] = std::move(it->second);
       blocks_.erase(it);
     }
