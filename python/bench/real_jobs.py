@@ -2,6 +2,7 @@
 
     python3 python/bench/real_jobs.py run --out real_jobs.jsonl            # every job, 3 rounds
     python3 python/bench/real_jobs.py run --quick --jobs lm,gnn            # minutes
+    python3 python/bench/real_jobs.py run --gpus 0,1 --deadline 480        # two at a time; stop starting at 480 s
     python3 python/bench/real_jobs.py list                                 # the jobs and configurations
 
 The jobs use the libraries people train with (HF transformers, timm,
@@ -41,9 +42,11 @@ and command; the table is printed last.
 """
 
 import argparse
+import concurrent.futures as cf
 import datetime
 import json
 import os
+import queue
 import random
 import statistics
 import subprocess
@@ -241,25 +244,46 @@ def run(args):
     device = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                             capture_output=True, text=True).stdout.strip()
     got = {(j, c): [] for j in jobs for c in configs}
-    for rnd in range(rounds):
-        k = rnd % len(configs)
-        for job in jobs:
-            for config in configs[k:] + configs[:k]:
-                env = dict(os.environ)
-                env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-                kind, plus, settings = config.partition("+")
-                if kind == "torch" and plus:
-                    env["PYTORCH_CUDA_ALLOC_CONF"] = settings
-                cmd = [sys.executable, __file__, "child", "--job", job, "--config", config, "--steps", str(steps)]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-                res = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-                if p.returncode or not res:
-                    print(f"{job} {config} round {rnd}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}",
-                          flush=True)
-                    continue
-                res[0]["round"] = rnd
-                got[(job, config)].append(res[0])
-                print(f"{job} {config} round {rnd}: {res[0]['s_per_step']:.4f} s/step", flush=True)
+    # Every (round, job, configuration) in rotated order; with several GPUs
+    # that many run at once, one per GPU (each process sees only its own).
+    tasks = [(rnd, job, config) for rnd in range(rounds) for job in jobs
+             for config in configs[rnd % len(configs):] + configs[:rnd % len(configs)]]
+    gpus = queue.Queue()
+    for g in args.gpus.split(","):
+        gpus.put(g)
+    start = time.time()
+
+    def one(task):
+        rnd, job, config = task
+        if args.deadline and time.time() - start > args.deadline:
+            return task, None, "not run: past the deadline"
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        kind, plus, settings = config.partition("+")
+        if kind == "torch" and plus:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = settings
+        g = gpus.get()
+        env["CUDA_VISIBLE_DEVICES"] = g
+        cmd = [sys.executable, __file__, "child", "--job", job, "--config", config, "--steps", str(steps)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return task, None, f"no result in {args.timeout} s"
+        finally:
+            gpus.put(g)
+        res = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        if p.returncode or not res:
+            return task, None, f"exit {p.returncode}\n{(p.stdout + p.stderr)[-2000:]}"
+        return task, res[0], ""
+
+    with cf.ThreadPoolExecutor(len(args.gpus.split(","))) as ex:
+        for (rnd, job, config), res, why in ex.map(one, tasks):
+            if res is None:
+                print(f"{job} {config} round {rnd}: FAILED ({why})", flush=True)
+                continue
+            res["round"] = rnd
+            got[(job, config)].append(res)
+            print(f"{job} {config} round {rnd}: {res['s_per_step']:.4f} s/step", flush=True)
     rows = summarize(got, jobs, configs, configs[0])
     with open(args.out, "a") as f:
         for row in rows:
@@ -322,6 +346,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="8 steady steps, one round")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for one job in one configuration")
+    ap.add_argument("--gpus", default="0", help="GPUs to run on, one process on each at a time (0,1)")
+    ap.add_argument("--deadline", type=int, default=0, help="start no job after this many seconds (0: none)")
     ap.add_argument("--out", default="real_jobs.jsonl")
     args = ap.parse_args(argv)
     if args.what == "list":

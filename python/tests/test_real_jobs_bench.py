@@ -61,3 +61,39 @@ def test_a_configuration_that_never_ran_is_a_failed_row():
     rows = mod.summarize(got, ["gnn"], ["torch", "native:pool"], "torch")
     assert rows[1] == {"job": "gnn", "config": "native:pool", "rounds_ok": 0}
     mod.print_table(rows, "torch")  # prints "failed" for it, without raising
+
+
+def test_several_gpus_share_the_rounds_and_the_deadline_stops_new_jobs(tmp_path, monkeypatch):
+    # The children are stood in for: each reports the GPU it was given, so
+    # the test sees every (round, job, configuration) run once, on the GPUs
+    # named; then a deadline already past runs nothing.
+    mod = load()
+    seen, lock = [], __import__("threading").Lock()
+
+    class Done:
+        def __init__(self, out):
+            self.returncode, self.stdout, self.stderr = 0, out, ""
+
+    def fake_run(cmd, env=None, **kw):
+        if "-c" in cmd:
+            return Done("Fake GPU\n")
+        gpu, job, config = env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--job") + 1], cmd[cmd.index("--config") + 1]
+        with lock:
+            seen.append((job, config, gpu))
+        res = {"job": job, "config": config, "first3_s": 0.3, "s_per_step": 0.1, "losses": [1.0],
+               "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}
+        return Done("RESULT " + __import__("json").dumps(res) + "\n")
+
+    monkeypatch.setattr(mod.subprocess, "run", fake_run)
+    out = tmp_path / "r.jsonl"
+    rc = mod.main(["run", "--jobs", "lm,gnn", "--configs", "torch,native:pool", "--rounds", "2",
+                   "--gpus", "0,1", "--out", str(out)])
+    assert rc == 0
+    assert sorted((j, c) for j, c, _ in seen) == sorted([(j, c) for j in ("lm", "gnn")
+                                                         for c in ("torch", "native:pool")] * 2)
+    assert {g for _, _, g in seen} <= {"0", "1"}
+    seen.clear()
+    monkeypatch.setattr(mod.time, "time", iter([0.0] + [100.0] * 100).__next__)
+    rc = mod.main(["run", "--jobs", "lm", "--configs", "torch", "--rounds", "1", "--deadline", "10",
+                   "--out", str(out)])
+    assert rc == 1 and seen == []
