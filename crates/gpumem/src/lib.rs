@@ -12,6 +12,11 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+/// The guides' Rust examples, compiled and run with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/sleep-wake.md")]
+pub struct SleepWakeGuide;
+
 pub mod adaptor;
 pub mod async_pool;
 #[allow(unsafe_code)]
