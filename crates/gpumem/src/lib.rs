@@ -1,4 +1,45 @@
-#![doc = include_str!("../../../README.md")]
+//! GPU memory management: memory resources, stream-ordered pools and
+//! adaptors in the manner of RAPIDS RMM, over the CUDA driver or a simulated
+//! device. Pools serve requests from memory they already hold, keep
+//! stream-ordered work safe, and report what memory does.
+//!
+//! Where to start:
+//! - [`Device`]: a GPU ([`Device::cuda`]) or the simulated device
+//!   ([`Device::sim`]), and its [`Stream`]s;
+//! - [`resource::MemoryResource`]: `allocate(bytes, alignment, stream)` and
+//!   `deallocate`, what every resource and pool answers; the upstream
+//!   resources in [`resource`] ([`resource::DeviceResource`] is
+//!   `cuMemAlloc`);
+//! - the pools in [`pool`]: [`pool::PoolResource`] (the default of the C
+//!   ABI), [`pool::VirtualPool`] (physical pages only under live blocks;
+//!   sleep and wake), [`pool::CachingPool`], [`pool::ArenaResource`],
+//!   [`pool::BinningResource`]; each answers [`pool::Pool`] (what it holds,
+//!   trim, release); CUDA's own pools are in [`async_pool`];
+//! - [`adaptor`]: statistics, limits, leak tracking, RMM's log format;
+//! - [`DeviceBuffer`]: a typed buffer freed on its stream when dropped;
+//!   [`manager::MemoryManager`]: pinned and device pools behind one facade;
+//! - [`graph_pool::GraphPool`]: memory for CUDA graphs;
+//! - errors are values: [`Error`], with [`OomInfo`] for out of memory.
+//!
+//! ```
+//! use gpumem::driver::sim::SimConfig;
+//! use gpumem::pool::{Pool, PoolResource};
+//! use gpumem::resource::{DeviceResource, MemoryResource};
+//! use gpumem::Device;
+//!
+//! # fn main() -> gpumem::Result<()> {
+//! let device = Device::sim(SimConfig::default()); // or Device::cuda(0)?
+//! let stream = device.create_stream()?;
+//! let pool = PoolResource::with_defaults(DeviceResource::new(device.clone()))?;
+//! let p = pool.allocate(1 << 20, 256, &stream)?;
+//! pool.deallocate(p, 1 << 20, 256, &stream)?;
+//! assert!(pool.reserved_bytes() >= 1 << 20); // kept for the next request
+//! # Ok(()) }
+//! ```
+//!
+//! The repository's README and `docs/` hold the guides (PyTorch and CuPy,
+//! configuration, several GPUs, sleep and wake, the architecture) and
+//! `BENCHMARKS.md` the measurements.
 #![warn(missing_docs)]
 // `unsafe` lives at the bottom: the driver backends and the OS calls, and
 // the owners of driver handles and memory that pass them to the driver's
@@ -12,7 +53,13 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-/// The guides' Rust examples, compiled and run with the doctests.
+/// The README's and the guides' Rust examples, compiled and run with the
+/// doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;
+
+/// See [`ReadmeExamples`].
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/sleep-wake.md")]
 pub struct SleepWakeGuide;
