@@ -5,7 +5,12 @@
 # new/old. JSON lines go to OUT_DIR/compare.jsonl.
 #
 # Usage: compare-binaries.sh OLD_BIN NEW_BIN OUT_DIR TRACE...
-# Env: ALLOCS (default pool,vpool,caching,arena), REPEATS (default 5),
+# Env: ALLOCS (default pool,vpool,caching,arena), OLD_ALLOCS (default
+# ALLOCS: the same allocators as OLD_BIN spells them, in ALLOCS's order; a
+# binary from before 2026-11-29 has the old names, in which `pool` was
+# today's `pool+expandable=false` and today's `pool` was `pool-expandable`,
+# so compare it with ALLOCS=pool,async OLD_ALLOCS=pool-expandable,cuda-async;
+# its rows are reported under ALLOCS's names), REPEATS (default 5),
 # ROUNDS (default 3), MODES (default "cold warm": cold is the first pass,
 # warm the pass after one untimed one, steady the pass after WARM_PASSES
 # untimed ones, default 8), DEVICE (default cuda; sim for a dry run).
@@ -14,26 +19,37 @@ old=$1 new=$2 out=$3
 shift 3
 mkdir -p "$out"
 allocs=${ALLOCS:-pool,vpool,caching,arena}
+old_allocs=${OLD_ALLOCS:-$allocs}
+if [[ $(tr -cd , <<<"$allocs") != $(tr -cd , <<<"$old_allocs") ]]; then
+  echo "OLD_ALLOCS ($old_allocs) must name as many allocators as ALLOCS ($allocs)" >&2
+  exit 2
+fi
 for round in $(seq "${ROUNDS:-3}"); do
   order="old new"; (( round % 2 == 0 )) && order="new old"
   for which in $order; do
-    bin=$old; [[ $which == new ]] && bin=$new
+    bin=$old list=$old_allocs
+    [[ $which == new ]] && bin=$new list=$allocs
     for trace in "$@"; do
       for mode in ${MODES:-cold warm}; do
         flag=()
         [[ $mode == warm ]] && flag=(--warm)
         [[ $mode == steady ]] && flag=(--warm-passes "${WARM_PASSES:-8}")
-        "$bin" replay "$trace" --device "${DEVICE:-cuda}" --alloc "$allocs" --repeats "${REPEATS:-5}" --json "${flag[@]}" 2>>"$out/compare.err" |
+        "$bin" replay "$trace" --device "${DEVICE:-cuda}" --alloc "$list" --repeats "${REPEATS:-5}" --json "${flag[@]}" 2>>"$out/compare.err" |
           sed "s/^{/{\"binary\":\"$which\",\"round\":$round,\"pass\":\"$mode\",\"trace_file\":\"$(basename "$trace")\",/" >>"$out/compare.jsonl"
       done
     done
   done
 done
-python3 - "$out/compare.jsonl" <<'PY'
+python3 - "$out/compare.jsonl" "$old_allocs" "$allocs" <<'PY'
 import json, statistics, sys
 from collections import defaultdict
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-key = lambda r: (r["trace_file"], r.get("allocator", r.get("alloc")), r["pass"])
+# The old binary's names, reported under the new binary's.
+renamed = dict(zip(sys.argv[2].split(","), sys.argv[3].split(",")))
+def alloc(r):
+    name = r.get("allocator", r.get("alloc"))
+    return renamed.get(name, name) if r["binary"] == "old" else name
+key = lambda r: (r["trace_file"], alloc(r), r["pass"])
 ns = defaultdict(lambda: defaultdict(list))
 for r in rows:
     v = r.get("ns_per_op") or r.get("median_ns_per_op")

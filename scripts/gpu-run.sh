@@ -89,9 +89,9 @@ PY
 fi
 
 if want plot; then
-  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching,vpool -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc async,pool,caching,vpool -o "$out/gpt2_train.svg" >"$out/logs/plot.txt" 2>&1
   note "plot svg: rc=$?"
-  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc cuda-async,pool,caching,vpool -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
+  bin/gpumem --device "$dev" plot traces/gpt2_train.rmm.csv --alloc async,pool,caching,vpool -o "$out/gpt2_train.png" >>"$out/logs/plot.txt" 2>&1
   note "plot png: rc=$?"
 fi
 
@@ -143,7 +143,7 @@ if want steady; then
   # Two processes per trace of the steady state (five untimed replays first).
   for i in 1 2; do
     for tr in traces/*.csv; do
-      bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 9 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
+      bin/gpumem --device "$dev" replay "$tr" --alloc async,pool,caching,vpool --repeats 9 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
     done
   done
   python3 - "$out/replay-steady.jsonl" >"$out/logs/steady.txt" <<'PY'
@@ -159,7 +159,7 @@ if want vpool && [[ -x bin/vpool_data ]]; then
   note "vpool_data under memcheck: rc=$? | $(grep -E 'ERROR SUMMARY' "$out/logs/vpool-memcheck.txt" | tail -1) | $(grep -E '^checked' "$out/logs/vpool-memcheck.txt" | tail -1)"
   # The steady state of a repeating workload: five untimed replays first.
   for tr in traces/*.csv; do
-    bin/gpumem --device "$dev" replay "$tr" --alloc cuda-async,pool,caching,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
+    bin/gpumem --device "$dev" replay "$tr" --alloc async,pool,caching,vpool --repeats 3 --warm-passes 5 --json >>"$out/replay-steady.jsonl" 2>>"$out/logs/replay.err"
   done
   note "replay steady (5 warm passes): lines=$(wc -l <"$out/replay-steady.jsonl")"
   # The steady state differs from pool to pool (each repeat builds a fresh

@@ -92,3 +92,28 @@ def test_gpumem_replay_reads_the_log(tmp_path):
     assert result["alloc"] == "pool" and result["error"] is None, result
     assert result["ops"] == 4, "two allocations and two frees; the failure is skipped"
     assert result["peak_live"] == 1000 + (1 << 20), result
+
+
+@newer("gpumem_configure")
+def test_replay_through_the_job_s_configuration_reserves_what_the_job_did(tmp_path):
+    """`gpumem replay --alloc R+K=V` builds what GPUMEM_CONF=resource=R,K=V
+    serves: replayed through its own configuration, a job's log reserves
+    what the job reserved."""
+    cli = _gpumem_cli()
+    if cli is None:
+        pytest.skip("no gpumem command (cargo build -p gpumem-cli)")
+    path = tmp_path / "job.csv"
+    r = child_ok(
+        "import gpumem\n" + WORKLOAD + "print('reserved', gpumem.peak_reserved_bytes(0))\n",
+        conf="resource=pool,max_size=64MiB,log=" + str(path),
+    )
+    reserved = int(r.stdout.split()[-1])
+    assert reserved > 0, r.stdout
+    r = subprocess.run(
+        [cli, "replay", str(path), "--alloc", "pool+max_size=64MiB", "--device", "sim", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.splitlines()[-1])
+    assert result["alloc"] == "pool+max_size=64MiB", result
+    assert result["peak_reserved"] == reserved, (result, reserved)

@@ -8,8 +8,9 @@
 //! streams of the simulator.
 //!
 //! `--direct` replays through a `CachingPool` with its defaults over the
-//! plain device resource on a stream of its own instead: what `gpumem
-//! replay --alloc caching` builds (`--steps N`: with `large_class_steps`
+//! plain device resource on a stream of its own instead: the pool `gpumem
+//! replay --alloc caching` builds, without the C ABI's counting upstream
+//! (`--steps N`: with `large_class_steps`
 //! N; 0 sends blocks above 2 GiB to the driver as before issue 47), and
 //! prints the blocks each class holds at the end. `--wide SEED` replays the widely varying
 //! synthetic log of `tests/support/wide_sizes.rs` instead of files, and

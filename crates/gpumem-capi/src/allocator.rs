@@ -462,10 +462,7 @@ impl Allocator {
     fn limit_of(&self, conf: &Conf, device: u32, total_memory: usize) -> Option<usize> {
         let fraction = self.fractions[device as usize].get();
         let cap = (fraction < 1.0).then(|| fraction_of(total_memory, fraction));
-        match (conf.max_size, cap) {
-            (Some(m), Some(c)) => Some(m.min(c)),
-            (m, c) => m.or(c),
-        }
+        served::limit(conf, cap)
     }
 
     /// Builds the stack of device `ordinal` for `conf` (valid). A failure

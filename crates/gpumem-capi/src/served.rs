@@ -658,6 +658,18 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     }
 }
 
+/// The most a device may hold from the driver under `conf` when its memory
+/// fraction caps it at `cap` bytes (`None`: fraction 1, no cap): `max_size`
+/// and the cap, whichever is smaller; `None` for no limit. The `limit` the C
+/// ABI passes to [`build`], and the one the `gpumem` command passes with no
+/// cap, so that a `GPUMEM_CONF` builds the same resource in both.
+pub fn limit(conf: &Conf, cap: Option<usize>) -> Option<usize> {
+    match (conf.max_size, cap) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+}
+
 /// Builds the resource `conf` asks for on `device`, holding at most `limit`
 /// bytes from the driver (`None`: no cap; see [`Served::set_limit`]). Kinds
 /// this build does not have are [`gpumem::Error::Unsupported`]. The log, if

@@ -1,185 +1,166 @@
-//! The allocators the command can measure, by name.
+//! The allocators the command measures, by name: `GPUMEM_CONF`'s resources,
+//! built by the C ABI's own builder.
 //!
-//! [`ALLOCATORS`] is a table of name → constructor. Each constructor builds a
-//! fresh allocator over a device together with the [`Pool`] whose reserve is
-//! what the allocator holds from the driver: the allocator itself for the
-//! pools, the pool under the bins for `binning`, and for the plain `cuda`
-//! resource, which caches nothing, its live bytes. Adding an allocator is one
-//! entry in the table.
+//! An allocator name is a `GPUMEM_CONF` `resource=` value (`pool`,
+//! `caching`, `binning`, `arena`, `async`, `vpool`, `cuda`), with more of
+//! `GPUMEM_CONF`'s settings after `+` when wanted: `vpool+spread=always`,
+//! `pool+expandable=false+shards=1` (the spelling the Python benches use,
+//! `native:vpool+nccl_ready=true`). The name `R+K=V+...` means exactly
+//! `GPUMEM_CONF=resource=R,K=V,...`: it is read by
+//! [`gpumem_capi::conf::parse`], refused with that parser's error, and built
+//! by [`gpumem_capi::served::build`] with the limit the C ABI gives a device
+//! whose memory fraction is 1 ([`gpumem_capi::served::limit`]). So there is
+//! one construction of each resource, and replaying a job's log with
+//! `--alloc NAME` replays the allocator that served the job under
+//! `GPUMEM_CONF=resource=NAME`, with the same defaults (`pool` and `binning`
+//! have expandable heaps unless `+expandable=false` says otherwise).
+//!
+//! The command's own names before 2026-11-29 ([`RENAMED`]) are refused
+//! with their spelling now.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use gpumem::adaptor::StatisticsAdaptor;
-use gpumem::async_pool::AsyncResource;
-use gpumem::pool::{
-    ArenaResource, BinningConfig, BinningResource, CachingPool, Pool, PoolConfig, PoolResource,
-    Spread, VirtualPool, VirtualPoolConfig,
-};
-use gpumem::resource::{DeviceResource, MemoryResource, Properties, SharedResource};
-use gpumem::{Device, DevicePtr, Stream};
+use gpumem::pool::Pool;
+use gpumem::resource::SharedResource;
+use gpumem::Device;
+use gpumem_capi::conf::{self, Conf, ResourceKind};
+use gpumem_capi::served::{self, Served};
 
-/// A named way to build an allocator over a device.
-pub struct AllocatorSpec {
-    /// The name used with `--alloc`.
-    pub name: &'static str,
-    /// One line on what it is.
-    pub about: &'static str,
-    /// Why its reserve does not follow the live bytes, when by design: printed
-    /// under tables, whose res/live it marks with `*`.
-    pub reserve_note: Option<&'static str>,
-    /// Builds a fresh instance over the device.
-    pub build: fn(&Device) -> gpumem::Result<Allocator>,
-}
-
-/// Every allocator the command knows, in the order tables list them.
-pub const ALLOCATORS: &[AllocatorSpec] = &[
-    AllocatorSpec {
-        name: "cuda",
-        about: "cuMemAlloc/cuMemFree for every request (DeviceResource)",
-        reserve_note: None,
-        build: |d| Ok(Allocator::pool(Arc::new(Uncached::new(d)))),
-    },
-    AllocatorSpec {
-        name: "cuda-async",
-        about: "AsyncResource: cuMemAllocAsync on the device's default pool, release threshold max",
-        reserve_note: None,
-        build: |d| {
-            let r = AsyncResource::default_pool(d.clone())?;
-            r.set_release_threshold(u64::MAX)?;
-            Ok(Allocator::pool(Arc::new(r)))
-        },
-    },
-    AllocatorSpec {
-        name: "pool",
-        about: "PoolResource: coalescing best fit over TLSF lanes, per-stream lanes; threads spread over one lock shard per CPU once they contend",
-        reserve_note: None,
-        build: |d| {
-            let pool = PoolResource::with_defaults(DeviceResource::new(d.clone()))?;
-            Ok(Allocator::pool(Arc::new(pool)))
-        },
-    },
-    AllocatorSpec {
-        name: "pool-sharded",
-        about: "PoolResource with threads on their own lock shards from the start (PoolConfig::spread = Always)",
-        reserve_note: None,
-        build: |d| {
-            let mut config = PoolConfig::default();
-            config.spread = Spread::Always;
-            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
-            Ok(Allocator::pool(Arc::new(pool)))
-        },
-    },
-    AllocatorSpec {
-        name: "pool-expandable",
-        about: "PoolResource whose heaps each grow one VMM range in place (PoolConfig::expandable)",
-        reserve_note: None,
-        build: |d| {
-            let mut config = PoolConfig::default();
-            config.expandable = true;
-            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
-            Ok(Allocator::pool(Arc::new(pool)))
-        },
-    },
-    AllocatorSpec {
-        name: "pool-recycling",
-        about: "pool-expandable that moves free 64 MiB pieces to a growing range's end (PoolConfig::recycle_pieces)",
-        reserve_note: None,
-        build: |d| {
-            let mut config = PoolConfig::default();
-            config.expandable = true;
-            config.recycle_pieces = true;
-            let pool = PoolResource::new(DeviceResource::new(d.clone()), config)?;
-            Ok(Allocator::pool(Arc::new(pool)))
-        },
-    },
-    AllocatorSpec {
-        name: "arena",
-        about: "ArenaResource: per-stream arenas of 1 MiB superblocks over half the device's free memory, taken up front",
-        reserve_note: Some(
-            "arena takes half the device's free memory up front, as RMM's arena does: its reserve does not follow the live bytes",
-        ),
-        build: |d| {
-            let arena = ArenaResource::with_defaults(DeviceResource::new(d.clone()))?;
-            Ok(Allocator::pool(Arc::new(arena)))
-        },
-    },
-    AllocatorSpec {
-        name: "caching",
-        about: "CachingPool: power-of-two classes 512 B..2 GiB from 2 MiB chunks, eighths above, per-stream reuse",
-        reserve_note: None,
-        build: |d| {
-            let pool = CachingPool::with_defaults(DeviceResource::new(d.clone()))?;
-            Ok(Allocator::pool(Arc::new(pool)))
-        },
-    },
-    AllocatorSpec {
-        name: "vpool",
-        about: "VirtualPool: VMM pages mapped only under live blocks and moved where needed (reserve = physical)",
-        reserve_note: None,
-        build: |d| {
-            let pool = Arc::new(VirtualPool::with_defaults(d.clone())?);
-            let mut a = Allocator::pool(pool.clone());
-            a.virtual_pool = Some(pool);
-            Ok(a)
-        },
-    },
-    AllocatorSpec {
-        name: "vpool-sharded",
-        about: "VirtualPool with threads on their own lock shards from the start (VirtualPoolConfig::spread = Always)",
-        reserve_note: None,
-        build: |d| {
-            let mut config = VirtualPoolConfig::default();
-            config.spread = Spread::Always;
-            let pool = Arc::new(VirtualPool::new(d.clone(), config)?);
-            let mut a = Allocator::pool(pool.clone());
-            a.virtual_pool = Some(pool);
-            Ok(a)
-        },
-    },
-    AllocatorSpec {
-        name: "binning",
-        about: "BinningResource: fixed-size bins 256 B..1 MiB over a PoolResource, which also serves larger requests (RMM's binning-over-pool)",
-        reserve_note: None,
-        build: |d| {
-            let pool = Arc::new(PoolResource::with_defaults(DeviceResource::new(d.clone()))?);
-            let bins = BinningResource::new(pool.clone(), BinningConfig::fixed_bins(8, 20))?;
-            Ok(Allocator::new(Arc::new(bins), pool))
-        },
-    },
+/// The command's allocator names before 2026-11-29 that are no longer
+/// names, each with the name that builds the same allocator now. (The old
+/// `pool` and `binning` had heaps of separate regions; they are
+/// `pool+expandable=false` and `binning+expandable=false` now, their names
+/// meaning what `GPUMEM_CONF` means by them.)
+pub const RENAMED: &[(&str, &str)] = &[
+    ("cuda-async", "async"),
+    ("pool-expandable", "pool"),
+    ("pool-recycling", "pool+recycle=true"),
+    ("pool-sharded", "pool+expandable=false+spread=always"),
+    ("vpool-sharded", "vpool+spread=always"),
 ];
 
-/// An allocator ready to measure. Dropping it releases what its pool holds
-/// (CUDA's default pool outlives the allocator: the next one measured in
-/// this process starts from an empty device).
-pub struct Allocator {
-    /// The allocator.
-    pub resource: SharedResource,
-    /// The pool whose reserve is what the allocator holds from the driver.
-    pub pool: Arc<dyn Pool>,
-    /// The allocator when it is a [`VirtualPool`], for its mapping counts.
-    pub virtual_pool: Option<Arc<VirtualPool>>,
+/// A named allocator: a `GPUMEM_CONF` resource and its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorSpec {
+    /// The name as given (`pool`, `vpool+spread=always`): what records and
+    /// tables call it.
+    pub name: String,
+    /// The configuration the name stands for, as `GPUMEM_CONF` reads it.
+    pub conf: Conf,
 }
 
-impl Allocator {
-    /// An allocator and the pool that holds its memory from the driver.
-    pub fn new(resource: SharedResource, pool: Arc<dyn Pool>) -> Self {
+impl AllocatorSpec {
+    /// Reads an allocator name (see the module documentation). An old name
+    /// is refused with its spelling now; a bad resource or setting with
+    /// `GPUMEM_CONF`'s own error.
+    pub fn parse(name: &str) -> Result<Self> {
+        let name = name.trim();
+        let (resource, _) = name.split_once('+').unwrap_or((name, ""));
+        let resource = resource.trim().to_ascii_lowercase();
+        if let Some((old, new)) = RENAMED.iter().find(|(old, _)| *old == resource) {
+            bail!(
+                "allocator {old:?} is now {new:?}: allocator names are GPUMEM_CONF's \
+                 resources ({}), meaning what they mean there, with its settings after + \
+                 (the command's old `pool` is `pool+expandable=false`)",
+                ResourceKind::names()
+            );
+        }
+        if name.contains(',') {
+            // Only reachable through the library: the command splits `--alloc`
+            // at commas first. A comma here would slip settings past the
+            // name's own syntax.
+            bail!(
+                "allocator {name:?}: settings follow the resource after +, not a comma \
+                 (commas separate allocators)"
+            );
+        }
+        let text = conf_text(name);
+        let parsed = conf::parse(&text);
+        if let Some(e) = parsed.error_as(&format!("allocator {name:?} (GPUMEM_CONF={text:?})")) {
+            bail!("{e} (see `gpumem bench --list-allocators`)");
+        }
+        if let Some(log) = &parsed.conf.log {
+            bail!(
+                "allocator {name:?}: log={} is for GPUMEM_CONF; the command writes a \
+                 replay's log with `gpumem replay --log FILE`",
+                log.display()
+            );
+        }
+        Ok(Self {
+            name: name.to_string(),
+            conf: parsed.conf,
+        })
+    }
+
+    /// The allocator of `resource` with `GPUMEM_CONF`'s defaults.
+    pub fn of(resource: ResourceKind) -> Self {
         Self {
-            resource,
-            pool,
-            virtual_pool: None,
+            name: resource.name().to_string(),
+            conf: Conf {
+                resource,
+                ..Conf::default()
+            },
         }
     }
 
-    /// A pool that is the allocator itself.
-    pub fn pool(pool: Arc<dyn Pool>) -> Self {
-        Self::new(pool.clone(), pool)
+    /// Builds a fresh instance over `device`, as the C ABI builds
+    /// `GPUMEM_CONF`'s resource for a device at memory fraction 1.
+    pub fn build(&self, device: &Device) -> gpumem::Result<Allocator> {
+        let limit = served::limit(&self.conf, None);
+        let served: Arc<dyn Served> = served::build(&self.conf, device, limit)?.boxed().into();
+        Ok(Allocator {
+            resource: served.clone(),
+            pool: served.clone(),
+            served,
+        })
     }
 
-    /// For a [`VirtualPool`], the `cuMemMap` calls it has made so far (a
-    /// steady state makes none); `None` for the others.
+    /// Why its reserve does not follow the live bytes, when that is by
+    /// design: printed under tables, whose res/live it marks with `*`.
+    pub fn reserve_note(&self) -> Option<&'static str> {
+        (self.conf.resource == ResourceKind::Arena).then_some(
+            "arena takes its whole size up front (half the device's free memory unless \
+             initial_size or max_size say otherwise), as RMM's arena does: its reserve \
+             does not follow the live bytes",
+        )
+    }
+}
+
+/// `GPUMEM_CONF`'s text for an allocator name: `pool+shards=1` is
+/// `resource=pool,shards=1`.
+pub fn conf_text(name: &str) -> String {
+    let mut parts = name.split('+');
+    let resource = parts.next().unwrap_or_default().trim();
+    std::iter::once(format!("resource={resource}"))
+        .chain(parts.map(|s| s.trim().to_string()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// An allocator ready to measure. Dropping it releases what it holds.
+pub struct Allocator {
+    /// The allocator.
+    pub resource: SharedResource,
+    /// The allocator as a pool: its reserve is what it holds from the
+    /// driver (for `binning`, its inner pool's; for `cuda`, its live
+    /// `cuMemAlloc` bytes at 256-byte granularity; for `async`, CUDA's
+    /// `ReservedMemCurrent`).
+    pub pool: Arc<dyn Pool>,
+    served: Arc<dyn Served>,
+}
+
+impl Allocator {
+    /// The allocator as the C ABI sees it: driver calls, segments, live
+    /// blocks.
+    pub fn served(&self) -> &dyn Served {
+        &*self.served
+    }
+
+    /// For a `vpool`, the `cuMemMap` calls it has made so far (a steady
+    /// state makes none); `None` for the others.
     pub fn mappings_made(&self) -> Option<u64> {
-        self.virtual_pool.as_ref().map(|v| v.stats().mappings_made)
+        self.served.virtual_pool().map(|v| v.stats().mappings_made)
     }
 }
 
@@ -189,88 +170,18 @@ impl Drop for Allocator {
     }
 }
 
-/// The names of every allocator, in table order.
+/// Every resource's name, in `GPUMEM_CONF`'s order: what `--alloc all`
+/// measures, each with its defaults.
 pub fn names() -> Vec<&'static str> {
-    ALLOCATORS.iter().map(|a| a.name).collect()
+    ResourceKind::ALL.iter().map(|k| k.name()).collect()
 }
 
-/// Resolves a `--alloc` list (`all` or empty: every allocator) to specs,
-/// failing on an unknown name with the list of known ones.
-pub fn select(list: &[String]) -> Result<Vec<&'static AllocatorSpec>> {
-    if list.is_empty() || list.iter().any(|n| n == "all") {
-        return Ok(ALLOCATORS.iter().collect());
+/// Resolves a `--alloc` list (`all` or empty: every resource with its
+/// defaults) to specs, failing on the first bad name (see
+/// [`AllocatorSpec::parse`]).
+pub fn select(list: &[String]) -> Result<Vec<AllocatorSpec>> {
+    if list.is_empty() || list.iter().any(|n| n.trim() == "all") {
+        return Ok(ResourceKind::ALL.map(AllocatorSpec::of).into());
     }
-    let mut out = Vec::new();
-    for name in list {
-        match ALLOCATORS.iter().find(|a| a.name == name) {
-            Some(a) => out.push(a),
-            None => bail!(
-                "unknown allocator {name:?}; known: {} (see `gpumem bench --list-allocators`)",
-                names().join(", ")
-            ),
-        }
-    }
-    Ok(out)
-}
-
-/// The plain device resource seen as a pool: it caches nothing, so what it
-/// holds from the driver is exactly what it hands out, counted as asked.
-pub struct Uncached(StatisticsAdaptor<DeviceResource>);
-
-impl Uncached {
-    /// `cuMemAlloc` on `device`, counted.
-    pub fn new(device: &Device) -> Self {
-        Self(StatisticsAdaptor::new(DeviceResource::new(device.clone())))
-    }
-}
-
-impl MemoryResource for Uncached {
-    fn allocate(
-        &self,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<DevicePtr> {
-        self.0.allocate(bytes, alignment, stream)
-    }
-
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<()> {
-        self.0.deallocate(ptr, bytes, alignment, stream)
-    }
-
-    fn device(&self) -> &Device {
-        self.0.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.0.properties()
-    }
-}
-
-impl Pool for Uncached {
-    fn reserved_bytes(&self) -> usize {
-        self.0.stats().requested_bytes.current.max(0) as usize
-    }
-
-    fn peak_reserved_bytes(&self) -> usize {
-        self.0.stats().requested_bytes.peak.max(0) as usize
-    }
-
-    fn reset_peak(&self) {
-        self.0.reset_peak()
-    }
-
-    fn trim(&self, _to: usize) -> gpumem::Result<usize> {
-        Ok(0)
-    }
-
-    fn release(&self) -> gpumem::Result<usize> {
-        Ok(0)
-    }
+    list.iter().map(|n| AllocatorSpec::parse(n)).collect()
 }

@@ -20,7 +20,7 @@ use gpumem::{Backend, Device, Stream};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::allocators::{Allocator, AllocatorSpec, ALLOCATORS};
+use crate::allocators::{Allocator, AllocatorSpec};
 use crate::iterations::{self, IterationsConfig};
 use crate::outln;
 use crate::replay::{self, PreparedReplay};
@@ -473,7 +473,7 @@ fn threads_peak_live(
     device: &Device,
     seqs: &[Arc<OpSequence>],
 ) -> Result<u64> {
-    let alloc = (spec.build)(device)?;
+    let alloc = spec.build(device)?;
     let counter = Arc::new(StatisticsAdaptor::new(alloc.resource.clone()));
     let top: Arc<dyn gpumem::resource::MemoryResource> = counter.clone();
     workload::run_threads(&top, device, seqs)?;
@@ -515,7 +515,7 @@ fn together(passes: &[Timed]) -> Timed {
 pub fn run(
     ctx: &RunContext,
     cfg: &BenchConfig,
-    specs: &[&AllocatorSpec],
+    specs: &[AllocatorSpec],
     progress: &ProgressBar,
     mut on_record: impl FnMut(&BenchRecord) -> Result<()>,
 ) -> Result<Vec<BenchRecord>> {
@@ -539,7 +539,7 @@ pub fn run(
             let mut error = None;
             for _ in 0..repeats {
                 let result = (|| -> Result<(Vec<Timed>, usize, Option<u64>)> {
-                    let alloc = (spec.build)(device)?;
+                    let alloc = spec.build(device)?;
                     alloc.pool.reset_peak();
                     let streams = repeat_streams(device, &prep)?;
                     let crew = repeat_crew(&alloc, device, &prep)?;
@@ -663,10 +663,9 @@ pub fn check_records(records: &[BenchRecord]) -> Result<()> {
 
 /// The reserve note of the allocator named `alloc`, if it has one.
 fn reserve_note(alloc: &str) -> Option<&'static str> {
-    ALLOCATORS
-        .iter()
-        .find(|s| s.name == alloc)
-        .and_then(|s| s.reserve_note)
+    AllocatorSpec::parse(alloc)
+        .ok()
+        .and_then(|s| s.reserve_note())
 }
 
 /// Prints records as a table, one block per workload, allocators side by side;
@@ -768,11 +767,12 @@ pub fn print_table(records: &[BenchRecord]) -> Result<()> {
             }
         }
     }
+    // Once per note: several settings of one resource share its note.
     let mut noted: Vec<&str> = Vec::new();
     for r in records {
-        if let (Some(note), false) = (reserve_note(&r.alloc), noted.contains(&r.alloc.as_str())) {
+        if let Some(note) = reserve_note(&r.alloc).filter(|n| !noted.contains(n)) {
             outln!("  * {note}")?;
-            noted.push(&r.alloc);
+            noted.push(note);
         }
     }
     Ok(())

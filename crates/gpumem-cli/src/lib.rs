@@ -1,5 +1,5 @@
 //! The `gpumem` command's machinery, as a library so it can be tested in
-//! process: the allocator table, the benchmark workloads, trace replay,
+//! process: the allocator names, the benchmark workloads, trace replay,
 //! timeline plots, the offline packing bound and the PyTorch snapshot
 //! converter.
 #![warn(missing_docs)]

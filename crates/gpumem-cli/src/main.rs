@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 
-use gpumem_cli::allocators::{self, ALLOCATORS};
+use gpumem_cli::allocators;
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
@@ -95,14 +95,19 @@ struct CapiCostArgs {
 
 #[derive(Args, Debug)]
 struct AllocArg {
-    /// Allocators, comma-separated (default: all); see `gpumem bench --list-allocators`.
+    /// Allocators, comma-separated (default: all, every resource with its
+    /// defaults): GPUMEM_CONF's resource names (`gpumem bench
+    /// --list-allocators`), each meaning what GPUMEM_CONF=resource=NAME
+    /// means, with more GPUMEM_CONF settings after `+`, e.g.
+    /// `pool+expandable=false,vpool+spread=always+shards=4,async`.
     #[arg(long, value_delimiter = ',')]
     alloc: Vec<String>,
 }
 
 #[derive(Args, Debug)]
 struct BenchArgs {
-    /// Print the allocator names, one per line, and exit.
+    /// Print the allocator names (GPUMEM_CONF's resources), one per line,
+    /// and exit.
     #[arg(long)]
     list_allocators: bool,
     #[command(flatten)]
@@ -351,8 +356,8 @@ fn warm_passes(warm: bool, passes: Option<usize>) -> usize {
 
 fn cmd_bench(choice: DeviceChoice, a: BenchArgs) -> Result<()> {
     if a.list_allocators {
-        for s in ALLOCATORS {
-            outln!("{}", s.name)?;
+        for name in allocators::names() {
+            outln!("{name}")?;
         }
         return Ok(());
     }
@@ -436,7 +441,7 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
         .flat_map(|log| {
             specs
                 .iter()
-                .map(|s| replay::log_path(log, s.name, specs.len()))
+                .map(|s| replay::log_path(log, &s.name, specs.len()))
         })
         .collect();
     for path in &logs {
@@ -454,7 +459,7 @@ fn cmd_replay(choice: DeviceChoice, a: ReplayArgs) -> Result<()> {
     )?;
     bench::check_records(&records)?;
     for (s, path) in specs.iter().zip(&logs) {
-        let alloc = (s.build)(&t.device)?;
+        let alloc = s.build(&t.device)?;
         let rows = replay::write_log(&alloc, &t.device, &trace.prep, path)
             .with_context(|| format!("writing the log of {} to {}", s.name, path.display()))?;
         if !a.json {
@@ -517,11 +522,11 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
     let pb = progress::bar(specs.len() as u64, false);
     let mut series = Vec::new();
     for s in &specs {
-        pb.set_message(s.name);
-        let alloc = (s.build)(&t.device)?;
+        pb.set_message(s.name.clone());
+        let alloc = s.build(&t.device)?;
         let tl = replay::timeline(&alloc, &t.device, prep, 4000)
             .with_context(|| format!("replaying through {}", s.name))?;
-        series.push((s.name.to_string(), tl));
+        series.push((s.name.clone(), tl));
         pb.inc(1);
     }
     pb.finish_and_clear();

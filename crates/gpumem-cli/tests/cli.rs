@@ -9,7 +9,8 @@ use gpumem::driver::sim::SimConfig;
 use gpumem::Device;
 use gpumem_cli::allocators;
 use gpumem_cli::bench::{self, BenchConfig, RunContext, Workload};
-use gpumem_cli::{plot, replay, snapshot};
+use gpumem_cli::iterations::{self, IterationsConfig};
+use gpumem_cli::{plot, replay, snapshot, workload};
 use indicatif::ProgressBar;
 
 const KEYS: &[&str] = &[
@@ -38,6 +39,23 @@ Thread,Time,Action,Pointer,Size,Stream
 3,10:00:00.000008,free,0x3000,4096,0x7
 1,10:00:00.000009,free,0x1000,65536,0x0
 ";
+
+/// The most bytes live at once along `ops` (allocate?, bytes), each block
+/// rounded up to the driver's 256-byte granule: what `cuda` holds at its
+/// peak.
+fn granule_peak(ops: impl Iterator<Item = (bool, usize)>) -> u64 {
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (alloc, size) in ops {
+        let size = size.next_multiple_of(256) as u64;
+        if alloc {
+            live += size;
+            peak = peak.max(live);
+        } else {
+            live -= size;
+        }
+    }
+    peak
+}
 
 fn sim() -> Device {
     Device::sim(SimConfig::default())
@@ -91,21 +109,30 @@ fn tiny_config(trace: &Path) -> BenchConfig {
 }
 
 #[test]
-fn allocator_table_lists_cuda_and_cuda_async() {
+fn allocator_table_lists_cuda_and_async() {
     let names = allocators::names();
     assert!(names.contains(&"cuda"));
-    assert!(names.contains(&"cuda-async"));
+    assert!(names.contains(&"async"));
     assert_eq!(allocators::select(&[]).unwrap().len(), names.len());
-    let two = allocators::select(&["cuda-async".into(), "cuda".into()]).unwrap();
-    assert_eq!(two[0].name, "cuda-async");
+    let two = allocators::select(&["async".into(), "cuda".into()]).unwrap();
+    assert_eq!(two[0].name, "async");
     let err = allocators::select(&["nope".into()])
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("nope") && err.contains("cuda-async"), "{err}");
-    // Every allocator builds on the simulated device.
-    for spec in allocators::ALLOCATORS {
-        (spec.build)(&sim()).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+    assert!(err.contains("nope") && err.contains("async"), "{err}");
+    // Every allocator builds on the simulated device, and only `vpool`
+    // counts mappings.
+    for spec in allocators::select(&[]).unwrap() {
+        let alloc = spec
+            .build(&sim())
+            .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+        assert_eq!(
+            alloc.mappings_made().is_some(),
+            spec.name == "vpool",
+            "{}",
+            spec.name
+        );
     }
 }
 
@@ -191,17 +218,27 @@ fn bench_json_contract_in_process() {
         .iter()
         .filter(|r| r.workload == "iterations")
         .all(|r| r.ops == loop_ops && r.vary == Some(0.5) && r.iterations == Some(2)));
+    // The plain device resource holds exactly what is live, in the driver's
+    // 256-byte granules (as the C ABI counts `cuda`'s reserve).
+    let pass = iterations::generate(
+        &IterationsConfig {
+            iterations: 2,
+            vary: 0.5,
+            seed: 1,
+            batch: 1,
+        },
+        0,
+    );
+    let ops = pass.prep.ops.iter().map(|o| (o.alloc, o.size));
     assert_eq!(
         get("cuda", "iterations").peak_reserved,
-        Some(get("cuda", "iterations").peak_live)
+        Some(granule_peak(ops))
     );
-    // The plain device resource holds exactly what is live.
     assert_eq!(get("cuda", "same").peak_reserved, Some(4096));
     assert_eq!(get("cuda", "same").reserved_over_live, Some(1.0));
-    assert_eq!(
-        get("cuda", "random").peak_reserved,
-        Some(get("cuda", "random").peak_live)
-    );
+    let random = workload::random_sequence(200, 16, 256, 1 << 20, 1);
+    let ops = random.ops.iter().map(|o| (o.alloc, o.size));
+    assert_eq!(get("cuda", "random").peak_reserved, Some(granule_peak(ops)));
     assert_eq!(get("cuda", "replay").peak_live, 1048576 + 4096 + 65536);
     assert_eq!(
         get("cuda", "replay").peak_reserved,
@@ -224,7 +261,7 @@ fn bench_workload_replay_needs_a_trace() {
 }
 
 #[test]
-fn replay_of_a_real_trace_through_cuda_holds_exactly_the_live_bytes() {
+fn replay_of_a_real_trace_through_cuda_holds_the_live_bytes_in_granules() {
     let Some(path) = shared_trace("resnet50_train.rmm.csv") else {
         eprintln!("skipped: resnet50_train.rmm.csv not found");
         return;
@@ -235,14 +272,15 @@ fn replay_of_a_real_trace_through_cuda_holds_exactly_the_live_bytes() {
     assert_eq!(prep.peak_live, 3_265_807_076);
     let device = sim();
     for spec in allocators::select(&[]).unwrap() {
-        let alloc = (spec.build)(&device).unwrap();
+        let alloc = spec.build(&device).unwrap();
         let t =
             gpumem_cli::workload::run_replay(&*alloc.resource, &device, &prep, None, None).unwrap();
         assert_eq!(t.ops, 10_172);
         let peak = alloc.pool.peak_reserved_bytes();
         assert!(peak >= prep.peak_live, "{}: {peak}", spec.name);
         if spec.name == "cuda" {
-            assert_eq!(peak, prep.peak_live);
+            let ops = prep.ops.iter().map(|o| (o.alloc, o.size));
+            assert_eq!(peak as u64, granule_peak(ops));
         }
         // Everything is given back after the replay.
         if spec.name == "cuda" {
@@ -328,12 +366,15 @@ fn plot_writes_svg_and_html_with_the_legend() {
     let device = sim();
     let mut series = Vec::new();
     for spec in allocators::select(&[]).unwrap() {
-        let alloc = (spec.build)(&device).unwrap();
+        let alloc = spec.build(&device).unwrap();
         let tl = replay::timeline(&alloc, &device, &prep, 1000).unwrap();
         assert_eq!(tl.live.len(), prep.ops.len());
-        series.push((spec.name.to_string(), tl));
+        series.push((spec.name.clone(), tl));
     }
-    assert_eq!(series[0].1.peak_reserved as usize, prep.peak_live);
+    // The trace's sizes are whole 256-byte granules: `cuda` holds exactly
+    // what is live.
+    let cuda = series.iter().find(|(name, _)| name == "cuda").unwrap();
+    assert_eq!(cuda.1.peak_reserved as usize, prep.peak_live);
     let dir = tempfile::tempdir().unwrap();
     for (file, x) in [("t.svg", plot::XAxis::Index), ("t.html", plot::XAxis::Time)] {
         let path = dir.path().join(file);
@@ -343,7 +384,7 @@ fn plot_writes_svg_and_html_with_the_legend() {
         for label in [
             "live (requested)",
             "cuda reserved",
-            "cuda-async reserved",
+            "async reserved",
             "memory (GiB)",
         ] {
             assert!(text.contains(label), "{file}: no {label:?}");
@@ -494,7 +535,56 @@ fn command_line_bench_json_and_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8(out.stderr)
         .unwrap()
-        .contains("unknown allocator"));
+        .contains("unknown resource \"nope\""));
+}
+
+#[test]
+fn command_line_names_are_gpumem_conf_resources_with_settings_after_plus() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.csv");
+    std::fs::write(&good, SMALL_TRACE).unwrap();
+    let names = "pool+expandable=false,vpool+shards=1,async";
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "replay",
+        good.to_str().unwrap(),
+        "--alloc",
+        names,
+        "--json",
+    ]);
+    let lines = json_lines(&out);
+    let got: Vec<&str> = lines.iter().map(|v| v["alloc"].as_str().unwrap()).collect();
+    assert_eq!(got, names.split(',').collect::<Vec<_>>());
+    for v in &lines {
+        assert!(v["error"].is_null(), "{v}");
+        assert!(v["peak_reserved"].as_u64().unwrap() > 0, "{v}");
+    }
+    // An old name: the error says the new one, on one line.
+    let out = gpumem(&["--device", "sim", "bench", "--alloc", "cuda,pool-sharded"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("allocator \"pool-sharded\" is now \"pool+expandable=false+spread=always\""),
+        "{err}"
+    );
+    // A bad setting: GPUMEM_CONF's own reason.
+    let out = gpumem(&[
+        "--device",
+        "sim",
+        "plot",
+        "-",
+        "--alloc",
+        "pool+nccl_ready=true",
+        "-o",
+        "x.svg",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(
+        err.contains("nccl_ready means nothing for resource=pool (only for vpool)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -516,7 +606,7 @@ fn command_line_iterations_report_every_pass_in_json_and_the_table() {
         "--repeats",
         "1",
         "--alloc",
-        "pool,cuda-async",
+        "pool,async",
     ];
     let lines = json_lines(&gpumem(&[&args[..], &["--json"]].concat()));
     assert_eq!(lines.len(), 2);
@@ -1270,10 +1360,17 @@ fn the_arena_s_reserve_is_explained_under_the_table() {
         "--repeats",
         "1",
         "--alloc",
-        "arena,pool",
+        "arena,pool,arena+initial_size=64MiB",
     ]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
+    // Both arenas are marked, and the note comes once.
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with('*')).count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(text.matches("* arena takes").count(), 1, "{text}");
     let arena = text
         .lines()
         .find(|l| l.trim_start().starts_with("arena"))
@@ -1285,7 +1382,7 @@ fn the_arena_s_reserve_is_explained_under_the_table() {
         .unwrap();
     assert!(!pool.ends_with('*'), "{pool}");
     assert!(
-        text.contains("* arena takes half the device's free memory up front, as RMM's arena does"),
+        text.contains("* arena takes its whole size up front (half the device's free memory unless initial_size or max_size say otherwise), as RMM's arena does"),
         "{text}"
     );
 }
@@ -1295,7 +1392,9 @@ fn plot_refuses_picture_sizes_out_of_range_in_process() {
     let events = gpumem::trace::parse_str(SMALL_TRACE).unwrap();
     let prep = replay::prepare(&events).unwrap();
     let device = sim();
-    let alloc = (allocators::select(&["cuda".into()]).unwrap()[0].build)(&device).unwrap();
+    let alloc = allocators::select(&["cuda".into()]).unwrap()[0]
+        .build(&device)
+        .unwrap();
     let series = vec![(
         "cuda".to_string(),
         replay::timeline(&alloc, &device, &prep, 100).unwrap(),
