@@ -17,7 +17,7 @@
 //! `VPOOL_STEP=N` prints the counters and every driver call made since
 //! the previous step, every N events, `VPOOL_FRESH_STREAMS`
 //! makes new streams for every pass. Driver costs used (H100, driver 580; see
-//! `examples/vmm_costs.rs`, `bench/results/2026-11-23-h100-run24-vmm-create`):
+//! `examples/vmm_costs.rs`, which measures them on any GPU):
 //! cuMemCreate 15 µs per call plus 0.2 µs per 2 MiB page, cuMemRelease 14
 //! µs per call plus 1.1 µs per page, cuMemMap 1.6 µs per page;
 //! cuMemSetAccess 18 µs per call plus 25 µs per mapping in its range,

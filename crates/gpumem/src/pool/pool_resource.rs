@@ -185,8 +185,7 @@ pub struct PoolConfig {
     /// partly used regions to itself: where one thread frees what another
     /// allocates again, as PyTorch's autograd thread does with the main
     /// thread's activations, one shard per CPU in use from the start
-    /// reserved 18-22% more on an H100
-    /// (`bench/results/2026-11-23-h100-run26-torch-shards`). Hence `spread`.
+    /// reserved markedly more (`bench/results/NOTES.md`). Hence `spread`.
     pub shards: usize,
     /// When threads spread over the shards: once shard 0's lock is
     /// contended often (the default), or from the start.
