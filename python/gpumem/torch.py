@@ -172,6 +172,21 @@ def _build_native():
     # list only has to be there.
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    # No CUDA toolkit: the headers and libcudart of the NVIDIA runtime wheel
+    # that PyTorch's own wheel depends on, laid out as the builder expects.
+    toolkit = cpp_extension.CUDA_HOME
+    if toolkit is None:
+        from . import _cuda_home
+
+        home = _cuda_home.cuda_home_from_wheel(cpp_extension.get_default_build_root())
+        if home is None:
+            raise RuntimeError(
+                "the native allocator needs the CUDA runtime's headers: there is no CUDA toolkit "
+                "(CUDA_HOME, nvcc on PATH) and no NVIDIA runtime wheel with cuda_runtime_api.h "
+                "(pip install nvidia-cuda-runtime-cu13, or nvidia-cuda-runtime-cu12 for CUDA 12); "
+                "or use enable(mode='pluggable')"
+            )
+        cpp_extension.CUDA_HOME = home
     try:
         return cpp_extension.load(
             name="gpumem_torch_allocator_" + digest.hexdigest()[:12],
@@ -183,6 +198,7 @@ def _build_native():
             verbose=bool(os.environ.get("GPUMEM_VERBOSE_BUILD")),
         )
     finally:
+        cpp_extension.CUDA_HOME = toolkit
         if arch is None:
             del os.environ["TORCH_CUDA_ARCH_LIST"]
 
