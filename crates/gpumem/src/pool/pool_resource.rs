@@ -820,7 +820,9 @@ impl<U: MemoryResource> PoolResource<U> {
                 continue;
             }
             let mut st = self.shards.lock(i);
-            Self::settle(&mut st, None);
+            // Lanes of streams their users dropped go once empty.
+            let sh = &mut *st;
+            sh.lanes.settle_and_forget(&mut sh.heaps);
             match self.release_free_regions(st, i, excess) {
                 Ok(b) => released += b,
                 Err(e) => {

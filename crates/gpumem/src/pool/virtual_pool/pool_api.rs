@@ -34,8 +34,22 @@ impl VirtualPool {
                     first_err.get_or_insert(e);
                 }
             }
+            // After the give-back, which may have freed kept blocks on
+            // their streams.
+            Self::forget_dropped_streams(st);
         });
         first_err.map_or(Ok(given), Err)
+    }
+
+    /// Lets go of the streams of shard `st` that their users dropped and
+    /// whose work is known done, without waiting: each area's lanes are
+    /// settled (a query per stream with free blocks) and forgotten when
+    /// empty, and each such stream that freed blocks is asked once.
+    fn forget_dropped_streams(st: &mut State) {
+        for a in &mut st.areas {
+            a.lanes.settle_and_forget(&mut a.heap);
+        }
+        st.streams.prune_asking();
     }
 
     /// Releases shard `st`'s cached extents, after unmapping idle ones into
