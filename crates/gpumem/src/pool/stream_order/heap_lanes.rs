@@ -165,22 +165,30 @@ impl HeapLanes {
 
     /// Waits for every stream with free blocks and moves all of them to the
     /// global lane (every heap); then forgets streams only the pool still
-    /// references.
+    /// references. A stream that cannot be waited for, nor the device in its
+    /// place, keeps its blocks (its work may still use them); the others
+    /// move, and the first error is returned.
     pub(crate) fn settle_blocking(&mut self, heap: &mut impl Heaps) -> Result<()> {
         let mut device_synced = false;
+        let mut first_err = None;
         for (i, s) in self.streams.iter() {
             let lane = LaneId(i);
             if heap.lane_free_total(lane) == 0 {
                 continue;
             }
             if !device_synced && !s.held.synchronize() {
-                synchronize_device(s.held.device())?;
-                device_synced = true;
+                match synchronize_device(s.held.device()) {
+                    Ok(()) => device_synced = true,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        continue;
+                    }
+                }
             }
             heap.move_lane_all(lane, LaneId::GLOBAL);
         }
         self.forget_dropped_streams(heap);
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Moves the free blocks of each stream its users dropped that a query
