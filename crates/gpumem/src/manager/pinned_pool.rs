@@ -311,7 +311,14 @@ impl PinnedPool {
     /// `PinnedHostResource::new(device)` pins portable, device-mapped memory
     /// of `device`'s driver; other `cuMemHostAlloc` flags make other
     /// upstreams.
+    ///
+    /// The pool pins its regions with `upstream`'s device and flags but a
+    /// table of its own: clones of `upstream` the caller kept neither see
+    /// them ([`PinnedHostResource::live_allocations`]) nor can free them
+    /// (refused as [`FreeError::Unknown`]), so no one but the pool unpins
+    /// memory under its blocks while safe code holds references into them.
     pub fn new(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
+        let upstream = upstream.with_own_table();
         if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
