@@ -229,3 +229,27 @@ fn a_fraction_set_during_the_first_build_is_applied() {
         a.free(p, MIB, 0, 0);
     });
 }
+
+/// The fraction set while the limit of the one before is being applied
+/// (the builder's, once the device is built; its release threshold's
+/// `cuMemPoolSetAttribute` stopped at a gate): the application under way
+/// must not have the last word with the old fraction.
+#[test]
+fn a_fraction_set_while_the_limit_is_applied_is_the_one_in_force() {
+    let a = allocator("resource=async");
+    // The pool's creation and the build's limit set the threshold first.
+    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", 3);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| a.malloc(MIB, 0, 0));
+        assert!(
+            gate.wait_arrival(std::time::Duration::from_secs(60)),
+            "the builder's application reached the driver"
+        );
+        a.set_memory_fraction(0, FRACTION).unwrap();
+        gate.open();
+        let p = first.join().unwrap();
+        assert!(!p.is_null());
+        async_cap_in_force(&a);
+        a.free(p, MIB, 0, 0);
+    });
+}
