@@ -233,8 +233,9 @@ pub struct Allocator {
     /// life of the process, so a pointer handed to C never dangles.
     conf_error: Mutex<Option<&'static CStr>>,
     devices: Box<[OnceLock<Result<DeviceState, String>>]>,
-    /// The memory fraction of each device (1.0: none).
-    fractions: Box<[AtomicF64]>,
+    /// The memory fraction of each device, and the turns to apply its
+    /// limit.
+    limits: Box<[DeviceLimit]>,
     oom_reports: AtomicU32,
     /// Bad frees per device ordinal, and those naming no valid ordinal.
     bad_frees: Box<[AtomicU64]>,
@@ -261,6 +262,45 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// `fraction` × `total` bytes, rounded down.
 fn fraction_of(total: usize, fraction: f64) -> usize {
     (total as f64 * fraction) as usize
+}
+
+/// A device's memory fraction and the turns to apply its limit.
+#[derive(Debug)]
+struct DeviceLimit {
+    /// 1.0: none.
+    fraction: AtomicF64,
+    turn: Mutex<LimitTurn>,
+}
+
+impl Default for DeviceLimit {
+    fn default() -> Self {
+        Self {
+            fraction: AtomicF64::new(1.0),
+            turn: Mutex::default(),
+        }
+    }
+}
+
+/// The applications of one device's limit: one at a time, and one asked
+/// for while another is under way is made by that one, once more, after
+/// it (see [`Allocator::apply_limit`]).
+#[derive(Debug, Default)]
+struct LimitTurn {
+    /// An application is under way.
+    busy: bool,
+    /// Another was asked for meanwhile.
+    again: bool,
+}
+
+/// Ends a turn whose application panicked, so that later ones still run.
+struct EndTurnOnPanic<'a>(&'a Mutex<LimitTurn>);
+
+impl Drop for EndTurnOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            *lock(self.0) = LimitTurn::default();
+        }
+    }
 }
 
 /// An `f64` kept in an atomic (its bits).
@@ -293,7 +333,7 @@ impl Allocator {
             invalid: AtomicBool::new(false),
             conf_error: Mutex::new(None),
             devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
-            fractions: (0..MAX_DEVICES).map(|_| AtomicF64::new(1.0)).collect(),
+            limits: (0..MAX_DEVICES).map(|_| DeviceLimit::default()).collect(),
             oom_reports: AtomicU32::new(0),
             bad_frees: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
             bad_frees_elsewhere: AtomicU64::new(0),
@@ -446,8 +486,8 @@ impl Allocator {
                 // A memory fraction set while the device was being built
                 // may have found it unbuilt (and not applied itself) after
                 // the build read the old one: apply the one in force now.
-                if let Ok(st) = built {
-                    self.apply_limit(st);
+                if built.is_ok() {
+                    self.apply_limit_of(device as usize);
                 }
                 built
             }
@@ -460,7 +500,7 @@ impl Allocator {
     /// The most `device` may hold from the driver: `max_size` and the memory
     /// fraction, whichever is smaller; `None` for no limit.
     fn limit_of(&self, conf: &Conf, device: u32, total_memory: usize) -> Option<usize> {
-        let fraction = self.fractions[device as usize].get();
+        let fraction = self.limits[device as usize].fraction.get();
         let cap = (fraction < 1.0).then(|| fraction_of(total_memory, fraction));
         served::limit(conf, cap)
     }
@@ -669,7 +709,7 @@ impl Allocator {
 
     /// ", memory fraction F of T bytes" when a fraction is set on the device.
     fn fraction_note(&self, st: &DeviceState) -> String {
-        let f = self.fractions[st.device.ordinal() as usize].get();
+        let f = self.limits[st.device.ordinal() as usize].fraction.get();
         if f < 1.0 {
             format!(" (memory fraction {f} of {} bytes)", st.total_memory)
         } else {
@@ -1670,16 +1710,14 @@ impl Allocator {
         }
         let Some(slot) = usize::try_from(device)
             .ok()
-            .and_then(|d| self.fractions.get(d))
+            .and_then(|d| self.limits.get(d).map(|l| &l.fraction))
         else {
             return Err(format!(
                 "device {device} is out of range (0..{MAX_DEVICES})"
             ));
         };
         slot.set(fraction);
-        if let Some(st) = self.built(device) {
-            self.apply_limit(st);
-        }
+        self.apply_limit_of(device as usize);
         Ok(())
     }
 
@@ -1692,10 +1730,54 @@ impl Allocator {
     /// every pool of the device; `tests/graph_pool_limits.rs` makes the race
     /// happen and pins the bound).
     fn apply_limit(&self, st: &DeviceState) {
-        let limit = self.limit_of(&st.conf, st.device.ordinal(), st.total_memory);
-        let graphs = st.graphs.reserved_bytes().0;
-        let own = limit.map(|l| l.saturating_sub(graphs));
-        st.stack.upstream().set_limit(own, &st.conf);
+        self.apply_limit_of(st.device.ordinal() as usize);
+    }
+
+    /// [`Allocator::apply_limit`] of device `device`, if it is built.
+    ///
+    /// An application reads the fraction and the graph pools' reserve, then
+    /// sets the limit (for `async`, the release threshold too, a driver
+    /// call): two at once could end in either order, and the one that read
+    /// the fraction before the other's was set would have the last word
+    /// (`tests/fraction.rs` stops one at the driver call to show it). So
+    /// they take turns, per device: one asked for while another is under way
+    /// leaves it to that one, which applies the limit once more after its
+    /// own, reading the fraction set before the request. The last limit set
+    /// is then always the one of the fraction in force, and no caller waits
+    /// for another's driver call. A fraction set before the build finds no
+    /// device, the builder applies it after (see [`Allocator::state`]); the
+    /// turn orders that too.
+    fn apply_limit_of(&self, device: usize) {
+        // In a forked child the turn may be held for ever (see `built`).
+        if gpumem::fork::in_forked_child() {
+            return;
+        }
+        let Some(turn) = self.limits.get(device).map(|l| &l.turn) else {
+            return;
+        };
+        {
+            let mut t = lock(turn);
+            if t.busy {
+                t.again = true;
+                return;
+            }
+            t.busy = true;
+        }
+        let _end = EndTurnOnPanic(turn);
+        loop {
+            if let Some(st) = self.built(device as i32) {
+                let limit = self.limit_of(&st.conf, st.device.ordinal(), st.total_memory);
+                let graphs = st.graphs.reserved_bytes().0;
+                let own = limit.map(|l| l.saturating_sub(graphs));
+                st.stack.upstream().set_limit(own, &st.conf);
+            }
+            let mut t = lock(turn);
+            if !t.again {
+                t.busy = false;
+                return;
+            }
+            t.again = false;
+        }
     }
 
     /// What `st`'s graph pools may hold together: the device's limit less
@@ -1709,7 +1791,7 @@ impl Allocator {
     pub fn memory_fraction(&self, device: i32) -> f64 {
         usize::try_from(device)
             .ok()
-            .and_then(|d| self.fractions.get(d))
+            .and_then(|d| self.limits.get(d).map(|l| &l.fraction))
             .map_or(1.0, AtomicF64::get)
     }
 

@@ -5,6 +5,7 @@
 
 mod support;
 
+use gpumem::driver::Driver;
 use gpumem_capi::allocator::last_error;
 use gpumem_capi::conf::ResourceKind;
 use support::{allocator, kinds, sim, stats, MIB};
@@ -172,4 +173,83 @@ fn last_error_belongs_to_the_thread() {
     assert_eq!(last_error(), None, "zero bytes is no failure");
     assert!(a.malloc(256, 70, 0).is_null());
     assert!(last_error().unwrap().contains("out of range"));
+}
+
+/// With the memory fraction `FRACTION` in force on an `async` device: what
+/// the pool caches past the cap goes back at a synchronize (the release
+/// threshold was lowered to the cap), and live bytes stop at the cap.
+fn async_cap_in_force(a: &gpumem_capi::Allocator) {
+    let live = fill(a, ResourceKind::Async);
+    assert!(
+        held(a, ResourceKind::Async) <= CAP,
+        "live bytes stop at the cap"
+    );
+    let why = last_error().unwrap();
+    assert!(why.contains(&format!("limit {CAP} bytes")), "{why}");
+    for p in live {
+        a.free(p, 8 * MIB, 0, 0);
+    }
+    // Cache more than the cap: a 48 MiB block freed, then a 64 MiB one that
+    // the cached block cannot serve.
+    let sim = sim(a);
+    sim.device_synchronize(0).unwrap();
+    let p = a.malloc(48 * MIB, 0, 0);
+    a.free(p, 48 * MIB, 0, 0);
+    let q = a.malloc(64 * MIB, 0, 0);
+    assert!(!p.is_null() && !q.is_null());
+    a.free(q, 64 * MIB, 0, 0);
+    assert!(a.reserved_bytes(0) > CAP, "cached past the cap");
+    sim.device_synchronize(0).unwrap();
+    let kept = a.reserved_bytes(0);
+    assert!(
+        kept <= CAP,
+        "the release threshold is the cap's: {kept} kept"
+    );
+}
+
+/// The fraction set while the device's first build is under way, after the
+/// build read the one before (its `cuMemPoolSetAttribute` stopped at a
+/// gate): found no device to apply itself to, so the build applies the
+/// fraction in force once it is done.
+#[test]
+fn a_fraction_set_during_the_first_build_is_applied() {
+    let a = allocator("resource=async");
+    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", 1);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| a.malloc(MIB, 0, 0));
+        assert!(
+            gate.wait_arrival(std::time::Duration::from_secs(60)),
+            "the build reached the driver"
+        );
+        a.set_memory_fraction(0, FRACTION).unwrap();
+        gate.open();
+        let p = first.join().unwrap();
+        assert!(!p.is_null());
+        async_cap_in_force(&a);
+        a.free(p, MIB, 0, 0);
+    });
+}
+
+/// The fraction set while the limit of the one before is being applied
+/// (the builder's, once the device is built; its release threshold's
+/// `cuMemPoolSetAttribute` stopped at a gate): the application under way
+/// must not have the last word with the old fraction.
+#[test]
+fn a_fraction_set_while_the_limit_is_applied_is_the_one_in_force() {
+    let a = allocator("resource=async");
+    // The pool's creation and the build's limit set the threshold first.
+    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", 3);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| a.malloc(MIB, 0, 0));
+        assert!(
+            gate.wait_arrival(std::time::Duration::from_secs(60)),
+            "the builder's application reached the driver"
+        );
+        a.set_memory_fraction(0, FRACTION).unwrap();
+        gate.open();
+        let p = first.join().unwrap();
+        assert!(!p.is_null());
+        async_cap_in_force(&a);
+        a.free(p, MIB, 0, 0);
+    });
 }

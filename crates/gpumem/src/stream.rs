@@ -8,7 +8,7 @@
 //! per-thread default stream resolves to a different id on each thread.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::device::Device;
@@ -51,6 +51,10 @@ struct StreamInner {
     /// What keeps a foreign stream alive while the wrapper is (cudarc's
     /// stream, for [`crate::interop::stream_from_cudarc`]).
     _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Handles of the stream other than the pools' own
+    /// ([`Stream::pool_handle`]): while one is left, someone may still
+    /// enqueue work on the stream.
+    users: AtomicUsize,
 }
 
 impl Drop for StreamInner {
@@ -71,9 +75,28 @@ impl Drop for StreamInner {
 
 /// A CUDA stream of one device. Clones share the stream; a stream made by
 /// [`Stream::create`] is destroyed when the last clone drops.
-#[derive(Clone)]
 pub struct Stream {
     inner: Arc<StreamInner>,
+    /// Counted in the stream's users: every handle but a pool's own.
+    user: bool,
+}
+
+impl Clone for Stream {
+    fn clone(&self) -> Self {
+        self.inner.users.fetch_add(1, Ordering::Relaxed);
+        Self {
+            inner: self.inner.clone(),
+            user: true,
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.user {
+            self.inner.users.fetch_sub(1, Ordering::Release);
+        }
+    }
 }
 
 impl std::fmt::Debug for Stream {
@@ -88,14 +111,21 @@ impl std::fmt::Debug for Stream {
 
 impl Stream {
     fn make(device: Device, raw: RawStream, id: StreamId, owned: bool) -> Self {
+        Self::new_inner(StreamInner {
+            device,
+            raw,
+            id,
+            owned,
+            _keep: None,
+            users: AtomicUsize::new(1),
+        })
+    }
+
+    /// The first handle of a stream.
+    fn new_inner(inner: StreamInner) -> Self {
         Self {
-            inner: Arc::new(StreamInner {
-                device,
-                raw,
-                id,
-                owned,
-                _keep: None,
-            }),
+            inner: Arc::new(inner),
+            user: true,
         }
     }
 
@@ -138,15 +168,14 @@ impl Stream {
         keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Self {
         if let Some(keep) = keep {
-            return Self {
-                inner: Arc::new(StreamInner {
-                    device,
-                    raw,
-                    id: fresh_id(),
-                    owned: false,
-                    _keep: Some(keep),
-                }),
-            };
+            return Self::new_inner(StreamInner {
+                device,
+                raw,
+                id: fresh_id(),
+                owned: false,
+                _keep: Some(keep),
+                users: AtomicUsize::new(1),
+            });
         }
         match raw {
             0 | STREAM_LEGACY => Self::legacy(device),
@@ -183,10 +212,30 @@ impl Stream {
         }
     }
 
-    /// True when no other clone of this handle exists (pools use it to let go of
-    /// streams their users dropped).
+    /// True when no other clone of this handle exists.
     pub fn is_sole_handle(&self) -> bool {
         Arc::strong_count(&self.inner) == 1
+    }
+
+    /// A handle for a pool's own tables: it keeps the stream alive (its
+    /// handle valid for queries, records and waits) without counting as a
+    /// user, so that a pool, or several, or several tables of one pool, can
+    /// tell when every user handle is gone ([`Stream::users_gone`]). A clone
+    /// of it is a user handle.
+    pub(crate) fn pool_handle(&self) -> Stream {
+        Self {
+            inner: self.inner.clone(),
+            user: false,
+        }
+    }
+
+    /// True when only pools' handles ([`Stream::pool_handle`]) are left:
+    /// no one can enqueue work on the stream any more, so a pool may let go
+    /// of it once the work already enqueued is known done. Exact, not a
+    /// guess from a reference count that the pools' own clones blur: every
+    /// user handle counts until it drops.
+    pub(crate) fn users_gone(&self) -> bool {
+        self.inner.users.load(Ordering::Acquire) == 0
     }
 
     /// The device this stream belongs to.

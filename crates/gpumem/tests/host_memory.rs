@@ -677,3 +677,46 @@ fn copies_and_frees_refuse_a_stream_of_another_driver() {
         .deallocate(h, 4096, 256, &d1.create_stream().unwrap())
         .unwrap();
 }
+
+/// A pool's regions are its own: a clone of the resource it was made with,
+/// kept by the caller, cannot free a region under a collection that lives
+/// in it. The free is refused as a pointer the clone did not hand out, and
+/// nothing changes: the data stays, the pool's numbers stay, and every
+/// pinned byte goes back when the pool goes.
+#[test]
+fn a_clone_of_the_upstream_cannot_free_the_pools_regions() {
+    let (device, sim) = common::device(true);
+    let upstream = PinnedHostResource::new(device.clone());
+    let pool = PinnedPool::new(upstream.clone(), PinnedPoolConfig::fixed(1 << 20)).unwrap();
+    let mut v: PinnedVec<u8, &PinnedPool> = PinnedVec::with_capacity_in(4096, &pool);
+    v.extend((0..4096).map(|i| i as u8));
+    // The pool's one region begins where its first block does.
+    let region = addr(&v);
+    let before = pool.stats();
+    assert_eq!(
+        upstream.live_allocations(),
+        0,
+        "the clone hands out nothing of the pool's"
+    );
+    for (p, bytes) in [(region, 1 << 20), (region, 4096)] {
+        let e = upstream.deallocate_sync(p, bytes, 256).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidFree {
+                    reason: FreeError::Unknown,
+                    ..
+                }
+            ),
+            "a free of the pool's memory through the clone is refused: {e}"
+        );
+    }
+    assert!(
+        v.iter().enumerate().all(|(i, &b)| b == i as u8),
+        "data kept"
+    );
+    assert_eq!(pool.stats(), before, "the pool's numbers kept");
+    drop(v);
+    drop(pool);
+    all_pinned_memory_returned(sim);
+}

@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use gpumem::adaptor::{LimitingAdaptor, StatisticsAdaptor};
 use gpumem::async_pool::AsyncResource;
+use gpumem::driver::sim::SimConfig;
+use gpumem::graph_pool::GraphPool;
 use gpumem::manager::{PinnedPool, PinnedPoolConfig};
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, FixedSizeConfig,
-    FixedSizeResource, Pool, PoolConfig, PoolResource, VirtualPool,
+    FixedSizeResource, Pool, PoolConfig, PoolResource, SegmentPool, VirtualPool,
 };
 use gpumem::resource::{DeviceResource, MemoryResource, PinnedHostResource};
 use gpumem::{Backend, Device};
@@ -224,4 +226,79 @@ fn absurd_sizes_in_a_configuration_are_errors() {
     assert!(mm.allocate_device(16).unwrap_err().is_oom());
     mm.set_pinned_pool_size(usize::MAX).unwrap();
     assert!(mm.allocate_pinned(16).unwrap_err().is_oom());
+}
+
+/// The calls a release waits with: stream and device synchronizations and
+/// event waits.
+const WAITS: [&str; 3] = [
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+];
+
+/// Blocks that cover a VirtualPool's group of 64 pages (128 MiB).
+const SPACERS: usize = 11;
+
+/// A release whose waits all fail still gives back what is known done
+/// without a wait (memory freed on a stream a query finds idle), keeps what
+/// a stream's pending work may still use, and returns the error; once the
+/// waits work, a release gives back the rest. Nothing is lost or freed
+/// twice: the driver ends with every byte back.
+#[test]
+fn a_release_whose_waits_fail_gives_back_what_is_known_done() {
+    let (device, sim) = Device::sim_with_driver(SimConfig::default());
+    let base = sim.device_bytes(0);
+    let mut pools = caching_pools(&device);
+    pools.push((
+        "SegmentPool",
+        Box::new(SegmentPool::new(DeviceResource::new(device.clone())).unwrap()),
+    ));
+    pools.push(("GraphPool", Box::new(GraphPool::new(&device).unwrap())));
+    for (name, pool) in pools {
+        let (busy, idle) = (
+            device.create_stream().unwrap(),
+            device.create_stream().unwrap(),
+        );
+        sim.hold(busy.raw());
+        let a = pool.allocate(BLOCK, 256, &busy).unwrap();
+        // Live blocks between the two, so that in a VirtualPool they lie in
+        // different groups of 64 pages (it records frees per group).
+        let spacers: Vec<_> = (0..SPACERS)
+            .map(|_| pool.allocate(BLOCK, 256, &idle).unwrap())
+            .collect();
+        let b = pool.allocate(BLOCK, 256, &idle).unwrap();
+        common::model::enqueue_work(&busy); // a kernel still using `a`
+        pool.deallocate(a, BLOCK, 256, &busy).unwrap();
+        pool.deallocate(b, BLOCK, 256, &idle).unwrap();
+        let before = pool.reserved_bytes();
+        for call in WAITS {
+            for nth in 1..=64 {
+                sim.fail_call(call, nth, 999);
+            }
+        }
+        let failed = pool.release();
+        assert!(failed.is_err(), "{name}: the failed wait is reported");
+        let kept = pool.reserved_bytes();
+        assert!(
+            kept >= (SPACERS + 1) * BLOCK,
+            "{name}: the busy stream's memory stays, and the live blocks': {kept}"
+        );
+        assert!(
+            kept <= before - BLOCK,
+            "{name}: the idle stream's goes back: {kept} of {before}"
+        );
+        sim.clear_faults();
+        sim.release(busy.raw());
+        for p in spacers {
+            pool.deallocate(p, BLOCK, 256, &idle).unwrap();
+        }
+        assert_eq!(
+            pool.release().unwrap(),
+            kept,
+            "{name}: the rest goes once the waits work"
+        );
+        assert_eq!(pool.reserved_bytes(), 0, "{name}");
+    }
+    assert_eq!(sim.device_bytes(0), base, "every byte back");
+    assert_eq!(sim.pinned_host_bytes(), 0, "every pinned byte back");
 }

@@ -479,3 +479,42 @@ fn statistics_over_the_pool_count_every_call_once() {
         assert_eq!(mr.upstream().live_bytes(), 0);
     }
 }
+
+/// One shard, two streams with work pending: a release whose wait for the
+/// first stream fails (and the device's in its place) still waits for the
+/// second and gives its memory back; the first stream's stays, and the
+/// error is returned. Once the waits work, the rest goes.
+#[test]
+fn a_failed_wait_keeps_only_its_streams_memory() {
+    let (device, sim) = sim(1 << 30);
+    let pool = pool_on(&device, PoolConfig::default());
+    let (first, second) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let blocks: Vec<_> = [&first, &second]
+        .map(|s| {
+            sim.hold(s.raw());
+            let p = pool.allocate(12 << 20, 256, s).unwrap();
+            enqueue_work(s);
+            (p, s)
+        })
+        .into();
+    for (p, s) in blocks {
+        pool.deallocate(p, 12 << 20, 256, s).unwrap();
+    }
+    let reserved = pool.reserved_bytes();
+    assert!(reserved >= 24 << 20, "one region each: {reserved}");
+    // Lanes are waited for in the order the streams came.
+    sim.fail_call("cuStreamSynchronize", 1, 999);
+    sim.fail_call("cuCtxSynchronize", 1, 999);
+    assert!(pool.release().is_err(), "the failed wait is reported");
+    let kept = pool.reserved_bytes();
+    assert!(
+        (12 << 20..=reserved - (12 << 20)).contains(&kept),
+        "the second stream's region went back, the first's stayed: {kept} of {reserved}"
+    );
+    sim.clear_faults();
+    assert_eq!(pool.release().unwrap(), kept);
+    assert_eq!(pool.reserved_bytes(), 0);
+}

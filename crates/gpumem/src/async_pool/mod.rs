@@ -106,7 +106,8 @@ macro_rules! pool_of_mempool {
         /// The pool's `ReservedMemCurrent` and `ReservedMemHigh`.
         /// [`Pool::trim`](crate::pool::Pool::trim) is `cuMemPoolTrimTo`
         /// (unused memory whose frees have run); [`Pool::release`](crate::pool::Pool::release)
-        /// synchronizes the device first.
+        /// synchronizes the device first (and trims all the same, returning
+        /// the error, when it cannot).
         impl $crate::pool::Pool for $t {
             fn reserved_bytes(&self) -> usize {
                 self.pool().reserved_current().unwrap_or(0)

@@ -311,7 +311,14 @@ impl PinnedPool {
     /// `PinnedHostResource::new(device)` pins portable, device-mapped memory
     /// of `device`'s driver; other `cuMemHostAlloc` flags make other
     /// upstreams.
+    ///
+    /// The pool pins its regions with `upstream`'s device and flags but a
+    /// table of its own: clones of `upstream` the caller kept neither see
+    /// them ([`PinnedHostResource::live_allocations`]) nor can free them
+    /// (refused as [`FreeError::Unknown`]), so no one but the pool unpins
+    /// memory under its blocks while safe code holds references into them.
     pub fn new(upstream: PinnedHostResource, config: PinnedPoolConfig) -> Result<Self> {
+        let upstream = upstream.with_own_table();
         if let Some(max) = config.max_reserved {
             if config.initial_size > max {
                 return Err(Error::InvalidArgument(format!(
@@ -441,8 +448,11 @@ impl PinnedPool {
     /// Seals and polls every stream's batches, then frees the pending
     /// blocks whose copies are done. A stream whose event fails keeps its
     /// blocks pending; the others go on; the first error is returned after.
+    /// Streams their users dropped are forgotten once nothing of theirs is
+    /// open or sealed, pending blocks or not.
     fn process_locked(st: &mut State) -> Result<usize> {
         if st.pending.is_empty() && st.tracks.values().all(|t| t.sealed.is_empty()) {
+            Self::forget_dropped_streams(st);
             return Ok(0);
         }
         let mut first_err = None;
@@ -471,9 +481,15 @@ impl PinnedPool {
                 i += 1;
             }
         }
+        Self::forget_dropped_streams(st);
+        first_err.map_or(Ok(released), Err)
+    }
+
+    /// Forgets the tracks of streams their users dropped whose copies are
+    /// all known done (a block's use of a forgotten stream counts as done).
+    fn forget_dropped_streams(st: &mut State) {
         st.tracks
             .retain(|_, t| !(t.held.is_dropped() && t.sealed.is_empty() && t.open_copies == 0));
-        first_err.map_or(Ok(released), Err)
     }
 
     /// Unpins free regions down to `to` bytes (see [`PinnedPool::trim_locked`])

@@ -804,10 +804,10 @@ impl<U: MemoryResource> PoolResource<U> {
         first_err.map_or(Ok(released), Err)
     }
 
-    /// Gives entirely free regions of every shard but those of `skip` back
-    /// until the pool holds at most `to` bytes, after settling each shard
-    /// (without waiting). Returns the bytes given back.
-    fn release_to(&self, to: usize, skip: &[usize]) -> Result<usize> {
+    /// Gives entirely free regions of every shard back until the pool holds
+    /// at most `to` bytes, after settling each shard (without waiting).
+    /// Returns the bytes given back.
+    fn release_to(&self, to: usize) -> Result<usize> {
         let mut released = 0;
         let mut first_err = None;
         for i in 0..self.shards.len() {
@@ -815,11 +815,10 @@ impl<U: MemoryResource> PoolResource<U> {
             if excess == 0 {
                 break;
             }
-            if skip.contains(&i) {
-                continue;
-            }
             let mut st = self.shards.lock(i);
-            Self::settle(&mut st, None);
+            // Lanes of streams their users dropped go once empty.
+            let sh = &mut *st;
+            sh.lanes.settle_and_forget(&mut sh.heaps);
             match self.release_free_regions(st, i, excess) {
                 Ok(b) => released += b,
                 Err(e) => {
@@ -940,7 +939,7 @@ impl<U: MemoryResource> PoolResource<U> {
         }
         // A region the upstream refuses to take back stays free in the pool;
         // growing may still succeed, so its error is not the answer here.
-        let _ = self.release_to(0, &[]);
+        let _ = self.release_to(0);
         st = self.shards.lock(home);
         // Retry with the exact size first when the tiered region was larger.
         for size in [region, needed.next_multiple_of(256)] {
@@ -1253,22 +1252,22 @@ impl<U: MemoryResource> Pool for PoolResource<U> {
     }
 
     fn trim(&self, to: usize) -> Result<usize> {
-        self.release_to(to, &[])
+        self.release_to(to)
     }
 
-    /// A shard whose streams cannot be waited for (a failed synchronize)
-    /// keeps its free memory, which its streams' work may still use; the
-    /// other shards give theirs back, and the first error is returned.
+    /// A stream that cannot be waited for (a failed synchronize, and the
+    /// device's in its place) keeps the blocks it freed, which its work may
+    /// still use, and so the regions under them; everything else goes back
+    /// as a trim would give it (streams waited for, or found idle), in
+    /// every shard, and the first error is returned.
     fn release(&self) -> Result<usize> {
-        let mut failed = Vec::new();
         let mut first_err = None;
         for i in 0..self.shards.len() {
             if let Err(e) = Self::settle_blocking(&mut self.shards.lock(i)) {
-                failed.push(i);
                 first_err.get_or_insert(e);
             }
         }
-        let released = self.release_to(0, &failed);
+        let released = self.release_to(0);
         match first_err {
             Some(e) => Err(e),
             None => released,

@@ -999,7 +999,9 @@ impl<U: MemoryResource> MemoryResource for SegmentPool<U> {
 /// without a live block whose stream is known idle (a query; none during a
 /// capture on it); [`Pool::release`] first waits for the streams of the
 /// segments without a live block (refused while one of them captures),
-/// then gives them all back.
+/// then gives them all back. A segment whose stream cannot be waited for
+/// (nor found idle) stays, its stream's work may still use it; the others
+/// go, and the first error is returned.
 impl<U: MemoryResource> Pool for SegmentPool<U> {
     fn reserved_bytes(&self) -> usize {
         SegmentPool::reserved_bytes(self)
@@ -1027,10 +1029,22 @@ impl<U: MemoryResource> Pool for SegmentPool<U> {
                 .map(|s| s.stream.clone())
                 .collect()
         };
+        let mut done = BTreeSet::new();
+        let mut first_err = None;
         for s in &waits {
-            streams::synchronize(s)?;
+            match streams::synchronize(s) {
+                Ok(()) => {
+                    done.insert(s.id());
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        self.release_free_segments()
+        let given = self.give_back(0, |s| {
+            done.contains(&s.id()) || streams::query(s) == Progress::Idle
+        });
+        first_err.map_or(given, Err)
     }
 }
 

@@ -569,7 +569,11 @@ impl<U: MemoryResource> Slab<U> {
         let mut first_err = None;
         if self.cfg.stream_ordered {
             let r = if blocking {
-                self.streams.synchronize_all()
+                // A stream that cannot be waited for may still be found
+                // done by a query, and its blocks then go back.
+                self.streams
+                    .synchronize_all()
+                    .inspect_err(|_| drop(self.streams.poll_all(false)))
             } else {
                 self.streams.poll_all(true)
             };

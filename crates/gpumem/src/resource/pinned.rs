@@ -17,7 +17,9 @@ use crate::stream::Stream;
 use crate::Result;
 
 /// Pinned host memory. Portable and device-mapped, not write-combined, unless
-/// other flags are given. Clones share what was handed out.
+/// other flags are given. Clones share what was handed out (a
+/// [`PinnedPool`](crate::manager::PinnedPool) made with one does not: see
+/// [`PinnedPool::new`](crate::manager::PinnedPool::new)).
 #[derive(Debug, Clone)]
 pub struct PinnedHostResource {
     device: Device,
@@ -46,6 +48,15 @@ impl PinnedHostResource {
             flags,
             handed_out: Arc::default(),
         }
+    }
+
+    /// The same memory (device and flags) with a table of its own of what
+    /// was handed out: this resource and its clones cannot free what the
+    /// copy hands out, nor the copy theirs. A pool that carves the memory
+    /// into blocks pins through one, so no one else can unpin a region
+    /// under its blocks.
+    pub(crate) fn with_own_table(&self) -> Self {
+        Self::with_flags(self.device.clone(), self.flags)
     }
 
     /// Allocations handed out and not yet freed.

@@ -120,8 +120,14 @@ impl FreeStreams {
         (bit, self.tick)
     }
 
+    /// Gives `stream` a slot, the lowest free one; first the streams their
+    /// users dropped whose frees are done give theirs back (each not known
+    /// done is asked once, [`FreeStreams::prune_asking`]), so a program that
+    /// makes and drops streams keeps as many slots (and streams) as it
+    /// uses, and stream bits stay unshared where it uses 64 or fewer.
     #[cold]
     fn add(&mut self, stream: &Stream) -> u32 {
+        self.prune_asking();
         let entry = StreamFrees {
             // Nothing was freed on it before: complete up to now.
             frees: Watermark::complete_upto(self.tick),
@@ -290,6 +296,22 @@ impl FreeStreams {
     pub(crate) fn prune(&mut self) {
         let now = self.tick;
         self.slots.prune(|_, s| s.data.frees.is_complete(now));
+    }
+
+    /// [`FreeStreams::prune`], after asking each stream its users dropped
+    /// whose frees are not known done whether it is idle: one query each,
+    /// never a wait (what a trim does).
+    pub(crate) fn prune_asking(&mut self) {
+        let now = self.tick;
+        for (_, s) in self.slots.iter_mut() {
+            let f = &mut s.data;
+            if s.held.is_dropped() && !f.frees.is_complete(now) && s.held.query() == Progress::Idle
+            {
+                f.frees.set_complete_upto(now);
+                f.pending.forget(&self.events);
+            }
+        }
+        self.prune();
     }
 }
 

@@ -17,7 +17,7 @@
 use super::events::EventPool;
 use super::handoff::hand_over;
 use super::slots::StreamSlots;
-use super::streams::{synchronize_device, synchronize_each};
+use super::streams::{synchronize_device, synchronize_each, Progress};
 use crate::device::Device;
 use crate::stream::Stream;
 use crate::suballoc::{LaneHeap, LaneId};
@@ -134,9 +134,14 @@ impl HeapLanes {
         }
     }
 
-    /// A lane for a stream seen for the first time.
+    /// A lane for a stream seen for the first time. Streams their users
+    /// dropped go first where a query finds them idle (their free blocks
+    /// to the global lane), so a program that makes and drops streams
+    /// keeps as many lanes (and streams) as it uses.
     #[cold]
     fn add_lane(&mut self, heaps: &mut impl Heaps, stream: &Stream) -> Result<LaneId> {
+        self.settle_dropped(heaps);
+        self.forget_dropped_streams(heaps);
         let lane = create_lane(heaps.heaps_mut())?;
         self.streams.insert_at(lane.0, stream, ());
         Ok(lane)
@@ -160,22 +165,53 @@ impl HeapLanes {
 
     /// Waits for every stream with free blocks and moves all of them to the
     /// global lane (every heap); then forgets streams only the pool still
-    /// references.
+    /// references. A stream that cannot be waited for, nor the device in its
+    /// place, keeps its blocks (its work may still use them); the others
+    /// move, and the first error is returned.
     pub(crate) fn settle_blocking(&mut self, heap: &mut impl Heaps) -> Result<()> {
         let mut device_synced = false;
+        let mut first_err = None;
         for (i, s) in self.streams.iter() {
             let lane = LaneId(i);
             if heap.lane_free_total(lane) == 0 {
                 continue;
             }
             if !device_synced && !s.held.synchronize() {
-                synchronize_device(s.held.device())?;
-                device_synced = true;
+                match synchronize_device(s.held.device()) {
+                    Ok(()) => device_synced = true,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        continue;
+                    }
+                }
             }
             heap.move_lane_all(lane, LaneId::GLOBAL);
         }
         self.forget_dropped_streams(heap);
-        Ok(())
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Moves the free blocks of each stream its users dropped that a query
+    /// finds idle to the global lane: [`HeapLanes::settle`] of those
+    /// streams only, with no device synchronization.
+    fn settle_dropped(&self, heap: &mut impl Heaps) {
+        for (i, s) in self.streams.iter() {
+            let lane = LaneId(i);
+            if s.held.is_dropped()
+                && heap.lane_free_total(lane) != 0
+                && s.held.query() == Progress::Idle
+            {
+                heap.move_lane_all(lane, LaneId::GLOBAL);
+            }
+        }
+    }
+
+    /// [`HeapLanes::settle`] of every lane, then
+    /// [`HeapLanes::forget_dropped_streams`]: what a trim does, never
+    /// blocking (but for a stream the driver cannot tell of, as `settle`).
+    pub(crate) fn settle_and_forget(&mut self, heap: &mut impl Heaps) {
+        self.settle(heap, None);
+        self.forget_dropped_streams(heap);
     }
 
     /// Drops lanes that hold nothing and whose stream only the pool still

@@ -23,6 +23,19 @@
 //! synchronizing the device before its blocks are reused. The per-thread
 //! default stream is queried and recorded on only by its own thread.
 //!
+//! The clones are pool handles (`Stream::pool_handle`), which do not count
+//! as the stream's users, so a stream held by several tables, shards or
+//! pools is known dropped once its users' handles are gone. Pools whose
+//! stream tables are slots, lanes or copy tracks (`PoolResource`,
+//! `VirtualPool`, `PinnedPool`) forget a dropped stream when a query finds
+//! its work done: when a new stream takes a slot or lane (its index, lane
+//! number and stream bit then serve the new one), on a trim and on a
+//! release; a program that makes and drops streams keeps as many as it
+//! uses. Pools that cache blocks per stream (the slab pools, the arena,
+//! `SegmentPool`, the NCCL-ready `VirtualPool`'s kept blocks) keep a
+//! dropped stream's blocks, and the stream, until a trim, an out-of-memory
+//! path or a release, as they keep any cache.
+//!
 //! Graph capture ([`crate::captures`]): while gpumem counts a capture under
 //! way, a block freed on a capturing stream is checked as any free, then
 //! parked for the graph and never handed out again; a second free of it is

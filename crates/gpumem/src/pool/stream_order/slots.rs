@@ -36,7 +36,7 @@ impl<T> StreamSlots<T> {
         self.by_id.len()
     }
 
-    /// One past the highest index in use (or once in use).
+    /// One past the highest index in use.
     #[inline]
     pub(crate) fn capacity(&self) -> usize {
         self.slots.len()
@@ -119,12 +119,17 @@ impl<T> StreamSlots<T> {
             .filter_map(|(i, s)| Some((i as u32, s.as_mut()?)))
     }
 
-    /// Forgets the stream at `i` (dropping the pool's clone of it).
+    /// Forgets the stream at `i` (dropping the pool's clone of it). The
+    /// capacity shrinks to one past the highest index left in use, so
+    /// indices above 63 (which share stream bits) go once unused.
     pub(crate) fn remove(&mut self, i: u32) -> Option<Slot<T>> {
         let slot = self.slots.get_mut(i as usize)?.take()?;
         self.by_id.remove(&slot.held.id().0);
         if self.last.is_some_and(|(_, l)| l == i) {
             self.last = None;
+        }
+        while self.slots.last().is_some_and(Option::is_none) {
+            self.slots.pop();
         }
         Some(slot)
     }

@@ -96,7 +96,9 @@ pub(crate) fn synchronize_device(device: &Device) -> Result<()> {
 
 /// A pool's clone of a stream that freed memory into it: the stream is not
 /// destroyed while its blocks sit free (a user may drop theirs), and its
-/// handle stays valid for queries and records.
+/// handle stays valid for queries and records. The clone is a
+/// [`Stream::pool_handle`], so a stream that several tables or pools hold
+/// still counts as dropped once its users' handles are gone.
 pub(crate) struct HeldStream {
     stream: Stream,
     /// The id as the handing thread saw it (see [`HomeThread`]).
@@ -107,7 +109,7 @@ pub(crate) struct HeldStream {
 impl HeldStream {
     pub(crate) fn new(stream: &Stream) -> Self {
         Self {
-            stream: stream.clone(),
+            stream: stream.pool_handle(),
             id: stream.id(),
             home: HomeThread::of(stream),
         }
@@ -160,10 +162,10 @@ impl HeldStream {
         self.is_here() && synchronize(&self.stream).is_ok()
     }
 
-    /// True when only the pool still has the stream (its user dropped it):
-    /// the pool may forget it once nothing of it is pending.
+    /// True when only pools still have the stream (its users dropped every
+    /// handle): the pool may forget it once nothing of it is pending.
     pub(crate) fn is_dropped(&self) -> bool {
-        self.stream.is_sole_handle()
+        self.stream.users_gone()
     }
 }
 

@@ -37,6 +37,10 @@ use crate::stream::{Stream, StreamId};
 #[derive(Debug)]
 struct Kept {
     bytes: usize,
+    /// A pool's handle ([`Stream::pool_handle`]): a block kept for its
+    /// stream does not keep the stream its users' (only they can ask for
+    /// the block again), so once they drop it a trim flushes the block and
+    /// the pool lets the stream go.
     stream: Stream,
     seq: u64,
 }
@@ -64,7 +68,7 @@ impl KeptBlocks {
             addr,
             Kept {
                 bytes,
-                stream: stream.clone(),
+                stream: stream.pool_handle(),
                 seq,
             },
         );

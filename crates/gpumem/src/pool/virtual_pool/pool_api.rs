@@ -34,8 +34,22 @@ impl VirtualPool {
                     first_err.get_or_insert(e);
                 }
             }
+            // After the give-back, which may have freed kept blocks on
+            // their streams.
+            Self::forget_dropped_streams(st);
         });
         first_err.map_or(Ok(given), Err)
+    }
+
+    /// Lets go of the streams of shard `st` that their users dropped and
+    /// whose work is known done, without waiting: each area's lanes are
+    /// settled (a query per stream with free blocks) and forgotten when
+    /// empty, and each such stream that freed blocks is asked once.
+    fn forget_dropped_streams(st: &mut State) {
+        for a in &mut st.areas {
+            a.lanes.settle_and_forget(&mut a.heap);
+        }
+        st.streams.prune_asking();
     }
 
     /// Releases shard `st`'s cached extents, after unmapping idle ones into
@@ -97,33 +111,38 @@ impl Pool for VirtualPool {
         self.give_back_all(to)
     }
 
+    /// A stream that cannot be waited for (a failed synchronize, and the
+    /// device's in its place) keeps the pages it freed blocks on, which its
+    /// work may still use; everything else goes back as a trim would give
+    /// it (streams waited for, or found idle), in every shard, and the
+    /// first error is returned.
     fn release(&self) -> Result<usize> {
         let mut first_err = None;
         self.each_shard(|st| {
             // Kept blocks are freed first, so that the wait covers them.
-            let settled = self.flush_kept(st, usize::MAX);
-            let settled = settled.and_then(|()| st.streams.synchronize_all(&self.device));
-            let settled = settled.and_then(|()| {
-                st.areas
-                    .iter_mut()
-                    .try_for_each(|a| a.lanes.settle_blocking(&mut a.heap))
-            });
-            match settled {
-                Ok(()) => st.streams.prune(),
-                Err(e) => {
+            let flushed = self.flush_kept(st, usize::MAX);
+            let waited = st.streams.synchronize_all(&self.device);
+            let mut settled = Ok(());
+            for a in &mut st.areas {
+                settled = settled.and(a.lanes.settle_blocking(&mut a.heap));
+            }
+            st.streams.prune();
+            for r in [flushed, waited, settled] {
+                if let Err(e) = r {
                     first_err.get_or_insert(e);
                 }
             }
         });
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        let given = self.give_back_all(0)?;
-        self.lock()
+        let given = self.give_back_all(0);
+        let host = self
+            .lock()
             .regions
             .host
             .as_ref()
-            .map_or(Ok(0), Pool::release)?;
-        Ok(given)
+            .map_or(Ok(0), Pool::release);
+        match (first_err, given, host) {
+            (Some(e), _, _) | (None, Err(e), _) | (None, Ok(_), Err(e)) => Err(e),
+            (None, Ok(given), Ok(_)) => Ok(given),
+        }
     }
 }
