@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
@@ -121,7 +122,10 @@ fn ensure_font() -> Result<()> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-fn palette(i: usize) -> RGBColor {
+/// How series `i` is drawn: a colour of eight and, for each further eight
+/// series, another dash pattern (dash, gap in pixels; `None` is solid), so
+/// up to 32 allocators on one chart never look alike.
+fn line_style(i: usize) -> (RGBColor, Option<(u32, u32)>) {
     const COLORS: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -132,7 +136,11 @@ fn palette(i: usize) -> RGBColor {
         RGBColor(227, 119, 194),
         RGBColor(23, 190, 207),
     ];
-    COLORS[i % COLORS.len()]
+    const DASHES: [Option<(u32, u32)>; 4] = [None, Some((12, 6)), Some((3, 4)), Some((20, 4))];
+    (
+        COLORS[i % COLORS.len()],
+        DASHES[(i / COLORS.len()) % DASHES.len()],
+    )
 }
 
 fn draw_on<DB: DrawingBackend>(
@@ -187,18 +195,37 @@ where
         .draw()
         .map_err(e)?;
     for (i, (name, t)) in series.iter().enumerate() {
-        let color = palette(i);
+        let (color, dash) = line_style(i);
         let pts: Vec<(f64, f64)> = xs(t)
             .into_iter()
             .zip(t.reserved.iter().map(|&b| b as f64 / GIB))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts, color.stroke_width(3)))
-            .map_err(e)?
-            .label(format!("{name} reserved"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
+        let label = format!("{name} reserved");
+        match dash {
+            None => {
+                chart
+                    .draw_series(LineSeries::new(pts, color.stroke_width(3)))
+                    .map_err(e)?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+                    });
+            }
+            Some((on, off)) => {
+                chart
+                    .draw_series(DashedLineSeries::new(pts, on, off, color.stroke_width(3)))
+                    .map_err(e)?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        DashedPathElement::new(
+                            vec![(x, y), (x + 24, y)],
+                            on.min(8),
+                            off.min(4),
+                            color.stroke_width(3),
+                        )
+                    });
+            }
+        }
     }
     if let Some((_, first)) = series.first() {
         let pts: Vec<(f64, f64)> = xs(first)
@@ -268,5 +295,24 @@ pub fn draw(
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw_on(root, title, series, x)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn thirty_two_series_never_share_a_look() {
+        let looks: HashSet<_> = (0..32)
+            .map(|i| {
+                let (c, dash) = line_style(i);
+                (c.0, c.1, c.2, dash)
+            })
+            .collect();
+        assert_eq!(looks.len(), 32);
+        // The first eight (every default allocator) are solid.
+        assert!((0..8).all(|i| line_style(i).1.is_none()));
     }
 }
