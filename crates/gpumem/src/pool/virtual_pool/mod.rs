@@ -517,11 +517,17 @@ impl VirtualPool {
         if tag != NO_REGION {
             st.areas[area].heap.set_tag(blk.block, tag);
         }
+        Self::note_peak(st);
+        DevicePtr(blk.addr)
+    }
+
+    /// Raises the live peak to the live bytes now.
+    #[inline(always)]
+    fn note_peak(st: &mut State) {
         let live = st.live_bytes();
         if live > st.peak_live {
             st.peak_live = live;
         }
-        DevicePtr(blk.addr)
     }
 
     fn oom(&self, st: &State, requested: usize) -> Error {
@@ -685,7 +691,7 @@ impl VirtualPool {
             false => bytes,
         };
         if capturing(stream) {
-            return Self::park(st, area, ptr, bytes);
+            return Self::park(st, area, ptr, bytes).map(drop);
         }
         if self.config.nccl_ready && Self::may_keep(st, area, ptr) {
             return Self::keep_whole(st, area, ptr, bytes, stream);
@@ -750,18 +756,19 @@ impl VirtualPool {
         Ok(())
     }
 
-    /// A free of `ptr` as `bytes` on a capturing stream, found in `area` of
-    /// shard `st`: checked as any free is, then parked (its pages stay
-    /// mapped and counted under a live block).
+    /// A free of `ptr` as `bytes` found in `area` of shard `st`, checked as
+    /// any free is, then parked (its pages stay mapped and counted under a
+    /// live block): on a capturing stream, or kept by the NCCL-ready mode.
+    /// Returns the block's size.
     #[cold]
     #[inline(never)]
-    fn park(st: &mut State, area: usize, ptr: DevicePtr, bytes: usize) -> Result<()> {
+    fn park(st: &mut State, area: usize, ptr: DevicePtr, bytes: usize) -> Result<usize> {
         let size = st.areas[area]
             .heap
             .check_free_sized(ptr.0, bytes as u64)
-            .map_err(|e| e.into_invalid_free(ptr.0))?;
-        st.parked.insert(ptr, size as usize);
-        Ok(())
+            .map_err(|e| e.into_invalid_free(ptr.0))? as usize;
+        st.parked.insert(ptr, size);
+        Ok(size)
     }
 
     /// A free of a block of another shard than `home` (the calling

@@ -109,10 +109,7 @@ impl VirtualPool {
         st.parked.remove(DevicePtr(addr));
         let granular = crate::adaptor::granular_size(bytes).unwrap_or(bytes) as u64;
         st.whole_sizes.insert(addr, granular);
-        let live = st.live_bytes();
-        if live > st.peak_live {
-            st.peak_live = live;
-        }
+        Self::note_peak(st);
         DevicePtr(addr)
     }
 
@@ -135,12 +132,8 @@ impl VirtualPool {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        let size = st.areas[area]
-            .heap
-            .check_free_sized(ptr.0, bytes as u64)
-            .map_err(|e| e.into_invalid_free(ptr.0))? as usize;
+        let size = Self::park(st, area, ptr, bytes)?;
         st.whole_sizes.remove(&ptr.0);
-        st.parked.insert(ptr, size);
         st.kept.keep(ptr.0, size, stream);
         Ok(())
     }
