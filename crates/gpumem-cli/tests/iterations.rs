@@ -122,8 +122,8 @@ fn steady_is_the_median_after_the_second_pass_or_the_last() {
 fn the_default_pool_stays_near_the_live_peak_when_sizes_vary() {
     // Sizes that change every iteration (variable sequence lengths) must not
     // spread a stream's memory over new regions while free space that fits
-    // sits beside it: PyTorch's allocator holds 1.27 and 1.18 of the live
-    // peak on these loops (`bench/results/NOTES.md`).
+    // sits beside it, as PyTorch's allocator lets it on these loops
+    // (`bench/results/NOTES.md`).
     // The default pool grows ranges in place; with `expandable=false` it
     // takes separate regions, and must stay as lean.
     let ctx = RunContext::new(Device::sim(SimConfig::default())).unwrap();
@@ -153,7 +153,7 @@ fn the_default_pool_stays_near_the_live_peak_when_sizes_vary() {
 fn a_warm_virtual_pool_stops_mapping_when_sizes_vary() {
     // Once the pool has seen a few passes of varying sizes, a block of a
     // new size fits in free addresses already backed: a further pass maps
-    // (almost) nothing. Each mapping costs 25-45 µs on an H100.
+    // (almost) nothing: each mapping is a slow driver call.
     use gpumem::pool::{VirtualPool, VirtualPoolConfig};
     use gpumem_cli::workload::{replay_streams, run_replay};
     let device = Device::sim(SimConfig::default());

@@ -438,3 +438,61 @@ fn null_frees_are_no_ops_everywhere() {
         }
     }
 }
+
+#[test]
+fn a_pools_upstream_clone_sees_its_segments_and_refuses_inexact_frees() {
+    // By design an upstream is shared, as RMM's are: clones of a
+    // `DeviceResource` share one table, so a pool built on one clone
+    // allocates its segments in the table the others see (`live_blocks`).
+    // What guards the pool's segments from a clone is the table's rule: only
+    // the segment's own base and exact size free it, and the blocks the pool
+    // hands out are never that pair unless a block is a whole segment.
+    let (device, _sim) = common::device(false);
+    let s = device.create_stream().unwrap();
+    let upstream = DeviceResource::new(device.clone());
+    let pool = PoolResource::with_defaults(upstream.clone()).unwrap();
+    let blocks: Vec<DevicePtr> = (0..4)
+        .map(|_| pool.allocate(4096, 256, &s).unwrap())
+        .collect();
+    let segments = upstream.live_blocks();
+    assert!(!segments.is_empty(), "the clone sees the pool's segments");
+    let live_before = pool.stats();
+    for &b in &blocks {
+        for bytes in [4096, 4095, 8192] {
+            let e = upstream.deallocate(b, bytes, 256, &s).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidFree {
+                        reason: FreeError::Unknown | FreeError::SizeMismatch { .. },
+                        ..
+                    }
+                ),
+                "a block's free through the upstream is refused: {e}"
+            );
+        }
+    }
+    for seg in &segments {
+        let exact = seg.requested.expect("the driver resource records the size");
+        for bytes in [exact - 256, exact + 256] {
+            assert!(matches!(
+                upstream.deallocate(seg.address, bytes, 256, &s),
+                Err(Error::InvalidFree {
+                    reason: FreeError::SizeMismatch { .. },
+                    ..
+                })
+            ));
+        }
+    }
+    assert_eq!(upstream.live_blocks(), segments, "no segment was freed");
+    assert_eq!(pool.stats(), live_before, "the pool's numbers kept");
+    for b in blocks {
+        pool.deallocate(b, 4096, 256, &s).unwrap();
+    }
+    drop(pool);
+    assert_eq!(
+        upstream.live_allocations(),
+        0,
+        "the pool gave its segments back"
+    );
+}

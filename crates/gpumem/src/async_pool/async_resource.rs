@@ -3,10 +3,9 @@
 //! `cuda_async_memory_resource`.
 //!
 //! Algorithm: none of our own. The driver's pool caches freed memory per pool
-//! and hands it out again in stream order; allocation and free cost about 1 µs
-//! per pair on an H100 once the pool holds the memory
-//! (`bench/results/NOTES.md`), plus a table insert and remove, tens of ns,
-//! that makes a free of a pointer this resource did not hand out, a second
+//! and hands it out again in stream order, a driver call each for allocation
+//! and free even once the pool holds the memory (`bench/results/NOTES.md`),
+//! plus a table insert and remove that makes a free of a pointer this resource did not hand out, a second
 //! free or a wrong size an error that never reaches `cuMemFreeAsync`. Two
 //! things make it fast or slow:
 //! - the release threshold: the driver's default of 0 returns all unused

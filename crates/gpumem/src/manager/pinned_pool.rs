@@ -1,8 +1,8 @@
 //! `PinnedPool`: a caching pool of pinned (page-locked) host memory whose
 //! blocks are reused only once the copies that used them are done.
 //!
-//! Why: `cuMemHostAlloc` costs about 446 ms per GiB on an H100, while copies
-//! from pinned memory run 5.8× faster than from pageable memory
+//! Why: `cuMemHostAlloc` is slow, while copies from pinned memory run
+//! several times faster than from pageable memory
 //! (`bench/results/NOTES.md`), so pinned memory is taken from the driver in
 //! regions and cached.
 //!

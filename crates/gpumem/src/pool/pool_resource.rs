@@ -57,8 +57,7 @@
 //! [`crate::pool`]): it stays used in its heap, kept apart in its shard, and
 //! is subtracted from the live numbers; a free first looks there, which
 //! costs nothing but a length read while nothing is parked. Growth costs one
-//! upstream allocation (`cuMemAlloc`: tens of µs on an H100, see
-//! `bench/results/NOTES.md`).
+//! upstream allocation (`cuMemAlloc`, a driver call).
 //!
 //! Threads: the pool is split into lock shards, one per CPU by default
 //! ([`PoolConfig::shards`]; `pool/shards.rs` says why shards and why per
@@ -89,9 +88,7 @@
 //! instead of taking regions (`pool_resource/expandable.rs`), so free space
 //! at what would have been a region's end joins the next growth, and a trim
 //! also gives back the free end of a range. Separate regions strand that
-//! space: 1.17 of the live peak on resnet50_train against 1.01 with one
-//! range, and 1.19-1.25 against 1.01-1.03 on sizes that change every
-//! iteration (`bench/results/NOTES.md`).
+//! space, most where sizes change every iteration (`bench/results/NOTES.md`).
 
 mod expandable;
 mod recycle;
@@ -206,11 +203,11 @@ pub struct PoolConfig {
     /// memory of pieces lying wholly in free blocks to its end instead of
     /// creating more (waiting for the streams that freed them first; never
     /// during a graph capture). Off by default: it holds less memory where
-    /// a workload's holes keep their place (PyTorch's GPT-2 training: 13.8
-    /// GB reserved against 14.5 without it, at the same speed) but moves
-    /// pieces again and again where the layout changes from one pass to
-    /// the next (a replayed log: 430 against 90 ns per operation in the
-    /// steady state on an H100; `bench/results/NOTES.md`).
+    /// a workload's holes keep their place (PyTorch's GPT-2 training
+    /// reserves less with it, at the same speed) but moves pieces again and
+    /// again where the layout changes from one pass to the next, which
+    /// makes a replayed log's steady state several times slower
+    /// (`bench/results/NOTES.md`).
     pub recycle_pieces: bool,
 }
 

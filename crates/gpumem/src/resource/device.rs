@@ -1,13 +1,13 @@
 //! `DeviceResource`: device memory straight from the driver (`cuMemAlloc` /
-//! `cuMemFree`). Every call costs the driver tens of µs on an H100
-//! (`bench/results/NOTES.md`); this is the baseline and the usual upstream of
-//! the pools.
+//! `cuMemFree`). Every call is a trip through the driver, orders of
+//! magnitude dearer than a pool's (`bench/results/NOTES.md`); this is the
+//! baseline and the usual upstream of the pools.
 //!
 //! The resource knows what it handed out (a sharded table, see
 //! [`HandedOut`](super::HandedOut)): a free of another allocator's pointer,
 //! a second free or a free with another size is [`Error::InvalidFree`] and
 //! never reaches `cuMemFree`. That costs one table insert and one remove
-//! (tens of ns) per allocation, next to the driver's tens of µs.
+//! per allocation, small next to the driver's call.
 //!
 //! Growable allocations ([`GrowInPlace`], through CUDA's virtual memory
 //! management where the device has it) are its allocations too: freed,
@@ -30,6 +30,18 @@ use crate::{Error, Result};
 /// synchronous in the driver, so the stream arguments are ignored. Clones
 /// share what was handed out: memory allocated through one may be freed
 /// through another.
+///
+/// So a pool built on a clone allocates its segments where the other clones
+/// see them ([`live_blocks`](Self::live_blocks)), as an upstream is shared in
+/// RMM. What keeps a clone from freeing a segment under the pool's blocks is
+/// the table's rule: only the segment's base with its exact size frees it,
+/// and no block the pool hands out is that pair unless it is the whole
+/// segment. Unlike pinned host memory ([`PinnedPool`](crate::manager::PinnedPool)
+/// takes a table of its own), device memory is never read or written by
+/// safe host code here, so a segment freed that way is a fault on the
+/// device, not undefined behaviour in the program: the design keeps the
+/// sharing, and the test `a_pools_upstream_clone_sees_its_segments_and_
+/// refuses_inexact_frees` pins it.
 #[derive(Debug, Clone)]
 pub struct DeviceResource {
     device: Device,

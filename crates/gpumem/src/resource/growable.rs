@@ -6,8 +6,8 @@
 //! gives memory back only in whole regions. A pool whose heap is one
 //! address range, grown at its end as it needs more, coalesces across what
 //! would have been region boundaries (PyTorch's expandable segments do the
-//! same). On the shared resnet50 log the pool's reserve over the live peak
-//! goes from 1.17 to 1.00 that way (`bench/results/NOTES.md`).
+//! same), which on the shared resnet50 log brings the pool's reserve down
+//! to its live peak (`bench/results/NOTES.md`).
 //!
 //! How (CUDA's virtual memory management): an address range of the whole
 //! capacity is reserved up front (`cuMemAddressReserve`, address space
@@ -18,7 +18,7 @@
 //!
 //! A range allocated by [`allocate_growable_in_pieces`] maps each growth in
 //! pieces of at most the size asked for (a pool takes [`PIECE_GRANULES`]
-//! granules, 64 MiB on an H100), cut from the growth's start, so that a
+//! granules), cut from the growth's start, so that a
 //! free stretch in the middle of the range holds whole pieces. A caller can
 //! then [`split`] the range at a piece's edges and [`recycle`] the piece: unmap it there and map the same
 //! memory at the end of a range that must grow, instead of creating more
@@ -39,11 +39,10 @@ use crate::pool::stream_order::sync::lock;
 use crate::{Error, Result};
 
 /// Granules a piece of a pool's growable range spans at most when the pool
-/// recycles pieces (64 MiB at the H100's 2 MiB): the unit a free stretch
-/// can be recycled in. Smaller pieces recycle more (gpt2_train's reserve
-/// on the simulator: 1.05 of the live peak at 8 granules, 1.06 at 32) and
-/// cost a `cuMemCreate`, a `cuMemMap` and access for each
-/// (`bench/results/NOTES.md`).
+/// recycles pieces: the unit a free stretch can be recycled in. Smaller
+/// pieces recycle a little more but cost a `cuMemCreate`, a `cuMemMap` and
+/// access for each, so the reserve barely drops while the driver calls
+/// grow (`bench/results/NOTES.md`).
 pub const PIECE_GRANULES: usize = 32;
 
 /// A resource whose allocations can grow and shrink in place at their end,

@@ -161,10 +161,10 @@ impl<U: MemoryResource> PoolResource<U> {
     /// expandable heaps would take (20 MiB). The small heap: a quarter of
     /// its range, from the small region size (2 MiB) up to the medium one:
     /// small blocks come in many growths otherwise (resnet50_train's first
-    /// pass: 116 growths with 2 MiB steps, 96 with these), and the small
+    /// pass: fewer growths than with one-page steps), and the small
     /// heap is small beside the large one. Each growth costs more than a
     /// `cuMemAlloc` (create, map, set access); growing by what each request
-    /// lacks alone took 155. The reserve ends at most one step per heap
+    /// lacks alone took more still. The reserve ends at most one step per heap
     /// above what it needs (`bench/results/NOTES.md`).
     fn growth_step(&self, class: usize, range: usize) -> usize {
         let g = &self.config.growth;

@@ -3,8 +3,8 @@
 //!
 //! Why: a heap that grows one range at its end keeps every hole the
 //! workload leaves inside the range. On gpt2_train the holes at the last
-//! growths held gigabytes, none of them large enough for the requests that
-//! made the range grow, and the reserve ended 18% above the live peak
+//! growths were large in all but none large enough for the requests that
+//! made the range grow, and the reserve ended well above the live peak
 //! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces").
 //!
 //! How: the upstream maps each range in pieces of at most 64 MiB on an H100

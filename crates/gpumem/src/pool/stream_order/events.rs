@@ -13,8 +13,8 @@ use crate::device::Device;
 use crate::stream::{Event, Stream};
 use crate::Result;
 
-/// Recycled events: creating one costs ~350 ns on an H100
-/// (`bench/results/NOTES.md`).
+/// Recycled events: creating one is a driver call, dearer than a pool's
+/// whole operation (`bench/results/NOTES.md`).
 pub(crate) struct EventPool {
     free: Mutex<Vec<Event>>,
     /// Most events kept for reuse.

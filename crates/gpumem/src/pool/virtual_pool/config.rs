@@ -33,8 +33,8 @@ pub struct VirtualPoolConfig {
     pub slack_min_bytes: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
     /// `cuMemMap`); 1 gives every page its own allocation (default 6).
-    /// Larger extents mean fewer mappings (`cuMemSetAccess` costs tens of
-    /// µs per mapping), but an extent can serve elsewhere only when all its
+    /// Larger extents mean fewer mappings (each `cuMemSetAccess` a slow
+    /// driver call), but an extent can serve elsewhere only when all its
     /// pages are idle and only under a run at least as long. 6 is the value
     /// with which the simulator's replays of the two shared traces both stay
     /// within 5% of the live peak and reach a steady state with no driver

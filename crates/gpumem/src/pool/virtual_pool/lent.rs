@@ -7,7 +7,7 @@
 //! type (the C ABI's stack over `vpool`), which spares the C ABI two calls
 //! through vtables. A second inlined copy of the allocation path changes
 //! what the compiler inlines into the plain one
-//! (`bench/results/2026-11-24-h100-run35-42-spread-and-capi`): the page
+//! (`bench/results/NOTES-virtual-pool.md`): the page
 //! table's `mark` and `unmark` are forced inline so that it stays as it
 //! was.
 
