@@ -611,7 +611,7 @@
 
   // ---- start --------------------------------------------------------------
 
-  window.gpumemView = { data, timelineDrawnAt: null, selectMoment, nearestMoment };
+  window.gpumemView = { data, charts, timelineDrawnAt: null, selectMoment, nearestMoment, state };
   describeSource();
   summaryTable(verdict());
   if (tl.bucket > 1) {
