@@ -298,7 +298,7 @@
       const series = [{ label: 'event', value: (u, v) => (v === null ? '-' : fmtCount(v)) }];
       allocs.forEach((a, i) => {
         const s = lineStyle(i);
-        series.push({ label: a.name, stroke: s.stroke, dash: s.dash, width: 1.5, spanGaps: false, value: (u, v) => (v === null ? 'n/a' : fmt(v)) });
+        series.push({ label: a.name, stroke: s.stroke, dash: s.dash, width: 1.5, spanGaps: false, value: (u, v) => (v === null || v === undefined ? '-' : fmt(v)) });
       });
       const u = new uPlot({
         title,
