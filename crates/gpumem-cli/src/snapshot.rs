@@ -157,7 +157,11 @@ pub struct Converted {
 }
 
 /// [`convert`], also saying which snapshot event each RMM event came from.
-pub fn convert_traced(snapshot: &Value, device: Option<usize>, free_on: FreeOn) -> Result<Converted> {
+pub fn convert_traced(
+    snapshot: &Value,
+    device: Option<usize>,
+    free_on: FreeOn,
+) -> Result<Converted> {
     let Value::Dict(top) = snapshot else {
         bail!("the snapshot is not a dict (expected torch.cuda.memory._snapshot() output)");
     };

@@ -155,7 +155,9 @@ pub fn load(path: &Path, opts: &ViewOptions) -> Result<Input> {
         // The first byte tells a pickle from a CSV log; the rest is read by
         // the parser of its kind, within its own limits.
         let mut first = [0u8; 1];
-        let n = f.read(&mut first).with_context(|| format!("cannot read {shown}"))?;
+        let n = f
+            .read(&mut first)
+            .with_context(|| format!("cannot read {shown}"))?;
         bytes.extend_from_slice(&first[..n]);
     }
     let name = if stdin {
@@ -177,11 +179,7 @@ pub fn load(path: &Path, opts: &ViewOptions) -> Result<Input> {
             .with_context(|| format!("{shown}: not a usable PyTorch snapshot"))?;
         let detail = torch::TorchDetail::read(&value, &converted)
             .with_context(|| format!("{shown}: reading its stacks and segments"))?;
-        (
-            SourceKind::PytorchSnapshot,
-            converted.events,
-            Some(detail),
-        )
+        (SourceKind::PytorchSnapshot, converted.events, Some(detail))
     } else {
         let events = if stdin {
             trace::parse(&bytes[..])
@@ -218,7 +216,11 @@ pub fn select(list: &[String]) -> Result<Vec<AllocatorSpec>> {
 /// The moments maps are kept at: `evenly` evenly spaced events (the last
 /// one is the end of the log) and the key ones given (peaks), each with why
 /// it was chosen, in event order, without duplicates.
-pub fn choose_moments(ops: usize, evenly: usize, keys: &[(usize, String)]) -> Vec<(usize, Vec<String>)> {
+pub fn choose_moments(
+    ops: usize,
+    evenly: usize,
+    keys: &[(usize, String)],
+) -> Vec<(usize, Vec<String>)> {
     let mut at: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     if ops == 0 {
         return Vec::new();
@@ -374,13 +376,16 @@ pub struct MapData {
     pub reserved: u64,
     /// Its largest free block, where it can say.
     pub largest_free: Option<u64>,
-    /// Segments in address order, flat: address, size, flag ([`SEG_PLAIN`],
-    /// [`SEG_MAPPED`], [`SEG_UNKNOWN`]).
+    /// Segments in address order, flat: the gap from the end of the
+    /// previous segment (for the first, its address), size, flag
+    /// ([`SEG_PLAIN`], [`SEG_MAPPED`], [`SEG_UNKNOWN`]).
     pub segs: Vec<u64>,
     /// Live blocks in address order, flat: segment index, gap from the end
-    /// of the previous block in the segment (or the segment's start), size
-    /// as the allocator rounded it, the event that allocated it.
-    pub blocks: Vec<u64>,
+    /// of the previous block in the segment (or the segment's start), the
+    /// size the allocator gave it less the size asked for (in
+    /// [`BlockTable::size`]: short numbers, mostly 0 or a rounding), the
+    /// event that allocated it.
+    pub blocks: Vec<i64>,
 }
 
 /// The blocks the maps show, one column per field, in event order.
@@ -469,7 +474,7 @@ pub fn build(
         ..TimelineData::default()
     };
     let (x, live) = timeline.minmax(&prep.live_after);
-    tl.time_ms = x.iter().map(|&x| time_ms(x as usize)).collect();
+    tl.time_ms = x.iter().map(|&x| round4(time_ms(x as usize))).collect();
     tl.x = x;
     tl.live = live;
     tl.at = samples.clone();
@@ -480,7 +485,7 @@ pub fn build(
                 .iter()
                 .map(|&op| {
                     let live = prep.live_after[op];
-                    (live > 0).then(|| run.reserved[op] as f64 / live as f64)
+                    (live > 0).then(|| round4(run.reserved[op] as f64 / live as f64))
                 })
                 .collect(),
         );
@@ -490,10 +495,13 @@ pub fn build(
     let mut table = record::BlockRefs::default();
     let mut out_moments = Vec::new();
     for (k, (op, why)) in moments.into_iter().enumerate() {
-        let maps: Vec<MapData> = runs.iter().map(|r| r.maps[k].clone()).collect();
-        for m in &maps {
-            for b in m.blocks.chunks_exact(4) {
-                table.add(b[3] as usize);
+        let mut maps: Vec<MapData> = runs.iter().map(|r| r.maps[k].clone()).collect();
+        for m in &mut maps {
+            relative_segments(&mut m.segs);
+            for b in m.blocks.chunks_exact_mut(4) {
+                let op = b[3] as usize;
+                table.add(op);
+                b[2] -= prep.ops[op].size as i64;
             }
         }
         out_moments.push(Moment {
@@ -512,7 +520,11 @@ pub fn build(
         .collect();
     Ok(ViewData {
         format: DATA_FORMAT,
-        title: format!("{}: memory through {}", input.name, names(specs, recorded.is_some())),
+        title: format!(
+            "{}: memory through {}",
+            input.name,
+            names(specs, recorded.is_some())
+        ),
         source: Source {
             path: input.path.display().to_string(),
             name: input.name.clone(),
@@ -537,6 +549,22 @@ pub fn build(
         blocks,
         stacks,
     })
+}
+
+/// `x` to four decimals: the page shows no more, and the JSON is shorter.
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Makes flat (address, size, flag) segments in address order relative:
+/// each address becomes the gap from the end of the previous segment.
+fn relative_segments(segs: &mut [u64]) {
+    let mut end = 0;
+    for s in segs.chunks_exact_mut(3) {
+        let (addr, size) = (s[0], s[1]);
+        s[0] = addr.saturating_sub(end);
+        end = addr + size;
+    }
 }
 
 fn names(specs: &[AllocatorSpec], recorded: bool) -> String {
@@ -585,6 +613,19 @@ mod tests {
         assert_eq!(choose_moments(3, 10, &[]).len(), 3);
         assert_eq!(choose_moments(5, 0, &[(9, "k".into())]).len(), 1);
         assert!(choose_moments(0, 10, &[]).is_empty());
+    }
+
+    #[test]
+    fn segments_travel_as_gaps() {
+        let mut segs = vec![
+            1000, 100, SEG_PLAIN, 1100, 50, SEG_MAPPED, 2000, 10, SEG_PLAIN,
+        ];
+        relative_segments(&mut segs);
+        assert_eq!(
+            segs,
+            vec![1000, 100, SEG_PLAIN, 0, 50, SEG_MAPPED, 850, 10, SEG_PLAIN]
+        );
+        assert_eq!(round4(1.234_567), 1.2346);
     }
 
     #[test]

@@ -18,7 +18,9 @@ fn gpumem(args: &[&str]) -> Output {
 }
 
 fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
 }
 
 fn stderr(out: &Output) -> String {
@@ -47,7 +49,9 @@ fn view(input: &Path, extra: &[&str]) -> (String, Value) {
 fn embedded_data(html: &str) -> Value {
     let open = r#"<script id="gpumem-data" type="application/json">"#;
     let start = html.find(open).expect("no data element") + open.len();
-    let len = html[start..].find("</script>").expect("data element not closed");
+    let len = html[start..]
+        .find("</script>")
+        .expect("data element not closed");
     serde_json::from_str(&html[start..start + len]).expect("the embedded data is not JSON")
 }
 
@@ -79,17 +83,27 @@ fn check_consistent(data: &Value) {
     assert_eq!(tl["live"].as_array().unwrap().len(), points);
     assert_eq!(tl["time_ms"].as_array().unwrap().len(), points);
     // Downsampling keeps every peak.
-    assert_eq!(u64s(&tl["live"]).into_iter().max(), data["peak_live"].as_u64());
+    assert_eq!(
+        u64s(&tl["live"]).into_iter().max(),
+        data["peak_live"].as_u64()
+    );
     let samples = tl["at"].as_array().unwrap().len();
     for (i, a) in allocs.iter().enumerate() {
         let reserved = u64s(&tl["reserved"][i]);
         assert_eq!(reserved.len(), points);
-        assert_eq!(reserved.into_iter().max(), a["peak_reserved"].as_u64(), "{a}");
+        assert_eq!(
+            reserved.into_iter().max(),
+            a["peak_reserved"].as_u64(),
+            "{a}"
+        );
         assert_eq!(tl["ratio"][i].as_array().unwrap().len(), samples);
         assert_eq!(tl["hole"][i].as_array().unwrap().len(), samples);
     }
     let block_ops = u64s(&data["blocks"]["op"]);
-    assert!(block_ops.windows(2).all(|w| w[0] < w[1]), "block table not in event order");
+    assert!(
+        block_ops.windows(2).all(|w| w[0] < w[1]),
+        "block table not in event order"
+    );
     let ops = data["source"]["ops"].as_u64().unwrap();
     let moments = data["moments"].as_array().unwrap();
     let mut last = None;
@@ -102,20 +116,38 @@ fn check_consistent(data: &Value) {
         assert_eq!(maps.len(), allocs.len());
         for map in maps {
             let segs = u64s(&map["segs"]);
-            let blocks = u64s(&map["blocks"]);
+            let blocks: Vec<i64> = map["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect();
             assert_eq!(segs.len() % 3, 0);
             assert_eq!(blocks.len() % 4, 0);
+            // Segment addresses travel as gaps from the previous segment's end.
+            let mut addrs = Vec::new();
+            let mut end = 0;
+            for s in segs.chunks(3) {
+                addrs.push(end + s[0]);
+                end += s[0] + s[1];
+            }
             let mut at: Option<(u64, u64)> = None;
             for b in blocks.chunks(4) {
-                let (seg, gap, size, op) = (b[0] as usize, b[1], b[2], b[3]);
-                let (addr, len) = (segs[seg * 3], segs[seg * 3 + 1]);
+                let (seg, gap, op) = (b[0] as usize, b[1] as u64, b[3] as u64);
+                let row = block_ops
+                    .binary_search(&op)
+                    .unwrap_or_else(|_| panic!("block {op} not in the table"));
+                // Sizes travel relative to the size asked for; a block is
+                // never smaller than that.
+                assert!(b[2] >= 0, "a block smaller than its request");
+                let size = data["blocks"]["size"][row].as_u64().unwrap() + b[2] as u64;
+                let (addr, len) = (addrs[seg], segs[seg * 3 + 1]);
                 let start = match at {
                     Some((s, end)) if s == seg as u64 => end + gap,
                     _ => addr + gap,
                 };
                 assert!(start + size <= addr + len, "block outside its segment");
                 at = Some((seg as u64, start + size));
-                assert!(block_ops.binary_search(&op).is_ok(), "block {op} not in the table");
             }
         }
     }
@@ -142,13 +174,22 @@ fn view_of_a_shipped_trace() {
     let moments = data["moments"].as_array().unwrap();
     // Ten evenly spaced (the last is the end of the log), plus the live
     // peak and two reserve peaks where they fall between them.
-    assert!((10..=13).contains(&moments.len()), "{} moments", moments.len());
+    assert!(
+        (10..=13).contains(&moments.len()),
+        "{} moments",
+        moments.len()
+    );
     let whys: Vec<&str> = moments
         .iter()
         .flat_map(|m| m["why"].as_array().unwrap())
         .map(|w| w.as_str().unwrap())
         .collect();
-    for w in ["peak live", "peak reserved of pool", "peak reserved of vpool", "end of the log"] {
+    for w in [
+        "peak live",
+        "peak reserved of pool",
+        "peak reserved of vpool",
+        "end of the log",
+    ] {
         assert!(whys.contains(&w), "no moment for {w}: {whys:?}");
     }
     check_consistent(&data);
@@ -164,7 +205,12 @@ fn view_of_a_shipped_trace() {
     assert!(html.contains(&uplot[..200]));
     assert!(html.contains("uPlot 1.6.32"));
     assert!(html.contains("Copyright (c) 2022 Leon Sorokin"));
-    assert!(html.contains(include_str!("../assets/view/view.js").lines().nth(5).unwrap()));
+    assert!(html.contains(
+        include_str!("../assets/view/view.js")
+            .lines()
+            .nth(5)
+            .unwrap()
+    ));
     for remote in ["src=\"http", "href=\"http", "<link", "import("] {
         assert!(!html.contains(remote), "the page loads {remote}");
     }
@@ -210,7 +256,10 @@ fn view_of_a_pytorch_snapshot() {
         .sum();
     assert_eq!(recorded["final_reserved"].as_u64(), Some(total));
     let last = data["moments"].as_array().unwrap().last().unwrap();
-    assert_eq!(last["maps"][1]["segs"].as_array().unwrap().len(), segments.len() * 3);
+    assert_eq!(
+        last["maps"][1]["segs"].as_array().unwrap().len(),
+        segments.len() * 3
+    );
     // Every block shown has its stack, frames resolvable.
     let frames = data["stacks"]["frames"].as_array().unwrap().len() as u64;
     let stacks = data["stacks"]["stacks"].as_array().unwrap();
@@ -273,7 +322,10 @@ fn view_refuses_bad_input_clearly() {
         &["view", trace, "-o", "/nonexistent-dir/out.html"],
         &["cannot write", "/nonexistent-dir/out.html"],
     );
-    fails(&["view", trace, "-o", &page.replace(".html", ".csv")], &[".html"]);
+    fails(
+        &["view", trace, "-o", &page.replace(".html", ".csv")],
+        &[".html"],
+    );
     fails(&["view", trace, "--moments", "1001", "-o", page], &["1001"]);
     let junk = dir.path().join("junk.csv");
     std::fs::write(&junk, "hello, this is not a log\n").unwrap();
@@ -287,5 +339,8 @@ fn view_refuses_bad_input_clearly() {
         &["view", bad_pickle.to_str().unwrap(), "-o", page],
         &["bad.pickle", "PyTorch snapshot"],
     );
-    fails(&["view", dir.path().to_str().unwrap(), "-o", page], &["directory"]);
+    fails(
+        &["view", dir.path().to_str().unwrap(), "-o", page],
+        &["directory"],
+    );
 }

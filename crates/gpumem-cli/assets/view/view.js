@@ -380,19 +380,23 @@
     const segs = map.segs;
     const blocks = map.blocks;
     let b = 0;
+    // Segment addresses travel as the gap from the previous segment's end.
+    let prevEnd = 0;
     for (let s = 0; s * 3 < segs.length; s += 1) {
-      const addr = segs[s * 3];
+      const addr = prevEnd + segs[s * 3];
       const size = segs[s * 3 + 1];
       const flag = segs[s * 3 + 2];
-      if (s > 0) {
-        const prevEnd = segs[s * 3 - 3] + segs[s * 3 - 2];
-        if (addr > prevEnd) items.push({ kind: 'gap', addr: prevEnd, size: addr - prevEnd, mapped: flag === 1 && segs[s * 3 - 1] === 1 });
+      if (s > 0 && addr > prevEnd) {
+        items.push({ kind: 'gap', addr: prevEnd, size: addr - prevEnd, mapped: flag === 1 && segs[s * 3 - 1] === 1 });
       }
+      prevEnd = addr + size;
       items.push({ kind: 'seg', addr, size, flag });
       let at = addr;
       while (b * 4 < blocks.length && blocks[b * 4] === s) {
         const start = at + blocks[b * 4 + 1];
-        const bsize = blocks[b * 4 + 2];
+        const row = blockIndex(blocks[b * 4 + 3]);
+        // Sizes travel as the difference from the size asked for.
+        const bsize = (row < 0 ? 0 : data.blocks.size[row]) + blocks[b * 4 + 2];
         if (start > at) items.push({ kind: 'hole', addr: at, size: start - at, seg: s });
         items.push({ kind: flag === 2 ? 'unknown' : 'blk', addr: start, size: bsize, op: blocks[b * 4 + 3], seg: s });
         at = start + bsize;
@@ -501,6 +505,10 @@
         : `${a.name}: ${fmtBytes(it.size)} of addresses between two segments (${hex(it.addr)}…), not held by the allocator`;
     }
     if (it.kind === 'hole') {
+      if (a.kind === 'vpool') {
+        return `${a.name}: ${fmtBytes(it.size)} mapped at ${hex(it.addr)} under no live block after event ${fmtCount(m.op)}: ` +
+          'an idle mapping, whose physical pages may be an alias of memory a block uses elsewhere (the reserve counts physical memory once)';
+      }
       return `${a.name}: free, ${fmtBytes(it.size)} at ${hex(it.addr)}: held from the driver, under no live block after event ${fmtCount(m.op)}`;
     }
     if (it.kind === 'seg') return `${a.name}: a segment of ${fmtBytes(it.size)} at ${hex(it.addr)}`;

@@ -86,7 +86,10 @@ pub fn render(data: &ViewData) -> Result<String> {
                 out.push_str(v);
                 rest = &tail[k.len()..];
             }
-            None => bail!("the page template has an unknown placeholder at {}", &tail[..tail.len().min(20)]),
+            None => bail!(
+                "the page template has an unknown placeholder at {}",
+                &tail[..tail.len().min(20)]
+            ),
         }
     }
     out.push_str(rest);
@@ -99,7 +102,10 @@ mod tests {
 
     #[test]
     fn escapes() {
-        assert_eq!(escape_html("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+        assert_eq!(
+            escape_html("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
         assert!(check_inline("x", "a < b").is_ok());
         assert!(check_inline("x", "'</SCRIPT>'").is_err());
     }

@@ -105,7 +105,12 @@ struct Remember<'a> {
 }
 
 impl MemoryResource for Remember<'_> {
-    fn allocate(&self, bytes: usize, alignment: usize, stream: &Stream) -> gpumem::Result<DevicePtr> {
+    fn allocate(
+        &self,
+        bytes: usize,
+        alignment: usize,
+        stream: &Stream,
+    ) -> gpumem::Result<DevicePtr> {
         let p = self.inner.allocate(bytes, alignment, stream)?;
         self.last.store(p.0, Relaxed);
         Ok(p)
@@ -336,10 +341,14 @@ fn map_of(served: &dyn Served, reserved: u64, owner: &HashMap<u64, usize>) -> Ma
 }
 
 /// Places `blocks` (address, size, event) in `segs` (address, size, flag),
-/// both in any order, as [`MapData`] has them. A block outside every
-/// segment gets a segment of its own flagged [`SEG_UNKNOWN`]; a block of no
+/// both in any order, as [`MapData`] has them (addresses and block sizes
+/// whole: the caller makes them relative). A block that starts outside
+/// every segment gets a segment of its own flagged [`SEG_UNKNOWN`]; a block of no
 /// known event (`usize::MAX`) is dropped: it is not the log's.
-pub(super) fn lay_out(mut segs: Vec<(u64, u64, u64)>, mut blocks: Vec<(u64, u64, usize)>) -> MapData {
+pub(super) fn lay_out(
+    mut segs: Vec<(u64, u64, u64)>,
+    mut blocks: Vec<(u64, u64, usize)>,
+) -> MapData {
     segs.sort_unstable();
     blocks.sort_unstable();
     blocks.retain(|b| b.2 != usize::MAX);
@@ -358,7 +367,11 @@ pub(super) fn lay_out(mut segs: Vec<(u64, u64, u64)>, mut blocks: Vec<(u64, u64,
             }
             s += 1;
         }
-        let inside = s < segs.len() && segs[s].0 <= addr && addr + size <= segs[s].0 + segs[s].1;
+        // Segments ending at or before `addr` are placed: `s` is the first
+        // that ends after it. A block that starts in a segment belongs to it
+        // (one that overran it would be the allocator's bug, drawn as is);
+        // one that starts before it lies outside every segment.
+        let inside = s < segs.len() && segs[s].0 <= addr;
         let seg_index = if !inside {
             out_segs.push((addr, size, SEG_UNKNOWN));
             out_segs.len() - 1
@@ -374,7 +387,12 @@ pub(super) fn lay_out(mut segs: Vec<(u64, u64, u64)>, mut blocks: Vec<(u64, u64,
             _ => out_segs[seg_index].0,
         };
         cursor = Some((seg_index, addr + size));
-        out_blocks.extend_from_slice(&[seg_index as u64, addr - start, size, op as u64]);
+        out_blocks.extend_from_slice(&[
+            seg_index as i64,
+            (addr - start) as i64,
+            size as i64,
+            op as i64,
+        ]);
     }
     for (i, seg) in segs.iter().enumerate().skip(s) {
         if placed.map(|p| p.0) != Some(i) {
@@ -384,7 +402,10 @@ pub(super) fn lay_out(mut segs: Vec<(u64, u64, u64)>, mut blocks: Vec<(u64, u64,
     MapData {
         reserved: 0,
         largest_free: None,
-        segs: out_segs.into_iter().flat_map(|(a, b, c)| [a, b, c]).collect(),
+        segs: out_segs
+            .into_iter()
+            .flat_map(|(a, b, c)| [a, b, c])
+            .collect(),
         blocks: out_blocks,
     }
 }
@@ -402,7 +423,11 @@ impl BlockRefs {
     }
 
     /// The block table, in event order, and the stacks it refers to.
-    pub fn finish(mut self, prep: &PreparedReplay, torch: Option<&TorchDetail>) -> (BlockTable, Stacks) {
+    pub fn finish(
+        mut self,
+        prep: &PreparedReplay,
+        torch: Option<&TorchDetail>,
+    ) -> (BlockTable, Stacks) {
         self.ops.sort_unstable();
         self.ops.dedup();
         // Each allocation's free: the next operation on its slot.
@@ -469,12 +494,36 @@ mod tests {
 
     #[test]
     fn blocks_are_placed_in_their_segments() {
-        let segs = vec![(1000, 100, SEG_PLAIN), (100, 50, SEG_PLAIN), (5000, 10, SEG_MAPPED)];
-        let blocks = vec![(1010, 20, 3), (100, 10, 1), (1030, 5, 4), (120, 10, 2), (3000, 8, 7), (1, 1, usize::MAX)];
+        let segs = vec![
+            (1000, 100, SEG_PLAIN),
+            (100, 50, SEG_PLAIN),
+            (5000, 10, SEG_MAPPED),
+        ];
+        let blocks = vec![
+            (1010, 20, 3),
+            (100, 10, 1),
+            (1030, 5, 4),
+            (120, 10, 2),
+            (3000, 8, 7),
+            (1, 1, usize::MAX),
+        ];
         let m = lay_out(segs, blocks);
         assert_eq!(
             m.segs,
-            vec![100, 50, SEG_PLAIN, 1000, 100, SEG_PLAIN, 3000, 8, SEG_UNKNOWN, 5000, 10, SEG_MAPPED]
+            vec![
+                100,
+                50,
+                SEG_PLAIN,
+                1000,
+                100,
+                SEG_PLAIN,
+                3000,
+                8,
+                SEG_UNKNOWN,
+                5000,
+                10,
+                SEG_MAPPED
+            ]
         );
         assert_eq!(
             m.blocks,

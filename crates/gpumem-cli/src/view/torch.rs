@@ -420,7 +420,11 @@ mod tests {
         s.remove(250, 100);
         assert_eq!(
             s.list(),
-            vec![(100, 50, SEG_PLAIN), (200, 50, SEG_MAPPED), (350, 50, SEG_MAPPED)]
+            vec![
+                (100, 50, SEG_PLAIN),
+                (200, 50, SEG_MAPPED),
+                (350, 50, SEG_MAPPED)
+            ]
         );
         assert_eq!(s.bytes, 150);
         s.remove(0, 1000);
