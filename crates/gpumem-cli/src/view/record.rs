@@ -257,10 +257,16 @@ pub(super) fn replay(
     };
     let mut slot_ptr = vec![0u64; prep.slots];
     let mut owner: HashMap<u64, usize> = HashMap::new();
+    // Driver allocations and mappings so far; a vpool's from its cheap
+    // counters (its driver_stats scans its pages).
     let counters = |s: &dyn Served| -> [u64; 2] {
-        let d = s.driver_stats();
-        let maps = s.virtual_pool().map_or(0, |v| v.stats().mappings_made);
-        [d.device_allocs, maps]
+        match s.virtual_pool() {
+            Some(v) => {
+                let (created, mapped) = v.driver_calls();
+                [created, mapped]
+            }
+            None => [s.driver_stats().device_allocs, 0],
+        }
     };
     let mut before = counters(served);
     let mut reserved_before = alloc.pool.reserved_bytes() as u64;
