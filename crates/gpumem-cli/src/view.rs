@@ -31,8 +31,8 @@
 //! - a table of each allocator's peak reserved, ratio and driver calls.
 //!
 //! The data travel as JSON inside the page; the page's script, style and the
-//! vendored chart library ([`page`]) are compiled into the binary, so the
-//! page needs no network.
+//! vendored chart library (`assets/view/`, see [`render`]) are compiled into
+//! the binary, so the page needs no network.
 
 mod page;
 mod record;

@@ -619,7 +619,7 @@
 
   // ---- start --------------------------------------------------------------
 
-  window.gpumemView = { data, charts, timelineDrawnAt: null, selectMoment, nearestMoment, state };
+  window.gpumemView = { data, charts, timelineDrawnAt: null, readyAt: null, selectMoment, nearestMoment, state };
   describeSource();
   summaryTable(verdict());
   if (tl.bucket > 1) {
@@ -639,5 +639,6 @@
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(resize, 150);
   });
+  window.gpumemView.readyAt = performance.now();
   window.gpumemView.ready = true;
 }());

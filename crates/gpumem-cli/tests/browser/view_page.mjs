@@ -4,9 +4,11 @@
 // hovered block shows its details. Takes screenshots and measures how long
 // the page takes to draw its timeline.
 //
-//   node view_page.mjs PAGE.html [--shots DIR] [--name NAME] [--stacks]
+//   node view_page.mjs PAGE.html [--shots DIR] [--name NAME] [--stacks] [--doc-shot FILE]
 //
 // --shots DIR (or $VIEW_SHOTS): where screenshots go (default: none).
+// --doc-shot FILE: also a smaller picture for the guide (docs/viewer.png):
+// 1100 pixels wide, the side-by-side charts and the footer left out.
 // --stacks: the page was made from a PyTorch snapshot; blocks must carry
 // stack traces and PyTorch's own allocator must be shown.
 // The browser is $CHROMIUM or /usr/bin/chromium (Debian's package).
@@ -21,12 +23,13 @@ import { pathToFileURL } from 'node:url';
 import { chromium } from 'playwright-core';
 
 function parseArgs(argv) {
-  const out = { page: null, shots: process.env.VIEW_SHOTS || null, name: null, stacks: false };
+  const out = { page: null, shots: process.env.VIEW_SHOTS || null, name: null, stacks: false, doc: null };
   for (let i = 0; i < argv.length; i += 1) {
     const a = argv[i];
     if (a === '--shots') out.shots = argv[(i += 1)];
     else if (a === '--name') out.name = argv[(i += 1)];
     else if (a === '--stacks') out.stacks = true;
+    else if (a === '--doc-shot') out.doc = argv[(i += 1)];
     else if (!out.page) out.page = a;
     else throw new Error(`unexpected argument ${a}`);
   }
@@ -71,8 +74,13 @@ try {
   await page.goto(url, { waitUntil: 'load', timeout: 120000 });
   await page.waitForFunction(() => document.body.dataset.timeline === 'drawn', null, { timeout: 120000 });
   const wall = Date.now() - t0;
-  const drawnAt = await page.evaluate(() => window.gpumemView.timelineDrawnAt);
-  console.log(`open: timeline drawn ${drawnAt.toFixed(0)} ms after navigation started (${wall} ms from goto)`);
+  await page.waitForFunction(() => window.gpumemView.ready === true, null, { timeout: 120000 });
+  const { drawnAt, readyAt } = await page.evaluate(() => ({
+    drawnAt: window.gpumemView.timelineDrawnAt,
+    readyAt: window.gpumemView.readyAt,
+  }));
+  console.log(`open: timeline drawn ${drawnAt.toFixed(0)} ms after navigation started, ` +
+    `maps drawn at ${readyAt.toFixed(0)} ms (${wall} ms from goto to the timeline)`);
 
   // The timeline: a canvas of a sane size, one line per allocator plus live.
   const canvas = await page.$('#timeline canvas');
@@ -96,8 +104,10 @@ try {
 
   // A click on the timeline picks the nearest moment with maps.
   const clickAt = async (op) => {
+    await over.scrollIntoViewIfNeeded();
+    const b = await over.boundingBox();
     const x = await page.evaluate((v) => window.gpumemView.charts[0].valToPos(v, 'x'), op);
-    await page.mouse.click(ob.x + x, ob.y + ob.height * 0.6);
+    await page.mouse.click(b.x + x, b.y + b.height * 0.6);
   };
   const quarter = await page.evaluate(() => {
     const x = window.gpumemView.data.timeline.x;
@@ -171,6 +181,16 @@ try {
     const mapShot = join(args.shots, `${args.name}-map.png`);
     await (await page.$('#map-section')).screenshot({ path: mapShot });
     console.log(`screenshots: ${shot}, ${timelineShot}, ${mapShot}`);
+  }
+
+  if (args.doc) {
+    await page.setViewportSize({ width: 1100, height: 800 });
+    await page.addStyleTag({ content: '#side-section, footer { display: none; }' });
+    await page.waitForTimeout(400); // the charts follow the width after a pause
+    await clickAt(peak);
+    await page.mouse.move(0, 0);
+    await page.screenshot({ path: args.doc, fullPage: true });
+    console.log(`guide picture: ${args.doc}`);
   }
 
   check('no console or page errors', errors.length === 0, errors.slice(0, 5).join(' | '));
