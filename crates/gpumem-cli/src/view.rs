@@ -39,7 +39,7 @@ mod record;
 pub mod torch;
 
 use std::collections::BTreeMap;
-use std::io::Read as _;
+use std::io::{BufRead as _, Read as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
@@ -120,15 +120,15 @@ pub struct Input {
     pub torch: Option<torch::TorchDetail>,
 }
 
-/// Whether `bytes` start like a pickle: protocol 2 and up begin with the
-/// PROTO opcode (0x80). Older protocols are recognised by the file's
-/// extension only.
-fn looks_like_pickle(bytes: &[u8], path: &Path) -> bool {
+/// Whether a file whose first byte is `first` is a pickle: protocol 2 and up
+/// begin with the PROTO opcode (0x80). Older protocols are recognised by the
+/// file's extension only.
+fn looks_like_pickle(first: Option<u8>, path: &Path) -> bool {
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
-    bytes.first() == Some(&0x80) || matches!(ext.as_str(), "pickle" | "pkl")
+    first == Some(0x80) || matches!(ext.as_str(), "pickle" | "pkl")
 }
 
 /// Reads the log or snapshot at `path` (`-`: standard input), telling the
@@ -141,25 +141,27 @@ pub fn load(path: &Path, opts: &ViewOptions) -> Result<Input> {
     } else {
         path.display().to_string()
     };
-    let mut bytes = Vec::new();
-    if stdin {
+    // The first byte tells a pickle from a CSV log; the input is then read
+    // by the reader of its kind, within that reader's limits.
+    let first = if stdin {
+        // Peeked, not taken: standard input's buffer keeps it for the reader.
         std::io::stdin()
             .lock()
-            .read_to_end(&mut bytes)
-            .context("reading standard input")?;
+            .fill_buf()
+            .context("reading standard input")?
+            .first()
+            .copied()
     } else {
         if path.is_dir() {
             bail!("{shown} is a directory, not a log or a snapshot");
         }
         let mut f = std::fs::File::open(path).with_context(|| format!("cannot read {shown}"))?;
-        // The first byte tells a pickle from a CSV log; the rest is read by
-        // the parser of its kind, within its own limits.
-        let mut first = [0u8; 1];
+        let mut byte = [0u8; 1];
         let n = f
-            .read(&mut first)
+            .read(&mut byte)
             .with_context(|| format!("cannot read {shown}"))?;
-        bytes.extend_from_slice(&first[..n]);
-    }
+        byte.get(..n).and_then(|b| b.first()).copied()
+    };
     let name = if stdin {
         "stdin".to_string()
     } else {
@@ -167,14 +169,11 @@ pub fn load(path: &Path, opts: &ViewOptions) -> Result<Input> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| shown.clone())
     };
-    let pickle = looks_like_pickle(&bytes, path);
+    let pickle = looks_like_pickle(first, path);
     let (kind, events, torch) = if pickle {
-        let value = if stdin {
-            snapshot::read_pickle(&bytes)
-        } else {
-            snapshot::read_pickle_file(path)
-        }
-        .with_context(|| format!("{shown}: a PyTorch snapshot was expected"))?;
+        // `-` is standard input here too.
+        let value = snapshot::read_pickle_file(path)
+            .with_context(|| format!("{shown}: a PyTorch snapshot was expected"))?;
         let converted = snapshot::convert_traced(&value, opts.device_index, opts.free_on)
             .with_context(|| format!("{shown}: not a usable PyTorch snapshot"))?;
         let detail = torch::TorchDetail::read(&value, &converted)
@@ -182,12 +181,15 @@ pub fn load(path: &Path, opts: &ViewOptions) -> Result<Input> {
         (SourceKind::PytorchSnapshot, converted.events, Some(detail))
     } else {
         let events = if stdin {
-            trace::parse(&bytes[..])
+            trace::parse(std::io::stdin().lock())
         } else {
             trace::read_file(path)
         }
         .with_context(|| {
-            format!("{shown}: not an RMM log (Thread,Time,Action,Pointer,Size,Stream) nor a PyTorch snapshot pickle")
+            format!(
+                "{shown}: not an RMM log (Thread,Time,Action,Pointer,Size,Stream) nor a PyTorch \
+                 snapshot pickle"
+            )
         })?;
         (SourceKind::RmmLog, events, None)
     };
@@ -630,9 +632,10 @@ mod tests {
 
     #[test]
     fn pickles_are_told_from_logs() {
-        assert!(looks_like_pickle(&[0x80, 4], Path::new("x.bin")));
-        assert!(looks_like_pickle(b"(dp0", Path::new("snap.PICKLE")));
-        assert!(!looks_like_pickle(b"Thread,Time", Path::new("log.csv")));
+        assert!(looks_like_pickle(Some(0x80), Path::new("x.bin")));
+        assert!(looks_like_pickle(Some(b'('), Path::new("snap.PICKLE")));
+        assert!(!looks_like_pickle(Some(b'T'), Path::new("log.csv")));
+        assert!(!looks_like_pickle(None, Path::new("-")));
     }
 
     #[test]

@@ -276,21 +276,39 @@ fn view_of_a_pytorch_snapshot() {
 
 #[test]
 fn view_reads_standard_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let page = dir.path().join("stdin.html");
-    let bin = std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
-    let out = Command::new(bin)
-        .args(["--device", "sim", "view", "-", "--alloc", "pool", "-o"])
-        .arg(&page)
-        .stdin(Stdio::from(
-            std::fs::File::open(repo_file("traces/resnet50_train.rmm.csv")).unwrap(),
-        ))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
-    assert_eq!(data["source"]["name"], "stdin");
-    assert_eq!(names(&data), ["pool"]);
+    for (input, kind) in [
+        ("traces/resnet50_train.rmm.csv", "rmm-log"),
+        (
+            "crates/gpumem-cli/tests/data/training_snapshot.pickle",
+            "pytorch-snapshot",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let page = dir.path().join("stdin.html");
+        let bin =
+            std::env::var("GPUMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpumem").into());
+        let out = Command::new(bin)
+            .args([
+                "--device",
+                "sim",
+                "view",
+                "-",
+                "--alloc",
+                "pool",
+                "--moments",
+                "5",
+                "-o",
+            ])
+            .arg(&page)
+            .stdin(Stdio::from(std::fs::File::open(repo_file(input)).unwrap()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{input}: {}", stderr(&out));
+        let data = embedded_data(&std::fs::read_to_string(&page).unwrap());
+        assert_eq!(data["source"]["name"], "stdin");
+        assert_eq!(data["source"]["kind"], kind);
+        assert_eq!(names(&data)[0], "pool");
+    }
 }
 
 #[test]
