@@ -158,9 +158,16 @@
 
   function setRange(min, max) {
     const span = xFull[1] - xFull[0];
+    if (!(span > 0)) return; // one event: nothing to zoom
     let w = Math.min(Math.max(max - min, 2), span);
     let lo = Math.max(xFull[0], Math.min(min, xFull[1] - w));
     charts[0].setScale('x', { min: lo, max: lo + w });
+  }
+
+  // The pointer's x in the plotting area, in CSS pixels (offsetX would be
+  // relative to whichever child element is under the pointer).
+  function overX(u, e) {
+    return e.clientX - u.over.getBoundingClientRect().left;
   }
 
   // Mouse wheel zoom around the pointer; Shift-drag (or middle-drag) pans.
@@ -168,7 +175,7 @@
     u.over.addEventListener('wheel', (e) => {
       e.preventDefault();
       const { min, max } = u.scales.x;
-      const at = u.posToVal(e.offsetX, 'x');
+      const at = u.posToVal(overX(u, e), 'x');
       const f = e.deltaY < 0 ? 0.75 : 1 / 0.75;
       setRange(at - (at - min) * f, at + (max - at) * f);
     }, { passive: false });
@@ -269,7 +276,7 @@
     u.over.addEventListener('mousedown', (e) => { downX = e.clientX; });
     u.over.addEventListener('mouseup', (e) => {
       if (downX !== null && Math.abs(e.clientX - downX) < 3 && !e.shiftKey) {
-        selectMoment(nearestMoment(u.posToVal(e.offsetX, 'x')));
+        selectMoment(nearestMoment(u.posToVal(overX(u, e), 'x')));
       }
       downX = null;
     });
