@@ -1,7 +1,7 @@
 //! The `gpumem` command's machinery, as a library so it can be tested in
 //! process: the allocator names, the benchmark workloads, trace replay,
-//! timeline plots, the offline packing bound and the PyTorch snapshot
-//! converter.
+//! timeline plots, the offline packing bound, the PyTorch snapshot
+//! converter and the interactive memory viewer.
 #![warn(missing_docs)]
 
 pub mod allocators;
@@ -19,4 +19,5 @@ pub mod snapshot;
 pub mod target;
 pub mod thread_crew;
 pub mod units;
+pub mod view;
 pub mod workload;

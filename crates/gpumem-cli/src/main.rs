@@ -17,7 +17,7 @@ use gpumem_cli::allocators;
 use gpumem_cli::bench::{self, BenchConfig, BenchRecord, RunContext, Workload};
 use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
-use gpumem_cli::{bound, capi_cost, demo, outln, output, plot, progress, replay, snapshot};
+use gpumem_cli::{bound, capi_cost, demo, outln, output, plot, progress, replay, snapshot, view};
 
 /// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
 /// information, a short side-by-side benchmark of every allocator and a replay
@@ -57,6 +57,9 @@ enum Command {
     /// How lean a pool that never moves memory could be on RMM logs, with
     /// every placement planned knowing the whole log (needs no device).
     Bound(BoundArgs),
+    /// Write an interactive HTML page of a log replayed through allocators:
+    /// timeline, memory maps, side-by-side figures (works offline).
+    View(ViewArgs),
     /// Convert a PyTorch memory snapshot (pickle) to an RMM log (CSV).
     ConvertSnapshot(ConvertArgs),
     /// What the C ABI (gpumem_malloc/gpumem_free) adds per call over the same
@@ -244,6 +247,32 @@ struct PlotArgs {
 }
 
 #[derive(Args, Debug)]
+struct ViewArgs {
+    /// The log: an RMM log or a GPUMEM_CONF log= recording (CSV), or a
+    /// PyTorch memory snapshot (pickle, from torch.cuda.memory._dump_snapshot);
+    /// `-` reads standard input.
+    trace: PathBuf,
+    /// Allocators, comma-separated, named as for `gpumem replay` (default:
+    /// pool,vpool,caching; `all`: every resource with its defaults).
+    #[arg(long, value_delimiter = ',')]
+    alloc: Vec<String>,
+    /// The HTML page to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Evenly spaced moments with memory maps, besides each allocator's
+    /// peak, the live peak and the end of the log (0 to 1000).
+    #[arg(long, default_value_t = view::DEFAULT_MOMENTS, value_parser = count_in(0..=view::MAX_MOMENTS as u64))]
+    moments: usize,
+    /// PyTorch snapshots: which device's trace (default: the only one with
+    /// events).
+    #[arg(long)]
+    device_index: Option<usize>,
+    /// PyTorch snapshots: which event is the free.
+    #[arg(long, value_enum, default_value_t = snapshot::FreeOn::Completed)]
+    free_on: snapshot::FreeOn,
+}
+
+#[derive(Args, Debug)]
 struct ConvertArgs {
     /// The snapshot pickle (`torch.cuda.memory._dump_snapshot`); `-` reads
     /// standard input.
@@ -314,6 +343,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Replay(a)) => cmd_replay(cli.device, a),
         Some(Command::Bound(a)) => cmd_bound(a),
         Some(Command::Plot(a)) => cmd_plot(cli.device, a),
+        Some(Command::View(a)) => cmd_view(cli.device, a),
         Some(Command::ConvertSnapshot(a)) => cmd_convert(a),
         Some(Command::CapiCost(a)) => cmd_capi_cost(cli.device, a),
         None => main_job(cli.device, cli.trace),
@@ -539,6 +569,45 @@ fn cmd_plot(choice: DeviceChoice, a: PlotArgs) -> Result<()> {
             fmt_bytes(tl.peak_reserved),
             fmt_bytes(prep.peak_live as u64),
             tl.peak_reserved as f64 / prep.peak_live.max(1) as f64
+        )?;
+    }
+    Ok(())
+}
+
+fn cmd_view(choice: DeviceChoice, a: ViewArgs) -> Result<()> {
+    let specs = view::select(&a.alloc)?;
+    view::check_output(&a.output)?;
+    output::check_writable(&a.output)?;
+    let opts = view::ViewOptions {
+        moments: a.moments,
+        device_index: a.device_index,
+        free_on: a.free_on,
+    };
+    let input = view::load(&a.trace, &opts)?;
+    let t = measuring_target(choice, false)?;
+    let device_text = format!("{} ({})", t.device.backend(), t.device.info()?.name);
+    // Two replays per allocator: one for its peak, one for the page.
+    let pb = progress::bar(2 * specs.len() as u64, false);
+    let data = view::build(&input, &specs, &t.device, &device_text, &opts, |name| {
+        pb.set_message(name.to_string());
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    let bytes = view::write(&data, &a.output)?;
+    outln!(
+        "wrote {} ({}; {} events, {} map moments)",
+        a.output.display(),
+        fmt_bytes(bytes),
+        data.source.ops,
+        data.moments.len()
+    )?;
+    for al in &data.allocators {
+        outln!(
+            "  {}: peak reserved {} (peak live {}, ratio {:.2})",
+            al.name,
+            fmt_bytes(al.peak_reserved),
+            fmt_bytes(data.peak_live),
+            al.ratio
         )?;
     }
     Ok(())

@@ -72,11 +72,13 @@ impl fmt::Display for ConvertStats {
     }
 }
 
-fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> {
+/// The value under the string key `k` of a pickled dict.
+pub fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> {
     d.get(&HashableValue::String(k.to_string()))
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
+/// A pickled integer (or bool) as a `u64`, if it is one that fits.
+pub fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::I64(i) => u64::try_from(*i).ok(),
         Value::Int(b) => u64::try_from(b).ok(),
@@ -85,7 +87,8 @@ fn as_u64(v: &Value) -> Option<u64> {
     }
 }
 
-fn as_list(v: &Value) -> Option<&[Value]> {
+/// A pickled list or tuple as a slice.
+pub fn as_list(v: &Value) -> Option<&[Value]> {
     match v {
         Value::List(l) | Value::Tuple(l) => Some(l),
         _ => None,
@@ -135,6 +138,30 @@ pub fn convert(
     device: Option<usize>,
     free_on: FreeOn,
 ) -> Result<(Vec<TraceEvent>, ConvertStats)> {
+    convert_traced(snapshot, device, free_on).map(|c| (c.events, c.stats))
+}
+
+/// What [`convert_traced`] makes: the RMM events, what the conversion found,
+/// and where each event came from.
+#[derive(Debug, Clone, Default)]
+pub struct Converted {
+    /// The RMM events, one per request.
+    pub events: Vec<TraceEvent>,
+    /// What the conversion found ([`ConvertStats::device`] is the device
+    /// whose trace was read).
+    pub stats: ConvertStats,
+    /// For each event, the index of the snapshot event it came from in
+    /// `device_traces[stats.device]` (the rest of that entry, such as its
+    /// stack frames, is there).
+    pub origin: Vec<usize>,
+}
+
+/// [`convert`], also saying which snapshot event each RMM event came from.
+pub fn convert_traced(
+    snapshot: &Value,
+    device: Option<usize>,
+    free_on: FreeOn,
+) -> Result<Converted> {
     let Value::Dict(top) = snapshot else {
         bail!("the snapshot is not a dict (expected torch.cuda.memory._snapshot() output)");
     };
@@ -169,6 +196,7 @@ pub fn convert(
         ..ConvertStats::default()
     };
     let mut out = Vec::new();
+    let mut origin = Vec::new();
     for (i, e) in list.iter().enumerate() {
         let Value::Dict(d) = e else {
             bail!("device_traces[{device}][{i}] is not a dict");
@@ -209,10 +237,15 @@ pub fn convert(
             size: field("size")? as usize,
             stream: key(d, "stream").and_then(as_u64).unwrap_or(0),
         });
+        origin.push(i);
     }
     stats.rows = out.len();
     stats.report = trace::check(&out)?;
-    Ok((out, stats))
+    Ok(Converted {
+        events: out,
+        stats,
+        origin,
+    })
 }
 
 /// Reads a snapshot pickle file (`-`: standard input) and writes its RMM log.

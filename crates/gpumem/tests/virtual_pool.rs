@@ -113,9 +113,11 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
         sim.call_count("cuMemMap"),
         sim.call_count("cuMemSetAccess"),
     );
+    assert_eq!(p.driver_calls(), (0, 0));
     let a = p.allocate(40 * MIB, 256, &s).unwrap();
     assert_eq!(sim.call_count("cuMemCreate"), creates + 1);
     assert_eq!(sim.call_count("cuMemMap"), maps + 1);
+    assert_eq!(p.driver_calls(), (1, 1));
     assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
     assert_eq!(p.stats().chunks, 1);
     // A page-sized block right after it fences its hole in.
@@ -137,6 +139,11 @@ fn a_multi_page_run_maps_with_one_set_access_and_moves_as_an_alias() {
     assert_eq!(sim.call_count("cuMemMap"), maps + 2);
     assert_eq!(sim.call_count("cuMemSetAccess"), access + 1);
     let st = p.stats();
+    // The cheap counters are the full statistics' own: a's extent and
+    // mapping, the fence's, then b's new page (one extent, one mapping) and
+    // its alias (one mapping).
+    assert_eq!(p.driver_calls(), (3, 4));
+    assert_eq!(p.driver_calls(), (st.chunks_created, st.mappings_made));
     assert_eq!(
         (st.reserved, st.aliased, st.aliases_made),
         (22 * 2 * MIB, 40 * MIB, 1),

@@ -197,6 +197,21 @@ impl VirtualPool {
         out
     }
 
+    /// The driver calls behind the pool's memory so far, all shards:
+    /// extents created (`cuMemCreate` calls) and mappings made (`cuMemMap`
+    /// calls), as [`VirtualPool::stats`] counts them in `chunks_created` and
+    /// `mappings_made`, without its scan of the pages: O(shards), cheap
+    /// enough to read after every allocation (`gpumem view` does, to say
+    /// which allocations made the pool map memory).
+    pub fn driver_calls(&self) -> (u64, u64) {
+        let (mut created, mut mapped) = (0, 0);
+        self.each_shard(|st| {
+            created += st.extents_created;
+            mapped += st.mappings_made;
+        });
+        (created, mapped)
+    }
+
     /// Physical bytes held and not under any live block: what the pool can
     /// map under new blocks without creating memory (cached extents, and
     /// idle mapped pages it can alias elsewhere), all shards. O(pages).
