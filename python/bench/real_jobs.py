@@ -4,6 +4,8 @@
     python3 python/bench/real_jobs.py run --quick --jobs lm,gnn            # minutes
     python3 python/bench/real_jobs.py run --gpus 0,1 --deadline 480        # two at a time; stop starting at 480 s
     python3 python/bench/real_jobs.py list                                 # the jobs and configurations
+    python3 python/bench/real_jobs.py child --job lm --config native:vpool+log=lm.csv --snapshot lm.pickle --steps 3
+                                       # one job, with its log= recording and memory snapshot (gpumem view reads both)
 
 The jobs use the libraries people train with (HF transformers, timm,
 torch_geometric), models built from their configurations (no download) and
@@ -218,6 +220,10 @@ def child(args):
     torch.manual_seed(0)
     times, losses = [], []
     with make_ctx():
+        if args.snapshot:
+            # The allocator's history with Python and C++ stacks, as PyTorch's
+            # memory viewer (and `gpumem view`) read it.
+            torch.cuda.memory._record_memory_history(max_entries=args.snapshot_entries)
         step = globals()[f"job_{args.job}"](sample)
         for i in range(3 + args.steps):
             torch.cuda.synchronize()
@@ -225,6 +231,9 @@ def child(args):
             losses.append(step(i))
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
+        if args.snapshot:
+            torch.cuda.memory._dump_snapshot(args.snapshot)
+            torch.cuda.memory._record_memory_history(enabled=None)
     print("RESULT " + json.dumps({
         "job": args.job, "config": args.config, "first3_s": sum(times[:3]),
         "s_per_step": statistics.median(times[3:]), "losses": losses,
@@ -342,6 +351,9 @@ def main(argv=None):
     ap.add_argument("--configs", default=",".join(CONFIGS), help="the first is the baseline of the ratios")
     ap.add_argument("--job", choices=JOBS, help="(child) the job to run")
     ap.add_argument("--config", default="torch", help="(child) the configuration")
+    ap.add_argument("--snapshot", help="(child) write the job's memory snapshot (with stacks) to this pickle")
+    ap.add_argument("--snapshot-entries", type=int, default=200_000,
+                    help="(child) events the snapshot keeps, the latest")
     ap.add_argument("--steps", type=int, default=20, help="steady steps after the first three")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="8 steady steps, one round")
