@@ -5,7 +5,7 @@
 //! other one behind `dyn Served`. Every `gpumem_malloc` and `gpumem_free`
 //! goes through the counters to the resource: with the pool's type known,
 //! the counters reach its counted path by a direct call, which the compiler
-//! inlines, instead of two calls through vtables (`bench/results/NOTES.md`,
+//! inlines, instead of two calls through vtables (`docs/decisions.md`,
 //! "The C ABI's pools held by type").
 
 use gpumem::adaptor::{MemoryStats, StatisticsAdaptor};

@@ -5,7 +5,7 @@
 //! and their streams from one iteration to the next. New threads and streams
 //! in every pass measured how a pool meets streams it has never seen (a lane
 //! per new stream, threads landing on other lock shards) instead of how it
-//! serves the program (`bench/results/NOTES-virtual-pool.md`, "Threads: the
+//! serves the program (`docs/decisions-virtual-pool.md`, "Threads: the
 //! same threads and streams in every pass").
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -123,7 +123,7 @@ fn the_default_pool_stays_near_the_live_peak_when_sizes_vary() {
     // Sizes that change every iteration (variable sequence lengths) must not
     // spread a stream's memory over new regions while free space that fits
     // sits beside it, as PyTorch's allocator lets it on these loops
-    // (`bench/results/NOTES.md`).
+    // (`docs/decisions.md`).
     // The default pool grows ranges in place; with `expandable=false` it
     // takes separate regions, and must stay as lean.
     let ctx = RunContext::new(Device::sim(SimConfig::default())).unwrap();

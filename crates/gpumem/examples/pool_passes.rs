@@ -5,7 +5,7 @@
 //! live peak so far. `--recycle` turns on `PoolConfig::recycle_pieces`;
 //! without traces named, the two shared ones. A pass after the first that
 //! grows placed its blocks otherwise than the first did
-//! (`bench/results/NOTES.md`).
+//! (`docs/decisions.md`).
 //!
 //! ```text
 //! cargo run --release -p gpumem --example pool_passes -- [--passes N] [--recycle] [trace.rmm.csv ...]

@@ -1006,7 +1006,7 @@ impl<U: MemoryResource> StatisticsAdaptor<U> {
 /// of the adaptor's other counts: its sizes are those of blocks the pool
 /// handed out or accepted back (at most the device's memory), so no sum
 /// comes near `i64::MAX` in any run, while overflow checks lengthen the
-/// C ABI's path on every call (`bench/results/NOTES.md`).
+/// C ABI's path on every call (`docs/decisions.md`).
 ///
 /// [`LentLock`]: crate::resource::LentLock
 #[derive(Debug)]

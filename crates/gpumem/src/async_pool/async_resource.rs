@@ -4,7 +4,7 @@
 //!
 //! Algorithm: none of our own. The driver's pool caches freed memory per pool
 //! and hands it out again in stream order, a driver call each for allocation
-//! and free even once the pool holds the memory (`bench/results/NOTES.md`),
+//! and free even once the pool holds the memory (`docs/decisions.md`),
 //! plus a table insert and remove that makes a free of a pointer this resource did not hand out, a second
 //! free or a wrong size an error that never reaches `cuMemFreeAsync`. Two
 //! things make it fast or slow:

@@ -3,7 +3,7 @@
 //!
 //! Why: `cuMemHostAlloc` is slow, while copies from pinned memory run
 //! several times faster than from pageable memory
-//! (`bench/results/NOTES.md`), so pinned memory is taken from the driver in
+//! (`docs/decisions.md`), so pinned memory is taken from the driver in
 //! regions and cached.
 //!
 //! Algorithm: regions from [`PinnedHostResource`] are carved by a

@@ -22,7 +22,7 @@
 //! for such a block in every iteration then paid a driver allocation and a
 //! driver free (which waits for the stream's work) in every iteration, each
 //! dearer than all of the iteration's other operations together
-//! (`bench/results/NOTES.md`, "The caching pool above 2 GiB"). The finer
+//! (`docs/decisions.md`, "The caching pool above 2 GiB"). The finer
 //! classes keep the rounding within an eighth. But a size that changes
 //! every iteration would leave a cached block of GiBs in each class it
 //! passes through, so two rules bound the cache from the `max_block_size`

@@ -18,7 +18,7 @@
 //! alone skips that class and splits a block of a larger one), so a freed
 //! tensor's block is reused by the next tensor of that size; of the two
 //! changes, this look lowers the reserve most (the measurements:
-//! `bench/results/NOTES.md`). The small heap keeps TLSF's plain good fit. A free finds its block in the heap its
+//! `docs/decisions.md`). The small heap keeps TLSF's plain good fit. A free finds its block in the heap its
 //! size names, else in the other one.
 //!
 //! Each stream that frees blocks has its own lane, the same lane number in
@@ -88,7 +88,7 @@
 //! instead of taking regions (`pool_resource/expandable.rs`), so free space
 //! at what would have been a region's end joins the next growth, and a trim
 //! also gives back the free end of a range. Separate regions strand that
-//! space, most where sizes change every iteration (`bench/results/NOTES.md`).
+//! space, most where sizes change every iteration (`docs/decisions.md`).
 
 mod expandable;
 mod recycle;
@@ -182,7 +182,7 @@ pub struct PoolConfig {
     /// partly used regions to itself: where one thread frees what another
     /// allocates again, as PyTorch's autograd thread does with the main
     /// thread's activations, one shard per CPU in use from the start
-    /// reserved markedly more (`bench/results/NOTES.md`). Hence `spread`.
+    /// reserved markedly more (`docs/decisions.md`). Hence `spread`.
     pub shards: usize,
     /// When threads spread over the shards: once shard 0's lock is
     /// contended often (the default), or from the start.
@@ -207,7 +207,7 @@ pub struct PoolConfig {
     /// reserves less with it, at the same speed) but moves pieces again and
     /// again where the layout changes from one pass to the next, which
     /// makes a replayed log's steady state several times slower
-    /// (`bench/results/NOTES.md`).
+    /// (`docs/decisions.md`).
     pub recycle_pieces: bool,
 }
 

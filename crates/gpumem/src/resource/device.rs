@@ -1,6 +1,6 @@
 //! `DeviceResource`: device memory straight from the driver (`cuMemAlloc` /
 //! `cuMemFree`). Every call is a trip through the driver, orders of
-//! magnitude dearer than a pool's (`bench/results/NOTES.md`); this is the
+//! magnitude dearer than a pool's (`docs/decisions.md`); this is the
 //! baseline and the usual upstream of the pools.
 //!
 //! The resource knows what it handed out (a sharded table, see

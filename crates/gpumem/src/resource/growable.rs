@@ -7,7 +7,7 @@
 //! address range, grown at its end as it needs more, coalesces across what
 //! would have been region boundaries (PyTorch's expandable segments do the
 //! same), which on the shared resnet50 log brings the pool's reserve down
-//! to its live peak (`bench/results/NOTES.md`).
+//! to its live peak (`docs/decisions.md`).
 //!
 //! How (CUDA's virtual memory management): an address range of the whole
 //! capacity is reserved up front (`cuMemAddressReserve`, address space
@@ -22,7 +22,7 @@
 //! free stretch in the middle of the range holds whole pieces. A caller can
 //! then [`split`] the range at a piece's edges and [`recycle`] the piece: unmap it there and map the same
 //! memory at the end of a range that must grow, instead of creating more
-//! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces"). The
+//! (`docs/decisions.md`, "Expandable heaps: recycling pieces"). The
 //! ranges cut from one reservation share it; its addresses go back with
 //! the last of them.
 //!
@@ -42,7 +42,7 @@ use crate::{Error, Result};
 /// recycles pieces: the unit a free stretch can be recycled in. Smaller
 /// pieces recycle a little more but cost a `cuMemCreate`, a `cuMemMap` and
 /// access for each, so the reserve barely drops while the driver calls
-/// grow (`bench/results/NOTES.md`).
+/// grow (`docs/decisions.md`).
 pub const PIECE_GRANULES: usize = 32;
 
 /// A resource whose allocations can grow and shrink in place at their end,

@@ -1,7 +1,7 @@
 //! `PinnedHostResource`: page-locked host memory (`cuMemHostAlloc`), which the
 //! device reads and writes directly and copies from several times faster
 //! than pageable memory. Allocating it is slow, far slower per byte than
-//! device memory (the measurements: `bench/results/NOTES.md`): pool it.
+//! device memory (the measurements: `docs/decisions.md`): pool it.
 //!
 //! Like [`DeviceResource`](super::DeviceResource), it knows what it handed
 //! out: foreign, double and wrong-size frees are errors and never reach

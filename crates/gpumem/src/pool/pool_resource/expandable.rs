@@ -26,7 +26,7 @@
 //! the first pass did, so it never grows the range again. Splitting the end
 //! whenever it was the best fit placed the second pass otherwise: the
 //! simulator's replays of gpt2_train and resnet50_train then grew their
-//! ranges once more in their second pass (`bench/results/NOTES.md`).
+//! ranges once more in their second pass (`docs/decisions.md`).
 //!
 //! [`LaneHeap::allocate_best_sparing_end`]: crate::suballoc::LaneHeap::allocate_best_sparing_end
 //! [`PoolConfig::expandable`]: super::PoolConfig::expandable
@@ -165,7 +165,7 @@ impl<U: MemoryResource> PoolResource<U> {
     /// heap is small beside the large one. Each growth costs more than a
     /// `cuMemAlloc` (create, map, set access); growing by what each request
     /// lacks alone took more still. The reserve ends at most one step per heap
-    /// above what it needs (`bench/results/NOTES.md`).
+    /// above what it needs (`docs/decisions.md`).
     fn growth_step(&self, class: usize, range: usize) -> usize {
         let g = &self.config.growth;
         if class == super::SMALL {

@@ -5,7 +5,7 @@
 //! workload leaves inside the range. On gpt2_train the holes at the last
 //! growths were large in all but none large enough for the requests that
 //! made the range grow, and the reserve ended well above the live peak
-//! (`bench/results/NOTES.md`, "Expandable heaps: recycling pieces").
+//! (`docs/decisions.md`, "Expandable heaps: recycling pieces").
 //!
 //! How: the upstream maps each range in pieces of at most 64 MiB on an H100
 //! ([`PIECE_GRANULES`]). Before a frontier grows, every piece of the heap's

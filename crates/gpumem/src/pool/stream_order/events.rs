@@ -14,7 +14,7 @@ use crate::stream::{Event, Stream};
 use crate::Result;
 
 /// Recycled events: creating one is a driver call, dearer than a pool's
-/// whole operation (`bench/results/NOTES.md`).
+/// whole operation (`docs/decisions.md`).
 pub(crate) struct EventPool {
     free: Mutex<Vec<Event>>,
     /// Most events kept for reuse.

@@ -12,7 +12,7 @@
 //!   S after the free)`); the blocks then belong to T.
 //!
 //! There is no event per free: `cuEventRecord` and `cuStreamWaitEvent`
-//! each exceed the whole budget of an operation (`bench/results/NOTES.md`). Events are recorded only on slow
+//! each exceed the whole budget of an operation (`docs/decisions.md`). Events are recorded only on slow
 //! paths or once per stream per batch of frees (sealed when a batch grows
 //! past its size, or by `process_deferred`). A pool keeps a clone of the
 //! [`Stream`](crate::Stream) of every stream that has free blocks, so a

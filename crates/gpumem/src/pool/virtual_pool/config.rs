@@ -28,7 +28,7 @@ pub struct VirtualPoolConfig {
     /// lock shard counts its own peak, so threads spread over shards make
     /// small pools), and such a pool would unmap idle memory at nearly
     /// every mapping only to map it again; from about 2 GiB of live peak
-    /// on, `slack_permille` decides alone (`bench/results/NOTES-virtual-pool.md`).
+    /// on, `slack_permille` decides alone (`docs/decisions-virtual-pool.md`).
     /// 0 leaves `slack_permille` alone.
     pub slack_min_bytes: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
@@ -38,7 +38,7 @@ pub struct VirtualPoolConfig {
     /// pages are idle and only under a run at least as long. 6 is the value
     /// with which the simulator's replays of the two shared traces both stay
     /// within 5% of the live peak and reach a steady state with no driver
-    /// call (`bench/results/NOTES-virtual-pool.md`).
+    /// call (`docs/decisions-virtual-pool.md`).
     pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached extents go back to the driver (default 0).
@@ -47,7 +47,7 @@ pub struct VirtualPoolConfig {
     /// (default 8); beyond it, idle aliases are unmapped. A training step's
     /// memory may change place several times, each a mapping kept for the
     /// next step (GPT-2's replay keeps several mappings per physical page in
-    /// its steady state: `bench/results/NOTES-virtual-pool.md`).
+    /// its steady state: `docs/decisions-virtual-pool.md`).
     pub max_alias_ratio: usize,
     /// Most physical bytes the pool may hold (mapped plus cached, whole
     /// pages); `None` for no limit. A request needing new physical memory

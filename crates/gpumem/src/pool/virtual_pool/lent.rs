@@ -7,7 +7,7 @@
 //! type (the C ABI's stack over `vpool`), which spares the C ABI two calls
 //! through vtables. A second inlined copy of the allocation path changes
 //! what the compiler inlines into the plain one
-//! (`bench/results/NOTES-virtual-pool.md`): the page
+//! (`docs/decisions-virtual-pool.md`): the page
 //! table's `mark` and `unmark` are forced inline so that it stays as it
 //! was.
 

@@ -7,7 +7,7 @@
 //! page and of an extent, the numbered invariants that
 //! [`VirtualPool::check_invariants`] checks, and the fast-path contract.
 //! Measurements behind the constants and the costs quoted here are in
-//! `bench/results/NOTES-virtual-pool.md`.
+//! `docs/decisions-virtual-pool.md`.
 //!
 //! Algorithm:
 //! - *Addresses*: one reservation of `va_multiple` × the device's memory is

@@ -15,7 +15,7 @@ pub(super) const VA_SCARCE_MULTIPLE: usize = 16;
 /// 2 MiB pages) looks for a free place with fewer. Smaller ones stay where
 /// the heap puts them: relocating them makes a repeating workload relocate
 /// blocks in every pass of its steady state (more work per operation) and
-/// settle later (`bench/results/NOTES-virtual-pool.md`).
+/// settle later (`docs/decisions-virtual-pool.md`).
 pub(super) const RELOCATE_MIN_PAGES: usize = 64;
 
 /// The places tried for a block of `size` bytes at `align` in the free
@@ -92,7 +92,7 @@ impl VirtualPool {
     /// freed everything, the next pass then finds its blocks where the
     /// first one put them, over pages mapped then, instead of starting in
     /// the later reservation and mapping everything again
-    /// (`bench/results/NOTES-virtual-pool.md`).
+    /// (`docs/decisions-virtual-pool.md`).
     #[cold]
     pub(super) fn reserve_more(
         &self,
