@@ -552,3 +552,43 @@ fn the_manager_is_shared_across_threads() {
     let r = mm.shutdown().unwrap();
     assert!(r.outstanding_device.is_empty() && r.outstanding_pinned.is_empty());
 }
+
+#[test]
+fn the_gpumem_modes_serve_from_gpumem_conf_s_pool_and_say_how_frees_go() {
+    // One name, one meaning: the manager's two gpumem modes build the pool
+    // `GPUMEM_CONF=resource=pool` names, whose heaps grow one address range
+    // in place: blocks freed across what would have been separate regions
+    // coalesce, so a request as large as all of them together needs no new
+    // memory. Separate regions would hold twice as much here.
+    const MIB: usize = 1 << 20;
+    for mode in [
+        DeviceAllocatorMode::Pool,
+        DeviceAllocatorMode::AsyncStreamOrdered,
+    ] {
+        let mm = MemoryManager::new(Device::sim(SimConfig::default()));
+        mm.set_device_allocator_mode(mode).unwrap();
+        let blocks: Vec<_> = (0..8)
+            .map(|_| mm.allocate_device(50 * MIB).unwrap())
+            .collect();
+        for p in blocks {
+            mm.free_device(p).unwrap();
+        }
+        let big = mm.allocate_device(400 * MIB).unwrap();
+        let reserved = mm.device_reserved_bytes();
+        assert!(
+            reserved < 480 * MIB,
+            "{mode}: {} MiB reserved for 400 MiB live",
+            reserved / MIB
+        );
+        mm.free_device(big).unwrap();
+    }
+    assert_eq!(
+        DeviceAllocatorMode::Pool.to_string(),
+        "pool (synchronous frees)"
+    );
+    assert_eq!(
+        DeviceAllocatorMode::AsyncStreamOrdered.to_string(),
+        "pool (stream-ordered frees)"
+    );
+    assert_eq!(DeviceAllocatorMode::CudaAsyncPool.to_string(), "async");
+}

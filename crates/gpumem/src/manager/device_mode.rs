@@ -1,6 +1,12 @@
 //! Device allocator modes of the [`MemoryManager`](super::MemoryManager) and
 //! the device pool behind each.
 //!
+//! The two gpumem modes build the pool `GPUMEM_CONF=resource=pool` names
+//! (its heaps grow in place where the device has CUDA's virtual memory
+//! management, [`PoolConfig::expandable`]); they differ in how frees are
+//! ordered. The names they display say so, and `async` is `GPUMEM_CONF`'s
+//! name for CUDA's pool of its own.
+//!
 //! - [`DeviceAllocatorMode::Pool`]: gpumem's [`PoolResource`] with
 //!   *synchronous* semantics. `free_device_async(ptr, stream)` first waits for
 //!   `stream` and then returns the block to the pool's global free index, so
@@ -42,9 +48,9 @@ pub enum DeviceAllocatorMode {
 impl std::fmt::Display for DeviceAllocatorMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            DeviceAllocatorMode::Pool => "pool",
-            DeviceAllocatorMode::AsyncStreamOrdered => "async-stream-ordered",
-            DeviceAllocatorMode::CudaAsyncPool => "cuda-async-pool",
+            DeviceAllocatorMode::Pool => "pool (synchronous frees)",
+            DeviceAllocatorMode::AsyncStreamOrdered => "pool (stream-ordered frees)",
+            DeviceAllocatorMode::CudaAsyncPool => "async",
         })
     }
 }
@@ -73,7 +79,10 @@ impl DeviceBackend {
                 Ok(Self::Cuda(AsyncResource::new(device.clone(), config)?))
             }
             _ => {
-                let mut config = PoolConfig::default();
+                let mut config = PoolConfig {
+                    expandable: true,
+                    ..PoolConfig::default()
+                };
                 if let Some(bytes) = size {
                     config.initial_size = bytes;
                     config.max_reserved = Some(bytes);

@@ -199,7 +199,7 @@ pub struct PoolConfig {
     /// [`DeviceResource`]: crate::resource::DeviceResource
     pub expandable: bool,
     /// With [`expandable`](Self::expandable) heaps: map each range in pieces
-    /// of at most 64 MiB (on an H100) and, before a range grows, move the
+    /// of at most [`PIECE_GRANULES`](crate::resource::PIECE_GRANULES) granules and, before a range grows, move the
     /// memory of pieces lying wholly in free blocks to its end instead of
     /// creating more (waiting for the streams that freed them first; never
     /// during a graph capture). Off by default: it holds less memory where
