@@ -31,8 +31,9 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
 
-    /// Main job only: the trace to replay (default: the traces in the first of
-    /// ./traces, ../shared/traces, gpu-bundle/traces that exists).
+    /// Main job only: the trace to replay, or a folder whose `.csv` logs are
+    /// all replayed (default: those of the first of ./traces,
+    /// ../shared/traces, gpu-bundle/traces that exists).
     #[arg(long)]
     trace: Option<PathBuf>,
 
@@ -662,31 +663,48 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
 
 /// The traces the main job replays: `--trace`, else every `*.csv` of the first
 /// of ./traces, ../shared/traces, gpu-bundle/traces that exists.
-fn find_traces(given: Option<PathBuf>) -> Vec<PathBuf> {
+/// The traces the main job replays: `given` (a log, or a folder of `.csv`
+/// logs, which must hold one), else the logs of the first default folder
+/// that exists.
+fn find_traces(given: Option<PathBuf>) -> Result<Vec<PathBuf>> {
     if let Some(p) = given {
-        return vec![p];
+        if !p.is_dir() {
+            return Ok(vec![p]);
+        }
+        let files = csv_files(&p)?;
+        if files.is_empty() {
+            bail!(
+                "--trace {}: the folder holds no .csv log (RMM logs, or GPUMEM_CONF=log= recordings)",
+                p.display()
+            );
+        }
+        return Ok(files);
     }
     for dir in ["traces", "../shared/traces", "gpu-bundle/traces"] {
         let dir = Path::new(dir);
-        if !dir.is_dir() {
-            continue;
+        if dir.is_dir() {
+            return csv_files(dir);
         }
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "csv"))
-            .collect();
-        files.sort();
-        return files;
     }
-    Vec::new()
+    Ok(Vec::new())
+}
+
+/// The `.csv` files directly in `dir`, by name.
+fn csv_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
+        let path = entry.with_context(|| format!("{}", dir.display()))?.path();
+        if path.is_file() && path.extension().is_some_and(|e| e == "csv") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 fn main_job(choice: DeviceChoice, trace: Option<PathBuf>) -> Result<()> {
     // Every trace is read before anything is timed: a bad one fails at once.
-    let traces = find_traces(trace)
+    let traces = find_traces(trace)?
         .iter()
         .map(|p| replay::load(p))
         .collect::<Result<Vec<_>>>()?;

@@ -1426,6 +1426,41 @@ fn the_main_job_reads_its_traces_before_timing_anything() {
 }
 
 #[test]
+fn the_main_job_replays_every_log_of_a_folder_and_refuses_an_empty_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = |a: u64, b: u64| {
+        format!(
+            "Thread,Time,Action,Pointer,Size,Stream\n\
+             1,10:00:00.1,allocate,{a:#x},4096,0x0\n\
+             1,10:00:00.2,allocate,{b:#x},8192,0x0\n\
+             1,10:00:00.3,free,{a:#x},4096,0x0\n\
+             1,10:00:00.4,free,{b:#x},8192,0x0\n"
+        )
+    };
+    std::fs::write(dir.path().join("first.csv"), log(0x1000, 0x9000)).unwrap();
+    std::fs::write(dir.path().join("second.csv"), log(0x2000, 0xa000)).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a log").unwrap();
+    let out = gpumem(&["--device", "sim", "--trace", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["first.csv", "second.csv"] {
+        assert!(text.contains(name), "{name} replayed: {text}");
+    }
+    assert!(!text.contains("notes.txt"), "{text}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = gpumem(&["--device", "sim", "--trace", empty.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line_error(&out);
+    assert!(err.contains("holds no .csv log"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing runs before the error");
+}
+
+#[test]
 fn a_thread_crew_keeps_its_streams_across_passes_and_survives_a_failure() {
     use gpumem::adaptor::LimitingAdaptor;
     use gpumem::pool::{PoolConfig, PoolResource};
