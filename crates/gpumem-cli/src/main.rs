@@ -19,12 +19,15 @@ use gpumem_cli::target::{self, DeviceChoice, Target};
 use gpumem_cli::units::{count_in, fmt_bytes, parse_nonzero_size};
 use gpumem_cli::{bound, capi_cost, demo, outln, output, plot, progress, replay, snapshot, view};
 
-/// gpumem: a GPU memory manager. With no subcommand, runs the main job: device
-/// information, a short side-by-side benchmark of every allocator and a replay
-/// of the traces found at --trace or in ./traces, ../shared/traces or
+/// gpumem, a GPU memory manager: its allocators side by side on benchmarks
+/// and on recorded allocation logs.
+///
+/// With no subcommand, runs the main job: device information, a short
+/// side-by-side benchmark of every allocator and a replay of the logs named
+/// by --trace (a file or a folder) or found in ./traces, ../shared/traces or
 /// gpu-bundle/traces.
 #[derive(Parser, Debug)]
-#[command(name = "gpumem", version, about)]
+#[command(name = "gpumem", version)]
 struct Cli {
     /// Which device to run on: the real GPU, the simulated device, or auto
     /// (the GPU when present).

@@ -697,6 +697,30 @@ fn capi_cost_measures_the_three_paths() {
     }
 }
 
+#[test]
+fn the_help_says_what_the_command_and_its_main_job_do() {
+    let out = gpumem(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem, a GPU memory manager"), "{text}");
+    assert!(
+        text.contains("With no subcommand, runs the main job"),
+        "{text}"
+    );
+    assert!(text.contains("(a file or a folder)"), "{text}");
+    // Every subcommand has its one-line description.
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert!(commands.len() >= 10, "{text}");
+    for line in commands {
+        assert!(line.split_whitespace().count() >= 3, "bare: {line:?}");
+    }
+}
+
 /// A few quick runs that print to standard output.
 const PRINTING_RUNS: &[&[&str]] = &[
     &["--help"],
