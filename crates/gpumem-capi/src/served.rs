@@ -1,8 +1,9 @@
 //! The resource that serves one device, and what the C ABI asks of it besides
 //! allocating: its reserve and giving cached memory back (the [`Pool`]
-//! trait), and what is the C ABI's own: the driver calls behind the reserve,
-//! a limit on what it holds from the driver, and what it holds now
-//! (segments, live blocks) for snapshots.
+//! trait), what it holds now (segments, live blocks, the largest free block:
+//! the library's [`Introspect`], for snapshots), and what is the C ABI's own:
+//! the driver calls behind the reserve and a limit on what it holds from the
+//! driver.
 //!
 //! [`Served`] is that interface. Each resource answers from the numbers it
 //! keeps itself:
@@ -37,13 +38,13 @@ use gpumem::adaptor::{
     ClassStats, LimitingAdaptor, LoggingAdaptor, Stat, StatisticsAdaptor, SMALL_SEGMENT_MAX,
 };
 use gpumem::async_pool::{AsyncResource, AsyncResourceConfig};
+use gpumem::driver::RawStream;
 use gpumem::pool::{
     ArenaConfig, ArenaResource, BinningConfig, BinningResource, CachingPool, CachingPoolConfig,
     Pool, PoolConfig, PoolResource, VirtualPool, VirtualPoolConfig,
 };
-use gpumem::resource::{
-    DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment, DEFAULT_ALIGNMENT,
-};
+pub use gpumem::resource::Introspect;
+use gpumem::resource::{DeviceResource, HandedOut, LiveBlock, MemoryResource, Properties, Segment};
 use gpumem::{Device, DevicePtr, Result, Stream};
 
 use crate::conf::{Conf, ResourceKind};
@@ -87,7 +88,7 @@ pub struct ClassDriverStats {
 /// What the C ABI needs from the resource serving a device, besides
 /// allocating and freeing and its [`Pool`] answers: its reserve is what it
 /// holds from the driver, and [`Pool::release`] is `empty_cache`.
-pub trait Served: Pool {
+pub trait Served: Pool + Introspect {
     /// The resource's name in `GPUMEM_CONF`.
     fn kind(&self) -> ResourceKind;
     /// Segments, reserve and driver calls (see the module documentation).
@@ -95,24 +96,13 @@ pub trait Served: Pool {
     /// Sets the peaks of [`Served::driver_stats`] to their current values
     /// ([`Pool::reset_peak`] restarts the reserve's own peak).
     fn reset_driver_peaks(&self);
-    /// The largest request the resource can serve now without taking more
-    /// from the driver (PyTorch's `cacheInfo`).
-    fn largest_free_block(&self) -> usize;
-    /// What the resource holds from the driver, in address order; every
-    /// live block lies inside one.
-    fn segments(&self) -> Vec<Segment>;
-    /// Whether the segment at `address` (one of [`Served::segments`]) is a
+    /// Whether the segment at `address` (one of [`Introspect::segments`]) is a
     /// range of virtual memory mapped in pieces that grows and shrinks in
     /// place (PyTorch's expandable segments, which CUDA IPC cannot share).
     fn is_expandable(&self, address: DevicePtr) -> bool {
         let _ = address;
         false
     }
-    /// The blocks handed out, in address order, with their stream where the
-    /// resource knows it (else 0).
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)>;
-    /// The size of the live block starting at `ptr`, if there is one.
-    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize>;
     /// Caps what the resource may hold from the driver (`None`: no cap);
     /// requests that need more fail as out of memory. `conf` is the
     /// configuration it serves (`async` lowers the release threshold it
@@ -153,34 +143,8 @@ fn upstream_stats(u: &Upstream) -> DriverStats {
     }
 }
 
-/// Driver allocations, each its own segment.
-fn each_a_segment(blocks: Vec<LiveBlock>) -> Vec<Segment> {
-    blocks
-        .into_iter()
-        .map(|b| Segment {
-            address: b.address,
-            size: b.size,
-        })
-        .collect()
-}
-
-/// Each `cuMemAlloc` allocation the upstream holds is a segment.
-fn upstream_segments(u: &Upstream) -> Vec<Segment> {
-    each_a_segment(u.upstream().upstream().live_blocks())
-}
-
 fn set_upstream_limit(u: &Upstream, limit: Option<usize>) {
     u.upstream().set_limit(limit.unwrap_or(usize::MAX));
-}
-
-/// A driver allocation's size as its live block has it: rounded up to 256
-/// bytes, as [`LiveBlock`]s of driver allocations are.
-fn rounded(bytes: usize) -> usize {
-    bytes.next_multiple_of(DEFAULT_ALIGNMENT)
-}
-
-fn no_stream(blocks: Vec<LiveBlock>) -> Vec<(LiveBlock, u64)> {
-    blocks.into_iter().map(|b| (b, 0)).collect()
 }
 
 /// A resource that takes its memory through an [`Upstream`].
@@ -207,7 +171,7 @@ impl OverUpstream for Tracked<ArenaResource<Upstream>> {
 }
 
 /// The [`Served`] methods every resource over an [`Upstream`] answers from
-/// it: driver numbers and their peaks, segments and the limit.
+/// it: driver numbers and their peaks, expandable segments and the limit.
 macro_rules! over_upstream {
     () => {
         fn reset_driver_peaks(&self) {
@@ -215,9 +179,6 @@ macro_rules! over_upstream {
         }
         fn driver_stats(&self) -> DriverStats {
             upstream_stats(self.up())
-        }
-        fn segments(&self) -> Vec<Segment> {
-            upstream_segments(self.up())
         }
         fn is_expandable(&self, address: DevicePtr) -> bool {
             self.up().upstream().upstream().is_growable(address)
@@ -228,27 +189,10 @@ macro_rules! over_upstream {
     };
 }
 
-/// The [`Served`] methods a pool answers with its own methods of the same
-/// names (`largest_free_block`, `live_blocks`, `live_block_size`).
-macro_rules! pool_answers {
-    () => {
-        fn largest_free_block(&self) -> usize {
-            Self::largest_free_block(self)
-        }
-        fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-            no_stream(Self::live_blocks(self))
-        }
-        fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-            Self::live_block_size(self, ptr)
-        }
-    };
-}
-
 impl Served for PoolResource<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Pool
     }
-    pool_answers!();
     over_upstream!();
 }
 
@@ -256,7 +200,6 @@ impl Served for CachingPool<Upstream> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Caching
     }
-    pool_answers!();
     over_upstream!();
 }
 
@@ -344,18 +287,23 @@ impl Served for Binned {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Binning
     }
-    fn largest_free_block(&self) -> usize {
-        self.0
-            .largest_free_block()
-            .max(self.0.upstream().largest_free_block())
+    over_upstream!();
+}
+
+/// The library's answers for bins over a pool.
+impl Introspect for Binned {
+    fn segments(&self) -> Vec<Segment> {
+        self.0.segments()
     }
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(self.0.live_blocks())
+    fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)> {
+        Introspect::live_blocks(&self.0)
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.0.live_block_size(ptr)
+        Introspect::live_block_size(&self.0, ptr)
     }
-    over_upstream!();
+    fn largest_free_block(&self) -> usize {
+        Introspect::largest_free_block(&self.0)
+    }
 }
 
 /// A resource whose live blocks are recorded here because it cannot list
@@ -435,6 +383,15 @@ impl Served for Tracked<ArenaResource<Upstream>> {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Arena
     }
+    over_upstream!();
+}
+
+/// The arena lists no blocks: they are tracked here, with their streams;
+/// its segment is the one region its upstream holds.
+impl Introspect for Tracked<ArenaResource<Upstream>> {
+    fn segments(&self) -> Vec<Segment> {
+        self.up().segments()
+    }
     fn largest_free_block(&self) -> usize {
         self.inner.stats().largest_free
     }
@@ -457,7 +414,6 @@ impl Served for Tracked<ArenaResource<Upstream>> {
         let bytes = self.live.bytes_of(ptr)?;
         Some(self.inner.block_size_for(bytes).unwrap_or(bytes))
     }
-    over_upstream!();
 }
 
 /// CUDA's pool with a cap on the bytes live in it.
@@ -481,22 +437,6 @@ impl Served for LimitingAdaptor<AsyncResource> {
             device_frees: 0,
             classes: None,
         }
-    }
-    fn largest_free_block(&self) -> usize {
-        let cuda = self.upstream();
-        match (cuda.reserved_current(), cuda.used_current()) {
-            (Ok(r), Ok(u)) => r.saturating_sub(u),
-            _ => 0,
-        }
-    }
-    fn segments(&self) -> Vec<Segment> {
-        each_a_segment(self.upstream().live_blocks())
-    }
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(self.upstream().live_blocks())
-    }
-    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.upstream().allocation_size(ptr).map(rounded)
     }
     fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
         LimitingAdaptor::set_limit(self, limit.unwrap_or(usize::MAX));
@@ -549,21 +489,9 @@ impl Served for VirtualPool {
             })),
         }
     }
-    fn largest_free_block(&self) -> usize {
-        self.free_physical_bytes()
-    }
-    fn segments(&self) -> Vec<Segment> {
-        self.mapped_ranges()
-    }
     /// Its segments are runs of pages mapped into its virtual ranges.
     fn is_expandable(&self, _: DevicePtr) -> bool {
         true
-    }
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(VirtualPool::live_blocks(self))
-    }
-    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        VirtualPool::live_block_size(self, ptr)
     }
     fn set_limit(&self, limit: Option<usize>, _: &Conf) {
         self.set_max_reserved(limit);
@@ -607,20 +535,23 @@ impl Served for Uncached {
     fn kind(&self) -> ResourceKind {
         ResourceKind::Cuda
     }
-    fn largest_free_block(&self) -> usize {
-        0
+    over_upstream!();
+}
+
+/// `cuMemAlloc` through the adaptors: the driver resource's answers.
+impl Introspect for Uncached {
+    fn segments(&self) -> Vec<Segment> {
+        self.0.segments()
     }
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        no_stream(self.0.upstream().upstream().live_blocks())
+    fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)> {
+        self.0.live_blocks()
     }
     fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.0
-            .upstream()
-            .upstream()
-            .allocation_size(ptr)
-            .map(rounded)
+        self.0.live_block_size(ptr)
     }
-    over_upstream!();
+    fn largest_free_block(&self) -> usize {
+        self.0.largest_free_block()
+    }
 }
 
 /// The log writes what the resource below it is asked; everything else is
@@ -635,20 +566,8 @@ impl Served for LoggingAdaptor<Box<dyn Served>> {
     fn driver_stats(&self) -> DriverStats {
         self.upstream().driver_stats()
     }
-    fn largest_free_block(&self) -> usize {
-        self.upstream().largest_free_block()
-    }
-    fn segments(&self) -> Vec<Segment> {
-        self.upstream().segments()
-    }
     fn is_expandable(&self, address: DevicePtr) -> bool {
         self.upstream().is_expandable(address)
-    }
-    fn live_blocks(&self) -> Vec<(LiveBlock, u64)> {
-        self.upstream().live_blocks()
-    }
-    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
-        self.upstream().live_block_size(ptr)
     }
     fn set_limit(&self, limit: Option<usize>, conf: &Conf) {
         self.upstream().set_limit(limit, conf)

@@ -15,11 +15,11 @@
 //!   each kept as its lowest and highest value (in the order they came), so
 //!   no peak is lost at any zoom;
 //! - below it, each allocator's reserved/live ratio and its largest free
-//!   block ([`gpumem_capi::served::Served::largest_free_block`]) at the last
+//!   block ([`gpumem::resource::Introspect::largest_free_block`]) at the last
 //!   event of each bucket;
 //! - memory maps at a bounded set of moments ([`choose_moments`]): each
-//!   allocator's segments ([`gpumem_capi::served::Served::segments`]) and
-//!   live blocks ([`gpumem_capi::served::Served::live_blocks`]) in full
+//!   allocator's segments ([`gpumem::resource::Introspect::segments`]) and
+//!   live blocks ([`gpumem::resource::Introspect::live_blocks`]) in full
 //!   detail, each block tied to the event that allocated it, the one that
 //!   freed it, its stream, its stack (PyTorch snapshots) and what the
 //!   allocator did to serve it (its reserve and driver calls across that

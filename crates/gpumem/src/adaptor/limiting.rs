@@ -23,7 +23,7 @@ use super::{granular_size, oom_device, ALLOCATION_GRANULARITY};
 use crate::device::Device;
 use crate::driver::DevicePtr;
 use crate::resource::growable::not_growable;
-use crate::resource::{GrowInPlace, MemoryResource, Properties};
+use crate::resource::{GrowInPlace, MemoryResource, Properties, Segment};
 use crate::stream::Stream;
 use crate::{check_alignment, Error, OomInfo, Result};
 
@@ -158,6 +158,10 @@ impl<U: MemoryResource> MemoryResource for LimitingAdaptor<U> {
         self.upstream
             .grow_in_place()
             .map(|_| self as &dyn GrowInPlace)
+    }
+
+    fn driver_segments(&self) -> Option<Vec<Segment>> {
+        self.upstream.driver_segments()
     }
 }
 

@@ -29,6 +29,7 @@ mod aligned;
 mod failure_callback;
 mod flag_lock;
 mod holding;
+mod introspect;
 mod limiting;
 mod logging;
 mod prefetch;

@@ -42,6 +42,7 @@ mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
+mod introspect;
 mod live_blocks;
 mod pool_resource;
 mod pool_trait;

@@ -19,9 +19,12 @@ use std::sync::Arc;
 
 use super::growable::{GrowInPlace, GrowableRanges};
 use super::handed_out::HandedOut;
-use super::{validate_request, LiveBlock, MemoryResource, Properties, DEFAULT_ALIGNMENT};
+use super::{
+    each_a_segment, on_no_stream, validate_request, Introspect, LiveBlock, MemoryResource,
+    Properties, Segment, DEFAULT_ALIGNMENT,
+};
 use crate::device::Device;
-use crate::driver::DevicePtr;
+use crate::driver::{DevicePtr, RawStream};
 use crate::pool::stream_order::{self, streams::Progress};
 use crate::stream::Stream;
 use crate::{Error, Result};
@@ -164,6 +167,29 @@ impl MemoryResource for DeviceResource {
             .setup(&self.device)
             .is_ok()
             .then_some(self as &dyn GrowInPlace)
+    }
+
+    /// Every allocation, growable ones at their current size.
+    fn driver_segments(&self) -> Option<Vec<Segment>> {
+        Some(each_a_segment(self.live_blocks()))
+    }
+}
+
+/// Each allocation is a segment of its own, and its live block; nothing is
+/// cached, so nothing is free.
+impl Introspect for DeviceResource {
+    fn segments(&self) -> Vec<Segment> {
+        each_a_segment(self.live_blocks())
+    }
+    fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)> {
+        on_no_stream(DeviceResource::live_blocks(self))
+    }
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+        self.allocation_size(ptr)
+            .map(|bytes| bytes.next_multiple_of(DEFAULT_ALIGNMENT))
+    }
+    fn largest_free_block(&self) -> usize {
+        0
     }
 }
 

@@ -81,7 +81,8 @@ pub use lent_lock::LentLock;
 pub use managed::ManagedResource;
 pub use pinned::PinnedHostResource;
 pub use sam_headroom::SamHeadroomResource;
-pub use snapshot::{merge_adjacent, LiveBlock, Segment};
+pub(crate) use snapshot::{each_a_segment, on_no_stream};
+pub use snapshot::{merge_adjacent, Introspect, LiveBlock, Segment};
 pub use system::SystemResource;
 
 use std::sync::Arc;
@@ -205,6 +206,16 @@ pub trait MemoryResource: Send + Sync {
     fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
         None
     }
+
+    /// The allocations this resource holds from the driver, each a
+    /// [`Segment`], in address order, where it can list them
+    /// ([`DeviceResource`]); `None`, the default, otherwise. A pool answers
+    /// [`Introspect::segments`] with its upstream's. The limiting and
+    /// statistics adaptors pass it on; `Arc`, `Box` and references forward
+    /// it.
+    fn driver_segments(&self) -> Option<Vec<Segment>> {
+        None
+    }
 }
 
 /// Checks a request the way every resource must: power-of-two alignment no
@@ -261,6 +272,9 @@ macro_rules! forward_resource {
             }
             fn grow_in_place(&self) -> Option<&dyn GrowInPlace> {
                 (**self).grow_in_place()
+            }
+            fn driver_segments(&self) -> Option<Vec<Segment>> {
+                (**self).driver_segments()
             }
         }
     )*};

@@ -6,7 +6,69 @@
 //! (`segments`, `live_blocks`); listing takes the resource's locks and is
 //! O(blocks): a slow path, never on the allocation path.
 
-use crate::driver::DevicePtr;
+use std::sync::Arc;
+
+use crate::driver::{DevicePtr, RawStream};
+
+/// What a pool or resource can show of the memory it holds: the same four
+/// answers from every pool, for memory snapshots (the C ABI's, which PyTorch's
+/// `torch.cuda.memory._snapshot()` reads) and viewers (`gpumem view`). Every
+/// method takes the resource's locks and is O(blocks) or O(pages): a slow
+/// path, never on the allocation path.
+pub trait Introspect {
+    /// What the resource holds from the driver, in address order: its
+    /// `cuMemAlloc` allocations, or runs of pages mapped into its virtual
+    /// ranges. Every live block lies inside one. Empty where it cannot say
+    /// (a pool whose upstream lists no
+    /// [`driver_segments`](super::MemoryResource::driver_segments)).
+    fn segments(&self) -> Vec<Segment>;
+    /// The blocks handed out and not yet freed, in address order, each with
+    /// the stream it was allocated on where the resource records it (else 0).
+    fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)>;
+    /// The bytes the live block starting at `ptr` takes, if there is one.
+    fn live_block_size(&self, ptr: DevicePtr) -> Option<usize>;
+    /// The largest request the resource can serve now without taking more
+    /// from the driver (PyTorch's `cacheInfo`).
+    fn largest_free_block(&self) -> usize;
+}
+
+macro_rules! forward_introspect {
+    ($($ty:ty),*) => {$(
+        impl<R: Introspect + ?Sized> Introspect for $ty {
+            fn segments(&self) -> Vec<Segment> {
+                (**self).segments()
+            }
+            fn live_blocks(&self) -> Vec<(LiveBlock, RawStream)> {
+                (**self).live_blocks()
+            }
+            fn live_block_size(&self, ptr: DevicePtr) -> Option<usize> {
+                (**self).live_block_size(ptr)
+            }
+            fn largest_free_block(&self) -> usize {
+                (**self).largest_free_block()
+            }
+        }
+    )*};
+}
+
+forward_introspect!(Arc<R>, Box<R>, &R);
+
+/// Blocks of a resource that records no stream, as [`Introspect`] gives them.
+pub(crate) fn on_no_stream(blocks: Vec<LiveBlock>) -> Vec<(LiveBlock, RawStream)> {
+    blocks.into_iter().map(|b| (b, 0)).collect()
+}
+
+/// Each block of `blocks` as a segment of its own (each a driver
+/// allocation).
+pub(crate) fn each_a_segment(blocks: Vec<LiveBlock>) -> Vec<Segment> {
+    blocks
+        .into_iter()
+        .map(|b| Segment {
+            address: b.address,
+            size: b.size,
+        })
+        .collect()
+}
 
 /// A range of memory a resource holds from the driver (a `cuMemAlloc`
 /// allocation, or a run of mapped virtual pages).
