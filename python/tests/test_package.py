@@ -55,3 +55,15 @@ def test_the_installed_package_brings_its_library():
     for source in glob.glob(os.path.join(PYTHON_DIR, "gpumem", "csrc", "*.cpp")):
         assert os.path.isfile(os.path.join(package, "csrc", os.path.basename(source))), source
     assert lib.gpumem_config_error() is None
+
+
+def test_the_distribution_name_is_not_the_import_name_s_taken_one():
+    # `gpumem` on PyPI is another project's; ours is distributed as
+    # gpumem-rs and imported as gpumem (docs/pytorch.md).
+    import pathlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    meta = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "gpumem-rs"
+    packages = meta["tool"]["setuptools"].get("packages", ["gpumem"])
+    assert "gpumem" in packages
