@@ -79,10 +79,7 @@ impl DeviceBackend {
                 Ok(Self::Cuda(AsyncResource::new(device.clone(), config)?))
             }
             _ => {
-                let mut config = PoolConfig {
-                    expandable: true,
-                    ..PoolConfig::default()
-                };
+                let mut config = PoolConfig::default().with_expandable(true);
                 if let Some(bytes) = size {
                     config.initial_size = bytes;
                     config.max_reserved = Some(bytes);

@@ -52,6 +52,7 @@ mod shards;
 mod slab;
 pub(crate) mod stream_order;
 mod virtual_pool;
+mod with_setters;
 
 pub use arena::{ArenaConfig, ArenaResource, ArenaStats};
 /// The arena's superblock directory, public only to the `loom` model check
