@@ -77,6 +77,10 @@ use crate::{Error, FreeError, OomInfo, Result};
 const LARGEST_SHIFT: u32 = 40;
 
 /// Configuration of a [`CachingPool`]. `Default` gives the documented values.
+///
+/// Two fields are hidden from this documentation: `large_class_steps` and
+/// `batch_size` are the pool's tuning, which the project's own measurements
+/// turn (`docs/decisions.md`). They are not part of the stable API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CachingPoolConfig {
@@ -102,6 +106,7 @@ pub struct CachingPoolConfig {
     /// (see the module documentation). 0: requests above `max_block_size`
     /// bypass the cache (an upstream allocation and free each), as requests
     /// above 2^40 do.
+    #[doc(hidden)]
     pub large_class_steps: usize,
     /// Classes smaller than this are carved from chunks of this many bytes:
     /// a multiple of 256 (default 2 MiB).
@@ -115,6 +120,7 @@ pub struct CachingPoolConfig {
     /// than grow the pool (default `true`).
     pub cross_stream_wait: bool,
     /// Frees on one stream after which a batch event is recorded (default 256).
+    #[doc(hidden)]
     pub batch_size: usize,
 }
 

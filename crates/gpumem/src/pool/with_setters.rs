@@ -2,7 +2,9 @@
 //! expression: `PoolConfig::default().with_max_reserved(Some(8 << 30))`.
 //! The configurations are `#[non_exhaustive]` (new settings are not a
 //! breaking change), so outside this crate they cannot be written as struct
-//! literals; each setter sets one field, documented on the field.
+//! literals; each setter sets one field, documented on the field. The
+//! tuning fields hidden from the documentation have no setter: they are not
+//! part of the stable API.
 
 use super::{CachingPoolConfig, GrowthPolicy, PoolConfig, Spread, VirtualPoolConfig};
 
@@ -45,11 +47,9 @@ with_setters!(CachingPoolConfig {
     with_max_reserved => max_reserved: Option<usize>,
     with_min_block_size => min_block_size: usize,
     with_max_block_size => max_block_size: usize,
-    with_large_class_steps => large_class_steps: usize,
     with_chunk_size => chunk_size: usize,
     with_stream_ordered => stream_ordered: bool,
     with_cross_stream_wait => cross_stream_wait: bool,
-    with_batch_size => batch_size: usize,
 });
 
 #[cfg(test)]

@@ -7,6 +7,13 @@ use crate::pool::Spread;
 pub const VIRTUAL_POOL_MAX_ALIGNMENT: usize = 1 << 30;
 
 /// Configuration of a [`VirtualPool`].
+///
+/// Five fields are hidden from this documentation: `small_limit`,
+/// `slack_permille`, `slack_min_bytes`, `max_extent_pages` and
+/// `max_alias_ratio` are the pool's tuning, which the project's own
+/// measurements turn (`docs/decisions-virtual-pool.md`). They are not part
+/// of the stable API: their meaning and defaults may change with the
+/// placement they tune.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VirtualPoolConfig {
@@ -14,6 +21,7 @@ pub struct VirtualPoolConfig {
     /// memory (1 to 16; default 2). More is reserved if it runs out.
     pub va_multiple: usize,
     /// Requests up to this many bytes go to the small area (default 1 MiB).
+    #[doc(hidden)]
     pub small_limit: usize,
     /// Physical memory the pool may create beyond its live peak, in
     /// thousandths of that peak (default 30: up to 3% over the live peak),
@@ -21,6 +29,7 @@ pub struct VirtualPoolConfig {
     /// that fit nowhere are released before new ones are made, so the pool
     /// stays near its live peak; 0 makes new memory only in their place.
     /// The slack is never less than `slack_min_bytes`.
+    #[doc(hidden)]
     pub slack_permille: usize,
     /// The least slack, in bytes (default 64 MiB): new memory may be made
     /// up to the live peak plus the larger of this and `slack_permille` of
@@ -30,6 +39,7 @@ pub struct VirtualPoolConfig {
     /// every mapping only to map it again; from about 2 GiB of live peak
     /// on, `slack_permille` decides alone (`docs/decisions-virtual-pool.md`).
     /// 0 leaves `slack_permille` alone.
+    #[doc(hidden)]
     pub slack_min_bytes: usize,
     /// Most pages of one extent (one `cuMemCreate`, mapped whole with one
     /// `cuMemMap`); 1 gives every page its own allocation (default 6).
@@ -39,6 +49,7 @@ pub struct VirtualPoolConfig {
     /// with which the simulator's replays of the two shared traces both stay
     /// within 5% of the live peak and reach a steady state with no driver
     /// call (`docs/decisions-virtual-pool.md`).
+    #[doc(hidden)]
     pub max_extent_pages: usize,
     /// Bytes of unmapped physical pages kept cached for re-mapping; beyond
     /// it, whole cached extents go back to the driver (default 0).
@@ -48,6 +59,7 @@ pub struct VirtualPoolConfig {
     /// memory may change place several times, each a mapping kept for the
     /// next step (GPT-2's replay keeps several mappings per physical page in
     /// its steady state: `docs/decisions-virtual-pool.md`).
+    #[doc(hidden)]
     pub max_alias_ratio: usize,
     /// Most physical bytes the pool may hold (mapped plus cached, whole
     /// pages); `None` for no limit. A request needing new physical memory
