@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
         let p = generate(&cfg, pass);
         peak_live = peak_live.max(p.prep.peak_live);
         let mut last = pool.stats().reserved;
-        let mut step = |i: usize| {
+        let mut step = |i: usize, _| {
             let s = pool.stats();
             if s.reserved > last && (pass > 0 || std::env::var_os("ALL_PASSES").is_some()) {
                 let op = &p.prep.ops[i];

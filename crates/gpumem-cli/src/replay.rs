@@ -227,7 +227,7 @@ pub fn timeline(
     let every = n.div_ceil(max_points.max(1)).max(1);
     let t0 = prep.time_us.first().copied().unwrap_or(0);
     let mut t = Timeline::default();
-    let mut sample = |i: usize| {
+    let mut sample = |i: usize, _| {
         let reserved = alloc.pool.reserved_bytes() as u64;
         let is_peak = reserved > t.peak_reserved;
         t.peak_reserved = t.peak_reserved.max(reserved);

@@ -277,14 +277,14 @@ pub fn replay_streams(device: &Device, prep: &PreparedReplay) -> gpumem::Result<
 /// [`replay_streams`]; made when `None`). Frees what the trace leaves live
 /// afterwards.
 /// `on_step`, when given, is called after every operation with its index
-/// (used for timelines; it is inside the timed loop, so only untimed callers
-/// pass one).
+/// and the block it allocated or freed (used for timelines and memory maps;
+/// it is inside the timed loop, so only untimed callers pass one).
 pub fn run_replay(
     r: &dyn MemoryResource,
     device: &Device,
     prep: &PreparedReplay,
     streams: Option<&[Stream]>,
-    mut on_step: Option<&mut dyn FnMut(usize)>,
+    mut on_step: Option<&mut dyn FnMut(usize, DevicePtr)>,
 ) -> anyhow::Result<Timed> {
     let made;
     let streams = match streams {
@@ -303,6 +303,7 @@ pub fn run_replay(
     for (i, op) in prep.ops.iter().enumerate() {
         let slot = op.slot as usize;
         let stream = &streams[op.stream as usize];
+        let block = table[slot];
         if op.alloc {
             match r.allocate(op.size, ALIGN, stream) {
                 Ok(p) => {
@@ -315,14 +316,14 @@ pub fn run_replay(
                     break;
                 }
             }
-        } else if let Err(e) = r.deallocate(table[slot], op.size, ALIGN, stream) {
+        } else if let Err(e) = r.deallocate(block, op.size, ALIGN, stream) {
             result = Err(event_error(e, i, prep));
             break;
         } else {
             table[slot] = DevicePtr::NULL;
         }
         if let Some(f) = on_step.as_mut() {
-            f(i);
+            f(i, if op.alloc { table[slot] } else { block });
         }
     }
     let synced = device.synchronize();

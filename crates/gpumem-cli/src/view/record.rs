@@ -4,10 +4,8 @@
 //! timeline.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use gpumem::resource::{MemoryResource, Properties};
-use gpumem::{Device, DevicePtr, Stream};
+use gpumem::{Device, DevicePtr};
 use gpumem_capi::served::Served;
 
 use super::torch::TorchDetail;
@@ -87,7 +85,7 @@ pub(super) fn peak(
     prep: &PreparedReplay,
 ) -> anyhow::Result<(usize, u64)> {
     let (mut at, mut peak) = (0, 0u64);
-    let mut step = |i: usize| {
+    let mut step = |i: usize, _| {
         let r = alloc.pool.reserved_bytes() as u64;
         if r > peak {
             (at, peak) = (i, r);
@@ -95,44 +93,6 @@ pub(super) fn peak(
     };
     run_replay(&*alloc.resource, device, prep, None, Some(&mut step))?;
     Ok((at, peak))
-}
-
-/// A resource in front of another that remembers the last pointer it handed
-/// out, so the replay can tie each allocation to its block.
-struct Remember<'a> {
-    inner: &'a dyn MemoryResource,
-    last: AtomicU64,
-}
-
-impl MemoryResource for Remember<'_> {
-    fn allocate(
-        &self,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<DevicePtr> {
-        let p = self.inner.allocate(bytes, alignment, stream)?;
-        self.last.store(p.0, Relaxed);
-        Ok(p)
-    }
-
-    fn deallocate(
-        &self,
-        ptr: DevicePtr,
-        bytes: usize,
-        alignment: usize,
-        stream: &Stream,
-    ) -> gpumem::Result<()> {
-        self.inner.deallocate(ptr, bytes, alignment, stream)
-    }
-
-    fn device(&self) -> &Device {
-        self.inner.device()
-    }
-
-    fn properties(&self) -> Properties {
-        self.inner.properties()
-    }
 }
 
 /// What one allocator (replayed, or PyTorch's as recorded) did along a log.
@@ -251,11 +211,6 @@ pub(super) fn replay(
         driver_frees: None,
         mappings: None,
     };
-    let remember = Remember {
-        inner: &*alloc.resource,
-        last: AtomicU64::new(0),
-    };
-    let mut slot_ptr = vec![0u64; prep.slots];
     let mut owner: HashMap<u64, usize> = HashMap::new();
     // Driver allocations and mappings so far; a vpool's from its cheap
     // counters (its driver_stats scans its pages).
@@ -271,13 +226,11 @@ pub(super) fn replay(
     let mut before = counters(served);
     let mut reserved_before = alloc.pool.reserved_bytes() as u64;
     let (mut next_moment, mut next_sample) = (0, 0);
-    let mut step = |i: usize| {
+    let mut step = |i: usize, block: DevicePtr| {
         let op = prep.ops[i];
         let reserved = alloc.pool.reserved_bytes() as u64;
         if op.alloc {
-            let ptr = remember.last.load(Relaxed);
-            slot_ptr[op.slot as usize] = ptr;
-            owner.insert(ptr, i);
+            owner.insert(block.0, i);
             let now = counters(served);
             let grew = reserved.saturating_sub(reserved_before);
             let calls = now[0] - before[0];
@@ -287,7 +240,7 @@ pub(super) fn replay(
             }
             before = now;
         } else {
-            owner.remove(&slot_ptr[op.slot as usize]);
+            owner.remove(&block.0);
             // Frees make no driver allocation; the counters move on.
             before = counters(served);
         }
@@ -302,7 +255,7 @@ pub(super) fn replay(
             next_moment += 1;
         }
     };
-    run_replay(&remember, device, prep, None, Some(&mut step))?;
+    run_replay(&*alloc.resource, device, prep, None, Some(&mut step))?;
     if !layout {
         // The largest free block of such an allocator is only a bound.
         run.holes.iter_mut().for_each(|h| *h = None);
