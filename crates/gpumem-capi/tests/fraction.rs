@@ -207,19 +207,17 @@ fn async_cap_in_force(a: &gpumem_capi::Allocator) {
     );
 }
 
-/// The fraction set while the device's first build is under way, after the
-/// build read the one before (its `cuMemPoolSetAttribute` stopped at a
-/// gate): found no device to apply itself to, so the build applies the
-/// fraction in force once it is done.
-#[test]
-fn a_fraction_set_during_the_first_build_is_applied() {
+/// Sets the fraction while the `nth` `cuMemPoolSetAttribute` of an async
+/// device's first allocation is stopped at a gate (`reached` names that
+/// call), then checks that the cap in force is the new fraction's.
+fn fraction_set_at_the_gate(nth: u64, reached: &str) {
     let a = allocator("resource=async");
-    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", 1);
+    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", nth);
     std::thread::scope(|scope| {
         let first = scope.spawn(|| a.malloc(MIB, 0, 0));
         assert!(
             gate.wait_arrival(std::time::Duration::from_secs(60)),
-            "the build reached the driver"
+            "{reached} reached the driver"
         );
         a.set_memory_fraction(0, FRACTION).unwrap();
         gate.open();
@@ -230,26 +228,21 @@ fn a_fraction_set_during_the_first_build_is_applied() {
     });
 }
 
+/// The fraction set while the device's first build is under way, after the
+/// build read the one before (its `cuMemPoolSetAttribute` stopped at a
+/// gate): found no device to apply itself to, so the build applies the
+/// fraction in force once it is done.
+#[test]
+fn a_fraction_set_during_the_first_build_is_applied() {
+    fraction_set_at_the_gate(1, "the build");
+}
+
 /// The fraction set while the limit of the one before is being applied
 /// (the builder's, once the device is built; its release threshold's
 /// `cuMemPoolSetAttribute` stopped at a gate): the application under way
 /// must not have the last word with the old fraction.
 #[test]
 fn a_fraction_set_while_the_limit_is_applied_is_the_one_in_force() {
-    let a = allocator("resource=async");
     // The pool's creation and the build's limit set the threshold first.
-    let gate = sim(&a).gate_call("cuMemPoolSetAttribute", 3);
-    std::thread::scope(|scope| {
-        let first = scope.spawn(|| a.malloc(MIB, 0, 0));
-        assert!(
-            gate.wait_arrival(std::time::Duration::from_secs(60)),
-            "the builder's application reached the driver"
-        );
-        a.set_memory_fraction(0, FRACTION).unwrap();
-        gate.open();
-        let p = first.join().unwrap();
-        assert!(!p.is_null());
-        async_cap_in_force(&a);
-        a.free(p, MIB, 0, 0);
-    });
+    fraction_set_at_the_gate(3, "the builder's application");
 }
