@@ -52,6 +52,11 @@ fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   mkdir -p "$out/wheels" && cp .whl/*.whl "$out/wheels/"
 fi
+# The Python package as a wheel, when one was built (pip wheel ./python -w
+# dist): the GPU run installs it as a user would.
+if compgen -G "dist/gpumem_rs-*.whl" >/dev/null; then
+  mkdir -p "$out/pkg" && cp dist/gpumem_rs-*.whl "$out/pkg/"
+fi
 mkdir -p "$out/fonts"
 cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
 # The C ABI library and the Python helpers, when built.

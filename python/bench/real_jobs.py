@@ -3,6 +3,8 @@
     python3 python/bench/real_jobs.py run --out real_jobs.jsonl            # every job, 3 rounds
     python3 python/bench/real_jobs.py run --quick --jobs lm,gnn            # minutes
     python3 python/bench/real_jobs.py run --gpus 0,1 --deadline 480        # two at a time; stop starting at 480 s
+    python3 python/bench/real_jobs.py run --first-round 2 --rounds 1       # go on in another call
+    python3 python/bench/real_jobs.py table real_jobs.raw.jsonl ...        # the table of several calls
     python3 python/bench/real_jobs.py list                                 # the jobs and configurations
     python3 python/bench/real_jobs.py child --job lm --config native:vpool+log=lm.csv --snapshot lm.pickle --steps 3
                                        # one job, with its log= recording and memory snapshot (gpumem view reads both)
@@ -14,8 +16,9 @@ work:
 
 - ``lm``: GPT-2 small training (transformers), batch 8, a new sequence
   length (128 to 1024 tokens) every step, bf16 autocast, AdamW;
-- ``generate``: greedy generation with a small Llama (transformers), a new
-  batch size (1 to 16) and prompt length (32 to 512) every step;
+- ``generate``: greedy generation of 16 tokens with a small Llama
+  (transformers), a new batch size (1 to 16) and prompt length (32 to 512)
+  every step;
 - ``vision``: ResNet-50 training (timm), batch 64 at 224 x 224,
   ``cudnn.benchmark`` on, bf16 autocast, SGD;
 - ``gnn``: GraphSAGE training (torch_geometric) on a new random graph
@@ -26,21 +29,28 @@ work:
 - ``threads``: inference of a ResNet-18 (timm) by 4 threads, each on its own
   stream; a step is one batch from every thread.
 
-Configurations, each job in a fresh process: ``torch`` (PyTorch's caching
-allocator), ``torch+SETTINGS`` (with ``PYTORCH_CUDA_ALLOC_CONF=SETTINGS``,
-e.g. ``torch+expandable_segments:True``, ``torch+backend:cudaMallocAsync``),
-``native:RESOURCE`` (gpumem.torch.enable, more GPUMEM_CONF settings after
-``+``). The rounds rotate the order of the configurations.
+Configurations, each in a fresh process per round: ``torch`` (PyTorch's
+caching allocator), ``torch+SETTINGS`` (with
+``PYTORCH_CUDA_ALLOC_CONF=SETTINGS``, e.g. ``torch+expandable_segments:True``,
+``torch+backend:cudaMallocAsync``), ``native:RESOURCE`` (gpumem.torch.enable,
+more GPUMEM_CONF settings after ``+``). The rounds rotate the order of the
+configurations. A process runs the jobs one after another, in the same
+order under every configuration (``compile`` last: its CUDA graphs keep
+their pool), each from an emptied cache with its peaks reset: a process
+per job would pay PyTorch's start-up once per job and configuration.
 
 A row per job and configuration: step time (median of the steady steps,
 median over rounds) and its ratio to ``torch`` paired by round, with the
-spread; the first three steps' time (the process's first work, allocator
-warm-up included); peak reserved and peak allocated (PyTorch's counters);
+spread; the first three steps' time (the allocator's warm-up from an
+emptied cache included); peak reserved and peak allocated (PyTorch's counters);
 peak device memory in use (total - free, sampled after every step's
 forward and backward: checks every allocator's own report); the final
 loss (a checksum of the generated tokens for ``generate``), which must be
-the same for every allocator. Each row is a JSON line with date, device
-and command; the table is printed last.
+the same for every allocator. Peak in use is the device's, so it also
+counts what earlier jobs of the process left (the CUDA context, cuBLAS
+workspaces): ``start_in_use`` in the JSON line is the job's start. Each
+row is a JSON line with date, device and command; the table is printed
+last.
 """
 
 import argparse
@@ -57,7 +67,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOBS = ["lm", "generate", "vision", "gnn", "compile", "threads"]
+JOBS = ["lm", "generate", "vision", "gnn", "threads", "compile"]
 CONFIGS = ["torch", "torch+expandable_segments:True", "torch+backend:cudaMallocAsync",
            "native:pool", "native:vpool"]
 
@@ -107,7 +117,7 @@ def job_generate(sample):
         batch, prompt = rng.choice([1, 2, 4, 8, 16]), rng.randrange(32, 513)
         g = torch.Generator(device="cuda").manual_seed(i)
         x = torch.randint(0, 32000, (batch, prompt), device="cuda", generator=g)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=64, min_new_tokens=64,
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, min_new_tokens=16,
                              do_sample=False, pad_token_id=0)
         sample()
         return float(out[:, prompt:].sum().item() % 1_000_003)
@@ -201,17 +211,21 @@ def job_threads(sample):
     return step
 
 
-# ----- one job under one configuration, in this process -----
+# ----- the jobs of one configuration, one after another, in this process -----
 
-def child(args):
-    sys.path.insert(0, HERE)
-    from torch_allocators import setup
+def run_job(job, steps, snapshot=None, snapshot_entries=0):
+    """Runs one job from a clean allocator state (cache emptied, peaks
+    reset) and returns its result."""
+    import gc
 
-    kind, plus, _ = args.config.partition("+")
-    make_ctx = setup("torch" if kind == "torch" and plus else args.config)
     import torch
 
-    in_use = []
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    in_use = [total - free]
+    start_in_use = in_use[0]
 
     def sample():
         free, total = torch.cuda.mem_get_info()
@@ -219,26 +233,45 @@ def child(args):
 
     torch.manual_seed(0)
     times, losses = [], []
+    if snapshot:
+        # The allocator's history with Python and C++ stacks, as PyTorch's
+        # memory viewer (and `gpumem view`) read it.
+        torch.cuda.memory._record_memory_history(max_entries=snapshot_entries)
+    step = globals()[f"job_{job}"](sample)
+    for i in range(3 + steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        losses.append(step(i))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    result = {"job": job, "first3_s": sum(times[:3]), "s_per_step": statistics.median(times[3:]),
+              "losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
+              "peak_allocated": torch.cuda.max_memory_allocated(), "peak_in_use": max(in_use),
+              "start_in_use": start_in_use}
+    # What the job leaves behind (its model, cudnn.benchmark, compiled
+    # graphs) must not reach the next job.
+    del step
+    torch.backends.cudnn.benchmark = False
+    if job == "compile":
+        torch._dynamo.reset()
+    return result
+
+
+def child(args):
+    sys.path.insert(0, HERE)
+    from torch_allocators import setup
+
+    kind, plus, _ = args.config.partition("+")
+    make_ctx = setup("torch" if kind == "torch" and plus else args.config)
+    jobs = [args.job] if args.job else args.jobs.split(",")
     with make_ctx():
-        if args.snapshot:
-            # The allocator's history with Python and C++ stacks, as PyTorch's
-            # memory viewer (and `gpumem view`) read it.
-            torch.cuda.memory._record_memory_history(max_entries=args.snapshot_entries)
-        step = globals()[f"job_{args.job}"](sample)
-        for i in range(3 + args.steps):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            losses.append(step(i))
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        if args.snapshot:
-            torch.cuda.memory._dump_snapshot(args.snapshot)
-            torch.cuda.memory._record_memory_history(enabled=None)
-    print("RESULT " + json.dumps({
-        "job": args.job, "config": args.config, "first3_s": sum(times[:3]),
-        "s_per_step": statistics.median(times[3:]), "losses": losses,
-        "peak_reserved": torch.cuda.max_memory_reserved(), "peak_allocated": torch.cuda.max_memory_allocated(),
-        "peak_in_use": max(in_use)}), flush=True)
+        for job in jobs:
+            res = run_job(job, args.steps, args.snapshot, args.snapshot_entries)
+            res["config"] = args.config
+            print("RESULT " + json.dumps(res), flush=True)
 
 
 # ----- every job under every configuration, in rotated rounds -----
@@ -253,9 +286,10 @@ def run(args):
     device = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                             capture_output=True, text=True).stdout.strip()
     got = {(j, c): [] for j in jobs for c in configs}
-    # Every (round, job, configuration) in rotated order; with several GPUs
-    # that many run at once, one per GPU (each process sees only its own).
-    tasks = [(rnd, job, config) for rnd in range(rounds) for job in jobs
+    # One process per (round, configuration), in rotated order, running
+    # every job in turn; with several GPUs that many run at once, one per
+    # GPU (each process sees only its own).
+    tasks = [(rnd, config) for rnd in range(args.first_round, args.first_round + rounds)
              for config in configs[rnd % len(configs):] + configs[:rnd % len(configs)]]
     gpus = queue.Queue()
     for g in args.gpus.split(","):
@@ -263,9 +297,9 @@ def run(args):
     start = time.time()
 
     def one(task):
-        rnd, job, config = task
+        rnd, config = task
         if args.deadline and time.time() - start > args.deadline:
-            return task, None, "not run: past the deadline"
+            return task, [], "not run: past the deadline"
         env = dict(os.environ)
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         kind, plus, settings = config.partition("+")
@@ -273,26 +307,31 @@ def run(args):
             env["PYTORCH_CUDA_ALLOC_CONF"] = settings
         g = gpus.get()
         env["CUDA_VISIBLE_DEVICES"] = g
-        cmd = [sys.executable, __file__, "child", "--job", job, "--config", config, "--steps", str(steps)]
+        cmd = [sys.executable, __file__, "child", "--jobs", ",".join(jobs), "--config", config,
+               "--steps", str(steps)]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return task, None, f"no result in {args.timeout} s"
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout * len(jobs))
+            out, why = p.stdout, f"exit {p.returncode}\n{(p.stdout + p.stderr)[-2000:]}" if p.returncode else ""
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            why = f"no result in {args.timeout * len(jobs)} s"
         finally:
             gpus.put(g)
-        res = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-        if p.returncode or not res:
-            return task, None, f"exit {p.returncode}\n{(p.stdout + p.stderr)[-2000:]}"
-        return task, res[0], ""
+        res = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        return task, res, why
 
     with cf.ThreadPoolExecutor(len(args.gpus.split(","))) as ex:
-        for (rnd, job, config), res, why in ex.map(one, tasks):
-            if res is None:
-                print(f"{job} {config} round {rnd}: FAILED ({why})", flush=True)
-                continue
-            res["round"] = rnd
-            got[(job, config)].append(res)
-            print(f"{job} {config} round {rnd}: {res['s_per_step']:.4f} s/step", flush=True)
+        for (rnd, config), res, why in ex.map(one, tasks):
+            for r in res:
+                r.update({"round": rnd, "steps": steps, "device": device,
+                          "date": datetime.date.today().isoformat()})
+                got[(r["job"], config)].append(r)
+                with open(raw_path(args), "a") as f:
+                    f.write(json.dumps(r) + "\n")
+                print(f"{r['job']} {config} round {rnd}: {r['s_per_step']:.4f} s/step", flush=True)
+            missing = [j for j in jobs if j not in {r["job"] for r in res}]
+            if missing:
+                print(f"{','.join(missing)} {config} round {rnd}: FAILED ({why or 'no result'})", flush=True)
     rows = summarize(got, jobs, configs, configs[0])
     with open(args.out, "a") as f:
         for row in rows:
@@ -301,6 +340,27 @@ def run(args):
             f.write(json.dumps(row) + "\n")
     print_table(rows, configs[0])
     return 0 if all(r["rounds_ok"] == rounds for r in rows) else 1
+
+
+def raw_path(args):
+    """Where every job's result is kept as it comes (`table` reads these)."""
+    return args.raw or args.out.removesuffix(".jsonl") + ".raw.jsonl"
+
+
+def table(args):
+    """The table of results kept by several `run`s (rounds split over calls)."""
+    got, jobs, configs = {}, [], args.configs.split(",")
+    for path in args.raw_files:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r["job"] not in jobs:
+                    jobs.append(r["job"])
+                got.setdefault((r["job"], r["config"]), []).append(r)
+    jobs = [j for j in JOBS if j in jobs]
+    rows = summarize({(j, c): got.get((j, c), []) for j in jobs for c in configs}, jobs, configs, configs[0])
+    print_table(rows, configs[0])
+    return 0
 
 
 def summarize(got, jobs, configs, base):
@@ -346,31 +406,36 @@ def print_table(rows, base):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["run", "child", "list"])
+    ap.add_argument("what", choices=["run", "child", "list", "table"])
+    ap.add_argument("raw_files", nargs="*", help="(table) files of results kept by runs")
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--configs", default=",".join(CONFIGS), help="the first is the baseline of the ratios")
-    ap.add_argument("--job", choices=JOBS, help="(child) the job to run")
+    ap.add_argument("--job", choices=JOBS, help="(child) one job to run, instead of --jobs")
     ap.add_argument("--config", default="torch", help="(child) the configuration")
     ap.add_argument("--snapshot", help="(child) write the job's memory snapshot (with stacks) to this pickle")
     ap.add_argument("--snapshot-entries", type=int, default=200_000,
                     help="(child) events the snapshot keeps, the latest")
     ap.add_argument("--steps", type=int, default=20, help="steady steps after the first three")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--first-round", type=int, default=0,
+                    help="number of the first round (its place in the rotation), to go on in another call")
     ap.add_argument("--quick", action="store_true", help="8 steady steps, one round")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds for one job in one configuration")
+    ap.add_argument("--timeout", type=int, default=300,
+                    help="seconds for one job in one configuration (a process gets this times its jobs)")
     ap.add_argument("--gpus", default="0", help="GPUs to run on, one process on each at a time (0,1)")
     ap.add_argument("--deadline", type=int, default=0, help="start no job after this many seconds (0: none)")
     ap.add_argument("--out", default="real_jobs.jsonl")
+    ap.add_argument("--raw", help="every job's result as it comes (default: OUT with .raw.jsonl)")
     args = ap.parse_args(argv)
     if args.what == "list":
         print("jobs:", ", ".join(JOBS))
         print("configurations:", ", ".join(CONFIGS))
         return 0
     if args.what == "child":
-        if args.job is None:
-            ap.error("child needs --job")
         child(args)
         return 0
+    if args.what == "table":
+        return table(args)
     return run(args)
 
 

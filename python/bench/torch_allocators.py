@@ -5,7 +5,8 @@
     python3 python/bench/torch_allocators.py graph  --out results.jsonl --configs torch,native:pool
 
 Every configuration runs in a fresh process (this script calling itself with
-``child``). Configurations: ``torch`` (PyTorch's caching allocator),
+``child``). Configurations: ``torch`` (PyTorch's caching allocator;
+``torch+SETTINGS`` sets ``PYTORCH_CUDA_ALLOC_CONF=SETTINGS``),
 ``native:RESOURCE`` and ``pluggable:RESOURCE`` (gpumem.torch.enable),
 ``mempool:RESOURCE`` (gpumem.torch.mempool around the training loop);
 more GPUMEM_CONF settings follow the resource after ``+``
@@ -17,7 +18,7 @@ more GPUMEM_CONF settings follow the resource after ``+``
   max_memory_reserved where it works, gpumem's own peak otherwise).
 - batch: with all but --free-gib GiB of the GPU taken by a raw cudaMalloc
   ballast (CuPy's runtime.malloc), the largest batch of 1024-token sequences
-  of GPT-2 small that trains one step, found in one process by doubling and
+  of GPT-2 medium that trains one step, found in one process by doubling and
   bisection, catching torch.OutOfMemoryError.
 - graph: a GPT-2 small training step (8 x 1024 tokens, bf16 autocast,
   capturable AdamW; gpumem.graph_models.gpt) captured with torch.cuda.graph:
@@ -76,8 +77,14 @@ def gpt2(batch, seq=1024):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config()).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randint(0, 50257, (batch, seq), device="cuda")
+    return lm_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), batch, seq)
+
+
+def lm_step(model, opt, batch, seq):
+    """One training step of a causal LM on `batch` random sequences."""
+    import torch
+
+    x = torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -156,37 +163,44 @@ def child_graph(config):
 def child_batch(config, free_gib):
     import cupy
     import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     free, _ = cupy.cuda.runtime.memGetInfo()
     ballast = cupy.cuda.runtime.malloc(max(0, free - int(free_gib * (1 << 30))))
     make_ctx = setup(config)
     tried, ooms = [], 0
+    with make_ctx():
+        # GPT-2 medium (355M parameters), built once: every try trains one
+        # step with the same weights and optimizer state, as a user raising
+        # the batch would.
+        model = GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def fits(b):
-        nonlocal ooms
-        try:
-            with make_ctx():
-                step = gpt2(b)
-                step()
+        def fits(b):
+            nonlocal ooms
+            try:
+                lm_step(model, opt, b, 1024)()
                 torch.cuda.synchronize()
-            ok = True
-        except torch.OutOfMemoryError:
-            ooms += 1
-            ok = False
-        step = None
-        gc.collect()
-        torch.cuda.empty_cache()
-        tried.append((b, ok))
-        return ok
+                ok = True
+            except torch.OutOfMemoryError:
+                ooms += 1
+                ok = False
+                opt.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            tried.append((b, ok))
+            return ok
 
-    lo, hi = 0, 1
-    while fits(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        lo, hi = 0, 1
+        while fits(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        peak = torch.cuda.max_memory_reserved()
     cupy.cuda.runtime.free(ballast)
-    return {"bench": "batch", "free_gib": free_gib, "largest_batch": lo, "tries": tried, "ooms": ooms}
+    return {"bench": "batch", "model": "gpt2-medium", "free_gib": free_gib, "largest_batch": lo, "tries": tried,
+            "ooms": ooms, "peak_reserved": peak}
 
 
 def run(kind, configs, out, extra):
@@ -200,8 +214,16 @@ def run(kind, configs, out, extra):
         # Alternate the configurations, three rounds, so drift hits all alike.
         jobs = [(c, "gpt2") for _ in range(3) for c in configs]
     for config, model in jobs:
-        p = subprocess.run([sys.executable, __file__, "child", kind, config, model, str(extra)],
-                           capture_output=True, text=True, timeout=900)
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        base, plus, settings = config.partition("+")
+        if base == "torch" and plus:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = settings
+            config_arg = "torch"
+        else:
+            config_arg = config
+        p = subprocess.run([sys.executable, __file__, "child", kind, config_arg, model, str(extra)],
+                           capture_output=True, text=True, timeout=900, env=env)
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         row = json.loads(lines[-1][7:]) if lines else {"bench": kind, "model": model,
                                                          "error": (p.stderr or p.stdout)[-800:]}

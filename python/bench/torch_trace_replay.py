@@ -1,11 +1,19 @@
-"""PyTorch's caching allocator on the workloads ``gpumem bench`` runs, driven
-from C++ through ``c10::cuda::CUDACachingAllocator::raw_alloc_with_stream``
-and ``raw_delete`` (no tensors, no Python per operation), so its first,
-second and steady passes can stand beside gpumem's in one table (issue 19).
+"""PyTorch's caching allocator and gpumem's C ABI on the workloads ``gpumem
+bench`` runs, driven from one C++ loop: PyTorch's through
+``c10::cuda::CUDACachingAllocator::raw_alloc_with_stream`` and
+``raw_delete``, gpumem's through ``gpumem_malloc`` and ``gpumem_free`` of
+libgpumem.so (``GPUMEM_LIB``), as PyTorch's native mode calls them. No
+tensors, no Python per operation, the same streams: their first, second
+and steady passes stand in one table.
 
     python3 python/bench/torch_trace_replay.py gpt2_train.rmm.csv resnet50_train.rmm.csv \\
-        --passes 6 --out results.jsonl
+        --passes 6 --allocators torch,default,vpool --out results.jsonl
     python3 python/bench/torch_trace_replay.py iter_1.0.rmm.csv --split-passes --out results.jsonl
+
+Allocators: ``torch`` (PyTorch's caching allocator), ``default`` (gpumem
+with ``GPUMEM_CONF`` unset) and gpumem resources by their ``GPUMEM_CONF``
+name, with more settings after ``+`` (``pool+expandable=false`` is
+``GPUMEM_CONF=resource=pool,expandable=false``).
 
 A trace is an RMM log (``Thread,Time,Action,Pointer,Size,Stream``). By
 default the whole trace is one pass, replayed ``--passes`` times through the
@@ -37,13 +45,49 @@ CPP = r"""
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <chrono>
+#include <dlfcn.h>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace alloc = c10::cuda::CUDACachingAllocator;
 
+// The allocator a replay runs through: PyTorch's caching allocator, or
+// gpumem's C ABI (libgpumem.so, loaded by path, configured by GPUMEM_CONF).
+struct Target {
+  void* (*g_malloc)(ssize_t, int, void*) = nullptr;
+  void (*g_free)(void*, ssize_t, int, void*) = nullptr;
+  size_t (*g_peak_reserved)(int) = nullptr;
+
+  explicit Target(const std::string& lib) {
+    if (lib.empty()) return;
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!h) throw std::runtime_error(std::string("dlopen: ") + dlerror());
+    g_malloc = reinterpret_cast<void* (*)(ssize_t, int, void*)>(dlsym(h, "gpumem_malloc"));
+    g_free = reinterpret_cast<void (*)(void*, ssize_t, int, void*)>(dlsym(h, "gpumem_free"));
+    g_peak_reserved = reinterpret_cast<size_t (*)(int)>(dlsym(h, "gpumem_peak_reserved_bytes"));
+    if (!g_malloc || !g_free || !g_peak_reserved) throw std::runtime_error("libgpumem lacks the C ABI");
+  }
+  void* malloc(int64_t size, int device, cudaStream_t s) const {
+    if (g_malloc) return g_malloc(size, device, s);
+    return alloc::raw_alloc_with_stream(size, s);
+  }
+  void free(void* p, int64_t size, int device, cudaStream_t s) const {
+    if (g_free) return g_free(p, size, device, s);
+    alloc::raw_delete(p);
+  }
+  double peak_reserved(int device) const {
+    if (g_peak_reserved) return double(g_peak_reserved(device));
+    return double(alloc::getDeviceStats(device).reserved_bytes[0].peak);
+  }
+};
+
 // ops: int64 [n, 4] (slot, stream, size, alloc); starts: the first op of
-// each pass. Returns ns per op of each pass, then the peak reserved bytes.
-std::vector<double> replay(torch::Tensor ops, torch::Tensor starts, int64_t slots, int64_t streams) {
+// each pass; lib: libgpumem.so's path, or "" for PyTorch's allocator.
+// Returns ns per op of each pass, then the peak reserved bytes.
+std::vector<double> replay(torch::Tensor ops, torch::Tensor starts, int64_t slots, int64_t streams,
+                           std::string lib) {
+  Target target(lib);
   auto o = ops.accessor<int64_t, 2>();
   auto s = starts.accessor<int64_t, 1>();
   int device = c10::cuda::current_device();
@@ -51,6 +95,7 @@ std::vector<double> replay(torch::Tensor ops, torch::Tensor starts, int64_t slot
   st.push_back(c10::cuda::getDefaultCUDAStream(device));
   for (int64_t i = 1; i < streams; i++) st.push_back(c10::cuda::getStreamFromPool(false, device));
   std::vector<void*> ptr(slots, nullptr);
+  std::vector<int64_t> size_of(slots, 0), stream_of(slots, 0);
   std::vector<double> out;
   int64_t n = ops.size(0), passes = starts.size(0);
   alloc::resetPeakStats(device);
@@ -58,21 +103,24 @@ std::vector<double> replay(torch::Tensor ops, torch::Tensor starts, int64_t slot
     int64_t a = s[p], b = p + 1 < passes ? s[p + 1] : n;
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = a; i < b; i++) {
+      int64_t slot = o[i][0];
       if (o[i][3]) {
-        ptr[o[i][0]] = alloc::raw_alloc_with_stream(o[i][2], st[o[i][1]].stream());
+        ptr[slot] = target.malloc(o[i][2], device, st[o[i][1]].stream());
+        if (!ptr[slot]) throw std::runtime_error("allocation of " + std::to_string(o[i][2]) + " bytes failed");
+        size_of[slot] = o[i][2];
+        stream_of[slot] = o[i][1];
       } else {
-        alloc::raw_delete(ptr[o[i][0]]);
-        ptr[o[i][0]] = nullptr;
+        target.free(ptr[slot], size_of[slot], device, st[stream_of[slot]].stream());
+        ptr[slot] = nullptr;
       }
     }
     auto t1 = std::chrono::steady_clock::now();
     out.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / double(b - a));
-    for (auto& q : ptr) {
-      if (q) { alloc::raw_delete(q); q = nullptr; }
+    for (int64_t k = 0; k < slots; k++) {
+      if (ptr[k]) { target.free(ptr[k], size_of[k], device, st[stream_of[k]].stream()); ptr[k] = nullptr; }
     }
   }
-  auto stats = alloc::getDeviceStats(device);
-  out.push_back(double(stats.reserved_bytes[0].peak));
+  out.push_back(target.peak_reserved(device));
   return out;
 }
 """
@@ -111,6 +159,16 @@ def read_trace(path, split):
     return ops, starts or [0], max(slots, 1), len(streams), peak
 
 
+def gpumem_conf(allocator):
+    """GPUMEM_CONF for an allocator's name; None for PyTorch's."""
+    if allocator == "torch":
+        return None
+    if allocator == "default":
+        return ""
+    resource, *settings = allocator.split("+")
+    return ",".join([f"resource={resource}"] + settings)
+
+
 def child(args):
     import torch
     from torch.utils.cpp_extension import load_inline
@@ -122,12 +180,13 @@ def child(args):
         starts = [i * len(ops) for i in range(args.passes)]
         ops = ops * args.passes
     torch.cuda.init()
+    lib = "" if args.allocator == "torch" else os.environ["GPUMEM_LIB"]
     out = mod.replay(torch.tensor(ops, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64),
-                     slots, streams)
+                     slots, streams, lib)
     per_pass, reserved = out[:-1], out[-1]
     steady = per_pass[2:] or per_pass[-1:]
     print("RESULT " + json.dumps({
-        "trace": os.path.basename(args.trace).removesuffix(".rmm.csv"), "allocator": "torch",
+        "trace": os.path.basename(args.trace).removesuffix(".rmm.csv"), "allocator": args.allocator,
         "ops_per_pass": len(ops) // len(starts), "passes": len(per_pass), "ns_per_op": per_pass,
         "first": per_pass[0], "second": per_pass[1] if len(per_pass) > 1 else None,
         "steady": statistics.median(steady), "peak_live": peak_live, "peak_reserved": reserved,
@@ -139,45 +198,64 @@ def main():
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--split-passes", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per trace; medians reported")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="fresh processes per trace and allocator, the allocators in turn; medians reported")
+    ap.add_argument("--allocators", default="torch",
+                    help="comma list: torch, default, or GPUMEM_CONF resources (pool, vpool+SETTING=V, ...)")
+    ap.add_argument("--allocator", default="torch", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="torch_trace_replay.jsonl")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         args.trace = args.traces[0]
         return child(args)
+    allocators = args.allocators.split(",")
+    if any(a != "torch" for a in allocators) and not os.environ.get("GPUMEM_LIB"):
+        sys.exit("gpumem allocators need GPUMEM_LIB, the path of libgpumem.so")
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
-    print(f"{'trace':<24} {'first':>8} {'second':>8} {'steady':>8} {'res/live':>9}   (ns per op, torch)")
+    print(f"{'trace':<24} {'allocator':<16} {'first':>8} {'second':>8} {'steady':>8} {'res/live':>9}   (ns per op)")
     failed = 0
     for trace in args.traces:
-        cmd = [sys.executable, __file__, trace, "--child", "--passes", str(args.passes)]
-        if args.split_passes:
-            cmd.append("--split-passes")
-        runs = []
-        for _ in range(args.repeats):
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-            got = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-            if p.returncode != 0 or not got:
-                print(f"{trace}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}")
-                break
-            runs.append(got[0])
-        if len(runs) < args.repeats:
-            failed += 1
-            continue
-        r = dict(runs[0], date=datetime.date.today().isoformat(), device=device, command=command,
-                 repeats=len(runs))
-        for k in ("first", "second", "steady", "peak_reserved", "reserved_over_live"):
-            vals = [x[k] for x in runs if x[k] is not None]
-            r[k] = statistics.median(vals) if vals else None
-        r["ns_per_op"] = [statistics.median(x["ns_per_op"][i] for x in runs) for i in range(r["passes"])]
-        with open(args.out, "a") as f:
-            f.write(json.dumps(r) + "\n")
-        second = r["second"] if r["second"] is not None else float("nan")
-        print(f"{r['trace']:<24} {r['first']:>8.0f} {second:>8.0f} {r['steady']:>8.0f} "
-              f"{r['reserved_over_live']:>9.3f}")
+        runs = {a: [] for a in allocators}
+        for rep in range(args.repeats):
+            # The allocators in turn, rotated each repeat: the host's drift
+            # hits them alike.
+            for allocator in allocators[rep % len(allocators):] + allocators[:rep % len(allocators)]:
+                cmd = [sys.executable, __file__, trace, "--child", "--passes", str(args.passes),
+                       "--allocator", allocator]
+                if args.split_passes:
+                    cmd.append("--split-passes")
+                env = dict(os.environ)
+                env.pop("GPUMEM_CONF", None)
+                conf = gpumem_conf(allocator)
+                if conf:
+                    env["GPUMEM_CONF"] = conf
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+                got = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+                if p.returncode != 0 or not got:
+                    print(f"{trace} {allocator}: FAILED (exit {p.returncode})\n{(p.stdout + p.stderr)[-2000:]}")
+                    continue
+                runs[allocator].append(got[0])
+        for allocator in allocators:
+            rs = runs[allocator]
+            if len(rs) < args.repeats:
+                failed += 1
+                continue
+            r = dict(rs[0], date=datetime.date.today().isoformat(), device=device, command=command,
+                     repeats=len(rs), gpumem_conf=gpumem_conf(allocator))
+            for k in ("first", "second", "steady", "peak_reserved", "reserved_over_live"):
+                vals = [x[k] for x in rs if x[k] is not None]
+                r[k] = statistics.median(vals) if vals else None
+            r["ns_per_op"] = [statistics.median(x["ns_per_op"][i] for x in rs) for i in range(r["passes"])]
+            r["steady_spread"] = [min(x["steady"] for x in rs), max(x["steady"] for x in rs)]
+            with open(args.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
+            second = r["second"] if r["second"] is not None else float("nan")
+            print(f"{r['trace']:<24} {allocator:<16} {r['first']:>8.0f} {second:>8.0f} {r['steady']:>8.0f} "
+                  f"{r['reserved_over_live']:>9.3f}", flush=True)
     return 1 if failed else 0
 
 

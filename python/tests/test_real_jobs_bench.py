@@ -63,37 +63,93 @@ def test_a_configuration_that_never_ran_is_a_failed_row():
     mod.print_table(rows, "torch")  # prints "failed" for it, without raising
 
 
-def test_several_gpus_share_the_rounds_and_the_deadline_stops_new_jobs(tmp_path, monkeypatch):
-    # The children are stood in for: each reports the GPU it was given, so
-    # the test sees every (round, job, configuration) run once, on the GPUs
-    # named; then a deadline already past runs nothing.
+def test_several_gpus_share_the_rounds_and_the_deadline_stops_new_processes(tmp_path, monkeypatch):
+    # The children are stood in for: each runs every job it is given and
+    # reports the GPU it was given, so the test sees one process per
+    # (round, configuration) with every job in it, on the GPUs named; then
+    # a deadline already past runs nothing.
     mod = load()
     seen, lock = [], __import__("threading").Lock()
 
     class Done:
-        def __init__(self, out):
-            self.returncode, self.stdout, self.stderr = 0, out, ""
+        def __init__(self, out, rc=0):
+            self.returncode, self.stdout, self.stderr = rc, out, ""
 
     def fake_run(cmd, env=None, **kw):
         if "-c" in cmd:
             return Done("Fake GPU\n")
-        gpu, job, config = env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--job") + 1], cmd[cmd.index("--config") + 1]
+        gpu, jobs, config = env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--jobs") + 1], cmd[cmd.index("--config") + 1]
         with lock:
-            seen.append((job, config, gpu))
-        res = {"job": job, "config": config, "first3_s": 0.3, "s_per_step": 0.1, "losses": [1.0],
-               "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}
-        return Done("RESULT " + __import__("json").dumps(res) + "\n")
+            seen.append((jobs, config, gpu))
+        out = ""
+        for job in jobs.split(","):
+            res = {"job": job, "config": config, "first3_s": 0.3, "s_per_step": 0.1, "losses": [1.0],
+                   "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}
+            out += "RESULT " + __import__("json").dumps(res) + "\n"
+        return Done(out)
 
     monkeypatch.setattr(mod.subprocess, "run", fake_run)
     out = tmp_path / "r.jsonl"
     rc = mod.main(["run", "--jobs", "lm,gnn", "--configs", "torch,native:pool", "--rounds", "2",
                    "--gpus", "0,1", "--out", str(out)])
     assert rc == 0
-    assert sorted((j, c) for j, c, _ in seen) == sorted([(j, c) for j in ("lm", "gnn")
-                                                         for c in ("torch", "native:pool")] * 2)
+    assert sorted((j, c) for j, c, _ in seen) == sorted([("lm,gnn", c) for c in ("torch", "native:pool")] * 2)
     assert {g for _, _, g in seen} <= {"0", "1"}
+    rows = [__import__("json").loads(line) for line in out.read_text().splitlines()]
+    assert {(r["job"], r["config"], r["rounds_ok"]) for r in rows} == {
+        (j, c, 2) for j in ("lm", "gnn") for c in ("torch", "native:pool")}
     seen.clear()
     monkeypatch.setattr(mod.time, "time", iter([0.0] + [100.0] * 100).__next__)
     rc = mod.main(["run", "--jobs", "lm", "--configs", "torch", "--rounds", "1", "--deadline", "10",
                    "--out", str(out)])
     assert rc == 1 and seen == []
+
+
+def test_a_process_that_dies_midway_keeps_the_jobs_it_finished(tmp_path, monkeypatch):
+    mod = load()
+
+    class Done:
+        returncode, stderr = 1, "Segmentation fault"
+        stdout = "RESULT " + __import__("json").dumps(
+            {"job": "lm", "config": "native:pool", "first3_s": 0.3, "s_per_step": 0.1, "losses": [1.0],
+             "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}) + "\n"
+
+    monkeypatch.setattr(mod.subprocess, "run", lambda cmd, **kw: Done())
+    out = tmp_path / "r.jsonl"
+    rc = mod.main(["run", "--jobs", "lm,gnn", "--configs", "native:pool", "--rounds", "1", "--out", str(out)])
+    rows = {r["job"]: r for r in map(__import__("json").loads, out.read_text().splitlines())}
+    assert rc == 1 and rows["lm"]["rounds_ok"] == 1 and rows["gnn"]["rounds_ok"] == 0
+
+
+def test_rounds_split_over_calls_make_one_table(tmp_path, monkeypatch, capsys):
+    # Two calls, rounds 0 and 1, keep every job's result; `table` pairs
+    # them by round as one run would.
+    mod = load()
+
+    class Done:
+        returncode, stderr = 0, ""
+
+        def __init__(self, out):
+            self.stdout = out
+
+    def fake_run(cmd, env=None, **kw):
+        if "-c" in cmd:
+            return Done("Fake GPU\n")
+        config = cmd[cmd.index("--config") + 1]
+        s = 0.2 if config == "torch" else 0.22
+        res = {"job": "lm", "config": config, "first3_s": 0.9, "s_per_step": s, "losses": [1.0],
+               "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}
+        return Done("RESULT " + __import__("json").dumps(res) + "\n")
+
+    monkeypatch.setattr(mod.subprocess, "run", fake_run)
+    out = tmp_path / "r.jsonl"
+    for first in (0, 1):
+        assert mod.main(["run", "--jobs", "lm", "--configs", "torch,native:vpool", "--rounds", "1",
+                         "--first-round", str(first), "--out", str(out)]) == 0
+    raw = tmp_path / "r.raw.jsonl"
+    kept = [__import__("json").loads(line) for line in raw.read_text().splitlines()]
+    assert sorted((r["config"], r["round"]) for r in kept) == [("native:vpool", 0), ("native:vpool", 1),
+                                                               ("torch", 0), ("torch", 1)]
+    capsys.readouterr()
+    assert mod.main(["table", str(raw), "--configs", "torch,native:vpool"]) == 0
+    assert "| lm | native:vpool | 0.2200 | 1.100 (1.100-1.100) |" in capsys.readouterr().out
