@@ -52,6 +52,20 @@ fn pool_on<U: MemoryResource>(upstream: U, config: PoolConfig) -> PoolResource<U
     PoolResource::new(upstream, config).unwrap()
 }
 
+/// An expandable pool on a simulated device of 8 GiB, a stream, and the
+/// device's memory in use before the pool.
+fn expandable_on_sim() -> (
+    PoolResource<DeviceResource>,
+    Arc<SimDriver>,
+    gpumem::Stream,
+    usize,
+) {
+    let (device, sim) = sim(8 << 30);
+    let base = sim.device_bytes(0);
+    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
+    (pool, sim, device.create_stream().unwrap(), base)
+}
+
 #[test]
 fn expandable_pool_passes_the_suite() {
     let (device, _) = common::device(false);
@@ -156,10 +170,7 @@ fn a_repeated_pass_lands_where_the_first_did_without_growing() {
 
 #[test]
 fn trim_gives_back_the_free_end_and_release_everything() {
-    let (device, sim) = sim(8 << 30);
-    let base = sim.device_bytes(0);
-    let pool = pool_on(DeviceResource::new(device.clone()), expandable());
-    let s = device.create_stream().unwrap();
+    let (pool, sim, s, base) = expandable_on_sim();
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(15 * MIB, 256, &s).unwrap())
         .collect();
@@ -196,6 +207,101 @@ fn trim_gives_back_the_free_end_and_release_everything() {
     pool.deallocate(p, MIB, 256, &s).unwrap();
     drop(pool);
     assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn trims_give_back_the_free_middle_of_a_range() {
+    // y, still live, holds the range's last piece: the first piece, all
+    // free below it, goes back on a trim, and the range grows on above y.
+    let (pool, sim, s, base) = expandable_on_sim();
+    let y = hole_in_the_middle(&pool, &s);
+    assert_eq!(pool.trim(0).unwrap(), 128 * MIB);
+    assert_eq!(pool.reserved_bytes(), 20 * MIB);
+    assert_eq!(sim.device_bytes(0), base + 20 * MIB);
+    pool.check_invariants().unwrap();
+    let z = pool.allocate(64 * MIB, 256, &s).unwrap();
+    assert_eq!(z.0, y.0 + (4 * MIB) as u64, "z follows y in the range");
+    let st = pool.stats();
+    assert_eq!((st.reserved, st.regions), (68 * MIB, 1), "{st:?}");
+    pool.deallocate(z, 64 * MIB, 256, &s).unwrap();
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.release().unwrap(), 68 * MIB);
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!(
+        sim.reserved_va_bytes(),
+        0,
+        "the reservation's addresses went back"
+    );
+}
+
+#[test]
+fn a_trim_keeps_the_middle_a_busy_stream_freed_and_a_release_waits_for_it() {
+    let (pool, sim, s, base) = expandable_on_sim();
+    let x = pool.allocate(128 * MIB, 256, &s).unwrap();
+    let y = pool.allocate(4 * MIB, 256, &s).unwrap();
+    // Work queued on s still uses x when it is freed: a trim, which does
+    // not wait, leaves its memory mapped.
+    sim.hold(s.raw());
+    common::model::enqueue_work(&s);
+    pool.deallocate(x, 128 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.trim(0).unwrap(), 0);
+    assert_eq!(sim.device_bytes(0), base + 148 * MIB);
+    // A release waits for the stream, then the piece goes.
+    sim.release(s.raw());
+    assert_eq!(pool.release().unwrap(), 128 * MIB);
+    assert_eq!(pool.reserved_bytes(), 20 * MIB);
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    assert_eq!(pool.release().unwrap(), 20 * MIB);
+    assert_eq!(sim.device_bytes(0), base);
+}
+
+#[test]
+fn a_trim_cuts_runs_of_pieces_around_live_blocks_and_keeps_their_data() {
+    // Growths of one granule (64 KiB here): a range of many pieces. Live
+    // blocks spread over it keep their pieces and their bytes; every run of
+    // free pieces between them goes back.
+    let mut sim_config = SimConfig::backed(512 << 20);
+    sim_config.granularity = 64 << 10;
+    let (device, sim) = Device::sim_with_driver(sim_config);
+    let base = sim.device_bytes(0);
+    let mut config = expandable();
+    config.growth.granularity = 64 << 10;
+    config.growth.small_region = 2 * MIB;
+    config.growth.medium_region = 2 * MIB;
+    let pool = pool_on(DeviceResource::new(device.clone()), config);
+    let s = &device.create_stream().unwrap();
+    let mut kept = Vec::new();
+    let mut freed = Vec::new();
+    for i in 0..24 {
+        if i % 5 == 0 {
+            let data = common::random_bytes(3 * MIB, i);
+            kept.push((DeviceBuffer::from_slice(&data, &pool, s).unwrap(), data));
+        } else {
+            freed.push(pool.allocate(3 * MIB, 256, s).unwrap());
+        }
+    }
+    for p in freed {
+        pool.deallocate(p, 3 * MIB, 256, s).unwrap();
+    }
+    let before = pool.reserved_bytes();
+    let released = pool.trim(0).unwrap();
+    assert!(released >= before / 2, "{released} of {before} went back");
+    assert_eq!(sim.device_bytes(0), base + pool.reserved_bytes());
+    pool.check_invariants().unwrap();
+    for (k, (buf, data)) in kept.iter().enumerate() {
+        assert!(buf.to_vec().unwrap() == *data, "block {k} kept its bytes");
+    }
+    // Requests after the trim are served, and every byte goes back in the end.
+    let more: Vec<_> = (0..8)
+        .map(|_| pool.allocate(3 * MIB, 256, s).unwrap())
+        .collect();
+    for p in more {
+        pool.deallocate(p, 3 * MIB, 256, s).unwrap();
+    }
+    drop(kept);
+    pool.release().unwrap();
+    assert_eq!(sim.device_bytes(0), base);
+    assert_eq!(sim.reserved_va_bytes(), 0);
 }
 
 #[test]

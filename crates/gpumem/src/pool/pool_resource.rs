@@ -87,11 +87,17 @@
 //! ([`MemoryResource::grow_in_place`]), each heap grows one range at its end
 //! instead of taking regions (`pool_resource/expandable.rs`), so free space
 //! at what would have been a region's end joins the next growth, and a trim
-//! also gives back the free end of a range. Separate regions strand that
-//! space, most where sizes change every iteration (`docs/decisions.md`).
+//! also gives back the free end of a range and the free pieces inside it
+//! (`pool_resource/release_pieces.rs`). Separate regions strand that space,
+//! most where sizes change every iteration (`docs/decisions.md`).
 
 mod expandable;
 mod recycle;
+mod release_pieces;
+
+/// A way of giving back shard `i`'s memory, up to `excess` bytes: returns
+/// the bytes given back.
+type ReleaseStep<U> = fn(&PoolResource<U>, usize, usize) -> Result<usize>;
 
 use self::expandable::Frontier;
 use super::live_blocks;
@@ -193,8 +199,9 @@ pub struct PoolConfig {
     /// statistics adaptors), instead of taking separate regions: blocks
     /// coalesce across what would have been region boundaries, growth
     /// follows the live peak to within one 2 MiB granule per heap, and a
-    /// trim gives back the free end of a range (PyTorch's expandable
-    /// segments). Where the upstream cannot, regions as without it.
+    /// trim gives back the free end of a range and the free pieces of
+    /// physical memory inside it (PyTorch's expandable segments). Where the
+    /// upstream cannot, regions as without it.
     ///
     /// [`DeviceResource`]: crate::resource::DeviceResource
     pub expandable: bool,
@@ -822,9 +829,15 @@ impl<U: MemoryResource> PoolResource<U> {
                     first_err.get_or_insert(e);
                 }
             }
-            let excess = self.shards.global().regions.bytes().saturating_sub(to);
-            if excess > 0 {
-                match self.shrink_frontiers(i, excess) {
+            // Then the expandable heaps' free ends, then the free pieces
+            // inside their ranges.
+            let steps: [ReleaseStep<U>; 2] = [Self::shrink_frontiers, Self::release_free_pieces];
+            for step in steps {
+                let excess = self.shards.global().regions.bytes().saturating_sub(to);
+                if excess == 0 {
+                    break;
+                }
+                match step(self, i, excess) {
                     Ok(b) => released += b,
                     Err(e) => {
                         first_err.get_or_insert(e);

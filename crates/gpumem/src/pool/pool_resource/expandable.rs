@@ -2,7 +2,7 @@
 //! heap of a shard grows one address range of its upstream in place
 //! ([`GrowInPlace`]) instead of taking a new region, so a block may span
 //! what would have been two regions, and a trim gives back the free end of
-//! the range.
+//! the range (and the free pieces inside it, `release_pieces.rs`).
 //!
 //! The range a heap grows is its *frontier*. A growth extends it by what
 //! the request needs beyond the free block at its end (when that block is
@@ -51,10 +51,34 @@ pub(super) struct Frontier {
     pub(super) busy: bool,
 }
 
+impl Frontier {
+    /// The frontier once `[.., end)` of `region` (which ended at
+    /// `region_end`) was cut out and `tail` is what followed: when the
+    /// range cut was this one, its last part grows from now on.
+    pub(super) fn after_cut(
+        self,
+        region: RegionId,
+        tail: Option<RegionId>,
+        end: u64,
+        region_end: u64,
+    ) -> Frontier {
+        match tail {
+            Some(t) if region == self.region => Frontier {
+                region: t,
+                base: end,
+                bytes: (region_end - end) as usize,
+                capacity: self.capacity - (end - self.base) as usize,
+                busy: false,
+            },
+            _ => self,
+        }
+    }
+}
+
 impl<U: MemoryResource> PoolResource<U> {
     /// The upstream's growth, when the heaps are to be expandable and the
     /// upstream can grow in place.
-    fn expander(&self) -> Option<&dyn GrowInPlace> {
+    pub(super) fn expander(&self) -> Option<&dyn GrowInPlace> {
         self.config
             .expandable
             .then(|| self.upstream.grow_in_place())

@@ -85,6 +85,52 @@ impl<U: MemoryResource> PoolResource<U> {
         (st, moved)
     }
 
+    /// Cuts `[start, end)`, whole pieces of a free block, out of `region`
+    /// `(id, base, bytes)` of heap `class` of shard `home`: the heap's region
+    /// and the upstream's allocation alike, so each region stays one
+    /// allocation, with the parts recorded in the pool's regions. Returns
+    /// the region of `[start, end)` and the one after it, if any; `None`
+    /// when a cut failed, which happens only on a pool whose tables
+    /// disagree with its upstream's (or at 2^32 blocks): what was cut by
+    /// then stays usable.
+    pub(super) fn cut_out(
+        &self,
+        st: &mut Shard,
+        home: usize,
+        class: usize,
+        up: &dyn GrowInPlace,
+        (region, base, bytes): (RegionId, u64, usize),
+        (start, end): (u64, u64),
+    ) -> Option<(RegionId, Option<RegionId>)> {
+        let region_end = base + bytes as u64;
+        let cut = |st: &mut Shard, id, from: u64, at: u64| {
+            let heap_cut = st.heaps[class]
+                .split_region(id, at)
+                .inspect_err(|e| log::error!("pool: cannot cut a region: {e}"))
+                .ok()?;
+            let len = (region_end - from) as usize;
+            if let Err(e) = up.split(DevicePtr(from), len, (at - from) as usize) {
+                log::error!("pool: the upstream cannot cut a range: {e}");
+                return None;
+            }
+            let mut g = self.shards.global();
+            g.regions.insert(from, (at - from) as usize, home);
+            g.regions.insert(at, (region_end - at) as usize, home);
+            Some(heap_cut)
+        };
+        let middle = if start > base {
+            cut(st, region, base, start)?
+        } else {
+            region
+        };
+        let tail = if end < region_end {
+            Some(cut(st, middle, start, end)?)
+        } else {
+            None
+        };
+        Some((middle, tail))
+    }
+
     /// Cuts `piece` out of its region (heap and upstream alike), moves its
     /// memory to the end of frontier `f` and grows the heap's region there.
     /// Returns the bytes moved, `None` when it could not be done: a piece
@@ -102,40 +148,10 @@ impl<U: MemoryResource> PoolResource<U> {
         let (region, base, bytes) = piece.region;
         let (start, end) = (piece.addr, piece.addr + piece.bytes as u64);
         let region_end = base + bytes as u64;
-        // The cuts: in the heap, in the upstream, then in the regions
-        // recorded, one cut at a time. A cut only fails on a pool whose
-        // tables disagree with its upstream's (or at 2^32 blocks): then
-        // nothing more moves, and what was cut stays usable.
-        let cut = |st: &mut Shard, id, from: u64, at: u64| {
-            let heap_cut = st.heaps[class]
-                .split_region(id, at)
-                .inspect_err(|e| log::error!("pool: cannot cut a region to recycle: {e}"))
-                .ok()?;
-            let len = (region_end - from) as usize;
-            if let Err(e) = up.split(DevicePtr(from), len, (at - from) as usize) {
-                log::error!("pool: the upstream cannot cut a range to recycle: {e}");
-                return None;
-            }
-            let mut g = self.shards.global();
-            g.regions.insert(from, (at - from) as usize, home);
-            g.regions.insert(at, (region_end - at) as usize, home);
-            Some(heap_cut)
-        };
-        let middle = if start > base {
-            let Some(m) = cut(&mut st, region, base, start) else {
-                return (st, None);
-            };
-            m
-        } else {
-            region
-        };
-        let tail = if end < region_end {
-            let Some(t) = cut(&mut st, middle, start, end) else {
-                return (st, None);
-            };
-            Some(t)
-        } else {
-            None
+        let Some((middle, tail)) =
+            self.cut_out(&mut st, home, class, up, piece.region, (start, end))
+        else {
+            return (st, None);
         };
         // One free block in the global lane: it leaves the heap, so nothing
         // is handed out of it while it moves.
@@ -143,22 +159,10 @@ impl<U: MemoryResource> PoolResource<U> {
             log::error!("pool: a piece to recycle is not free: {e}");
             return (st, None);
         }
-        let mut f = f;
+        let f = f.after_cut(region, tail, end, region_end);
         {
             let mut g = self.shards.global();
             g.regions.remove(start);
-            if let Some(t) = tail {
-                if region == f.region {
-                    // The frontier's range was cut: its last part grows.
-                    f = Frontier {
-                        region: t,
-                        base: end,
-                        bytes: (region_end - end) as usize,
-                        capacity: f.capacity - (end - f.base) as usize,
-                        busy: false,
-                    };
-                }
-            }
             // Counted against `max_reserved` while out of the regions.
             g.growing += piece.bytes;
         }
