@@ -88,6 +88,28 @@ PY
   echo "=== replay"; grep -v '^replay\|^trace' "$O/logs/replay.log" | tail -20
   cd "$O" && tar -czf run114a.tgz logs conf-classes conf-memory && rm -rf logs conf-classes conf-memory
   exit 0
+elif [[ $part == d ]]; then
+  # What part a lost to its time limit (the C ABI replay table, the
+  # native allocator without a toolkit, the wheel), with a second round of
+  # real jobs for PyTorch's default, pool and vpool between them.
+  mkdir -p "$O/replay"
+  for v in 0 0.3 1; do bin/iterations_trace --vary $v --passes 6 --seed 42 > "/tmp/iter_$v.rmm.csv"; done
+  bin/capi_replay --wide 1 --write /tmp/wide_sizes.rmm.csv --passes 1 > "$O/logs/wide-sim.log" 2>&1
+  rp() { PYTHONPATH=$PWD/python timeout 100 python3 python/bench/torch_trace_replay.py \
+    --repeats 2 --out "$O/replay/capi-replay.jsonl" "$@" >> "$O/logs/replay.log" 2>&1; echo "replay $1 rc=$? ($(el))"; }
+  rp traces/gpt2_train.rmm.csv traces/resnet50_train.rmm.csv --passes 6 --allocators torch,pool,vpool
+  rp /tmp/iter_0.rmm.csv /tmp/iter_0.3.rmm.csv /tmp/iter_1.rmm.csv --split-passes --allocators torch,pool,vpool
+  rp /tmp/wide_sizes.rmm.csv --passes 6 --allocators torch,pool,vpool,caching
+  echo "=== replay"; grep -v '^replay' "$O/logs/replay.log" | tail -24
+  PYTHONPATH=$PWD/python timeout $(( 480 - ($(date +%s) - t0) )) python3 python/bench/real_jobs.py run \
+    --first-round 1 --rounds 1 --steps 8 --timeout 120 --configs torch,native:pool,native:vpool \
+    --out "$O/real-jobs-d.jsonl" > "$O/logs/real-jobs-d.log" 2>&1
+  echo "=== real jobs round 1 rc=$? ($(el))"; tail -22 "$O/logs/real-jobs-d.log"
+  PYTHONPATH=$PWD/python IN_PROCESS=1 timeout $(( 585 - ($(date +%s) - t0) )) bash "$here/../2026-11-29-h200-run112-confirm/no-toolkit.sh" \
+    > "$O/logs/no-toolkit.log" 2>&1
+  echo "=== no-toolkit rc=$? ($(el))"; tail -4 "$O/logs/no-toolkit.log"
+  cd "$O" && tar -czf run114d.tgz logs && rm -rf logs
+  exit 0
 elif [[ $part == b ]]; then
   real_jobs "${FIRST:-0}" "${ROUNDS:-3}"
 else
