@@ -64,33 +64,53 @@ pub struct ReadmeExamples;
 #[doc = include_str!("../../../docs/sleep-wake.md")]
 pub struct SleepWakeGuide;
 
+// The folders group the modules by layer (docs/ARCHITECTURE.md): `sys/`
+// (the OS), `driver/`, `handles/` (device, stream, error, graphs),
+// `resource/` and `async_pool/` (upstreams), `suballoc/`, `pool/`,
+// `adaptor/`, `facade/` (buffers, the manager, the registry, interop,
+// logs). A module's path stays what it was: `gpumem::device`, not the
+// folder's.
 pub mod adaptor;
 pub mod async_pool;
 #[allow(unsafe_code)]
+#[path = "facade/buffer/mod.rs"]
 pub mod buffer;
+#[path = "handles/captures.rs"]
 pub mod captures;
+#[path = "handles/device.rs"]
 pub mod device;
 #[allow(unsafe_code)]
 pub mod driver;
+#[path = "handles/error.rs"]
 mod error;
+#[path = "sys/exit.rs"]
 pub mod exit;
+#[path = "sys/fork.rs"]
 pub mod fork;
 #[allow(unsafe_code)] // owns graph handles
+#[path = "handles/graph.rs"]
 pub mod graph;
-pub mod graph_pool;
 #[allow(unsafe_code)]
+#[path = "facade/interop.rs"]
 pub mod interop;
+#[path = "sys/logger.rs"]
 pub mod logger;
+#[path = "facade/manager/mod.rs"]
 pub mod manager;
 #[allow(unsafe_code)]
+#[path = "sys/os.rs"]
 mod os;
 pub mod pool;
+#[path = "facade/registry.rs"]
 pub mod registry;
 pub mod resource;
 #[allow(unsafe_code)]
+#[path = "handles/stream.rs"]
 pub mod stream;
 pub mod suballoc;
+#[path = "facade/trace.rs"]
 pub mod trace;
+#[path = "handles/units.rs"]
 pub mod units;
 
 pub use buffer::DeviceBuffer;
@@ -98,4 +118,6 @@ pub use device::Device;
 pub use driver::{Backend, DevicePtr};
 pub use error::{check_alignment, Error, FreeError, LiveAllocations, OomInfo, Result};
 pub use graph::{Graph, GraphExec, RelaxedCapture};
+/// Memory for CUDA graphs; the pool's home is [`pool::graph_pool`].
+pub use pool::graph_pool;
 pub use stream::{Event, Stream, StreamId};

@@ -36,12 +36,13 @@
 //! freed in the pool's live numbers, stays in its reserve, is never handed
 //! out again while the pool lives, and a second free of it, during the
 //! capture or after, is a double free. Graphs that should reuse their
-//! temporaries belong in a [`GraphPool`](crate::graph_pool::GraphPool).
+//! temporaries belong in a [`GraphPool`](graph_pool::GraphPool).
 
 mod arena;
 mod binning;
 mod caching_pool;
 mod fixed_size;
+pub mod graph_pool;
 mod introspect;
 mod live_blocks;
 mod pool_resource;

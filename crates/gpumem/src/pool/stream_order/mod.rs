@@ -72,7 +72,7 @@
 //!   `free_streams.rs` (`VirtualPool`: stream bits and one monotone tick per
 //!   free, recorded per piece of memory). Outside this folder, the arena's
 //!   fenced batches and deferred frees (`pool/arena/`) hold `Fence`s, and
-//!   `PinnedPool`'s copy batches (`manager/pinned_pool.rs`) hold `Batches`.
+//!   `PinnedPool`'s copy batches (`facade/manager/pinned_pool.rs`) hold `Batches`.
 //!
 //! # Driver calls
 //!
