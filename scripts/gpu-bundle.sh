@@ -44,7 +44,8 @@ $torch_only || cargo test --release --workspace --no-run --message-format=json 2
     done
 strip "$out"/tests/* "$out"/bin/* 2>/dev/null || true
 if [[ -d $traces ]]; then cp "$traces"/*.csv "$out/traces/"; fi
-cp scripts/run-tests.sh scripts/gpu-run.sh scripts/multi-gpu.sh scripts/torch-conformance.sh scripts/view-real-job.sh "$out/"
+cp scripts/run-tests.sh scripts/gpu-run.sh scripts/multi-gpu.sh scripts/torch-conformance.sh scripts/view-real-job.sh \
+  scripts/real-jobs-session.sh "$out/"
 peer=${PEER_TESTS:-../shared/peer-tests/pytorch}
 if [[ -f $peer/test_cuda.py ]]; then
   mkdir -p "$out/peer-tests" && cp "$peer/test_cuda.py" "$peer/LICENSE-pytorch.txt" "$out/peer-tests/"

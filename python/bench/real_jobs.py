@@ -48,7 +48,9 @@ forward and backward: checks every allocator's own report); the final
 loss (a checksum of the generated tokens for ``generate``), which must be
 the same for every allocator. Peak in use is the device's, so it also
 counts what earlier jobs of the process left (the CUDA context, cuBLAS
-workspaces): ``start_in_use`` in the JSON line is the job's start. Each
+workspaces): ``start_in_use`` in the JSON line is the job's start.
+``driver_calls_per_step`` counts the allocator's driver allocations and
+frees (``num_device_alloc`` + ``num_device_free``) per steady step. Each
 row is a JSON line with date, device and command; the table is printed
 last.
 """
@@ -238,7 +240,15 @@ def run_job(job, steps, snapshot=None, snapshot_entries=0):
         # memory viewer (and `gpumem view`) read it.
         torch.cuda.memory._record_memory_history(max_entries=snapshot_entries)
     step = globals()[f"job_{job}"](sample)
+
+    def driver_calls():
+        st = torch.cuda.memory_stats()
+        return st.get("num_device_alloc", 0) + st.get("num_device_free", 0)
+
+    calls_before_steady = driver_calls()
     for i in range(3 + steps):
+        if i == 3:
+            calls_before_steady = driver_calls()
         torch.cuda.synchronize()
         t = time.perf_counter()
         losses.append(step(i))
@@ -250,7 +260,10 @@ def run_job(job, steps, snapshot=None, snapshot_entries=0):
     result = {"job": job, "first3_s": sum(times[:3]), "s_per_step": statistics.median(times[3:]),
               "losses": losses, "peak_reserved": torch.cuda.max_memory_reserved(),
               "peak_allocated": torch.cuda.max_memory_allocated(), "peak_in_use": max(in_use),
-              "start_in_use": start_in_use}
+              "start_in_use": start_in_use,
+              # The allocator's driver allocations and frees per steady step
+              # (memory_stats' num_device_alloc + num_device_free).
+              "driver_calls_per_step": (driver_calls() - calls_before_steady) / max(steps, 1)}
     # What the job leaves behind (its model, cudnn.benchmark, compiled
     # graphs) must not reach the next job.
     del step
@@ -380,6 +393,7 @@ def summarize(got, jobs, configs, base):
                     "peak_reserved": max(r["peak_reserved"] for r in rs),
                     "peak_allocated": max(r["peak_allocated"] for r in rs),
                     "peak_in_use": max(r["peak_in_use"] for r in rs),
+                    "driver_calls_per_step": statistics.median(r.get("driver_calls_per_step", 0) for r in rs),
                     "final_loss": rs[0]["losses"][-1],
                     "same_losses_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
                 })
@@ -390,18 +404,18 @@ def summarize(got, jobs, configs, base):
 def print_table(rows, base):
     gib = 2 ** 30
     print(f"\n| job | configuration | s/step | vs {base} (spread) | first 3 steps s | peak reserved GiB | "
-          "peak allocated GiB | reserved / allocated | peak in use GiB | final loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "peak allocated GiB | reserved / allocated | peak in use GiB | driver calls per step | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "s_per_step" not in r:
-            print(f"| {r['job']} | {r['config']} | failed | | | | | | | |")
+            print(f"| {r['job']} | {r['config']} | failed | | | | | | | | |")
             continue
         pr = r["vs_base_rounds"] or [float("nan")]
         vs = f"{r['vs_base']:.3f} ({min(pr):.3f}-{max(pr):.3f})" if r["vs_base"] else "-"
         print(f"| {r['job']} | {r['config']} | {r['s_per_step']:.4f} | {vs} | {r['first3_s']:.2f} | "
               f"{r['peak_reserved'] / gib:.2f} | {r['peak_allocated'] / gib:.2f} | "
               f"{r['peak_reserved'] / max(r['peak_allocated'], 1):.3f} | {r['peak_in_use'] / gib:.2f} | "
-              f"{r['final_loss']:.4f} |")
+              f"{r['driver_calls_per_step']:.1f} | {r['final_loss']:.4f} |")
 
 
 def main(argv=None):
