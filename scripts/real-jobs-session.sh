@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 side=150   # seconds kept for the side task
 timeout $(( $(left) - side )) python3 python/bench/real_jobs.py run --first-round "$round" --rounds 1 \
-  --steps 8 --timeout 150 --deadline $(( $(left) - side - 90 )) --configs "$configs" --out "$out/work/real-jobs.jsonl" \
+  --steps 12 --timeout 150 --deadline $(( $(left) - side - 90 )) --configs "$configs" --out "$out/work/real-jobs.jsonl" \
   --raw "$out/real-jobs.raw.jsonl" > "$out/work/real-jobs.log" 2>&1
 echo "=== real jobs round $round: rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -E 'FAILED|s/step' "$out/work/real-jobs.log" | tail -8
