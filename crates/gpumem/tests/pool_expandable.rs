@@ -235,6 +235,27 @@ fn trims_give_back_the_free_middle_of_a_range() {
 }
 
 #[test]
+fn the_adaptors_below_count_a_cut_out_middle_as_given_back() {
+    // As the C ABI builds it: statistics over a limit over the device.
+    let (device, _) = common::device(false);
+    let s = device.create_stream().unwrap();
+    let limit = LimitingAdaptor::new(DeviceResource::new(device.clone()), 1 << 30);
+    let stats = StatisticsAdaptor::new(&limit);
+    let pool = pool_on(&stats, expandable());
+    let y = hole_in_the_middle(&pool, &s);
+    assert_eq!(pool.trim(0).unwrap(), 128 * MIB);
+    let st = stats.stats();
+    assert_eq!(st.allocated_bytes.current as usize, 20 * MIB);
+    assert_eq!(st.allocation.current, 1, "the range's part above the cut");
+    assert_eq!(limit.allocated_bytes(), 20 * MIB);
+    pool.deallocate(y, 4 * MIB, 256, &s).unwrap();
+    pool.release().unwrap();
+    let st = stats.stats();
+    assert_eq!((st.allocation.current, st.allocated_bytes.current), (0, 0));
+    assert_eq!(limit.allocated_bytes(), 0);
+}
+
+#[test]
 fn a_trim_keeps_the_middle_a_busy_stream_freed_and_a_release_waits_for_it() {
     let (pool, sim, s, base) = expandable_on_sim();
     let x = pool.allocate(128 * MIB, 256, &s).unwrap();
