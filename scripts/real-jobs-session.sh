@@ -11,14 +11,15 @@
 #   python3 python/bench/real_jobs.py table OUT*/real-jobs.raw.jsonl --configs ...
 # Everything a call writes is packed into OUT/round-ROUND.tgz beside the raw
 # results, so at most 3 files come back; the work stops in time to pack
-# (BUDGET seconds in all, default 570).
+# (BUDGET seconds in all, default 560: three calls and the machine's start
+# fit in a session's 30 minutes).
 #
 # Usage: gpu-bundle/real-jobs-session.sh OUT ROUND
 set -uo pipefail
 cd "$(dirname "$0")"
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 round=${2:?usage: real-jobs-session.sh OUT ROUND}
-budget=${BUDGET:-570}
+budget=${BUDGET:-560}
 t0=$(date +%s)
 left() { echo $(( budget - 20 - ($(date +%s) - t0) )); }
 mkdir -p "$out/work"
@@ -30,16 +31,16 @@ pack() { tar -czf "$out/round-$round.tgz" --exclude='*.pickle' -C "$out" work &&
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/work/gpu.txt"
 
-side=150   # seconds kept for the side task
+side=110   # seconds kept for the side task
 timeout $(( $(left) - side )) python3 python/bench/real_jobs.py run --first-round "$round" --rounds 1 \
-  --steps 12 --timeout 150 --deadline $(( $(left) - side - 90 )) --configs "$configs" --out "$out/work/real-jobs.jsonl" \
+  --steps 12 --timeout 150 --deadline $(( $(left) - side - 75 )) --configs "$configs" --out "$out/work/real-jobs.jsonl" \
   --raw "$out/real-jobs.raw.jsonl" > "$out/work/real-jobs.log" 2>&1
 echo "=== real jobs round $round: rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -E 'FAILED|s/step' "$out/work/real-jobs.log" | tail -8
 
 case $round in
   0)
-    timeout "$(left)" ./view-real-job.sh "$out/work/view" 6 > "$out/work/view.log" 2>&1
+    timeout "$(left)" ./view-real-job.sh "$out/work/view" 3 > "$out/work/view.log" 2>&1
     echo "=== view rc=$?"; tail -8 "$out/work/view.log"
     ;;
   1)
