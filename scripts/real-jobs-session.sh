@@ -3,7 +3,8 @@
 # from inside gpu-bundle on the GPU machine: round ROUND of the six jobs under
 # PyTorch's default, expandable_segments, cudaMallocAsync, gpumem pool and
 # gpumem vpool (one process each, rotated by the round), then one side task:
-#   round 0: `gpumem view` pages of a real job (view-real-job.sh);
+#   round 0: `gpumem view` pages of a real job (view-real-job.sh), then
+#            vpool's allocation logs of gnn and vision where time allows;
 #   round 1: the largest GPT-2 medium batch under a memory cap;
 #   round 2: the wheel installed and used (pkg/, when the bundle carries
 #            one), and `iterations` at vary 1 through the C ABI replay.
@@ -42,6 +43,15 @@ case $round in
   0)
     timeout "$(left)" ./view-real-job.sh "$out/work/view" 3 > "$out/work/view.log" 2>&1
     echo "=== view rc=$?"; tail -8 "$out/work/view.log"
+    # Where time allows: `vpool`'s allocation logs of gnn and vision, whose
+    # steps it ran slower than PyTorch's allocator; replayed here on the
+    # simulator they count its mappings per step.
+    for job in gnn vision; do
+      (( $(left) > 40 )) || break
+      timeout "$(( $(left) - 5 ))" python3 python/bench/real_jobs.py child --job "$job" --steps 8 \
+        --config "native:vpool+log=$out/work/$job-vpool.rmm.csv" > "$out/work/$job-vpool-log.txt" 2>&1
+      echo "=== $job vpool log rc=$?"; gzip -f "$out/work/$job-vpool.rmm.csv"
+    done
     ;;
   1)
     timeout "$(left)" python3 python/bench/torch_allocators.py batch --free-gib "${FREE_GIB:-24}" \
