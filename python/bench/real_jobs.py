@@ -42,7 +42,9 @@ per job would pay PyTorch's start-up once per job and configuration.
 A row per job and configuration: step time (median of the steady steps,
 median over rounds) and its ratio to ``torch`` paired by round, with the
 spread; the first three steps' time (the allocator's warm-up from an
-emptied cache included); peak reserved and peak allocated (PyTorch's counters);
+emptied cache included) and its paired ratio; peak reserved and peak
+allocated (PyTorch's counters), and peak reserved over the baseline's peak
+allocated;
 peak device memory in use (total - free, sampled after every step's
 forward and backward: checks every allocator's own report); the final
 loss (a checksum of the generated tokens for ``generate``), which must be
@@ -380,20 +382,30 @@ def summarize(got, jobs, configs, base):
     rows = []
     for job in jobs:
         by_round = {r["round"]: r["s_per_step"] for r in got[(job, base)]}
+        first3_by_round = {r["round"]: r["first3_s"] for r in got[(job, base)]}
+        base_allocated = max((r["peak_allocated"] for r in got[(job, base)]), default=None)
         for config in configs:
             rs = got[(job, config)]
             row = {"job": job, "config": config, "rounds_ok": len(rs)}
             if rs:
                 paired = [r["s_per_step"] / by_round[r["round"]] for r in rs if r["round"] in by_round]
+                first3 = [r["first3_s"] / first3_by_round[r["round"]] for r in rs if r["round"] in first3_by_round]
+                peak_reserved = max(r["peak_reserved"] for r in rs)
+                calls = [r["driver_calls_per_step"] for r in rs if "driver_calls_per_step" in r]
                 row.update({
                     "s_per_step": statistics.median(r["s_per_step"] for r in rs),
                     "vs_base": statistics.median(paired) if paired else None,
                     "vs_base_rounds": paired,
                     "first3_s": statistics.median(r["first3_s"] for r in rs),
-                    "peak_reserved": max(r["peak_reserved"] for r in rs),
+                    "first3_vs_base": statistics.median(first3) if first3 else None,
+                    "peak_reserved": peak_reserved,
+                    # Issue 47's measure of leanness: reserved over what the
+                    # baseline allocator counted as allocated at its peak.
+                    "reserved_vs_base_allocated": peak_reserved / base_allocated if base_allocated else None,
                     "peak_allocated": max(r["peak_allocated"] for r in rs),
                     "peak_in_use": max(r["peak_in_use"] for r in rs),
-                    "driver_calls_per_step": statistics.median(r.get("driver_calls_per_step", 0) for r in rs),
+                    # Absent from results kept before it was recorded.
+                    "driver_calls_per_step": statistics.median(calls) if calls else None,
                     "final_loss": rs[0]["losses"][-1],
                     "same_losses_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
                 })
@@ -403,8 +415,13 @@ def summarize(got, jobs, configs, base):
 
 def print_table(rows, base):
     gib = 2 ** 30
-    print(f"\n| job | configuration | s/step | vs {base} (spread) | first 3 steps s | peak reserved GiB | "
-          "peak allocated GiB | reserved / allocated | peak in use GiB | driver calls per step | final loss |")
+
+    def ratio(x):
+        return f"{x:.3f}" if x is not None else "-"
+
+    print(f"\n| job | configuration | s/step | vs {base} (spread) | first 3 steps s (vs {base}) | "
+          f"peak reserved GiB | peak allocated GiB | reserved / {base}'s peak allocated | peak in use GiB | "
+          "driver calls per step | final loss |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "s_per_step" not in r:
@@ -412,10 +429,12 @@ def print_table(rows, base):
             continue
         pr = r["vs_base_rounds"] or [float("nan")]
         vs = f"{r['vs_base']:.3f} ({min(pr):.3f}-{max(pr):.3f})" if r["vs_base"] else "-"
-        print(f"| {r['job']} | {r['config']} | {r['s_per_step']:.4f} | {vs} | {r['first3_s']:.2f} | "
+        calls = "-" if r["driver_calls_per_step"] is None else f"{r['driver_calls_per_step']:.1f}"
+        print(f"| {r['job']} | {r['config']} | {r['s_per_step']:.4f} | {vs} | "
+              f"{r['first3_s']:.2f} ({ratio(r['first3_vs_base'])}) | "
               f"{r['peak_reserved'] / gib:.2f} | {r['peak_allocated'] / gib:.2f} | "
-              f"{r['peak_reserved'] / max(r['peak_allocated'], 1):.3f} | {r['peak_in_use'] / gib:.2f} | "
-              f"{r['driver_calls_per_step']:.1f} | {r['final_loss']:.4f} |")
+              f"{ratio(r['reserved_vs_base_allocated'])} | {r['peak_in_use'] / gib:.2f} | "
+              f"{calls} | {r['final_loss']:.4f} |")
 
 
 def main(argv=None):

@@ -49,6 +49,10 @@ def test_ratios_pair_each_round_with_the_baseline_s_own():
     assert pool["vs_base"] == pytest.approx(1.0)
     assert pool["s_per_step"] == pytest.approx(1.45)
     assert pool["peak_reserved"] == 11 and pool["same_losses_every_round"]
+    # Leanness against the baseline's peak allocated (8), and the first
+    # three steps paired by round (3.3 s against 3 and 5.4 against 6).
+    assert pool["reserved_vs_base_allocated"] == pytest.approx(11 / 8)
+    assert pool["first3_vs_base"] == pytest.approx(1.0)
     vpool = rows["native:vpool"]
     assert vpool["rounds_ok"] == 1 and vpool["vs_base_rounds"] == pytest.approx([1.1])
     assert vpool["final_loss"] == 0.5
