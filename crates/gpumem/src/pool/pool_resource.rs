@@ -92,6 +92,7 @@
 //! most where sizes change every iteration (`docs/decisions.md`).
 
 mod expandable;
+mod free_pieces;
 mod recycle;
 mod release_pieces;
 

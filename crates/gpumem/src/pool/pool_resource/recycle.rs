@@ -28,22 +28,12 @@
 //! [`recycle`]: GrowInPlace::recycle
 
 use super::expandable::Frontier;
+use super::free_pieces::{free_pieces, FreePiece};
 use super::{PoolResource, Shard};
 use crate::driver::DevicePtr;
 use crate::pool::shards::Guard;
 use crate::resource::{GrowInPlace, MemoryResource};
-use crate::suballoc::{BlockState, LaneHeap, LaneId, RegionId};
-
-/// A piece of a heap's range that lies wholly in a free block.
-#[derive(Debug, Clone, Copy)]
-struct FreePiece {
-    /// The region holding it: `(id, base, bytes)`.
-    region: (RegionId, u64, usize),
-    addr: u64,
-    bytes: usize,
-    /// The lane of the free block holding it.
-    lane: LaneId,
-}
+use crate::suballoc::{LaneHeap, LaneId, RegionId};
 
 impl<U: MemoryResource> PoolResource<U> {
     /// Moves free pieces of heap `class` of shard `home` to the end of its
@@ -211,31 +201,5 @@ impl<U: MemoryResource> PoolResource<U> {
 fn free_piece(heap: &LaneHeap, up: &dyn GrowInPlace, f: Frontier) -> Option<FreePiece> {
     let room = f.capacity - f.bytes;
     let frontier_end = f.base + f.bytes as u64;
-    for (id, base, size) in heap.regions() {
-        let Ok(pieces) = up.pieces(DevicePtr(base), size as usize) else {
-            continue;
-        };
-        let mut blocks = heap.region_blocks(id).peekable();
-        for (at, bytes) in pieces {
-            if bytes > room {
-                continue;
-            }
-            let start = base + at as u64;
-            let end = start + bytes as u64;
-            while blocks.next_if(|(_, b)| b.end() <= start).is_some() {}
-            let Some(&(_, b)) = blocks.peek() else { break };
-            let BlockState::Free { lane } = b.state() else {
-                continue;
-            };
-            if b.addr() <= start && end <= b.end() && b.end() != frontier_end {
-                return Some(FreePiece {
-                    region: (id, base, size as usize),
-                    addr: start,
-                    bytes,
-                    lane,
-                });
-            }
-        }
-    }
-    None
+    free_pieces(heap, up, None, Some(frontier_end)).find(|p| p.bytes <= room)
 }

@@ -24,10 +24,11 @@
 //! [`PoolConfig::expandable`]: super::PoolConfig::expandable
 //! [`Pool::release`]: crate::pool::Pool::release
 
+use super::free_pieces::free_pieces;
 use super::{PoolResource, CLASSES};
 use crate::driver::DevicePtr;
 use crate::resource::{GrowInPlace, MemoryResource};
-use crate::suballoc::{BlockState, LaneHeap, LaneId, RegionId};
+use crate::suballoc::{LaneHeap, LaneId, RegionId};
 use crate::Result;
 
 /// Whole pieces of a region that lie in one block free for every stream.
@@ -103,41 +104,19 @@ fn free_run(
     busy: Option<RegionId>,
     frontier_end: Option<u64>,
 ) -> Option<FreeRun> {
-    for (id, base, size) in heap.regions() {
-        if Some(id) == busy {
-            continue;
+    let mut pieces = free_pieces(heap, up, busy, frontier_end).filter(|p| p.lane == LaneId::GLOBAL);
+    let first = pieces.next()?;
+    let mut run = FreeRun {
+        region: first.region,
+        addr: first.addr,
+        bytes: first.bytes,
+    };
+    // The run goes on while its pieces follow in the same block.
+    for p in pieces {
+        if p.block != first.block || p.addr != run.addr + run.bytes as u64 {
+            break;
         }
-        let Ok(pieces) = up.pieces(DevicePtr(base), size as usize) else {
-            continue;
-        };
-        let mut blocks = heap.region_blocks(id).peekable();
-        let mut run: Option<(u64, u64)> = None;
-        for (at, bytes) in pieces {
-            let start = base + at as u64;
-            let end = start + bytes as u64;
-            while blocks.next_if(|(_, b)| b.end() <= start).is_some() {}
-            let Some(&(_, b)) = blocks.peek() else { break };
-            let whole = matches!(b.state(), BlockState::Free { lane } if lane == LaneId::GLOBAL)
-                && b.addr() <= start
-                && end <= b.end()
-                && Some(b.end()) != frontier_end;
-            match (whole, run) {
-                // The run goes on while its pieces follow in the same block.
-                (true, Some((from, to))) if to == start && b.addr() <= from => {
-                    run = Some((from, end));
-                }
-                (true, None) => run = Some((start, end)),
-                (true, Some(_)) | (false, Some(_)) => break,
-                (false, None) => {}
-            }
-        }
-        if let Some((from, to)) = run {
-            return Some(FreeRun {
-                region: (id, base, size as usize),
-                addr: from,
-                bytes: (to - from) as usize,
-            });
-        }
+        run.bytes += p.bytes;
     }
-    None
+    Some(run)
 }
