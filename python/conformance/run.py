@@ -150,6 +150,12 @@ def run_batch(workdir, nodeids, config, gpu, timeout, logdir, until=None):
 
 
 
+def selected(nodeid, select):
+    """Whether a node id contains one of the '|'-separated texts of -k (all
+    ids for an empty -k)."""
+    return any(text in nodeid for text in select.split("|"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--test-file", required=True)
@@ -165,7 +171,9 @@ def main():
                     help="seconds past the deadline for running failures again alone")
     ap.add_argument("--batch", type=int, default=1,
                     help="tests of one configuration per process in the crowd (failures run again alone)")
-    ap.add_argument("-k", dest="select", default="", help="only node ids containing this text")
+    ap.add_argument("-k", dest="select", default="",
+                    help="only node ids containing one of these texts, separated by '|' "
+                         "(for example 'memory|TestMemPool::')")
     ap.add_argument("--out", default="conformance")
     args = ap.parse_args()
     start = time.time()
@@ -182,7 +190,7 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     shutil.copy(args.test_file, workdir)
     shutil.copy(os.path.join(HERE, "conftest.py"), workdir)
-    ids = interleave([i for i in collect(workdir, args.test_file, args.classes) if args.select in i])
+    ids = interleave([i for i in collect(workdir, args.test_file, args.classes) if selected(i, args.select)])
     print(f"conformance: {len(ids)} tests x {len(configs)} configurations, {args.jobs} at a time on GPUs {args.gpus}",
           flush=True)
 

@@ -75,3 +75,14 @@ def test_a_hung_test_stops_at_the_deadline(tmp_path):
     [row] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert row["crowd_outcome"] == "timeout"
     assert "no result in" in row["message"]
+
+
+def test_k_keeps_ids_containing_any_of_its_texts(tmp_path):
+    src = tmp_path / "test_cuda.py"
+    src.write_text(TESTS)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, RUN, "--test-file", str(src), "--classes", "TestCuda,TestMemPool",
+                    "--configs", "torch", "--jobs", "2", "-k", "test_a|TestMemPool::test_ok", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["test"].split("::", 1)[1] for r in rows) == ["TestCuda::test_a", "TestMemPool::test_ok"]
