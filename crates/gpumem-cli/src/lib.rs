@@ -12,6 +12,7 @@ pub mod demo;
 pub mod iterations;
 pub mod output;
 pub mod pickle_bounds;
+pub mod pickle_values;
 pub mod plot;
 pub mod progress;
 pub mod replay;

@@ -1,22 +1,22 @@
-//! Reading a pickle within bounds, before serde-pickle sees it.
+//! Reading a pickle within bounds, before [`crate::pickle_values`] decodes it.
 //!
-//! serde-pickle builds, clones, converts and drops its values recursively and
-//! has no depth limit: a pickle of lists nested 200,000 deep (400 KB) overflows
-//! the stack and aborts the process. [`read`] walks the pickle's opcodes (those
-//! serde-pickle knows, protocols 0 to 5) without building anything, and
-//! tracks how deep every value nests, references to memoized values included
-//! (serde-pickle resolves those at the end, so a value's depth is the longest
-//! path through them). It refuses, with an error naming the byte, a pickle
-//! that nests deeper than [`Limits::max_depth`], that is larger than
+//! A decoder that builds, clones, converts and drops values recursively has
+//! a depth limit in the stack: a pickle of lists nested 200,000 deep (400 KB)
+//! would overflow it and abort the process. [`read`] walks the pickle's
+//! opcodes (protocols 0 to 5) without building anything, and tracks how deep
+//! every value nests, references to memoized values included (they are
+//! followed once the pickle has ended, so a value's depth is the longest path
+//! through them). It refuses, with an error naming the byte, a pickle that
+//! nests deeper than [`Limits::max_depth`], that is larger than
 //! [`Limits::max_bytes`] or does not end (`/dev/zero`), that refers to itself,
-//! or that serde-pickle could not read anyway. What it accepts, serde-pickle
+//! or that the decoder could not read anyway. What it accepts, the decoder
 //! reads with a bounded recursion.
 //!
-//! serde-pickle also sorts dict keys and set members with an order that is
+//! Dict keys are ordered as serde-pickle orders its values, an order that is
 //! no total order once a float takes part (NaN, or a float beside an integer
-//! it rounds to), and Rust's sort panics then. A snapshot keys its dicts by
-//! text and integers and has no sets, so [`read`] refuses a float in a key,
-//! any set, and a call (REDUCE, how `set([...])` pickles) on floats.
+//! it rounds to), and Rust's sort may panic then. A snapshot keys its dicts
+//! by text and integers and has no sets, so [`read`] refuses a float in a
+//! key, any set, and a call (REDUCE, how `set([...])` pickles) on floats.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
@@ -30,15 +30,21 @@ pub struct Limits {
     pub max_depth: u32,
     /// Largest pickle, in bytes.
     pub max_bytes: u64,
+    /// Most values the decoder ([`crate::pickle_values`]) makes, a copy of
+    /// a shared value counting as many as it holds.
+    pub max_values: u64,
 }
 
 impl Default for Limits {
-    /// 100 levels (serde-pickle in a debug build goes about 300 deep on a
-    /// 2 MiB thread, and the main thread has 8 MiB), 4 GiB.
+    /// 100 levels (a recursive decoder in a debug build goes a few hundred
+    /// deep on a 2 MiB thread, and the main thread has 8 MiB), 4 GiB, 200 million
+    /// values (about 20 GB at most as decoded values: far past what a
+    /// snapshot of PyTorch's default 100,000 entries holds).
     fn default() -> Self {
         Self {
             max_depth: 100,
             max_bytes: 4 << 30,
+            max_values: 200_000_000,
         }
     }
 }
@@ -81,7 +87,7 @@ struct Machine<'a, R> {
 }
 
 /// Reads one pickle from `input`, up to its STOP opcode, checking it against
-/// `limits`, and returns its bytes for serde-pickle.
+/// `limits`, and returns its bytes for the decoder.
 pub fn read<R: BufRead>(input: R, limits: Limits) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     Machine::new(input, Some(&mut bytes), limits).run()?;
@@ -351,7 +357,7 @@ impl<'a, R: BufRead> Machine<'a, R> {
                     self.marks.push(above);
                 }
                 b'0' => {
-                    // POP: an empty stack pops its mark, as serde-pickle does.
+                    // POP: an empty stack pops its mark, as the decoder does.
                     if self.stack.is_empty() {
                         self.pop_mark()?;
                     } else {
@@ -490,7 +496,7 @@ impl<'a, R: BufRead> Machine<'a, R> {
                     self.push(scalar());
                 }
                 b'R' => {
-                    // REDUCE: serde-pickle keeps at most what the argument
+                    // REDUCE: the decoder keeps at most what the argument
                     // tuple holds; count the tuple itself, to be safe.
                     let args = self.pop()?;
                     let args = self.resolve(args)?;

@@ -14,8 +14,9 @@
 //! threads), the time of day of `time_us` (UTC), the action, the address, the
 //! size and the stream.
 //!
-//! The pickle is checked by [`pickle_bounds`] before serde-pickle reads it, so
-//! a hostile one (nested 100,000 deep, endless) is an error, not a crash.
+//! The pickle is checked by [`pickle_bounds`] before [`pickle_values`]
+//! decodes it (serde-pickle cannot: it loses values that a snapshot shares),
+//! so a hostile one (nested 100,000 deep, endless) is an error, not a crash.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,9 +25,10 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use gpumem::trace::{self, Action, TraceEvent};
-use serde_pickle::{DeOptions, HashableValue, Value};
+use serde_pickle::{HashableValue, Value};
 
 use crate::pickle_bounds::{self, Limits};
+use crate::pickle_values;
 
 /// Which snapshot event becomes the RMM `free` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -102,17 +104,17 @@ pub fn read_pickle(bytes: &[u8]) -> Result<Value> {
     parse_checked(bytes)
 }
 
-/// serde-pickle on bytes [`pickle_bounds`] has accepted. The panics known
-/// in serde-pickle (keys it cannot order) never get here; should another
-/// one, it is the same error as any unreadable pickle.
+/// [`pickle_values::decode`] on bytes [`pickle_bounds`] has accepted. Keys
+/// that cannot be ordered (NaN) never get here; should a panic come from
+/// ordering them all the same, it is the same error as any unreadable
+/// pickle.
 fn parse_checked(bytes: &[u8]) -> Result<Value> {
-    let parsed = std::panic::catch_unwind(|| {
-        serde_pickle::value_from_slice(bytes, DeOptions::new().replace_unresolved_globals())
-    });
+    let max_values = Limits::default().max_values;
+    let parsed = std::panic::catch_unwind(|| pickle_values::decode(bytes, max_values));
     match parsed {
         Ok(r) => r.map_err(|e| anyhow!("not a readable pickle: {e}")),
         Err(_) => Err(anyhow!(
-            "not a readable pickle: the pickle reader failed on it (keys or set members it cannot order, such as NaN)"
+            "not a readable pickle: the pickle reader failed on it (keys it cannot order, such as NaN)"
         )),
     }
 }

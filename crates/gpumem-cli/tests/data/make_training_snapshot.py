@@ -38,9 +38,9 @@ def event(action, addr, size, stream, frames):
     clock[0] += rng.randint(3, 40)
     trace.append({
         "action": action, "addr": addr, "size": size, "stream": stream,
-        # Fresh objects per event, as PyTorch writes them (a shared one
-        # would pickle as a memo reference).
-        "time_us": clock[0], "frames": [dict(f) for f in frames],
+        # One list per stack, shared by every event with that stack, as
+        # PyTorch writes them: each later use pickles as a memo reference.
+        "time_us": clock[0], "frames": frames,
     })
 
 
@@ -100,8 +100,16 @@ def free(a):
     event("free_completed", a, n, stream, frames)
 
 
+FRAMES, STACKS = {}, {}
+
+
 def stack(*frames):
-    return [frame(*f) for f in frames] + [frame("<module>", "train.py", 120)]
+    """The one list for these frames, built from the one dict per frame, as
+    PyTorch shares them between the events and blocks of a snapshot."""
+    frames = frames + (("<module>", "train.py", 120),)
+    if frames not in STACKS:
+        STACKS[frames] = [FRAMES.setdefault(f, frame(*f)) for f in frames]
+    return STACKS[frames]
 
 
 LAYERS = 12
@@ -147,7 +155,7 @@ def segment_entry(s):
         "device": 0, "address": s["address"], "total_size": s["size"],
         "allocated_size": allocated, "active_size": allocated, "requested_size": allocated,
         "stream": s["stream"], "segment_type": s["pool"], "segment_pool_id": (0, 0),
-        "is_expandable": False, "frames": [dict(f) for f in s["frames"]], "blocks": blocks,
+        "is_expandable": False, "frames": s["frames"], "blocks": blocks,
     }
 
 
