@@ -34,8 +34,7 @@ mkdir -p "$out/work"
 export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=$PWD/torch_extensions PYTHONPYCACHEPREFIX=/tmp/pycache
 configs=torch,torch+expandable_segments:True,torch+backend:cudaMallocAsync,native:pool,native:vpool
-# Snapshots' pickles stay behind: the pages hold what they show.
-pack() { tar -czf "$out/call.tgz" --exclude='*.pickle' -C "$out" work && rm -rf "$out/work"; }
+pack() { tar -czf "$out/call.tgz" -C "$out" work && rm -rf "$out/work"; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/work/gpu.txt"
 

@@ -5,8 +5,9 @@
 # with stacks) and under gpumem's default, `vpool` and `caching` (each
 # with its `log=` recording and its snapshot). Run from inside gpu-bundle
 # (the full one: it needs bin/gpumem); writes under OUT_DIR the
-# recordings (gzipped) and one page per recording, and prints what it
-# wrote. The pages then open here, in the browser test
+# recordings and snapshots (gzipped: a page that fails can be made again
+# from them) and one page per recording, and prints what it wrote. The
+# pages then open here, in the browser test
 # (crates/gpumem-cli/tests/browser/view_page.mjs).
 #
 # Usage: gpu-bundle/view-real-job.sh [OUT_DIR] [STEPS]   (default: out/view, 6)
@@ -30,6 +31,10 @@ for f in "$out"/*.pickle "$out"/*.rmm.csv; do
   [[ -f $f ]] || continue
   page=${f%.*}.html
   /usr/bin/time -f "%e s" bin/gpumem --device sim view "$f" -o "$page" > "$page.txt" 2>&1
-  echo "view $(basename "$f"): rc=$? $(tail -1 "$page.txt"); $(grep -m1 '^wrote' "$page.txt")"
+  rc=$?
+  echo "view $(basename "$f"): rc=$rc $(tail -1 "$page.txt"); $(grep -m1 '^wrote' "$page.txt")"
+  (( rc == 0 )) || head -3 "$page.txt"
 done
-gzip -f "$out"/*.rmm.csv
+# The recordings travel too (gzipped): a page that fails can be made again
+# from them here.
+gzip -f "$out"/*.rmm.csv "$out"/*.pickle
