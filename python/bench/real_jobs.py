@@ -52,7 +52,9 @@ the same for every allocator. Peak in use is the device's, so it also
 counts what earlier jobs of the process left (the CUDA context, cuBLAS
 workspaces): ``start_in_use`` in the JSON line is the job's start.
 ``driver_calls_per_step`` counts the allocator's driver allocations and
-frees (``num_device_alloc`` + ``num_device_free``) per steady step. Each
+frees (``num_device_alloc`` + ``num_device_free``) per steady step, and
+``mapping_changes_per_step`` (``vpool`` only) the mappings it made and
+unmapped, which allocate nothing but cost the host as much. Each
 row is a JSON line with date, device and command; the table is printed
 last.
 """
@@ -247,10 +249,18 @@ def run_job(job, steps, snapshot=None, snapshot_entries=0):
         st = torch.cuda.memory_stats()
         return st.get("num_device_alloc", 0) + st.get("num_device_free", 0)
 
+    def mappings():
+        # vpool's mappings made and unmapped, which allocate nothing: None
+        # under every other allocator (and without gpumem in the process).
+        gm = sys.modules.get("gpumem")
+        return gm.mapping_changes(torch.cuda.current_device()) if gm else None
+
     calls_before_steady = driver_calls()
+    maps_before_steady = mappings()
     for i in range(3 + steps):
         if i == 3:
             calls_before_steady = driver_calls()
+            maps_before_steady = mappings()
         torch.cuda.synchronize()
         t = time.perf_counter()
         losses.append(step(i))
@@ -266,6 +276,9 @@ def run_job(job, steps, snapshot=None, snapshot_entries=0):
               # The allocator's driver allocations and frees per steady step
               # (memory_stats' num_device_alloc + num_device_free).
               "driver_calls_per_step": (driver_calls() - calls_before_steady) / max(steps, 1)}
+    maps = mappings()
+    if maps is not None and maps_before_steady is not None:
+        result["mapping_changes_per_step"] = (maps - maps_before_steady) / max(steps, 1)
     # What the job leaves behind (its model, cudnn.benchmark, compiled
     # graphs) must not reach the next job.
     del step
@@ -392,6 +405,7 @@ def summarize(got, jobs, configs, base):
                 first3 = [r["first3_s"] / first3_by_round[r["round"]] for r in rs if r["round"] in first3_by_round]
                 peak_reserved = max(r["peak_reserved"] for r in rs)
                 calls = [r["driver_calls_per_step"] for r in rs if "driver_calls_per_step" in r]
+                maps = [r["mapping_changes_per_step"] for r in rs if "mapping_changes_per_step" in r]
                 row.update({
                     "s_per_step": statistics.median(r["s_per_step"] for r in rs),
                     "vs_base": statistics.median(paired) if paired else None,
@@ -406,6 +420,7 @@ def summarize(got, jobs, configs, base):
                     "peak_in_use": max(r["peak_in_use"] for r in rs),
                     # Absent from results kept before it was recorded.
                     "driver_calls_per_step": statistics.median(calls) if calls else None,
+                    "mapping_changes_per_step": statistics.median(maps) if maps else None,
                     "final_loss": rs[0]["losses"][-1],
                     "same_losses_every_round": all(r["losses"] == rs[0]["losses"] for r in rs),
                 })
@@ -421,20 +436,22 @@ def print_table(rows, base):
 
     print(f"\n| job | configuration | s/step | vs {base} (spread) | first 3 steps s (vs {base}) | "
           f"peak reserved GiB | peak allocated GiB | reserved / {base}'s peak allocated | peak in use GiB | "
-          "driver calls per step | final loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "driver calls per step | vpool mapping changes per step | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "s_per_step" not in r:
-            print(f"| {r['job']} | {r['config']} | failed | | | | | | | | |")
+            print(f"| {r['job']} | {r['config']} | failed | | | | | | | | | |")
             continue
         pr = r["vs_base_rounds"] or [float("nan")]
         vs = f"{r['vs_base']:.3f} ({min(pr):.3f}-{max(pr):.3f})" if r["vs_base"] else "-"
         calls = "-" if r["driver_calls_per_step"] is None else f"{r['driver_calls_per_step']:.1f}"
+        maps = r.get("mapping_changes_per_step")
+        maps = "-" if maps is None else f"{maps:.1f}"
         print(f"| {r['job']} | {r['config']} | {r['s_per_step']:.4f} | {vs} | "
               f"{r['first3_s']:.2f} ({ratio(r['first3_vs_base'])}) | "
               f"{r['peak_reserved'] / gib:.2f} | {r['peak_allocated'] / gib:.2f} | "
               f"{ratio(r['reserved_vs_base_allocated'])} | {r['peak_in_use'] / gib:.2f} | "
-              f"{calls} | {r['final_loss']:.4f} |")
+              f"{calls} | {maps} | {r['final_loss']:.4f} |")
 
 
 def main(argv=None):

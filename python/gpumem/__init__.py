@@ -39,6 +39,7 @@ __all__ = [
     "reset_peak",
     "empty_cache",
     "bad_free_count",
+    "mapping_changes",
     "config_error",
     "check_config",
 ]
@@ -270,6 +271,19 @@ def reset_peak(device=0):
 def empty_cache(device=0):
     """Gives the memory cached on `device` back to the driver."""
     library().gpumem_empty_cache(device)
+
+
+def mapping_changes(device=0):
+    """Mappings the vpool serving `device` has made and unmapped since it
+    was built (one per extent mapped or unmapped at one place; aliases
+    included, which num_device_alloc does not count); None when `device` is
+    served by another resource or not used yet (or by a library older than
+    this count)."""
+    lib = library()
+    if not hasattr(lib, "gpumem_mapping_changes"):
+        return None
+    n = lib.gpumem_mapping_changes(device)
+    return None if n < 0 else n
 
 
 def bad_free_count(device=-1):

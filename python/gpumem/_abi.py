@@ -117,6 +117,9 @@ NEWER_SIGNATURES.update(
     }
 )
 
+# VirtualPool's mappings (issue 47): absent from older builds.
+NEWER_SIGNATURES["gpumem_mapping_changes"] = (_i64, [_i])
+
 # What gpumem_region_*, gpumem_sleep and gpumem_wake return when the device's
 # resource is not a VirtualPool (resource=vpool).
 NOT_A_VIRTUAL_POOL = -2

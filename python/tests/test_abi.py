@@ -202,3 +202,25 @@ def test_helpers_explain_missing_frameworks(module, framework):
     m = __import__(module, fromlist=["enable"])
     with pytest.raises(ImportError, match=framework):
         m.enable()
+
+
+@newer("gpumem_mapping_changes")
+def test_mapping_changes_count_vpool_mappings_only():
+    # vpool: a 64 MiB block maps memory, empty_cache unmaps it again; the
+    # default pool maps through no VirtualPool and answers None.
+    code = (
+        "import gpumem\n"
+        "lib = gpumem.library()\n"
+        "assert gpumem.mapping_changes(0) is None\n"
+        "p = lib.gpumem_malloc(64 << 20, 0, None)\n"
+        "made = gpumem.mapping_changes(0)\n"
+        "lib.gpumem_free(p, 64 << 20, 0, None)\n"
+        "gpumem.empty_cache(0)\n"
+        "print('counts', made, gpumem.mapping_changes(0))\n"
+        "print('child ok')\n"
+    )
+    r = child_ok(code, "resource=vpool")
+    made, after = map(int, r.stdout.split("counts ")[1].split()[:2])
+    assert made > 0 and after == 2 * made
+    r = child_ok(code, "resource=pool")
+    assert "counts None None" in r.stdout

@@ -142,7 +142,9 @@ def test_rounds_split_over_calls_make_one_table(tmp_path, monkeypatch, capsys):
         config = cmd[cmd.index("--config") + 1]
         s = 0.2 if config == "torch" else 0.22
         res = {"job": "lm", "config": config, "first3_s": 0.9, "s_per_step": s, "losses": [1.0],
-               "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3}
+               "peak_reserved": 2, "peak_allocated": 1, "peak_in_use": 3, "driver_calls_per_step": 0.5}
+        if config == "native:vpool":
+            res["mapping_changes_per_step"] = 41.0
         return Done("RESULT " + __import__("json").dumps(res) + "\n")
 
     monkeypatch.setattr(mod.subprocess, "run", fake_run)
@@ -156,4 +158,8 @@ def test_rounds_split_over_calls_make_one_table(tmp_path, monkeypatch, capsys):
                                                                ("torch", 0), ("torch", 1)]
     capsys.readouterr()
     assert mod.main(["table", str(raw), "--configs", "torch,native:vpool"]) == 0
-    assert "| lm | native:vpool | 0.2200 | 1.100 (1.100-1.100) |" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "| lm | native:vpool | 0.2200 | 1.100 (1.100-1.100) |" in table
+    # vpool's mapping changes per step; "-" for PyTorch's allocator, which
+    # has none.
+    assert "| 0.5 | 41.0 | 1.0000 |" in table and "| 0.5 | - | 1.0000 |" in table

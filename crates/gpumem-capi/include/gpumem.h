@@ -326,6 +326,16 @@ void gpumem_empty_cache(int device);
 size_t gpumem_pool_empty_cache(int device, uint64_t id0, uint64_t id1);
 
 /**
+ * Mappings that the `vpool` serving `device` has made and unmapped since
+ * it was built: one per extent mapped at one place (a `cuMemMap`), aliases
+ * included (mapping memory already held at a further address allocates
+ * nothing, so `num_device_alloc` does not count it), and one per extent
+ * unmapped. Each costs the host tens of µs inside an allocation or a
+ * trim. -1 when `device` is served by another resource or not used yet.
+ */
+int64_t gpumem_mapping_changes(int device);
+
+/**
  * Frees refused on `device` since the start: pointers gpumem did not hand
  * out, second frees, sizes other than the allocation's (to 256 bytes in
  * the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.

@@ -1572,6 +1572,18 @@ impl Allocator {
         })
     }
 
+    /// Mappings that the VirtualPool serving `device` has made and unmapped
+    /// since it was built: one per extent mapped at one place (a
+    /// `cuMemMap`), aliases included, which allocate nothing and so count in
+    /// no `num_device_alloc`; and one per extent unmapped (a `cuMemUnmap`
+    /// covers one or more, and costs by how many). `None` when `device` is
+    /// served by another resource or not used yet.
+    pub fn mapping_changes(&self, device: i32) -> Option<u64> {
+        let pool = self.built_served(device)?.virtual_pool()?;
+        let st = pool.stats();
+        Some(st.mappings_made + st.mappings_unmapped)
+    }
+
     /// Bytes the resource of `device` holds from the driver.
     pub fn reserved_bytes(&self, device: i32) -> usize {
         self.built(device).map_or(0, |s| {

@@ -392,6 +392,21 @@ pub extern "C" fn gpumem_pool_empty_cache(device: c_int, id0: u64, id1: u64) -> 
     })
 }
 
+/// Mappings that the `vpool` serving `device` has made and unmapped since
+/// it was built: one per extent mapped at one place (a `cuMemMap`), aliases
+/// included (mapping memory already held at a further address allocates
+/// nothing, so `num_device_alloc` does not count it), and one per extent
+/// unmapped. Each costs the host tens of µs inside an allocation or a
+/// trim. -1 when `device` is served by another resource or not used yet.
+#[no_mangle]
+pub extern "C" fn gpumem_mapping_changes(device: c_int) -> i64 {
+    guard("gpumem_mapping_changes", -1, || {
+        global()
+            .mapping_changes(device)
+            .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
+    })
+}
+
 /// Frees refused on `device` since the start: pointers gpumem did not hand
 /// out, second frees, sizes other than the allocation's (to 256 bytes in
 /// the pools), CuPy's blocks passed to `gpumem_free`. Each freed nothing.

@@ -316,3 +316,35 @@ fn device_segments_count_in_the_class_of_their_size() {
         }
     }
 }
+
+/// `gpumem_mapping_changes` under `vpool`: every mapping made is one
+/// `cuMemMap` of the simulated driver, and after `empty_cache` every one
+/// was unmapped too (by fewer `cuMemUnmap` calls, each covering adjacent
+/// extents). -1 (`None`) under every other resource and before the first
+/// use.
+#[test]
+fn mapping_changes_are_the_drivers_maps_and_their_unmaps_under_vpool_only() {
+    for (kind, conf) in confs() {
+        let a = allocator(&conf);
+        assert_eq!(a.mapping_changes(0), None, "{conf}: before the first use");
+        let sizes = [40 * MIB, 3 * MIB, 100 * MIB, 7 * MIB];
+        for round in 0..3 {
+            let ptrs: Vec<_> = sizes
+                .iter()
+                .map(|&n| a.malloc(n + round * MIB, 0, 0))
+                .collect();
+            for (p, &n) in ptrs.into_iter().zip(&sizes).rev() {
+                a.free(p, n + round * MIB, 0, 0);
+            }
+        }
+        a.empty_cache(0);
+        let d = sim(&a);
+        if kind == ResourceKind::Virtual {
+            let maps = d.call_count("cuMemMap");
+            assert!(maps > 0 && d.call_count("cuMemUnmap") > 0, "{conf}");
+            assert_eq!(a.mapping_changes(0), Some(2 * maps), "{conf}");
+        } else {
+            assert_eq!(a.mapping_changes(0), None, "{conf}");
+        }
+    }
+}
