@@ -1,5 +1,5 @@
 //! The PyTorch snapshot reader on any bytes: bounded reading
-//! (`pickle_bounds`), serde-pickle and the conversion to RMM events never
+//! (`pickle_bounds`), decoding (`pickle_values`) and the conversion to RMM events never
 //! panic nor overflow the stack; converted events write and read back as
 //! an RMM log.
 #![no_main]

@@ -12,11 +12,10 @@
 //! or that the decoder could not read anyway. What it accepts, the decoder
 //! reads with a bounded recursion.
 //!
-//! Dict keys are ordered as serde-pickle orders its values, an order that is
-//! no total order once a float takes part (NaN, or a float beside an integer
-//! it rounds to), and Rust's sort may panic then. A snapshot keys its dicts
-//! by text and integers and has no sets, so [`read`] refuses a float in a
-//! key, any set, and a call (REDUCE, how `set([...])` pickles) on floats.
+//! A snapshot keys its dicts by text and integers and has no sets, so
+//! [`read`] refuses a float in a key, any set, and a call (REDUCE, how
+//! `set([...])` pickles) on floats: what no snapshot holds, and what other
+//! readers (serde-pickle sorts keys and set members) may panic on.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
@@ -30,21 +29,15 @@ pub struct Limits {
     pub max_depth: u32,
     /// Largest pickle, in bytes.
     pub max_bytes: u64,
-    /// Most values the decoder ([`crate::pickle_values`]) makes, a copy of
-    /// a shared value counting as many as it holds.
-    pub max_values: u64,
 }
 
 impl Default for Limits {
     /// 100 levels (a recursive decoder in a debug build goes a few hundred
-    /// deep on a 2 MiB thread, and the main thread has 8 MiB), 4 GiB, 200 million
-    /// values (about 20 GB at most as decoded values: far past what a
-    /// snapshot of PyTorch's default 100,000 entries holds).
+    /// deep on a 2 MiB thread, and the main thread has 8 MiB), 4 GiB.
     fn default() -> Self {
         Self {
             max_depth: 100,
             max_bytes: 4 << 30,
-            max_values: 200_000_000,
         }
     }
 }

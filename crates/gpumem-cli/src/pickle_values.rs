@@ -1,31 +1,66 @@
-//! Decoding a pickle into [`serde_pickle::Value`]s, values that several
-//! places share included.
+//! Decoding a pickle into [`Value`]s that share what the pickle shares.
 //!
 //! Python's pickler writes an object held in several places once and refers
-//! to it afterwards through its memo. serde-pickle counts those references
-//! so that it can move values instead of cloning them, and its count misses
-//! the references a clone carries: a list held twice whose items are
-//! memoized too loses them on its second use ("recursive structure found").
-//! PyTorch's memory snapshots share frames and their lists that way, so
-//! serde-pickle cannot read a real one. This decoder runs the pickle machine
-//! over bytes that [`pickle_bounds`](crate::pickle_bounds) has accepted
-//! (bounded depth and size, no cycles, no sets, no float keys) and copies a
-//! shared value into every place that holds it. The copies are counted: a
-//! small pickle that refers to a large value many times is refused past
-//! [`Limits::max_values`](crate::pickle_bounds::Limits::max_values) rather
-//! than filling the memory.
+//! to it afterwards through its memo. PyTorch's memory snapshots share each
+//! stack's list of frames, and each frame, between the events and blocks
+//! that have them: a snapshot of 200,000 events with 30 frames each holds
+//! a few thousand frames. serde-pickle cannot read such a pickle (its count
+//! of memo references misses those inside a clone, and it fails with
+//! "recursive structure found"), and a decoder that copied each shared value
+//! into every place would make millions of values of it. This decoder runs
+//! the pickle machine over bytes that [`pickle_bounds`](crate::pickle_bounds)
+//! has accepted (bounded depth and size, no cycles) and keeps one value per
+//! memo entry, reference-counted: what the decoded value holds is about
+//! what the pickle holds.
 //!
 //! What it reads as serde-pickle does: Python 2 strings (`S`, `T`, `U`) as
 //! bytes, an object built by a class (`NEWOBJ`, `OBJ`, `INST`) as its state
 //! (what `BUILD` gives it) or an empty dict, and any other call (`REDUCE`)
 //! on a global as `None`, except `collections.OrderedDict` (a dict) and
-//! `_codecs.encode` (bytes, how protocol 2 writes them).
+//! `_codecs.encode` (bytes, how protocol 2 writes them). A dict keeps its
+//! items in the pickle's order (keys need no order).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::rc::Rc;
 
 use anyhow::{anyhow, bail, Result};
 use num_bigint::BigInt;
-use serde_pickle::Value;
+
+/// A decoded pickle value. Containers and texts are reference-counted: a
+/// value the pickle shares is one value here too, and cloning is cheap.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// `None`.
+    None,
+    /// `True` or `False`.
+    Bool(bool),
+    /// An integer that fits 64 bits.
+    I64(i64),
+    /// A larger integer.
+    Int(BigInt),
+    /// A float.
+    F64(f64),
+    /// `bytes`, `bytearray` or a Python 2 string.
+    Bytes(Rc<[u8]>),
+    /// A `str`.
+    String(Rc<str>),
+    /// A list.
+    List(Rc<[Value]>),
+    /// A tuple.
+    Tuple(Rc<[Value]>),
+    /// A dict, its items in the pickle's order.
+    Dict(Rc<[(Value, Value)]>),
+}
+
+impl Value {
+    /// The text of a `str`.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
 
 /// A value as the machine builds it: containers may hold references to
 /// memo entries, which are followed once the pickle has ended (an entry can
@@ -52,11 +87,10 @@ struct Decoder<'a> {
 }
 
 /// Decodes one pickle that [`pickle_bounds::check`](crate::pickle_bounds::check)
-/// accepted (its depth bound keeps the recursion here shallow and its cycle
-/// check makes every reference end), making at most `max_values` values,
-/// copies of shared ones included.
-pub fn decode(bytes: &[u8], max_values: u64) -> Result<Value> {
-    let root = Decoder {
+/// accepted (its depth bound keeps the recursion here shallow, and its
+/// cycle check makes every reference end).
+pub fn decode(bytes: &[u8]) -> Result<Value> {
+    let (root, memo) = Decoder {
         bytes,
         pos: 0,
         op_at: 0,
@@ -65,104 +99,43 @@ pub fn decode(bytes: &[u8], max_values: u64) -> Result<Value> {
         memo: HashMap::new(),
     }
     .run()?;
-    // How often each entry is referred to: only those referred to more
-    // than once keep their value for the next reference.
-    let mut uses: HashMap<u32, u32> = HashMap::new();
-    for node in root.1.values().chain([&root.0]) {
-        count_refs(node, &mut uses);
-    }
-    let mut out = Output {
-        memo: &root.1,
-        uses,
+    Output {
+        memo: &memo,
         done: HashMap::new(),
-        made: 0,
-        max_values,
         visiting: Vec::new(),
-    };
-    out.value(&root.0).map(|(v, _)| v)
-}
-
-/// Counts the references `node` holds itself (not through other entries).
-fn count_refs(node: &Node, uses: &mut HashMap<u32, u32>) {
-    match node {
-        Node::Memo(id) => *uses.entry(*id).or_default() += 1,
-        Node::List(items) | Node::Tuple(items) => items.iter().for_each(|n| count_refs(n, uses)),
-        Node::Dict(pairs) => pairs.iter().for_each(|(k, v)| {
-            count_refs(k, uses);
-            count_refs(v, uses);
-        }),
-        Node::Scalar(_) | Node::Global(..) => {}
     }
+    .value(&root)
 }
 
-/// The second pass: nodes to values, the value of a memo entry referred to
-/// several times made once and copied where it is referred to.
+/// The second pass: nodes to values, the value of each memo entry made once
+/// and shared by every place that refers to it.
 struct Output<'m> {
     memo: &'m HashMap<u32, Node>,
-    uses: HashMap<u32, u32>,
-    /// Each entry's value and how many values it holds.
-    done: HashMap<u32, (Value, u64)>,
-    made: u64,
-    max_values: u64,
+    done: HashMap<u32, Value>,
     /// The entries being made (a cycle check, should one slip through).
     visiting: Vec<u32>,
 }
 
 impl Output<'_> {
-    fn count(&mut self, n: u64) -> Result<()> {
-        self.made = self.made.saturating_add(n);
-        if self.made > self.max_values {
-            bail!(
-                "the pickle's shared values make more than {} values in all",
-                self.max_values
-            );
-        }
-        Ok(())
+    fn all(&mut self, nodes: &[Node]) -> Result<Rc<[Value]>> {
+        nodes.iter().map(|n| self.value(n)).collect()
     }
 
-    fn all(&mut self, nodes: &[Node]) -> Result<(Vec<Value>, u64)> {
-        let mut size = 0;
-        let mut out = Vec::with_capacity(nodes.len());
-        for n in nodes {
-            let (v, k) = self.value(n)?;
-            size += k;
-            out.push(v);
-        }
-        Ok((out, size))
-    }
-
-    /// A node's value and how many values it holds.
-    fn value(&mut self, node: &Node) -> Result<(Value, u64)> {
-        let (v, size) = match node {
-            Node::Scalar(v) => (v.clone(), 1),
-            Node::Global(..) => (Value::None, 1),
-            Node::List(items) => {
-                let (items, n) = self.all(items)?;
-                (Value::List(items), n + 1)
-            }
-            Node::Tuple(items) => {
-                let (items, n) = self.all(items)?;
-                (Value::Tuple(items), n + 1)
-            }
-            Node::Dict(pairs) => {
-                let mut d = BTreeMap::new();
-                let mut n = 1;
-                for (k, v) in pairs {
-                    let (k, a) = self.value(k)?;
-                    let (v, b) = self.value(v)?;
-                    let Ok(k) = k.into_hashable() else {
-                        bail!("a dict key that cannot be a key (a list or a dict)");
-                    };
-                    d.insert(k, v);
-                    n += a + b;
-                }
-                (Value::Dict(d), n)
-            }
+    fn value(&mut self, node: &Node) -> Result<Value> {
+        Ok(match node {
+            Node::Scalar(v) => v.clone(),
+            Node::Global(..) => Value::None,
+            Node::List(items) => Value::List(self.all(items)?),
+            Node::Tuple(items) => Value::Tuple(self.all(items)?),
+            Node::Dict(pairs) => Value::Dict(
+                pairs
+                    .iter()
+                    .map(|(k, v)| Ok((self.value(k)?, self.value(v)?)))
+                    .collect::<Result<_>>()?,
+            ),
             Node::Memo(id) => {
-                if let Some((v, n)) = self.done.get(id) {
-                    let (v, n) = (v.clone(), *n);
-                    self.count(n)?;
-                    return Ok((v, n));
+                if let Some(v) = self.done.get(id) {
+                    return Ok(v.clone());
                 }
                 if self.visiting.contains(id) {
                     bail!("the pickle refers to itself");
@@ -172,16 +145,12 @@ impl Output<'_> {
                     bail!("memo entry {id} is not defined");
                 };
                 self.visiting.push(*id);
-                let made = self.value(entry)?;
+                let v = self.value(entry)?;
                 self.visiting.pop();
-                if self.uses.get(id).is_some_and(|&n| n > 1) {
-                    self.done.insert(*id, made.clone());
-                }
-                return Ok(made);
+                self.done.insert(*id, v.clone());
+                v
             }
-        };
-        self.count(1)?;
-        Ok((v, size))
+        })
     }
 }
 
@@ -339,7 +308,7 @@ impl Decoder<'_> {
     /// The text behind a node (through a memo reference), if it is text.
     fn text(&self, node: &Node) -> Option<String> {
         match self.deref(node) {
-            Node::Scalar(Value::String(s)) => Some(s.clone()),
+            Node::Scalar(Value::String(s)) => Some(s.to_string()),
             _ => None,
         }
     }
@@ -469,11 +438,11 @@ impl Decoder<'_> {
                     let v = unquote(&line).ok_or_else(|| {
                         anyhow!("byte {}: a string that is not quoted", self.op_at)
                     })?;
-                    self.push(Value::Bytes(v));
+                    self.push(Value::Bytes(v.into()));
                 }
                 b'V' => {
                     let line = self.line()?; // UNICODE: raw-unicode-escape
-                    self.push(Value::String(raw_unicode_unescape(&line)));
+                    self.push(Value::String(raw_unicode_unescape(&line).into()));
                 }
                 b'K' => {
                     let v = self.le(1)?; // BININT1
@@ -511,7 +480,7 @@ impl Decoder<'_> {
                         b'B' | b'T' => self.len(4)?,
                         _ => self.len(8)?,
                     };
-                    let b = self.take(n)?.to_vec();
+                    let b: Rc<[u8]> = self.take(n)?.into();
                     self.push(Value::Bytes(b));
                 }
                 // SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
@@ -521,7 +490,7 @@ impl Decoder<'_> {
                         b'X' => self.len(4)?,
                         _ => self.len(8)?,
                     };
-                    let s = String::from_utf8_lossy(self.take(n)?).into_owned();
+                    let s: Rc<str> = String::from_utf8_lossy(self.take(n)?).into();
                     self.push(Value::String(s));
                 }
                 b')' => self.stack.push(Node::Tuple(Vec::new())),

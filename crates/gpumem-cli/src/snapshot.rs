@@ -25,10 +25,9 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use gpumem::trace::{self, Action, TraceEvent};
-use serde_pickle::{HashableValue, Value};
 
 use crate::pickle_bounds::{self, Limits};
-use crate::pickle_values;
+use crate::pickle_values::{self, Value};
 
 /// Which snapshot event becomes the RMM `free` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,9 +73,13 @@ impl fmt::Display for ConvertStats {
     }
 }
 
-/// The value under the string key `k` of a pickled dict.
-pub fn key<'a>(d: &'a BTreeMap<HashableValue, Value>, k: &str) -> Option<&'a Value> {
-    d.get(&HashableValue::String(k.to_string()))
+/// The value under the string key `k` of a pickled dict (the last one, as
+/// in Python, should the pickle set it twice).
+pub fn key<'a>(d: &'a [(Value, Value)], k: &str) -> Option<&'a Value> {
+    d.iter()
+        .rev()
+        .find(|(key, _)| key.as_str() == Some(k))
+        .map(|(_, v)| v)
 }
 
 /// A pickled integer (or bool) as a `u64`, if it is one that fits.
@@ -104,19 +107,9 @@ pub fn read_pickle(bytes: &[u8]) -> Result<Value> {
     parse_checked(bytes)
 }
 
-/// [`pickle_values::decode`] on bytes [`pickle_bounds`] has accepted. Keys
-/// that cannot be ordered (NaN) never get here; should a panic come from
-/// ordering them all the same, it is the same error as any unreadable
-/// pickle.
+/// [`pickle_values::decode`] on bytes [`pickle_bounds`] has accepted.
 fn parse_checked(bytes: &[u8]) -> Result<Value> {
-    let max_values = Limits::default().max_values;
-    let parsed = std::panic::catch_unwind(|| pickle_values::decode(bytes, max_values));
-    match parsed {
-        Ok(r) => r.map_err(|e| anyhow!("not a readable pickle: {e}")),
-        Err(_) => Err(anyhow!(
-            "not a readable pickle: the pickle reader failed on it (keys it cannot order, such as NaN)"
-        )),
-    }
+    pickle_values::decode(bytes).map_err(|e| anyhow!("not a readable pickle: {e}"))
 }
 
 /// Reads a snapshot pickle from the file at `path`, or from standard input
@@ -209,7 +202,7 @@ pub fn convert_traced(
                 .with_context(|| format!("device_traces[{device}][{i}]: no integer {name:?}"))
         };
         let action = match key(d, "action") {
-            Some(Value::String(s)) => s.as_str(),
+            Some(Value::String(s)) => &**s,
             _ => bail!("device_traces[{device}][{i}]: no action string"),
         };
         let action = match (action, free_on) {

@@ -239,7 +239,7 @@ fn view_of_a_pytorch_snapshot() {
     // PyTorch's reserve at the end is the snapshot's own segment list.
     let bytes = std::fs::read(&snapshot).unwrap();
     let value = gpumem_cli::snapshot::read_pickle(&bytes).unwrap();
-    let serde_pickle::Value::Dict(top) = value else {
+    let gpumem_cli::pickle_values::Value::Dict(top) = value else {
         panic!("not a dict")
     };
     let segments = gpumem_cli::snapshot::key(&top, "segments")
@@ -248,7 +248,7 @@ fn view_of_a_pytorch_snapshot() {
     let total: u64 = segments
         .iter()
         .map(|s| match s {
-            serde_pickle::Value::Dict(d) => gpumem_cli::snapshot::key(d, "total_size")
+            gpumem_cli::pickle_values::Value::Dict(d) => gpumem_cli::snapshot::key(d, "total_size")
                 .and_then(gpumem_cli::snapshot::as_u64)
                 .unwrap(),
             _ => panic!("segment not a dict"),

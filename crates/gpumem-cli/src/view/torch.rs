@@ -14,10 +14,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context as _, Result};
-use serde_pickle::Value;
 
 use super::record::{lay_out, Run};
 use super::{Input, MapData, SEG_MAPPED, SEG_PLAIN};
+use crate::pickle_values::Value;
 use crate::replay::PreparedReplay;
 use crate::snapshot::{as_list, as_u64, key, Converted};
 
@@ -58,19 +58,13 @@ pub struct TorchDetail {
     pub recorded: Option<Recorded>,
 }
 
-/// The `frames` of a trace event, as strings.
-fn frames_of(d: &BTreeMap<serde_pickle::HashableValue, Value>) -> Vec<String> {
-    let Some(list) = key(d, "frames").and_then(as_list) else {
-        return Vec::new();
-    };
+/// A list of frames, as strings.
+fn frames_of(list: &[Value]) -> Vec<String> {
     list.iter()
         .take(MAX_FRAMES)
         .filter_map(|f| {
             let Value::Dict(f) = f else { return None };
-            let text = |k: &str| match key(f, k) {
-                Some(Value::String(s)) => s.clone(),
-                _ => "?".to_string(),
-            };
+            let text = |k: &str| key(f, k).and_then(Value::as_str).unwrap_or("?");
             let line = key(f, "line").and_then(as_u64).unwrap_or(0);
             Some(format!("{} ({}:{line})", text("name"), text("filename")))
         })
@@ -96,37 +90,46 @@ impl TorchDetail {
         };
         let mut frame_ids: HashMap<String, u32> = HashMap::new();
         let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
+        // PyTorch shares one list of frames between the events with that
+        // stack: each list is read once (by its address while the snapshot
+        // is held).
+        let mut by_list: HashMap<*const Value, Option<u32>> = HashMap::new();
         for &i in &converted.origin {
-            let Some(Value::Dict(d)) = list.get(i) else {
+            let frames = match list.get(i) {
+                Some(Value::Dict(d)) => key(d, "frames").and_then(as_list),
+                _ => None,
+            };
+            let Some(frames) = frames else {
                 detail.row_stack.push(None);
                 continue;
             };
-            let frames = frames_of(d);
-            if frames.is_empty() {
-                detail.row_stack.push(None);
-                continue;
-            }
-            let ids: Vec<u32> = frames
-                .into_iter()
-                .map(|f| {
-                    let n = frame_ids.len() as u32;
-                    *frame_ids.entry(f.clone()).or_insert_with(|| {
-                        detail.frames.push(f);
-                        n
+            let id = *by_list.entry(frames.as_ptr()).or_insert_with(|| {
+                let frames = frames_of(frames);
+                if frames.is_empty() {
+                    return None;
+                }
+                let ids: Vec<u32> = frames
+                    .into_iter()
+                    .map(|f| {
+                        let n = frame_ids.len() as u32;
+                        *frame_ids.entry(f.clone()).or_insert_with(|| {
+                            detail.frames.push(f);
+                            n
+                        })
                     })
-                })
-                .collect();
-            let n = stack_ids.len() as u32;
-            let id = *stack_ids.entry(ids.clone()).or_insert_with(|| {
-                detail.stacks.push(ids);
-                n
+                    .collect();
+                let n = stack_ids.len() as u32;
+                Some(*stack_ids.entry(ids.clone()).or_insert_with(|| {
+                    detail.stacks.push(ids);
+                    n
+                }))
             });
-            detail.row_stack.push(Some(id));
+            detail.row_stack.push(id);
         }
         for (index, e) in list.iter().enumerate() {
             let Value::Dict(d) = e else { continue };
             let (add, flag) = match key(d, "action") {
-                Some(Value::String(a)) => match a.as_str() {
+                Some(Value::String(a)) => match &**a {
                     "segment_alloc" => (true, SEG_PLAIN),
                     "segment_free" => (false, SEG_PLAIN),
                     "segment_map" => (true, SEG_MAPPED),
