@@ -18,7 +18,10 @@
 #   python3 python/bench/real_jobs.py table OUT*/real-jobs.raw.jsonl --configs ...
 # Everything a call writes is packed into OUT/call.tgz beside the raw
 # results, so at most 3 files come back; the work stops in time to pack
-# (BUDGET seconds in all, default 560).
+# (BUDGET seconds in all, default 560). On an H200 a round of the five
+# configurations takes about 450 s: a round with tasks beside it, or under
+# a smaller BUDGET, loses its last configurations to the deadline (run
+# 115's round 0 lost vpool at BUDGET=450).
 #
 # Usage: gpu-bundle/real-jobs-session.sh OUT ROUND|- [TASK...]
 set -uo pipefail
