@@ -120,6 +120,17 @@ try {
   }), quarter);
   check('a click on the timeline selects the nearest moment', picked.expected === picked.selected, JSON.stringify(picked));
   const peak = await page.evaluate(() => window.gpumemView.data.allocators[0].peak_op);
+  // Zoomed in around the peak so that a pixel spans at most one event: on a
+  // long log one pixel spans hundreds, and the moment nearest to it can be
+  // another key moment beside the peak (the live peak). The whole log again
+  // afterwards.
+  const full = await page.evaluate((p) => {
+    const u = window.gpumemView.charts[0];
+    const was = [u.scales.x.min, u.scales.x.max];
+    const half = u.bbox.width / devicePixelRatio / 2;
+    u.setScale('x', { min: Math.max(was[0], p - half), max: Math.min(was[1], p + half) });
+    return was;
+  }, peak);
   await clickAt(peak);
   const title = await page.textContent('#map-title');
   const atPeak = await page.evaluate(() => {
@@ -127,6 +138,7 @@ try {
     return v.data.moments[v.state.moment].why.some((w) => w.startsWith(`peak reserved of ${v.data.allocators[0].name}`));
   });
   check('clicking the peak shows the map at the peak', atPeak, title);
+  await page.evaluate(([min, max]) => window.gpumemView.charts[0].setScale('x', { min, max }), full);
   const maps = await page.$$('#maps .alloc-map');
   check('a map per allocator', maps.length === info.allocators.length, `${maps.length}`);
   const blocks = await page.$$('#maps .blk');
