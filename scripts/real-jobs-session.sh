@@ -6,7 +6,9 @@
 # then the tasks named, in order, each while time is left:
 #   conformance  PyTorch's allocator tests that touch the cache, memory and
 #                graphs (test_cuda.py) under gpumem's default (CONF_CONFIGS),
-#                started for CONF_DEADLINE seconds (default 180)
+#                started for CONF_DEADLINE seconds (default 180); CONF_K
+#                picks other tests (run.py's -k), CONF_BATCH=1 runs each
+#                in its own process
 #   wheel        the Python package installed from its wheel (pkg/) and
 #                used as a user would: no checkout, no GPUMEM_LIB
 #   view         `gpumem view` pages of a real job (view-real-job.sh)
@@ -62,12 +64,12 @@ conformance() {
   # The tests whose names say cache, memory or graph, and the allocator's
   # own classes: what a change to the pools' trim, release or graph memory
   # can break. Compare with PyTorch's allocator's results of earlier runs.
-  local sel='memory|cache|graph|TestMemPool::|TestBlockStateAbsorption::|TestCudaMallocAsync::'
+  local sel=${CONF_K:-'memory|cache|graph|TestMemPool::|TestBlockStateAbsorption::|TestCudaMallocAsync::'}
   local deadline=${CONF_DEADLINE:-180}
   (( deadline < $(left) - 120 )) || deadline=$(( $(left) - 120 ))
   CONFIGS=${CONF_CONFIGS:-native:pool} JOBS=14 timeout "$(left)" ./torch-conformance.sh "$out/work/conformance" \
     --classes TestCuda,TestMemPool,TestBlockStateAbsorption,TestCudaMallocAsync -k "$sel" \
-    --deadline "$deadline" --alone-time 50 --timeout 120 --batch 8 > "$out/work/conformance.log" 2>&1
+    --deadline "$deadline" --alone-time 50 --timeout 120 --batch "${CONF_BATCH:-8}" > "$out/work/conformance.log" 2>&1
   echo "=== conformance rc=$? ($(el))"; tail -12 "$out/work/conformance.log"
 }
 
