@@ -25,6 +25,9 @@
 # a smaller BUDGET, loses its last configurations to the deadline (run
 # 115's round 0 lost vpool at BUDGET=450).
 #
+# CONFIGS replaces the configurations (real_jobs.py's names, such as
+# native:pool+recycle=true); the first is the baseline.
+#
 # Usage: gpu-bundle/real-jobs-session.sh OUT ROUND|- [TASK...]
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -38,7 +41,7 @@ el() { echo "$(( $(date +%s) - t0 )) s"; }
 mkdir -p "$out/work"
 export GPUMEM_LIB=$PWD/lib/libgpumem.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR=$PWD/torch_extensions PYTHONPYCACHEPREFIX=/tmp/pycache
-configs=torch,torch+expandable_segments:True,torch+backend:cudaMallocAsync,native:pool,native:vpool
+configs=${CONFIGS:-torch,torch+expandable_segments:True,torch+backend:cudaMallocAsync,native:pool,native:vpool}
 pack() { tar -czf "$out/call.tgz" -C "$out" work && rm -rf "$out/work"; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/work/gpu.txt"
