@@ -234,36 +234,30 @@ impl Decoder<'_> {
         }
     }
 
-    fn pairs(&self, items: Vec<Node>) -> Result<Vec<(Node, Node)>> {
-        if !items.len().is_multiple_of(2) {
-            return self.fail("a dict's items are not in pairs");
-        }
-        let mut it = items.into_iter();
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            out.push((k, v));
-        }
-        Ok(out)
-    }
-
     /// Adds `items` to the list or dict on top of the stack (the memo
     /// entry, when the top refers to one).
     fn extend_top(&mut self, items: Vec<Node>) -> Result<()> {
         let at = self.op_at;
-        let pairs = match self.deref(self.stack.last().unwrap_or(&Node::Scalar(Value::None))) {
-            Node::Dict(_) => Some(self.pairs(items.clone())?),
-            _ => None,
+        // The memo entry the top refers to, through references memoized
+        // again (a chain never longer than the memo).
+        let mut entry = match self.stack.last() {
+            Some(Node::Memo(id)) => Some(*id),
+            Some(_) => None,
+            None => bail!("byte {at}: the pickle's stack runs empty"),
         };
-        let target = match self.stack.last_mut() {
-            Some(Node::Memo(id)) => {
-                let id = *id;
-                self.memo.get_mut(&id)
+        for _ in 0..self.memo.len() {
+            match entry.and_then(|id| self.memo.get(&id)) {
+                Some(Node::Memo(next)) => entry = Some(*next),
+                _ => break,
             }
-            other => other,
+        }
+        let target = match entry {
+            Some(id) => self.memo.get_mut(&id),
+            None => self.stack.last_mut(),
         };
-        match (target, pairs) {
-            (Some(Node::List(l)), None) => l.extend(items),
-            (Some(Node::Dict(d)), Some(p)) => d.extend(p),
+        match target {
+            Some(Node::List(l)) => l.extend(items),
+            Some(Node::Dict(d)) => d.extend(pairs(at, items)?),
             _ => bail!("byte {at}: adding items to something that is not a container"),
         }
         Ok(())
@@ -511,7 +505,7 @@ impl Decoder<'_> {
                 }
                 b'd' => {
                     let items = self.pop_mark()?; // DICT
-                    let pairs = self.pairs(items)?;
+                    let pairs = pairs(self.op_at, items)?;
                     self.stack.push(Node::Dict(pairs));
                 }
                 b'a' => {
@@ -582,6 +576,19 @@ impl Decoder<'_> {
             }
         }
     }
+}
+
+/// A dict's items, taken in pairs (`at`: the opcode's byte, for the error).
+fn pairs(at: usize, items: Vec<Node>) -> Result<Vec<(Node, Node)>> {
+    if !items.len().is_multiple_of(2) {
+        bail!("byte {at}: a dict's items are not in pairs");
+    }
+    let mut it = items.into_iter();
+    let mut out = Vec::new();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        out.push((k, v));
+    }
+    Ok(out)
 }
 
 /// A protocol 0 string argument (`'text'` or `"text"` with Python's

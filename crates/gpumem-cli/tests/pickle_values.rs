@@ -167,3 +167,15 @@ fn shared_values_are_not_copied() {
         assert!(Rc::ptr_eq(l, first));
     }
 }
+
+#[test]
+fn items_added_through_a_reference_memoized_again_reach_the_object() {
+    // l = []; memo 0 is l, memo 1 is l again (a reference memoized again,
+    // which Python's pickler never writes); 5 is appended through memo 1,
+    // and the result is memo 0: Python's unpickler gives [5].
+    let bytes = b"\x80\x02]q\x00h\x00q\x01K\x05a0.";
+    assert_eq!(
+        read_pickle(bytes).unwrap(),
+        Value::List(vec![Value::I64(5)].into())
+    );
+}
