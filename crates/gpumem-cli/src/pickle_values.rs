@@ -228,30 +228,34 @@ impl Decoder<'_> {
 
     /// The node behind a memo reference (one level), as it is now.
     fn deref<'n>(&'n self, node: &'n Node) -> &'n Node {
-        match node {
-            Node::Memo(id) => self.memo.get(id).unwrap_or(node),
-            other => other,
+        self.entry(node)
+            .and_then(|id| self.memo.get(&id))
+            .unwrap_or(node)
+    }
+
+    /// The memo entry `node` refers to, through references memoized again
+    /// (a chain never longer than the memo).
+    fn entry(&self, node: &Node) -> Option<u32> {
+        let Node::Memo(mut id) = node else {
+            return None;
+        };
+        for _ in 0..self.memo.len() {
+            match self.memo.get(&id) {
+                Some(Node::Memo(next)) => id = *next,
+                _ => break,
+            }
         }
+        Some(id)
     }
 
     /// Adds `items` to the list or dict on top of the stack (the memo
     /// entry, when the top refers to one).
     fn extend_top(&mut self, items: Vec<Node>) -> Result<()> {
         let at = self.op_at;
-        // The memo entry the top refers to, through references memoized
-        // again (a chain never longer than the memo).
-        let mut entry = match self.stack.last() {
-            Some(Node::Memo(id)) => Some(*id),
-            Some(_) => None,
-            None => bail!("byte {at}: the pickle's stack runs empty"),
+        let Some(top) = self.stack.last() else {
+            bail!("byte {at}: the pickle's stack runs empty");
         };
-        for _ in 0..self.memo.len() {
-            match entry.and_then(|id| self.memo.get(&id)) {
-                Some(Node::Memo(next)) => entry = Some(*next),
-                _ => break,
-            }
-        }
-        let target = match entry {
+        let target = match self.entry(top) {
             Some(id) => self.memo.get_mut(&id),
             None => self.stack.last_mut(),
         };
@@ -300,32 +304,38 @@ impl Decoder<'_> {
     }
 
     /// The text behind a node (through a memo reference), if it is text.
-    fn text(&self, node: &Node) -> Option<String> {
+    fn text<'n>(&'n self, node: &'n Node) -> Option<&'n str> {
         match self.deref(node) {
-            Node::Scalar(Value::String(s)) => Some(s.to_string()),
+            Node::Scalar(v) => v.as_str(),
             _ => None,
         }
     }
 
     /// `REDUCE`: a call of `global` on `args`.
     fn call(&mut self, global: Node, args: Node) -> Result<()> {
-        let name = match self.deref(&global) {
-            Node::Global(m, n) => Some((m.clone(), n.clone())),
+        let result = self.call_result(&global, &args)?;
+        self.stack.push(result);
+        Ok(())
+    }
+
+    /// What [`Decoder::call`] pushes.
+    fn call_result(&self, global: &Node, args: &Node) -> Result<Node> {
+        let Node::Tuple(args) = self.deref(args) else {
+            return self.fail("a call whose arguments are not a tuple");
+        };
+        let name = match self.deref(global) {
+            Node::Global(m, n) => Some((m.as_str(), n.as_str())),
             _ => None,
         };
-        let args = match self.deref(&args) {
-            Node::Tuple(a) => a.clone(),
-            _ => return self.fail("a call whose arguments are not a tuple"),
-        };
-        let result = match name.as_ref().map(|(m, n)| (m.as_str(), n.as_str())) {
+        Ok(match name {
             Some(("collections", "OrderedDict")) => match args.as_slice() {
                 [] => Node::Dict(Vec::new()),
                 [items] => {
-                    let Node::List(items) = self.deref(items).clone() else {
+                    let Node::List(items) = self.deref(items) else {
                         return self.fail("an OrderedDict made from something other than a list");
                     };
                     let mut pairs = Vec::with_capacity(items.len());
-                    for item in &items {
+                    for item in items {
                         match self.deref(item) {
                             Node::Tuple(kv) | Node::List(kv) if kv.len() == 2 => {
                                 pairs.push((kv[0].clone(), kv[1].clone()))
@@ -338,8 +348,7 @@ impl Decoder<'_> {
                 _ => return self.fail("an OrderedDict made from more than one argument"),
             },
             Some(("_codecs", "encode")) => match args.as_slice() {
-                [text, enc] if self.text(enc).as_deref() == Some("latin1") => match self.text(text)
-                {
+                [text, enc] if self.text(enc) == Some("latin1") => match self.text(text) {
                     Some(s) => {
                         Node::Scalar(Value::Bytes(s.chars().map(|c| c as u32 as u8).collect()))
                     }
@@ -350,9 +359,7 @@ impl Decoder<'_> {
             // Any other call: what serde-pickle gives for a global it does
             // not know.
             _ => Node::Scalar(Value::None),
-        };
-        self.stack.push(result);
-        Ok(())
+        })
     }
 
     /// Runs the machine to `STOP`: the result and the memo it refers to.
@@ -529,7 +536,10 @@ impl Decoder<'_> {
                     // STACK_GLOBAL: module and name as strings
                     let names = self.pop_n(2)?;
                     match (self.text(&names[0]), self.text(&names[1])) {
-                        (Some(m), Some(n)) => self.stack.push(Node::Global(m, n)),
+                        (Some(m), Some(n)) => {
+                            let global = Node::Global(m.to_string(), n.to_string());
+                            self.stack.push(global);
+                        }
                         _ => return self.fail("a global named by something other than strings"),
                     }
                 }

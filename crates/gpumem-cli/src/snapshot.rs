@@ -201,9 +201,8 @@ pub fn convert_traced(
                 .and_then(as_u64)
                 .with_context(|| format!("device_traces[{device}][{i}]: no integer {name:?}"))
         };
-        let action = match key(d, "action") {
-            Some(Value::String(s)) => &**s,
-            _ => bail!("device_traces[{device}][{i}]: no action string"),
+        let Some(action) = key(d, "action").and_then(Value::as_str) else {
+            bail!("device_traces[{device}][{i}]: no action string");
         };
         let action = match (action, free_on) {
             ("alloc", _) => Action::Allocate,

@@ -128,14 +128,11 @@ impl TorchDetail {
         }
         for (index, e) in list.iter().enumerate() {
             let Value::Dict(d) = e else { continue };
-            let (add, flag) = match key(d, "action") {
-                Some(Value::String(a)) => match &**a {
-                    "segment_alloc" => (true, SEG_PLAIN),
-                    "segment_free" => (false, SEG_PLAIN),
-                    "segment_map" => (true, SEG_MAPPED),
-                    "segment_unmap" => (false, SEG_MAPPED),
-                    _ => continue,
-                },
+            let (add, flag) = match key(d, "action").and_then(Value::as_str) {
+                Some("segment_alloc") => (true, SEG_PLAIN),
+                Some("segment_free") => (false, SEG_PLAIN),
+                Some("segment_map") => (true, SEG_MAPPED),
+                Some("segment_unmap") => (false, SEG_MAPPED),
                 _ => continue,
             };
             let (Some(addr), Some(size)) = (
